@@ -1,0 +1,31 @@
+"""Serving the API with hypercorn's trio worker inside the node's nursery."""
+
+from __future__ import annotations
+
+import trio
+
+
+async def serve_api(node, host: str, port: int, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serve :func:`node.api.app.create_app` on ``host:port`` (port 0: any free port).
+
+    ``task_status.started`` receives the base URL, e.g. ``"http://127.0.0.1:8700"``.
+    """
+    import logging
+
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    from .app import create_app
+
+    cfg = Config()
+    cfg.bind = [f"{host}:{port}"]
+    cfg.accesslog = None
+    cfg.errorlog = logging.getLogger("tally.api")
+    cfg.graceful_timeout = 1.0
+
+    async def _serve(task_status=trio.TASK_STATUS_IGNORED):
+        await serve(create_app(node), cfg, task_status=task_status)
+
+    async with trio.open_nursery() as n:
+        binds = await n.start(_serve)
+        task_status.started(binds[0].replace("0.0.0.0", "127.0.0.1"))

@@ -1,0 +1,272 @@
+"""Canonical encoding, hashing and tensor commitments shared by every layer.
+
+* Hash: BLAKE2b with a 32-byte digest (``hashlib.blake2b(digest_size=32)``), used everywhere.
+* Wire and signed objects are msgpack. Every decode of bytes that came from outside this process goes
+  through :func:`unpack` with hard limits, so a tiny frame cannot declare a huge container.
+* A signed object is encoded canonically as a msgpack array ``[domain_tag, chain_id, *fields]``; its id is
+  the hash of those bytes (the unsigned fields), and signatures are over that 32-byte id.
+* A tensor commitment is ``H(dtype ‖ shape ‖ contiguous little-endian bytes)``.
+
+No pickle, no ``torch.load``: tensors travel as ``{"dtype": str, "shape": [int], "data": bytes}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Iterable, Sequence
+
+import msgpack
+import numpy as np
+
+HASH_LEN = 32
+MAX_FRAME = 1 << 20  # 1 MiB per wire frame (DESIGN.md, Runtime)
+MAX_MESSAGE = 64 << 20  # a message reassembled from frames is at most 64 MiB
+
+# dtype codes accepted on the wire (numpy names). bfloat16 travels as raw 2-byte words.
+WIRE_DTYPES = {
+    "float32": (np.float32, 4),
+    "float16": (np.float16, 2),
+    "bfloat16": (np.uint16, 2),
+    "int64": (np.int64, 8),
+    "int32": (np.int32, 4),
+}
+
+
+class DecodeError(ValueError):
+    """Raised for malformed, oversized or ill-typed data from outside the process."""
+
+
+def H(*parts: bytes) -> bytes:
+    """BLAKE2b-256 of the concatenation of ``parts``. Returns 32 bytes."""
+    h = hashlib.blake2b(digest_size=HASH_LEN)
+    for p in parts:
+        h.update(p)
+    return h.digest()
+
+
+def pack(obj: Any) -> bytes:
+    """Deterministic msgpack encoding (bin type for bytes, no floats reordered, maps as given)."""
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def unpack(data: bytes, *, max_size: int = MAX_MESSAGE) -> Any:
+    """Decode msgpack from an untrusted source with hard limits.
+
+    Raises:
+        DecodeError: the bytes are larger than ``max_size``, truncated, malformed, or declare containers
+            beyond the limits.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise DecodeError("expected bytes")
+    if len(data) > max_size:
+        raise DecodeError(f"payload of {len(data)} bytes exceeds limit {max_size}")
+    try:
+        return msgpack.unpackb(
+            bytes(data),
+            raw=False,
+            strict_map_key=True,
+            max_bin_len=max_size,
+            max_str_len=1 << 20,
+            max_array_len=1 << 16,
+            max_map_len=1 << 10,
+            max_ext_len=0,
+        )
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError, TypeError) as e:
+        raise DecodeError(f"malformed msgpack: {e}") from None
+
+
+def canonical(tag: bytes, chain_id: str, fields: Sequence[Any]) -> bytes:
+    """Canonical bytes of a signed object: msgpack ``[tag, chain_id, *fields]``."""
+    return pack([tag, chain_id, *fields])
+
+
+def object_id(tag: bytes, chain_id: str, fields: Sequence[Any]) -> bytes:
+    """32-byte id of a signed object: the hash of its unsigned canonical bytes."""
+    return H(canonical(tag, chain_id, fields))
+
+
+# ---------------------------------------------------------------- Merkle (RFC 9162, section 2.1.1)
+
+def leaf_hash(data: bytes) -> bytes:
+    """RFC 9162 leaf hash: ``H(0x00 ‖ data)``."""
+    return H(b"\x00", data)
+
+
+def node_hash(left: bytes, right: bytes) -> bytes:
+    """RFC 9162 interior node hash: ``H(0x01 ‖ left ‖ right)``."""
+    return H(b"\x01", left, right)
+
+
+def _largest_pow2_below(n: int) -> int:
+    k = 1
+    while k << 1 < n:
+        k <<= 1
+    return k
+
+
+def merkle_root(leaves: Sequence[bytes]) -> bytes:
+    """Merkle Tree Hash of ``leaves`` (raw leaf data) as defined in RFC 9162 §2.1.1.
+
+    The empty tree hashes to ``H(b"")``.
+    """
+    return _mth([leaf_hash(x) for x in leaves])
+
+
+def _mth(hashes: Sequence[bytes]) -> bytes:
+    n = len(hashes)
+    if n == 0:
+        return H(b"")
+    if n == 1:
+        return hashes[0]
+    k = _largest_pow2_below(n)
+    return node_hash(_mth(hashes[:k]), _mth(hashes[k:]))
+
+
+def inclusion_proof(leaves: Sequence[bytes], index: int) -> list[bytes]:
+    """Audit path for leaf ``index`` (RFC 9162 §2.1.3.1), list of 32-byte sibling hashes, bottom-up.
+
+    Raises:
+        IndexError: ``index`` is outside the tree.
+    """
+    if not 0 <= index < len(leaves):
+        raise IndexError("leaf index out of range")
+    return _path(index, [leaf_hash(x) for x in leaves])
+
+
+def _path(m: int, hashes: Sequence[bytes]) -> list[bytes]:
+    n = len(hashes)
+    if n <= 1:
+        return []
+    k = _largest_pow2_below(n)
+    if m < k:
+        return _path(m, hashes[:k]) + [_mth(hashes[k:])]
+    return _path(m - k, hashes[k:]) + [_mth(hashes[:k])]
+
+
+def verify_inclusion(leaf: bytes, index: int, size: int, proof: Sequence[bytes], root: bytes) -> bool:
+    """Check an RFC 9162 §2.1.3.2 inclusion proof of raw ``leaf`` at ``index`` in a tree of ``size``."""
+    if not 0 <= index < size:
+        return False
+    fn, sn = index, size - 1
+    r = leaf_hash(leaf)
+    for p in proof:
+        if sn == 0:
+            return False
+        if fn & 1 or fn == sn:
+            r = node_hash(p, r)
+            if not fn & 1:
+                while fn and not fn & 1:
+                    fn >>= 1
+                    sn >>= 1
+        else:
+            r = node_hash(r, p)
+        fn >>= 1
+        sn >>= 1
+    return sn == 0 and r == root
+
+
+# ---------------------------------------------------------------- tensors
+
+def tensor_to_wire(t) -> dict:
+    """Encode a torch tensor or numpy array as ``{"dtype", "shape", "data"}`` (little-endian, contiguous)."""
+    import torch
+
+    if isinstance(t, torch.Tensor):
+        t = t.detach()
+        if t.dtype == torch.bfloat16:
+            arr = t.contiguous().view(torch.int16).cpu().numpy().view(np.uint16)
+            name = "bfloat16"
+        else:
+            arr = t.contiguous().cpu().numpy()
+            name = str(arr.dtype)
+    else:
+        arr = np.ascontiguousarray(t)
+        name = str(arr.dtype)
+    if name not in WIRE_DTYPES:
+        raise ValueError(f"dtype {name} cannot travel on the wire")
+    arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
+    return {"dtype": name, "shape": list(arr.shape), "data": arr.tobytes()}
+
+
+def tensor_from_wire(obj: Any, *, max_elems: int = 1 << 26):
+    """Decode a wire tensor into a torch tensor, checking dtype code, shape and buffer length.
+
+    Raises:
+        DecodeError: unknown dtype, bad shape, or a buffer that does not match the shape.
+    """
+    import torch
+
+    if not isinstance(obj, dict):
+        raise DecodeError("tensor must be a map")
+    dtype, shape, data = obj.get("dtype"), obj.get("shape"), obj.get("data")
+    if dtype not in WIRE_DTYPES:
+        raise DecodeError(f"unknown dtype code {dtype!r}")
+    if not isinstance(shape, list) or len(shape) > 8 or not all(
+        isinstance(d, int) and not isinstance(d, bool) and 0 <= d for d in shape
+    ):
+        raise DecodeError("bad tensor shape")
+    if not isinstance(data, bytes):
+        raise DecodeError("tensor data must be bytes")
+    n = 1
+    for d in shape:
+        n *= d
+    if n > max_elems:
+        raise DecodeError("tensor too large")
+    np_dtype, size = WIRE_DTYPES[dtype]
+    if n * size != len(data):
+        raise DecodeError(f"shape {shape} of {dtype} needs {n * size} bytes, got {len(data)}")
+    arr = np.frombuffer(data, dtype=np.dtype(np_dtype).newbyteorder("<")).reshape(shape)
+    t = torch.from_numpy(arr.astype(np_dtype, copy=True))
+    if dtype == "bfloat16":
+        t = t.view(torch.int16).view(torch.bfloat16)
+    return t
+
+
+def tensor_commitment(t) -> bytes:
+    """``H(dtype ‖ shape ‖ contiguous little-endian bytes)`` of a tensor; 32 bytes."""
+    w = tensor_to_wire(t)
+    return H(w["dtype"].encode(), pack(w["shape"]), w["data"])
+
+
+def commitments_root(tensors: Iterable) -> bytes:
+    """Merkle root (RFC 9162) over the commitments of an ordered sequence of tensors (e.g. session steps)."""
+    return merkle_root([tensor_commitment(t) for t in tensors])
+
+
+# ---------------------------------------------------------------- credits
+
+BASE_UNITS = 10**9  # 1 credit = 10^9 base units
+
+
+def parse_amount(text: str) -> int:
+    """Parse a decimal credit amount (e.g. ``"1.001"``) into base units using :class:`decimal.Decimal`.
+
+    Raises:
+        ValueError: not a finite positive decimal, or more precise than one base unit.
+    """
+    from decimal import Decimal, InvalidOperation
+
+    if not isinstance(text, str):
+        raise ValueError("amount must be a decimal string")
+    try:
+        d = Decimal(text.strip())
+    except InvalidOperation:
+        raise ValueError(f"not a decimal amount: {text!r}") from None
+    if not d.is_finite():
+        raise ValueError("amount must be finite")
+    units = d * BASE_UNITS
+    if units != units.to_integral_value():
+        raise ValueError("amount is more precise than one base unit (1e-9 credit)")
+    units = int(units)
+    if units <= 0:
+        raise ValueError("amount must be positive")
+    return units
+
+
+def format_amount(units: int) -> str:
+    """Base units to a decimal credit string without trailing zeros (``1001000000`` -> ``"1.001"``)."""
+    sign = "-" if units < 0 else ""
+    q, r = divmod(abs(units), BASE_UNITS)
+    if r == 0:
+        return f"{sign}{q}"
+    return f"{sign}{q}.{r:09d}".rstrip("0")

@@ -1,0 +1,137 @@
+"""Node identity: one Ed25519 key per node, stored in the data dir with mode 0600.
+
+The same key is the libp2p peer identity and the ledger account. An account is the raw 32-byte Ed25519
+public key; people see it as the libp2p peer ID string (base58 of the identity multihash).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nacl.exceptions
+import nacl.signing
+
+from .encoding import H
+
+KEY_FILE = "node_key"
+
+
+class KeyFileError(RuntimeError):
+    """The key file exists but is unreadable, malformed or readable by others."""
+
+
+class Identity:
+    """An Ed25519 signing key (pynacl). ``account`` is the 32-byte public key."""
+
+    def __init__(self, signing_key: nacl.signing.SigningKey):
+        self._sk = signing_key
+        self.account: bytes = bytes(signing_key.verify_key)
+
+    @classmethod
+    def from_seed(cls, seed: bytes) -> "Identity":
+        """Key from a 32-byte seed."""
+        return cls(nacl.signing.SigningKey(seed))
+
+    @classmethod
+    def generate(cls) -> "Identity":
+        return cls(nacl.signing.SigningKey.generate())
+
+    @property
+    def seed(self) -> bytes:
+        return bytes(self._sk)
+
+    def sign(self, digest: bytes) -> bytes:
+        """Sign a 32-byte digest (never a whole payload). Returns the 64-byte signature."""
+        if len(digest) != 32:
+            raise ValueError("sign 32-byte digests only")
+        return self._sk.sign(digest).signature
+
+    def libp2p_keypair(self):
+        """The libp2p ``KeyPair`` for this key, so peer ID and account are one key."""
+        from libp2p.crypto.ed25519 import Ed25519PrivateKey
+        from libp2p.crypto.keys import KeyPair
+
+        priv = Ed25519PrivateKey(self._sk)
+        return KeyPair(priv, priv.get_public_key())
+
+    @property
+    def peer_id(self) -> str:
+        return account_to_str(self.account)
+
+
+def verify(account: bytes, digest: bytes, signature: bytes) -> bool:
+    """Check an Ed25519 ``signature`` by ``account`` over a 32-byte ``digest``. Never raises on bad input."""
+    if not (isinstance(account, bytes) and len(account) == 32 and isinstance(signature, bytes)
+            and len(signature) == 64 and isinstance(digest, bytes) and len(digest) == 32):
+        return False
+    try:
+        nacl.signing.VerifyKey(account).verify(digest, signature)
+        return True
+    except (nacl.exceptions.BadSignatureError, nacl.exceptions.ValueError, nacl.exceptions.TypeError):
+        return False
+
+
+def account_to_str(account: bytes) -> str:
+    """The libp2p peer ID string (``12D3KooW...``) of a 32-byte Ed25519 account."""
+    from libp2p.crypto.ed25519 import Ed25519PublicKey
+    from libp2p.peer.id import ID
+
+    return ID.from_pubkey(Ed25519PublicKey.from_bytes(account)).to_base58()
+
+
+def account_from_str(text: str) -> bytes:
+    """Parse a peer ID string (or 64 hex chars) back into the 32-byte account.
+
+    Raises:
+        ValueError: not a peer ID of an Ed25519 key.
+    """
+    if len(text) == 64:
+        try:
+            return bytes.fromhex(text)
+        except ValueError:
+            pass
+    from libp2p.peer.id import ID
+
+    try:
+        pk = ID.from_base58(text).extract_public_key()
+    except Exception:
+        raise ValueError(f"not a peer ID: {text!r}") from None
+    if pk is None or len(pk.to_bytes()) != 32:
+        raise ValueError(f"not an Ed25519 peer ID: {text!r}")
+    return pk.to_bytes()
+
+
+def load_or_create(data_dir: Path, seed: bytes | None = None) -> Identity:
+    """Load the node key from ``data_dir/node_key``, creating it (mode 0600) if absent.
+
+    ``seed`` is used only when the file does not exist yet (devnet well-known keys).
+
+    Raises:
+        KeyFileError: the file is malformed or its mode lets others read it.
+    """
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / KEY_FILE
+    if path.exists():
+        mode = path.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise KeyFileError(f"{path} has mode {oct(mode)}; it must be 0600 (chmod 600 {path})")
+        raw = path.read_bytes()
+        if len(raw) != 32:
+            raise KeyFileError(f"{path} must hold a 32-byte Ed25519 seed")
+        return Identity.from_seed(raw)
+    ident = Identity.from_seed(seed) if seed is not None else Identity.generate()
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, ident.seed)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return ident
+
+
+def dev_seed(index: int) -> bytes:
+    """Well-known devnet seed ``index`` (like Anvil's dev accounts): public, for the devnet only."""
+    return H(b"tally/devnet/dev-account/", str(index).encode())

@@ -1,0 +1,121 @@
+"""Blocks, headers and commit certificates.
+
+A header commits to its parent (``prev_hash``), to an RFC 9162 Merkle root over its transactions' wire bytes
+(``tx_root``) and, as in Tendermint's ``AppHash``, to the account-state root *after the parent block*
+(``state_root``). A block is final once it carries a commit: Ed25519 signatures of more than 2/3 of the
+validator set over ``H(tag ‖ chain ‖ height ‖ block_hash)`` (Tendermint precommits, arXiv:1807.04938). The next
+block repeats that commit as ``last_commit``. The devnet has one validator whose signature alone is a commit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..encoding import merkle_root, object_id, pack
+from ..identity import Identity, verify
+from .tx import InvalidTx, Tx, decode_tx
+
+BLOCK_TAG = b"tally/block/v1"
+PRECOMMIT_TAG = b"tally/precommit/v1"
+MAX_TXS_PER_BLOCK = 2000
+
+
+class InvalidBlock(ValueError):
+    """A block or commit that is malformed, mis-linked, or not signed by > 2/3 of the validators."""
+
+
+@dataclass(frozen=True)
+class Header:
+    chain_id: str
+    height: int
+    prev_hash: bytes
+    time_ms: int
+    proposer: bytes
+    tx_root: bytes
+    state_root: bytes
+
+    def fields(self) -> list[Any]:
+        return [self.height, self.prev_hash, self.time_ms, self.proposer, self.tx_root, self.state_root]
+
+    @property
+    def hash(self) -> bytes:
+        return object_id(BLOCK_TAG, self.chain_id, self.fields())
+
+
+@dataclass(frozen=True)
+class Block:
+    header: Header
+    txs: tuple[Tx, ...]
+    last_commit: tuple[tuple[bytes, bytes], ...]  # (validator, signature) for the parent
+
+    @property
+    def hash(self) -> bytes:
+        return self.header.hash
+
+    @property
+    def height(self) -> int:
+        return self.header.height
+
+    def to_wire(self) -> dict:
+        return {"h": [self.header.chain_id, *self.header.fields()],
+                "txs": [t.to_wire() for t in self.txs],
+                "lc": [[v, s] for v, s in self.last_commit]}
+
+
+def tx_root(txs: list[Tx] | tuple[Tx, ...]) -> bytes:
+    return merkle_root([pack(t.to_wire()) for t in txs])
+
+
+def precommit_digest(chain_id: str, height: int, block_hash: bytes) -> bytes:
+    return object_id(PRECOMMIT_TAG, chain_id, [height, block_hash])
+
+
+def sign_commit(ident: Identity, chain_id: str, height: int, block_hash: bytes) -> tuple[bytes, bytes]:
+    return ident.account, ident.sign(precommit_digest(chain_id, height, block_hash))
+
+
+def check_commit(chain_id: str, height: int, block_hash: bytes, commit, validators: tuple[bytes, ...]) -> None:
+    """Raise :class:`InvalidBlock` unless ``commit`` holds valid signatures of > 2/3 of ``validators``."""
+    digest = precommit_digest(chain_id, height, block_hash)
+    signers = set()
+    for item in commit:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2):
+            raise InvalidBlock("malformed commit entry")
+        v, sig = item
+        if v in validators and v not in signers and verify(v, digest, sig):
+            signers.add(v)
+    if 3 * len(signers) <= 2 * len(validators):
+        raise InvalidBlock(f"commit for height {height} has {len(signers)}/{len(validators)} valid signatures")
+
+
+def decode_block(obj: Any) -> Block:
+    """Build a :class:`Block` from its wire map, checking types and the tx root.
+
+    Raises:
+        InvalidBlock: malformed header, transactions or commit.
+    """
+    try:
+        if not isinstance(obj, dict):
+            raise InvalidBlock("a block is a map")
+        h, txs, lc = obj.get("h"), obj.get("txs"), obj.get("lc")
+        if not (isinstance(h, list) and len(h) == 7 and isinstance(txs, list) and isinstance(lc, list)):
+            raise InvalidBlock("malformed block")
+        if len(txs) > MAX_TXS_PER_BLOCK:
+            raise InvalidBlock("too many transactions")
+        chain_id, height, prev, t, proposer, troot, sroot = h
+        if not (isinstance(chain_id, str) and isinstance(height, int) and height >= 1 and isinstance(t, int)
+                and all(isinstance(x, bytes) and len(x) == 32 for x in (prev, proposer, troot, sroot))):
+            raise InvalidBlock("malformed header")
+        header = Header(chain_id, height, prev, t, proposer, troot, sroot)
+        decoded = tuple(decode_tx(x) for x in txs)
+        commit = tuple((bytes(v), bytes(s)) for v, s in lc)
+    except InvalidTx as e:
+        raise InvalidBlock(f"bad transaction in block: {e}") from None
+    except (TypeError, ValueError) as e:
+        if isinstance(e, InvalidBlock):
+            raise
+        raise InvalidBlock(f"malformed block: {e}") from None
+    if tx_root(decoded) != header.tx_root:
+        raise InvalidBlock("tx_root does not match the transactions")
+    return Block(header, decoded, commit)

@@ -1,0 +1,58 @@
+"""Building and checking blocks on top of a :class:`~node.ledger.state.State` (pure).
+
+``propose`` is what a validator does with its mempool; ``check_and_apply`` is what every node does with a
+block and its commit, whether it came over gossip, from sync, or from its own store during replay.
+"""
+
+from __future__ import annotations
+
+from ..identity import Identity
+from .block import Block, Header, InvalidBlock, check_commit, sign_commit, tx_root
+from .state import State, apply_block_body, apply_txs
+from .tx import InvalidTx, Tx
+
+
+def propose(state: State, candidates: list[Tx], ident: Identity, time_ms: int,
+            last_commit: tuple[tuple[bytes, bytes], ...]) -> tuple[Block, State, list[tuple[Tx, str]]]:
+    """Build block ``state.height + 1`` from the applicable ``candidates``.
+
+    Returns the block, the state after it and the rejected candidates with reasons.
+    """
+    _, accepted, rejected = apply_txs(state, candidates)
+    header = Header(state.chain_id, state.height + 1, state.last_hash, time_ms, ident.account,
+                    tx_root(accepted), state.state_root())
+    block = Block(header, tuple(accepted), last_commit)
+    new_state = apply_block_body(state, header.height, header.hash, accepted)
+    return block, new_state, rejected
+
+
+def commit_block(ident: Identity, block: Block) -> tuple[tuple[bytes, bytes], ...]:
+    """A single validator's commit (its precommit signature) for ``block``."""
+    return (sign_commit(ident, block.header.chain_id, block.height, block.hash),)
+
+
+def check_and_apply(state: State, block: Block, commit) -> State:
+    """Verify ``block`` against ``state`` and its ``commit`` against the validator set; return the new state.
+
+    Raises:
+        InvalidBlock: wrong chain, height, parent, state root, proposer, last commit or commit, or a
+            transaction that does not apply.
+    """
+    h = block.header
+    if h.chain_id != state.chain_id:
+        raise InvalidBlock(f"block of chain {h.chain_id!r}")
+    if h.height != state.height + 1:
+        raise InvalidBlock(f"block {h.height} does not follow {state.height}")
+    if h.prev_hash != state.last_hash:
+        raise InvalidBlock("block does not link to our head")
+    if h.state_root != state.state_root():
+        raise InvalidBlock("state root differs from our state")
+    if h.proposer not in state.validators:
+        raise InvalidBlock("proposer is not a validator")
+    check_commit(h.chain_id, h.height, block.hash, commit, state.validators)
+    if h.height > 1:
+        check_commit(h.chain_id, h.height - 1, state.last_hash, block.last_commit, state.validators)
+    try:
+        return apply_block_body(state, h.height, block.hash, list(block.txs))
+    except InvalidTx as e:
+        raise InvalidBlock(f"transaction does not apply: {e}") from None

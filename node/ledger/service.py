@@ -1,0 +1,222 @@
+"""The ledger at the edge: store, mempool, block production (validator), block gossip and sync.
+
+Runs on the node's trio loop. The state transition itself is pure (:mod:`node.ledger.state`); this module only
+moves bytes: transactions from gossip and from local callers into the mempool, blocks from the validator to the
+followers (``tally/<chain>/consensus`` gossip plus a pull-based sync protocol for late or restarted nodes).
+This issue's consensus is a single validator that signs each block it proposes; followers check the commit
+against the genesis validator set.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable
+
+import trio
+
+from ..encoding import DecodeError, pack, unpack
+from ..identity import Identity
+from ..p2p.framing import error_reply, read_msg, write_msg
+from .block import Block, InvalidBlock, decode_block
+from .chain import check_and_apply, commit_block, propose
+from .genesis import Genesis
+from .state import State
+from .store import LedgerStore
+from .tx import InvalidTx, Tx, decode_tx
+
+log = logging.getLogger("tally.ledger")
+
+SYNC_PROTOCOL = "/tally/sync/1.0.0"
+SUBMIT_PROTOCOL = "/tally/submit/1.0.0"
+MAX_MEMPOOL = 10_000
+SYNC_BATCH = 64
+
+
+class LedgerService:
+    """Owns the :class:`LedgerStore` and the current :class:`State` of one node."""
+
+    def __init__(self, store: LedgerStore, genesis: Genesis, ident: Identity, host, clock: Callable[[], float] = time.time):
+        self.store, self.genesis, self.ident, self.host = store, genesis, ident, host
+        self.clock = clock
+        self.state: State = store.replay()
+        self.mempool: dict[bytes, Tx] = {}
+        self.rejected: dict[bytes, str] = {}
+        self.is_validator = ident.account in genesis.validators
+        self.new_block = trio.Event()
+        self._lock = trio.Lock()
+        self._listeners: list[Callable[[Block, State], None]] = []
+
+    @property
+    def chain_id(self) -> str:
+        return self.genesis.chain_id
+
+    def on_block(self, fn: Callable[[Block, State], None]) -> None:
+        """Register ``fn(block, new_state)``, called after each block is stored."""
+        self._listeners.append(fn)
+
+    # ---------------------------------------------------------------- transactions
+
+    def add_tx(self, tx: Tx) -> bytes:
+        """Check a transaction's chain and signatures and queue it. Returns its id.
+
+        Raises:
+            InvalidTx: wrong chain or bad signature (state checks happen when a block is built).
+        """
+        if tx.chain_id != self.chain_id:
+            raise InvalidTx(f"transaction for chain {tx.chain_id!r}")
+        tx.check_signatures()
+        if len(self.mempool) >= MAX_MEMPOOL:
+            raise InvalidTx("mempool full")
+        self.mempool.setdefault(tx.id, tx)
+        return tx.id
+
+    async def submit(self, tx: Tx) -> bytes:
+        """Queue ``tx`` locally and broadcast it (gossip, and directly to validators we are connected to)."""
+        tid = self.add_tx(tx)
+        data = pack(tx.to_wire())
+        await self.host.publish(self.host.topic("tx"), data)
+        if not self.is_validator:
+            for v in self.genesis.validators:
+                peer = _peer_str(v)
+                if peer in self.host.connected_peers():
+                    try:
+                        await self.host.request(peer, SUBMIT_PROTOCOL, {"tx": tx.to_wire()}, timeout=5)
+                    except Exception as e:  # gossip still carries it
+                        log.debug("direct submit to %s failed: %s", peer, e)
+        return tid
+
+    async def _on_tx_gossip(self, data: bytes, from_peer: str) -> None:
+        try:
+            self.add_tx(decode_tx(unpack(data, max_size=1 << 16)))
+        except (DecodeError, InvalidTx) as e:
+            log.debug("dropped tx from %s: %s", from_peer, e)
+
+    async def _submit_handler(self, stream, peer: str) -> None:
+        msg = await read_msg(stream, timeout=10, max_message=1 << 16)
+        try:
+            tid = self.add_tx(decode_tx(msg.get("tx")))
+            await write_msg(stream, {"status": "ok", "id": tid})
+        except InvalidTx as e:
+            await write_msg(stream, error_reply("invalid_tx", str(e)))
+
+    # ---------------------------------------------------------------- blocks
+
+    async def _commit(self, block: Block, commit, new_state: State) -> None:
+        old = self.state
+        self.store.append(block, commit, old, new_state)
+        self.state = new_state
+        for tid in [t.id for t in block.txs]:
+            self.mempool.pop(tid, None)
+        for fn in self._listeners:
+            try:
+                fn(block, new_state)
+            except Exception:  # a listener must never stop the chain
+                log.exception("block listener failed")
+        ev, self.new_block = self.new_block, trio.Event()
+        ev.set()
+
+    async def produce_blocks(self) -> None:
+        """Validator loop: one block every ``block_time_ms`` (empty ones too, so beacons keep coming)."""
+        period = self.genesis.params.block_time_ms / 1000
+        while True:
+            await trio.sleep(period)
+            async with self._lock:
+                candidates = list(self.mempool.values())
+                block, new_state, rejected = propose(self.state, candidates, self.ident,
+                                                     int(self.clock() * 1000), self.store.last_commit())
+                for tx, why in rejected:
+                    self.mempool.pop(tx.id, None)
+                    self.rejected[tx.id] = why
+                    log.info("rejected tx %s: %s", tx.id.hex()[:16], why)
+                commit = commit_block(self.ident, block)
+                await self._commit(block, commit, new_state)
+            await self.host.publish(self.host.topic("consensus"),
+                                    pack({"b": block.to_wire(), "c": [list(x) for x in commit]}))
+
+    async def apply_remote(self, wire: dict) -> bool:
+        """Check and store a block with its commit from a peer. Returns True if it extended our chain.
+
+        Raises:
+            InvalidBlock: the block does not verify on top of our head.
+        """
+        block = decode_block(wire.get("b"))
+        commit = wire.get("c")
+        if not isinstance(commit, list):
+            raise InvalidBlock("missing commit")
+        async with self._lock:
+            if block.height != self.state.height + 1:
+                return False
+            new_state = check_and_apply(self.state, block, commit)
+            await self._commit(block, commit, new_state)
+            return True
+
+    async def _on_block_gossip(self, data: bytes, from_peer: str) -> None:
+        try:
+            wire = unpack(data)
+            height = wire["b"]["h"][1]
+            if height > self.state.height + 1:
+                await self.sync_from(from_peer)
+            else:
+                await self.apply_remote(wire)
+        except (DecodeError, InvalidBlock, KeyError, TypeError, IndexError) as e:
+            log.warning("bad block from %s: %s", from_peer, e)
+
+    async def _sync_handler(self, stream, peer: str) -> None:
+        msg = await read_msg(stream, timeout=10, max_message=1 << 12)
+        start = msg.get("from")
+        if not isinstance(start, int) or start < 1:
+            await write_msg(stream, error_reply("bad_request", "from must be a height >= 1"))
+            return
+        blocks = []
+        for h in range(start, min(self.store.head, start + SYNC_BATCH - 1) + 1):
+            blocks.append(self.store.get_block_raw(h))
+        await write_msg(stream, {"status": "ok", "head": self.store.head, "blocks": blocks})
+
+    async def sync_from(self, peer: str) -> int:
+        """Fetch and apply blocks from ``peer`` until we reach its head. Returns blocks applied."""
+        applied = 0
+        while True:
+            reply = await self.host.request(peer, SYNC_PROTOCOL, {"from": self.state.height + 1}, timeout=20)
+            blocks = reply.get("blocks") or []
+            for wire in blocks:
+                if not await self.apply_remote(wire):
+                    break
+                applied += 1
+            if not blocks or self.state.height >= reply.get("head", 0):
+                return applied
+
+    async def sync_loop(self) -> None:
+        """Follower loop: every few block times, pull from a connected validator (gossip may miss blocks)."""
+        period = max(1.0, 4 * self.genesis.params.block_time_ms / 1000)
+        while True:
+            for v in self.genesis.validators:
+                peer = _peer_str(v)
+                if peer in self.host.connected_peers():
+                    try:
+                        await self.sync_from(peer)
+                    except Exception as e:
+                        log.info("sync from %s failed: %s", peer[:16], e)
+            await trio.sleep(period)
+
+    async def run(self) -> None:
+        """Subscribe, serve sync and submit requests, and produce or follow blocks. Runs forever."""
+        self.host.set_handler(SYNC_PROTOCOL, self._sync_handler)
+        self.host.set_handler(SUBMIT_PROTOCOL, self._submit_handler)
+        await self.host.subscribe(self.host.topic("tx"), self._on_tx_gossip)
+        await self.host.subscribe(self.host.topic("consensus"), self._on_block_gossip)
+        if self.is_validator:
+            await self.produce_blocks()
+        else:
+            await self.sync_loop()
+
+    async def wait_for_height(self, height: int, timeout: float) -> None:
+        with trio.fail_after(timeout):
+            while self.state.height < height:
+                await self.new_block.wait()
+
+
+def _peer_str(account: bytes) -> str:
+    from ..identity import account_to_str
+
+    return account_to_str(account)

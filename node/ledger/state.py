@@ -1,0 +1,305 @@
+"""Ledger state and its pure, deterministic transition ``apply_block(state, block) -> state``.
+
+No I/O, no clock, no randomness: the only entropy is the block hash used as the sampling beacon.
+
+Credit flow for one receipt (all amounts in base units):
+  1. inclusion at height h: ``price`` moves from the requester's balance into escrow;
+  2. at height h + 1 the block hash is the beacon: the receipt is sampled with probability ``p(worker)``
+     (:mod:`node.verify.sampling`) and, if sampled, a committee is drawn (:mod:`node.verify.committee`);
+  3. unsampled: after ``challenge_window`` blocks the worker is paid ``price`` from escrow;
+  4. sampled: votes arrive; on a > 2/3 **valid** quorum the worker is paid ``price − fee`` and the members who
+     voted valid share ``fee = price · committee_fee_bps / 10^4``; on an **invalid** quorum the requester is
+     refunded ``price``, the worker's bond is slashed by ``min(bond, slash_amount)``, the members who voted
+     invalid share up to ``fee`` of the slash and the rest goes to the treasury. A round with no quorum after
+     every vote, or after ``verdict_timeout`` blocks, escalates to a committee twice as large; after
+     ``max_rounds`` the receipt settles as unverified (the worker is paid: abstention never penalises it).
+
+Invariants (tested): total supply (balances + bonds + escrow) is constant; no amount is negative; a receipt,
+a verdict and a slash each count once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..encoding import merkle_root, pack
+from ..verify import committee as cm
+from ..verify.sampling import is_sampled, sampling_ppm
+from .genesis import TREASURY, Genesis, Params
+from .tx import ABSTAIN, INVALID, VALID, Bond, InvalidTx, Receipt, Transfer, Tx, Vote, _check
+
+
+@dataclass(frozen=True)
+class Account:
+    """Per-account state in base units. ``valid_run``: consecutive valid verdicts (adaptive sampling)."""
+
+    balance: int = 0
+    bond: int = 0
+    escrow: int = 0
+    nonce: int = 0
+    valid_run: int = 0
+    slashed: int = 0
+
+    def to_list(self) -> list[int]:
+        return [self.balance, self.bond, self.escrow, self.nonce, self.valid_run, self.slashed]
+
+
+PENDING, SAMPLED, VALID_S, INVALID_S, SETTLED, UNVERIFIED = (
+    "pending", "sampled", "valid", "invalid", "settled", "unverified")
+FINAL = {VALID_S, INVALID_S, SETTLED, UNVERIFIED}
+
+
+@dataclass(frozen=True)
+class ReceiptRecord:
+    """Ledger summary of a receipt (no tensors) and its verification status."""
+
+    receipt: Receipt
+    height: int
+    status: str = PENDING
+    p_ppm: int = 0
+    round: int = 0
+    round_height: int = 0
+    committee: tuple[bytes, ...] = ()
+    votes: tuple[tuple[bytes, int, int, int], ...] = ()  # (voter, round, verdict, distance_ppm)
+    final_height: int = 0
+    payouts: tuple[tuple[bytes, int], ...] = ()  # (account, base units), incl. the requester's refund
+    slashed: int = 0
+
+    def round_votes(self) -> dict[bytes, int]:
+        return {v: verdict for v, r, verdict, _ in self.votes if r == self.round}
+
+    def to_dict(self) -> dict:
+        r = self.receipt
+        return {"id": r.id, "receipt": r.to_wire(), "height": self.height, "status": self.status,
+                "p_ppm": self.p_ppm, "round": self.round, "committee": list(self.committee),
+                "votes": [list(v) for v in self.votes], "final_height": self.final_height,
+                "payouts": [list(p) for p in self.payouts], "slashed": self.slashed}
+
+
+@dataclass
+class State:
+    """Ledger state after ``height`` blocks. Treat as immutable outside :func:`apply_block`."""
+
+    chain_id: str
+    params: Params
+    validators: tuple[bytes, ...]
+    height: int = 0
+    last_hash: bytes = b"\x00" * 32
+    accounts: dict[bytes, Account] = field(default_factory=dict)
+    receipts: dict[bytes, ReceiptRecord] = field(default_factory=dict)
+    open_receipts: dict[bytes, None] = field(default_factory=dict)  # ids not yet final (ordered)
+
+    def copy(self) -> "State":
+        return replace(self, accounts=dict(self.accounts), receipts=dict(self.receipts),
+                       open_receipts=dict(self.open_receipts))
+
+    def account(self, a: bytes) -> Account:
+        return self.accounts.get(a, Account())
+
+    def supply(self) -> int:
+        """Total base units held as balance, bond or escrow by all accounts (the treasury included)."""
+        return sum(x.balance + x.bond + x.escrow for x in self.accounts.values())
+
+    def state_root(self) -> bytes:
+        """RFC 9162 Merkle root over ``pack([account, *Account.to_list()])`` leaves sorted by account."""
+        return merkle_root([self.account_leaf(a) for a in sorted(self.accounts)])
+
+    def account_leaf(self, a: bytes) -> bytes:
+        return pack([a, *self.account(a).to_list()])
+
+    def eligible(self) -> list[bytes]:
+        """Accounts bonded with at least ``min_bond``: workers and committee members."""
+        return [a for a, x in self.accounts.items() if x.bond >= self.params.min_bond and a != TREASURY]
+
+
+def genesis_state(g: Genesis) -> State:
+    s = State(chain_id=g.chain_id, params=g.params, validators=g.validators, last_hash=g.hash)
+    for a, bal, bond in g.balances:
+        prev = s.account(a)
+        s.accounts[a] = replace(prev, balance=prev.balance + bal, bond=prev.bond + bond)
+    return s
+
+
+# ------------------------------------------------------------------ transactions
+
+def _credit(s: State, a: bytes, amount: int) -> None:
+    s.accounts[a] = replace(s.account(a), balance=s.account(a).balance + amount)
+
+
+def apply_tx(s: State, tx: Tx) -> None:
+    """Apply one transaction to the working copy ``s`` in place.
+
+    Raises:
+        InvalidTx: wrong chain, bad signature, bad nonce, insufficient funds, replay, not a committee member…
+            ``s`` is unchanged when this is raised.
+    """
+    _check(tx.chain_id == s.chain_id, f"transaction for chain {tx.chain_id!r}, this is {s.chain_id!r}")
+    tx.check_signatures()
+    if isinstance(tx, Transfer):
+        sender = s.account(tx.sender)
+        _check(tx.nonce == sender.nonce, f"bad nonce {tx.nonce}, expected {sender.nonce}")
+        _check(sender.balance >= tx.amount, "insufficient balance")
+        _check(tx.recipient != TREASURY, "the treasury cannot receive transfers")
+        s.accounts[tx.sender] = replace(sender, balance=sender.balance - tx.amount, nonce=sender.nonce + 1)
+        _credit(s, tx.recipient, tx.amount)
+    elif isinstance(tx, Bond):
+        acc = s.account(tx.sender)
+        _check(tx.nonce == acc.nonce, f"bad nonce {tx.nonce}, expected {acc.nonce}")
+        _check(acc.balance >= tx.amount, "insufficient balance")
+        s.accounts[tx.sender] = replace(acc, balance=acc.balance - tx.amount, bond=acc.bond + tx.amount,
+                                        nonce=acc.nonce + 1)
+    elif isinstance(tx, Receipt):
+        _apply_receipt(s, tx)
+    elif isinstance(tx, Vote):
+        _apply_vote(s, tx)
+    else:  # pragma: no cover - decode_tx only builds the kinds above
+        raise InvalidTx("unknown transaction")
+
+
+def _apply_receipt(s: State, r: Receipt) -> None:
+    p = s.params
+    r.check_shape()
+    _check(r.id not in s.receipts, "receipt already on the ledger (replay)")
+    _check(r.opened_height <= s.height + 1, "receipt opened at a future height")
+    _check(r.opened_height + p.receipt_max_age >= s.height, "receipt too old")
+    _check(r.price == r.work * p.price_per_token_block,
+           f"price must be work × price_per_token_block = {r.work * p.price_per_token_block}")
+    _check(r.price <= p.max_receipt_price, "receipt price above max_receipt_price")
+    _check(s.account(r.worker).bond >= p.min_bond, "worker is not bonded")
+    req = s.account(r.requester)
+    _check(req.balance >= r.price, "requester cannot cover the price")
+    s.accounts[r.requester] = replace(req, balance=req.balance - r.price, escrow=req.escrow + r.price)
+    s.receipts[r.id] = ReceiptRecord(receipt=r, height=s.height + 1)
+    s.open_receipts[r.id] = None
+
+
+def _apply_vote(s: State, v: Vote) -> None:
+    rec = s.receipts.get(v.receipt_id)
+    _check(rec is not None, "vote for an unknown receipt")
+    _check(rec.status == SAMPLED, f"receipt is {rec.status}, not awaiting votes")
+    _check(v.round == rec.round, f"vote for round {v.round}, receipt is in round {rec.round}")
+    _check(v.voter in rec.committee, "voter is not on this receipt's committee")
+    _check(v.voter not in rec.round_votes(), "member already voted in this round")
+    rec = replace(rec, votes=rec.votes + ((v.voter, v.round, v.verdict, v.distance_ppm),))
+    s.receipts[v.receipt_id] = rec
+    verdict = cm.tally(rec.round_votes(), len(rec.committee))
+    if verdict is not None:
+        _finalize(s, rec, verdict, s.height + 1)
+
+
+# ------------------------------------------------------------------ settlement
+
+def _release_escrow(s: State, r: Receipt) -> None:
+    req = s.account(r.requester)
+    s.accounts[r.requester] = replace(req, escrow=req.escrow - r.price)
+
+
+def _finalize(s: State, rec: ReceiptRecord, verdict: int, height: int) -> None:
+    r, p = rec.receipt, s.params
+    _release_escrow(s, r)
+    voters = [m for m, verd in rec.round_votes().items() if verd == verdict]
+    payouts: list[tuple[bytes, int]] = []
+    slashed = 0
+    worker = s.account(r.worker)
+    if verdict == VALID:
+        fee = r.price * p.committee_fee_bps // 10_000
+        share = fee // len(voters)
+        for m in voters:
+            payouts.append((m, share))
+        payouts.append((r.worker, r.price - share * len(voters)))
+        s.accounts[r.worker] = replace(worker, valid_run=worker.valid_run + 1)
+        status = VALID_S
+    else:
+        payouts.append((r.requester, r.price))
+        slashed = min(worker.bond, p.slash_amount)
+        s.accounts[r.worker] = replace(worker, bond=worker.bond - slashed, valid_run=0,
+                                       slashed=worker.slashed + slashed)
+        reward = min(slashed, r.price * p.committee_fee_bps // 10_000)
+        share = reward // len(voters)
+        for m in voters:
+            payouts.append((m, share))
+        payouts.append((TREASURY, slashed - share * len(voters)))
+        status = INVALID_S
+    for a, amt in payouts:
+        _credit(s, a, amt)
+    s.receipts[r.id] = replace(rec, status=status, final_height=height, payouts=tuple(payouts), slashed=slashed)
+    s.open_receipts.pop(r.id, None)
+
+
+def _settle_unchecked(s: State, rec: ReceiptRecord, status: str, height: int) -> None:
+    r = rec.receipt
+    _release_escrow(s, r)
+    _credit(s, r.worker, r.price)
+    s.receipts[r.id] = replace(rec, status=status, final_height=height, payouts=((r.worker, r.price),))
+    s.open_receipts.pop(r.id, None)
+
+
+def end_block(s: State, height: int, block_hash: bytes) -> None:
+    """Per-block work after the transactions: draw samples with this block's hash as the beacon for receipts
+    included in the previous block, settle unsampled receipts past the challenge window, escalate or settle
+    committees that timed out."""
+    p = s.params
+    for rid in list(s.open_receipts):
+        rec = s.receipts[rid]
+        if rec.status == PENDING and rec.height == height - 1:
+            worker = s.account(rec.receipt.worker)
+            ppm = sampling_ppm(p.sample_base_ppm, p.sample_floor_ppm, worker.valid_run, p.adapt_step)
+            if is_sampled(block_hash, rid, ppm):
+                com = cm.select_committee(block_hash, rid, 0, s.eligible(),
+                                          (rec.receipt.worker, rec.receipt.requester), p.committee_size)
+                if com:
+                    s.receipts[rid] = replace(rec, status=SAMPLED, p_ppm=ppm, committee=com, round_height=height)
+                    continue
+            s.receipts[rid] = replace(rec, p_ppm=ppm)
+        elif rec.status == PENDING and rec.height + p.challenge_window <= height:
+            _settle_unchecked(s, rec, SETTLED, height)
+        elif rec.status == SAMPLED:
+            size = len(rec.committee)
+            if cm.deadlocked(rec.round_votes(), size) or height - rec.round_height >= p.verdict_timeout:
+                nxt = rec.round + 1
+                com = cm.select_committee(block_hash, rid, nxt, s.eligible(),
+                                          (rec.receipt.worker, rec.receipt.requester), p.committee_size)
+                if nxt >= p.max_rounds or not com:
+                    _settle_unchecked(s, rec, UNVERIFIED, height)
+                else:
+                    s.receipts[rid] = replace(rec, round=nxt, committee=com, round_height=height)
+
+
+def apply_txs(s: State, txs: list[Tx]) -> tuple[State, list[Tx], list[tuple[Tx, str]]]:
+    """Try ``txs`` in order on a copy of ``s`` (a proposer building a block).
+
+    Returns the new working state, the accepted transactions and the rejected ones with their reasons.
+    """
+    w = s.copy()
+    ok: list[Tx] = []
+    bad: list[tuple[Tx, str]] = []
+    for tx in txs:  # apply_tx checks everything before it mutates, so a rejected tx leaves ``w`` as it was
+        try:
+            apply_tx(w, tx)
+        except InvalidTx as e:
+            bad.append((tx, str(e)))
+            continue
+        ok.append(tx)
+    return w, ok, bad
+
+
+def apply_block_body(s: State, height: int, block_hash: bytes, txs: list[Tx]) -> State:
+    """Pure transition: a new state after applying ``txs`` as block ``height`` with hash ``block_hash``.
+
+    Raises:
+        InvalidTx: any transaction does not apply (the whole block is invalid; ``s`` is untouched).
+        ValueError: ``height`` is not ``s.height + 1``.
+    """
+    if height != s.height + 1:
+        raise ValueError(f"block {height} does not follow height {s.height}")
+    w = s.copy()
+    for tx in txs:
+        apply_tx(w, tx)
+    end_block(w, height, block_hash)
+    w.height = height
+    w.last_hash = block_hash
+    return w
+
+
+__all__ = ["Account", "ReceiptRecord", "State", "genesis_state", "apply_tx", "apply_txs", "apply_block_body",
+           "end_block", "VALID", "INVALID", "ABSTAIN", "FINAL"]

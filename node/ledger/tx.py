@@ -1,0 +1,239 @@
+"""Transactions: the signed objects that change ledger state.
+
+Every transaction is a frozen dataclass with a fixed field order. Its canonical bytes are the msgpack array
+``[domain_tag, chain_id, *unsigned_fields]`` (see :mod:`node.encoding`); its id is the BLAKE2b-256 digest of
+those bytes, and every signature is an Ed25519 signature over that 32-byte id. Two signatures over one
+object are therefore one object: a receipt's id does not depend on who signed it.
+
+Kinds:
+  * :class:`Transfer` — move ``amount`` base units; per-account ``nonce``.
+  * :class:`Bond` — lock ``amount`` base units of the sender's balance as a worker bond; per-account ``nonce``.
+  * :class:`Receipt` — "I did this unit of work", signed by the worker and countersigned by the requester.
+  * :class:`Vote` — a committee member's verdict on a sampled receipt.
+
+Wire form (gossip, blocks): ``{"t": kind, "f": [fields...], "s": [signatures...]}``; :func:`decode_tx`
+checks every field's type and size and raises :class:`InvalidTx` on anything else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields as dc_fields, replace
+from typing import Any, ClassVar
+
+from ..encoding import object_id
+from ..identity import Identity, verify
+
+VALID, INVALID, ABSTAIN = 0, 1, 2
+VERDICT_NAMES = {VALID: "valid", INVALID: "invalid", ABSTAIN: "abstain"}
+MAX_AMOUNT = 2**63 - 1
+
+
+class InvalidTx(ValueError):
+    """A transaction that is malformed, badly signed, or not applicable to the current state."""
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise InvalidTx(msg)
+
+
+def _is_int(v: Any, lo: int = 0, hi: int = MAX_AMOUNT) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _is_bytes(v: Any, n: int | None = None) -> bool:
+    return isinstance(v, bytes) and (n is None or len(v) == n)
+
+
+@dataclass(frozen=True)
+class Tx:
+    """Base class. Subclasses list their unsigned fields first and signature fields (``SIGS``) last."""
+
+    TAG: ClassVar[bytes] = b""
+    KIND: ClassVar[str] = ""
+    SIGS: ClassVar[tuple[str, ...]] = ()
+    # name -> ("int" | "bytes32" | "bytes16" | "str", ...) used by decode_tx
+    SCHEMA: ClassVar[dict[str, str]] = {}
+
+    def unsigned(self) -> list[Any]:
+        return [getattr(self, f.name) for f in dc_fields(self) if f.name not in self.SIGS and f.name != "chain_id"]
+
+    @property
+    def id(self) -> bytes:
+        """32-byte id: hash of the domain tag, chain id and unsigned fields."""
+        return object_id(self.TAG, self.chain_id, self.unsigned())  # type: ignore[attr-defined]
+
+    def to_wire(self) -> dict:
+        return {"t": self.KIND, "c": self.chain_id, "f": self.unsigned(),  # type: ignore[attr-defined]
+                "s": [getattr(self, s) for s in self.SIGS]}
+
+    def check_signatures(self) -> None:
+        """Raise :class:`InvalidTx` unless every required signature verifies over :attr:`id`."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Transfer(Tx):
+    chain_id: str
+    sender: bytes
+    recipient: bytes
+    amount: int
+    nonce: int
+    sig: bytes = b""
+
+    TAG: ClassVar[bytes] = b"tally/transfer/v1"
+    KIND: ClassVar[str] = "transfer"
+    SIGS: ClassVar[tuple[str, ...]] = ("sig",)
+    SCHEMA: ClassVar[dict[str, str]] = {"sender": "bytes32", "recipient": "bytes32", "amount": "amount",
+                                        "nonce": "int"}
+
+    def signed(self, ident: Identity) -> "Transfer":
+        return replace(self, sig=ident.sign(self.id))
+
+    def check_signatures(self) -> None:
+        _check(verify(self.sender, self.id, self.sig), "bad transfer signature")
+
+
+@dataclass(frozen=True)
+class Bond(Tx):
+    chain_id: str
+    sender: bytes
+    amount: int
+    nonce: int
+    sig: bytes = b""
+
+    TAG: ClassVar[bytes] = b"tally/bond/v1"
+    KIND: ClassVar[str] = "bond"
+    SIGS: ClassVar[tuple[str, ...]] = ("sig",)
+    SCHEMA: ClassVar[dict[str, str]] = {"sender": "bytes32", "amount": "amount", "nonce": "int"}
+
+    def signed(self, ident: Identity) -> "Bond":
+        return replace(self, sig=ident.sign(self.id))
+
+    def check_signatures(self) -> None:
+        _check(verify(self.sender, self.id, self.sig), "bad bond signature")
+
+
+@dataclass(frozen=True)
+class Receipt(Tx):
+    """Signed claim of one inference session on one span (DESIGN.md, Receipts).
+
+    Fields: ``session_id`` (16 random bytes), ``worker`` and ``requester`` (32-byte accounts),
+    ``model_id`` (32 bytes), span ``[span_start, span_end)`` in blocks, ``tokens`` processed,
+    ``inputs_root``/``outputs_root`` (RFC 9162 Merkle roots over the ordered step tensors' commitments),
+    ``price`` in base units, ``opened_height`` (ledger height when the session opened), ``compression``
+    (wire codec of hidden states, "none" for raw). Work measure = tokens × blocks (:attr:`work`).
+    """
+
+    chain_id: str
+    session_id: bytes
+    worker: bytes
+    requester: bytes
+    model_id: bytes
+    span_start: int
+    span_end: int
+    tokens: int
+    inputs_root: bytes
+    outputs_root: bytes
+    price: int
+    opened_height: int
+    compression: str = "none"
+    worker_sig: bytes = b""
+    requester_sig: bytes = b""
+
+    TAG: ClassVar[bytes] = b"tally/receipt/v1"
+    KIND: ClassVar[str] = "receipt"
+    SIGS: ClassVar[tuple[str, ...]] = ("worker_sig", "requester_sig")
+    SCHEMA: ClassVar[dict[str, str]] = {
+        "session_id": "bytes16", "worker": "bytes32", "requester": "bytes32", "model_id": "bytes32",
+        "span_start": "int", "span_end": "int", "tokens": "int", "inputs_root": "bytes32",
+        "outputs_root": "bytes32", "price": "int", "opened_height": "int", "compression": "str",
+    }
+
+    @property
+    def work(self) -> int:
+        """Committed work measure in token-blocks: ``tokens × (span_end − span_start)``."""
+        return self.tokens * (self.span_end - self.span_start)
+
+    def sign_worker(self, ident: Identity) -> "Receipt":
+        _check(ident.account == self.worker, "only the worker signs as worker")
+        return replace(self, worker_sig=ident.sign(self.id))
+
+    def countersign(self, ident: Identity) -> "Receipt":
+        _check(ident.account == self.requester, "only the requester countersigns")
+        return replace(self, requester_sig=ident.sign(self.id))
+
+    def check_signatures(self) -> None:
+        _check(verify(self.worker, self.id, self.worker_sig), "bad worker signature on receipt")
+        _check(verify(self.requester, self.id, self.requester_sig), "bad requester countersignature on receipt")
+
+    def check_shape(self) -> None:
+        _check(self.worker != self.requester, "worker and requester must differ")
+        _check(0 <= self.span_start < self.span_end <= 4096, "bad span")
+        _check(self.tokens > 0, "a receipt covers at least one token")
+
+
+@dataclass(frozen=True)
+class Vote(Tx):
+    """A committee member's signed verdict on a sampled receipt in escalation ``round``.
+
+    ``verdict`` is VALID (0), INVALID (1) or ABSTAIN (2); ``distance_ppm`` is the measured distance between the
+    committed outputs and the re-execution in parts per million (see :mod:`node.verify.compare`).
+    """
+
+    chain_id: str
+    receipt_id: bytes
+    voter: bytes
+    round: int
+    verdict: int
+    distance_ppm: int
+    sig: bytes = b""
+
+    TAG: ClassVar[bytes] = b"tally/vote/v1"
+    KIND: ClassVar[str] = "vote"
+    SIGS: ClassVar[tuple[str, ...]] = ("sig",)
+    SCHEMA: ClassVar[dict[str, str]] = {"receipt_id": "bytes32", "voter": "bytes32", "round": "int",
+                                        "verdict": "verdict", "distance_ppm": "int"}
+
+    def signed(self, ident: Identity) -> "Vote":
+        return replace(self, sig=ident.sign(self.id))
+
+    def check_signatures(self) -> None:
+        _check(verify(self.voter, self.id, self.sig), "bad vote signature")
+
+
+TX_KINDS: dict[str, type[Tx]] = {c.KIND: c for c in (Transfer, Bond, Receipt, Vote)}
+
+
+def _check_field(name: str, kind: str, v: Any) -> None:
+    ok = {
+        "int": lambda: _is_int(v),
+        "amount": lambda: _is_int(v, 1),
+        "bytes32": lambda: _is_bytes(v, 32),
+        "bytes16": lambda: _is_bytes(v, 16),
+        "str": lambda: isinstance(v, str) and len(v) <= 32,
+        "verdict": lambda: v in (VALID, INVALID, ABSTAIN) and _is_int(v),
+    }[kind]()
+    _check(ok, f"field {name!r} has a bad value")
+
+
+def decode_tx(obj: Any) -> Tx:
+    """Build a transaction from its wire map, checking kind, arity, every field's type and signature sizes.
+
+    Does not check signatures (see :meth:`Tx.check_signatures`) or state.
+
+    Raises:
+        InvalidTx: anything malformed.
+    """
+    _check(isinstance(obj, dict), "a transaction is a map")
+    cls = TX_KINDS.get(obj.get("t"))  # type: ignore[arg-type]
+    _check(cls is not None, f"unknown transaction kind {obj.get('t')!r}")
+    chain_id, f, s = obj.get("c"), obj.get("f"), obj.get("s")
+    _check(isinstance(chain_id, str) and 0 < len(chain_id) <= 64, "bad chain id")
+    _check(isinstance(f, list) and len(f) == len(cls.SCHEMA), "wrong number of fields")
+    _check(isinstance(s, list) and len(s) == len(cls.SIGS), "wrong number of signatures")
+    for (name, kind), v in zip(cls.SCHEMA.items(), f):
+        _check_field(name, kind, v)
+    for sig in s:
+        _check(_is_bytes(sig, 64) or sig == b"", "a signature is 64 bytes (or empty while unsigned)")
+    return cls(chain_id, *f, *s)  # type: ignore[arg-type]

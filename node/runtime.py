@@ -1,0 +1,162 @@
+"""One Tally node: a libp2p host, the ledger, a span server, a client, a committee member and the HTTP API,
+all on one trio event loop (DESIGN.md, Runtime). torch runs in a worker thread, never on the loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from .blobs import BlobStore
+from .identity import Identity, load_or_create
+from .ledger.genesis import Genesis
+from .ledger.service import LedgerService
+from .ledger.store import LedgerStore
+from .p2p.host import P2PHost
+
+log = logging.getLogger("tally.node")
+
+TOKEN_FILE = "api_token"
+INFO_FILE = "node.json"
+
+
+@dataclass
+class NodeConfig:
+    """Everything ``node start`` decides. Ports 0 mean "any free port"."""
+
+    data_dir: Path
+    genesis: Genesis
+    model_dir: Path
+    span: tuple[int, int] | None = None  # None: client / committee only
+    bootstrap: list[str] = field(default_factory=list)
+    p2p_port: int = 0
+    api_port: int = 0
+    api_host: str = "127.0.0.1"
+    device: str = "cpu"
+    threads: int = 1
+    fault: str | None = None
+    seed: bytes | None = None  # devnet well-known key, used only when the data dir has no key yet
+    step_timeout: float = 60.0
+
+
+def ensure_api_token(data_dir: Path) -> str:
+    """The node's API token (created once, mode 0600), like Bitcoin Core's cookie file."""
+    path = data_dir / TOKEN_FILE
+    if path.exists():
+        return path.read_text().strip()
+    token = secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+    return token
+
+
+class Node:
+    """Composes the services of one node; :meth:`run` runs them until cancelled."""
+
+    def __init__(self, cfg: NodeConfig):
+        from .compute.executor import TorchExecutor
+        from .compute.model import load_manifest
+
+        self.cfg = cfg
+        self.ident: Identity = load_or_create(cfg.data_dir, cfg.seed)
+        self.api_token = ensure_api_token(cfg.data_dir)
+        self.genesis = cfg.genesis
+        self.manifest = load_manifest(cfg.model_dir)
+        self.executor = TorchExecutor(cfg.threads)
+        self.blobs = BlobStore(cfg.data_dir)
+        self.store = LedgerStore(cfg.data_dir / "ledger", cfg.genesis)
+        self.host = P2PHost(self.ident, cfg.p2p_port, cfg.genesis.chain_id)
+        self.ledger = LedgerService(self.store, cfg.genesis, self.ident, self.host)
+        self.server = None
+        self.client = None
+        self.member = None
+        self.api_url = ""
+        self.started = trio.Event()
+
+    def _load_span(self, start: int, end: int, fault: str | None = None):
+        from .compute.span import SpanModel
+
+        return SpanModel(self.cfg.model_dir, start, end, device=self.cfg.device, fault=fault)
+
+    def _build_services(self) -> None:
+        from .compute.head import ClientHead
+        from .inference.client import RouteClient, SwarmTable
+        from .inference.server import SpanServer
+        from .verify.member import CommitteeMember
+
+        cfg = self.cfg
+        if cfg.span is not None:
+            span = self._load_span(*cfg.span, fault=cfg.fault)
+            self.server = SpanServer(self.ident, self.genesis.chain_id, span, self.executor, self.blobs,
+                                     lambda: self.ledger.state.height, self.genesis.params.price_per_token_block,
+                                     step_timeout=cfg.step_timeout)
+        self.swarm = SwarmTable()
+        head = ClientHead(cfg.model_dir, device=cfg.device)
+        self.client = RouteClient(self.ident, self.host, head, self.manifest, self.ledger, self.executor,
+                                  self.blobs, self.swarm, step_timeout=cfg.step_timeout)
+        self.member = CommitteeMember(self.ident, self.ledger, self.host, self.blobs, self.executor,
+                                      lambda s, e: self._load_span(s, e), self.manifest.model_id)
+        self.ledger.on_block(self.member.on_block)
+
+    def info(self) -> dict:
+        return {"peer_id": self.ident.peer_id, "addrs": self.host.addrs, "api": self.api_url,
+                "chain_id": self.genesis.chain_id, "span": list(self.cfg.span) if self.cfg.span else None,
+                "pid": os.getpid()}
+
+    async def run(self) -> None:
+        """Run every service until cancelled; writes ``node.json`` (addresses, API URL) once listening."""
+        from functools import partial
+
+        from .api.serve import serve_api
+        from .inference.server import BLOB_PROTOCOL, INFERENCE_PROTOCOL, blob_handler
+
+        await self.executor.run(self._build_services)
+        try:
+            async with self.host.running():
+                if self.server is not None:
+                    self.host.set_handler(INFERENCE_PROTOCOL, self.server.handle)
+                self.host.set_handler(BLOB_PROTOCOL, partial(blob_handler, self.blobs))
+                await self.host.subscribe(self.host.topic("shards"), self.swarm.on_announcement)
+                if self.cfg.bootstrap:
+                    n = await self.host.connect(self.cfg.bootstrap)
+                    log.info("connected to %d of %d bootstrap peers", n, len(self.cfg.bootstrap))
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self.ledger.run)
+                    nursery.start_soon(self.member.run)
+                    if self.server is not None:
+                        nursery.start_soon(self.server.announce_loop, self.host)
+                    self.api_url = await nursery.start(serve_api, self, self.cfg.api_host, self.cfg.api_port)
+                    self._write_info()
+                    self.started.set()
+                    log.info("node %s up: p2p %s, api %s, ledger height %d", self.ident.peer_id,
+                             self.host.addrs[0], self.api_url, self.ledger.state.height)
+        finally:
+            self.store.close()
+
+    def _write_info(self) -> None:
+        path = self.cfg.data_dir / INFO_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.info(), indent=2))
+        os.replace(tmp, path)
+
+    async def generate(self, prompt_ids: list[int], max_new_tokens: int):
+        """Greedy generation through the swarm (see :meth:`RouteClient.generate`)."""
+        return await self.client.generate(prompt_ids, max_new_tokens)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        tok = self.client.head.tokenizer
+        if tok is None:
+            raise ValueError("this model has no tokenizer; pass prompt_ids")
+        return tok.encode(text)
+
+    def decode(self, ids: list[int]) -> str | None:
+        tok = self.client.head.tokenizer
+        return None if tok is None else tok.decode(ids)
+

@@ -1,0 +1,133 @@
+"""A committee member at work: fetch a sampled session's tensors, re-execute it as one prefill, vote.
+
+When a block makes this node a member of a receipt's committee (:mod:`node.ledger.state`), the member fetches
+the session's step inputs and committed outputs by their Merkle roots — from the worker, or from the requester
+if the worker does not answer; both must match the roots in the receipt — runs the span once over the
+concatenated inputs, measures :func:`node.verify.compare.distance`, and signs a :class:`~node.ledger.tx.Vote`.
+A member that cannot re-execute (blob unavailable, out of memory, unknown model) votes ABSTAIN, which never
+penalises the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Callable
+
+import torch
+import trio
+
+from ..blobs import BlobMismatch, BlobStore, decode_blob
+from ..encoding import DecodeError
+from ..identity import Identity, account_to_str
+from ..ledger.state import SAMPLED, State
+from ..ledger.tx import ABSTAIN, INVALID, VALID, Receipt, Vote
+from .compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
+
+log = logging.getLogger("tally.verify")
+
+BLOB_PROTOCOL = "/tally/blob/1.0.0"
+
+
+class Unavailable(RuntimeError):
+    """The session's tensors could not be fetched from anyone who should hold them."""
+
+
+class CommitteeMember:
+    """Watches blocks for committee duty and votes.
+
+    Args:
+        load_span: ``load_span(start, end) -> SpanModel`` for the receipt's model (an LRU of spans is kept here).
+        model_id: the model this node can re-execute; receipts for other models get ABSTAIN.
+        tolerance: maximum honest distance (see :mod:`node.verify.compare`).
+    """
+
+    def __init__(self, ident: Identity, ledger, host, blobs: BlobStore, executor,
+                 load_span: Callable, model_id: bytes, tolerance: float = DEFAULT_TOLERANCE, max_spans: int = 2):
+        self.ident, self.ledger, self.host, self.blobs, self.executor = ident, ledger, host, blobs, executor
+        self.load_span, self.model_id, self.tolerance = load_span, model_id, tolerance
+        self._spans: OrderedDict[tuple[int, int], object] = OrderedDict()
+        self.max_spans = max_spans
+        self._seen: set[tuple[bytes, int]] = set()
+        self._send, self._recv = trio.open_memory_channel(1000)
+        self.checked = 0
+        self.last_distances: list[float] = []
+
+    def on_block(self, block, state: State) -> None:
+        """Block listener: queue every sampled receipt of the current round that names us and we have not done."""
+        for rid in state.open_receipts:
+            rec = state.receipts[rid]
+            if rec.status == SAMPLED and self.ident.account in rec.committee and (rid, rec.round) not in self._seen:
+                self._seen.add((rid, rec.round))
+                try:
+                    self._send.send_nowait((rec.receipt, rec.round))
+                except trio.WouldBlock:
+                    log.warning("committee queue full; dropping %s", rid.hex()[:16])
+
+    async def run(self) -> None:
+        async for receipt, round_ in self._recv:
+            try:
+                verdict, d = await self.check(receipt)
+            except Exception:
+                log.exception("re-execution of %s failed", receipt.id.hex()[:16])
+                verdict, d = ABSTAIN, float("inf")
+            vote = Vote(self.ledger.chain_id, receipt.id, self.ident.account, round_, verdict, to_ppm(d))
+            await self.ledger.submit(vote.signed(self.ident))
+            self.checked += 1
+            log.info("voted %s on %s (distance %.3g)", {0: "valid", 1: "invalid", 2: "abstain"}[verdict],
+                     receipt.id.hex()[:16], d)
+
+    async def fetch(self, receipt: Receipt, root: bytes) -> list[torch.Tensor]:
+        """Tensors with Merkle root ``root``, from the worker then the requester, checked against the root.
+
+        Raises:
+            Unavailable: nobody returned matching tensors.
+        """
+        if self.blobs.has(root):
+            return decode_blob(self.blobs.get_wire(root), root)
+        errors = []
+        for holder in (receipt.worker, receipt.requester):
+            peer = account_to_str(holder)
+            try:
+                reply = await self.host.request(peer, BLOB_PROTOCOL, {"type": "get", "root": root}, timeout=30)
+                return decode_blob(reply.get("tensors"), root)
+            except (BlobMismatch, DecodeError) as e:
+                errors.append(f"{peer[:16]}: {e}")
+            except Exception as e:  # unreachable, timeout, not found
+                errors.append(f"{peer[:16]}: {type(e).__name__}: {e}")
+        raise Unavailable("; ".join(errors))
+
+    def _span(self, start: int, end: int):
+        key = (start, end)
+        if key in self._spans:
+            self._spans.move_to_end(key)
+            return self._spans[key]
+        span = self.load_span(start, end)
+        self._spans[key] = span
+        while len(self._spans) > self.max_spans:
+            self._spans.popitem(last=False)
+        return span
+
+    async def check(self, receipt: Receipt) -> tuple[int, float]:
+        """Re-execute ``receipt``'s session and return ``(verdict, distance)``."""
+        if receipt.model_id != self.model_id:
+            return ABSTAIN, float("inf")
+        try:
+            inputs = await self.fetch(receipt, receipt.inputs_root)
+            outputs = await self.fetch(receipt, receipt.outputs_root)
+        except Unavailable as e:
+            log.info("abstain on %s: %s", receipt.id.hex()[:16], e)
+            return ABSTAIN, float("inf")
+        if sum(t.shape[1] for t in inputs) != receipt.tokens or len(inputs) != len(outputs):
+            return INVALID, float("inf")
+        x = torch.cat(inputs, dim=1)
+        y = torch.cat(outputs, dim=1)
+        span = await self.executor.run(self._span, receipt.span_start, receipt.span_end)
+        try:
+            y_hat = await self.executor.run(span.prefill, x)
+        except (RuntimeError, MemoryError) as e:  # out of memory and the like: not the worker's fault
+            log.warning("abstain on %s: %s", receipt.id.hex()[:16], e)
+            return ABSTAIN, float("inf")
+        d = distance(y, y_hat)
+        self.last_distances.append(d)
+        return (VALID if is_valid(d, self.tolerance) else INVALID), d
