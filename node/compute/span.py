@@ -1,0 +1,134 @@
+"""A server's shard: the contiguous decoder blocks ``[start, end)`` of a model dir (see :mod:`node.compute.model`).
+
+Hidden states travel as float32 tensors of shape ``(batch, tokens, hidden)``. Incremental decoding keeps a
+``transformers.DynamicCache`` per inference session; positions come from the cache length, so a span fed the
+same inputs (in one call or step by step) computes the same outputs as the corresponding blocks of the full
+model. All torch work here is blocking: call it through :class:`node.compute.executor.TorchExecutor`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from node.encoding import H, pack
+
+from .model import block_file, load_checked, load_manifest, load_span_config
+
+FAULTS = (None, "corrupt")
+
+
+class SpanModel:
+    """Decoder blocks ``[start, end)`` of the model in ``model_dir``, ready for inference.
+
+    Attributes: ``start``, ``end``, ``model_id`` (32 bytes), ``hidden_size``, ``max_length`` (tokens a session may
+    hold), ``manifest``, ``device``, ``fault``.
+
+    ``fault="corrupt"`` makes a cheating server for devnet/tests: :meth:`forward` (not :meth:`prefill`) adds
+    Gaussian noise with std ``0.5 * output.std()``, seeded from (model id, span, cache position, shape).
+
+    Raises (constructor):
+        FileNotFoundError: model dir, manifest or a block file is missing.
+        ValueError: bad span bounds, unknown fault, or a block file whose hash differs from the manifest
+            (``ManifestError`` for an inconsistent manifest).
+    """
+
+    def __init__(self, model_dir: Path, start: int, end: int, device: str = "cpu", fault: str | None = None):
+        from transformers.models.llama.modeling_llama import LlamaModel, LlamaRotaryEmbedding
+
+        if fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; expected one of {FAULTS}")
+        self.model_dir = Path(model_dir)
+        self.manifest = load_manifest(self.model_dir)
+        L = self.manifest.num_blocks
+        if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end <= L):
+            raise ValueError(f"span [{start}, {end}) is not a non-empty range inside [0, {L})")
+        self.start, self.end = start, end
+        self.model_id = self.manifest.model_id
+        self.hidden_size = self.manifest.hidden_size
+        self.max_length = self.manifest.max_length
+        self.device = torch.device(device)
+        self.fault = fault
+
+        cfg = load_span_config(self.model_dir)
+        cfg.num_hidden_layers = end - start
+        cfg.vocab_size = 1  # the client holds the embedding; don't allocate it
+        cfg.pad_token_id = None
+        if getattr(cfg, "layer_types", None) is not None:
+            cfg.layer_types = list(cfg.layer_types[start:end])
+        self.config = cfg
+
+        with torch.device("meta"):  # no allocation or random init; real weights are assigned below
+            net = LlamaModel(cfg)
+        net.embed_tokens = torch.nn.Identity()
+        net.norm = torch.nn.Identity()
+        net.rotary_emb = LlamaRotaryEmbedding(config=cfg)  # its buffers must be real, not meta
+        for i in range(end - start):
+            idx = start + i
+            sd = load_checked(self.model_dir, block_file(idx), self.manifest.block_hashes[idx], f"block {idx}")
+            net.layers[i].load_state_dict(sd, strict=True, assign=True)
+        self.net = net.to(self.device).eval().requires_grad_(False)
+
+    def __repr__(self) -> str:
+        return f"SpanModel({self.manifest.name}, [{self.start}, {self.end}), fault={self.fault})"
+
+    def new_cache(self):
+        """A fresh, empty ``transformers.DynamicCache`` for one inference session on this span."""
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.config)
+
+    def _check(self, hidden: torch.Tensor, past: int) -> None:
+        if not isinstance(hidden, torch.Tensor):
+            raise TypeError("hidden must be a torch.Tensor")
+        if hidden.dim() != 3 or hidden.shape[-1] != self.hidden_size or hidden.shape[0] < 1 or hidden.shape[1] < 1:
+            raise ValueError(f"hidden must have shape (batch, tokens, {self.hidden_size}), got {tuple(hidden.shape)}")
+        if hidden.dtype != torch.float32:
+            raise ValueError(f"hidden must be float32, got {hidden.dtype}")
+        if past + hidden.shape[1] > self.max_length:
+            raise ValueError(f"{past} cached + {hidden.shape[1]} new tokens exceed max_length {self.max_length}")
+
+    def _run(self, hidden: torch.Tensor, cache) -> torch.Tensor:
+        past = cache.get_seq_length()
+        self._check(hidden, past)
+        if past and cache.layers and cache.layers[0].keys is not None and cache.layers[0].keys.shape[0] != hidden.shape[0]:
+            raise ValueError("batch size differs from the one this cache was started with")
+        with torch.inference_mode():
+            out = self.net(inputs_embeds=hidden.to(self.device), cache=cache, use_cache=True).last_hidden_state
+        # clone outside inference mode: callers get an ordinary tensor they may modify in place
+        return out.to(device="cpu", dtype=torch.float32).clone(memory_format=torch.contiguous_format)
+
+    def forward(self, hidden: torch.Tensor, cache) -> torch.Tensor:
+        """Run new positions through the span, appending their keys/values to ``cache``.
+
+        Args:
+            hidden: float32 ``(batch, tokens, hidden_size)``; the next ``tokens`` positions of the session.
+            cache: from :meth:`new_cache`, holding the session's previous positions (mutated in place).
+
+        Returns:
+            float32 CPU tensor ``(batch, tokens, hidden_size)``: the hidden states after block ``end - 1``.
+
+        Raises:
+            TypeError / ValueError: wrong type, shape, dtype, batch size, or the session would exceed
+            ``max_length`` (the cache is left unchanged in that case).
+        """
+        past = cache.get_seq_length()
+        out = self._run(hidden, cache)
+        if self.fault == "corrupt":
+            seed = int.from_bytes(
+                H(pack([self.model_id, self.start, self.end, past, list(out.shape)]))[:8], "little"
+            ) & ((1 << 63) - 1)
+            gen = torch.Generator().manual_seed(seed)
+            noise = torch.randn(out.shape, generator=gen, dtype=torch.float32)
+            out = out + noise * (0.5 * out.std().clamp_min(1e-6))
+        return out
+
+    def prefill(self, hidden: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` of all positions at once with a fresh cache, never faulty (used for re-execution).
+
+        ``hidden`` is float32 ``(batch, tokens, hidden_size)``; returns the same shape. Raises as :meth:`forward`.
+        """
+        return self._run(hidden, self.new_cache())
+
+    __call__ = forward

@@ -1,0 +1,196 @@
+"""``node devnet``: the demo swarm as separate processes on 127.0.0.1.
+
+Node 0 is the devnet validator and the client (well-known dev key 0, funded in the devnet genesis); servers
+1..N use dev keys 1..N (bonded in genesis) and each serves one span of the model's blocks. The driver talks to
+the nodes only through their HTTP APIs, like any user would.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from .encoding import format_amount
+
+
+class DevnetError(RuntimeError):
+    pass
+
+
+def _wait_info(data_dir: Path, proc: subprocess.Popen, timeout: float) -> dict:
+    path = data_dir / "node.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log = (data_dir / "node.log").read_text()[-3000:] if (data_dir / "node.log").exists() else ""
+            raise DevnetError(f"node in {data_dir} exited with code {proc.returncode}:\n{log}")
+        if path.exists():
+            return json.loads(path.read_text())
+        time.sleep(0.2)
+    raise DevnetError(f"node in {data_dir} did not start within {timeout:.0f} s")
+
+
+def _spawn(args, i: int, data_dir: Path, extra: list[str]) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "node.cli", "start", "--data-dir", str(data_dir), "--dev-account", str(i),
+           "--model", args.model, "--log-level", "INFO", *extra]
+    if args.model_cache:
+        cmd += ["--model-cache", str(args.model_cache)]
+    data_dir.mkdir(parents=True, exist_ok=True)
+    out = open(data_dir / "stdout.log", "wb")
+    return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _get(client: httpx.Client, url: str) -> dict:
+    r = client.get(url)
+    r.raise_for_status()
+    return r.json()
+
+
+def run_devnet(args) -> int:
+    """Run the demo; returns 0 when the tokens are identical, every receipt got the expected verdict and the
+    balances add up."""
+    from .cli import resolve_device, resolve_model
+    from .compute.model import load_manifest
+    from .compute.shards import assign_spans
+
+    if args.servers < 3 and args.fault_server is None:
+        print("note: fewer than 3 servers; committees need 2 other bonded servers", file=sys.stderr)
+    resolve_device(args.gpu)
+    print("== preparing the model (converted once into the model cache)", flush=True)
+    model_dir = resolve_model(args)
+    manifest = load_manifest(model_dir)
+    spans = assign_spans(manifest.num_blocks, args.servers)
+    root = args.data_dir
+    if root.exists():
+        shutil.rmtree(root)
+    procs: list[subprocess.Popen] = []
+    try:
+        print(f"== starting {1 + args.servers} node processes on 127.0.0.1 ({root})", flush=True)
+        client_dir = root / "node0"
+        procs.append(_spawn(args, 0, client_dir, ["--api-port", str(args.api_port)]))
+        info0 = _wait_info(client_dir, procs[0], 120)
+        for i, (s, e) in enumerate(spans, start=1):
+            extra = ["--span", f"{s}:{e}", "--api-port", "0", "--bootstrap", info0["addrs"][0]]
+            if args.gpu is not None:
+                extra += ["--gpu", str(args.gpu)]
+            if args.fault_server == i:
+                extra += ["--fault", "corrupt"]
+            procs.append(_spawn(args, i, root / f"node{i}", extra))
+        infos = [info0] + [_wait_info(root / f"node{i}", procs[i], 180) for i in range(1, len(procs))]
+        for i, info in enumerate(infos):
+            role = "validator + client" if i == 0 else f"serves blocks [{spans[i - 1][0]}, {spans[i - 1][1]})"
+            fault = "  (TEST SWITCH: corrupts outputs)" if args.fault_server == i else ""
+            print(f"   node{i} {info['peer_id']}  pid {info['pid']}  {role}{fault}")
+        api = info0["api"]
+        token = (client_dir / "api_token").read_text().strip()
+        with httpx.Client(timeout=600, headers={"Authorization": f"Bearer {token}"}) as http:
+            deadline = time.monotonic() + 60
+            while len(_get(http, f"{api}/v1/status")["swarm"]) < len(spans):
+                if time.monotonic() > deadline:
+                    raise DevnetError("servers did not announce their spans within 60 s")
+                time.sleep(0.3)
+            accounts = [info["peer_id"] for info in infos]
+            before = {a: _get(http, f"{api}/v1/accounts/{a}") for a in accounts}
+            print(f"== generating {args.tokens} tokens greedily through the route", flush=True)
+            print(f"   prompt: {args.prompt!r}")
+            body = {"prompt": args.prompt, "max_new_tokens": args.tokens}
+            if args.model == "tiny":  # the tiny test model has no tokenizer: prompt bytes are the token ids
+                body = {"prompt_ids": [b % manifest.vocab_size for b in args.prompt.encode()],
+                        "max_new_tokens": args.tokens}
+            r = http.post(f"{api}/v1/generate", json=body)
+            if r.status_code != 200:
+                raise DevnetError(f"generate failed: {r.status_code} {r.text}")
+            gen = r.json()
+            print(f"   route: " + " -> ".join(f"{h['peer'][:12]}…[{h['span'][0]},{h['span'][1]})" for h in gen["route"]))
+            print(f"   text: {gen['text']!r}")
+            print(f"   {len(gen['tokens'])} tokens in {gen['seconds']:.2f} s "
+                  f"({len(gen['tokens']) / gen['seconds']:.1f} tokens/s)")
+            print("== waiting for committee verdicts", flush=True)
+            final = {"valid", "invalid", "settled", "unverified"}
+            deadline = time.monotonic() + 300
+            while True:
+                got = [http.get(f"{api}/v1/receipts/{rid}") for rid in gen["receipts"]]
+                recs = [g.json() for g in got if g.status_code == 200]  # 404: not in a block yet
+                if len(recs) == len(got) and all(x["status"] in final for x in recs):
+                    break
+                if time.monotonic() > deadline:
+                    raise DevnetError("receipts did not reach a verdict within 300 s")
+                time.sleep(0.5)
+            after = {a: _get(http, f"{api}/v1/accounts/{a}") for a in accounts}
+        ok = _report(recs, before, after, accounts, args)
+        print("== reference: the same model generating greedily in one process", flush=True)
+        from .compute.reference import local_generate
+
+        ref = local_generate(model_dir, gen["prompt_ids"], args.tokens)
+        identical = ref == gen["tokens"]
+        print(f"identical: {'true' if identical else 'false'}")
+        if args.fault_server is None:
+            ok = ok and identical
+        if not args.once:
+            print(f"\nThe swarm stays up. API: {api}/docs   (Ctrl-C to stop)", flush=True)
+            try:
+                while all(p.poll() is None for p in procs):
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                pass
+        return 0 if ok else 1
+    except DevnetError as e:
+        print(f"devnet: {e}", file=sys.stderr)
+        return 2
+    finally:
+        _stop(procs)
+
+
+def _report(recs, before, after, accounts, args) -> bool:
+    print("== receipts")
+    name = {a: f"node{i}" for i, a in enumerate(accounts)}
+    ok = True
+    for x in recs:
+        votes = ", ".join(f"{name.get(v['voter'], v['voter'][:12])}={v['verdict']} ({v['distance_ppm']} ppm)"
+                          for v in x["votes"])
+        print(f"   {x['id'][:16]}…  worker {name.get(x['worker'])}  blocks [{x['span'][0]},{x['span'][1]})  "
+              f"{x['tokens']} tokens  work {x['work']}  price {x['price']['credits']}  "
+              f"sampled p={x['sampling_probability_ppm'] / 1e6:g}")
+        print(f"      committee: {', '.join(name.get(m, m[:12]) for m in x['committee'])}; votes: {votes}")
+        print(f"      verdict: {x['status']}" + (f"; slashed {x['slashed']['credits']} credits"
+                                                 if int(x['slashed']['base_units']) else ""))
+        expected = "invalid" if args.fault_server is not None and x["worker"] == accounts[args.fault_server] \
+            else "valid"
+        ok = ok and x["status"] == expected
+    print("== balances (credits)")
+    print(f"   {'node':6} {'balance before':>18} {'balance after':>18} {'change':>14} {'bond after':>12}")
+    delta = {}
+    for a in accounts:
+        b0, b1 = int(before[a]["balance"]["base_units"]), int(after[a]["balance"]["base_units"])
+        delta[a] = b1 - b0
+        print(f"   {name[a]:6} {format_amount(b0):>18} {format_amount(b1):>18} {format_amount(b1 - b0):>14} "
+              f"{after[a]['bond']['credits']:>12}")
+    paid = -delta[accounts[0]]
+    fees = sum(int(p["amount"]["base_units"]) for x in recs if x["status"] == "valid"
+               for p in x["payouts"] if p["account"] != x["worker"])
+    earned = sum(int(p["amount"]["base_units"]) for x in recs if x["status"] == "valid"
+                 for p in x["payouts"] if p["account"] == x["worker"])
+    balanced = paid == earned + fees == sum(delta[a] for a in accounts[1:])
+    print(f"   client paid {format_amount(paid)} = servers earned {format_amount(earned)} + committee fees "
+          f"{format_amount(fees)}: {'true' if balanced else 'false'}")
+    return ok and balanced
