@@ -186,11 +186,20 @@ def _report(recs, before, after, accounts, args) -> bool:
         print(f"   {name[a]:6} {format_amount(b0):>18} {format_amount(b1):>18} {format_amount(b1 - b0):>14} "
               f"{after[a]['bond']['credits']:>12}")
     paid = -delta[accounts[0]]
-    fees = sum(int(p["amount"]["base_units"]) for x in recs if x["status"] == "valid"
-               for p in x["payouts"] if p["account"] != x["worker"])
-    earned = sum(int(p["amount"]["base_units"]) for x in recs if x["status"] == "valid"
-                 for p in x["payouts"] if p["account"] == x["worker"])
-    balanced = paid == earned + fees == sum(delta[a] for a in accounts[1:])
+    valid = [x for x in recs if x["status"] == "valid"]
+    invalid = [x for x in recs if x["status"] == "invalid"]
+    earned = sum(int(p["amount"]["base_units"]) for x in valid for p in x["payouts"] if p["account"] == x["worker"])
+    fees = sum(int(p["amount"]["base_units"]) for x in valid for p in x["payouts"] if p["account"] != x["worker"])
+    rewards = sum(int(p["amount"]["base_units"]) for x in invalid for p in x["payouts"]
+                  if p["account"] not in (x["requester"], "treasury"))
+    balanced = paid == earned + fees and sum(delta[a] for a in accounts[1:]) == earned + fees + rewards
     print(f"   client paid {format_amount(paid)} = servers earned {format_amount(earned)} + committee fees "
           f"{format_amount(fees)}: {'true' if balanced else 'false'}")
+    for x in invalid:
+        slashed = int(x["slashed"]["base_units"])
+        reward = sum(int(p["amount"]["base_units"]) for p in x["payouts"]
+                     if p["account"] not in (x["requester"], "treasury"))
+        print(f"   {name.get(x['worker'])} slashed {format_amount(slashed)}: committee reward "
+              f"{format_amount(reward)}, treasury {format_amount(slashed - reward)}; client refunded "
+              f"{x['price']['credits']}")
     return ok and balanced

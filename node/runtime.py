@@ -74,6 +74,8 @@ class Node:
         self.store = LedgerStore(cfg.data_dir / "ledger", cfg.genesis)
         self.host = P2PHost(self.ident, cfg.p2p_port, cfg.genesis.chain_id)
         self.ledger = LedgerService(self.store, cfg.genesis, self.ident, self.host)
+        log.info("ledger replayed and verified from genesis: head %d (%s)", self.ledger.state.height,
+                 self.ledger.state.last_hash.hex()[:16])
         self.server = None
         self.client = None
         self.member = None

@@ -1,0 +1,220 @@
+"""Length-prefixed msgpack messages over a libp2p stream (DESIGN.md, "Runtime").
+
+Wire format of one *frame*::
+
+    length : 4 bytes, big-endian unsigned, payload length in bytes (flag byte not included), <= MAX_FRAME
+    flags  : 1 byte; bit 0 = "more frames follow" (MORE); every other bit must be 0
+    payload: ``length`` bytes
+
+A *message* is the concatenation of the payloads of one or more frames, the last of which has MORE clear.
+A non-final frame must carry at least one byte (so a peer cannot spin the reader with empty frames). The
+reassembled bytes (at most ``max_message`` bytes) are decoded with :func:`node.encoding.unpack` and must be a
+msgpack map.
+
+Reply convention for request/response protocols: every reply is a map with ``"status": "ok"`` plus fields, or
+``"status": "error", "code": str, "message": str``. Build replies with :func:`ok_reply` /
+:func:`error_reply`; check them with :func:`check_reply`, which raises :class:`RemoteError`.
+
+py-libp2p reports a remote reset as plain EOF, so EOF before a complete message is always
+:class:`StreamClosed`, never an empty success.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+import trio
+
+from ..encoding import MAX_FRAME, MAX_MESSAGE, DecodeError, pack, unpack
+
+HEADER = struct.Struct(">IB")  # length (u32 BE), flags (u8)
+HEADER_LEN = HEADER.size  # 5 bytes
+MORE = 0x01  # flag bit 0: more frames follow
+
+__all__ = [
+    "HEADER_LEN", "MORE", "MAX_FRAME", "MAX_MESSAGE",
+    "StreamClosed", "FrameError", "RequestTimeout", "RemoteError",
+    "encode_frames", "write_msg", "read_msg", "ok_reply", "error_reply", "check_reply",
+]
+
+
+class StreamClosed(Exception):
+    """The stream ended (EOF, reset or closed) before a complete message was read or written."""
+
+
+class FrameError(Exception):
+    """The peer broke the framing rules: oversized frame or message, bad flags, malformed msgpack, not a map,
+    or a reply without a valid ``status``."""
+
+
+class RequestTimeout(Exception):
+    """A read or write did not finish within its deadline (raised from ``trio.TooSlowError``)."""
+
+
+class RemoteError(Exception):
+    """The remote answered with ``"status": "error"``. ``.code`` is its machine-readable code (str) and
+    ``.message`` its human-readable text."""
+
+    def __init__(self, code: str, message: str = ""):
+        super().__init__(f"{code}: {message}" if message else code)
+        self.code = code
+        self.message = message
+
+
+def _io_errors() -> tuple[type[BaseException], ...]:
+    """Exception types py-libp2p raises when a stream or connection goes away."""
+    from libp2p.exceptions import BaseLibp2pError
+    from libp2p.io.exceptions import IOException
+    from libp2p.stream_muxer.exceptions import MuxedStreamError
+
+    return (IOException, MuxedStreamError, BaseLibp2pError, EOFError, ConnectionError, trio.BrokenResourceError,
+            trio.ClosedResourceError)
+
+
+def encode_frames(obj: Any, max_message: int = MAX_MESSAGE) -> list[bytes]:
+    """Encode ``obj`` as a list of wire frames (header + payload each), each payload <= MAX_FRAME bytes.
+
+    Raises:
+        FrameError: the packed message is larger than ``max_message`` bytes.
+        TypeError: ``obj`` holds something msgpack cannot encode.
+    """
+    data = pack(obj)
+    if len(data) > max_message:
+        raise FrameError(f"message of {len(data)} bytes exceeds limit {max_message}")
+    frames = []
+    view = memoryview(data)
+    off = 0
+    while True:
+        chunk = view[off:off + MAX_FRAME]
+        off += len(chunk)
+        more = off < len(data)
+        frames.append(HEADER.pack(len(chunk), MORE if more else 0) + bytes(chunk))
+        if not more:
+            return frames
+
+
+async def write_msg(stream, obj: Any, timeout: float | None = None, max_message: int = MAX_MESSAGE) -> None:
+    """Write one message (split into frames of at most MAX_FRAME payload bytes) to ``stream``.
+
+    Args:
+        stream: a libp2p ``INetStream`` (anything with ``async write(bytes)``).
+        obj: a msgpack-encodable object; by convention a map.
+        timeout: seconds for the whole write (``None``: no deadline; a write only blocks while the peer's
+            receive window is full).
+        max_message: largest packed size accepted, in bytes.
+
+    Raises:
+        FrameError: the message is larger than ``max_message``.
+        StreamClosed: the stream was closed or reset.
+        RequestTimeout: ``timeout`` elapsed.
+    """
+    frames = encode_frames(obj, max_message)
+    errors = _io_errors()
+    try:
+        with trio.fail_after(math.inf if timeout is None else timeout):
+            for f in frames:
+                await stream.write(f)
+    except trio.TooSlowError:
+        raise RequestTimeout(f"write did not finish within {timeout} s") from None
+    except errors as e:
+        raise StreamClosed(f"stream closed while writing: {type(e).__name__}: {e}") from None
+
+
+async def _read_exact(stream, n: int, errors) -> bytes:
+    """Read exactly ``n`` bytes; ``stream.read(n)`` may return fewer. EOF before ``n`` -> StreamClosed."""
+    if n == 0:
+        return b""
+    buf = bytearray()
+    while len(buf) < n:
+        try:
+            chunk = await stream.read(n - len(buf))
+        except errors as e:
+            raise StreamClosed(f"stream ended after {len(buf)} of {n} bytes: {type(e).__name__}") from None
+        if not chunk:
+            raise StreamClosed(f"EOF after {len(buf)} of {n} bytes")
+        buf += chunk
+    return bytes(buf)
+
+
+async def read_msg(stream, timeout: float, max_message: int = MAX_MESSAGE) -> dict:
+    """Read one message from ``stream`` and decode it.
+
+    Args:
+        stream: a libp2p ``INetStream`` (anything with ``async read(n) -> bytes``).
+        timeout: seconds allowed for the whole message (all of its frames); every read runs under this one
+            ``trio.fail_after`` deadline, so a peer cannot keep the reader alive by dripping bytes. Size it to
+            the largest message expected (~54 MB/s across processes on loopback).
+        max_message: largest reassembled size accepted, in bytes (default MAX_MESSAGE = 64 MiB).
+
+    Returns:
+        The decoded msgpack map.
+
+    Raises:
+        StreamClosed: EOF, reset or close before the message was complete.
+        FrameError: a frame declares more than MAX_FRAME bytes (checked before allocating), bad flag bits,
+            an empty non-final frame, a reassembled size over ``max_message``, malformed msgpack
+            (:class:`~node.encoding.DecodeError`) or a payload that is not a map.
+        RequestTimeout: ``timeout`` elapsed.
+    """
+    errors = _io_errors()
+    parts: list[bytes] = []
+    total = 0
+    try:
+        with trio.fail_after(timeout):
+            while True:
+                length, flags = HEADER.unpack(await _read_exact(stream, HEADER_LEN, errors))
+                if flags & ~MORE:
+                    raise FrameError(f"unknown frame flags 0x{flags:02x}")
+                if length > MAX_FRAME:
+                    raise FrameError(f"frame declares {length} bytes, limit is {MAX_FRAME}")
+                if total + length > max_message:
+                    raise FrameError(f"message exceeds limit of {max_message} bytes")
+                if flags & MORE and length == 0:
+                    raise FrameError("empty non-final frame")
+                parts.append(await _read_exact(stream, length, errors))
+                total += length
+                if not flags & MORE:
+                    break
+    except trio.TooSlowError:
+        raise RequestTimeout(f"no complete message within {timeout} s") from None
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
+    parts.clear()
+    try:
+        obj = unpack(data, max_size=max_message)
+    except DecodeError as e:
+        raise FrameError(str(e)) from None
+    if not isinstance(obj, dict):
+        raise FrameError(f"message is a {type(obj).__name__}, expected a map")
+    return obj
+
+
+def ok_reply(**fields: Any) -> dict:
+    """A success reply: ``{"status": "ok", **fields}``."""
+    return {"status": "ok", **fields}
+
+
+def error_reply(code: str, message: str) -> dict:
+    """An error reply: ``{"status": "error", "code": code, "message": message}``."""
+    return {"status": "error", "code": str(code), "message": str(message)}
+
+
+def check_reply(msg: dict) -> dict:
+    """Return ``msg`` if it is an ``ok`` reply.
+
+    Raises:
+        RemoteError: ``msg["status"] == "error"`` (``.code`` from ``msg["code"]``, ``"unknown"`` if absent).
+        FrameError: ``msg`` is not a map or has no valid ``status``.
+    """
+    if not isinstance(msg, dict):
+        raise FrameError("reply is not a map")
+    status = msg.get("status")
+    if status == "ok":
+        return msg
+    if status == "error":
+        code = msg.get("code")
+        message = msg.get("message")
+        raise RemoteError(code if isinstance(code, str) else "unknown",
+                          message if isinstance(message, str) else "")
+    raise FrameError(f"reply has invalid status {status!r}")

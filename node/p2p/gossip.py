@@ -1,0 +1,195 @@
+"""Gossipsub for Tally: py-libp2p's Pubsub + GossipSub, tuned, plus content de-duplication (DESIGN.md, "Runtime").
+
+Used through :class:`node.p2p.host.P2PHost` (``subscribe`` / ``publish`` / ``topic``); this module holds the
+mechanics.
+
+Semantics:
+
+* One reader task per subscribed topic pulls from py-libp2p's subscription (a 32-slot queue that silently drops
+  when full) into a local queue of ``GOSSIP_QUEUE`` messages; one worker task per topic calls the handler in
+  arrival order. A slow handler delays later messages of its own topic only; when the local queue is full, new
+  messages are dropped with a warning.
+* Deliveries are de-duplicated per topic by content id ``H(data)`` in an LRU of ``DEDUP_SIZE`` ids, whatever
+  the pubsub cache does: identical bytes (from anyone) reach the handler once while their id is in the LRU.
+* A node's own publications reach its own handler exactly once: :meth:`Gossip.publish` queues them for the local
+  handler directly (``from_peer`` = own peer ID) and the LRU drops py-libp2p's local echo. Publishing on a topic
+  the node has not subscribed to delivers nothing locally.
+* ``from_peer`` is the originator's peer ID (the signed ``from`` field), not the forwarding neighbour.
+* Gossipsub settings: protocols ``/meshsub/1.1.0`` and ``/meshsub/1.0.0``; spam protection off (py-libp2p's
+  default drops above 10 messages/s per peer and topic); adaptive gossip off (it stretches the heartbeat to
+  30-60 s when it judges the network unhealthy, as small networks are); eclipse protection off (all loopback
+  peers share one IP).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Awaitable, Callable
+
+import trio
+
+from ..encoding import H
+from .framing import RequestTimeout
+
+log = logging.getLogger(__name__)
+
+GossipHandler = Callable[[bytes, str], Awaitable[None]]
+
+GOSSIP_QUEUE = 4096  # messages buffered per topic between the pubsub reader and the handler
+DEDUP_SIZE = 65536  # content ids remembered per topic
+MAX_GOSSIP = 512 * 1024  # bytes of data per gossip message (py-libp2p caps one pubsub RPC at 1 MiB)
+OUTBOUND_QUEUE = 4096  # RPCs queued per peer by pubsub before it drops (py-libp2p default: 32)
+TOPIC_NAMES = ("tx", "consensus", "shards")
+
+
+def make_router(*, degree: int, degree_low: int, degree_high: int, heartbeat_interval: float):
+    """A ``GossipSub`` router with Tally's settings (see module docstring). ``heartbeat_interval`` in seconds."""
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+
+    return GossipSub(
+        protocols=[PROTOCOL_ID_V11, PROTOCOL_ID],
+        degree=degree, degree_low=degree_low, degree_high=degree_high,
+        heartbeat_initial_delay=0.1, heartbeat_interval=heartbeat_interval,
+        spam_protection_enabled=False, max_messages_per_topic_per_second=1e9,
+        adaptive_gossip_enabled=False,
+        eclipse_protection_enabled=False,
+    )
+
+
+def raise_outbound_queue() -> None:
+    """py-libp2p 0.8.1 gives every peer a pubsub send queue of 32 RPCs (``RpcQueue()`` in
+    ``libp2p.pubsub.pubsub``) and drops RPCs when it is full, so a burst of more than ~32 publications loses
+    messages. Point that module's ``RpcQueue`` at a subclass with ``OUTBOUND_QUEUE`` slots (idempotent; the
+    library class itself is unchanged)."""
+    from libp2p.pubsub import pubsub as pubsub_mod
+    from libp2p.pubsub.rpc_queue import DefaultMaxMessageSize, RpcQueue
+
+    if getattr(pubsub_mod.RpcQueue, "_tally", False):
+        return
+
+    class _DeepRpcQueue(RpcQueue):
+        _tally = True
+
+        def __init__(self, max_size: int = OUTBOUND_QUEUE, max_message_size: int = DefaultMaxMessageSize):
+            super().__init__(max_size, max_message_size)
+
+    pubsub_mod.RpcQueue = _DeepRpcQueue
+
+
+class _LRU:
+    """A bounded set of recently seen ids (oldest evicted first)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self._d: OrderedDict[bytes, None] = OrderedDict()
+
+    def add(self, key: bytes) -> bool:
+        """Record ``key``; return False if it was already present."""
+        if key in self._d:
+            self._d.move_to_end(key)
+            return False
+        self._d[key] = None
+        if len(self._d) > self.size:
+            self._d.popitem(last=False)
+        return True
+
+
+class Gossip:
+    """Topic subscriptions and publications on a running ``Pubsub``; tasks run in ``nursery``."""
+
+    def __init__(self, pubsub, nursery: trio.Nursery, own_peer_id: str):
+        self._pubsub = pubsub
+        self._nursery = nursery
+        self._own = own_peer_id
+        self._subs: dict[str, tuple[_LRU, trio.MemorySendChannel]] = {}
+
+    async def subscribe(self, topic: str, handler: GossipHandler) -> None:
+        """Deliver each distinct content on ``topic`` to ``await handler(data, from_peer)``; handler errors
+        are logged.
+
+        Raises:
+            RuntimeError: already subscribed to ``topic``.
+        """
+        if topic in self._subs:
+            raise RuntimeError(f"already subscribed to {topic}")
+        seen = _LRU(DEDUP_SIZE)
+        send, recv = trio.open_memory_channel(GOSSIP_QUEUE)
+        self._subs[topic] = (seen, send)
+        sub = await self._pubsub.subscribe(topic)
+        self._nursery.start_soon(self._reader, topic, sub, seen, send)
+        self._nursery.start_soon(self._worker, topic, handler, recv)
+
+    async def _reader(self, topic: str, sub, seen: _LRU, send) -> None:
+        from libp2p.peer.id import ID
+
+        async with send:
+            while True:
+                msg = await sub.get()
+                data = bytes(msg.data)
+                if not seen.add(H(data)):
+                    continue
+                try:
+                    origin = ID(msg.from_id).to_base58()
+                except Exception:
+                    origin = ""
+                _enqueue(send, topic, data, origin)
+
+    async def _worker(self, topic: str, handler: GossipHandler, recv) -> None:
+        async with recv:
+            async for data, origin in recv:
+                try:
+                    await handler(data, origin)
+                except Exception:
+                    log.exception("gossip handler for %s failed (message from %s)", topic, origin)
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        """Sign and publish ``data`` (at most MAX_GOSSIP bytes) on ``topic``.
+
+        Raises:
+            TypeError: ``data`` is not bytes.
+            ValueError: ``data`` is larger than MAX_GOSSIP.
+        """
+        if not isinstance(data, (bytes, bytearray)):
+            raise TypeError("gossip data must be bytes")
+        if len(data) > MAX_GOSSIP:
+            raise ValueError(f"gossip message of {len(data)} bytes exceeds {MAX_GOSSIP}")
+        data = bytes(data)
+        local = self._subs.get(topic)
+        if local is not None and local[0].add(H(data)):
+            _enqueue(local[1], topic, data, self._own)  # py-libp2p's local echo is then a duplicate
+        await self._pubsub.publish(topic, data)
+        # py-libp2p publishes without a checkpoint; let the readers drain its 32-slot subscription queues
+        await trio.sleep(0)
+
+    def topic_peers(self, topic: str) -> list[str]:
+        """Connected peers known to be subscribed to ``topic``."""
+        return [p.to_base58() for p in self._pubsub.peer_topics.get(topic, ())]
+
+    def mesh_peers(self, topic: str) -> list[str]:
+        """Peers in this node's gossipsub mesh for ``topic``."""
+        return [p.to_base58() for p in self._pubsub.router.mesh.get(topic, ())]
+
+    async def wait_for_topic_peers(self, topic: str, n: int = 1, timeout: float = 5.0, mesh: bool = True) -> None:
+        """Wait until at least ``n`` peers are in the mesh for ``topic`` (``mesh=False``: known subscribed).
+        Polls every 20 ms.
+
+        Raises:
+            RequestTimeout: not reached within ``timeout`` seconds.
+        """
+        get = self.mesh_peers if mesh else self.topic_peers
+        try:
+            with trio.fail_after(timeout):
+                while len(get(topic)) < n:
+                    await trio.sleep(0.02)
+        except trio.TooSlowError:
+            raise RequestTimeout(f"fewer than {n} peers on {topic} after {timeout} s") from None
+
+
+def _enqueue(send, topic: str, data: bytes, origin: str) -> None:
+    try:
+        send.send_nowait((data, origin))
+    except trio.WouldBlock:
+        log.warning("gossip queue for %s full; dropped a message from %s", topic, origin)
+    except (trio.ClosedResourceError, trio.BrokenResourceError):
+        pass

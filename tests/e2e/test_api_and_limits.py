@@ -1,0 +1,75 @@
+"""The HTTP API on a live in-process swarm: reads, token and Host checks, and the prompt-length refusal."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import trio
+
+from node.compute.model import make_tiny
+
+from .swarm import swarm, wait_final
+
+SPANS = [(0, 2), (2, 4), (4, 6)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny(tmp_path_factory.mktemp("models"), seed=0)
+
+
+async def http(method: str, url: str, **kw) -> httpx.Response:
+    return await trio.to_thread.run_sync(lambda: httpx.request(method, url, timeout=30, **kw))
+
+
+def test_api_reads_generate_and_refusals(tmp_path, tiny):
+    async def main():
+        async with swarm(tmp_path, tiny, SPANS) as nodes:
+            client, api = nodes[0], nodes[0].api_url
+            auth = {"Authorization": f"Bearer {client.api_token}"}
+            me = client.ident.peer_id
+            out = {}
+            out["status"] = (await http("GET", f"{api}/v1/status")).json()
+            out["acct0"] = (await http("GET", f"{api}/v1/accounts/{me}")).json()
+            # a prompt longer than the model's maximum length: refused at once, nothing opened or charged
+            too_long = {"prompt_ids": [1] * 300, "max_new_tokens": 8}
+            out["too_long"] = await http("POST", f"{api}/v1/generate", json=too_long, headers=auth)
+            out["served_after_refusal"] = [nd.server.sessions_served + nd.server.active for nd in nodes[1:]]
+            # no token / wrong token / foreign Host / foreign Origin: refused
+            ok_body = {"prompt_ids": [3, 4, 5], "max_new_tokens": 4}
+            out["no_token"] = await http("POST", f"{api}/v1/generate", json=ok_body)
+            out["bad_token"] = await http("POST", f"{api}/v1/generate", json=ok_body,
+                                          headers={"Authorization": "Bearer nope"})
+            out["evil_host"] = await http("GET", f"{api}/v1/status", headers={"Host": "attacker.example"})
+            out["evil_origin"] = await http("POST", f"{api}/v1/generate", json=ok_body,
+                                            headers={**auth, "Origin": "https://evil.example"})
+            out["mempool_after_refusals"] = len(client.ledger.mempool)
+            out["receipts_after_refusals"] = len(client.ledger.state.receipts)
+            gen = (await http("POST", f"{api}/v1/generate", json=ok_body, headers=auth)).json()
+            rids = [bytes.fromhex(r) for r in gen["receipts"]]
+            await wait_final(client, rids)
+            out["gen"] = gen
+            out["receipt"] = (await http("GET", f"{api}/v1/receipts/{gen['receipts'][0]}")).json()
+            out["block"] = (await http("GET", f"{api}/v1/blocks/{out['receipt']['height']}")).json()
+            out["missing"] = await http("GET", f"{api}/v1/blocks/999999")
+            out["bad_id"] = await http("GET", f"{api}/v1/receipts/zz")
+            out["bad_amount"] = await http("POST", f"{api}/v1/transfer", headers=auth,
+                                           json={"to": nodes[1].ident.peer_id, "amount": "-1"})
+            return out
+
+    out = trio.run(main)
+    assert out["status"]["validator"] is True and len(out["status"]["swarm"]) == 3
+    assert out["acct0"]["balance"]["credits"] == "1000"
+    r = out["too_long"]
+    assert r.status_code == 413 and r.json()["code"] == "prompt_too_long" and "256" in r.json()["message"]
+    assert out["served_after_refusal"] == [0, 0, 0]
+    assert out["no_token"].status_code == 401 and out["bad_token"].status_code == 401
+    assert out["evil_host"].status_code == 403 and out["evil_origin"].status_code == 403
+    assert out["mempool_after_refusals"] == 0 and out["receipts_after_refusals"] == 0
+    assert len(out["gen"]["tokens"]) == 4 and len(out["gen"]["receipts"]) == 3
+    rec = out["receipt"]
+    assert rec["status"] == "valid" and len(rec["votes"]) == 2 and rec["tokens"] == 3 + 4 - 1
+    assert any(t["kind"] == "receipt" for t in out["block"]["txs"])
+    assert out["missing"].status_code == 404 and out["missing"].json()["code"] == "not_found"
+    assert out["bad_id"].status_code == 400
+    assert out["bad_amount"].status_code == 400 and out["bad_amount"].json()["code"] == "bad_amount"

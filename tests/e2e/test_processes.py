@@ -1,0 +1,109 @@
+"""Node processes as a user runs them: `node start` killed with SIGKILL and restarted, and `node devnet`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from node.compute.model import make_tiny
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start(data_dir: Path, cache: Path, *extra: str) -> subprocess.Popen:
+    (data_dir / "node.json").unlink(missing_ok=True)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([sys.executable, "-m", "node.cli", "start", "--data-dir", str(data_dir), "--model",
+                             "tiny", "--model-cache", str(cache), "--api-port", "0", *extra],
+                            stdout=open(data_dir / "stdout.log", "ab"), stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def info(data_dir: Path, proc: subprocess.Popen, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (data_dir / "stdout.log").read_text()[-2000:]
+        if (data_dir / "node.json").exists():
+            return json.loads((data_dir / "node.json").read_text())
+        time.sleep(0.2)
+    raise TimeoutError(f"{data_dir} did not start")
+
+
+def status(api: str) -> dict:
+    return httpx.get(f"{api}/v1/status", timeout=10).json()
+
+
+def wait_height(api: str, h: int, timeout: float = 60) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = status(api)["height"]
+        if got >= h:
+            return got
+        time.sleep(0.2)
+    raise TimeoutError(f"{api} did not reach height {h}")
+
+
+def test_killed_node_reopens_replays_and_rejoins(tmp_path):
+    cache = tmp_path / "models"
+    make_tiny(cache, 0)
+    d0, d1 = tmp_path / "n0", tmp_path / "n1"
+    procs = []
+    try:
+        procs.append(start(d0, cache, "--dev-account", "0"))
+        i0 = info(d0, procs[0])
+        procs.append(start(d1, cache, "--dev-account", "1", "--span", "0:6", "--bootstrap", i0["addrs"][0]))
+        i1 = info(d1, procs[1])
+        wait_height(i1["api"], 4)
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].wait()
+        h0 = wait_height(i0["api"], status(i0["api"])["height"] + 4)
+        procs[1] = start(d1, cache, "--span", "0:6", "--bootstrap", i0["addrs"][0])
+        i1b = info(d1, procs[1])
+        assert i1b["peer_id"] == i1["peer_id"]  # same key from the data dir
+        wait_height(i1b["api"], h0 + 1)
+        b0 = httpx.get(f"{i0['api']}/v1/blocks/{h0}", timeout=10).json()
+        b1 = httpx.get(f"{i1b['api']}/v1/blocks/{h0}", timeout=10).json()
+        assert b0["hash"] == b1["hash"]
+        log = (d1 / "node.log").read_text()
+        assert log.count("ledger replayed and verified from genesis") == 2
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def devnet(tmp_path: Path, *extra: str, timeout: float) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "node.cli", "devnet", "--once", "--api-port", "0",
+                           "--data-dir", str(tmp_path / "devnet"), *extra], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env)
+
+
+def test_devnet_fault_switch_gets_slashed(tmp_path):
+    cache = tmp_path / "models"
+    r = devnet(tmp_path, "--model", "tiny", "--model-cache", str(cache), "--tokens", "6", "--fault-server", "2",
+               timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.count("verdict: valid") == 2 and r.stdout.count("verdict: invalid") == 1
+    assert "slashed 100 credits" in r.stdout
+    assert "committee fees" in r.stdout and ": true" in r.stdout
+
+
+@pytest.mark.slow
+def test_devnet_real_model_identical(tmp_path):
+    r = devnet(tmp_path, "--tokens", "32", timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "identical: true" in r.stdout
+    assert r.stdout.count("verdict: valid") == 3

@@ -1,0 +1,277 @@
+"""P2PHost over real libp2p hosts on 127.0.0.1 (TCP + Noise + Yamux)."""
+
+import struct
+import time
+
+import pytest
+import trio
+
+from node.identity import Identity
+from node.p2p.framing import (RemoteError, RequestTimeout, StreamClosed, error_reply, read_msg,
+                              write_msg)
+from node.p2p.host import P2PHost, PeerUnreachable
+
+from .util import CHAIN, run, running_hosts
+
+ECHO = "/tally/test/echo/1.0.0"
+RAW = "/tally/test/raw/1.0.0"
+RPC = "/tally/test/rpc/1.0.0"
+
+
+def test_peer_id_is_identity():
+    ident = Identity.generate()
+
+    async def body():
+        h = P2PHost(ident, 0, CHAIN)
+        async with h.running():
+            assert h.peer_id == ident.peer_id
+            assert h._host.get_id().to_base58() == ident.peer_id
+            (addr,) = h.addrs
+            assert addr.startswith("/ip4/127.0.0.1/tcp/") and addr.endswith("/p2p/" + ident.peer_id)
+            assert h.topic("tx") == f"tally/{CHAIN}/tx" and h.topic("consensus") == f"tally/{CHAIN}/consensus"
+            assert h.topic("shards") == f"tally/{CHAIN}/shards"
+            with pytest.raises(ValueError):
+                h.topic("other")
+
+    run(body)
+
+
+def test_port_in_use_raises_oserror():
+    async def body():
+        async with running_hosts(1) as (a,):
+            port = int(a.addrs[0].split("/")[4])
+            with pytest.raises(OSError):
+                async with P2PHost(Identity.generate(), port, CHAIN).running():
+                    pass
+
+    run(body)
+
+
+def test_stop_releases_port_and_restart():
+    ident = Identity.generate()
+
+    async def body():
+        async with running_hosts(1) as (b,):
+            async with P2PHost(ident, 0, CHAIN).running() as a:
+                port = int(a.addrs[0].split("/")[4])
+                assert await b.connect(a.addrs) == 1
+            with trio.fail_after(3):
+                while a.peer_id in b.connected_peers():
+                    await trio.sleep(0.02)
+            async with P2PHost(ident, port, CHAIN).running() as a2:
+                assert a2.addrs == [f"/ip4/127.0.0.1/tcp/{port}/p2p/{ident.peer_id}"]
+                assert await b.connect(a2.addrs) == 1
+
+    run(body)
+
+
+def test_stream_roundtrip_small_and_5mib():
+    async def echo(stream, remote):
+        while True:
+            try:
+                msg = await read_msg(stream, timeout=10)
+            except StreamClosed:
+                return
+            await write_msg(stream, {"from": remote, "echo": msg})
+
+    async def body():
+        async with running_hosts(2) as (a, b):
+            b.set_handler(ECHO, echo)
+            assert await a.connect(b.addrs) == 1
+            assert b.peer_id in a.connected_peers()
+            (conn, *_) = a._host.get_network().connections[a._host.get_network().connections.__iter__().__next__()]
+            assert type(conn.muxed_conn).__name__ == "Yamux"
+            assert conn.muxed_conn.secured_conn.negotiated_security_protocol == "/noise"
+            s = await a.open_stream(b.peer_id, ECHO)
+            small = {"x": 1, "y": "z"}
+            await write_msg(s, small)
+            assert await read_msg(s, timeout=5) == {"from": a.peer_id, "echo": small}
+            big = {"blob": bytes(range(256)) * (5 * 4096)}  # 5 MiB -> 6 frames
+            t = time.monotonic()
+            await write_msg(s, big)
+            reply = await read_msg(s, timeout=10)
+            print(f"5 MiB echo: {time.monotonic() - t:.3f} s")
+            assert reply["echo"] == big
+            await s.close()
+
+    run(body)
+
+
+def test_bad_frames_on_real_stream():
+    results: list = []
+
+    async def body():
+        got = trio.Event()
+
+        async def raw(stream, remote):
+            try:
+                await read_msg(stream, timeout=5)
+                results.append("ok")
+            except Exception as e:
+                results.append(type(e))
+                raise
+            finally:
+                if len(results) == 4:
+                    got.set()
+
+        async with running_hosts(2) as (a, b):
+            b.set_handler(RAW, raw)
+            await a.connect(b.addrs)
+            # 1) a frame declaring 4 GiB
+            s = await a.open_stream(b.peer_id, RAW)
+            await s.write(b"\xff\xff\xff\xff\x00")
+            # 2) garbage msgpack
+            s2 = await a.open_stream(b.peer_id, RAW)
+            await s2.write(struct.pack(">IB", 1, 0) + b"\xc1")
+            # 3) truncated, then a clean close
+            s3 = await a.open_stream(b.peer_id, RAW)
+            await s3.write(struct.pack(">IB", 100, 0) + b"x" * 10)
+            await s3.close()
+            # 4) truncated, then a reset (py-libp2p reports it like EOF)
+            s4 = await a.open_stream(b.peer_id, RAW)
+            await s4.write(struct.pack(">IB", 100, 0) + b"x" * 10)
+            await trio.sleep(0.05)
+            await s4.reset()
+            with trio.fail_after(5):
+                await got.wait()
+            for st in (s, s2):
+                await st.close()
+        return results
+
+    res = run(body)
+    assert sorted(r.__name__ for r in res) == ["FrameError", "FrameError", "StreamClosed", "StreamClosed"]
+
+
+def test_request_reply_errors_and_timeout():
+    async def rpc(msg, remote):
+        op = msg.get("op")
+        if op == "add":
+            return {"sum": msg["a"] + msg["b"]}
+        if op == "fail":
+            raise RemoteError("bad_op", "refused")
+        if op == "crash":
+            raise ZeroDivisionError("boom")
+        if op == "slow":
+            await trio.sleep(10)
+        return error_reply("unknown_op", str(op))
+
+    async def body():
+        async with running_hosts(2) as (a, b):
+            b.set_request_handler(RPC, rpc)
+            await a.connect(b.addrs)
+            r = await a.request(b.peer_id, RPC, {"op": "add", "a": 2, "b": 3}, timeout=5)
+            assert r == {"status": "ok", "sum": 5}
+            with pytest.raises(RemoteError) as ei:
+                await a.request(b.peer_id, RPC, {"op": "nope"}, timeout=5)
+            assert ei.value.code == "unknown_op"
+            with pytest.raises(RemoteError) as ei:
+                await a.request(b.peer_id, RPC, {"op": "fail"}, timeout=5)
+            assert ei.value.code == "bad_op" and ei.value.message == "refused"
+            with pytest.raises(RemoteError) as ei:
+                await a.request(b.peer_id, RPC, {"op": "crash"}, timeout=5)
+            assert ei.value.code == "internal"
+            t = time.monotonic()
+            with pytest.raises(RequestTimeout):
+                await a.request(b.peer_id, RPC, {"op": "slow"}, timeout=0.3)
+            assert time.monotonic() - t < 1.5
+            with pytest.raises(PeerUnreachable):
+                await a.request(b.peer_id, "/tally/test/none/1.0.0", {}, timeout=5)
+            # the host still serves after all of the above
+            r = await a.request(b.peer_id, RPC, {"op": "add", "a": 1, "b": 1}, timeout=5)
+            assert r["sum"] == 2
+
+    run(body)
+
+
+def test_handler_crash_resets_stream_and_host_survives():
+    async def bad(stream, remote):
+        await read_msg(stream, timeout=5)
+        raise RuntimeError("handler bug")
+
+    async def good(msg, remote):
+        return {"pong": True}
+
+    async def body():
+        async with running_hosts(2) as (a, b):
+            b.set_handler(RAW, bad)
+            b.set_request_handler(RPC, good)
+            await a.connect(b.addrs)
+            with pytest.raises(StreamClosed):
+                await a.request(b.peer_id, RAW, {"x": 1}, timeout=5)
+            assert (await a.request(b.peer_id, RPC, {}, timeout=5))["pong"] is True
+
+    run(body)
+
+
+def test_connect_tolerates_failures():
+    async def body():
+        async with running_hosts(2) as (a, b):
+            dead = Identity.generate().peer_id
+            n = await a.connect(["/ip4/127.0.0.1/tcp/1/p2p/" + dead, "not a multiaddr", *b.addrs, *a.addrs],
+                                timeout=5)
+            assert n == 1
+            assert a.connected_peers() == [b.peer_id]
+            with pytest.raises(PeerUnreachable):
+                await a.request(dead, RPC, {}, timeout=5)
+
+    run(body)
+
+
+def test_gossip_line_30_messages_exactly_once():
+    async def body():
+        async with running_hosts(3) as (a, b, c):
+            topic = a.topic("tx")
+            got = {h.peer_id: [] for h in (a, b, c)}
+            for h in (a, b, c):
+                async def handler(data, origin, h=h):
+                    got[h.peer_id].append((data, origin))
+                await h.subscribe(topic, handler)
+            t = time.monotonic()
+            assert await b.connect(a.addrs + c.addrs) == 2
+            await a.wait_for_topic_peers(topic, 1)
+            await c.wait_for_topic_peers(topic, 1)
+            print(f"connect + mesh: {time.monotonic() - t:.3f} s")
+            assert c.peer_id not in a.connected_peers()
+            msgs = [b"tx-%d" % i for i in range(30)]
+            t = time.monotonic()
+            for m in msgs:
+                await a.publish(topic, m)
+            with trio.fail_after(5):
+                while len(got[c.peer_id]) < 30:
+                    await trio.sleep(0.01)
+            print(f"30 messages A->B->C: {time.monotonic() - t:.3f} s")
+            await a.publish(topic, msgs[0])  # same content again: deduplicated everywhere
+            await trio.sleep(0.5)  # let duplicates, if any, arrive
+            for h in (a, b, c):
+                assert [d for d, _ in got[h.peer_id]] == msgs, h.peer_id
+                assert {o for _, o in got[h.peer_id]} == {a.peer_id}
+            assert c.peer_id not in a.connected_peers()
+
+    run(body)
+
+
+def test_gossip_handler_errors_do_not_stop_subscription():
+    async def body():
+        async with running_hosts(2) as (a, b):
+            topic = a.topic("consensus")
+            seen = []
+
+            async def handler(data, origin):
+                seen.append(data)
+                if data == b"bad":
+                    raise ValueError("handler bug")
+
+            await b.subscribe(topic, handler)
+            await a.subscribe(topic, lambda d, o: trio.sleep(0))
+            await a.connect(b.addrs)
+            await a.wait_for_topic_peers(topic, 1)
+            for m in (b"bad", b"good"):
+                await a.publish(topic, m)
+            with trio.fail_after(5):
+                while len(seen) < 2:
+                    await trio.sleep(0.01)
+            assert seen == [b"bad", b"good"]
+            with pytest.raises(ValueError):
+                await a.publish(topic, b"x" * (600 * 1024))
+
+    run(body)
