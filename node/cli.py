@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, default=1, help="torch threads for compute (default: %(default)s)")
     s.add_argument("--dev-account", type=int, metavar="N",
                    help="devnet only: use well-known dev key N (0 is the devnet validator) if the data dir "
-                        "has no key yet")
+                        "has no key yet; a devnet node with neither a key nor --bootstrap uses dev key 0")
     s.add_argument("--fault", choices=["corrupt"], help=TEST_SWITCH_HELP)
     s.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
 
@@ -125,6 +125,11 @@ def cmd_start(args) -> int:
         sys.exit(f"node: bad genesis: {e}")
     if (args.fault or args.dev_account is not None) and not is_dev_chain(genesis.chain_id):
         sys.exit("node: --fault and --dev-account exist only on devnet/test chains")
+    dev_account = args.dev_account
+    if (dev_account is None and not args.bootstrap and genesis.chain_id == "tally-devnet"
+            and not (args.data_dir / "node_key").exists()):
+        dev_account = 0  # a lone node on the embedded devnet becomes its validator
+        logging.getLogger("tally.node").info("no key and no --bootstrap on the devnet: using dev key 0 (validator)")
     model_dir = resolve_model(args)
     from .compute.model import load_manifest
 
@@ -137,7 +142,7 @@ def cmd_start(args) -> int:
     cfg = NodeConfig(data_dir=args.data_dir, genesis=genesis, model_dir=model_dir, span=span,
                      bootstrap=args.bootstrap, p2p_port=args.port, api_port=args.api_port, api_host=args.api_host,
                      device=device, threads=args.threads, fault=args.fault,
-                     seed=dev_seed(args.dev_account) if args.dev_account is not None else None)
+                     seed=dev_seed(dev_account) if dev_account is not None else None)
     try:
         node = Node(cfg)
     except (StoreLocked, StoreCorrupt) as e:
