@@ -1,0 +1,127 @@
+"""The LevelDB store: atomic appends, reopen and replay from genesis, one owner, crashes at random points."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from node.ledger.chain import commit_block, propose
+from node.ledger.state import genesis_state
+from node.ledger.store import LedgerStore, StoreCorrupt, StoreLocked
+
+from .helpers import VALIDATOR, W1, W2, make_genesis, make_receipt
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def grow(store: LedgerStore, state, g, n: int):
+    for i in range(n):
+        txs = [make_receipt(g, W1 if i % 2 else W2, height=state.height)] if i % 3 == 0 else []
+        block, new, rejected = propose(state, txs, VALIDATOR, 1000 + i, store.last_commit())
+        assert not rejected
+        store.append(block, commit_block(VALIDATOR, block), state, new)
+        state = new
+    return state
+
+
+def test_reopen_replays_and_matches(tmp_path):
+    g = make_genesis()
+    store = LedgerStore(tmp_path / "db", g)
+    state = grow(store, store.replay(), g, 12)
+    store.close()
+    store = LedgerStore(tmp_path / "db", g)
+    again = store.replay()
+    assert again.height == 12 and again.last_hash == state.last_hash
+    assert again.state_root() == state.state_root() and again.receipts.keys() == state.receipts.keys()
+    rid = next(iter(state.receipts))
+    assert store.get_receipt(rid)["status"] == state.receipts[rid].status
+    store.close()
+
+
+def test_derived_state_is_rebuilt_from_blocks(tmp_path):
+    g = make_genesis()
+    store = LedgerStore(tmp_path / "db", g)
+    state = grow(store, store.replay(), g, 6)
+    store.db.put(b"A" + W1.account, b"\x91\x00")  # damage a derived key
+    store.close()
+    store = LedgerStore(tmp_path / "db", g)
+    store.replay()
+    assert store.get_account(W1.account) == state.account(W1.account).to_list()
+    store.close()
+
+
+def test_tampered_block_fails_verification(tmp_path):
+    g = make_genesis()
+    store = LedgerStore(tmp_path / "db", g)
+    grow(store, store.replay(), g, 3)
+    key = b"B" + (2).to_bytes(8, "big")
+    raw = bytearray(store.db.get(key))
+    raw[-5] ^= 0xFF  # flip a byte of the commit signature
+    store.db.put(key, bytes(raw))
+    store.close()
+    store = LedgerStore(tmp_path / "db", g)
+    with pytest.raises(StoreCorrupt):
+        store.replay()
+    store.close()
+
+
+def test_other_genesis_refused(tmp_path):
+    LedgerStore(tmp_path / "db", make_genesis()).close()
+    with pytest.raises(StoreCorrupt, match="another genesis"):
+        LedgerStore(tmp_path / "db", make_genesis(committee_size=3))
+
+
+CHILD = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {root!r})
+    from tests.ledger.helpers import make_genesis
+    from tests.ledger.test_store import grow
+    from node.ledger.store import LedgerStore
+    g = make_genesis()
+    store = LedgerStore(__import__("pathlib").Path({db!r}), g)
+    state = store.replay()
+    print("open", flush=True)
+    if {hold}:
+        time.sleep(60)
+    while True:
+        state = grow(store, state, g, 1)
+""")
+
+
+def test_second_process_is_refused_clearly(tmp_path):
+    db = tmp_path / "db"
+    p = subprocess.Popen([sys.executable, "-c", CHILD.format(root=str(ROOT), db=str(db), hold=True)],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "open"
+        with pytest.raises(StoreLocked, match="in use by another process"):
+            LedgerStore(db, make_genesis())
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_kill_9_at_random_points_leaves_a_chain_that_verifies(tmp_path):
+    db = tmp_path / "db"
+    rng = random.Random(7)
+    heads = []
+    for _ in range(5):
+        p = subprocess.Popen([sys.executable, "-c", CHILD.format(root=str(ROOT), db=str(db), hold=False)],
+                             stdout=subprocess.PIPE, text=True)
+        assert p.stdout.readline().strip() == "open"
+        time.sleep(rng.uniform(0.05, 0.6))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        store = LedgerStore(db, make_genesis())
+        state = store.replay()  # raises StoreCorrupt if any block were partial
+        assert state.height == store.head and state.supply() == make_genesis().supply
+        heads.append(state.height)
+        store.close()
+    assert heads == sorted(heads) and heads[-1] > 0

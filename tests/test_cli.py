@@ -1,0 +1,45 @@
+"""The `node` command as a user runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def node(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_gpu_without_cuda_fails_at_once_with_a_clear_message(tmp_path):
+    t0 = time.monotonic()
+    r = node("start", "--gpu", "0", "--data-dir", str(tmp_path), "--model", "tiny", "--model-cache", str(tmp_path))
+    assert r.returncode != 0
+    assert "--gpu 0: no CUDA device is available" in r.stderr
+    assert time.monotonic() - t0 < 30
+    assert not (tmp_path / "ledger").exists()  # nothing was started
+
+
+def test_help_documents_the_test_switch_and_options():
+    r = node("start", "--help")
+    assert r.returncode == 0
+    for word in ("--gpu", "--genesis", "--bootstrap", "--data-dir", "--span", "TEST SWITCH"):
+        assert word in r.stdout
+    d = node("devnet", "--help")
+    assert "--once" in d.stdout and "--fault-server" in d.stdout
+
+
+def test_bad_arguments_are_refused(tmp_path):
+    assert "START < END" in node("start", "--span", "5:2").stderr
+    bad = tmp_path / "g.json"
+    bad.write_text("{not json")
+    r = node("start", "--genesis", str(bad), "--data-dir", str(tmp_path / "d"))
+    assert r.returncode != 0 and "bad genesis" in r.stderr

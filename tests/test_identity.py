@@ -1,0 +1,53 @@
+"""Node keys: one Ed25519 key per data dir, mode 0600, peer ID == account."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from node.identity import (Identity, KeyFileError, account_from_str, account_to_str, dev_seed, load_or_create,
+                           verify)
+
+
+def test_key_created_once_with_mode_0600(tmp_path):
+    a = load_or_create(tmp_path)
+    assert (os.stat(tmp_path / "node_key").st_mode & 0o777) == 0o600
+    b = load_or_create(tmp_path, seed=dev_seed(3))  # an existing key wins over a seed
+    assert a.account == b.account
+
+
+def test_key_readable_by_others_is_refused(tmp_path):
+    load_or_create(tmp_path)
+    os.chmod(tmp_path / "node_key", 0o644)
+    with pytest.raises(KeyFileError, match="0600"):
+        load_or_create(tmp_path)
+
+
+def test_malformed_key_file_is_refused(tmp_path):
+    p = tmp_path / "node_key"
+    p.write_bytes(b"short")
+    os.chmod(p, 0o600)
+    with pytest.raises(KeyFileError):
+        load_or_create(tmp_path)
+
+
+def test_peer_id_is_the_account():
+    ident = Identity.from_seed(dev_seed(0))
+    assert account_from_str(ident.peer_id) == ident.account
+    assert account_to_str(ident.account) == ident.peer_id
+    assert account_from_str(ident.account.hex()) == ident.account
+    with pytest.raises(ValueError):
+        account_from_str("not-a-peer-id")
+
+
+def test_sign_digests_only_and_verify():
+    ident = Identity.generate()
+    d = b"\x01" * 32
+    sig = ident.sign(d)
+    assert verify(ident.account, d, sig)
+    assert not verify(ident.account, b"\x02" * 32, sig)
+    assert not verify(ident.account, d, sig[:-1] + bytes([sig[-1] ^ 1]))
+    assert not verify(b"\x00" * 31, d, sig)
+    with pytest.raises(ValueError):
+        ident.sign(b"a whole payload, not a digest")
