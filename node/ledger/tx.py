@@ -73,7 +73,20 @@ class Tx:
 
 
 @dataclass(frozen=True)
-class Transfer(Tx):
+class SingleSigned(Tx):
+    """A transaction signed by one account, named by the field ``SIGNER``, into the field ``sig``."""
+
+    SIGNER: ClassVar[str] = "sender"
+
+    def signed(self, ident: Identity):
+        return replace(self, sig=ident.sign(self.id))
+
+    def check_signatures(self) -> None:
+        _check(verify(getattr(self, self.SIGNER), self.id, self.sig), f"bad {self.KIND} signature")  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class Transfer(SingleSigned):
     chain_id: str
     sender: bytes
     recipient: bytes
@@ -87,15 +100,9 @@ class Transfer(Tx):
     SCHEMA: ClassVar[dict[str, str]] = {"sender": "bytes32", "recipient": "bytes32", "amount": "amount",
                                         "nonce": "int"}
 
-    def signed(self, ident: Identity) -> "Transfer":
-        return replace(self, sig=ident.sign(self.id))
-
-    def check_signatures(self) -> None:
-        _check(verify(self.sender, self.id, self.sig), "bad transfer signature")
-
 
 @dataclass(frozen=True)
-class Bond(Tx):
+class Bond(SingleSigned):
     chain_id: str
     sender: bytes
     amount: int
@@ -106,12 +113,6 @@ class Bond(Tx):
     KIND: ClassVar[str] = "bond"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
     SCHEMA: ClassVar[dict[str, str]] = {"sender": "bytes32", "amount": "amount", "nonce": "int"}
-
-    def signed(self, ident: Identity) -> "Bond":
-        return replace(self, sig=ident.sign(self.id))
-
-    def check_signatures(self) -> None:
-        _check(verify(self.sender, self.id, self.sig), "bad bond signature")
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,7 @@ class Receipt(Tx):
 
 
 @dataclass(frozen=True)
-class Vote(Tx):
+class Vote(SingleSigned):
     """A committee member's signed verdict on a sampled receipt in escalation ``round``.
 
     ``verdict`` is VALID (0), INVALID (1) or ABSTAIN (2); ``distance_ppm`` is the measured distance between the
@@ -192,14 +193,9 @@ class Vote(Tx):
     TAG: ClassVar[bytes] = b"tally/vote/v1"
     KIND: ClassVar[str] = "vote"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
+    SIGNER: ClassVar[str] = "voter"
     SCHEMA: ClassVar[dict[str, str]] = {"receipt_id": "bytes32", "voter": "bytes32", "round": "int",
                                         "verdict": "verdict", "distance_ppm": "int"}
-
-    def signed(self, ident: Identity) -> "Vote":
-        return replace(self, sig=ident.sign(self.id))
-
-    def check_signatures(self) -> None:
-        _check(verify(self.voter, self.id, self.sig), "bad vote signature")
 
 
 TX_KINDS: dict[str, type[Tx]] = {c.KIND: c for c in (Transfer, Bond, Receipt, Vote)}
