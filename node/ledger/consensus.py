@@ -1,0 +1,263 @@
+"""Tendermint consensus as a pure state machine (Buchman, Kwon, Milosevic 2018, arXiv:1807.04938, Algorithm 1).
+
+The machine is fed events — :class:`Proposal`, :class:`Vote` (prevote or precommit) and :class:`Timeout` — and
+returns actions — :class:`Broadcast` a message, :class:`Schedule` a timeout, :class:`Decide` a value. It does no
+I/O, keeps no clock and checks no signatures: the driver (:mod:`node.ledger.service`) verifies signatures before
+feeding messages in, signs what the machine broadcasts, runs the timers, and feeds the machine's own messages back
+to it like anyone else's. Line numbers in comments refer to Algorithm 1 of the paper.
+
+Values are opaque 32-byte ids (block hashes); the driver supplies ``get_value(height)`` for the proposer and
+``valid(value_id)`` for everyone. ``None`` is nil. Every validator has one vote (equal power); with ``n``
+validators ``f = (n − 1) // 3`` faults are tolerated and a quorum is ``2f + 1`` votes (``n − f`` in general, which
+is the same when n = 3f + 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+PROPOSE, PREVOTE, PRECOMMIT = "propose", "prevote", "precommit"
+
+
+@dataclass(frozen=True)
+class Proposal:
+    height: int
+    round: int
+    value: bytes
+    valid_round: int  # -1 when the proposer was not locked on a valid value
+    sender: bytes
+
+
+@dataclass(frozen=True)
+class Vote:
+    kind: str  # PREVOTE or PRECOMMIT
+    height: int
+    round: int
+    value: Optional[bytes]  # None is nil
+    sender: bytes
+
+
+@dataclass(frozen=True)
+class Timeout:
+    kind: str  # PROPOSE, PREVOTE or PRECOMMIT
+    height: int
+    round: int
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    message: Proposal | Vote
+
+
+@dataclass(frozen=True)
+class Schedule:
+    timeout: Timeout
+    delay: float  # seconds
+
+
+@dataclass(frozen=True)
+class Decide:
+    height: int
+    round: int
+    value: bytes
+
+
+@dataclass
+class Timeouts:
+    """Timeout durations in seconds, growing linearly with the round (paper §4, "timeouts")."""
+
+    propose: float = 1.0
+    prevote: float = 0.5
+    precommit: float = 0.5
+    delta: float = 0.5
+
+    def of(self, kind: str, round_: int) -> float:
+        base = {PROPOSE: self.propose, PREVOTE: self.prevote, PRECOMMIT: self.precommit}[kind]
+        return base + self.delta * round_
+
+
+@dataclass
+class _Tally:
+    proposals: dict[int, Proposal] = field(default_factory=dict)  # round -> first proposal from the proposer
+    votes: dict[tuple[str, int], dict[bytes, Optional[bytes]]] = field(default_factory=dict)  # (kind, r) -> sender -> v
+
+    def add(self, v: Vote) -> bool:
+        box = self.votes.setdefault((v.kind, v.round), {})
+        if v.sender in box:
+            return False  # one vote per sender per (kind, round); equivocation is handled by the driver
+        box[v.sender] = v.value
+        return True
+
+    def count(self, kind: str, round_: int, value: Optional[bytes] = None, any_value: bool = False) -> int:
+        box = self.votes.get((kind, round_), {})
+        return len(box) if any_value else sum(1 for x in box.values() if x == value)
+
+    def senders_in_round(self, round_: int) -> set[bytes]:
+        s = {p.sender for r, p in self.proposals.items() if r == round_}
+        for (kind, r), box in self.votes.items():
+            if r == round_:
+                s |= set(box)
+        return s
+
+
+class Tendermint:
+    """One validator's consensus state for successive heights.
+
+    Args:
+        me: this validator's account (None for a non-validator that only watches decisions).
+        validators: the validator set (accounts), fixed in genesis.
+        height: the first height to decide.
+        get_value: ``get_value(height) -> value id`` for a proposal (the driver builds the block).
+        valid: ``valid(value_id) -> bool``; False also when the value's content is unknown.
+        timeouts: :class:`Timeouts`.
+    """
+
+    def __init__(self, me: Optional[bytes], validators: tuple[bytes, ...], height: int,
+                 get_value: Callable[[int], bytes], valid: Callable[[bytes], bool], timeouts: Timeouts | None = None):
+        self.me, self.validators = me, tuple(validators)
+        self.n = len(self.validators)
+        self.f = (self.n - 1) // 3
+        self.quorum = self.n - self.f  # 2f + 1 when n = 3f + 1
+        self.get_value, self.valid = get_value, valid
+        self.timeouts = timeouts or Timeouts()
+        self.height = height
+        self._reset()
+
+    def _reset(self) -> None:
+        self.round = 0
+        self.step = PROPOSE
+        self.locked_value: Optional[bytes] = None
+        self.locked_round = -1
+        self.valid_value: Optional[bytes] = None
+        self.valid_round = -1
+        self.tally = _Tally()
+        self._once: set[tuple] = set()
+        self.decided: Optional[bytes] = None
+        self.sent: list = []  # our own messages at this height, for re-broadcast
+
+    def proposer(self, height: int, round_: int) -> bytes:
+        """Round-robin proposer selection over the sorted validator set."""
+        order = sorted(self.validators)
+        return order[(height + round_) % self.n]
+
+    # ------------------------------------------------------------------ entry points
+
+    def start(self) -> list:
+        """Start round 0 of the current height."""
+        return self._start_round(0)
+
+    def on_proposal(self, p: Proposal) -> list:
+        if p.height != self.height or p.sender != self.proposer(p.height, p.round) or p.round in self.tally.proposals:
+            return []
+        self.tally.proposals[p.round] = p
+        return self._progress(p.round)
+
+    def on_vote(self, v: Vote) -> list:
+        if v.height != self.height or v.sender not in self.validators or v.kind not in (PREVOTE, PRECOMMIT):
+            return []
+        if not self.tally.add(v):
+            return []
+        return self._progress(v.round)
+
+    def on_timeout(self, t: Timeout) -> list:
+        if t.height != self.height or t.round != self.round:
+            return []
+        if t.kind == PROPOSE and self.step == PROPOSE:  # line 57
+            return self._set_step(PREVOTE, self._vote(PREVOTE, None))
+        if t.kind == PREVOTE and self.step == PREVOTE:  # line 61
+            return self._set_step(PRECOMMIT, self._vote(PRECOMMIT, None))
+        if t.kind == PRECOMMIT:  # line 65
+            return self._start_round(self.round + 1)
+        return []
+
+    def on_value_ready(self) -> list:
+        """Call when a value that was unknown (``valid`` returned False for lack of content) may now be valid."""
+        return self._progress(self.round)
+
+    # ------------------------------------------------------------------ internals
+
+    def _set_step(self, step: str, actions: list) -> list:
+        self.step = step
+        return actions
+
+    def _vote(self, kind: str, value: Optional[bytes]) -> list:
+        if self.me is None or self.me not in self.validators:
+            return []
+        msg = Vote(kind, self.height, self.round, value, self.me)
+        self.sent.append(msg)
+        return [Broadcast(msg)]
+
+    def resend(self) -> list:
+        """Our messages of the current height again. The paper assumes every message of a correct process
+        eventually reaches every correct process; after a partition heals, lost messages arrive only if they
+        are sent again, so the driver calls this periodically (receivers ignore duplicates)."""
+        return [Broadcast(m) for m in self.sent if m.round >= self.round - 1]
+
+    def _start_round(self, r: int) -> list:  # line 11
+        self.round, self.step = r, PROPOSE
+        if self.me is not None and self.proposer(self.height, r) == self.me:
+            value = self.valid_value if self.valid_value is not None else self.get_value(self.height)
+            msg = Proposal(self.height, r, value, self.valid_round, self.me)
+            self.sent.append(msg)
+            return [Broadcast(msg)]
+        return [Schedule(Timeout(PROPOSE, self.height, r), self.timeouts.of(PROPOSE, r))]
+
+    def _first(self, key: tuple) -> bool:
+        if key in self._once:
+            return False
+        self._once.add(key)
+        return True
+
+    def _progress(self, r_msg: int) -> list:
+        """Apply every rule of Algorithm 1 whose condition holds, until none fires."""
+        out: list = []
+        while True:
+            step = self._fire(r_msg)
+            if step is None:
+                return out
+            out += step
+
+    def _fire(self, r_msg: int) -> Optional[list]:
+        h, r, t = self.height, self.round, self.tally
+        q = self.quorum
+        if self.decided is not None:
+            return None
+        # line 49: decide on a proposal with a precommit quorum in any round
+        for rr, p in sorted(t.proposals.items()):
+            if t.count(PRECOMMIT, rr, p.value) >= q and self.valid(p.value):
+                self.decided = p.value
+                return [Decide(h, rr, p.value)]
+        p = t.proposals.get(r)
+        if p is not None and self.step == PROPOSE:
+            if p.valid_round == -1:  # line 22
+                ok = self.valid(p.value) and (self.locked_round == -1 or self.locked_value == p.value)
+                return self._set_step(PREVOTE, self._vote(PREVOTE, p.value if ok else None))
+            if 0 <= p.valid_round < r and t.count(PREVOTE, p.valid_round, p.value) >= q:  # line 28
+                ok = self.valid(p.value) and (self.locked_round <= p.valid_round or self.locked_value == p.value)
+                return self._set_step(PREVOTE, self._vote(PREVOTE, p.value if ok else None))
+        if self.step == PREVOTE and t.count(PREVOTE, r, any_value=True) >= q and self._first(("l34", h, r)):
+            return [Schedule(Timeout(PREVOTE, h, r), self.timeouts.of(PREVOTE, r))]  # line 34
+        if p is not None and self.step in (PREVOTE, PRECOMMIT) and t.count(PREVOTE, r, p.value) >= q \
+                and self.valid(p.value) and self._first(("l36", h, r)):  # line 36
+            out: list = []
+            if self.step == PREVOTE:
+                self.locked_value, self.locked_round = p.value, r
+                out = self._set_step(PRECOMMIT, self._vote(PRECOMMIT, p.value))
+            self.valid_value, self.valid_round = p.value, r
+            return out
+        if self.step == PREVOTE and t.count(PREVOTE, r, None) >= q:  # line 44
+            return self._set_step(PRECOMMIT, self._vote(PRECOMMIT, None))
+        if t.count(PRECOMMIT, r, any_value=True) >= q and self._first(("l47", h, r)):  # line 47
+            return [Schedule(Timeout(PRECOMMIT, h, r), self.timeouts.of(PRECOMMIT, r))]
+        # line 55: f + 1 validators are already in a higher round: skip ahead
+        for rr in sorted({k[1] for k in t.votes} | set(t.proposals)):
+            if rr > r and len(t.senders_in_round(rr) & set(self.validators)) >= self.f + 1:
+                return self._start_round(rr)
+        return None
+
+    def next_height(self, height: int) -> list:
+        """Move to ``height`` after a decision was committed (line 54) and start round 0."""
+        self.height = height
+        self._reset()
+        return self._start_round(0)
