@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 DEFAULT_DATA_DIR = Path(os.environ.get("TALLY_HOME", Path.home() / ".tally"))
-TEST_SWITCH_HELP = ("TEST SWITCH, devnet/test chains only: make this server cheat. 'corrupt' adds noise to every "
-                    "output it returns, so committees must vote its receipts invalid and slash its bond.")
+TEST_SWITCH_HELP = ("TEST SWITCH, devnet/test chains only: make this node cheat. 'corrupt': the server adds noise "
+                    "to every output it returns, so committees must vote its receipts invalid and slash its bond. "
+                    "'equivocate': the validator double-signs one prevote, so the others must submit evidence and "
+                    "its bond is slashed once.")
 
 
 def _span(text: str) -> tuple[int, int] | str:
@@ -50,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dev-account", type=int, metavar="N",
                    help="devnet only: use well-known dev key N (0 is the devnet validator) if the data dir "
                         "has no key yet; a devnet node with neither a key nor --bootstrap uses dev key 0")
-    s.add_argument("--fault", choices=["corrupt"], help=TEST_SWITCH_HELP)
+    s.add_argument("--fault", choices=["corrupt", "equivocate"], help=TEST_SWITCH_HELP)
     s.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
 
     d = sub.add_parser("devnet", help="run the demo swarm: >= 3 servers on 127.0.0.1, generate, verify, settle",
@@ -106,7 +108,8 @@ def resolve_device(gpu: int | None) -> str:
 
 
 def is_dev_chain(chain_id: str) -> bool:
-    return "devnet" in chain_id or "test" in chain_id
+    """Chains where test switches and well-known keys are allowed: ``tally-devnet`` and ``tally-test*``."""
+    return chain_id == "tally-devnet" or chain_id.startswith("tally-test")
 
 
 def cmd_start(args) -> int:
@@ -143,6 +146,9 @@ def cmd_start(args) -> int:
                      bootstrap=args.bootstrap, p2p_port=args.port, api_port=args.api_port, api_host=args.api_host,
                      device=device, threads=args.threads, fault=args.fault,
                      seed=dev_seed(dev_account) if dev_account is not None else None)
+    if args.fault:
+        logging.getLogger("tally.node").warning(
+            "TEST SWITCH --fault %s is on: this node cheats on purpose and will be slashed", args.fault)
     try:
         node = Node(cfg)
     except (StoreLocked, StoreCorrupt) as e:

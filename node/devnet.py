@@ -60,6 +60,20 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
+MARKER = ".tally-devnet"
+
+
+def _prepare_root(root: Path) -> None:
+    """Wipe a previous devnet's data dir — only one that devnet created (it holds the marker file)."""
+    if root.exists():
+        if not (root / MARKER).exists() and any(root.iterdir()):
+            raise DevnetError(f"{root} exists and was not made by `node devnet`; refusing to wipe it "
+                              "(choose another --data-dir)")
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    (root / MARKER).write_text("made by `node devnet`; wiped at its next start\n")
+
+
 def _get(client: httpx.Client, url: str) -> dict:
     r = client.get(url)
     r.raise_for_status()
@@ -73,18 +87,24 @@ def run_devnet(args) -> int:
     from .compute.model import load_manifest
     from .compute.shards import assign_spans
 
-    if args.servers < 3 and args.fault_server is None:
+    if not 1 <= args.servers <= 3:
+        print("devnet: --servers must be 1, 2 or 3 (the devnet genesis bonds dev keys 1-3)", file=sys.stderr)
+        return 2
+    if args.servers < 3:
         print("note: fewer than 3 servers; committees need 2 other bonded servers", file=sys.stderr)
+    if args.fault_server is not None and not 1 <= args.fault_server <= args.servers:
+        print(f"devnet: --fault-server must be in 1..{args.servers}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the node processes are stopped too
     resolve_device(args.gpu)
     print("== preparing the model (converted once into the model cache)", flush=True)
     model_dir = resolve_model(args)
     manifest = load_manifest(model_dir)
     spans = assign_spans(manifest.num_blocks, args.servers)
     root = args.data_dir
-    if root.exists():
-        shutil.rmtree(root)
     procs: list[subprocess.Popen] = []
     try:
+        _prepare_root(root)
         print(f"== starting {1 + args.servers} node processes on 127.0.0.1 ({root})", flush=True)
         client_dir = root / "node0"
         procs.append(_spawn(args, 0, client_dir, ["--api-port", str(args.api_port)]))
@@ -143,7 +163,8 @@ def run_devnet(args) -> int:
 
         ref = local_generate(model_dir, gen["prompt_ids"], args.tokens)
         identical = ref == gen["tokens"]
-        print(f"identical: {'true' if identical else 'false'}")
+        expected = " (expected: a server corrupted its outputs)" if args.fault_server is not None else ""
+        print(f"identical: {'true' if identical else 'false'}{expected}")
         if args.fault_server is None:
             ok = ok and identical
         if not args.once:
@@ -166,11 +187,11 @@ def _report(recs, before, after, accounts, args) -> bool:
     name = {a: f"node{i}" for i, a in enumerate(accounts)}
     ok = True
     for x in recs:
-        votes = ", ".join(f"{name.get(v['voter'], v['voter'][:12])}={v['verdict']} ({v['distance_ppm']} ppm)"
-                          for v in x["votes"])
+        votes = ", ".join(f"{name.get(v['voter'], v['voter'][:12])}={v['verdict']} "
+                          f"(max per-token rel. L2 distance {v['distance_ppm'] / 1e6:.2g})" for v in x["votes"])
         print(f"   {x['id'][:16]}…  worker {name.get(x['worker'])}  blocks [{x['span'][0]},{x['span'][1]})  "
-              f"{x['tokens']} tokens  work {x['work']}  price {x['price']['credits']}  "
-              f"sampled p={x['sampling_probability_ppm'] / 1e6:g}")
+              f"{x['tokens']} token positions  work {x['work']} token-blocks  price {x['price']['credits']}  "
+              f"sampled with p={x['sampling_probability_ppm'] / 1e6:g}")
         print(f"      committee: {', '.join(name.get(m, m[:12]) for m in x['committee'])}; votes: {votes}")
         print(f"      verdict: {x['status']}" + (f"; slashed {x['slashed']['credits']} credits"
                                                  if int(x['slashed']['base_units']) else ""))

@@ -43,6 +43,7 @@ class NodeConfig:
     fault: str | None = None
     seed: bytes | None = None  # devnet well-known key, used only when the data dir has no key yet
     step_timeout: float = 60.0
+    announce_period: float = 5.0  # seconds between span announcements
 
 
 def ensure_api_token(data_dir: Path) -> str:
@@ -73,7 +74,8 @@ class Node:
         self.blobs = BlobStore(cfg.data_dir)
         self.store = LedgerStore(cfg.data_dir / "ledger", cfg.genesis)
         self.host = P2PHost(self.ident, cfg.p2p_port, cfg.genesis.chain_id)
-        self.ledger = LedgerService(self.store, cfg.genesis, self.ident, self.host)
+        self.ledger = LedgerService(self.store, cfg.genesis, self.ident, self.host,
+                                    consensus_fault="equivocate" if cfg.fault == "equivocate" else None)
         log.info("ledger replayed and verified from genesis: head %d (%s)", self.ledger.state.height,
                  self.ledger.state.last_hash.hex()[:16])
         self.server = None
@@ -95,7 +97,7 @@ class Node:
 
         cfg = self.cfg
         if cfg.span is not None:
-            span = self._load_span(*cfg.span, fault=cfg.fault)
+            span = self._load_span(*cfg.span, fault="corrupt" if cfg.fault == "corrupt" else None)
             self.server = SpanServer(self.ident, self.genesis.chain_id, span, self.executor, self.blobs,
                                      lambda: self.ledger.state.height, self.genesis.params.price_per_token_block,
                                      step_timeout=cfg.step_timeout)
@@ -133,7 +135,7 @@ class Node:
                     nursery.start_soon(self.ledger.run)
                     nursery.start_soon(self.member.run)
                     if self.server is not None:
-                        nursery.start_soon(self.server.announce_loop, self.host)
+                        nursery.start_soon(self.server.announce_loop, self.host, self.cfg.announce_period)
                     self.api_url = await nursery.start(serve_api, self, self.cfg.api_host, self.cfg.api_port)
                     self._write_info()
                     self.started.set()
@@ -160,5 +162,5 @@ class Node:
 
     def decode(self, ids: list[int]) -> str | None:
         tok = self.client.head.tokenizer
-        return None if tok is None else tok.decode(ids)
+        return None if tok is None else tok.decode(ids, skip_special_tokens=True)
 

@@ -43,3 +43,13 @@ def test_bad_arguments_are_refused(tmp_path):
     bad.write_text("{not json")
     r = node("start", "--genesis", str(bad), "--data-dir", str(tmp_path / "d"))
     assert r.returncode != 0 and "bad genesis" in r.stderr
+
+
+def test_devnet_refuses_to_wipe_a_directory_it_did_not_make(tmp_path):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "IMPORTANT.txt").write_text("keep me")
+    r = node("devnet", "--once", "--model", "tiny", "--model-cache", str(tmp_path / "m"), "--data-dir", str(precious))
+    assert r.returncode == 2 and "refusing to wipe" in r.stderr
+    assert (precious / "IMPORTANT.txt").read_text() == "keep me"
+    assert node("devnet", "--servers", "0").returncode == 2

@@ -149,7 +149,7 @@ def create_app(node) -> FastAPI:
         return {"height": h, "hash": header.hash.hex(), "prev_hash": prev.hex(), "time_ms": t,
                 "proposer": account_to_str(proposer), "tx_root": troot.hex(), "state_root": sroot.hex(),
                 "txs": [{"kind": tx["t"], "id": H(pack(tx)).hex()} for tx in raw["b"]["txs"]],
-                "commit": [{"validator": account_to_str(v), "signature": s.hex()} for v, s in raw["c"]]}
+                "commit": [{"validator": account_to_str(v), "round": r, "signature": s.hex()} for v, r, s in raw["c"]]}
 
     @app.get("/v1/receipts/{receipt_id}")
     async def receipt(receipt_id: str) -> dict:

@@ -22,7 +22,9 @@ from ..encoding import DecodeError, commitments_root, tensor_from_wire, tensor_t
 from ..identity import Identity, account_from_str
 from ..ledger.tx import InvalidTx, Receipt, decode_tx
 from ..p2p.framing import check_reply, read_msg, write_msg
-from .server import ANNOUNCE_TTL, INFERENCE_PROTOCOL, new_session_id
+from .server import INFERENCE_PROTOCOL, new_session_id
+
+MAX_TTL = 300.0  # seconds; a longer announced ttl is clamped
 
 log = logging.getLogger("tally.client")
 
@@ -48,16 +50,21 @@ class SwarmTable:
             if a.get("peer") != from_peer:  # gossip messages are signed: the sender must be the announcer
                 return
             start, end = int(a["start"]), int(a["end"])
+            ttl = min(MAX_TTL, max(0.0, float(a["ttl"])))
+            prev = self.entries.get(from_peer)
+            if prev is not None and int(a["seq"]) <= prev["seq"]:
+                return  # stale or replayed announcement
             self.entries[from_peer] = {"model_id": bytes(a["model_id"]), "start": start, "end": end,
-                                       "addrs": list(a.get("addrs", []))[:8], "seen": self.clock(),
-                                       "active": int(a.get("active", 0))}
+                                       "addrs": list(a.get("addrs", []))[:8], "seen": self.clock(), "ttl": ttl,
+                                       "active": int(a.get("active", 0)), "seq": int(a["seq"]),
+                                       "refreshes": (prev["refreshes"] + 1) if prev else 0}
         except (DecodeError, KeyError, TypeError, ValueError) as e:
             log.debug("bad announcement from %s: %s", from_peer, e)
 
     def live(self, model_id: bytes) -> list[tuple[str, int, int]]:
         now = self.clock()
         return [(p, e["start"], e["end"]) for p, e in sorted(self.entries.items())
-                if e["model_id"] == model_id and now - e["seen"] < ANNOUNCE_TTL]
+                if e["model_id"] == model_id and now - e["seen"] < e["ttl"]]
 
 
 @dataclass

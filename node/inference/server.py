@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import torch
 import trio
@@ -34,8 +35,7 @@ log = logging.getLogger("tally.inference")
 INFERENCE_PROTOCOL = "/tally/inference/1.0.0"
 BLOB_PROTOCOL = "/tally/blob/1.0.0"
 ANNOUNCE_PERIOD = 5.0  # seconds between span announcements
-ANNOUNCE_TTL = 15.0  # an announcement expires after this many seconds (> ANNOUNCE_PERIOD)
-assert ANNOUNCE_TTL > ANNOUNCE_PERIOD
+TTL_PERIODS = 3  # an announcement expires after this many periods (expiry strictly longer than the refresh)
 
 
 class SessionError(ValueError):
@@ -71,15 +71,21 @@ class SpanServer:
         self.sessions_served = 0
         self.tokens_served = 0
 
-    def announcement(self, addrs: list[str]) -> dict:
+    def announcement(self, addrs: list[str], seq: int, period: float) -> dict:
+        """A span announcement. ``seq`` grows with every refresh: gossip de-duplicates identical content, so
+        a refresh must never be byte-identical to the last one."""
         return {"peer": self.ident.peer_id, "model_id": self.span.model_id, "start": self.span.start,
-                "end": self.span.end, "addrs": addrs, "active": self.active}
+                "end": self.span.end, "addrs": addrs, "active": self.active, "seq": seq,
+                "ttl": period * TTL_PERIODS}
 
-    async def announce_loop(self, host) -> None:
-        """Publish this span on ``tally/<chain>/shards`` every :data:`ANNOUNCE_PERIOD` seconds."""
+    async def announce_loop(self, host, period: float = ANNOUNCE_PERIOD) -> None:
+        """Publish this span on ``tally/<chain>/shards`` every ``period`` seconds; each announcement is valid
+        for ``TTL_PERIODS × period`` seconds."""
+        seq = 0
         while True:
-            await host.publish(host.topic("shards"), pack(self.announcement(host.addrs)))
-            await trio.sleep(ANNOUNCE_PERIOD)
+            seq = max(seq + 1, time.time_ns() // 1_000_000)  # grows across restarts too
+            await host.publish(host.topic("shards"), pack(self.announcement(host.addrs, seq, period)))
+            await trio.sleep(period)
 
     def _check_open(self, msg: dict) -> tuple[bytes, int]:
         if msg.get("type") != "open":

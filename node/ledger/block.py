@@ -2,9 +2,10 @@
 
 A header commits to its parent (``prev_hash``), to an RFC 9162 Merkle root over its transactions' wire bytes
 (``tx_root``) and, as in Tendermint's ``AppHash``, to the account-state root *after the parent block*
-(``state_root``). A block is final once it carries a commit: Ed25519 signatures of more than 2/3 of the
-validator set over ``H(tag ‖ chain ‖ height ‖ block_hash)`` (Tendermint precommits, arXiv:1807.04938). The next
-block repeats that commit as ``last_commit``. The devnet has one validator whose signature alone is a commit.
+(``state_root``). A block is final once it has a commit: precommit signatures of more than 2/3 of the
+validator set, all from one round, over ``H(tag ‖ chain ‖ height ‖ round ‖ block_hash)`` (Tendermint,
+arXiv:1807.04938). The next block repeats that commit as ``last_commit``. A commit is a list of
+``(validator, round, signature)``. The devnet has one validator whose precommit alone is a commit.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class Header:
 class Block:
     header: Header
     txs: tuple[Tx, ...]
-    last_commit: tuple[tuple[bytes, bytes], ...]  # (validator, signature) for the parent
+    last_commit: tuple[tuple[bytes, int, bytes], ...]  # (validator, round, signature) for the parent
 
     @property
     def hash(self) -> bytes:
@@ -60,30 +61,49 @@ class Block:
     def to_wire(self) -> dict:
         return {"h": [self.header.chain_id, *self.header.fields()],
                 "txs": [t.to_wire() for t in self.txs],
-                "lc": [[v, s] for v, s in self.last_commit]}
+                "lc": [list(x) for x in self.last_commit]}
 
 
 def tx_root(txs: list[Tx] | tuple[Tx, ...]) -> bytes:
     return merkle_root([pack(t.to_wire()) for t in txs])
 
 
-def precommit_digest(chain_id: str, height: int, block_hash: bytes) -> bytes:
-    return object_id(PRECOMMIT_TAG, chain_id, [height, block_hash])
+PREVOTE_TAG = b"tally/prevote/v1"
+PROPOSAL_TAG = b"tally/proposal/v1"
 
 
-def sign_commit(ident: Identity, chain_id: str, height: int, block_hash: bytes) -> tuple[bytes, bytes]:
-    return ident.account, ident.sign(precommit_digest(chain_id, height, block_hash))
+def vote_digest(kind: str, chain_id: str, height: int, round_: int, value: bytes | None) -> bytes:
+    """Digest a validator signs for a prevote or precommit (``value`` None is nil)."""
+    tag = PRECOMMIT_TAG if kind == "precommit" else PREVOTE_TAG
+    return object_id(tag, chain_id, [height, round_, value or b""])
+
+
+def proposal_digest(chain_id: str, height: int, round_: int, block_hash: bytes, valid_round: int) -> bytes:
+    return object_id(PROPOSAL_TAG, chain_id, [height, round_, block_hash, valid_round])
+
+
+def precommit_digest(chain_id: str, height: int, round_: int, block_hash: bytes) -> bytes:
+    return vote_digest("precommit", chain_id, height, round_, block_hash)
+
+
+def sign_commit(ident: Identity, chain_id: str, height: int, block_hash: bytes, round_: int = 0):
+    """One validator's precommit entry ``(validator, round, signature)`` for ``block_hash``."""
+    return ident.account, round_, ident.sign(precommit_digest(chain_id, height, round_, block_hash))
 
 
 def check_commit(chain_id: str, height: int, block_hash: bytes, commit, validators: tuple[bytes, ...]) -> None:
-    """Raise :class:`InvalidBlock` unless ``commit`` holds valid signatures of > 2/3 of ``validators``."""
-    digest = precommit_digest(chain_id, height, block_hash)
+    """Raise :class:`InvalidBlock` unless ``commit`` holds valid precommits of > 2/3 of ``validators`` for
+    ``block_hash`` at ``height``, all from one round."""
     signers = set()
+    rounds = set()
     for item in commit:
-        if not (isinstance(item, (list, tuple)) and len(item) == 2):
+        if not (isinstance(item, (list, tuple)) and len(item) == 3 and isinstance(item[1], int)):
             raise InvalidBlock("malformed commit entry")
-        v, sig = item
-        if v in validators and v not in signers and verify(v, digest, sig):
+        v, r, sig = item
+        rounds.add(r)
+        if len(rounds) > 1:
+            raise InvalidBlock("commit mixes rounds")
+        if v in validators and v not in signers and verify(v, precommit_digest(chain_id, height, r, block_hash), sig):
             signers.add(v)
     if 3 * len(signers) <= 2 * len(validators):
         raise InvalidBlock(f"commit for height {height} has {len(signers)}/{len(validators)} valid signatures")
@@ -109,7 +129,7 @@ def decode_block(obj: Any) -> Block:
             raise InvalidBlock("malformed header")
         header = Header(chain_id, height, prev, t, proposer, troot, sroot)
         decoded = tuple(decode_tx(x) for x in txs)
-        commit = tuple((bytes(v), bytes(s)) for v, s in lc)
+        commit = tuple((bytes(v), int(r), bytes(s)) for v, r, s in lc)
     except InvalidTx as e:
         raise InvalidBlock(f"bad transaction in block: {e}") from None
     except (TypeError, ValueError) as e:

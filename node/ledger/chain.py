@@ -13,7 +13,7 @@ from .tx import InvalidTx, Tx
 
 
 def propose(state: State, candidates: list[Tx], ident: Identity, time_ms: int,
-            last_commit: tuple[tuple[bytes, bytes], ...]) -> tuple[Block, State, list[tuple[Tx, str]]]:
+            last_commit: tuple) -> tuple[Block, State, list[tuple[Tx, str]]]:
     """Build block ``state.height + 1`` from the applicable ``candidates``.
 
     Returns the block, the state after it and the rejected candidates with reasons.
@@ -26,9 +26,9 @@ def propose(state: State, candidates: list[Tx], ident: Identity, time_ms: int,
     return block, new_state, rejected
 
 
-def commit_block(ident: Identity, block: Block) -> tuple[tuple[bytes, bytes], ...]:
-    """A single validator's commit (its precommit signature) for ``block``."""
-    return (sign_commit(ident, block.header.chain_id, block.height, block.hash),)
+def commit_block(ident: Identity, block: Block, round_: int = 0) -> tuple:
+    """A single validator's commit (its precommit) for ``block``: enough alone on a one-validator chain."""
+    return (sign_commit(ident, block.header.chain_id, block.height, block.hash, round_),)
 
 
 def check_and_apply(state: State, block: Block, commit) -> State:
@@ -37,6 +37,16 @@ def check_and_apply(state: State, block: Block, commit) -> State:
     Raises:
         InvalidBlock: wrong chain, height, parent, state root, proposer, last commit or commit, or a
             transaction that does not apply.
+    """
+    check_commit(block.header.chain_id, block.height, block.hash, commit, state.validators)
+    return check_block(state, block)
+
+
+def check_block(state: State, block: Block) -> State:
+    """Everything :func:`check_and_apply` checks except the block's own commit (a proposal being voted on).
+
+    Raises:
+        InvalidBlock: as :func:`check_and_apply`.
     """
     h = block.header
     if h.chain_id != state.chain_id:
@@ -49,7 +59,6 @@ def check_and_apply(state: State, block: Block, commit) -> State:
         raise InvalidBlock("state root differs from our state")
     if h.proposer not in state.validators:
         raise InvalidBlock("proposer is not a validator")
-    check_commit(h.chain_id, h.height, block.hash, commit, state.validators)
     if h.height > 1:
         check_commit(h.chain_id, h.height - 1, state.last_hash, block.last_commit, state.validators)
     try:

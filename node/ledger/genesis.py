@@ -85,6 +85,11 @@ def parse_genesis(doc: dict) -> Genesis:
     Raises:
         GenesisError: missing fields, bad accounts, unsafe parameters.
     """
+    if not isinstance(doc, dict):
+        raise GenesisError("a genesis file is a JSON object")
+    missing = [k for k in ("chain_id", "validators", "accounts") if k not in doc]
+    if missing:
+        raise GenesisError(f"missing field(s): {', '.join(missing)}")
     try:
         chain_id = doc["chain_id"]
         if not isinstance(chain_id, str) or not 0 < len(chain_id) <= 64:
@@ -117,8 +122,10 @@ def load_genesis(path: Path | None = None) -> Genesis:
         text = resources.files("genesis").joinpath("devnet.json").read_text()
     else:
         text = Path(path).read_text()
+    where = "embedded devnet genesis" if path is None else str(path)
     try:
-        doc = json.loads(text)
+        return parse_genesis(json.loads(text))
     except json.JSONDecodeError as e:
-        raise GenesisError(f"genesis is not JSON: {e}") from None
-    return parse_genesis(doc)
+        raise GenesisError(f"{where} is not JSON: {e}") from None
+    except GenesisError as e:
+        raise GenesisError(f"{where}: {e}") from None

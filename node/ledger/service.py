@@ -3,8 +3,8 @@
 Runs on the node's trio loop. The state transition itself is pure (:mod:`node.ledger.state`); this module only
 moves bytes: transactions from gossip and from local callers into the mempool, blocks from the validator to the
 followers (``tally/<chain>/consensus`` gossip plus a pull-based sync protocol for late or restarted nodes).
-This issue's consensus is a single validator that signs each block it proposes; followers check the commit
-against the genesis validator set.
+Validators finalize blocks with Tendermint (:mod:`node.ledger.driver`); every node checks each block's commit
+against the genesis validator set before storing it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ..encoding import DecodeError, pack, unpack
 from ..identity import Identity
 from ..p2p.framing import error_reply, read_msg, write_msg
 from .block import Block, InvalidBlock, decode_block
-from .chain import check_and_apply, commit_block, propose
+from .chain import check_and_apply
 from .genesis import Genesis
 from .state import State
 from .store import LedgerStore
@@ -36,7 +36,8 @@ SYNC_BATCH = 64
 class LedgerService:
     """Owns the :class:`LedgerStore` and the current :class:`State` of one node."""
 
-    def __init__(self, store: LedgerStore, genesis: Genesis, ident: Identity, host, clock: Callable[[], float] = time.time):
+    def __init__(self, store: LedgerStore, genesis: Genesis, ident: Identity, host,
+                 clock: Callable[[], float] = time.time, consensus_fault: str | None = None):
         self.store, self.genesis, self.ident, self.host = store, genesis, ident, host
         self.clock = clock
         self.state: State = store.replay()
@@ -46,6 +47,13 @@ class LedgerService:
         self.new_block = trio.Event()
         self._lock = trio.Lock()
         self._listeners: list[Callable[[Block, State], None]] = []
+        self._sync_requests, self._sync_requests_recv = trio.open_memory_channel(64)
+        self.drop: Callable[[str], bool] | None = None  # test hook: ignore consensus traffic from these peers
+        self.driver = None
+        if self.is_validator:
+            from .driver import ConsensusDriver
+
+            self.driver = ConsensusDriver(self, fault=consensus_fault)
 
     @property
     def chain_id(self) -> str:
@@ -116,23 +124,20 @@ class LedgerService:
         ev, self.new_block = self.new_block, trio.Event()
         ev.set()
 
-    async def produce_blocks(self) -> None:
-        """Validator loop: one block every ``block_time_ms`` (empty ones too, so beacons keep coming)."""
-        period = self.genesis.params.block_time_ms / 1000
-        while True:
-            await trio.sleep(period)
-            async with self._lock:
-                candidates = list(self.mempool.values())
-                block, new_state, rejected = propose(self.state, candidates, self.ident,
-                                                     int(self.clock() * 1000), self.store.last_commit())
-                for tx, why in rejected:
-                    self.mempool.pop(tx.id, None)
-                    self.rejected[tx.id] = why
-                    log.info("rejected tx %s: %s", tx.id.hex()[:16], why)
-                commit = commit_block(self.ident, block)
-                await self._commit(block, commit, new_state)
-            await self.host.publish(self.host.topic("consensus"),
-                                    pack({"b": block.to_wire(), "c": [list(x) for x in commit]}))
+    async def commit_decided(self, block: Block, commit, new_state: State) -> bool:
+        """Store a block this node's consensus decided. False if sync already stored that height."""
+        async with self._lock:
+            if self.state.height != block.height - 1:
+                return False
+            await self._commit(block, commit, new_state)
+            return True
+
+    def request_sync(self, peer: str) -> None:
+        """Ask the sync task to catch up from ``peer`` soon (non-blocking)."""
+        try:
+            self._sync_requests.send_nowait(peer)
+        except trio.WouldBlock:
+            pass
 
     async def apply_remote(self, wire: dict) -> bool:
         """Check and store a block with its commit from a peer. Returns True if it extended our chain.
@@ -151,12 +156,20 @@ class LedgerService:
             await self._commit(block, commit, new_state)
             return True
 
-    async def _on_block_gossip(self, data: bytes, from_peer: str) -> None:
+    async def _on_consensus_gossip(self, data: bytes, from_peer: str) -> None:
+        if self.drop is not None and self.drop(from_peer):
+            return
         try:
             wire = unpack(data)
+            if not isinstance(wire, dict):
+                raise DecodeError("consensus message is not a map")
+            if wire.get("k") != "block":
+                if self.driver is not None:
+                    self.driver.inbound(wire, from_peer)
+                return
             height = wire["b"]["h"][1]
             if height > self.state.height + 1:
-                await self.sync_from(from_peer)
+                self.request_sync(from_peer)
             else:
                 await self.apply_remote(wire)
         except (DecodeError, InvalidBlock, KeyError, TypeError, IndexError) as e:
@@ -187,28 +200,32 @@ class LedgerService:
                 return applied
 
     async def sync_loop(self) -> None:
-        """Follower loop: every few block times, pull from a connected validator (gossip may miss blocks)."""
+        """Pull missing blocks: from a peer that showed us a later height at once, and every few block times
+        from every connected validator (gossip may miss blocks; a restarted node starts behind)."""
         period = max(1.0, 4 * self.genesis.params.block_time_ms / 1000)
         while True:
-            for v in self.genesis.validators:
-                peer = _peer_str(v)
-                if peer in self.host.connected_peers():
-                    try:
-                        await self.sync_from(peer)
-                    except Exception as e:
-                        log.info("sync from %s failed: %s", peer[:16], e)
-            await trio.sleep(period)
+            targets: list[str] = []
+            with trio.move_on_after(period):
+                targets.append(await self._sync_requests_recv.receive())
+            targets += [_peer_str(v) for v in self.genesis.validators if v != self.ident.account]
+            for peer in dict.fromkeys(targets):
+                if peer not in self.host.connected_peers() or (self.drop is not None and self.drop(peer)):
+                    continue
+                try:
+                    await self.sync_from(peer)
+                except Exception as e:
+                    log.info("sync from %s failed: %s", peer[:16], e)
 
     async def run(self) -> None:
-        """Subscribe, serve sync and submit requests, and produce or follow blocks. Runs forever."""
+        """Subscribe, serve sync and submit requests, run consensus (validators) and sync. Runs forever."""
         self.host.set_handler(SYNC_PROTOCOL, self._sync_handler)
         self.host.set_handler(SUBMIT_PROTOCOL, self._submit_handler)
         await self.host.subscribe(self.host.topic("tx"), self._on_tx_gossip)
-        await self.host.subscribe(self.host.topic("consensus"), self._on_block_gossip)
-        if self.is_validator:
-            await self.produce_blocks()
-        else:
-            await self.sync_loop()
+        await self.host.subscribe(self.host.topic("consensus"), self._on_consensus_gossip)
+        async with trio.open_nursery() as n:
+            n.start_soon(self.sync_loop)
+            if self.driver is not None:
+                n.start_soon(self.driver.run)
 
     async def wait_for_height(self, height: int, timeout: float) -> None:
         with trio.fail_after(timeout):

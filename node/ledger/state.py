@@ -26,7 +26,7 @@ from ..encoding import merkle_root, pack
 from ..verify import committee as cm
 from ..verify.sampling import is_sampled, sampling_ppm
 from .genesis import TREASURY, Genesis, Params
-from .tx import ABSTAIN, INVALID, VALID, Bond, InvalidTx, Receipt, Transfer, Tx, Vote, _check
+from .tx import ABSTAIN, INVALID, VALID, Bond, Evidence, InvalidTx, Receipt, Transfer, Tx, Vote, _check
 
 
 @dataclass(frozen=True)
@@ -88,10 +88,11 @@ class State:
     accounts: dict[bytes, Account] = field(default_factory=dict)
     receipts: dict[bytes, ReceiptRecord] = field(default_factory=dict)
     open_receipts: dict[bytes, None] = field(default_factory=dict)  # ids not yet final (ordered)
+    evidence: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # evidence key -> (height, slashed)
 
     def copy(self) -> "State":
         return replace(self, accounts=dict(self.accounts), receipts=dict(self.receipts),
-                       open_receipts=dict(self.open_receipts))
+                       open_receipts=dict(self.open_receipts), evidence=dict(self.evidence))
 
     def account(self, a: bytes) -> Account:
         return self.accounts.get(a, Account())
@@ -152,6 +153,8 @@ def apply_tx(s: State, tx: Tx) -> None:
         _apply_receipt(s, tx)
     elif isinstance(tx, Vote):
         _apply_vote(s, tx)
+    elif isinstance(tx, Evidence):
+        _apply_evidence(s, tx)
     else:  # pragma: no cover - decode_tx only builds the kinds above
         raise InvalidTx("unknown transaction")
 
@@ -185,6 +188,17 @@ def _apply_vote(s: State, v: Vote) -> None:
     verdict = cm.tally(rec.round_votes(), len(rec.committee))
     if verdict is not None:
         _finalize(s, rec, verdict, s.height + 1)
+
+
+def _apply_evidence(s: State, e: Evidence) -> None:
+    _check(e.validator in s.validators, "evidence against a non-validator")
+    _check(e.key not in s.evidence, "evidence already on the ledger (counted once)")
+    _check(e.height <= s.height + 1, "evidence from a future height")
+    acc = s.account(e.validator)
+    slashed = min(acc.bond, s.params.slash_amount)
+    s.accounts[e.validator] = replace(acc, bond=acc.bond - slashed, slashed=acc.slashed + slashed)
+    _credit(s, TREASURY, slashed)
+    s.evidence[e.key] = (s.height + 1, slashed)
 
 
 # ------------------------------------------------------------------ settlement

@@ -53,7 +53,8 @@ class LedgerStore:
         try:
             self.db = plyvel.DB(str(path), create_if_missing=True)
         except plyvel.IOError as e:
-            raise StoreLocked(f"ledger {path} is in use by another process (one node per data dir): {e}") from None
+            detail = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+            raise StoreLocked(f"ledger {path} is in use by another process (one node per data dir): {detail}") from None
         self.genesis = genesis
         g = self.db.get(b"G")
         if g is None:
@@ -143,6 +144,7 @@ class LedgerStore:
         n = sum(1 for _ in self.db.iterator(prefix=b"R", include_value=False))
         return n == len(state.receipts)
 
-    def last_commit(self) -> tuple[tuple[bytes, bytes], ...]:
+    def last_commit(self) -> tuple:
+        """The commit ``(validator, round, signature)…`` stored with the head block (empty at genesis)."""
         d = self.get_block_raw(self.head)
-        return () if d is None else tuple((bytes(v), bytes(s)) for v, s in d["c"])
+        return () if d is None else tuple((bytes(v), int(r), bytes(s)) for v, r, s in d["c"])

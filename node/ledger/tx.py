@@ -10,6 +10,7 @@ Kinds:
   * :class:`Bond` — lock ``amount`` base units of the sender's balance as a worker bond; per-account ``nonce``.
   * :class:`Receipt` — "I did this unit of work", signed by the worker and countersigned by the requester.
   * :class:`Vote` — a committee member's verdict on a sampled receipt.
+  * :class:`Evidence` — two conflicting consensus votes signed by one validator (double signing).
 
 Wire form (gossip, blocks): ``{"t": kind, "f": [fields...], "s": [signatures...]}``; :func:`decode_tx`
 checks every field's type and size and raises :class:`InvalidTx` on anything else.
@@ -198,7 +199,43 @@ class Vote(SingleSigned):
                                         "verdict": "verdict", "distance_ppm": "int"}
 
 
-TX_KINDS: dict[str, type[Tx]] = {c.KIND: c for c in (Transfer, Bond, Receipt, Vote)}
+@dataclass(frozen=True)
+class Evidence(Tx):
+    """Proof that ``validator`` signed two different consensus votes of one ``kind`` at one height and round
+    (double signing). Self-authenticating: it carries both signed votes and needs no other signature. Applied
+    once per (validator, kind, height, round); the validator's bond is slashed (:mod:`node.ledger.state`)."""
+
+    chain_id: str
+    validator: bytes
+    kind: str
+    height: int
+    round: int
+    value_a: bytes
+    sig_a: bytes
+    value_b: bytes
+    sig_b: bytes
+
+    TAG: ClassVar[bytes] = b"tally/evidence/v1"
+    KIND: ClassVar[str] = "evidence"
+    SIGS: ClassVar[tuple[str, ...]] = ()
+    SCHEMA: ClassVar[dict[str, str]] = {"validator": "bytes32", "kind": "votekind", "height": "int", "round": "int",
+                                        "value_a": "value", "sig_a": "sig", "value_b": "value", "sig_b": "sig"}
+
+    def check_signatures(self) -> None:
+        from .block import vote_digest
+
+        _check(self.value_a != self.value_b, "evidence needs two different values")
+        for value, sig in ((self.value_a, self.sig_a), (self.value_b, self.sig_b)):
+            digest = vote_digest(self.kind, self.chain_id, self.height, self.round, value or None)
+            _check(verify(self.validator, digest, sig), "evidence carries a bad signature")
+
+    @property
+    def key(self) -> bytes:
+        """What evidence is counted once by: validator, kind, height and round."""
+        return object_id(self.TAG, self.chain_id, [self.validator, self.kind, self.height, self.round])
+
+
+TX_KINDS: dict[str, type[Tx]] = {c.KIND: c for c in (Transfer, Bond, Receipt, Vote, Evidence)}
 
 
 def _check_field(name: str, kind: str, v: Any) -> None:
@@ -209,6 +246,9 @@ def _check_field(name: str, kind: str, v: Any) -> None:
         "bytes16": lambda: _is_bytes(v, 16),
         "str": lambda: isinstance(v, str) and len(v) <= 32,
         "verdict": lambda: v in (VALID, INVALID, ABSTAIN) and _is_int(v),
+        "votekind": lambda: v in ("prevote", "precommit"),
+        "value": lambda: _is_bytes(v) and len(v) in (0, 32),
+        "sig": lambda: _is_bytes(v, 64),
     }[kind]()
     _check(ok, f"field {name!r} has a bad value")
 

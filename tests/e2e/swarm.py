@@ -25,7 +25,7 @@ def tiny_genesis(n_servers: int = 3, **params) -> Genesis:
 
 def node_config(tmp: Path, i: int, genesis: Genesis, model_dir: Path, span=None, fault=None) -> NodeConfig:
     return NodeConfig(data_dir=tmp / f"n{i}", genesis=genesis, model_dir=model_dir, span=span,
-                      seed=dev_seed(i), fault=fault, step_timeout=10.0)
+                      seed=dev_seed(i), fault=fault, step_timeout=10.0, announce_period=0.5)
 
 
 @asynccontextmanager

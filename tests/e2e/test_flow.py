@@ -65,3 +65,19 @@ def test_corrupting_server_is_slashed_and_client_refunded(tmp_path, tiny):
     honest = [r for w, r in by_worker.items() if w != bad]
     assert all(r.status == VALID_S for r in honest)
     assert bal0 - bal1 == sum(r.receipt.price for r in honest)  # refunded for the corrupt hop
+
+
+def test_announcements_refresh_so_routes_outlive_the_ttl(tmp_path, tiny):
+    """Each refresh must reach the client (gossip de-duplicates identical bytes): generation still works after
+    several announcement lifetimes."""
+    async def main():
+        async with swarm(tmp_path, tiny, SPANS) as nodes:
+            client = nodes[0]
+            await trio.sleep(0.5 * 3 * 2.5)  # 2.5 TTLs of 3 periods of 0.5 s
+            refreshes = [e["refreshes"] for e in client.swarm.entries.values()]
+            gen = await client.generate([7, 8, 9], 3)
+            return refreshes, gen
+
+    refreshes, gen = trio.run(main)
+    assert len(refreshes) == 3 and min(refreshes) >= 5
+    assert len(gen.tokens) == 3

@@ -139,6 +139,6 @@ def test_followers_check_blocks_and_commits():
     follower = check_and_apply(s0, block, commit)
     assert follower.state_root() == s1.state_root() and follower.last_hash == block.hash
     with pytest.raises(InvalidBlock):
-        check_and_apply(s0, block, [(W1.account, W1.sign(block.hash))])  # not a validator
+        check_and_apply(s0, block, [(W1.account, 0, W1.sign(block.hash))])  # not a validator
     with pytest.raises(InvalidBlock):
         check_and_apply(s1, block, commit)  # wrong height

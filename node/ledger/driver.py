@@ -1,0 +1,269 @@
+"""Driving the pure Tendermint machine (:mod:`node.ledger.consensus`) over gossipsub.
+
+One task consumes every consensus event of this validator in order: signed proposals and votes from
+``tally/<chain>/consensus`` (signature checked first), its own timers, and "next height" events. It signs what
+the machine broadcasts, feeds its own messages back to the machine like anyone else's, re-broadcasts the current
+height's messages every second (a healed partition would otherwise wait forever for messages it lost), and when
+the machine decides, stores the block with the > 2/3 precommits that decided it and gossips both.
+
+A validator that signs two different votes of one kind at one height and round is reported with an
+:class:`~node.ledger.tx.Evidence` transaction built from its two signed messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING
+
+import trio
+
+from ..encoding import pack
+from ..identity import verify
+from .block import InvalidBlock, decode_block, proposal_digest, vote_digest
+from .chain import check_block, propose
+from .consensus import PRECOMMIT, PREVOTE, Broadcast, Decide, Proposal, Schedule, Tendermint, Timeout, Timeouts, Vote
+from .tx import Evidence, InvalidTx
+
+if TYPE_CHECKING:
+    from .service import LedgerService
+
+log = logging.getLogger("tally.consensus")
+
+MAX_FUTURE = 2000  # buffered messages for heights we have not reached yet
+MAX_CLOCK_SKEW_MS = 30_000  # a proposal's timestamp may differ from our clock by at most this
+RESEND_PERIOD = 1.0
+
+
+class ConsensusDriver:
+    """Runs this validator's consensus. ``fault="equivocate"`` is a test switch: from height 3 on, the
+    validator also signs a conflicting prevote for the first prevote it casts (double signing), which the
+    others must report."""
+
+    def __init__(self, ledger: "LedgerService", timeouts: Timeouts | None = None, fault: str | None = None):
+        self.ledger = ledger
+        self.ident = ledger.ident
+        self.chain_id = ledger.chain_id
+        self.validators = ledger.genesis.validators
+        self.fault = fault
+        self.machine = Tendermint(self.ident.account, self.validators, ledger.state.height + 1,
+                                  self._get_value, self._valid, timeouts)
+        self.blocks: dict[bytes, tuple] = {}  # value id -> (Block, state after it), current height
+        self.signed: dict[tuple[str, int, int, bytes], tuple[bytes, bytes]] = {}  # (kind, h, r, sender) -> (v, sig)
+        self.future: list[tuple[dict, str]] = []
+        self.reported: set[bytes] = set()
+        self.decide_times: list[float] = []  # seconds from a height's first proposal to its decision
+        self._height_started = time.monotonic()
+        self._committing = False
+        self.extra_sent: list[dict] = []  # test switch: the double-signed vote, re-sent like the others
+        self._send, self._recv = trio.open_memory_channel(10_000)
+        ledger.on_block(self._on_block)
+
+    # ------------------------------------------------------------------ machine callbacks
+
+    def _get_value(self, height: int) -> bytes:
+        st = self.ledger.state
+        block, new_state, rejected = propose(st, list(self.ledger.mempool.values()), self.ident,
+                                             int(self.ledger.clock() * 1000), self.ledger.store.last_commit())
+        for tx, why in rejected:
+            self.ledger.mempool.pop(tx.id, None)
+            self.ledger.rejected[tx.id] = why
+        self.blocks[block.hash] = (block, new_state)
+        return block.hash
+
+    def _valid(self, value: bytes) -> bool:
+        return value in self.blocks
+
+    def _on_block(self, block, state) -> None:
+        """A block committed by sync or from another validator's gossip: move on at once. Our own decisions
+        move on after ``block_time_ms`` instead (Tendermint's timeout_commit), see :meth:`_decide`."""
+        if self._committing:
+            return
+        if block.height >= self.machine.height:
+            try:
+                self._send.send_nowait(("next", block.height + 1))
+            except trio.WouldBlock:
+                log.warning("consensus queue full")
+
+    # ------------------------------------------------------------------ inbound
+
+    def inbound(self, msg: dict, from_peer: str) -> None:
+        """Queue a consensus message from gossip (checked in the consensus task)."""
+        try:
+            self._send.send_nowait(("msg", msg, from_peer))
+        except trio.WouldBlock:
+            log.warning("consensus queue full; dropping a message from %s", from_peer[:16])
+
+    def _decode(self, msg: dict):
+        kind, h, r = msg.get("k"), msg.get("h"), msg.get("r")
+        sender, sig = msg.get("from"), msg.get("sig")
+        if not (isinstance(h, int) and isinstance(r, int) and h >= 1 and 0 <= r < 10_000
+                and isinstance(sender, bytes) and sender in self.validators and isinstance(sig, bytes)):
+            raise ValueError("malformed consensus message")
+        if kind == "proposal":
+            value, vr = msg.get("v"), msg.get("vr")
+            if not (isinstance(value, bytes) and len(value) == 32 and isinstance(vr, int) and -1 <= vr < r):
+                raise ValueError("malformed proposal")
+            if not verify(sender, proposal_digest(self.chain_id, h, r, value, vr), sig):
+                raise ValueError("bad proposal signature")
+            return Proposal(h, r, value, vr, sender)
+        if kind in (PREVOTE, PRECOMMIT):
+            value = msg.get("v")
+            if not (isinstance(value, bytes) and len(value) in (0, 32)):
+                raise ValueError("malformed vote")
+            if not verify(sender, vote_digest(kind, self.chain_id, h, r, value or None), sig):
+                raise ValueError("bad vote signature")
+            return Vote(kind, h, r, value or None, sender)
+        raise ValueError(f"unknown consensus message {kind!r}")
+
+    async def _handle_msg(self, msg: dict, from_peer: str) -> None:
+        try:
+            m = self._decode(msg)
+        except ValueError as e:
+            log.info("dropped consensus message from %s: %s", from_peer[:16], e)
+            return
+        if m.height > self.machine.height:
+            if len(self.future) < MAX_FUTURE:
+                self.future.append((msg, from_peer))
+            if m.height > self.ledger.state.height + 2:
+                self.ledger.request_sync(from_peer)
+            return
+        if m.height < self.machine.height:
+            return
+        if isinstance(m, Proposal):
+            if m.value not in self.blocks:
+                self._check_proposal(msg, m)
+            await self._act(self.machine.on_proposal(m))
+        else:
+            await self._record_vote(m, msg["sig"])
+            await self._act(self.machine.on_vote(m))
+
+    def _check_proposal(self, msg: dict, p: Proposal) -> None:
+        try:
+            block = decode_block(msg.get("block"))
+            if block.hash != p.value or block.height != p.height or block.header.proposer != p.sender:
+                raise InvalidBlock("proposal does not match its block")
+            if abs(block.header.time_ms - int(self.ledger.clock() * 1000)) > MAX_CLOCK_SKEW_MS:
+                raise InvalidBlock("block timestamp outside the allowed clock skew")
+            self.blocks[block.hash] = (block, check_block(self.ledger.state, block))
+        except (InvalidBlock, InvalidTx, ValueError) as e:
+            log.warning("invalid proposal %s/%s from %s: %s", p.height, p.round, p.sender.hex()[:12], e)
+
+    async def _record_vote(self, v: Vote, sig: bytes) -> None:
+        key = (v.kind, v.height, v.round, v.sender)
+        value = v.value or b""
+        prev = self.signed.get(key)
+        if prev is None:
+            self.signed[key] = (value, sig)
+        elif prev[0] != value:
+            ev = Evidence(self.chain_id, v.sender, v.kind, v.height, v.round, prev[0], prev[1], value, sig)
+            if ev.key not in self.reported and ev.key not in self.ledger.state.evidence:
+                self.reported.add(ev.key)
+                log.warning("validator %s double-signed %s at %d/%d: submitting evidence",
+                            v.sender.hex()[:12], v.kind, v.height, v.round)
+                try:
+                    await self.ledger.submit(ev)
+                except InvalidTx as e:
+                    log.info("evidence refused: %s", e)
+
+    # ------------------------------------------------------------------ outbound
+
+    def _wire(self, m) -> dict:
+        if isinstance(m, Proposal):
+            block = self.blocks[m.value][0]
+            sig = self.ident.sign(proposal_digest(self.chain_id, m.height, m.round, m.value, m.valid_round))
+            return {"k": "proposal", "h": m.height, "r": m.round, "v": m.value, "vr": m.valid_round,
+                    "from": self.ident.account, "sig": sig, "block": block.to_wire()}
+        value = m.value or b""
+        sig = self.ident.sign(vote_digest(m.kind, self.chain_id, m.height, m.round, m.value))
+        return {"k": m.kind, "h": m.height, "r": m.round, "v": value, "from": self.ident.account, "sig": sig}
+
+    async def _publish(self, wire: dict) -> None:
+        wire = {**wire, "t": time.time_ns()}  # unsigned: keeps re-broadcasts distinct for gossip de-duplication
+        await self.ledger.host.publish(self.ledger.host.topic("consensus"), pack(wire))
+
+    async def _act(self, actions: list) -> None:
+        queue = list(actions)
+        while queue:
+            a = queue.pop(0)
+            if isinstance(a, Broadcast):
+                m = a.message
+                wire = self._wire(m)
+                await self._publish(wire)
+                if isinstance(m, Proposal):
+                    self._height_started = time.monotonic()
+                    queue += self.machine.on_proposal(m)
+                else:
+                    await self._record_vote(m, wire["sig"])
+                    queue += self.machine.on_vote(m)
+                    if self.fault == "equivocate" and m.kind == PREVOTE and m.height >= 3:
+                        self.fault = None  # once: one double-signed prevote, once the network is running
+                        fake = Vote(PREVOTE, m.height, m.round, os.urandom(32), m.sender)
+                        self.extra_sent.append(self._wire(fake))
+                        await self._publish(self.extra_sent[-1])
+            elif isinstance(a, Schedule):
+                self._nursery.start_soon(self._timer, a.timeout, a.delay)
+            elif isinstance(a, Decide):
+                await self._decide(a)
+
+    async def _decide(self, d: Decide) -> None:
+        block, new_state = self.blocks[d.value]
+        commit = [(s, r, sig) for (k, h, r, s), (v, sig) in self.signed.items()
+                  if k == PRECOMMIT and h == d.height and r == d.round and v == d.value]
+        self.decide_times.append(time.monotonic() - self._height_started)
+        self._committing = True
+        try:
+            stored = await self.ledger.commit_decided(block, commit, new_state)
+        finally:
+            self._committing = False
+        if stored:
+            await self._publish({"k": "block", "b": block.to_wire(), "c": [list(x) for x in commit]})
+        self._nursery.start_soon(self._next_after, d.height + 1, self.ledger.genesis.params.block_time_ms / 1000)
+
+    async def _timer(self, t: Timeout, delay: float) -> None:
+        await trio.sleep(delay)
+        await self._send.send(("timeout", t))
+
+    async def _next_after(self, height: int, delay: float) -> None:
+        await trio.sleep(delay)
+        await self._send.send(("next", height))
+
+    async def _resend_loop(self) -> None:
+        while True:
+            await trio.sleep(RESEND_PERIOD)
+            await self._send.send(("resend",))
+
+    # ------------------------------------------------------------------ main loop
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as n:
+            self._nursery = n
+            n.start_soon(self._resend_loop)
+            await self._act(self.machine.start())
+            async for ev in self._recv:
+                if ev[0] == "msg":
+                    await self._handle_msg(ev[1], ev[2])
+                elif ev[0] == "timeout":
+                    await self._act(self.machine.on_timeout(ev[1]))
+                elif ev[0] == "next":
+                    await self._next_height()
+                elif ev[0] == "resend":
+                    for a in self.machine.resend():
+                        await self._publish(self._wire(a.message))
+                    for wire in self.extra_sent:
+                        if wire["h"] == self.machine.height:
+                            await self._publish(wire)
+
+    async def _next_height(self) -> None:
+        target = self.ledger.state.height + 1
+        if target <= self.machine.height:
+            return  # already working on it
+        self.blocks.clear()
+        self.signed = {k: v for k, v in self.signed.items() if k[1] >= target}
+        self._height_started = time.monotonic()
+        await self._act(self.machine.next_height(target))
+        pending, self.future = self.future, []
+        for msg, peer in pending:
+            await self._handle_msg(msg, peer)
+
