@@ -236,13 +236,14 @@ def commitments_root(tensors: Iterable) -> bytes:
 # ---------------------------------------------------------------- credits
 
 BASE_UNITS = 10**9  # 1 credit = 10^9 base units
+MAX_CREDITS = (2**63 - 1) // BASE_UNITS  # amounts are signed 64-bit integers of base units on the wire
 
 
 def parse_amount(text: str) -> int:
     """Parse a decimal credit amount (e.g. ``"1.001"``) into base units using :class:`decimal.Decimal`.
 
     Raises:
-        ValueError: not a finite positive decimal, or more precise than one base unit.
+        ValueError: not a finite positive decimal, more than ``MAX_CREDITS``, or more precise than one base unit.
     """
     from decimal import Decimal, InvalidOperation
 
@@ -254,13 +255,14 @@ def parse_amount(text: str) -> int:
         raise ValueError(f"not a decimal amount: {text!r}") from None
     if not d.is_finite():
         raise ValueError("amount must be finite")
+    if d <= 0:
+        raise ValueError("amount must be positive")
+    if d > MAX_CREDITS:  # compare before int(): "1e999999999" must not build a billion-digit integer
+        raise ValueError(f"amount must be at most {MAX_CREDITS} credits")
     units = d * BASE_UNITS
     if units != units.to_integral_value():
         raise ValueError("amount is more precise than one base unit (1e-9 credit)")
-    units = int(units)
-    if units <= 0:
-        raise ValueError("amount must be positive")
-    return units
+    return int(units)
 
 
 def format_amount(units: int) -> str:

@@ -84,7 +84,8 @@ def test_parse_amount_exact(text, units):
     assert parse_amount(text) == units
 
 
-@pytest.mark.parametrize("text", ["0", "-1", "NaN", "inf", "-Infinity", "0.0000000001", "1,5", "", "abc", "1.0000000005"])
+@pytest.mark.parametrize("text", ["0", "-1", "NaN", "inf", "-Infinity", "0.0000000001", "1,5", "", "abc",
+                                  "1.0000000005", "1e400", "1e999999999", "9223372037"])
 def test_parse_amount_refuses(text):
     with pytest.raises(ValueError):
         parse_amount(text)

@@ -74,6 +74,22 @@ def receipt_json(rec: dict) -> dict:
     }
 
 
+def _proof_json(proof: dict, commit) -> dict:
+    """Proof with bytes as hex; ``commit`` as ``[validator hex, round, signature hex]`` entries."""
+    return {"header": [_hex(x) for x in proof["header"]], "leaf": proof["leaf"].hex(), "index": proof["index"],
+            "size": proof["size"], "path": [p.hex() for p in proof["path"]],
+            "commit": [[v.hex(), r, s.hex()] for v, r, s in commit]}
+
+
+def proof_from_json(d: dict) -> tuple[dict, list]:
+    """Inverse of the API's proof JSON: ``(proof, commit)`` with bytes, for the light-client verifiers."""
+    h = d["header"]
+    header = [h[0], h[1], bytes.fromhex(h[2]), h[3], bytes.fromhex(h[4]), bytes.fromhex(h[5]), bytes.fromhex(h[6])]
+    proof = {"header": header, "leaf": bytes.fromhex(d["leaf"]), "index": d["index"], "size": d["size"],
+             "path": [bytes.fromhex(p) for p in d["path"]]}
+    return proof, [(bytes.fromhex(v), r, bytes.fromhex(s)) for v, r, s in d["commit"]]
+
+
 def _treasury() -> bytes:
     from ..ledger.genesis import TREASURY
 
@@ -158,6 +174,31 @@ def create_app(node) -> FastAPI:
         if rec is None:
             raise ApiError(404, "not_found", "no such receipt on the ledger")
         return receipt_json(rec.to_dict())
+
+    @app.get("/v1/proofs/receipts/{receipt_id}")
+    async def receipt_proof(receipt_id: str) -> dict:
+        """Inclusion proof of a receipt transaction in its block, with that block's commit (light client:
+        :func:`node.ledger.proofs.verify_header` then :func:`node.ledger.proofs.verify_tx_proof`)."""
+        from ..ledger.proofs import tx_proof
+
+        rid = _parse_id(receipt_id, "receipt id")
+        rec = node.ledger.state.receipts.get(rid)
+        if rec is None:
+            raise ApiError(404, "not_found", "no such receipt on the ledger")
+        block, commit = node.store.get_block(rec.height)
+        return _proof_json(tx_proof(block, rid), commit)
+
+    @app.get("/v1/proofs/accounts/{account}")
+    async def account_proof(account: str) -> dict:
+        """Proof of an account's state under the head header's state root (the state after the parent block)."""
+        from ..ledger.proofs import account_proof as make
+
+        a = _parse_account(account)
+        got = node.store.get_block(node.store.head) if node.store.head else None
+        if got is None or a not in node.ledger.parent_state.accounts:
+            raise ApiError(404, "not_found", "no block yet, or no such account in the committed state")
+        block, commit = got
+        return _proof_json(make(node.ledger.parent_state, block.header, a), commit)
 
     @app.post("/v1/generate", dependencies=[Depends(require_token)])
     async def generate(req: GenerateRequest) -> dict:

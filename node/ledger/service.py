@@ -41,6 +41,7 @@ class LedgerService:
         self.store, self.genesis, self.ident, self.host = store, genesis, ident, host
         self.clock = clock
         self.state: State = store.replay()
+        self.parent_state: State = store.parent_state  # the state the head header's state_root commits to
         self.mempool: dict[bytes, Tx] = {}
         self.rejected: dict[bytes, str] = {}
         self.is_validator = ident.account in genesis.validators
@@ -113,7 +114,7 @@ class LedgerService:
     async def _commit(self, block: Block, commit, new_state: State) -> None:
         old = self.state
         self.store.append(block, commit, old, new_state)
-        self.state = new_state
+        self.parent_state, self.state = old, new_state
         for tid in [t.id for t in block.txs]:
             self.mempool.pop(tid, None)
         for fn in self._listeners:

@@ -117,6 +117,7 @@ class LedgerStore:
             StoreCorrupt: a stored block does not verify.
         """
         state = genesis_state(self.genesis)
+        self.parent_state = state
         if self.head == 0:
             with self.db.write_batch(sync=True) as wb:
                 self._write_derived(wb, None, state)
@@ -127,6 +128,7 @@ class LedgerStore:
                 raise StoreCorrupt(f"block {h} missing below head {self.head}")
             block, commit = got
             try:
+                self.parent_state = state
                 state = check_and_apply(state, block, commit)
             except ValueError as e:
                 raise StoreCorrupt(f"block {h} does not verify: {e}") from None

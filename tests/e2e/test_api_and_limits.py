@@ -73,3 +73,40 @@ def test_api_reads_generate_and_refusals(tmp_path, tiny):
     assert out["missing"].status_code == 404 and out["missing"].json()["code"] == "not_found"
     assert out["bad_id"].status_code == 400
     assert out["bad_amount"].status_code == 400 and out["bad_amount"].json()["code"] == "bad_amount"
+
+
+
+def test_light_client_checks_proofs_against_headers_alone(tmp_path, tiny):
+    """Proofs from the API verify with nothing but the genesis validator set; tampered ones do not."""
+    from node.api.app import proof_from_json
+    from node.ledger.block import InvalidBlock
+    from node.ledger.proofs import header_from_list, verify_account_proof, verify_header, verify_tx_proof
+
+    async def main():
+        async with swarm(tmp_path, tiny, SPANS) as nodes:
+            client, api = nodes[0], nodes[0].api_url
+            gen = await client.generate([3, 1, 4], 3)
+            await wait_final(client, [r.id for r in gen.receipts])
+            rid = gen.receipts[0].id
+            rp = (await http("GET", f"{api}/v1/proofs/receipts/{rid.hex()}")).json()
+            ap = (await http("GET", f"{api}/v1/proofs/accounts/{nodes[1].ident.peer_id}")).json()
+            return rid, rp, ap, client.genesis.validators, nodes[1].ident.account
+
+    rid, rp, ap, validators, w1 = trio.run(main)
+    proof, commit = proof_from_json(rp)
+    header = header_from_list(proof["header"])
+    verify_header(header, commit, validators)
+    tx = verify_tx_proof(proof, header)
+    assert tx is not None and tx["t"] == "receipt"
+    from node.ledger.tx import decode_tx
+    assert decode_tx(tx).id == rid
+    bad = dict(proof, leaf=proof["leaf"][:-1] + bytes([proof["leaf"][-1] ^ 1]))
+    assert verify_tx_proof(bad, header) is None
+    with pytest.raises(InvalidBlock):
+        verify_header(header, commit, (w1,))  # not signed by that "validator set"
+    aproof, acommit = proof_from_json(ap)
+    aheader = header_from_list(aproof["header"])
+    verify_header(aheader, acommit, validators)
+    acct = verify_account_proof(aproof, aheader, w1)
+    assert acct is not None and acct["bond"] == 200 * 10**9
+    assert verify_account_proof(aproof, aheader, validators[0]) is None  # proof is for another account

@@ -1,0 +1,86 @@
+"""Inclusion proofs and a light client (RFC 9162 §2.1.3 audit paths).
+
+A light client trusts only the genesis validator set. Given a header and its commit it checks the > 2/3
+precommits (:func:`verify_header`); given a header and a proof it checks that a transaction (a receipt) is in
+that block (:func:`verify_tx_proof`), or that an account held a balance in the state that the header commits to
+— the state after the parent block, as in Tendermint's ``AppHash`` (:func:`verify_account_proof`). Nothing else
+is trusted: not the node that served the proof.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..encoding import inclusion_proof, pack, unpack, verify_inclusion
+from .block import Block, Header, InvalidBlock, check_commit
+from .state import State
+
+
+def header_to_list(h: Header) -> list:
+    return [h.chain_id, *h.fields()]
+
+
+def header_from_list(x: Any) -> Header:
+    """Raises: InvalidBlock for a malformed header."""
+    if not (isinstance(x, list) and len(x) == 7):
+        raise InvalidBlock("malformed header")
+    return Header(*x)
+
+
+def tx_proof(block: Block, tx_id: bytes) -> dict:
+    """Proof that the transaction with ``tx_id`` is in ``block``.
+
+    Raises:
+        KeyError: no such transaction in the block.
+    """
+    leaves = [pack(t.to_wire()) for t in block.txs]
+    for i, t in enumerate(block.txs):
+        if t.id == tx_id:
+            return {"header": header_to_list(block.header), "leaf": leaves[i], "index": i, "size": len(leaves),
+                    "path": inclusion_proof(leaves, i)}
+    raise KeyError("transaction not in block")
+
+
+def account_proof(parent_state: State, header: Header, account: bytes) -> dict:
+    """Proof of ``account``'s state in ``parent_state``, the state ``header.state_root`` commits to.
+
+    Raises:
+        ValueError: ``parent_state`` is not the state committed by ``header``. KeyError: unknown account.
+    """
+    if parent_state.state_root() != header.state_root:
+        raise ValueError("state does not match the header's state root")
+    accounts = sorted(parent_state.accounts)
+    i = accounts.index(account)
+    leaves = [parent_state.account_leaf(a) for a in accounts]
+    return {"header": header_to_list(header), "leaf": leaves[i], "index": i, "size": len(leaves),
+            "path": inclusion_proof(leaves, i)}
+
+
+def verify_header(header: Header, commit, validators: tuple[bytes, ...]) -> None:
+    """Check that > 2/3 of ``validators`` precommitted ``header``. Raises :class:`InvalidBlock` otherwise."""
+    check_commit(header.chain_id, header.height, header.hash, commit, validators)
+
+
+def _check_path(proof: dict, root: bytes) -> bool:
+    try:
+        return verify_inclusion(proof["leaf"], proof["index"], proof["size"], proof["path"], root)
+    except (KeyError, TypeError):
+        return False
+
+
+def verify_tx_proof(proof: dict, header: Header) -> dict | None:
+    """The transaction's wire map if ``proof`` shows it in the block of ``header``, else None."""
+    if header_from_list(proof.get("header")) != header or not _check_path(proof, header.tx_root):
+        return None
+    return unpack(proof["leaf"])
+
+
+def verify_account_proof(proof: dict, header: Header, account: bytes) -> dict | None:
+    """``{"balance", "bond", "escrow", "nonce", ...}`` of ``account`` if ``proof`` shows it under
+    ``header.state_root``, else None."""
+    if header_from_list(proof.get("header")) != header or not _check_path(proof, header.state_root):
+        return None
+    leaf = unpack(proof["leaf"])
+    if not (isinstance(leaf, list) and len(leaf) == 7 and leaf[0] == account):
+        return None
+    return dict(zip(("balance", "bond", "escrow", "nonce", "valid_run", "slashed"), leaf[1:]))

@@ -1,0 +1,60 @@
+"""Transfers through the wallet API: exact decimal amounts, refusals without state change, and 20 concurrent
+transfers of a whole balance of which exactly one applies."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import trio
+
+from node.compute.model import make_tiny
+from node.identity import Identity, dev_seed
+from node.ledger.genesis import Genesis, Params
+from node.runtime import Node, NodeConfig
+
+C = 10**9
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny(tmp_path_factory.mktemp("models"), seed=0)
+
+
+def test_amounts_and_concurrent_transfers(tmp_path, tiny):
+    me, you = Identity.from_seed(dev_seed(0)), Identity.from_seed(dev_seed(5))
+    g = Genesis("tally-test-transfers", 0, (me.account,), ((me.account, 10 * C, 0),), Params(block_time_ms=100))
+
+    async def post(url, body, token):
+        return await trio.to_thread.run_sync(lambda: httpx.post(url, json=body, timeout=30,
+                                                                headers={"Authorization": f"Bearer {token}"}))
+
+    async def main():
+        nd = Node(NodeConfig(data_dir=tmp_path / "n0", genesis=g, model_dir=tiny, seed=dev_seed(0)))
+        async with trio.open_nursery() as n:
+            n.start_soon(nd.run)
+            await nd.started.wait()
+            url = f"{nd.api_url}/v1/transfer"
+            refused = {}
+            for amount in ("0", "-1", "NaN", "Infinity", "-inf", "1.0000000001", "1e400", "ten", "1,5"):
+                r = await post(url, {"to": you.peer_id, "amount": amount}, nd.api_token)
+                refused[amount] = (r.status_code, r.json()["code"])
+            assert not nd.ledger.mempool
+            replies = []
+
+            async def one():
+                replies.append(await post(url, {"to": you.peer_id, "amount": "10"}, nd.api_token))
+
+            async with trio.open_nursery() as m:
+                for _ in range(20):
+                    m.start_soon(one)
+            h = nd.ledger.state.height
+            await nd.ledger.wait_for_height(h + 3, timeout=20)
+            st = nd.ledger.state
+            n.cancel_scope.cancel()
+            return refused, replies, st
+
+    refused, replies, st = trio.run(main)
+    assert all(v == (400, "bad_amount") for v in refused.values()), refused
+    assert all(r.status_code == 200 for r in replies)
+    assert st.account(you.account).balance == 10 * C  # exactly one transfer applied
+    assert st.account(me.account).balance == 0 and st.account(me.account).nonce == 1
