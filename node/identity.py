@@ -72,6 +72,28 @@ def verify(account: bytes, digest: bytes, signature: bytes) -> bool:
         return False
 
 
+_POOL = None
+
+
+def verify_many(items: list[tuple[bytes, bytes, bytes]]) -> list[bool]:
+    """:func:`verify` over many ``(account, digest, signature)`` in parallel threads (pynacl releases the GIL:
+    one thread per core). Small batches run inline."""
+    global _POOL
+    workers = os.cpu_count() or 1
+    if len(items) < 64 or workers == 1:
+        return [verify(*x) for x in items]
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(workers, thread_name_prefix="ed25519")
+    step = -(-len(items) // workers)
+    chunks = [items[i:i + step] for i in range(0, len(items), step)]
+    out: list[bool] = []
+    for part in _POOL.map(lambda c: [verify(*x) for x in c], chunks):
+        out += part
+    return out
+
+
 def account_to_str(account: bytes) -> str:
     """The libp2p peer ID string (``12D3KooW...``) of a 32-byte Ed25519 account."""
     from libp2p.crypto.ed25519 import Ed25519PublicKey

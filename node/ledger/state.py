@@ -23,10 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..encoding import merkle_root, pack
+from ..identity import verify_many
 from ..verify import committee as cm
 from ..verify.sampling import is_sampled, sampling_ppm
 from .genesis import TREASURY, Genesis, Params
-from .tx import ABSTAIN, INVALID, VALID, Bond, Evidence, InvalidTx, Receipt, Transfer, Tx, Vote, _check
+from .tx import ABSTAIN, INVALID, VALID, Bond, Evidence, InvalidTx, Receipt, Transfer, Tx, Unbond, Vote, _check
 
 
 @dataclass(frozen=True)
@@ -127,15 +128,26 @@ def _credit(s: State, a: bytes, amount: int) -> None:
     s.accounts[a] = replace(s.account(a), balance=s.account(a).balance + amount)
 
 
-def apply_tx(s: State, tx: Tx) -> None:
+def presign_check(txs: list[Tx]) -> set[int]:
+    """Verify the signatures of ``txs`` in parallel; the set of indexes whose signatures all verify."""
+    checks = [(i, c) for i, tx in enumerate(txs) for c in tx.signature_checks()]
+    ok = verify_many([(a, d, sig) for _, (a, d, sig, _w) in checks])
+    bad = {i for (i, _), good in zip(checks, ok) if not good}
+    return set(range(len(txs))) - bad
+
+
+def apply_tx(s: State, tx: Tx, signatures_checked: bool = False) -> None:
     """Apply one transaction to the working copy ``s`` in place.
+
+    ``signatures_checked``: the caller already verified every signature (:func:`presign_check`).
 
     Raises:
         InvalidTx: wrong chain, bad signature, bad nonce, insufficient funds, replay, not a committee member…
             ``s`` is unchanged when this is raised.
     """
     _check(tx.chain_id == s.chain_id, f"transaction for chain {tx.chain_id!r}, this is {s.chain_id!r}")
-    tx.check_signatures()
+    if not signatures_checked:
+        tx.check_signatures()
     if isinstance(tx, Transfer):
         sender = s.account(tx.sender)
         _check(tx.nonce == sender.nonce, f"bad nonce {tx.nonce}, expected {sender.nonce}")
@@ -148,6 +160,14 @@ def apply_tx(s: State, tx: Tx) -> None:
         _check(tx.nonce == acc.nonce, f"bad nonce {tx.nonce}, expected {acc.nonce}")
         _check(acc.balance >= tx.amount, "insufficient balance")
         s.accounts[tx.sender] = replace(acc, balance=acc.balance - tx.amount, bond=acc.bond + tx.amount,
+                                        nonce=acc.nonce + 1)
+    elif isinstance(tx, Unbond):
+        acc = s.account(tx.sender)
+        _check(tx.nonce == acc.nonce, f"bad nonce {tx.nonce}, expected {acc.nonce}")
+        _check(acc.bond >= tx.amount, "unbond exceeds the bond")
+        _check(not any(s.receipts[r].receipt.worker == tx.sender for r in s.open_receipts),
+               "receipts of this worker are still pending; unbond after they are final")
+        s.accounts[tx.sender] = replace(acc, balance=acc.balance + tx.amount, bond=acc.bond - tx.amount,
                                         nonce=acc.nonce + 1)
     elif isinstance(tx, Receipt):
         _apply_receipt(s, tx)
@@ -191,6 +211,7 @@ def _apply_vote(s: State, v: Vote) -> None:
 
 
 def _apply_evidence(s: State, e: Evidence) -> None:
+    _check(e.value_a != e.value_b, "evidence needs two different values")
     _check(e.validator in s.validators, "evidence against a non-validator")
     _check(e.key not in s.evidence, "evidence already on the ledger (counted once)")
     _check(e.height <= s.height + 1, "evidence from a future height")
@@ -287,9 +308,12 @@ def apply_txs(s: State, txs: list[Tx]) -> tuple[State, list[Tx], list[tuple[Tx, 
     w = s.copy()
     ok: list[Tx] = []
     bad: list[tuple[Tx, str]] = []
-    for tx in txs:  # apply_tx checks everything before it mutates, so a rejected tx leaves ``w`` as it was
+    signed = presign_check(txs)
+    for i, tx in enumerate(txs):  # apply_tx checks everything before it mutates: a rejected tx changes nothing
         try:
-            apply_tx(w, tx)
+            if i not in signed:
+                tx.check_signatures()  # raises with the reason
+            apply_tx(w, tx, signatures_checked=True)
         except InvalidTx as e:
             bad.append((tx, str(e)))
             continue
@@ -307,8 +331,11 @@ def apply_block_body(s: State, height: int, block_hash: bytes, txs: list[Tx]) ->
     if height != s.height + 1:
         raise ValueError(f"block {height} does not follow height {s.height}")
     w = s.copy()
-    for tx in txs:
-        apply_tx(w, tx)
+    signed = presign_check(txs)
+    for i, tx in enumerate(txs):
+        if i not in signed:
+            tx.check_signatures()  # raises with the reason
+        apply_tx(w, tx, signatures_checked=True)
     end_block(w, height, block_hash)
     w.height = height
     w.last_hash = block_hash

@@ -8,9 +8,15 @@ object are therefore one object: a receipt's id does not depend on who signed it
 Kinds:
   * :class:`Transfer` — move ``amount`` base units; per-account ``nonce``.
   * :class:`Bond` — lock ``amount`` base units of the sender's balance as a worker bond; per-account ``nonce``.
+  * :class:`Unbond` — release bond back to balance once no receipt of the sender is pending; ``nonce``.
   * :class:`Receipt` — "I did this unit of work", signed by the worker and countersigned by the requester.
   * :class:`Vote` — a committee member's verdict on a sampled receipt.
   * :class:`Evidence` — two conflicting consensus votes signed by one validator (double signing).
+
+Transfers, bonds and unbonds carry a per-account nonce. Receipts, votes and evidence are replay-protected by
+their ids instead — a receipt id, a (receipt, round, voter) vote and an evidence key each count once on the
+ledger — so that independent work items never wait on each other's ordering (a receipt refused for one worker
+must not strand the next receipt of the same requester behind a nonce gap).
 
 Wire form (gossip, blocks): ``{"t": kind, "f": [fields...], "s": [signatures...]}``; :func:`decode_tx`
 checks every field's type and size and raises :class:`InvalidTx` on anything else.
@@ -19,6 +25,7 @@ checks every field's type and size and raises :class:`InvalidTx` on anything els
 from __future__ import annotations
 
 from dataclasses import dataclass, fields as dc_fields, replace
+from functools import cached_property
 from typing import Any, ClassVar
 
 from ..encoding import object_id
@@ -59,18 +66,23 @@ class Tx:
     def unsigned(self) -> list[Any]:
         return [getattr(self, f.name) for f in dc_fields(self) if f.name not in self.SIGS and f.name != "chain_id"]
 
-    @property
+    @cached_property
     def id(self) -> bytes:
-        """32-byte id: hash of the domain tag, chain id and unsigned fields."""
+        """32-byte id: hash of the domain tag, chain id and unsigned fields (computed once per object)."""
         return object_id(self.TAG, self.chain_id, self.unsigned())  # type: ignore[attr-defined]
 
     def to_wire(self) -> dict:
         return {"t": self.KIND, "c": self.chain_id, "f": self.unsigned(),  # type: ignore[attr-defined]
                 "s": [getattr(self, s) for s in self.SIGS]}
 
-    def check_signatures(self) -> None:
-        """Raise :class:`InvalidTx` unless every required signature verifies over :attr:`id`."""
+    def signature_checks(self) -> list[tuple[bytes, bytes, bytes, str]]:
+        """Every signature this transaction needs: ``(account, 32-byte digest, signature, what)``."""
         raise NotImplementedError
+
+    def check_signatures(self) -> None:
+        """Raise :class:`InvalidTx` unless every required signature verifies."""
+        for account, digest, sig, what in self.signature_checks():
+            _check(verify(account, digest, sig), f"bad {what} signature")
 
 
 @dataclass(frozen=True)
@@ -82,8 +94,8 @@ class SingleSigned(Tx):
     def signed(self, ident: Identity):
         return replace(self, sig=ident.sign(self.id))
 
-    def check_signatures(self) -> None:
-        _check(verify(getattr(self, self.SIGNER), self.id, self.sig), f"bad {self.KIND} signature")  # type: ignore[attr-defined]
+    def signature_checks(self) -> list[tuple[bytes, bytes, bytes, str]]:
+        return [(getattr(self, self.SIGNER), self.id, self.sig, self.KIND)]  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,23 @@ class Bond(SingleSigned):
 
     TAG: ClassVar[bytes] = b"tally/bond/v1"
     KIND: ClassVar[str] = "bond"
+    SIGS: ClassVar[tuple[str, ...]] = ("sig",)
+    SCHEMA: ClassVar[dict[str, str]] = {"sender": "bytes32", "amount": "amount", "nonce": "int"}
+
+
+@dataclass(frozen=True)
+class Unbond(SingleSigned):
+    """Release ``amount`` base units of the sender's bond back to its balance; refused while the sender has
+    receipts (as worker) that are not final, so a bond cannot run away from a pending slash."""
+
+    chain_id: str
+    sender: bytes
+    amount: int
+    nonce: int
+    sig: bytes = b""
+
+    TAG: ClassVar[bytes] = b"tally/unbond/v1"
+    KIND: ClassVar[str] = "unbond"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
     SCHEMA: ClassVar[dict[str, str]] = {"sender": "bytes32", "amount": "amount", "nonce": "int"}
 
@@ -165,9 +194,9 @@ class Receipt(Tx):
         _check(ident.account == self.requester, "only the requester countersigns")
         return replace(self, requester_sig=ident.sign(self.id))
 
-    def check_signatures(self) -> None:
-        _check(verify(self.worker, self.id, self.worker_sig), "bad worker signature on receipt")
-        _check(verify(self.requester, self.id, self.requester_sig), "bad requester countersignature on receipt")
+    def signature_checks(self) -> list[tuple[bytes, bytes, bytes, str]]:
+        return [(self.worker, self.id, self.worker_sig, "worker receipt"),
+                (self.requester, self.id, self.requester_sig, "requester counter-")]
 
     def check_shape(self) -> None:
         _check(self.worker != self.requester, "worker and requester must differ")
@@ -221,13 +250,11 @@ class Evidence(Tx):
     SCHEMA: ClassVar[dict[str, str]] = {"validator": "bytes32", "kind": "votekind", "height": "int", "round": "int",
                                         "value_a": "value", "sig_a": "sig", "value_b": "value", "sig_b": "sig"}
 
-    def check_signatures(self) -> None:
+    def signature_checks(self) -> list[tuple[bytes, bytes, bytes, str]]:
         from .block import vote_digest
 
-        _check(self.value_a != self.value_b, "evidence needs two different values")
-        for value, sig in ((self.value_a, self.sig_a), (self.value_b, self.sig_b)):
-            digest = vote_digest(self.kind, self.chain_id, self.height, self.round, value or None)
-            _check(verify(self.validator, digest, sig), "evidence carries a bad signature")
+        return [(self.validator, vote_digest(self.kind, self.chain_id, self.height, self.round, value or None), sig,
+                 "evidence vote") for value, sig in ((self.value_a, self.sig_a), (self.value_b, self.sig_b))]
 
     @property
     def key(self) -> bytes:
@@ -235,7 +262,7 @@ class Evidence(Tx):
         return object_id(self.TAG, self.chain_id, [self.validator, self.kind, self.height, self.round])
 
 
-TX_KINDS: dict[str, type[Tx]] = {c.KIND: c for c in (Transfer, Bond, Receipt, Vote, Evidence)}
+TX_KINDS: dict[str, type[Tx]] = {c.KIND: c for c in (Transfer, Bond, Unbond, Receipt, Vote, Evidence)}
 
 
 def _check_field(name: str, kind: str, v: Any) -> None:

@@ -107,3 +107,59 @@ def test_devnet_real_model_identical(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "identical: true" in r.stdout
     assert r.stdout.count("verdict: valid") == 3
+
+
+def test_four_validator_processes_survive_a_kill_and_the_restart_rejoins(tmp_path):
+    from node.identity import Identity, dev_seed
+
+    cache = tmp_path / "models"
+    make_tiny(cache, 0)
+    ids = [Identity.from_seed(dev_seed(i)).peer_id for i in range(4)]
+    genesis = tmp_path / "genesis.json"
+    genesis.write_text(json.dumps({
+        "chain_id": "tally-test-4v", "validators": ids,
+        "accounts": [{"account": a, "balance": 100 * 10**9, "bond": 200 * 10**9} for a in ids],
+        "params": {"block_time_ms": 300}}))
+    dirs = [tmp_path / f"v{i}" for i in range(4)]
+    procs: list = []
+    try:
+        procs.append(start(dirs[0], cache, "--genesis", str(genesis), "--dev-account", "0"))
+        infos = [info(dirs[0], procs[0])]
+        boot = infos[0]["addrs"][0]
+        for i in (1, 2, 3):
+            procs.append(start(dirs[i], cache, "--genesis", str(genesis), "--dev-account", str(i), "--bootstrap", boot))
+        infos += [info(dirs[i], procs[i]) for i in (1, 2, 3)]
+        apis = [x["api"] for x in infos]
+        wait_height(apis[3], 5)
+        procs[3].send_signal(signal.SIGKILL)
+        procs[3].wait()
+        h_kill = status(apis[0])["height"]
+        for api in apis[:3]:
+            wait_height(api, h_kill + 4)  # three of four keep finalizing
+        procs[3] = start(dirs[3], cache, "--genesis", str(genesis), "--bootstrap", boot)
+        infos[3] = info(dirs[3], procs[3])
+        apis[3] = infos[3]["api"]
+        top = wait_height(apis[0], status(apis[0])["height"] + 4)
+        wait_height(apis[3], top)  # the restarted validator synced
+        signers_after = set()
+        for h in range(1, top + 1):
+            hashes = {httpx.get(f"{api}/v1/blocks/{h}", timeout=10).json()["hash"] for api in apis}
+            assert len(hashes) == 1, f"fork at height {h}"
+        for h in range(top - 2, top + 1):  # it rejoined: it precommits again
+            blk = httpx.get(f"{apis[0]}/v1/blocks/{h}", timeout=10).json()
+            signers_after |= {c["validator"] for c in blk["commit"]}
+        deadline = time.monotonic() + 30
+        while ids[3] not in signers_after and time.monotonic() < deadline:
+            top = wait_height(apis[0], top + 1)
+            blk = httpx.get(f"{apis[0]}/v1/blocks/{top}", timeout=10).json()
+            signers_after |= {c["validator"] for c in blk["commit"]}
+        assert ids[3] in signers_after
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from node.ledger.chain import check_and_apply, commit_block, propose
 from node.ledger.state import genesis_state
-from node.ledger.tx import ABSTAIN, INVALID, VALID, Transfer
+from node.ledger.tx import ABSTAIN, INVALID, VALID, Bond, Transfer, Unbond
 
 from .helpers import C, KEYS, VALIDATOR, make_genesis, make_receipt, vote
 
@@ -22,6 +22,7 @@ action = st.one_of(
     st.tuples(st.just("vote"), st.integers(0, 40), st.integers(0, 7), st.sampled_from([VALID, INVALID, ABSTAIN])),
     st.tuples(st.just("resubmit"), st.integers(0, 40), st.just(0), st.just(0)),
     st.tuples(st.just("block"), st.just(0), st.just(0), st.just(0)),
+    st.tuples(st.sampled_from(["bond", "unbond"]), st.integers(0, 7), st.just(0), st.integers(1, 300)),
 )
 
 
@@ -50,6 +51,11 @@ def test_invariants_hold_over_random_sequences(actions):
             t = Transfer(G.chain_id, sender.account, KEYS[b].account, c * C, nonces[sender.account]).signed(sender)
             nonces[sender.account] += 1
             pending.append(t)
+        elif kind in ("bond", "unbond"):
+            sender = KEYS[a]
+            cls = Bond if kind == "bond" else Unbond
+            pending.append(cls(G.chain_id, sender.account, c * C, nonces[sender.account]).signed(sender))
+            nonces[sender.account] += 1
         elif kind == "vote" and seen_receipts:
             r = seen_receipts[a % len(seen_receipts)]
             rec = state.receipts.get(r.id)

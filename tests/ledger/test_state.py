@@ -142,3 +142,18 @@ def test_followers_check_blocks_and_commits():
         check_and_apply(s0, block, [(W1.account, 0, W1.sign(block.hash))])  # not a validator
     with pytest.raises(InvalidBlock):
         check_and_apply(s1, block, commit)  # wrong height
+
+
+def test_unbond_waits_for_pending_receipts():
+    from node.ledger.tx import Unbond
+
+    g = make_genesis(sample_base_ppm=1, sample_floor_ppm=1, slash_amount=10**18)
+    s0 = genesis_state(g)
+    r = make_receipt(g, W1)
+    s = run_blocks(s0, [r])
+    with pytest.raises(InvalidTx, match="pending"):
+        apply_tx(s.copy(), Unbond(g.chain_id, W1.account, 10 * C, 0).signed(W1))
+    s = run_blocks(s, *([[]] * g.params.challenge_window))
+    apply_tx(s, Unbond(g.chain_id, W1.account, 10 * C, 0).signed(W1))
+    assert s.account(W1.account).bond == s0.account(W1.account).bond - 10 * C
+    assert s.supply() == g.supply
