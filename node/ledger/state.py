@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from ..encoding import merkle_root, pack
+from ..encoding import H, merkle_root, pack
 from ..identity import verify_many
 from ..verify import committee as cm
 from ..verify.sampling import is_sampled, sampling_ppm
@@ -90,10 +90,12 @@ class State:
     receipts: dict[bytes, ReceiptRecord] = field(default_factory=dict)
     open_receipts: dict[bytes, None] = field(default_factory=dict)  # ids not yet final (ordered)
     evidence: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # evidence key -> (height, slashed)
+    sessions: dict[bytes, bytes] = field(default_factory=dict)  # H(worker ‖ session_id) -> receipt id
 
     def copy(self) -> "State":
         return replace(self, accounts=dict(self.accounts), receipts=dict(self.receipts),
-                       open_receipts=dict(self.open_receipts), evidence=dict(self.evidence))
+                       open_receipts=dict(self.open_receipts), evidence=dict(self.evidence),
+                       sessions=dict(self.sessions))
 
     def account(self, a: bytes) -> Account:
         return self.accounts.get(a, Account())
@@ -183,6 +185,8 @@ def _apply_receipt(s: State, r: Receipt) -> None:
     p = s.params
     r.check_shape()
     _check(r.id not in s.receipts, "receipt already on the ledger (replay)")
+    skey = H(r.worker, r.session_id)
+    _check(skey not in s.sessions, "a receipt for this session is already on the ledger (one per worker and session)")
     _check(r.opened_height <= s.height + 1, "receipt opened at a future height")
     _check(r.opened_height + p.receipt_max_age >= s.height, "receipt too old")
     _check(r.price == r.work * p.price_per_token_block,
@@ -194,6 +198,7 @@ def _apply_receipt(s: State, r: Receipt) -> None:
     s.accounts[r.requester] = replace(req, balance=req.balance - r.price, escrow=req.escrow + r.price)
     s.receipts[r.id] = ReceiptRecord(receipt=r, height=s.height + 1)
     s.open_receipts[r.id] = None
+    s.sessions[skey] = r.id
 
 
 def _apply_vote(s: State, v: Vote) -> None:
