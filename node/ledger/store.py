@@ -8,6 +8,14 @@ Keys (all values msgpack):
   ``R`` + receipt id       receipt record (summary, status, committee, votes, payouts — never tensors)
   ``I`` + receipt id       inclusion height
 
+Explorer indexes (derived, prefix ``i/``; written with each block, rebuilt by :meth:`LedgerStore.replay` from the
+blocks whenever ``i/h`` does not name the head and the current index version):
+  ``i/h``                                      ``[indexed height, version, stored block bytes, txs]``
+  ``i/t`` + tx id                              ``[height, position in the block, kind]``
+  ``i/k`` + block hash                         height (8 BE)
+  ``i/a`` + account + height (8) + seq (4)     one history event of the account (a map, see :func:`index_block`)
+  ``i/r`` + account + height (8) + receipt id  the account's role in that receipt: worker, requester, committee
+
 A block and every derived key it changes are written in one ``WriteBatch(sync=True)``: after a crash at any
 point each block is whole or absent. On open the node replays every stored block from genesis through the same
 checks as a block from the network (:func:`node.ledger.chain.check_and_apply`) and compares the result with
@@ -24,7 +32,7 @@ from ..encoding import pack, unpack
 from .block import Block, decode_block
 from .chain import check_and_apply
 from .genesis import Genesis
-from .state import State, genesis_state
+from .state import FINAL, State, genesis_state
 
 
 class StoreLocked(RuntimeError):
@@ -37,6 +45,61 @@ class StoreCorrupt(RuntimeError):
 
 def _h(height: int) -> bytes:
     return height.to_bytes(8, "big")
+
+
+INDEX_VERSION = 1
+_PARTIES = ("sender", "recipient", "worker", "requester", "voter", "validator")  # tx fields naming accounts
+
+
+def index_block(block: Block, old: State, new: State) -> list[tuple[bytes, bytes]]:
+    """The ``i/`` index entries of ``block`` (applied to ``old`` giving ``new``), as ``(key, value)`` pairs.
+
+    History events (maps with bytes values): ``{"k": tx kind, "tx": id, "role": field, "amount"?}`` for every
+    account a transaction names; ``{"k": "payout" | "refund" | "paid" | "slash", "receipt": id, "amount"}`` when a
+    receipt becomes final in this block (``paid``: the requester's escrow spent on it).
+    """
+    hb = _h(block.height)
+    out: list[tuple[bytes, bytes]] = [(b"i/k" + block.hash, hb)]
+    seq = 0
+
+    def event(account: bytes, ev: dict) -> None:
+        nonlocal seq
+        out.append((b"i/a" + account + hb + seq.to_bytes(4, "big"), pack(ev)))
+        seq += 1
+
+    changed = list(old.open_receipts)
+    for i, tx in enumerate(block.txs):
+        out.append((b"i/t" + tx.id, pack([block.height, i, tx.KIND])))
+        amount = getattr(tx, "amount", None) or getattr(tx, "price", None)
+        if getattr(tx, "key", None) in new.evidence:
+            amount = new.evidence[tx.key][1]
+        parties: dict[bytes, str] = {}
+        for f in _PARTIES:
+            a = getattr(tx, f, None)
+            if isinstance(a, bytes) and len(a) == 32:
+                parties.setdefault(a, f)
+        for a, role in parties.items():
+            event(a, {"k": tx.KIND, "tx": tx.id, "role": role, **({"amount": amount} if amount else {})})
+        if tx.id in new.receipts and tx.id not in old.receipts:
+            changed.append(tx.id)
+    for rid in changed:
+        rec, prev = new.receipts.get(rid), old.receipts.get(rid)
+        if rec is None or rec is prev:
+            continue
+        r = rec.receipt
+        roles = {} if prev is not None else {r.worker: "worker", r.requester: "requester"}
+        for m in rec.committee:
+            if prev is None or m not in prev.committee:
+                roles[m] = "committee"
+        for a, role in roles.items():
+            out.append((b"i/r" + a + _h(rec.height) + rid, pack(role)))
+        if rec.status in FINAL and (prev is None or prev.status not in FINAL):
+            event(r.requester, {"k": "paid", "receipt": rid, "amount": r.price})
+            for a, amt in rec.payouts:
+                event(a, {"k": "refund" if a == r.requester else "payout", "receipt": rid, "amount": amt})
+            if rec.slashed:
+                event(r.worker, {"k": "slash", "receipt": rid, "amount": rec.slashed})
+    return out
 
 
 class LedgerStore:
@@ -96,10 +159,60 @@ class LedgerStore:
         atomically and durably."""
         if block.height != self.head + 1:
             raise ValueError(f"append of block {block.height} on head {self.head}")
+        blob = pack({"b": block.to_wire(), "c": [list(x) for x in commit]})
+        meta = self.index_meta()
         with self.db.write_batch(sync=True) as wb:
-            wb.put(b"B" + _h(block.height), pack({"b": block.to_wire(), "c": [list(x) for x in commit]}))
+            wb.put(b"B" + _h(block.height), blob)
             self._write_derived(wb, old, new)
+            self._write_index(wb, block, old, new, len(blob), meta)
             wb.put(b"H", _h(block.height))
+
+    def _write_index(self, wb, block: Block, old: State, new: State, nbytes: int, meta: list[int]) -> list[int]:
+        for k, v in index_block(block, old, new):
+            wb.put(k, v)
+        meta = [block.height, INDEX_VERSION, meta[2] + nbytes, meta[3] + len(block.txs)]
+        wb.put(b"i/h", pack(meta))
+        return meta
+
+    # ---------------------------------------------------------------- explorer index reads
+
+    def index_meta(self) -> list[int]:
+        """``[indexed height, index version, stored block bytes, transactions]`` (zeros before any block)."""
+        raw = self.db.get(b"i/h")
+        return unpack(raw) if raw is not None else [0, INDEX_VERSION, 0, 0]
+
+    def tx_location(self, tx_id: bytes) -> tuple[int, int, str] | None:
+        """``(height, position, kind)`` of a stored transaction, or None."""
+        raw = self.db.get(b"i/t" + tx_id)
+        return None if raw is None else tuple(unpack(raw))  # type: ignore[return-value]
+
+    def height_of_hash(self, block_hash: bytes) -> int | None:
+        raw = self.db.get(b"i/k" + block_hash)
+        return None if raw is None else int.from_bytes(raw, "big")
+
+    def _page(self, prefix: bytes, limit: int, cursor: bytes | None):
+        """Newest-first entries under ``prefix`` strictly before the key suffix ``cursor``; returns
+        ``([(suffix, value)], next cursor or None)``."""
+        it = (self.db.iterator(start=prefix, stop=prefix + cursor, reverse=True) if cursor
+              else self.db.iterator(prefix=prefix, reverse=True))
+        items = []
+        with it:
+            for k, v in it:
+                if len(items) == limit:
+                    return items, items[-1][0]
+                items.append((k[len(prefix):], v))
+        return items, None
+
+    def history(self, account: bytes, limit: int, cursor: bytes | None = None):
+        """An account's history events, newest first: ``([(height, seq, event)], next cursor)``."""
+        items, nxt = self._page(b"i/a" + account, limit, cursor)
+        return [(int.from_bytes(s[:8], "big"), int.from_bytes(s[8:12], "big"), unpack(v)) for s, v in items], nxt
+
+    def account_receipts(self, account: bytes, limit: int, cursor: bytes | None = None):
+        """Receipts naming an account (worker, requester, committee member), newest inclusion first:
+        ``([(inclusion height, receipt id, role)], next cursor)``."""
+        items, nxt = self._page(b"i/r" + account, limit, cursor)
+        return [(int.from_bytes(s[:8], "big"), s[8:], unpack(v)) for s, v in items], nxt
 
     def _write_derived(self, wb, old: State | None, new: State) -> None:
         for a, acc in new.accounts.items():
@@ -122,6 +235,14 @@ class LedgerStore:
             with self.db.write_batch(sync=True) as wb:
                 self._write_derived(wb, None, state)
             return state
+        meta = self.index_meta()
+        reindex = meta[:2] != [self.head, INDEX_VERSION]
+        if reindex:  # rebuild the explorer indexes from the blocks (absent, stale or interrupted)
+            with self.db.write_batch(sync=True) as wb:
+                for k in self.db.iterator(prefix=b"i/", include_value=False):
+                    wb.delete(k)
+            meta = [0, INDEX_VERSION, 0, 0]
+            wb = self.db.write_batch(sync=True)
         for h in range(1, self.head + 1):
             got = self.get_block(h)
             if got is None:
@@ -132,6 +253,12 @@ class LedgerStore:
                 state = check_and_apply(state, block, commit)
             except ValueError as e:
                 raise StoreCorrupt(f"block {h} does not verify: {e}") from None
+            if reindex:
+                meta = self._write_index(wb, block, self.parent_state, state,
+                                         len(self.db.get(b"B" + _h(h))), meta)
+                if h % 256 == 0 or h == self.head:
+                    wb.write()
+                    wb = self.db.write_batch(sync=True)
             if progress:
                 progress(h)
         if not self._derived_matches(state):
