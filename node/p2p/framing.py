@@ -32,6 +32,7 @@ from ..encoding import MAX_FRAME, MAX_MESSAGE, DecodeError, pack, unpack
 HEADER = struct.Struct(">IB")  # length (u32 BE), flags (u8)
 HEADER_LEN = HEADER.size  # 5 bytes
 MORE = 0x01  # flag bit 0: more frames follow
+STATS = {"sent": 0, "received": 0}  # bytes of framed messages written and read by this process (for /metrics)
 
 __all__ = [
     "HEADER_LEN", "MORE", "MAX_FRAME", "MAX_MESSAGE",
@@ -116,6 +117,7 @@ async def write_msg(stream, obj: Any, timeout: float | None = None, max_message:
         with trio.fail_after(math.inf if timeout is None else timeout):
             for f in frames:
                 await stream.write(f)
+                STATS["sent"] += len(f)
     except trio.TooSlowError:
         raise RequestTimeout(f"write did not finish within {timeout} s") from None
     except errors as e:
@@ -175,6 +177,7 @@ async def read_msg(stream, timeout: float, max_message: int = MAX_MESSAGE) -> di
                     raise FrameError("empty non-final frame")
                 parts.append(await _read_exact(stream, length, errors))
                 total += length
+                STATS["received"] += HEADER_LEN + length
                 if not flags & MORE:
                     break
     except trio.TooSlowError:

@@ -1,0 +1,90 @@
+"""``/metrics`` in the Prometheus text format, read from the node's state at scrape time.
+
+Each node has its own registry (several nodes may share a process in tests). Families (all prefixed ``tally_``):
+
+* ledger: ``block_height``, ``blocks_total``, ``transactions_total``, ``ledger_block_bytes_total`` (bytes of
+  stored blocks), ``mempool_transactions``, ``validators``, ``supply_base_units``;
+* verification: ``receipts_total``, ``receipts{status}``, ``receipts_sampled_total``, ``votes_total{verdict}``,
+  ``verdicts_total{verdict}`` (valid/invalid quorums), ``slashes_total``, ``slashed_base_units_total``;
+* sessions: ``sessions_served_total`` and ``sessions_active`` (this node as a server), ``tokens_served_total``,
+  ``ledger_sessions_total`` (inference sessions receipted on the ledger);
+* network: ``p2p_stream_bytes_total{direction}`` (framed protocol bytes of this process), ``peers``,
+  ``swarm_servers``, ``swarm_blocks_covered``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class NodeCollector:
+    def __init__(self, node, queries):
+        self.node, self.q = node, queries
+
+    def collect(self):
+        from ..p2p.framing import STATS
+
+        n, st = self.node, self.node.ledger.state
+        meta = n.store.index_meta()
+
+        def gauge(name, doc, val, labels=None):
+            g = GaugeMetricFamily(f"tally_{name}", doc, labels=list(labels) if labels else None)
+            if labels:
+                for k, x in val.items():
+                    g.add_metric([k], x)
+            else:
+                g.add_metric([], val)
+            return g
+
+        def counter(name, doc, val, labels=None):
+            c = CounterMetricFamily(f"tally_{name}", doc, labels=list(labels) if labels else None)
+            if labels:
+                for k, x in val.items():
+                    c.add_metric([k], x)
+            else:
+                c.add_metric([], val)
+            return c
+
+        ver = self.q.verification(1)
+        yield gauge("block_height", "Height of the ledger head", st.height)
+        yield counter("blocks", "Blocks finalized and stored", st.height)
+        yield counter("transactions", "Transactions in stored blocks", meta[3])
+        yield counter("ledger_block_bytes", "Bytes of stored blocks (with their commits)", meta[2])
+        yield gauge("mempool_transactions", "Transactions waiting for a block", len(n.ledger.mempool))
+        yield gauge("validators", "Size of the validator set", len(st.validators))
+        yield gauge("supply_base_units", "Total balance + bond + escrow", st.supply())
+        yield counter("receipts", "Receipts on the ledger", ver["receipts"])
+        yield gauge("receipts_by_status", "Receipts on the ledger by verification status",
+                    {k: ver[k] for k in ("pending", "valid", "invalid", "settled", "unverified")}, ["status"])
+        yield counter("receipts_sampled", "Receipts sampled for re-execution by a committee", ver["sampled"])
+        yield counter("votes", "Committee votes on the ledger", ver["votes"], ["verdict"])
+        yield counter("verdicts", "Committee verdicts (quorums) on the ledger",
+                      {"valid": ver["valid"], "invalid": ver["invalid"]}, ["verdict"])
+        yield counter("slashes", "Bonds slashed (invalid work or double signing)", ver["slashes"])
+        yield counter("slashed_base_units", "Base units slashed", int(ver["slashed"]["base_units"]))
+        server = n.server
+        yield counter("sessions_served", "Inference sessions this node served and receipted",
+                      server.sessions_served if server else 0)
+        yield gauge("sessions_active", "Inference sessions open on this node", server.active if server else 0)
+        yield counter("tokens_served", "Token positions this node's span processed",
+                      getattr(server, "tokens_served", 0) if server else 0)
+        yield counter("ledger_sessions", "Inference sessions receipted on the ledger", len(st.sessions))
+        yield counter("p2p_stream_bytes", "Bytes of framed protocol messages (this process)",
+                      {"sent": STATS["sent"], "received": STATS["received"]}, ["direction"])
+        yield gauge("peers", "Connected libp2p peers", len(n.host.connected_peers()))
+        sw = self.q.swarm()
+        yield gauge("swarm_servers", "Live servers of this node's model", len(sw["servers"]))
+        yield gauge("swarm_blocks_covered", "Decoder blocks held by at least one live server", sw["covered"])
+
+
+def metrics_registry(node, queries) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(NodeCollector(node, queries))
+    return reg
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)

@@ -1,0 +1,301 @@
+"""Request and response models of the wallet/credits API: they are the OpenAPI schema (``/openapi.json``).
+
+Conventions: an amount is ``{"base_units": "<integer string>", "credits": "<decimal string>"}`` (1 credit =
+10^9 base units; strings so no JSON parser rounds them); accounts are libp2p peer IDs (``12D3KooW...``); hashes and
+ids are lower-case hex; heights are block numbers (genesis is 0); times are Unix milliseconds. Handlers build
+plain dicts (:mod:`node.api.views`) and return them as JSON directly; tests check every response against these
+models (Schemathesis).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class Amount(BaseModel):
+    base_units: str = Field(..., description="integer number of base units (10^-9 credit)")
+    credits: str = Field(..., description="the same amount in credits, as a decimal string")
+
+
+class ErrorOut(BaseModel):
+    code: str = Field(..., description="machine-readable error code, e.g. not_found, bad_account, unauthorized")
+    message: str
+    details: list[Any] | None = None
+
+
+class SpanOut(BaseModel):
+    peer: str
+    span: list[int] = Field(..., description="[start, end) decoder blocks")
+
+
+class StatusOut(BaseModel):
+    chain_id: str
+    height: int
+    head_hash: str
+    head_time_ms: int | None
+    peer_id: str
+    addrs: list[str]
+    validator: bool
+    validators: int
+    peers: list[str]
+    mempool: int
+    model_id: str
+    num_blocks: int
+    span: list[int] | None
+    swarm: list[SpanOut]
+    supply: Amount
+
+
+class AccountOut(BaseModel):
+    account: str
+    balance: Amount
+    bond: Amount
+    escrow: Amount
+    slashed: Amount
+    nonce: int
+    valid_run: int = Field(..., description="consecutive valid verdicts (lowers the sampling probability)")
+    eligible: bool = Field(..., description="bonded with at least min_bond: may work and sit on committees")
+    height: int
+
+
+class EventOut(BaseModel):
+    height: int
+    seq: int
+    kind: str = Field(..., description="a transaction kind (transfer, bond, receipt, vote, ...) or a settlement: "
+                                       "payout, refund, paid (escrow spent on a receipt), slash")
+    role: str | None = Field(None, description="the account's field in the transaction (sender, recipient, ...)")
+    tx: str | None = None
+    receipt: str | None = None
+    amount: Amount | None = None
+
+
+class HistoryOut(BaseModel):
+    account: str
+    events: list[EventOut]
+    next: str | None = Field(None, description="cursor for the next (older) page")
+
+
+class VoteOut(BaseModel):
+    voter: str
+    round: int
+    verdict: str
+    distance_ppm: int
+
+
+class PayoutOut(BaseModel):
+    account: str
+    amount: Amount
+
+
+class ReceiptOut(BaseModel):
+    id: str
+    kind: str = Field(..., description="inference or training")
+    status: str = Field(..., description="pending, sampled, valid, invalid, settled or unverified")
+    height: int
+    session_id: str | None = None
+    job_id: str | None = None
+    worker: str
+    requester: str
+    model_id: str | None = None
+    span: list[int] | None = None
+    tokens: int | None = None
+    work: int | None = None
+    price: Amount
+    opened_height: int | None = None
+    sampling_probability_ppm: int
+    round: int
+    committee: list[str]
+    votes: list[VoteOut]
+    final_height: int | None
+    payouts: list[PayoutOut]
+    slashed: Amount
+    fields: dict[str, Any] = Field(default_factory=dict, description="every other field of the receipt")
+
+
+class ReceiptsOut(BaseModel):
+    receipts: list[ReceiptOut]
+    next: str | None = None
+
+
+class AccountReceiptOut(BaseModel):
+    role: str = Field(..., description="worker, requester or committee")
+    receipt: ReceiptOut
+
+
+class AccountReceiptsOut(BaseModel):
+    account: str
+    receipts: list[AccountReceiptOut]
+    next: str | None = None
+
+
+class BondOut(BaseModel):
+    account: str
+    bond: Amount
+    balance: Amount
+    slashed: Amount
+    valid_run: int
+    eligible: bool
+    validator: bool
+
+
+class BondsOut(BaseModel):
+    min_bond: Amount
+    slash_amount: Amount
+    bonds: list[BondOut]
+
+
+class TxSummary(BaseModel):
+    id: str
+    kind: str
+
+
+class CommitSig(BaseModel):
+    validator: str
+    round: int
+    signature: str
+
+
+class BlockOut(BaseModel):
+    height: int
+    hash: str
+    prev_hash: str
+    time_ms: int
+    proposer: str
+    tx_root: str
+    state_root: str
+    size_bytes: int
+    txs: list[TxSummary]
+    commit: list[CommitSig] = Field(..., description="precommits that finalized this block")
+    last_commit: list[CommitSig] = Field(..., description="precommits for the parent, carried in this block")
+
+
+class BlockSummary(BaseModel):
+    height: int
+    hash: str
+    time_ms: int
+    proposer: str
+    txs: int
+    kinds: dict[str, int]
+
+
+class BlocksOut(BaseModel):
+    blocks: list[BlockSummary]
+    next: int | None = Field(None, description="pass as before= for the next (older) page")
+
+
+class TxOut(BaseModel):
+    id: str
+    kind: str
+    height: int
+    index: int
+    block_hash: str
+    fields: dict[str, Any] = Field(..., description="the transaction's fields: accounts as peer IDs, bytes as "
+                                                    "hex, amounts as Amount")
+    signatures: list[str]
+
+
+class ValidatorOut(BaseModel):
+    account: str
+    balance: Amount
+    bond: Amount
+    slashed: Amount = Field(..., description="bond slashed so far (double signing, invalid work)")
+    proposed: int = Field(..., description="blocks it proposed among the last `window` blocks")
+    signed: int = Field(..., description="blocks among the last `window` whose commit it signed")
+
+
+class ValidatorsOut(BaseModel):
+    window: int
+    height: int
+    validators: list[ValidatorOut]
+
+
+class SwarmServerOut(BaseModel):
+    peer: str
+    model_id: str
+    span: list[int]
+    active: int = Field(..., description="sessions open at its last announcement")
+    seen_s: float = Field(..., description="seconds since its last announcement")
+    addrs: list[str]
+
+
+class SwarmOut(BaseModel):
+    model_id: str
+    num_blocks: int
+    servers: list[SwarmServerOut]
+    coverage: list[int] = Field(..., description="number of live servers holding each decoder block")
+    covered: int = Field(..., description="decoder blocks held by at least one live server")
+
+
+class VerificationBucket(BaseModel):
+    from_height: int
+    to_height: int
+    receipts: int
+    sampled: int
+    valid: int
+    invalid: int
+    abstain: int
+    slashes: int
+
+
+class VerificationOut(BaseModel):
+    height: int
+    receipts: int
+    pending: int
+    sampled: int
+    valid: int
+    invalid: int
+    settled: int
+    unverified: int
+    votes: dict[str, int]
+    slashes: int
+    slashed: Amount
+    series: list[VerificationBucket]
+
+
+class SearchOut(BaseModel):
+    kind: str = Field(..., description="block, tx, receipt, account or job")
+    id: str
+    url: str = Field(..., description="explorer page")
+    api: str = Field(..., description="API resource")
+
+
+class ProofOut(BaseModel):
+    header: list[Any]
+    leaf: str
+    index: int
+    size: int
+    path: list[str]
+    commit: list[list[Any]]
+
+
+class GenerateRequest(BaseModel):
+    prompt: str | None = Field(None, max_length=100_000, description="text, tokenized by the model's tokenizer")
+    prompt_ids: list[int] | None = Field(None, max_length=100_000, description="token ids instead of text")
+    max_new_tokens: int = Field(32, ge=1, le=4096)
+
+
+class GenerateOut(BaseModel):
+    prompt_ids: list[int]
+    tokens: list[int]
+    text: str | None
+    route: list[SpanOut]
+    receipts: list[str]
+    seconds: float
+
+
+class TransferRequest(BaseModel):
+    to: str = Field(..., max_length=128, description="recipient peer ID")
+    amount: str = Field(..., max_length=64, description="decimal credits, e.g. \"1.5\"")
+
+
+class BondRequest(BaseModel):
+    amount: str = Field(..., max_length=64, description="decimal credits to bond or unbond")
+
+
+class SubmittedOut(BaseModel):
+    id: str = Field(..., description="transaction id")
+    kind: str
+    amount: Amount
+    nonce: int

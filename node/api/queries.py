@@ -1,0 +1,346 @@
+"""Read side of the API and explorer: everything a page or a JSON route shows, from the node's state and store.
+
+All methods are synchronous and cheap; they run on the node's event loop. Blocks are immutable once stored, so
+their views are cached by height; views derived from the whole state (verification statistics, validator
+activity) are cached until the next block. Errors are :class:`~node.api.security.ApiError` (404 ``not_found``,
+400 ``bad_id`` / ``bad_account`` / ``bad_cursor``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, Counter
+
+from ..identity import account_from_str
+from ..ledger.block import Header, decode_block
+from ..ledger.genesis import TREASURY
+from ..ledger.state import FINAL
+from ..ledger.tx import ABSTAIN
+from . import views as v
+from .security import ApiError
+
+MAX_PAGE = 200
+
+
+class _LRU(OrderedDict):
+    def __init__(self, size: int):
+        super().__init__()
+        self.size = size
+
+    def put(self, k, val):
+        self[k] = val
+        if len(self) > self.size:
+            self.popitem(last=False)
+        return val
+
+
+def _cursor(text: str | None, n: int | None = None) -> bytes | None:
+    if not text:
+        return None
+    try:
+        b = bytes.fromhex(text)
+    except ValueError:
+        b = b""
+    if not b or (n is not None and len(b) != n) or len(b) > 64:
+        raise ApiError(400, "bad_cursor", "cursor must be the `next` value of a previous page")
+    return b
+
+
+class Queries:
+    """Views of one node (:class:`node.runtime.Node`)."""
+
+    def __init__(self, node):
+        self.node = node
+        self._blocks = _LRU(512)  # height -> block view
+        self._summaries = _LRU(8192)  # height -> (summary, commit signers)
+        self._state_cache: dict[str, tuple[object, object]] = {}
+
+    @property
+    def state(self):
+        return self.node.ledger.state
+
+    def _per_state(self, key: str, fn):
+        st = self.state
+        hit = self._state_cache.get(key)
+        if hit is not None and hit[0] is st:
+            return hit[1]
+        val = fn()
+        self._state_cache[key] = (st, val)
+        return val
+
+    # ------------------------------------------------------------------ node and accounts
+
+    def status(self) -> dict:
+        n, st = self.node, self.state
+        head = self.block_summary(st.height) if st.height else None
+        return {
+            "chain_id": st.chain_id, "height": st.height, "head_hash": st.last_hash.hex(),
+            "head_time_ms": head["time_ms"] if head else None, "peer_id": n.ident.peer_id, "addrs": n.host.addrs,
+            "validator": n.ledger.is_validator, "validators": len(st.validators), "peers": n.host.connected_peers(),
+            "mempool": len(n.ledger.mempool), "model_id": n.manifest.model_id.hex(),
+            "num_blocks": n.manifest.num_blocks, "span": list(n.cfg.span) if n.cfg.span else None,
+            "swarm": [{"peer": p, "span": [s, e]} for p, s, e in n.swarm.live(n.manifest.model_id)],
+            "supply": v.amount(st.supply()),
+        }
+
+    def account(self, a: bytes) -> dict:
+        st = self.state
+        return v.account_json(st.account(a), a, st.height, st.params.min_bond)
+
+    def history(self, a: bytes, limit: int, cursor: str | None) -> dict:
+        items, nxt = self.node.store.history(a, min(limit, MAX_PAGE), _cursor(cursor, 12))
+        return {"account": v.acct(a), "events": [v.event_json(h, s, ev) for h, s, ev in items],
+                "next": nxt.hex() if nxt else None}
+
+    def account_receipts(self, a: bytes, limit: int, cursor: str | None) -> dict:
+        items, nxt = self.node.store.account_receipts(a, min(limit, MAX_PAGE), _cursor(cursor, 40))
+        recs = self.state.receipts
+        out = [{"role": role, "receipt": v.receipt_json(recs[rid])} for _, rid, role in items if rid in recs]
+        return {"account": v.acct(a), "receipts": out, "next": nxt.hex() if nxt else None}
+
+    def bonds(self) -> dict:
+        st = self.state
+        p = st.params
+        rows = [{"account": v.acct(a), "bond": v.amount(x.bond), "balance": v.amount(x.balance),
+                 "slashed": v.amount(x.slashed), "valid_run": x.valid_run, "eligible": x.bond >= p.min_bond,
+                 "validator": a in st.validators}
+                for a, x in st.accounts.items() if (x.bond or x.slashed) and a != TREASURY]
+        rows.sort(key=lambda r: -int(r["bond"]["base_units"]))
+        return {"min_bond": v.amount(p.min_bond), "slash_amount": v.amount(p.slash_amount), "bonds": rows}
+
+    # ------------------------------------------------------------------ blocks and transactions
+
+    def block(self, height: int) -> dict:
+        hit = self._blocks.get(height)
+        if hit is not None:
+            return hit
+        raw = self.node.store.db.get(b"B" + height.to_bytes(8, "big")) if 1 <= height < 2**63 else None
+        if raw is None:
+            raise ApiError(404, "not_found", f"no block at height {height}")
+        from ..encoding import unpack
+
+        d = unpack(raw)
+        return self._blocks.put(height, v.block_json(decode_block(d["b"]), d["c"], len(raw)))
+
+    def block_summary(self, height: int) -> dict:
+        return self._summary(height)[0]
+
+    def _summary(self, height: int):
+        hit = self._summaries.get(height)
+        if hit is not None:
+            return hit
+        raw = self.node.store.get_block_raw(height)
+        if raw is None:
+            raise ApiError(404, "not_found", f"no block at height {height}")
+        chain, h, prev, t, proposer, troot, sroot = raw["b"]["h"]
+        kinds = Counter(tx.get("t", "?") for tx in raw["b"]["txs"])
+        s = {"height": h, "hash": Header(chain, h, prev, t, proposer, troot, sroot).hash.hex(), "time_ms": t,
+             "proposer": v.acct(proposer), "txs": sum(kinds.values()), "kinds": dict(kinds)}
+        return self._summaries.put(height, (s, {bytes(x[0]) for x in raw["c"]}))
+
+    def blocks(self, limit: int, before: int | None) -> dict:
+        top = self.state.height if before is None else min(before - 1, self.state.height)
+        lo = max(1, top - min(limit, MAX_PAGE) + 1)
+        rows = [self.block_summary(h) for h in range(top, lo - 1, -1)] if top >= 1 else []
+        return {"blocks": rows, "next": lo if lo > 1 else None}
+
+    def tx(self, tx_id: bytes) -> dict:
+        loc = self.node.store.tx_location(tx_id)
+        if loc is None:
+            raise ApiError(404, "not_found", "no such transaction in a stored block")
+        height, index, _ = loc
+        block, _ = self.node.store.get_block(height)
+        return v.tx_json(block.txs[index], height, index, block.hash)
+
+    # ------------------------------------------------------------------ receipts and verification
+
+    def receipt(self, rid: bytes) -> dict:
+        rec = self.state.receipts.get(rid)
+        if rec is None:
+            raise ApiError(404, "not_found", "no such receipt on the ledger")
+        return v.receipt_json(rec)
+
+    def receipts(self, limit: int, cursor: str | None, status: str | None = None) -> dict:
+        """Newest first; the cursor is the number of receipts skipped so far (as hex)."""
+        skip = int.from_bytes(_cursor(cursor) or b"", "big")
+        out, seen = [], 0
+        for rid in reversed(self.state.receipts):
+            rec = self.state.receipts[rid]
+            if status and rec.status != status:
+                continue
+            seen += 1
+            if seen <= skip:
+                continue
+            if len(out) == min(limit, MAX_PAGE):
+                n = skip + len(out)
+                return {"receipts": out, "next": n.to_bytes(8, "big").hex()}
+            out.append(v.receipt_json(rec))
+        return {"receipts": out, "next": None}
+
+    def verification(self, buckets: int = 24) -> dict:
+        return self._per_state(f"verif{buckets}", lambda: self._verification(buckets))
+
+    def _verification(self, nb: int) -> dict:
+        st = self.state
+        head = max(1, st.height)
+        width = max(1, -(-head // nb))
+        series = [{"from_height": i * width + 1, "to_height": min(head, (i + 1) * width), "receipts": 0,
+                   "sampled": 0, "valid": 0, "invalid": 0, "abstain": 0, "slashes": 0}
+                  for i in range(-(-head // width))]
+
+        def at(h: int) -> dict:
+            return series[min(len(series) - 1, max(0, (h - 1) // width))]
+
+        status = Counter()
+        votes = Counter()
+        slashes, slashed = 0, 0
+        for rec in st.receipts.values():
+            status[rec.status] += 1
+            at(rec.height)["receipts"] += 1
+            if rec.committee:
+                at(rec.height)["sampled"] += 1
+            for _, _, verdict, _ in rec.votes:
+                votes[verdict] += 1
+                if verdict == ABSTAIN:
+                    at(rec.height)["abstain"] += 1
+            if rec.status in ("valid", "invalid"):
+                at(rec.final_height)[rec.status] += 1
+            if rec.slashed:
+                slashes += 1
+                slashed += rec.slashed
+                at(rec.final_height)["slashes"] += 1
+        for h, amt in st.evidence.values():
+            slashes += 1
+            slashed += amt
+            at(h)["slashes"] += 1
+        sampled = sum(1 for rec in st.receipts.values() if rec.committee)
+        return {"height": st.height, "receipts": len(st.receipts), "pending": status["pending"],
+                "sampled": sampled, "valid": status["valid"], "invalid": status["invalid"],
+                "settled": status["settled"], "unverified": status["unverified"],
+                "votes": {name: votes[k] for k, name in v.VERDICT_NAMES.items()},
+                "slashes": slashes, "slashed": v.amount(slashed), "series": series}
+
+    # ------------------------------------------------------------------ validators and swarm
+
+    def validators(self, window: int = 100) -> dict:
+        return self._per_state(f"vals{window}", lambda: self._validators(window))
+
+    def _validators(self, window: int) -> dict:
+        st = self.state
+        lo = max(1, st.height - window + 1)
+        proposed, signed = Counter(), Counter()
+        for h in range(lo, st.height + 1):
+            s, signers = self._summary(h)
+            proposed[s["proposer"]] += 1
+            for a in signers:
+                signed[a] += 1
+        rows = []
+        for a in st.validators:
+            x = st.account(a)
+            name = v.acct(a)
+            rows.append({"account": name, "balance": v.amount(x.balance), "bond": v.amount(x.bond),
+                         "slashed": v.amount(x.slashed), "proposed": proposed[name], "signed": signed[a]})
+        return {"window": st.height - lo + 1 if st.height else 0, "height": st.height, "validators": rows}
+
+    def swarm(self) -> dict:
+        n = self.node
+        mid = n.manifest.model_id
+        now = n.swarm.clock()
+        servers, cov = [], [0] * n.manifest.num_blocks
+        for peer, e in sorted(n.swarm.entries.items()):
+            if e["model_id"] != mid or now - e["seen"] >= e["ttl"]:
+                continue
+            servers.append({"peer": peer, "model_id": mid.hex(), "span": [e["start"], e["end"]],
+                            "active": e.get("active", 0), "seen_s": round(now - e["seen"], 3),
+                            "addrs": list(e.get("addrs", []))})
+            for b in range(max(0, e["start"]), min(len(cov), e["end"])):
+                cov[b] += 1
+        if n.cfg.span is not None and n.server is not None:  # this node's own span (it hears no own gossip)
+            if all(s["peer"] != n.ident.peer_id for s in servers):
+                s0, e0 = n.cfg.span
+                servers.append({"peer": n.ident.peer_id, "model_id": mid.hex(), "span": [s0, e0],
+                                "active": n.server.active, "seen_s": 0.0, "addrs": n.host.addrs})
+                for b in range(s0, min(len(cov), e0)):
+                    cov[b] += 1
+        return {"model_id": mid.hex(), "num_blocks": len(cov), "servers": servers, "coverage": cov,
+                "covered": sum(1 for c in cov if c)}
+
+    # ------------------------------------------------------------------ jobs
+
+    def _jobs(self) -> dict:
+        return getattr(self.state, "jobs", None) or {}
+
+    def jobs(self, limit: int, cursor: str | None, status: str | None = None) -> dict:
+        skip = int.from_bytes(_cursor(cursor) or b"", "big")
+        jobs = self._jobs()
+        out, seen = [], 0
+        for jid in reversed(jobs):
+            job = jobs[jid]
+            if status and job.status != status:
+                continue
+            seen += 1
+            if seen <= skip:
+                continue
+            if len(out) == min(limit, MAX_PAGE):
+                return {"jobs": out, "next": (skip + len(out)).to_bytes(8, "big").hex()}
+            out.append(v.job_json(job))
+        return {"jobs": out, "next": None}
+
+    def job(self, jid: bytes) -> dict:
+        job = self._jobs().get(jid)
+        if job is None:
+            raise ApiError(404, "not_found", "no such job on the ledger")
+        return v.job_json(job)
+
+    # ------------------------------------------------------------------ search
+
+    def search(self, q: str) -> dict:
+        """Resolve a height, block hash, transaction or receipt id, job id or account.
+
+        Raises:
+            ApiError: 404 ``not_found`` when nothing matches, 400 ``bad_query`` for an empty or huge query.
+        """
+        q = q.strip()
+        if not q or len(q) > 128:
+            raise ApiError(400, "bad_query", "search for a height, a block hash, a tx/receipt/job id or an account")
+        st, store = self.state, self.node.store
+        if q.isdigit():
+            h = int(q)
+            if 1 <= h <= st.height:
+                return _hit("block", str(h), f"/blocks/{h}", f"/v1/blocks/{h}")
+            raise ApiError(404, "not_found", f"no block at height {h} (head is {st.height})")
+        try:
+            b = bytes.fromhex(q.lower()) if len(q) in (32, 64) else b""
+        except ValueError:
+            b = b""
+        if len(b) == 32:
+            h = store.height_of_hash(b)
+            if h is not None:
+                return _hit("block", str(h), f"/blocks/{h}", f"/v1/blocks/{h}")
+            if b in st.receipts:
+                return _hit("receipt", b.hex(), f"/receipts/{b.hex()}", f"/v1/receipts/{b.hex()}")
+            if store.tx_location(b) is not None:
+                return _hit("tx", b.hex(), f"/tx/{b.hex()}", f"/v1/txs/{b.hex()}")
+        if len(b) == 16 and b in self._jobs():
+            return _hit("job", b.hex(), f"/jobs/{b.hex()}", f"/v1/jobs/{b.hex()}")
+        if not b or len(b) == 32:
+            try:
+                a = account_from_str(q)
+            except ValueError:
+                a = None
+            if a is not None:
+                name = v.acct(a)
+                return _hit("account", name, f"/accounts/{name}", f"/v1/accounts/{name}")
+        raise ApiError(404, "not_found", "no block, transaction, receipt, job or account matches")
+
+
+def _hit(kind: str, id_: str, url: str, api: str) -> dict:
+    return {"kind": kind, "id": id_, "url": url, "api": api}
+
+
+def age_s(time_ms: int | None) -> float | None:
+    """Seconds since a block timestamp (for display)."""
+    return None if time_ms is None else max(0.0, time.time() - time_ms / 1000)
+
+
+FINAL_STATUSES = FINAL

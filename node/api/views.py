@@ -1,0 +1,159 @@
+"""JSON views of ledger objects (plain dicts shaped like :mod:`node.api.models`), shared by the API and pages.
+
+Amounts become ``{"base_units": str, "credits": str}``, accounts peer IDs (the treasury is ``"treasury"``), other
+bytes lower-case hex.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields as dc_fields
+from functools import lru_cache
+from typing import Any
+
+from ..encoding import format_amount
+from ..identity import account_from_str, account_to_str
+from ..ledger.genesis import TREASURY
+from ..ledger.tx import VERDICT_NAMES
+from .security import ApiError
+
+ACCOUNT_FIELDS = {"sender", "recipient", "worker", "requester", "voter", "validator"}
+AMOUNT_FIELDS = {"amount", "price", "price_per_step"}
+RECEIPT_MAIN = {"session_id", "job_id", "worker", "requester", "model_id", "span_start", "span_end", "tokens",
+                "price", "opened_height"}
+
+
+def amount(units: int) -> dict:
+    """``{"base_units": "1500000000", "credits": "1.5"}``."""
+    return {"base_units": str(units), "credits": format_amount(units)}
+
+
+@lru_cache(maxsize=8192)
+def acct(a: bytes) -> str:
+    """An account as its peer ID string; the treasury as ``"treasury"``."""
+    return "treasury" if a == TREASURY else account_to_str(a)
+
+
+def hexid(b: bytes | None) -> str | None:
+    return b.hex() if isinstance(b, bytes) else None
+
+
+def parse_id(text: str, what: str, n: int = 32) -> bytes:
+    """Hex id of ``n`` bytes. Raises ApiError 400 ``bad_id``."""
+    try:
+        b = bytes.fromhex(text)
+    except ValueError:
+        b = b""
+    if len(b) != n:
+        raise ApiError(400, "bad_id", f"{what} must be {2 * n} hex characters")
+    return b
+
+
+def parse_account(text: str) -> bytes:
+    """A peer ID (or 64 hex characters) as a 32-byte account. Raises ApiError 400 ``bad_account``."""
+    if len(text) > 128:
+        raise ApiError(400, "bad_account", "not a peer ID")
+    try:
+        return account_from_str(text)
+    except ValueError as e:
+        raise ApiError(400, "bad_account", str(e)) from None
+
+
+def value(name: str, v: Any) -> Any:
+    """One transaction field as JSON."""
+    if isinstance(v, bytes):
+        return acct(v) if name in ACCOUNT_FIELDS and len(v) == 32 else v.hex()
+    if name in AMOUNT_FIELDS and isinstance(v, int):
+        return amount(v)
+    if isinstance(v, (list, tuple)):
+        return [value(name, x) for x in v]
+    return v
+
+
+def tx_fields(tx, skip: set[str] = frozenset()) -> dict:
+    """Every unsigned field of a transaction object (chain id and signatures left out)."""
+    return {f.name: value(f.name, getattr(tx, f.name)) for f in dc_fields(tx)
+            if f.name not in tx.SIGS and f.name != "chain_id" and f.name not in skip}
+
+
+def receipt_json(rec) -> dict:
+    """A :class:`~node.ledger.state.ReceiptRecord` (inference or training receipt) with its verification."""
+    r = rec.receipt
+    start, end = getattr(r, "span_start", None), getattr(r, "span_end", None)
+    tokens = getattr(r, "tokens", None)
+    return {
+        "id": r.id.hex(), "kind": "inference" if r.KIND == "receipt" else "training", "status": rec.status,
+        "height": rec.height, "session_id": hexid(getattr(r, "session_id", None)),
+        "job_id": hexid(getattr(r, "job_id", None)), "worker": acct(r.worker), "requester": acct(r.requester),
+        "model_id": hexid(getattr(r, "model_id", None)), "span": [start, end] if start is not None else None,
+        "tokens": tokens, "work": tokens * (end - start) if tokens is not None and start is not None else None,
+        "price": amount(r.price), "opened_height": getattr(r, "opened_height", None),
+        "sampling_probability_ppm": rec.p_ppm, "round": rec.round, "committee": [acct(m) for m in rec.committee],
+        "votes": [{"voter": acct(v), "round": rd, "verdict": VERDICT_NAMES.get(verdict, str(verdict)),
+                   "distance_ppm": d} for v, rd, verdict, d in rec.votes],
+        "final_height": rec.final_height or None,
+        "payouts": [{"account": acct(a), "amount": amount(x)} for a, x in rec.payouts],
+        "slashed": amount(rec.slashed),
+        "fields": tx_fields(r, RECEIPT_MAIN),
+    }
+
+
+def account_json(acc, a: bytes, height: int, min_bond: int) -> dict:
+    return {"account": acct(a), "balance": amount(acc.balance), "bond": amount(acc.bond),
+            "escrow": amount(acc.escrow), "slashed": amount(acc.slashed), "nonce": acc.nonce,
+            "valid_run": acc.valid_run, "eligible": acc.bond >= min_bond and a != TREASURY, "height": height}
+
+
+def event_json(height: int, seq: int, ev: dict) -> dict:
+    """One history event from the store's index (see :func:`node.ledger.store.index_block`)."""
+    amt = ev.get("amount")
+    return {"height": height, "seq": seq, "kind": ev.get("k", "?"), "role": ev.get("role"),
+            "tx": hexid(ev.get("tx")), "receipt": hexid(ev.get("receipt")),
+            "amount": amount(amt) if isinstance(amt, int) else None}
+
+
+def commit_json(commit) -> list[dict]:
+    return [{"validator": acct(bytes(v)), "round": int(r), "signature": bytes(s).hex()} for v, r, s in commit]
+
+
+def block_json(block, commit, size: int) -> dict:
+    h = block.header
+    return {"height": h.height, "hash": block.hash.hex(), "prev_hash": h.prev_hash.hex(), "time_ms": h.time_ms,
+            "proposer": acct(h.proposer), "tx_root": h.tx_root.hex(), "state_root": h.state_root.hex(),
+            "size_bytes": size, "txs": [{"id": t.id.hex(), "kind": t.KIND} for t in block.txs],
+            "commit": commit_json(commit), "last_commit": commit_json(block.last_commit)}
+
+
+def tx_json(tx, height: int, index: int, block_hash: bytes) -> dict:
+    return {"id": tx.id.hex(), "kind": tx.KIND, "height": height, "index": index, "block_hash": block_hash.hex(),
+            "fields": tx_fields(tx), "signatures": [getattr(tx, s).hex() for s in tx.SIGS]}
+
+
+def job_json(job) -> dict:
+    """A :class:`node.ledger.jobs.Job` (the marketplace's ledger record)."""
+    from ..ledger import jobs as jobs_mod
+
+    p = job.post
+    losses = [None if x < 0 else x / 1e6 for x in job.losses]
+    return {"id": p.job_id.hex(), "title": p.title, "status": job.status,
+            "status_text": getattr(jobs_mod, "STATUS_TEXT", {}).get(job.status, job.status),
+            "requester": acct(p.sender), "worker": acct(job.worker) if job.worker else None, "height": job.height,
+            "deadline": p.deadline, "steps": p.steps, "next_step": job.next_step, "price": amount(p.price),
+            "escrow_left": amount(job.escrow_left), "refunded": amount(job.refunded), "losses": losses,
+            "segments": [s.hex() for s in job.segments], "adapter": hexid(job.adapter) or None,
+            "fields": tx_fields(p, {"title", "job_id", "sender", "deadline", "steps", "nonce"})}
+
+
+def proof_json(proof: dict, commit) -> dict:
+    """Proof with bytes as hex; ``commit`` as ``[validator hex, round, signature hex]`` entries."""
+    return {"header": [x.hex() if isinstance(x, bytes) else x for x in proof["header"]],
+            "leaf": proof["leaf"].hex(), "index": proof["index"], "size": proof["size"],
+            "path": [p.hex() for p in proof["path"]], "commit": [[v.hex(), r, s.hex()] for v, r, s in commit]}
+
+
+def proof_from_json(d: dict) -> tuple[dict, list]:
+    """Inverse of :func:`proof_json`: ``(proof, commit)`` with bytes, for the light-client verifiers."""
+    h = d["header"]
+    header = [h[0], h[1], bytes.fromhex(h[2]), h[3], bytes.fromhex(h[4]), bytes.fromhex(h[5]), bytes.fromhex(h[6])]
+    proof = {"header": header, "leaf": bytes.fromhex(d["leaf"]), "index": d["index"], "size": d["size"],
+             "path": [bytes.fromhex(p) for p in d["path"]]}
+    return proof, [(bytes.fromhex(v), r, bytes.fromhex(s)) for v, r, s in d["commit"]]

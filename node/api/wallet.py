@@ -1,0 +1,235 @@
+"""``/v1``: the wallet/credits JSON API (reads for anyone on loopback; state changes with the API token).
+
+Every route answers JSON shaped like its model in :mod:`node.api.models`; errors are ``{"code", "message"}``
+with 400 (bad input), 401 (``unauthorized``: missing or wrong token), 403 (foreign ``Host``/``Origin``), 404
+(``not_found``), 413 (``prompt_too_long``), 422 (``bad_request``: body or parameters do not match the schema),
+502 (``route_failed``) or 503 (``no_route``). A state-changing request is checked in full — token, input, and a
+dry run of the transaction on a copy of the ledger state with this node's pending transactions — before
+anything is signed or queued, so a refused request changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Depends, Path, Query
+from fastapi.responses import Response
+
+from ..encoding import parse_amount
+from ..ledger.genesis import TREASURY
+from ..ledger.tx import Bond, InvalidTx, Transfer, Unbond
+from . import models as m
+from . import views as v
+from .security import ApiError
+
+E = {c: {"model": m.ErrorOut} for c in (400, 403, 404, 422)}
+E_POST = {**E, 401: {"model": m.ErrorOut}}
+
+
+class JSON(Response):
+    """Compact JSON without a second validation pass (the models document the shape; tests check it)."""
+
+    media_type = "application/json"
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _next_nonce(node, me: bytes) -> int:
+    pending = [t.nonce for t in node.ledger.mempool.values()
+               if getattr(t, "sender", None) == me and hasattr(t, "nonce")]
+    return max([node.ledger.state.account(me).nonce - 1, *pending]) + 1
+
+
+def dry_run(node, tx) -> None:
+    """Apply this node's pending transactions and then ``tx`` to a copy of the ledger state.
+
+    Raises:
+        ApiError: 400 ``invalid_tx`` with the reason the ledger would refuse ``tx``.
+    """
+    from ..ledger.state import apply_tx
+
+    w = node.ledger.state.copy()
+    me = node.ident.account
+    mine = sorted((t for t in node.ledger.mempool.values() if getattr(t, "sender", None) == me
+                   and hasattr(t, "nonce")), key=lambda t: t.nonce)
+    for t in mine:
+        try:
+            apply_tx(w, t)
+        except InvalidTx:
+            pass
+    try:
+        apply_tx(w, tx)
+    except InvalidTx as e:
+        raise ApiError(400, "invalid_tx", str(e)) from None
+
+
+def _amount(text: str) -> int:
+    try:
+        return parse_amount(text)
+    except ValueError as e:
+        raise ApiError(400, "bad_amount", str(e)) from None
+
+
+def wallet_router(node, q, require_token) -> APIRouter:
+    """The ``/v1`` routes for ``node`` reading through ``q`` (:class:`~node.api.queries.Queries`)."""
+    r = APIRouter(prefix="/v1", default_response_class=JSON, responses=E)
+    # FastAPI mutates parameter objects: each route gets fresh ones
+    def Account():
+        return Path(..., max_length=128, description="peer ID (12D3KooW...) or 64 hex characters")
+
+    def Id():
+        return Path(..., max_length=64, description="64 hex characters")
+
+    def Limit():
+        return Query(50, ge=1, le=200, description="page size")
+
+    def Cursor():
+        return Query(None, max_length=128, description="`next` of the previous page")
+
+    @r.get("/status", response_model=m.StatusOut, summary="Node, chain head and swarm")
+    async def status():
+        return JSON(q.status())
+
+    @r.get("/accounts/{account}", response_model=m.AccountOut, summary="Balance, bond and escrow of an account")
+    async def account(account: str = Account()):
+        return JSON(q.account(v.parse_account(account)))
+
+    @r.get("/accounts/{account}/history", response_model=m.HistoryOut, summary="History of an account, newest first")
+    async def history(account: str = Account(), limit: int = Limit(), cursor: str | None = Cursor()):
+        return JSON(q.history(v.parse_account(account), limit, cursor))
+
+    @r.get("/accounts/{account}/receipts", response_model=m.AccountReceiptsOut,
+           summary="Receipts naming an account (worker, requester, committee) with their verdicts")
+    async def account_receipts(account: str = Account(), limit: int = Limit(), cursor: str | None = Cursor()):
+        return JSON(q.account_receipts(v.parse_account(account), limit, cursor))
+
+    @r.get("/bonds", response_model=m.BondsOut, summary="Bonded accounts (workers, committee members, validators)")
+    async def bonds():
+        return JSON(q.bonds())
+
+    @r.get("/blocks", response_model=m.BlocksOut, summary="Blocks, newest first")
+    async def blocks(limit: int = Query(20, ge=1, le=200), before: int | None = Query(None, ge=1, le=2**62)):
+        return JSON(q.blocks(limit, before))
+
+    @r.get("/blocks/{height}", response_model=m.BlockOut, summary="A block with its transactions and commit")
+    async def block(height: int = Path(..., ge=1, le=2**62)):
+        return JSON(q.block(height))
+
+    @r.get("/txs/{tx_id}", response_model=m.TxOut, summary="A transaction in a stored block")
+    async def tx(tx_id: str = Id()):
+        return JSON(q.tx(v.parse_id(tx_id, "transaction id")))
+
+    @r.get("/receipts", response_model=m.ReceiptsOut, summary="Receipts, newest first")
+    async def receipts(limit: int = Limit(), cursor: str | None = Cursor(),
+                       status: str | None = Query(None, pattern="^(pending|sampled|valid|invalid|settled|unverified)$")):
+        return JSON(q.receipts(limit, cursor, status))
+
+    @r.get("/receipts/{receipt_id}", response_model=m.ReceiptOut, summary="A receipt, its committee, votes and verdict")
+    async def receipt(receipt_id: str = Id()):
+        return JSON(q.receipt(v.parse_id(receipt_id, "receipt id")))
+
+    @r.get("/validators", response_model=m.ValidatorsOut, summary="The validator set and its recent activity")
+    async def validators(window: int = Query(100, ge=1, le=1000)):
+        return JSON(q.validators(window))
+
+    @r.get("/swarm", response_model=m.SwarmOut, summary="Live servers and which decoder blocks they hold")
+    async def swarm():
+        return JSON(q.swarm())
+
+    @r.get("/verification", response_model=m.VerificationOut, summary="Sampling, verdicts and slashes over time")
+    async def verification(buckets: int = Query(24, ge=1, le=200)):
+        return JSON(q.verification(buckets))
+
+    @r.get("/search", response_model=m.SearchOut, summary="Resolve a height, hash, id or account")
+    async def search(q_: str = Query(..., alias="q", min_length=1, max_length=128)):
+        return JSON(q.search(q_))
+
+    @r.get("/proofs/receipts/{receipt_id}", response_model=m.ProofOut,
+           summary="Inclusion proof of a receipt in its block, with the block's commit")
+    async def receipt_proof(receipt_id: str = Id()):
+        """Light client: :func:`node.ledger.proofs.verify_header`, then :func:`~node.ledger.proofs.verify_tx_proof`."""
+        from ..ledger.proofs import tx_proof
+
+        rid = v.parse_id(receipt_id, "receipt id")
+        rec = node.ledger.state.receipts.get(rid)
+        if rec is None:
+            raise ApiError(404, "not_found", "no such receipt on the ledger")
+        block, commit = node.store.get_block(rec.height)
+        return JSON(v.proof_json(tx_proof(block, rid), commit))
+
+    @r.get("/proofs/accounts/{account}", response_model=m.ProofOut,
+           summary="Proof of an account's state under the head header's state root")
+    async def account_proof(account: str = Account()):
+        """The state after the parent of the head block (the state the head header commits to)."""
+        from ..ledger.proofs import account_proof as make
+
+        a = v.parse_account(account)
+        got = node.store.get_block(node.store.head) if node.store.head else None
+        if got is None or a not in node.ledger.parent_state.accounts:
+            raise ApiError(404, "not_found", "no block yet, or no such account in the committed state")
+        block, commit = got
+        return JSON(v.proof_json(make(node.ledger.parent_state, block.header, a), commit))
+
+    auth = [Depends(require_token)]
+
+    async def _submit(tx, kind: str) -> JSON:
+        signed = tx.signed(node.ident)
+        dry_run(node, signed)
+        try:
+            tid = await node.ledger.submit(signed)
+        except InvalidTx as e:
+            raise ApiError(400, "invalid_tx", str(e)) from None
+        return JSON({"id": tid.hex(), "kind": kind, "amount": v.amount(tx.amount), "nonce": tx.nonce})
+
+    @r.post("/transfer", dependencies=auth, response_model=m.SubmittedOut, responses=E_POST,
+            summary="Send credits from this node's account (needs the API token)")
+    async def transfer(req: m.TransferRequest):
+        to = v.parse_account(req.to)
+        if to == TREASURY:
+            raise ApiError(400, "bad_account", "the treasury cannot receive transfers")
+        me = node.ident.account
+        tx = Transfer(node.genesis.chain_id, me, to, _amount(req.amount), _next_nonce(node, me))
+        return await _submit(tx, "transfer")
+
+    @r.post("/bond", dependencies=auth, response_model=m.SubmittedOut, responses=E_POST,
+            summary="Lock part of this node's balance as its worker bond (needs the API token)")
+    async def bond(req: m.BondRequest):
+        me = node.ident.account
+        return await _submit(Bond(node.genesis.chain_id, me, _amount(req.amount), _next_nonce(node, me)), "bond")
+
+    @r.post("/unbond", dependencies=auth, response_model=m.SubmittedOut, responses=E_POST,
+            summary="Release bond back to the balance once no receipt of this node is pending (needs the token)")
+    async def unbond(req: m.BondRequest):
+        me = node.ident.account
+        return await _submit(Unbond(node.genesis.chain_id, me, _amount(req.amount), _next_nonce(node, me)), "unbond")
+
+    @r.post("/generate", dependencies=auth, response_model=m.GenerateOut,
+            responses={**E_POST, **{c: {"model": m.ErrorOut} for c in (413, 502, 503)}},
+            summary="Generate greedily through the swarm, paying for each span (needs the API token)")
+    async def generate(req: m.GenerateRequest):
+        from ..compute.shards import NoRouteError
+        from ..inference.client import HopFailed, PromptTooLong
+
+        if (req.prompt is None) == (req.prompt_ids is None):
+            raise ApiError(400, "bad_request", "give exactly one of prompt or prompt_ids")
+        try:
+            ids = node.encode_prompt(req.prompt) if req.prompt is not None else list(req.prompt_ids)
+            if not ids:
+                raise ApiError(400, "bad_request", "the prompt is empty")
+            if any(not 0 <= i < node.manifest.vocab_size for i in ids):
+                raise ApiError(400, "bad_request", "token id out of the vocabulary")
+            gen = await node.generate(ids, req.max_new_tokens)
+        except PromptTooLong as e:
+            raise ApiError(413, "prompt_too_long", str(e)) from None
+        except NoRouteError as e:
+            raise ApiError(503, "no_route", str(e)) from None
+        except HopFailed as e:
+            raise ApiError(502, "route_failed", str(e)) from None
+        except ValueError as e:
+            raise ApiError(400, "bad_request", str(e)) from None
+        return JSON({"prompt_ids": gen.prompt_ids, "tokens": gen.tokens, "text": node.decode(gen.tokens),
+                     "route": [{"peer": p, "span": [s, e]} for p, s, e in gen.route],
+                     "receipts": [x.id.hex() for x in gen.receipts], "seconds": gen.seconds})
+
+    return r
