@@ -13,6 +13,12 @@ Peer IDs are strings (``12D3KooW...``); the peer ID of a node equals ``identity.
 
 Gossip semantics (de-duplication by content id, own messages delivered locally exactly once, gossipsub
 settings) are described in :mod:`node.p2p.gossip`.
+
+Hostile peers: a stream handler that fails with :class:`~node.p2p.framing.FrameError` (oversized or malformed
+frame, undecodable msgpack, not a map) gets the peer an error frame (code ``bad_frame``) and a lower score
+(:mod:`node.p2p.scoring`); applications report other offences with :meth:`P2PHost.penalize`. A peer whose
+score crosses the threshold is disconnected and its streams are refused for a while. The node keeps serving
+everyone else.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from .framing import (FrameError, RemoteError, RequestTimeout, StreamClosed, che
                       read_msg, write_msg)
 from .gossip import TOPIC_NAMES, Gossip, GossipHandler, make_router, raise_outbound_queue
 from .quirks import check_port_free, exception_leaves, route_libp2p_logging
+from .scoring import MALFORMED_FRAME, PeerScores
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +57,7 @@ class P2PHost:
         listen_host: IPv4 address to listen on (``"0.0.0.0"`` for all interfaces).
         heartbeat_interval: gossipsub heartbeat in seconds (mesh maintenance, gossip).
         degree, degree_low, degree_high: gossipsub mesh degree D, D_lo, D_hi.
+        scores: per-peer misbehaviour scores (default: :class:`~node.p2p.scoring.PeerScores` defaults).
 
     Raises:
         ValueError: empty ``chain_id``.
@@ -57,7 +65,7 @@ class P2PHost:
 
     def __init__(self, identity, listen_port: int = 0, chain_id: str | None = None, *,
                  listen_host: str = "127.0.0.1", heartbeat_interval: float = 0.5,
-                 degree: int = 6, degree_low: int = 4, degree_high: int = 12):
+                 degree: int = 6, degree_low: int = 4, degree_high: int = 12, scores: PeerScores | None = None):
         if not chain_id:
             raise ValueError("chain_id is required")
         self.identity = identity
@@ -70,6 +78,8 @@ class P2PHost:
         self._host = None
         self._gossip: Gossip | None = None
         self._peer_id: str = identity.peer_id
+        self.scores = scores if scores is not None else PeerScores()
+        self._nursery = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -121,7 +131,7 @@ class P2PHost:
                 raise leaves[0] from None
             raise
         finally:
-            self._host = self._gossip = None
+            self._host = self._gossip = self._nursery = None
 
     @asynccontextmanager
     async def _serve(self, host, pubsub, gossipsub, listen) -> AsyncIterator[None]:
@@ -135,6 +145,7 @@ class P2PHost:
                     await pubsub.wait_until_ready()
                     async with trio.open_nursery() as nursery:
                         self._host, self._gossip = host, Gossip(pubsub, nursery, self._peer_id)
+                        self._nursery = nursery
                         log.info("p2p host %s listening on %s", self._peer_id, self.addrs)
                         try:
                             yield
@@ -212,21 +223,82 @@ class P2PHost:
                 n.start_soon(dial, a)
         return len(ok)
 
+    def remember(self, multiaddrs: list[str], ttl: int = 120) -> int:
+        """Put ``/.../p2p/<id>`` addresses in the peerstore for ``ttl`` seconds, so a later stream to that peer
+        dials it on demand (peers learn each other's addresses from gossip, not only from bootstrap).
+        Bad addresses and our own are ignored. Returns how many were stored."""
+        from libp2p.peer.peerinfo import info_from_p2p_addr
+        import multiaddr
+
+        host = self._require()
+        n = 0
+        for addr in multiaddrs[:16]:
+            try:
+                info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+            except Exception:
+                continue
+            if info.peer_id.to_base58() != self._peer_id:
+                host.get_peerstore().add_addrs(info.peer_id, info.addrs, ttl)
+                n += 1
+        return n
+
+    # ------------------------------------------------------------------ misbehaviour
+
+    def penalize(self, peer_id: str, weight: float) -> bool:
+        """Lower ``peer_id``'s score by ``weight`` points (:mod:`node.p2p.scoring`); when it crosses the
+        threshold, disconnect it in the background (its new streams are refused while banned).
+
+        Returns:
+            True when the peer is being disconnected.
+        """
+        if not self.scores.penalize(peer_id, weight):
+            return False
+        log.info("peer %s misbehaved repeatedly: disconnecting", peer_id)
+        if self._nursery is not None:
+            self._nursery.start_soon(self.disconnect, peer_id)
+        return True
+
+    async def disconnect(self, peer_id: str, timeout: float = 3.0) -> None:
+        """Close every connection to ``peer_id`` (no error if there is none)."""
+        from libp2p.peer.id import ID
+
+        if self._host is None:
+            return
+        with trio.move_on_after(timeout):
+            try:
+                await self._host.disconnect(ID.from_base58(peer_id))
+            except Exception as e:
+                log.debug("disconnect %s: %s: %s", peer_id, type(e).__name__, e)
+
     # ------------------------------------------------------------------ streams
 
     def set_handler(self, protocol_id: str, handler: StreamHandler) -> None:
         """Serve ``protocol_id`` with ``async def handler(stream, remote_peer_id: str)``.
 
         The stream is closed when the handler returns. If it raises, the error is logged (framing errors and
-        closed streams at debug level) and the stream is reset; the host keeps running.
+        closed streams at debug level) and the stream is reset; the host keeps running. A
+        :class:`~node.p2p.framing.FrameError` first earns the peer an error frame (code ``bad_frame``) and a
+        penalty (:meth:`penalize`). Streams from a banned peer are reset at once.
         """
         from libp2p.custom_types import TProtocol
 
         async def wrapped(stream) -> None:
             remote = stream.muxed_conn.peer_id.to_base58()
+            if self.scores.banned(remote):
+                await _reset(stream)
+                return
             try:
                 await handler(stream, remote)
-            except (StreamClosed, FrameError, RequestTimeout) as e:
+            except FrameError as e:
+                log.debug("%s handler, peer %s: bad frame: %s", protocol_id, remote, e)
+                self.penalize(remote, MALFORMED_FRAME)
+                with trio.move_on_after(1.0):
+                    try:
+                        await write_msg(stream, error_reply("bad_frame", str(e)))
+                    except (StreamClosed, RequestTimeout, FrameError):
+                        pass
+                await _reset(stream)
+            except (StreamClosed, RequestTimeout) as e:
                 log.debug("%s handler, peer %s: %s: %s", protocol_id, remote, type(e).__name__, e)
                 await _reset(stream)
             except Exception:
@@ -255,6 +327,7 @@ class P2PHost:
             try:
                 msg = await read_msg(stream, timeout, max_message)
             except FrameError as e:
+                self.penalize(remote, MALFORMED_FRAME)
                 await write_msg(stream, error_reply("bad_request", str(e)), timeout=timeout)
                 return
             try:
