@@ -15,13 +15,21 @@ TEST_SWITCH_HELP = ("TEST SWITCH, devnet/test chains only: make this node cheat.
                     "its bond is slashed once.")
 
 
-def _span(text: str) -> tuple[int, int] | str:
+def _span(text: str) -> tuple[int, int] | tuple[str, int | None] | str:
     if text == "all":
         return "all"
+    if text == "auto" or text.startswith("auto:"):
+        try:
+            n = int(text[5:]) if text != "auto" else None
+        except ValueError:
+            raise argparse.ArgumentTypeError("span auto:N needs a whole number of blocks N") from None
+        if n is not None and n < 1:
+            raise argparse.ArgumentTypeError("span auto:N needs N >= 1")
+        return "auto", n
     try:
         a, b = (int(x) for x in text.split(":"))
     except ValueError:
-        raise argparse.ArgumentTypeError("span is START:END (blocks [START, END)) or 'all'") from None
+        raise argparse.ArgumentTypeError("span is START:END (blocks [START, END)), 'all', 'auto' or 'auto:N'") from None
     if not 0 <= a < b:
         raise argparse.ArgumentTypeError("need 0 <= START < END")
     return a, b
@@ -41,8 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--genesis", type=Path, help="genesis JSON file (default: the embedded devnet)")
     s.add_argument("--bootstrap", nargs="*", default=[], metavar="MULTIADDR",
                    help="peers to dial at start, e.g. /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...")
-    s.add_argument("--span", type=_span, help="serve decoder blocks [START, END) (e.g. 0:10) or 'all'; "
-                                              "default: serve nothing (client and committee only)")
+    s.add_argument("--span", type=_span, help="serve decoder blocks [START, END) (e.g. 0:10), 'all', or 'auto[:N]' "
+                                              "(N blocks, default a third of the model, chosen where the swarm's "
+                                              "announcements show the weakest coverage); default: serve nothing "
+                                              "(client and committee only)")
+    s.add_argument("--compression", default="none", choices=["none", "fp16", "zstd", "fp16+zstd"],
+                   help="how this node's client sends hidden states to servers (recorded in each receipt; "
+                        "default: %(default)s)")
     s.add_argument("--gpu", type=int, metavar="N", help="run compute on CUDA device N (default: CPU)")
     s.add_argument("--port", type=int, default=0, help="libp2p TCP port on 127.0.0.1 (default: any free)")
     s.add_argument("--api-port", type=int, default=8700, help="HTTP API port (default: %(default)s; 0: any)")
@@ -137,14 +150,19 @@ def cmd_start(args) -> int:
     from .compute.model import load_manifest
 
     manifest = load_manifest(model_dir)
-    span = args.span
+    span, auto_blocks = args.span, None
     if span == "all":
         span = (0, manifest.num_blocks)
-    if span is not None and span[1] > manifest.num_blocks:
+    if span is not None and span[0] == "auto":
+        span, auto_blocks = "auto", span[1]
+        if auto_blocks is not None and auto_blocks > manifest.num_blocks:
+            sys.exit(f"node: --span auto:{auto_blocks}: the model has {manifest.num_blocks} blocks")
+    elif span is not None and span[1] > manifest.num_blocks:
         sys.exit(f"node: --span {span[0]}:{span[1]}: the model has {manifest.num_blocks} blocks")
     cfg = NodeConfig(data_dir=args.data_dir, genesis=genesis, model_dir=model_dir, span=span,
                      bootstrap=args.bootstrap, p2p_port=args.port, api_port=args.api_port, api_host=args.api_host,
-                     device=device, threads=args.threads, fault=args.fault,
+                     device=device, threads=args.threads, fault=args.fault, compression=args.compression,
+                     auto_blocks=auto_blocks,
                      seed=dev_seed(dev_account) if dev_account is not None else None)
     if args.fault:
         logging.getLogger("tally.node").warning(

@@ -33,7 +33,7 @@ class NodeConfig:
     data_dir: Path
     genesis: Genesis
     model_dir: Path
-    span: tuple[int, int] | None = None  # None: client / committee only
+    span: tuple[int, int] | str | None = None  # None: client / committee only; "auto": choose (see auto_blocks)
     bootstrap: list[str] = field(default_factory=list)
     p2p_port: int = 0
     api_port: int = 0
@@ -44,6 +44,10 @@ class NodeConfig:
     seed: bytes | None = None  # devnet well-known key, used only when the data dir has no key yet
     step_timeout: float = 60.0
     announce_period: float = 5.0  # seconds between span announcements
+    announce_ttl: float | None = None  # seconds an announcement stays valid (default 3 periods; must exceed it)
+    compression: str = "none"  # hidden-state codec this node's client asks for (node.inference.wire)
+    auto_blocks: int | None = None  # span "auto": blocks to serve (default: a third of the model, rounded up)
+    cache_tokens: int | None = None  # KV-cache positions the span server holds at most (default: 32 sessions)
 
 
 def ensure_api_token(data_dir: Path) -> str:
@@ -64,7 +68,9 @@ class Node:
     def __init__(self, cfg: NodeConfig):
         from .compute.executor import TorchExecutor
         from .compute.model import load_manifest
+        from .inference.server import TTL_PERIODS, check_announce_timing
 
+        check_announce_timing(cfg.announce_period, cfg.announce_ttl or cfg.announce_period * TTL_PERIODS)
         self.cfg = cfg
         self.ident: Identity = load_or_create(cfg.data_dir, cfg.seed)
         self.api_token = ensure_api_token(cfg.data_dir)
@@ -96,18 +102,43 @@ class Node:
         from .verify.member import CommitteeMember
 
         cfg = self.cfg
-        if cfg.span is not None:
-            span = self._load_span(*cfg.span, fault="corrupt" if cfg.fault == "corrupt" else None)
-            self.server = SpanServer(self.ident, self.genesis.chain_id, span, self.executor, self.blobs,
-                                     lambda: self.ledger.state.height, self.genesis.params.price_per_token_block,
-                                     step_timeout=cfg.step_timeout)
+        if cfg.span is not None and cfg.span != "auto":
+            self.server = self._make_server(*cfg.span)
         self.swarm = SwarmTable()
         head = ClientHead(cfg.model_dir, device=cfg.device)
         self.client = RouteClient(self.ident, self.host, head, self.manifest, self.ledger, self.executor,
-                                  self.blobs, self.swarm, step_timeout=cfg.step_timeout)
+                                  self.blobs, self.swarm, step_timeout=cfg.step_timeout, compression=cfg.compression)
         self.member = CommitteeMember(self.ident, self.ledger, self.host, self.blobs, self.executor,
                                       lambda s, e: self._load_span(s, e), self.manifest.model_id)
         self.ledger.on_block(self.member.on_block)
+
+    def _make_server(self, start: int, end: int):
+        from .inference.server import SpanServer
+
+        cfg = self.cfg
+        span = self._load_span(start, end, fault="corrupt" if cfg.fault == "corrupt" else None)
+        return SpanServer(self.ident, self.genesis.chain_id, span, self.executor, self.blobs,
+                          lambda: self.ledger.state.height, self.genesis.params.price_per_token_block,
+                          step_timeout=cfg.step_timeout, cache_tokens=cfg.cache_tokens, submit=self.ledger.submit,
+                          penalize=self.host.penalize)
+
+    async def _choose_span(self) -> None:
+        """``--span auto``: listen to the swarm's announcements for 1.5 announcement periods (plus an offset
+        derived from this node's key, so servers started together choose one after another), then serve the
+        weakest-covered blocks (:func:`node.compute.shards.choose_blocks`)."""
+        from .compute.shards import choose_blocks
+        from .encoding import H
+        from .inference.server import INFERENCE_PROTOCOL
+
+        total = self.manifest.num_blocks
+        n = self.cfg.auto_blocks or -(-total // 3)
+        period = self.cfg.announce_period
+        await trio.sleep(period * (1.5 + int.from_bytes(H(self.ident.account)[:4], "big") / 2**32))
+        start, end = choose_blocks(n, total, self.swarm.infos(self.manifest.model_id), me=self.ident.peer_id)
+        log.info("span auto: serving blocks [%d, %d), the weakest covered", start, end)
+        self.cfg.span = (start, end)
+        self.server = await self.executor.run(self._make_server, start, end)
+        self.host.set_handler(INFERENCE_PROTOCOL, self.server.handle)
 
     def info(self) -> dict:
         return {"peer_id": self.ident.peer_id, "addrs": self.host.addrs, "api": self.api_url,
@@ -131,11 +162,16 @@ class Node:
                 if self.cfg.bootstrap:
                     n = await self.host.connect(self.cfg.bootstrap)
                     log.info("connected to %d of %d bootstrap peers", n, len(self.cfg.bootstrap))
+                if self.cfg.span == "auto":
+                    await self._choose_span()
+                if self.server is not None:
+                    await self.server.measure()
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self.ledger.run)
                     nursery.start_soon(self.member.run)
                     if self.server is not None:
-                        nursery.start_soon(self.server.announce_loop, self.host, self.cfg.announce_period)
+                        nursery.start_soon(self.server.announce_loop, self.host, self.cfg.announce_period,
+                                           self.cfg.announce_ttl)
                     self.api_url = await nursery.start(serve_api, self, self.cfg.api_host, self.cfg.api_port)
                     self._write_info()
                     self.started.set()
@@ -150,9 +186,9 @@ class Node:
         tmp.write_text(json.dumps(self.info(), indent=2))
         os.replace(tmp, path)
 
-    async def generate(self, prompt_ids: list[int], max_new_tokens: int):
-        """Greedy generation through the swarm (see :meth:`RouteClient.generate`)."""
-        return await self.client.generate(prompt_ids, max_new_tokens)
+    async def generate(self, prompt_ids: list[int], max_new_tokens: int, **kw):
+        """Greedy generation through the swarm (see :meth:`RouteClient.generate`; ``compression``, ``on_token``)."""
+        return await self.client.generate(prompt_ids, max_new_tokens, **kw)
 
     def encode_prompt(self, text: str) -> list[int]:
         tok = self.client.head.tokenizer

@@ -1,30 +1,44 @@
-"""The client side of inference: the swarm table, route planning and greedy generation through a route.
+"""The client side of inference: the swarm table, routing, failover and greedy generation through a route.
 
 The client holds the embedding, final norm and LM head (:class:`~node.compute.head.ClientHead`) and sends hidden
-states ``(1, tokens, hidden)`` through one session per hop. Each response is checked (dtype, shape, finite
-values) before it is forwarded. At the end every server returns a worker-signed receipt; the client checks that
-it commits to exactly the inputs it sent and the outputs it received, at the genesis price, and only then
-countersigns it and submits it to the ledger.
+states ``(1, tokens, hidden)`` through one session per hop (protocol: :mod:`node.inference.server`). Every reply
+is checked (dtype, shape, finite values) before it is forwarded. After each step the client computes the
+session's running receipt from what it sent and received (:mod:`node.inference.receipts`), countersigns it and
+acknowledges at once; it keeps the server's signature over the same receipt.
+
+Routing: :func:`~node.compute.shards.choose_route` over the live announcements (measured throughput, latency,
+free cache) plus the client's own measured round trips; deterministic for equal inputs.
+
+Failover: when a hop fails (EOF or reset, timeout, error reply, malformed or non-finite output) the client
+retires it — keeping the worker-signed receipt for every output it received, which it countersigns and submits
+— and routes around it: a replacement chain covering the same blocks, excluding the failed peer, is opened with
+``replay = P`` (the positions the dead server processed), fed those ``P`` positions' inputs as one unbilled
+step, then the step that failed. Generation continues at the right position, and no position is paid twice.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import trio
 
 from ..blobs import BlobStore
-from ..compute.shards import plan_route
-from ..encoding import DecodeError, commitments_root, tensor_from_wire, tensor_to_wire, unpack
-from ..identity import Identity, account_from_str
-from ..ledger.tx import InvalidTx, Receipt, decode_tx
-from ..p2p.framing import check_reply, read_msg, write_msg
-from .server import INFERENCE_PROTOCOL, new_session_id
+from ..compute.shards import SpanInfo, choose_route
+from ..encoding import DecodeError, unpack
+from ..identity import Identity, account_from_str, verify
+from ..ledger.tx import Receipt
+from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, read_msg, write_msg
+from ..p2p.host import PeerUnreachable
+from .receipts import CLOCK, RunningReceipt, SessionTerms
+from .server import CONTROL_MAX, INFERENCE_PROTOCOL, new_session_id
+from .wire import check_codec, decode_hidden, encode_hidden
 
 MAX_TTL = 300.0  # seconds; a longer announced ttl is clamped
+RTT_EWMA = 0.2
 
 log = logging.getLogger("tally.client")
 
@@ -34,15 +48,28 @@ class PromptTooLong(ValueError):
 
 
 class HopFailed(RuntimeError):
-    """A server returned an error, a malformed response or a bad receipt."""
+    """A server returned an error, a malformed response or a bad receipt, or no replacement could be found."""
+
+
+HOP_ERRORS = (StreamClosed, RequestTimeout, FrameError, RemoteError, PeerUnreachable, HopFailed, DecodeError)
+
+
+def _num(v, default: float = 0.0) -> float:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return default
+    return x if math.isfinite(x) and x >= 0 else default
 
 
 @dataclass
 class SwarmTable:
-    """Span announcements heard on ``tally/<chain>/shards``: peer → (model_id, start, end, addrs, seen_at)."""
+    """Span announcements heard on ``tally/<chain>/shards`` (peer → model, span, measurements, seen_at) and the
+    client's measured network round trip per peer (seconds, EWMA)."""
 
     entries: dict[str, dict] = field(default_factory=dict)
     clock: object = time.monotonic
+    rtt: dict[str, float] = field(default_factory=dict)
 
     async def on_announcement(self, data: bytes, from_peer: str) -> None:
         try:
@@ -50,33 +77,78 @@ class SwarmTable:
             if a.get("peer") != from_peer:  # gossip messages are signed: the sender must be the announcer
                 return
             start, end = int(a["start"]), int(a["end"])
-            ttl = min(MAX_TTL, max(0.0, float(a["ttl"])))
+            ttl = min(MAX_TTL, _num(a["ttl"]))
             prev = self.entries.get(from_peer)
             if prev is not None and int(a["seq"]) <= prev["seq"]:
                 return  # stale or replayed announcement
-            self.entries[from_peer] = {"model_id": bytes(a["model_id"]), "start": start, "end": end,
-                                       "addrs": list(a.get("addrs", []))[:8], "seen": self.clock(), "ttl": ttl,
-                                       "active": int(a.get("active", 0)), "seq": int(a["seq"]),
-                                       "refreshes": (prev["refreshes"] + 1) if prev else 0}
+            free = a.get("free_cache")
+            self.entries[from_peer] = {
+                "model_id": bytes(a["model_id"]), "start": start, "end": end,
+                "addrs": list(a.get("addrs", []))[:8], "seen": self.clock(), "ttl": ttl,
+                "active": int(a.get("active", 0)), "seq": int(a["seq"]),
+                "throughput": _num(a.get("throughput")), "latency": _num(a.get("latency")),
+                "free_cache": int(free) if isinstance(free, int) and free >= 0 else None,
+                "refreshes": (prev["refreshes"] + 1) if prev else 0}
         except (DecodeError, KeyError, TypeError, ValueError) as e:
             log.debug("bad announcement from %s: %s", from_peer, e)
 
-    def live(self, model_id: bytes) -> list[tuple[str, int, int]]:
+    def _live(self, model_id: bytes):
         now = self.clock()
-        return [(p, e["start"], e["end"]) for p, e in sorted(self.entries.items())
+        return [(p, e) for p, e in sorted(self.entries.items())
                 if e["model_id"] == model_id and now - e["seen"] < e["ttl"]]
+
+    def live(self, model_id: bytes) -> list[tuple[str, int, int]]:
+        """``[(peer, start, end), ...]`` of unexpired announcements for ``model_id``, sorted by peer."""
+        return [(p, e["start"], e["end"]) for p, e in self._live(model_id)]
+
+    def infos(self, model_id: bytes) -> list[SpanInfo]:
+        """Unexpired announcements for ``model_id`` with their measurements."""
+        return [SpanInfo(p, e["start"], e["end"], e["throughput"], e["latency"], e["free_cache"])
+                for p, e in self._live(model_id)]
+
+    def observe_rtt(self, peer: str, seconds: float) -> None:
+        """Record a measured network round trip (step round trip minus the server's announced latency)."""
+        seconds = max(0.0, seconds)
+        prev = self.rtt.get(peer)
+        self.rtt[peer] = seconds if prev is None else (1 - RTT_EWMA) * prev + RTT_EWMA * seconds
 
 
 @dataclass
 class Hop:
+    """One session with one server. ``inputs``/``outputs``: the step tensors as they travelled (codec dtype).
+    ``signed``: ``(receipt, worker_sig, requester_sig)`` for the newest billed step, covering ``signed_steps``."""
+
     peer: str
     start: int
     end: int
+    codec: str = "none"
+    replay: int = 0
     stream: object = None
-    inputs: list = field(default_factory=list)
-    outputs: list = field(default_factory=list)
     session_id: bytes = b""
     opened_height: int = 0
+    rr: RunningReceipt | None = None
+    inputs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+    signed: tuple | None = None
+    signed_steps: int = 0
+    broken: Exception | None = None
+
+    @property
+    def positions(self) -> int:
+        return sum(t.shape[1] for t in self.inputs)
+
+
+@dataclass
+class Failover:
+    """One hop replaced: while generating token ``token`` (1-based), ``dead`` serving ``span`` failed with
+    ``error``; ``replacement`` peers took over after replaying ``replayed`` positions."""
+
+    token: int
+    dead: str
+    span: tuple[int, int]
+    replacement: list[str]
+    replayed: int
+    error: str
 
 
 @dataclass
@@ -86,6 +158,18 @@ class Generation:
     receipts: list[Receipt]
     route: list[tuple[str, int, int]]
     seconds: float
+    failovers: list[Failover] = field(default_factory=list)
+    compression: str = "none"
+
+
+@dataclass
+class _Run:
+    total: int
+    codec: str
+    hops: list[Hop]
+    retired: list[Hop] = field(default_factory=list)
+    failovers: list[Failover] = field(default_factory=list)
+    excluded: set = field(default_factory=set)
 
 
 class RouteClient:
@@ -93,15 +177,21 @@ class RouteClient:
 
     Args:
         ident: the requester's identity. host: :class:`~node.p2p.host.P2PHost`. head: ClientHead.
-        manifest: the model's manifest (model id, number of blocks, max length). ledger: LedgerService (for
-        submitting receipts). executor: TorchExecutor. blobs: BlobStore. price_per_token_block: genesis price.
+        manifest: the model's manifest. ledger: anything with ``chain_id``, ``genesis.params`` and
+        ``async submit(tx)`` (LedgerService). executor: TorchExecutor. blobs: BlobStore. swarm: SwarmTable.
+        step_timeout: seconds to wait for each reply. compression: default codec (:mod:`node.inference.wire`).
+        max_failovers: replacements allowed per generation. submit: submit receipts to the ledger.
     """
 
     def __init__(self, ident: Identity, host, head, manifest, ledger, executor, blobs: BlobStore,
-                 swarm: SwarmTable, step_timeout: float = 60.0):
+                 swarm: SwarmTable, step_timeout: float = 60.0, compression: str = "none", max_failovers: int = 4,
+                 submit: bool = True):
         self.ident, self.host, self.head, self.manifest = ident, host, head, manifest
         self.ledger, self.executor, self.blobs, self.swarm = ledger, executor, blobs, swarm
         self.step_timeout = step_timeout
+        self.compression = check_codec(compression)
+        self.max_failovers = max_failovers
+        self.submit = submit
 
     def check_length(self, n_prompt: int, max_new_tokens: int) -> int:
         """Total session length; raises :class:`PromptTooLong` before any session is opened."""
@@ -113,103 +203,223 @@ class RouteClient:
                                 f"exceeds the model's maximum length of {self.manifest.max_length} tokens")
         return total
 
+    def _plan(self, need: int, start: int = 0, end: int | None = None, exclude=frozenset()) -> list[SpanInfo]:
+        return choose_route(self.swarm.infos(self.manifest.model_id), self.manifest.num_blocks, start, end,
+                            exclude=set(exclude) | {self.host.peer_id}, need_cache=need, rtt=self.swarm.rtt)
+
     def route(self) -> list[tuple[str, int, int]]:
-        return plan_route(self.swarm.live(self.manifest.model_id), self.manifest.num_blocks)
+        """The route a generation would take now, ``[(peer, start, end), ...]`` (raises NoRouteError)."""
+        return [(s.peer, s.start, s.end) for s in self._plan(0)]
+
+    # ------------------------------------------------------------------ one hop
 
     async def _open(self, hop: Hop, max_length: int) -> None:
         hop.stream = await self.host.open_stream(hop.peer, INFERENCE_PROTOCOL)
         hop.session_id = new_session_id()
         await write_msg(hop.stream, {"type": "open", "session_id": hop.session_id,
                                      "model_id": self.manifest.model_id, "start": hop.start, "end": hop.end,
-                                     "max_length": max_length})
-        reply = check_reply(await read_msg(hop.stream, timeout=self.step_timeout))
-        hop.opened_height = int(reply.get("height", 0))
+                                     "max_length": max_length, "compression": hop.codec, "replay": hop.replay})
+        reply = check_reply(await read_msg(hop.stream, timeout=self.step_timeout, max_message=CONTROL_MAX))
+        height = reply.get("height")
+        if not isinstance(height, int) or isinstance(height, bool) or height < 0:
+            raise HopFailed(f"server {hop.peer[:16]} sent a bad opened height")
+        hop.opened_height = height
+        price = self.ledger.genesis.params.price_per_token_block
+        hop.rr = RunningReceipt(SessionTerms(self.ledger.chain_id, hop.session_id, account_from_str(hop.peer),
+                                             self.ident.account, self.manifest.model_id, hop.start, hop.end,
+                                             height, hop.codec, hop.replay, price))
 
     async def _step(self, hop: Hop, hidden: torch.Tensor) -> torch.Tensor:
-        await write_msg(hop.stream, {"type": "step", "hidden": tensor_to_wire(hidden)})
+        """Send ``hidden`` ``(1, t, hidden)`` through ``hop``; returns its float32 output of the same shape."""
+        if hop.broken is not None:
+            raise hop.broken
+        t0 = time.perf_counter()
+        wire, sent, c_in = encode_hidden(hidden, hop.codec)
+        n = sent.shape[1]
+        await write_msg(hop.stream, {"type": "step", "hidden": wire})
         reply = check_reply(await read_msg(hop.stream, timeout=self.step_timeout))
-        out = tensor_from_wire(reply.get("hidden"))
-        if out.dtype != torch.float32 or out.shape != hidden.shape or not torch.isfinite(out).all():
-            raise HopFailed(f"server {hop.peer[:16]} returned {out.dtype} {tuple(out.shape)} "
-                            f"(expected float32 {tuple(hidden.shape)}, finite)")
-        hop.inputs.append(hidden)
+        out, c_out = decode_hidden(reply.get("hidden"), hop.codec, self.manifest.hidden_size, n, positions=n)
+        billed = hop.rr.positions + n > hop.replay
+        wsig = reply.get("sig")
+        if billed and not (isinstance(wsig, bytes) and len(wsig) == 64):
+            raise HopFailed(f"server {hop.peer[:16]} did not sign its receipt")
+        with CLOCK:
+            r = hop.rr.append(c_in, c_out, n)
+            csig = self.ident.sign(r.id) if r is not None else None
+        hop.inputs.append(sent)
         hop.outputs.append(out)
-        return out
+        if r is not None:
+            hop.signed, hop.signed_steps = (r, wsig, csig), hop.rr.steps
+            try:
+                await write_msg(hop.stream, {"type": "ack", "steps": hop.rr.steps, "sig": csig})
+            except (StreamClosed, RequestTimeout) as e:
+                hop.broken = e  # the next step fails over; this output is already ours and signed
+        if n == 1:
+            e = self.swarm.entries.get(hop.peer)
+            self.swarm.observe_rtt(hop.peer, time.perf_counter() - t0 - (e["latency"] if e else 0.0))
+        return out.float()
 
-    async def _close(self, hop: Hop) -> Receipt:
-        await write_msg(hop.stream, {"type": "close"})
-        reply = check_reply(await read_msg(hop.stream, timeout=self.step_timeout))
+    async def _close(self, hop: Hop) -> None:
         try:
-            r = decode_tx(reply.get("receipt"))
-        except InvalidTx as e:
-            raise HopFailed(f"malformed receipt from {hop.peer[:16]}: {e}") from None
-        self._check_receipt(hop, r)
-        self.blobs.put(hop.inputs)
-        self.blobs.put(hop.outputs)
-        return r.countersign(self.ident)
+            await write_msg(hop.stream, {"type": "close"})
+            reply = check_reply(await read_msg(hop.stream, timeout=self.step_timeout, max_message=CONTROL_MAX))
+            if reply.get("steps") != hop.signed_steps:
+                log.warning("server %s holds our countersignature for %s of %d steps", hop.peer[:16],
+                            reply.get("steps"), hop.signed_steps)
+        except HOP_ERRORS as e:  # the server has our acks already; its receipt is unaffected
+            log.info("close of session with %s failed: %s", hop.peer[:16], e)
 
-    def _check_receipt(self, hop: Hop, r) -> None:
-        tokens = sum(t.shape[1] for t in hop.inputs)
-        price = tokens * (hop.end - hop.start) * self.ledger.genesis.params.price_per_token_block
-        expect = {
-            "kind": (type(r), Receipt), "chain": (r.chain_id, self.ledger.chain_id),
-            "session": (getattr(r, "session_id", None), hop.session_id),
-            "worker": (getattr(r, "worker", None), account_from_str(hop.peer)),
-            "requester": (getattr(r, "requester", None), self.ident.account),
-            "model": (getattr(r, "model_id", None), self.manifest.model_id),
-            "span": ((getattr(r, "span_start", None), getattr(r, "span_end", None)), (hop.start, hop.end)),
-            "tokens": (getattr(r, "tokens", None), tokens), "price": (getattr(r, "price", None), price),
-            "inputs": (getattr(r, "inputs_root", None), commitments_root(hop.inputs)),
-            "outputs": (getattr(r, "outputs_root", None), commitments_root(hop.outputs)),
-            "height": (getattr(r, "opened_height", None), hop.opened_height),
-        }
-        bad = [k for k, (got, want) in expect.items() if got != want]
-        if bad:
-            raise HopFailed(f"receipt from {hop.peer[:16]} does not match the session: {', '.join(bad)}")
-        try:
-            from ..identity import verify
-            if not verify(r.worker, r.id, r.worker_sig):
-                raise InvalidTx("bad worker signature")
-        except InvalidTx as e:
-            raise HopFailed(str(e)) from None
+    def _settle(self, hop: Hop) -> Receipt | None:
+        """The countersigned receipt for every output received from ``hop`` (None if none was billed or the
+        server's signature does not match); stores the session's blobs for the committee."""
+        if hop.signed is None:
+            return None
+        r, wsig, csig = hop.signed
+        with CLOCK:
+            ok = verify(r.worker, r.id, wsig)
+        if not ok:
+            log.warning("server %s signed a receipt other than the session's; not paying it", hop.peer[:16])
+            return None
+        self.blobs.put(hop.inputs[:hop.signed_steps])
+        self.blobs.put(hop.outputs[:hop.signed_steps])
+        return replace(r, worker_sig=wsig, requester_sig=csig)
 
-    async def generate(self, prompt_ids: list[int], max_new_tokens: int) -> Generation:
+    # ------------------------------------------------------------------ routes and failover
+
+    async def _open_all(self, run: _Run) -> None:
+        async def one(hop: Hop) -> None:
+            try:
+                await self._open(hop, run.total)
+            except HOP_ERRORS as e:
+                hop.broken = e
+
+        async with trio.open_nursery() as n:
+            for hop in run.hops:
+                n.start_soon(one, hop)
+        i = 0
+        while i < len(run.hops):
+            if run.hops[i].broken is not None:
+                i += await self._replace(run, i, run.hops[i].broken, 0)
+            else:
+                i += 1
+
+    async def _replace(self, run: _Run, i: int, err: Exception, token: int) -> int:
+        """Replace the failed ``run.hops[i]`` by a chain covering its blocks, opened and replayed; returns the
+        number of hops spliced in.
+
+        Raises:
+            HopFailed: more than ``max_failovers`` replacements in this generation.
+            NoRouteError: no other server covers those blocks.
+        """
+        dead = run.hops[i]
+        log.warning("hop %s [%d, %d) failed at token %d: %s: %s", dead.peer[:16], dead.start, dead.end, token,
+                    type(err).__name__, err)
+        run.excluded.add(dead.peer)
+        await _abort(dead)
+        run.retired.append(dead)
+        prefix, positions = list(dead.inputs), dead.positions
+        while True:
+            if len(run.failovers) >= self.max_failovers:
+                raise HopFailed(f"gave up after {len(run.failovers)} failovers; last error: {err}") from err
+            sub = self._plan(run.total, dead.start, dead.end, run.excluded)
+            new = [Hop(s.peer, s.start, s.end, run.codec, replay=positions) for s in sub]
+            run.failovers.append(Failover(token, dead.peer, (dead.start, dead.end), [h.peer for h in new],
+                                          positions, f"{type(err).__name__}: {err}"))
+            current = None
+            try:
+                for current in new:
+                    await self._open(current, run.total)
+                x = torch.cat(prefix, dim=1) if prefix else None
+                for current in new:
+                    if x is not None:
+                        x = await self._step(current, x)  # the replayed prefix: unbilled
+            except HOP_ERRORS as e:
+                run.excluded.add(current.peer)
+                for h in new:
+                    await _abort(h)
+                err = e
+                continue
+            run.hops[i:i + 1] = new
+            log.info("replaced %s by %s after replaying %d positions", dead.peer[:16],
+                     ", ".join(h.peer[:16] for h in new), positions)
+            return len(new)
+
+    async def _forward(self, run: _Run, hidden: torch.Tensor, token: int) -> torch.Tensor:
+        i = 0
+        while i < len(run.hops):
+            try:
+                hidden = await self._step(run.hops[i], hidden)
+                i += 1
+            except HOP_ERRORS as e:
+                await self._replace(run, i, e, token)  # then step through the replacement at the same index
+        return hidden
+
+    async def _finish(self, run: _Run, close: bool) -> list[Receipt]:
+        """Close (or abort) every session, settle and submit the receipts of all hops, retired ones included."""
+        if close:
+            for hop in run.hops:
+                await self._close(hop)
+        for hop in run.hops + run.retired:
+            await _abort(hop)
+        receipts = [r for r in (self._settle(h) for h in run.retired + run.hops) if r is not None]
+        if self.submit:
+            for r in receipts:
+                try:
+                    await self.ledger.submit(r)
+                except Exception as e:
+                    log.warning("could not submit receipt %s: %s", r.id.hex()[:16], e)
+        return receipts
+
+    async def generate(self, prompt_ids: list[int], max_new_tokens: int, compression: str | None = None,
+                       on_token=None) -> Generation:
         """Greedy generation of ``max_new_tokens`` tokens after ``prompt_ids`` through the swarm.
 
-        Returns the new tokens and the countersigned receipts (already submitted to the ledger).
+        Args:
+            compression: codec for this generation (default: the client's), recorded in every receipt.
+            on_token: optional ``async on_token(index, token, route)`` called after each new token (index from
+                1; ``route`` the current ``[(peer, start, end), ...]``).
+
+        Returns the new tokens, the countersigned receipts (already submitted to the ledger, replaced hops'
+        included) and the failovers.
 
         Raises:
             PromptTooLong: checked before any session opens (no receipt, no charge).
-            NoRouteError: the live announcements do not cover every block.
-            HopFailed, RemoteError, StreamClosed, RequestTimeout: a hop failed.
+            ValueError: unknown compression.
+            NoRouteError: the live announcements do not cover every block (also when failing over).
+            HopFailed: too many failovers. Work received before a failure is still settled and paid.
         """
         total = self.check_length(len(prompt_ids), max_new_tokens)
+        codec = check_codec(compression or self.compression)
         t0 = time.perf_counter()
-        route = self.route()
-        hops = [Hop(p, s, e) for p, s, e in route]
+        run = _Run(total, codec, [Hop(s.peer, s.start, s.end, codec) for s in self._plan(total)])
         try:
-            async with trio.open_nursery() as n:
-                for hop in hops:
-                    n.start_soon(self._open, hop, total)
-            ids = torch.tensor([prompt_ids], dtype=torch.long)
-            hidden = await self.executor.run(self.head.embed, ids)
+            await self._open_all(run)
+            hidden = await self.executor.run(self.head.embed, torch.tensor([prompt_ids], dtype=torch.long))
             new: list[int] = []
             while True:
-                for hop in hops:
-                    hidden = await self._step(hop, hidden)
+                hidden = await self._forward(run, hidden, len(new) + 1)
                 tok = await self.executor.run(self.head.next_token, hidden)
                 new.append(tok)
+                if on_token is not None:
+                    await on_token(len(new), tok, [(h.peer, h.start, h.end) for h in run.hops])
                 if len(new) >= max_new_tokens:
                     break
                 hidden = await self.executor.run(self.head.embed, torch.tensor([[tok]], dtype=torch.long))
-            receipts = [await self._close(hop) for hop in hops]
-        finally:
-            for hop in hops:
-                if hop.stream is not None:
-                    try:
-                        await hop.stream.close()
-                    except Exception:
-                        pass
-        for r in receipts:
-            await self.ledger.submit(r)
-        return Generation(list(prompt_ids), new, receipts, route, time.perf_counter() - t0)
+        except Exception:
+            with trio.CancelScope(shield=True), trio.move_on_after(30):
+                await self._finish(run, close=False)  # pay for what was received
+            raise
+        receipts = await self._finish(run, close=True)
+        return Generation(list(prompt_ids), new, receipts, [(h.peer, h.start, h.end) for h in run.hops],
+                          time.perf_counter() - t0, run.failovers, codec)
+
+
+async def _abort(hop: Hop) -> None:
+    if hop.stream is None:
+        return
+    stream, hop.stream = hop.stream, None
+    with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+        try:
+            await stream.reset()
+        except Exception:
+            pass

@@ -1,17 +1,27 @@
-"""Serving a span: the inference-session protocol, span announcements and the blob protocol.
+"""Serving a span: the inference-session protocol, running receipts, span announcements and the blob protocol.
 
-Inference session (``/tally/inference/1.0.0``), one stream per session, every message a framed msgpack map:
+Inference session (``/tally/inference/2.0.0``), one stream per session, every message a framed msgpack map:
 
-  client → ``{"type": "open", "session_id": 16 B, "model_id": 32 B, "start", "end", "max_length"}``
+  client → ``{"type": "open", "session_id": 16 B, "model_id": 32 B, "start", "end", "max_length",
+             "compression": "none" | "fp16" | "zstd" | "fp16+zstd", "replay": P}``
   server → ``{"status": "ok", "height": opened_height}``
-  client → ``{"type": "step", "hidden": tensor (1, t, hidden) float32}``  (repeated)
-  server → ``{"status": "ok", "hidden": tensor (1, t, hidden)}``; the server keeps the KV cache
+  client → ``{"type": "step", "hidden": wire (1, t, hidden)}``                        (repeated)
+  server → ``{"status": "ok", "hidden": wire (1, t, hidden), "sig": 64 B}``
+  client → ``{"type": "ack", "steps": n, "sig": 64 B}``                                (no reply)
   client → ``{"type": "close"}``
-  server → ``{"status": "ok", "receipt": receipt wire signed by the worker}``
+  server → ``{"status": "ok", "steps": n}``
 
-The requester of a session is the authenticated remote peer (its Noise-verified peer ID is its account). Any bad
-frame gets an error reply and ends the session; the node keeps serving others. The session's step inputs and
-outputs are kept as content-addressed blobs for committee re-execution (``/tally/blob/1.0.0``).
+``sig`` in a step reply is the worker's signature over the id of the receipt for the session so far
+(:mod:`node.inference.receipts`); it is absent while only replayed positions (``P``, a failover's prefix that
+was billed to another server) have been processed. ``ack`` carries the requester's countersignature over the
+receipt after step ``n``. Wire tensors and codecs: :mod:`node.inference.wire`.
+
+The requester is the authenticated remote peer (its Noise-verified peer ID is its account). When a session ends
+— closed, or the client vanished (EOF, reset, or no message within ``step_timeout``), or a bad message — the
+server frees the KV cache at once, keeps the session's step tensors as blobs for committee re-execution
+(``/tally/blob/1.0.0``) and submits the countersigned receipt for exactly the steps the client acknowledged.
+A bad message gets an error frame and the peer a lower score (:mod:`node.p2p.scoring`); the server keeps
+serving everyone else.
 """
 
 from __future__ import annotations
@@ -19,23 +29,30 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
+from dataclasses import dataclass, field, replace
 
 import torch
 import trio
 
 from ..blobs import BlobStore
-from ..encoding import DecodeError, tensor_from_wire, tensor_to_wire
-from ..identity import Identity, account_from_str
+from ..encoding import DecodeError, pack
+from ..identity import Identity, account_from_str, verify
 from ..ledger.tx import Receipt
-from ..p2p.framing import error_reply, read_msg, write_msg
-from ..encoding import pack
+from ..p2p.framing import FrameError, RequestTimeout, StreamClosed, error_reply, read_msg, write_msg
+from ..p2p.scoring import BAD_REQUEST, BAD_SIGNATURE, MALFORMED_FRAME
+from .receipts import CLOCK, RunningReceipt, SessionTerms
+from .wire import CODECS, decode_hidden, encode_hidden
 
 log = logging.getLogger("tally.inference")
 
-INFERENCE_PROTOCOL = "/tally/inference/1.0.0"
+INFERENCE_PROTOCOL = "/tally/inference/2.0.0"
 BLOB_PROTOCOL = "/tally/blob/1.0.0"
 ANNOUNCE_PERIOD = 5.0  # seconds between span announcements
 TTL_PERIODS = 3  # an announcement expires after this many periods (expiry strictly longer than the refresh)
+CONTROL_MAX = 1 << 12  # bytes: open, ack and close messages
+VERIFY_EVERY = 16  # check a client's countersignature eagerly every this many acks (and always at the end)
+EWMA = 0.2
 
 
 class SessionError(ValueError):
@@ -46,48 +63,141 @@ class SessionError(ValueError):
         self.code = code
 
 
+def check_announce_timing(period: float, ttl: float) -> None:
+    """Raise ValueError unless ``0 < period < ttl``: an announcement must outlive the refresh that replaces it."""
+    if not (period > 0 and ttl > period):
+        raise ValueError(f"announcement ttl ({ttl} s) must be strictly longer than the refresh period ({period} s)")
+
+
+@dataclass
+class ServerStats:
+    """Measured speed of this span, announced to clients. Seconds; EWMA over one-token steps."""
+
+    latency: float = 0.0  # a one-token step from request read to reply written, queueing included
+    compute: float = 0.0  # the span's forward of one token
+
+    def observe(self, latency: float, compute: float) -> None:
+        self.latency = latency if self.latency == 0 else (1 - EWMA) * self.latency + EWMA * latency
+        self.compute = compute if self.compute == 0 else (1 - EWMA) * self.compute + EWMA * compute
+
+    @property
+    def throughput(self) -> float:
+        """Tokens per second through the whole span in decoding steps (0 until measured)."""
+        return 1.0 / self.compute if self.compute > 0 else 0.0
+
+
+@dataclass
+class Settled:
+    """A session that ended: its countersigned receipt (None if nothing billed was acknowledged), how it ended
+    (``closed``, ``vanished``, ``error``), the steps processed and the steps the receipt covers."""
+
+    session_id: bytes
+    requester: str
+    receipt: Receipt | None
+    reason: str
+    steps: int
+    acked: int
+
+
+@dataclass
+class _Session:
+    sid: bytes
+    peer: str
+    max_length: int
+    codec: str
+    rr: RunningReceipt
+    cache: object
+    inputs: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)
+    history: list = field(default_factory=list)  # per step: (billed, inputs_root, outputs_root)
+    acks: dict = field(default_factory=dict)  # steps -> requester signature
+    verified: int = 0  # steps covered by the latest ack whose signature verified
+    bad_acks: int = 0
+
+
 class SpanServer:
-    """Serves one :class:`~node.compute.span.SpanModel` to clients and signs a receipt per session.
+    """Serves one :class:`~node.compute.span.SpanModel` to clients, with a running receipt per session.
 
     Args:
-        ident: the worker's identity (signs receipts).
-        chain_id: the ledger's chain id.
-        span: the loaded span.
-        executor: :class:`~node.compute.executor.TorchExecutor` (torch never runs on the event loop).
-        blobs: where session inputs/outputs are kept.
-        height: callable returning the current ledger height (recorded in receipts).
+        ident: the worker's identity (signs receipts).  chain_id: the ledger's chain id.
+        span: the loaded span.  executor: :class:`~node.compute.executor.TorchExecutor`.
+        blobs: where session inputs/outputs are kept.  height: callable returning the ledger height.
         price_per_token_block: base units per token × block (genesis parameter).
-        step_timeout: seconds a session may wait for the next message before its cache is freed.
+        step_timeout: seconds a session may wait for the client's next message before it is ended and its
+            cache freed.
+        max_sessions: sessions open at once.  cache_tokens: KV-cache positions reserved by open sessions at
+            most (each session reserves its ``max_length``); default ``max_sessions × span.max_length``.
+        submit: ``async submit(receipt)`` (the ledger); None: receipts are only kept in :attr:`settled`.
+        penalize: ``penalize(peer_id, weight)`` (the host's peer scoring); None: no scoring.
     """
 
     def __init__(self, ident: Identity, chain_id: str, span, executor, blobs: BlobStore, height,
-                 price_per_token_block: int, step_timeout: float = 60.0, max_sessions: int = 32):
+                 price_per_token_block: int, step_timeout: float = 60.0, max_sessions: int = 32,
+                 cache_tokens: int | None = None, submit=None, penalize=None):
         self.ident, self.chain_id, self.span, self.executor, self.blobs = ident, chain_id, span, executor, blobs
         self.height = height
         self.price = price_per_token_block
         self.step_timeout = step_timeout
         self.max_sessions = max_sessions
+        self.cache_tokens = cache_tokens if cache_tokens is not None else max_sessions * span.max_length
+        self.submit, self.penalize = submit, penalize
         self.active = 0
+        self.reserved = 0
         self.sessions_served = 0
         self.tokens_served = 0
+        self.stats = ServerStats()
+        self.settled: deque[Settled] = deque(maxlen=256)
 
-    def announcement(self, addrs: list[str], seq: int, period: float) -> dict:
-        """A span announcement. ``seq`` grows with every refresh: gossip de-duplicates identical content, so
-        a refresh must never be byte-identical to the last one."""
+    @property
+    def free_cache(self) -> int:
+        """KV-cache positions still available to new sessions (tokens)."""
+        return max(0, self.cache_tokens - self.reserved)
+
+    async def measure(self, repeats: int = 3) -> float:
+        """Time one-token forwards on a fresh cache to seed :attr:`stats` before any client arrives.
+
+        Returns the measured seconds per one-token forward.
+        """
+        def bench() -> float:
+            cache = self.span.new_cache()
+            x = torch.zeros(1, 1, self.span.hidden_size)
+            self.span.forward(x, cache)  # warm-up
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                self.span.forward(x, cache)
+            return (time.perf_counter() - t0) / repeats
+
+        sec = await self.executor.run(bench)
+        self.stats.observe(sec, sec)
+        return sec
+
+    def announcement(self, addrs: list[str], seq: int, period: float, ttl: float | None = None) -> dict:
+        """A span announcement: who serves which blocks, measured ``throughput`` (tokens/s through the span),
+        ``latency`` (s per one-token step, queueing included) and ``free_cache`` (tokens). ``seq`` grows with
+        every refresh: gossip de-duplicates identical content, so a refresh must never repeat the last one."""
         return {"peer": self.ident.peer_id, "model_id": self.span.model_id, "start": self.span.start,
                 "end": self.span.end, "addrs": addrs, "active": self.active, "seq": seq,
-                "ttl": period * TTL_PERIODS}
+                "ttl": period * TTL_PERIODS if ttl is None else ttl, "throughput": self.stats.throughput,
+                "latency": self.stats.latency, "free_cache": self.free_cache}
 
-    async def announce_loop(self, host, period: float = ANNOUNCE_PERIOD) -> None:
-        """Publish this span on ``tally/<chain>/shards`` every ``period`` seconds; each announcement is valid
-        for ``TTL_PERIODS × period`` seconds."""
+    async def announce_loop(self, host, period: float = ANNOUNCE_PERIOD, ttl: float | None = None) -> None:
+        """Publish this span on ``tally/<chain>/shards`` every ``period`` seconds, each announcement valid for
+        ``ttl`` seconds (default ``TTL_PERIODS × period``).
+
+        Raises:
+            ValueError: at start, unless ``ttl > period`` (:func:`check_announce_timing`).
+        """
+        ttl = period * TTL_PERIODS if ttl is None else ttl
+        check_announce_timing(period, ttl)
         seq = 0
         while True:
             seq = max(seq + 1, time.time_ns() // 1_000_000)  # grows across restarts too
-            await host.publish(host.topic("shards"), pack(self.announcement(host.addrs, seq, period)))
+            await host.publish(host.topic("shards"), pack(self.announcement(host.addrs, seq, period, ttl)))
             await trio.sleep(period)
 
-    def _check_open(self, msg: dict) -> tuple[bytes, int]:
+    # ------------------------------------------------------------------ session protocol
+
+    def _open(self, msg: dict, peer: str) -> _Session:
         if msg.get("type") != "open":
             raise SessionError("bad_request", "first message must be open")
         sid = msg.get("session_id")
@@ -98,77 +208,151 @@ class SpanServer:
         if (msg.get("start"), msg.get("end")) != (self.span.start, self.span.end):
             raise SessionError("wrong_span", f"this server holds blocks [{self.span.start}, {self.span.end})")
         max_length = msg.get("max_length")
-        if not isinstance(max_length, int) or not 0 < max_length <= self.span.max_length:
+        if not isinstance(max_length, int) or isinstance(max_length, bool) or \
+                not 0 < max_length <= self.span.max_length:
             raise SessionError("too_long", f"max_length must be in 1..{self.span.max_length}")
-        if self.active >= self.max_sessions:
-            raise SessionError("busy", "too many sessions")
-        return sid, max_length
+        codec = msg.get("compression", "none")
+        if codec not in CODECS:
+            raise SessionError("bad_request", f"compression must be one of {', '.join(CODECS)}")
+        replay = msg.get("replay", 0)
+        if not isinstance(replay, int) or isinstance(replay, bool) or not 0 <= replay < max_length:
+            raise SessionError("bad_request", "replay must be in 0..max_length-1")
+        if self.active >= self.max_sessions or self.reserved + max_length > self.cache_tokens:
+            raise SessionError("busy", "too many sessions or no KV cache left")
+        terms = SessionTerms(self.chain_id, sid, self.ident.account, account_from_str(peer), self.span.model_id,
+                             self.span.start, self.span.end, self.height(), codec, replay, self.price)
+        return _Session(sid, peer, max_length, codec, RunningReceipt(terms), self.span.new_cache())
 
-    def _check_step(self, msg: dict, tokens: int, max_length: int) -> torch.Tensor:
-        hidden = tensor_from_wire(msg.get("hidden"))
-        if hidden.dtype != torch.float32 or hidden.dim() != 3 or hidden.shape[0] != 1 \
-                or hidden.shape[2] != self.span.hidden_size or hidden.shape[1] < 1:
-            raise SessionError("bad_tensor", f"hidden states must be float32 (1, tokens, {self.span.hidden_size})")
-        if tokens + hidden.shape[1] > max_length:
-            raise SessionError("too_long", f"session would exceed its max_length {max_length}")
-        if not torch.isfinite(hidden).all():
-            raise SessionError("bad_tensor", "hidden states must be finite")
-        return hidden
+    def _offence(self, peer: str, weight: float) -> None:
+        if self.penalize is not None:
+            self.penalize(peer, weight)
+
+    async def _refuse(self, stream, peer: str, e: Exception) -> None:
+        """Answer a bad message with an error frame and penalize its sender (best effort, bounded)."""
+        weight = MALFORMED_FRAME if isinstance(e, FrameError) else BAD_REQUEST
+        self._offence(peer, weight)
+        code = getattr(e, "code", "bad_frame" if isinstance(e, FrameError) else "bad_request")
+        with trio.move_on_after(2.0):
+            try:
+                await write_msg(stream, error_reply(code, str(e)))
+            except (StreamClosed, RequestTimeout, FrameError):
+                pass
 
     async def handle(self, stream, peer: str) -> None:
-        """Serve one session on ``stream`` from ``peer`` (the requester)."""
+        """Serve one session on ``stream`` from ``peer`` (the requester); see the module docstring."""
         try:
-            msg = await read_msg(stream, timeout=self.step_timeout)
-            sid, max_length = self._check_open(msg)
-        except (SessionError, DecodeError) as e:
-            await write_msg(stream, error_reply(getattr(e, "code", "bad_request"), str(e)))
+            sess = self._open(await read_msg(stream, timeout=self.step_timeout, max_message=CONTROL_MAX), peer)
+        except (SessionError, FrameError, DecodeError, ValueError) as e:
+            await self._refuse(stream, peer, e)
             return
-        requester = account_from_str(peer)
-        opened = self.height()
         self.active += 1
-        cache = self.span.new_cache()
-        inputs: list[torch.Tensor] = []
-        outputs: list[torch.Tensor] = []
-        tokens = 0
+        self.reserved += sess.max_length
+        reason = "error"
         try:
-            await write_msg(stream, {"status": "ok", "height": opened})
-            while True:
-                msg = await read_msg(stream, timeout=self.step_timeout)
-                kind = msg.get("type")
-                if kind == "step":
-                    try:
-                        hidden = self._check_step(msg, tokens, max_length)
-                    except (SessionError, DecodeError) as e:
-                        await write_msg(stream, error_reply(getattr(e, "code", "bad_tensor"), str(e)))
-                        return
-                    out = await self.executor.run(self.span.forward, hidden, cache)
-                    inputs.append(hidden)
-                    outputs.append(out)
-                    tokens += hidden.shape[1]
-                    self.tokens_served += hidden.shape[1]
-                    await write_msg(stream, {"status": "ok", "hidden": tensor_to_wire(out)})
-                elif kind == "close":
-                    if tokens == 0:
-                        await write_msg(stream, error_reply("empty", "no tokens processed"))
-                        return
-                    receipt = self._receipt(sid, requester, tokens, inputs, outputs, opened)
-                    await write_msg(stream, {"status": "ok", "receipt": receipt.to_wire()})
-                    self.sessions_served += 1
-                    return
-                else:
-                    await write_msg(stream, error_reply("bad_request", f"unknown message type {kind!r}"))
-                    return
+            await write_msg(stream, {"status": "ok", "height": sess.rr.terms.opened_height})
+            reason = await self._serve(stream, sess)
+        except (StreamClosed, RequestTimeout) as e:
+            reason = "vanished"
+            log.info("session %s from %s ended without close: %s", sess.sid.hex()[:12], peer[:16], e)
+        except (SessionError, FrameError, DecodeError) as e:
+            await self._refuse(stream, peer, e)
         finally:
             self.active -= 1
-            del cache
+            self.reserved -= sess.max_length
+            sess.cache = None  # the KV cache is freed here, whatever happened
+        receipt = self._settle(sess, reason)
+        if receipt is not None and self.submit is not None:
+            try:
+                await self.submit(receipt)
+            except Exception as e:  # the requester may submit the same receipt; never crash the handler
+                log.warning("could not submit receipt %s: %s", receipt.id.hex()[:16], e)
 
-    def _receipt(self, sid: bytes, requester: bytes, tokens: int, inputs, outputs, opened: int) -> Receipt:
-        in_root = self.blobs.put(inputs)
-        out_root = self.blobs.put(outputs)
-        blocks = self.span.end - self.span.start
-        r = Receipt(self.chain_id, sid, self.ident.account, requester, self.span.model_id, self.span.start,
-                    self.span.end, tokens, in_root, out_root, tokens * blocks * self.price, opened)
-        return r.sign_worker(self.ident)
+    async def _serve(self, stream, sess: _Session) -> str:
+        """The step/ack/close loop; returns how the session ended. Raises on a bad or missing message."""
+        hidden_size = self.span.hidden_size
+        step_max = sess.max_length * hidden_size * 4 * 101 // 100 + 4096
+        while True:
+            msg = await read_msg(stream, timeout=self.step_timeout, max_message=step_max)
+            kind = msg.get("type")
+            if kind == "step":
+                t0 = time.perf_counter()
+                hidden, c_in = decode_hidden(msg.get("hidden"), sess.codec, hidden_size,
+                                             sess.max_length - sess.rr.positions)
+                n = hidden.shape[1]
+                t1 = time.perf_counter()
+                out = await self.executor.run(self.span.forward, hidden.float(), sess.cache)
+                t2 = time.perf_counter()
+                wire, sent, c_out = encode_hidden(out, sess.codec)
+                reply = {"status": "ok", "hidden": wire}
+                with CLOCK:
+                    r = sess.rr.append(c_in, c_out, n)
+                    if r is not None:
+                        reply["sig"] = self.ident.sign(r.id)
+                sess.history.append((0, b"", b"") if r is None else (r.tokens, r.inputs_root, r.outputs_root))
+                sess.inputs.append(hidden)
+                sess.outputs.append(sent)
+                self.tokens_served += n
+                await write_msg(stream, reply)
+                if n == 1:
+                    self.stats.observe(time.perf_counter() - t0, t2 - t1)
+            elif kind == "ack":
+                n, sig = msg.get("steps"), msg.get("sig")
+                if not (isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= sess.rr.steps
+                        and isinstance(sig, bytes) and len(sig) == 64 and sess.history[n - 1][0] > 0):
+                    raise SessionError("bad_request", "ack needs steps in 1..steps processed (billed) and a "
+                                                      "64-byte signature")
+                sess.acks[n] = sig
+                if len(sess.acks) % VERIFY_EVERY == 0 and self._best_ack(sess) < n:
+                    raise SessionError("bad_ack", "countersignature does not match this session's receipt")
+            elif kind == "close":
+                n = self._best_ack(sess)
+                await write_msg(stream, {"status": "ok", "steps": n})
+                self.sessions_served += 1
+                return "closed"
+            else:
+                raise SessionError("bad_request", f"unknown message type {kind!r}")
+
+    def _receipt_at(self, sess: _Session, steps: int) -> Receipt | None:
+        billed, in_root, out_root = sess.history[steps - 1]
+        if billed == 0:
+            return None
+        t = sess.rr.terms
+        return Receipt(t.chain_id, t.session_id, t.worker, t.requester, t.model_id, t.start, t.end, billed,
+                       in_root, out_root, billed * (t.end - t.start) * t.price_per_token_block, t.opened_height,
+                       t.compression)
+
+    def _best_ack(self, sess: _Session) -> int:
+        """Steps covered by the newest acknowledgement whose countersignature verifies (0 if none)."""
+        requester = sess.rr.terms.requester
+        for n in sorted(sess.acks, reverse=True):
+            if n <= sess.verified:
+                break
+            r = self._receipt_at(sess, n)
+            with CLOCK:
+                ok = r is not None and verify(requester, r.id, sess.acks[n])
+            if ok:
+                sess.verified = n
+                break
+            sess.bad_acks += 1
+            del sess.acks[n]
+            self._offence(sess.peer, BAD_SIGNATURE)
+        return sess.verified
+
+    def _settle(self, sess: _Session, reason: str) -> Receipt | None:
+        """Bookkeeping at the end of a session: the countersigned receipt for the acknowledged steps, its blobs."""
+        n = self._best_ack(sess)
+        receipt = None
+        if n > 0:
+            r = self._receipt_at(sess, n)
+            if r is not None:
+                with CLOCK:
+                    receipt = replace(r.sign_worker(self.ident), requester_sig=sess.acks[n])
+                self.blobs.put(sess.inputs[:n])
+                self.blobs.put(sess.outputs[:n])
+        self.settled.append(Settled(sess.sid, sess.peer, receipt, reason, sess.rr.steps, n))
+        sess.inputs.clear()
+        sess.outputs.clear()
+        return receipt
 
 
 async def blob_handler(blobs: BlobStore, stream, peer: str) -> None:

@@ -109,7 +109,14 @@ class CommitteeMember:
         return span
 
     async def check(self, receipt: Receipt) -> tuple[int, float]:
-        """Re-execute ``receipt``'s session and return ``(verdict, distance)``."""
+        """Re-execute ``receipt``'s session and return ``(verdict, distance)``.
+
+        The committed inputs are every step the worker processed: a failover replacement's start with the
+        replayed prefix it was not paid for, so they hold at least ``receipt.tokens`` (the billed, last)
+        positions. The committed outputs cover the same steps. Tensors travel in the session's codec dtype
+        (float16 with ``fp16`` compression): the span runs in float32 on the committed inputs and its output is
+        rounded to the committed dtype before the comparison, as the worker's was.
+        """
         if receipt.model_id != self.model_id:
             return ABSTAIN, float("inf")
         try:
@@ -118,13 +125,16 @@ class CommitteeMember:
         except Unavailable as e:
             log.info("abstain on %s: %s", receipt.id.hex()[:16], e)
             return ABSTAIN, float("inf")
-        if sum(t.shape[1] for t in inputs) != receipt.tokens or len(inputs) != len(outputs):
+        if sum(t.shape[1] for t in inputs) < receipt.tokens or len(inputs) != len(outputs):
             return INVALID, float("inf")
         x = torch.cat(inputs, dim=1)
         y = torch.cat(outputs, dim=1)
+        if not (x.is_floating_point() and y.is_floating_point()):
+            return INVALID, float("inf")
         span = await self.executor.run(self._span, receipt.span_start, receipt.span_end)
         try:
-            y_hat = await self.executor.run(span.prefill, x)
+            y_hat = await self.executor.run(span.prefill, x.float())
+            y_hat = y_hat.to(y.dtype)
         except (RuntimeError, MemoryError) as e:  # out of memory and the like: not the worker's fault
             log.warning("abstain on %s: %s", receipt.id.hex()[:16], e)
             return ABSTAIN, float("inf")

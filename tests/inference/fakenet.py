@@ -1,0 +1,129 @@
+"""An in-memory network for protocol tests: real SpanServers and a real RouteClient, streams in memory.
+
+``FakeNet.open_stream`` hands the client one end of a ``trio.testing.memory_stream_pair`` and runs the server's
+``handle`` on the other end, like the libp2p host does. ``kill(peer)`` makes a server vanish mid-session the way
+a SIGKILLed process does for its clients: every stream to it hits EOF and it cannot be reached any more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+import trio.testing
+
+from node.blobs import BlobStore
+from node.compute.executor import TorchExecutor
+from node.compute.head import ClientHead
+from node.compute.model import load_manifest
+from node.compute.span import SpanModel
+from node.encoding import pack
+from node.identity import Identity, dev_seed
+from node.inference.client import RouteClient, SwarmTable
+from node.inference.server import SpanServer
+from node.p2p.host import PeerUnreachable
+
+CHAIN = "tally-test"
+PRICE = 100
+
+
+class MemStream:
+    """A libp2p-like stream (``read``/``write``/``close``/``reset``) over one end of a trio memory stream."""
+
+    def __init__(self, s):
+        self.s = s
+
+    async def read(self, n: int) -> bytes:
+        try:
+            return await self.s.receive_some(n)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return b""
+
+    async def write(self, data: bytes) -> None:
+        await self.s.send_all(data)
+
+    async def close(self) -> None:
+        await self.s.aclose()
+
+    reset = close
+
+
+@dataclass
+class FakeLedger:
+    chain_id: str = CHAIN
+
+    def __post_init__(self):
+        class _P:
+            price_per_token_block = PRICE
+
+        class _G:
+            params = _P()
+
+        self.genesis = _G()
+        self.submitted: list = []
+
+    async def submit(self, tx) -> bytes:
+        self.submitted.append(tx)
+        return tx.id
+
+
+class FakeNet:
+    def __init__(self, nursery, client_peer: str):
+        self.nursery, self.client_peer = nursery, client_peer
+        self.servers: dict[str, SpanServer] = {}
+        self.dead: set[str] = set()
+        self._open: dict[str, list] = {}
+        self.peer_id = client_peer
+        self.penalties: list[tuple[str, float]] = []
+        self.client_ends: list[MemStream] = []
+
+    async def open_stream(self, peer: str, protocol: str, timeout: float = 10.0):
+        if peer in self.dead or peer not in self.servers:
+            raise PeerUnreachable(f"{peer} unreachable")
+        a, b = trio.testing.memory_stream_pair()
+        server_end = MemStream(b)
+        self._open.setdefault(peer, []).append(server_end)
+
+        async def serve():
+            try:
+                await self.servers[peer].handle(server_end, self.client_peer)
+            finally:
+                await server_end.close()
+
+        self.nursery.start_soon(serve)
+        client_end = MemStream(a)
+        self.client_ends.append(client_end)
+        return client_end
+
+    async def drop_client(self) -> None:
+        """The client vanishes: every stream it opened breaks (the servers read EOF)."""
+        for s in self.client_ends:
+            await s.close()
+
+    async def kill(self, peer: str) -> None:
+        """The server dies: its streams are torn down and it is unreachable from now on."""
+        self.dead.add(peer)
+        for s in self._open.pop(peer, []):
+            await s.close()
+
+
+def make_server(model_dir: Path, key: int, span: tuple[int, int], tmp: Path, net: FakeNet | None = None,
+                **kw) -> SpanServer:
+    ident = Identity.from_seed(dev_seed(key))
+    ledger = FakeLedger()
+    server = SpanServer(ident, CHAIN, SpanModel(model_dir, *span), TorchExecutor(1), BlobStore(tmp / f"s{key}"),
+                        lambda: 7, PRICE, submit=ledger.submit,
+                        penalize=(lambda p, w: net.penalties.append((p, w))) if net else None, **kw)
+    server.ledger = ledger  # type: ignore[attr-defined]
+    return server
+
+
+async def announce(swarm: SwarmTable, server: SpanServer, seq: int = 1) -> None:
+    await swarm.on_announcement(pack(server.announcement([], seq, 5.0)), server.ident.peer_id)
+
+
+def make_client(model_dir: Path, net: FakeNet, tmp: Path, ident: Identity, **kw) -> RouteClient:
+    manifest = load_manifest(model_dir)
+    return RouteClient(ident, net, ClientHead(model_dir), manifest, FakeLedger(), TorchExecutor(1),
+                       BlobStore(tmp / "client"), SwarmTable(), step_timeout=5.0, **kw)

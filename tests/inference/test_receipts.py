@@ -1,0 +1,106 @@
+"""Running receipts (incremental Merkle roots, per-step receipts, replay billing) and the hidden-state codecs."""
+
+from __future__ import annotations
+
+import os
+
+import msgpack
+import pytest
+import torch
+
+from node.encoding import DecodeError, commitments_root, merkle_root, tensor_commitment
+from node.inference.receipts import CLOCK, MerkleAccumulator, RunningReceipt, SessionTerms
+from node.inference.wire import CODECS, check_codec, decode_hidden, encode_hidden
+
+
+def test_merkle_accumulator_equals_rfc9162_root_at_every_size():
+    acc = MerkleAccumulator()
+    leaves = []
+    assert acc.root() == merkle_root([])
+    for i in range(70):
+        leaf = os.urandom(1 + i % 5)
+        leaves.append(leaf)
+        acc.append(leaf)
+        assert acc.root() == merkle_root(leaves), i
+        assert len(acc._stack) <= i.bit_length() + 1
+
+
+def terms(replay=0):
+    return SessionTerms("tally-test", b"s" * 16, b"w" * 32, b"r" * 32, b"m" * 32, 2, 5, 9, "none", replay, 100)
+
+
+def test_running_receipt_commits_to_every_step_and_bills_after_the_replay():
+    steps = [torch.randn(1, n, 8) for n in (4, 1, 1, 1)]
+    outs = [torch.randn(1, n, 8) for n in (4, 1, 1, 1)]
+    rr = RunningReceipt(terms())
+    for i, (x, y) in enumerate(zip(steps, outs)):
+        r = rr.append(tensor_commitment(x), tensor_commitment(y), x.shape[1])
+        assert r.inputs_root == commitments_root(steps[:i + 1]) and r.outputs_root == commitments_root(outs[:i + 1])
+    assert (r.tokens, r.work, r.price, r.span_start, r.opened_height) == (7, 21, 2100, 2, 9)
+    # a replacement that replays 5 positions: nothing billed until position 6, then only the new positions
+    rr = RunningReceipt(terms(replay=5))
+    assert rr.append(b"a", b"b", 5) is None and rr.billed == 0
+    r = rr.append(b"c", b"d", 1)
+    assert r.tokens == 1 and r.price == 300 and r.inputs_root == merkle_root([b"a", b"c"])
+    with pytest.raises(ValueError):
+        rr.append(b"e", b"f", 0)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_codec_roundtrip_and_commitment(codec):
+    x = torch.randn(1, 3, 16) * 10
+    wire, sent, c = encode_hidden(x, codec)
+    got, c2 = decode_hidden(msgpack.unpackb(msgpack.packb(wire)), codec, 16, 3)
+    assert torch.equal(got, sent) and c == c2 == tensor_commitment(sent)
+    assert got.dtype == (torch.float16 if "fp16" in codec else torch.float32)
+    if "fp16" not in codec:
+        assert torch.equal(got, x)
+    header = len(msgpack.packb({**wire, "data" if "data" in wire else "zstd": b""}))
+    assert header < 40  # a small header: the payload is the tensor's own bytes
+
+
+def _bad(codec="none", **over):
+    w, _, _ = encode_hidden(torch.randn(1, 2, 16), codec)
+    w.update(over)
+    return w
+
+
+@pytest.mark.parametrize("wire,codec,match", [
+    ("notamap", "none", "map"),
+    (_bad(dtype="complex64"), "none", "dtype"),
+    (_bad(dtype="float16"), "none", "dtype"),  # a dtype other than the session's codec
+    (_bad(shape=[1, 2]), "none", "shape"),
+    (_bad(shape=[2, 1, 16]), "none", "shape"),
+    (_bad(shape=[1, 2, 15]), "none", "shape"),
+    (_bad(shape=[1, 2**40, 16]), "none", "shape"),  # a huge token count: refused before any allocation
+    (_bad(shape=[1, True, 16]), "none", "shape"),
+    (_bad(data=b"\x00" * 12), "none", "bytes"),  # buffer does not match the shape
+    (_bad(data="text"), "none", "bytes"),
+    (_bad(data=b"\x00\x00\xc0\x7f" * 32), "none", "finite"),  # NaN
+    (_bad("zstd", zstd=b"\x28\xb5\x2f\xfd\x00\x00"), "zstd", "declares"),  # unknown content size
+    (_bad("zstd", zstd=b"garbage"), "zstd", "zstd"),
+    (_bad("zstd", zstd=_bad("zstd")["zstd"] + b"junk"), "zstd", "zstd"),  # trailing data
+])
+def test_hostile_hidden_states_are_refused(wire, codec, match):
+    with pytest.raises(DecodeError, match=match):
+        decode_hidden(wire, codec, 16, 4)
+
+
+def test_zstd_frame_declaring_huge_size_is_refused_before_decompressing():
+    import zstandard
+
+    bomb = zstandard.ZstdCompressor(write_content_size=True).compress(b"\x00" * (1 << 20))
+    assert len(bomb) < 100
+    with pytest.raises(DecodeError, match="declares 1048576"):
+        decode_hidden({"dtype": "float32", "shape": [1, 2, 16], "zstd": bomb}, "zstd", 16, 4)
+    with pytest.raises(DecodeError, match="2 positions, expected 3"):
+        decode_hidden(encode_hidden(torch.randn(1, 2, 16), "none")[0], "none", 16, 4, positions=3)
+
+
+def test_codec_names_and_clock():
+    assert check_codec("fp16+zstd") == "fp16+zstd"
+    with pytest.raises(ValueError):
+        check_codec("gzip")
+    CLOCK.reset()
+    encode_hidden(torch.randn(1, 1, 16), "none")
+    assert CLOCK.calls == 1 and CLOCK.seconds > 0

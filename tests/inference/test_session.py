@@ -1,0 +1,174 @@
+"""The session protocol end to end over in-memory streams: real servers, real client, no libp2p."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import trio
+
+from node.compute.reference import local_generate
+from node.identity import Identity, dev_seed
+
+from .fakenet import FakeNet, announce, make_client, make_server
+
+SPANS = [(0, 2), (2, 4), (4, 6)]
+PROMPT = [5, 17, 42, 99]
+
+
+def run(fn, timeout=60):
+    async def main():
+        with trio.fail_after(timeout):
+            return await fn()
+    return trio.run(main)
+
+
+def _member(tiny, client):
+    from node.compute.executor import TorchExecutor
+    from node.compute.span import SpanModel
+    from node.verify.member import CommitteeMember
+
+    return CommitteeMember(Identity.generate(), None, None, client.blobs, TorchExecutor(1),
+                           lambda s, e: SpanModel(tiny, s, e), client.manifest.model_id)
+
+
+async def _swarm(nursery, tiny, tmp_path, per_span=1, **kw):
+    client_ident = Identity.from_seed(dev_seed(0))
+    net = FakeNet(nursery, client_ident.peer_id)
+    servers = []
+    key = 1
+    for span in SPANS:
+        for _ in range(per_span):
+            s = make_server(tiny, key, span, tmp_path, net, **kw)
+            net.servers[s.ident.peer_id] = s
+            servers.append(s)
+            key += 1
+    client = make_client(tiny, net, tmp_path, client_ident)
+    for s in servers:
+        await announce(client.swarm, s)
+    return net, servers, client
+
+
+def test_generation_matches_local_and_receipts_cover_every_position(tiny, tmp_path):
+    async def main():
+        async with trio.open_nursery() as n:
+            net, servers, client = await _swarm(n, tiny, tmp_path)
+            gen = await client.generate(PROMPT, 12)
+            await trio.sleep(0.05)
+            n.cancel_scope.cancel()
+            return gen, servers
+
+    gen, servers = run(main)
+    assert gen.tokens == local_generate(tiny, PROMPT, 12)
+    assert len(gen.receipts) == 3 and not gen.failovers
+    for r, s in zip(gen.receipts, servers):
+        assert r.tokens == len(PROMPT) + 11 and r.price == r.work * 100
+        r.check_signatures()
+        (settled,) = s.settled
+        assert settled.reason == "closed" and settled.receipt == r  # both ends hold the same receipt
+        assert s.active == 0 and s.reserved == 0
+
+
+def test_failover_replays_and_bills_no_position_twice(tiny, tmp_path):
+    """The middle server dies after token 17 of 48: the replacement replays its 4 + 16 positions unbilled."""
+    async def main():
+        async with trio.open_nursery() as n:
+            net, servers, client = await _swarm(n, tiny, tmp_path, per_span=3)
+            killed = []
+
+            async def on_token(i, tok, route):
+                if i == 17:
+                    peer = route[1][0]
+                    killed.append(peer)
+                    await net.kill(peer)
+
+            gen = await client.generate(PROMPT, 48, on_token=on_token)
+            member = _member(tiny, client)
+            verdicts = [await member.check(r) for r in gen.receipts]
+            await trio.sleep(0.05)
+            n.cancel_scope.cancel()
+            return gen, killed, {s.ident.account: s for s in servers}, verdicts
+
+    gen, (dead,), by_account, verdicts = run(main)
+    assert [v for v, _ in verdicts] == [0] * 4  # the committee re-executes replayed and partial sessions: valid
+    assert gen.tokens == local_generate(tiny, PROMPT, 48)
+    (fo,) = gen.failovers
+    assert fo.dead == dead and fo.token == 18 and fo.replayed == len(PROMPT) + 16 and fo.span == (2, 4)
+    middle = [r for r in gen.receipts if (r.span_start, r.span_end) == (2, 4)]
+    assert len(middle) == 2
+    dead_r, new_r = middle
+    assert dead_r.tokens == len(PROMPT) + 16  # the steps that produced tokens 1-17
+    assert new_r.tokens == 48 - 17  # the steps that produced tokens 18-48, the replay unbilled
+    assert dead_r.tokens + new_r.tokens == len(PROMPT) + 47  # == an uninterrupted session: nothing paid twice
+    others = [r for r in gen.receipts if (r.span_start, r.span_end) != (2, 4)]
+    assert [r.tokens for r in others] == [len(PROMPT) + 47] * 2
+    # the replacement holds the same receipt as the client; its committed inputs include the replay
+    repl = by_account[new_r.worker]
+    (settled,) = repl.settled
+    assert settled.receipt == new_r and settled.steps == 1 + 31
+
+
+@pytest.mark.parametrize("codec", ["none", "fp16", "zstd", "fp16+zstd"])
+def test_compression_is_recorded_and_committees_verify_it(tiny, tmp_path, codec):
+    from node.ledger.tx import VALID
+
+    async def main():
+        async with trio.open_nursery() as n:
+            net, servers, client = await _swarm(n, tiny, tmp_path)
+            gen = await client.generate(PROMPT, 10, compression=codec)
+            member = _member(tiny, client)
+            verdicts = [await member.check(r) for r in gen.receipts]
+            n.cancel_scope.cancel()
+            return gen, verdicts
+
+    gen, verdicts = run(main)
+    assert all(r.compression == codec for r in gen.receipts)
+    assert all(v == VALID for v, _ in verdicts), verdicts
+    if "fp16" not in codec:
+        assert gen.tokens == local_generate(tiny, PROMPT, 10)
+    print(codec, [d for _, d in verdicts])
+
+
+@pytest.mark.parametrize("how", ["stalls", "disconnects"])
+def test_vanished_client_frees_cache_and_is_billed_for_acknowledged_steps(tiny, tmp_path, how):
+    """A client that stops after token 17 without closing: each server frees the session (within the step
+    timeout when the stream stays open, at once when it breaks) and its receipt covers the 17 steps."""
+    timeout = 0.5
+
+    async def main():
+        async with trio.open_nursery() as n:
+            net, servers, client = await _swarm(n, tiny, tmp_path, step_timeout=timeout)
+            stop = trio.Event()
+
+            async def on_token(i, tok, route):
+                if i == 17:
+                    stop.set()
+                    await trio.sleep_forever()
+
+            async def gen():
+                with trio.CancelScope() as cs:
+                    client_scope.append(cs)
+                    await client.generate([7], 40, on_token=on_token)
+
+            client_scope = []
+            n.start_soon(gen)
+            await stop.wait()
+            t0 = trio.current_time()
+            if how == "disconnects":
+                await net.drop_client()
+            with trio.fail_after(timeout * 4):
+                while any(s.active for s in servers):
+                    await trio.sleep(0.01)
+            freed_after = trio.current_time() - t0
+            await trio.sleep(0.05)
+            client_scope[0].cancel()
+            n.cancel_scope.cancel()
+            return servers, freed_after
+
+    servers, freed_after = run(main)
+    assert freed_after < timeout * 2
+    for s in servers:
+        (st,) = s.settled
+        assert st.reason == "vanished" and st.steps == 17 and st.acked == 17
+        assert st.receipt.tokens == 17 and s.ledger.submitted == [st.receipt]
+        st.receipt.check_signatures()
+        assert s.reserved == 0
