@@ -107,7 +107,10 @@ def create_app(node) -> FastAPI:
     except ImportError:
         jobs_router = None
     if jobs_router is not None:
-        app.include_router(jobs_router(node, require_token, ApiError))
+        from .models import ErrorOut
+
+        errors = {c: {"model": ErrorOut} for c in (400, 401, 403, 404, 409, 422, 503)}
+        app.include_router(jobs_router(node, require_token, ApiError), responses=errors)
     app.include_router(pages_router(node, q))
 
     registry = metrics_registry(node, q)

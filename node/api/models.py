@@ -13,6 +13,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+ACCOUNT_RE = r"^(12D3KooW[1-9A-HJ-NP-Za-km-z]{44}|[0-9a-fA-F]{64})$"
+AMOUNT_RE = r"^ *[0-9]{1,12}(\.[0-9]{1,9})? *$"
+
 
 class Amount(BaseModel):
     base_units: str = Field(..., description="integer number of base units (10^-9 credit)")
@@ -286,12 +289,12 @@ class GenerateOut(BaseModel):
 
 
 class TransferRequest(BaseModel):
-    to: str = Field(..., max_length=128, description="recipient peer ID")
-    amount: str = Field(..., max_length=64, description="decimal credits, e.g. \"1.5\"")
+    to: str = Field(..., max_length=128, pattern=ACCOUNT_RE, description="recipient peer ID")
+    amount: str = Field(..., max_length=64, pattern=AMOUNT_RE, description="decimal credits, e.g. \"1.5\"")
 
 
 class BondRequest(BaseModel):
-    amount: str = Field(..., max_length=64, description="decimal credits to bond or unbond")
+    amount: str = Field(..., max_length=64, pattern=AMOUNT_RE, description="decimal credits to bond or unbond")
 
 
 class SubmittedOut(BaseModel):

@@ -323,7 +323,10 @@ class Queries:
                 return _hit("tx", b.hex(), f"/tx/{b.hex()}", f"/v1/txs/{b.hex()}")
         if len(b) == 16 and b in self._jobs():
             return _hit("job", b.hex(), f"/jobs/{b.hex()}", f"/v1/jobs/{b.hex()}")
-        if not b or len(b) == 32:
+        if len(b) == 32 and b in st.accounts:  # a public key in hex: only an account the ledger knows
+            name = v.acct(b)
+            return _hit("account", name, f"/accounts/{name}", f"/v1/accounts/{name}")
+        if not b:
             try:
                 a = account_from_str(q)
             except ValueError:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from fastapi import APIRouter, Depends, Path, Query
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse
 
 from ..encoding import parse_amount
 from ..ledger.genesis import TREASURY
@@ -26,10 +26,8 @@ E = {c: {"model": m.ErrorOut} for c in (400, 403, 404, 422)}
 E_POST = {**E, 401: {"model": m.ErrorOut}}
 
 
-class JSON(Response):
+class JSON(JSONResponse):
     """Compact JSON without a second validation pass (the models document the shape; tests check it)."""
-
-    media_type = "application/json"
 
     def render(self, content) -> bytes:
         return json.dumps(content, separators=(",", ":"), ensure_ascii=False).encode()
@@ -76,16 +74,17 @@ def wallet_router(node, q, require_token) -> APIRouter:
     r = APIRouter(prefix="/v1", default_response_class=JSON, responses=E)
     # FastAPI mutates parameter objects: each route gets fresh ones
     def Account():
-        return Path(..., max_length=128, description="peer ID (12D3KooW...) or 64 hex characters")
+        return Path(..., max_length=128, pattern=m.ACCOUNT_RE,
+                    description="peer ID (12D3KooW...) or 64 hex characters")
 
     def Id():
-        return Path(..., max_length=64, description="64 hex characters")
+        return Path(..., max_length=64, pattern="^[0-9a-fA-F]{64}$", description="64 hex characters")
 
     def Limit():
         return Query(50, ge=1, le=200, description="page size")
 
     def Cursor():
-        return Query(None, max_length=128, description="`next` of the previous page")
+        return Query(None, max_length=128, pattern="^[0-9a-f]*$", description="`next` of the previous page")
 
     @r.get("/status", response_model=m.StatusOut, summary="Node, chain head and swarm")
     async def status():

@@ -1,0 +1,161 @@
+"""The wallet/credits API on a live swarm: reads, history, receipts by account with verdicts, transfers, bonds,
+blocks and transactions, search, pagination, error shapes, /metrics and the offline /docs."""
+
+from __future__ import annotations
+
+import re
+
+from .conftest import get, post
+
+C = 10**9
+
+
+def _amount_ok(a: dict) -> bool:
+    return set(a) == {"base_units", "credits"} and a["base_units"].isdigit() and isinstance(a["credits"], str)
+
+
+def test_reads_history_receipts_transfer_and_search(live):
+    api, client = live.api, live.client
+    gen = live.generate([3, 1, 4], 3)
+    rid = gen.receipts[0].id.hex()
+    worker = gen.receipts[0].worker
+    from node.identity import account_to_str
+
+    w = account_to_str(worker)
+    me = client.ident.peer_id
+
+    status = get(f"{api}/v1/status").json()
+    assert status["validator"] is True and status["validators"] == 1 and len(status["swarm"]) == 3
+    acc = get(f"{api}/v1/accounts/{me}").json()
+    assert all(_amount_ok(acc[k]) for k in ("balance", "bond", "escrow", "slashed"))
+
+    # receipts by account with their verdicts, for the worker, the requester and a committee member
+    rec = get(f"{api}/v1/receipts/{rid}").json()
+    assert rec["status"] == "valid" and len(rec["votes"]) == 2 and rec["kind"] == "inference"
+    mine = get(f"{api}/v1/accounts/{w}/receipts").json()["receipts"]
+    assert [x["role"] for x in mine if x["receipt"]["id"] == rid] == ["worker"]
+    member = rec["committee"][0]
+    theirs = get(f"{api}/v1/accounts/{member}/receipts").json()["receipts"]
+    assert any(x["role"] == "committee" and x["receipt"]["status"] == "valid" for x in theirs)
+    req = get(f"{api}/v1/accounts/{me}/receipts?limit=2").json()
+    assert len(req["receipts"]) == 2 and req["next"] and all(x["role"] == "requester" for x in req["receipts"])
+    rest = get(f"{api}/v1/accounts/{me}/receipts?limit=2&cursor={req['next']}").json()
+    assert len(rest["receipts"]) == 1 and rest["next"] is None
+
+    # a transfer: refused without funds, accepted with the token, then in both histories
+    too_much = post(f"{api}/v1/transfer", headers=live.auth, json={"to": w, "amount": "1000000"})
+    assert too_much.status_code == 400 and too_much.json()["code"] == "invalid_tx"
+    r = post(f"{api}/v1/transfer", headers=live.auth, json={"to": w, "amount": "2.5"})
+    assert r.status_code == 200, r.text
+    sent = r.json()
+    assert sent["amount"] == {"base_units": str(25 * C // 10), "credits": "2.5"} and sent["kind"] == "transfer"
+    tx = None
+    for _ in range(100):
+        tx = get(f"{api}/v1/txs/{sent['id']}")
+        if tx.status_code == 200:
+            break
+        live.wait_height(live.call(lambda: client.ledger.state.height) + 1)
+    assert tx.status_code == 200 and tx.json()["kind"] == "transfer"
+    t = tx.json()
+    assert t["fields"]["recipient"] == w and t["fields"]["amount"]["credits"] == "2.5"
+    hist_w = get(f"{api}/v1/accounts/{w}/history").json()["events"]
+    assert hist_w[0]["kind"] == "transfer" and hist_w[0]["role"] == "recipient"
+    assert any(e["kind"] == "payout" and e["receipt"] == rid for e in hist_w)
+    hist_me = get(f"{api}/v1/accounts/{me}/history?limit=1").json()
+    assert hist_me["events"][0]["tx"] == sent["id"] and hist_me["next"]
+    older = get(f"{api}/v1/accounts/{me}/history?limit=50&cursor={hist_me['next']}").json()["events"]
+    assert {"paid", "receipt"} <= {e["kind"] for e in older} and sent["id"] not in [e["tx"] for e in older]
+
+    # blocks, pagination and the block of the transfer
+    blocks = get(f"{api}/v1/blocks?limit=5").json()
+    assert len(blocks["blocks"]) == 5 and blocks["next"]
+    heights = [b["height"] for b in blocks["blocks"]]
+    assert heights == sorted(heights, reverse=True)
+    older_blocks = get(f"{api}/v1/blocks?limit=5&before={blocks['next']}").json()["blocks"]
+    assert older_blocks[0]["height"] == heights[-1] - 1
+    blk = get(f"{api}/v1/blocks/{t['height']}").json()
+    assert sent["id"] in [x["id"] for x in blk["txs"]] and blk["hash"] == t["block_hash"] and blk["commit"]
+
+    # search: height, block hash, receipt id, tx id, account, nothing
+    def s(q):
+        return get(f"{api}/v1/search", params={"q": q})
+
+    assert s(str(t["height"])).json()["url"] == f"/blocks/{t['height']}"
+    assert s(t["block_hash"]).json()["kind"] == "block"
+    assert s(rid).json() == {"kind": "receipt", "id": rid, "url": f"/receipts/{rid}", "api": f"/v1/receipts/{rid}"}
+    assert s(sent["id"]).json()["kind"] == "tx"
+    assert s(w).json()["url"] == f"/accounts/{w}"
+    assert s("deadbeef" * 8).status_code == 404 and s("hello").json()["code"] == "not_found"
+
+    # bonds, validators, swarm, verification
+    bonds = get(f"{api}/v1/bonds").json()
+    assert w in [b["account"] for b in bonds["bonds"] if b["eligible"]]
+    vals = get(f"{api}/v1/validators").json()
+    assert vals["validators"][0]["account"] == me and vals["validators"][0]["signed"] == vals["window"]
+    sw = get(f"{api}/v1/swarm").json()
+    assert sw["covered"] == sw["num_blocks"] == 6 and sw["coverage"] == [1] * 6
+    ver = get(f"{api}/v1/verification").json()
+    assert ver["valid"] >= 3 and ver["sampled"] >= 3 and ver["votes"]["valid"] >= 6
+    assert sum(b["valid"] for b in ver["series"]) == ver["valid"]
+
+
+def test_bond_unbond_dry_run_and_errors(live):
+    api, client = live.api, live.client
+    before = live.call(lambda: dict(client.ledger.mempool))
+    r = post(f"{api}/v1/unbond", headers=live.auth, json={"amount": "1"})  # node 0 has no bond
+    assert r.status_code == 400 and r.json() == {"code": "invalid_tx", "message": "unbond exceeds the bond"}
+    r = post(f"{api}/v1/bond", headers=live.auth, json={"amount": "0"})
+    assert r.status_code == 400 and r.json()["code"] == "bad_amount"
+    from node.ledger.genesis import TREASURY
+
+    r = post(f"{api}/v1/transfer", headers=live.auth, json={"to": TREASURY.hex(), "amount": "1"})
+    assert r.status_code == 400 and r.json()["code"] == "bad_account"
+    assert live.call(lambda: dict(client.ledger.mempool)) == before
+    r = post(f"{api}/v1/bond", headers=live.auth, json={"amount": "1.25"})
+    assert r.status_code == 200 and r.json()["kind"] == "bond"
+    # errors are JSON with a code and a message, whatever failed
+    for path, code, status in [("/v1/nope", "not_found", 404), ("/v1/blocks/0", "bad_request", 422),
+                               ("/v1/blocks/99999999", "not_found", 404), ("/v1/receipts/xyz", "bad_request", 422),
+                               ("/v1/accounts/notapeer", "bad_request", 422),
+                               ("/v1/accounts/12D3KooW" + "1" * 44, "bad_account", 400),
+                               ("/v1/accounts/" + "ab" * 32 + "/history?cursor=abc", "bad_cursor", 400)]:
+        r = get(api + path)
+        assert r.status_code == status and r.json()["code"] == code and r.json()["message"], (path, r.text)
+    r = httpx_put(f"{api}/v1/status")
+    assert r.status_code == 405 and r.json()["code"] == "method_not_allowed"
+    r = post(f"{api}/v1/transfer", headers={**live.auth, "Content-Type": "text/plain"}, content=b"to=x")
+    assert r.status_code == 422 and r.json()["code"] == "bad_request"
+
+
+def httpx_put(url):
+    import httpx
+
+    return httpx.put(url, timeout=30)
+
+
+def test_metrics_and_offline_docs(live):
+    api = live.api
+    live.generate([5, 6], 2)
+    text = get(f"{api}/metrics").text
+    values = {}
+    for line in text.splitlines():
+        m = re.match(r"^(tally_[a-z0-9_]+)(\{[^}]*\})? ([0-9.e+-]+)$", line)
+        if m:
+            values[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    height = live.call(lambda: live.client.ledger.state.height)
+    assert values["tally_blocks_total"] >= height - 1 and values["tally_block_height"] >= height - 1
+    assert values["tally_receipts_total"] >= 3 and values['tally_verdicts_total{verdict="valid"}'] >= 3
+    assert values['tally_votes_total{verdict="valid"}'] >= 6 and values["tally_ledger_sessions_total"] >= 3
+    assert values['tally_p2p_stream_bytes_total{direction="sent"}'] > 0 and values["tally_peers"] >= 3
+    assert values["tally_ledger_block_bytes_total"] > 0 and values["tally_swarm_blocks_covered"] == 6
+    assert "# TYPE tally_blocks_total counter" in text
+
+    docs = get(f"{api}/docs")
+    assert docs.status_code == 200 and "/static/swagger/swagger-ui-bundle.js" in docs.text
+    assert not re.search(r"(src|href)=\"https?://", docs.text)  # nothing from a CDN
+    assert get(f"{api}/static/swagger/swagger-ui-bundle.js").status_code == 200
+    schema = get(f"{api}/openapi.json").json()
+    assert schema["components"]["securitySchemes"]["api_token"]["scheme"] == "bearer"
+    for path in ("/v1/status", "/v1/accounts/{account}/history", "/v1/accounts/{account}/receipts", "/v1/bonds",
+                 "/v1/transfer", "/v1/txs/{tx_id}", "/v1/proofs/receipts/{receipt_id}", "/v1/search"):
+        assert path in schema["paths"], path
