@@ -45,7 +45,8 @@ def stacked_bars(series: list[dict], keys: list[str], width: int = 720, height: 
                 parts.append({"key": k, "y": round(y, 2), "h": round(h, 2), "n": b.get(k, 0)})
         bars.append({"x": round(PAD_L + i * slot + slot * 0.1, 2), "w": round(max(1.0, slot * 0.8), 2),
                      "label": f"blocks {b['from_height']}–{b['to_height']}", "parts": parts})
-    yticks = [{"y": round(PAD_T + inner_h - inner_h * t / top, 2), "label": _fmt(t)} for t in _ticks(top)]
+    ticks = _ticks(top, int(top)) if top <= 8 and top == int(top) else _ticks(top)  # whole counts stay whole
+    yticks = [{"y": round(PAD_T + inner_h - inner_h * t / top, 2), "label": _fmt(t)} for t in ticks]
     step = max(1, n // 6)
     xlabels = [{"x": round(PAD_L + i * slot + slot / 2, 2), "label": str(series[i]["from_height"])}
                for i in range(0, len(series), step)]

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 ACCOUNT_RE = r"^(12D3KooW[1-9A-HJ-NP-Za-km-z]{44}|[0-9a-fA-F]{64})$"
-AMOUNT_RE = r"^ *[0-9]{1,12}(\.[0-9]{1,9})? *$"
+AMOUNT_RE = r"^[0-9.eE+ -]{1,64}$"  # characters of a decimal; parse_amount says what else is wrong
 
 
 class Amount(BaseModel):

@@ -71,7 +71,7 @@ def test_api_reads_generate_and_refusals(tmp_path, tiny):
     assert rec["status"] == "valid" and len(rec["votes"]) == 2 and rec["tokens"] == 3 + 4 - 1
     assert any(t["kind"] == "receipt" for t in out["block"]["txs"])
     assert out["missing"].status_code == 404 and out["missing"].json()["code"] == "not_found"
-    assert out["bad_id"].status_code == 400
+    assert out["bad_id"].status_code == 422 and out["bad_id"].json()["code"] == "bad_request"  # not 64 hex
     assert out["bad_amount"].status_code == 400 and out["bad_amount"].json()["code"] == "bad_amount"
 
 
