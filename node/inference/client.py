@@ -213,7 +213,17 @@ class RouteClient:
 
     # ------------------------------------------------------------------ one hop
 
+    async def _dial(self, peer: str) -> None:
+        """Connect to ``peer`` at the addresses it announced (only addresses naming it) if not connected."""
+        if peer in self.host.connected_peers():
+            return
+        e = self.swarm.entries.get(peer)
+        addrs = [a for a in (e["addrs"] if e else []) if isinstance(a, str) and a.endswith("/p2p/" + peer)]
+        if addrs:
+            await self.host.connect(addrs[:4], timeout=self.step_timeout)
+
     async def _open(self, hop: Hop, max_length: int) -> None:
+        await self._dial(hop.peer)
         hop.stream = await self.host.open_stream(hop.peer, INFERENCE_PROTOCOL)
         hop.session_id = new_session_id()
         await write_msg(hop.stream, {"type": "open", "session_id": hop.session_id,

@@ -78,6 +78,9 @@ class FakeNet:
         self.penalties: list[tuple[str, float]] = []
         self.client_ends: list[MemStream] = []
 
+    def connected_peers(self) -> list[str]:
+        return [p for p in self.servers if p not in self.dead]
+
     async def open_stream(self, peer: str, protocol: str, timeout: float = 10.0):
         if peer in self.dead or peer not in self.servers:
             raise PeerUnreachable(f"{peer} unreachable")

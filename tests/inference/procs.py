@@ -1,0 +1,153 @@
+"""Helpers for process-level inference tests: a test genesis, in-process nodes and `node start` processes."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from contextlib import asynccontextmanager
+
+import trio
+
+from node.identity import Identity, dev_seed
+from node.ledger.genesis import load_genesis
+from node.runtime import Node, NodeConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+C = 10**9
+
+
+def peer(key: int) -> str:
+    return Identity.from_seed(dev_seed(key)).peer_id
+
+
+def write_genesis(tmp: Path, servers: list[int], clients: list[int], **params) -> Path:
+    """Dev key 0 validates (and may be a client); ``servers`` are bonded; ``clients`` are funded."""
+    accounts = [{"account": peer(0), "balance": 1000 * C}]
+    accounts += [{"account": peer(k), "balance": 100 * C, "bond": 200 * C} for k in servers]
+    accounts += [{"account": peer(k), "balance": 1000 * C} for k in clients if k != 0]
+    path = tmp / "genesis.json"
+    path.write_text(json.dumps({"chain_id": "tally-test-inference", "validators": [peer(0)], "accounts": accounts,
+                                "params": {"block_time_ms": 200, "verdict_timeout": 15, **params}}))
+    return path
+
+
+def config(tmp: Path, key: int, genesis_file: Path, model_dir: Path, span=None, **kw) -> NodeConfig:
+    return NodeConfig(data_dir=tmp / f"n{key}", genesis=load_genesis(genesis_file), model_dir=model_dir, span=span,
+                      seed=dev_seed(key), step_timeout=kw.pop("step_timeout", 10.0),
+                      announce_period=kw.pop("announce_period", 0.5), **kw)
+
+
+async def start_nodes(nursery, cfgs: list[NodeConfig]) -> list[Node]:
+    nodes = [Node(c) for c in cfgs]
+    for nd in nodes:
+        nursery.start_soon(nd.run)
+    for nd in nodes:
+        await nd.started.wait()
+    return nodes
+
+
+def spawn(tmp: Path, key: int, genesis_file: Path, cache: Path, *extra: str) -> subprocess.Popen:
+    """``node start`` with dev key ``key`` on the test chain and the tiny model, as its own process."""
+    d = tmp / f"p{key}"
+    d.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([sys.executable, "-m", "node.cli", "start", "--data-dir", str(d), "--model", "tiny",
+                             "--model-cache", str(cache), "--api-port", "0", "--genesis", str(genesis_file),
+                             "--dev-account", str(key), *extra],
+                            stdout=open(d / "stdout.log", "ab"), stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+async def wait_live(node: Node, n: int, timeout: float = 60.0) -> None:
+    """Until ``node`` has heard ``n`` live span announcements."""
+    with trio.fail_after(timeout):
+        while len(node.swarm.live(node.manifest.model_id)) < n:
+            await trio.sleep(0.1)
+
+
+def kill(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+
+
+def stop_all(procs) -> None:
+    for p in procs:
+        kill(p, signal.SIGKILL)
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def wait_exit(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+@asynccontextmanager
+async def light_client(tmp: Path, key: int, model_dir: Path, via: Node):
+    """A client that is only a libp2p host and a RouteClient (no ledger of its own): dev key ``key``, connected
+    to ``via`` (whose ledger gives the chain parameters). Receipts are left to the servers to submit."""
+    from node.blobs import BlobStore
+    from node.compute.executor import TorchExecutor
+    from node.compute.head import ClientHead
+    from node.inference.client import RouteClient, SwarmTable
+    from node.p2p.host import P2PHost
+
+    ident = Identity.from_seed(dev_seed(key))
+    host = P2PHost(ident, 0, via.genesis.chain_id)
+    swarm = SwarmTable()
+    async with host.running():
+        await host.subscribe(host.topic("shards"), swarm.on_announcement)
+        await host.connect(via.host.addrs)
+        (tmp / f"c{key}").mkdir(parents=True, exist_ok=True)
+        yield RouteClient(ident, host, ClientHead(model_dir), via.manifest, via.ledger, TorchExecutor(1),
+                          BlobStore(tmp / f"c{key}"), swarm, step_timeout=10.0, submit=False)
+
+
+async def wait_swarm(swarm, model_dir: Path, n: int, timeout: float = 60.0) -> None:
+    from node.compute.model import load_manifest
+
+    mid = load_manifest(model_dir).model_id
+    with trio.fail_after(timeout):
+        while len(swarm.live(mid)) < n:
+            await trio.sleep(0.1)
+
+
+@asynccontextmanager
+async def light_server(tmp: Path, key: int, model_dir: Path, span: tuple[int, int], via: Node,
+                       step_timeout: float = 10.0, announce_period: float = 1.0):
+    """A span server without a ledger of its own: a libp2p host, a SpanServer and a committee member that use
+    ``via``'s ledger (same process) for the height, for submitting receipts and votes and for committee duty.
+    Ten full nodes in one trio loop on two cores starve each other; this keeps every wire protocol real."""
+    from node.blobs import BlobStore
+    from node.compute.executor import TorchExecutor
+    from node.compute.span import SpanModel
+    from node.inference.server import BLOB_PROTOCOL, INFERENCE_PROTOCOL, SpanServer, blob_handler
+    from node.p2p.host import P2PHost
+    from node.verify.member import CommitteeMember
+
+    ident = Identity.from_seed(dev_seed(key))
+    host = P2PHost(ident, 0, via.genesis.chain_id)
+    blobs = BlobStore(tmp / f"l{key}")
+    ex = TorchExecutor(1)
+    server = SpanServer(ident, via.genesis.chain_id, SpanModel(model_dir, *span), ex, blobs,
+                        lambda: via.ledger.state.height, via.genesis.params.price_per_token_block,
+                        step_timeout=step_timeout, submit=via.ledger.submit, penalize=host.penalize)
+    member = CommitteeMember(ident, via.ledger, host, blobs, ex, lambda s, e: SpanModel(model_dir, s, e),
+                             via.manifest.model_id)
+    via.ledger.on_block(member.on_block)
+    host.set_handler(INFERENCE_PROTOCOL, server.handle)
+    host.set_handler(BLOB_PROTOCOL, lambda stream, peer: blob_handler(blobs, stream, peer))
+    async with host.running(), trio.open_nursery() as n:
+        await host.connect(via.host.addrs)
+        await server.measure()
+        n.start_soon(server.announce_loop, host, announce_period)
+        n.start_soon(member.run)
+        yield server
+        n.cancel_scope.cancel()
