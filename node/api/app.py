@@ -64,8 +64,11 @@ def create_app(node) -> FastAPI:
     from .queries import Queries
     from .wallet import wallet_router
 
+    from .cache import ResponseCache
+
     app = FastAPI(title="Tally node API", version="1", description=__doc__, docs_url=None, redoc_url=None)
-    app.add_middleware(SecurityMiddleware)
+    app.add_middleware(ResponseCache, node=node)  # inner: sees only requests the security checks let through
+    app.add_middleware(SecurityMiddleware)  # outermost (Starlette runs the last added first)
     q = Queries(node)
     app.state.queries = q
 

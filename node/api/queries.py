@@ -54,6 +54,7 @@ class Queries:
         self._blocks = _LRU(512)  # height -> block view
         self._summaries = _LRU(8192)  # height -> (summary, commit signers)
         self._state_cache: dict[str, tuple[object, object]] = {}
+        self._accounts = _LRU(1024)  # account -> (state, view): balances change only with a new state
 
     @property
     def state(self):
@@ -85,7 +86,12 @@ class Queries:
 
     def account(self, a: bytes) -> dict:
         st = self.state
-        return v.account_json(st.account(a), a, st.height, st.params.min_bond)
+        hit = self._accounts.get(a)
+        if hit is not None and hit[0] is st:
+            return hit[1]
+        view = v.account_json(st.account(a), a, st.height, st.params.min_bond)
+        self._accounts.put(a, (st, view))
+        return view
 
     def history(self, a: bytes, limit: int, cursor: str | None) -> dict:
         items, nxt = self.node.store.history(a, min(limit, MAX_PAGE), _cursor(cursor, 12))

@@ -45,6 +45,8 @@ def test_reads_history_receipts_transfer_and_search(live):
     # a transfer: refused without funds, accepted with the token, then in both histories
     too_much = post(f"{api}/v1/transfer", headers=live.auth, json={"to": w, "amount": "1000000"})
     assert too_much.status_code == 400 and too_much.json()["code"] == "invalid_tx"
+    w_before = int(get(f"{api}/v1/accounts/{w}").json()["balance"]["base_units"])
+    assert get(f"{api}/v1/accounts/{w}").json()["balance"]["base_units"] == str(w_before)  # cached, same answer
     r = post(f"{api}/v1/transfer", headers=live.auth, json={"to": w, "amount": "2.5"})
     assert r.status_code == 200, r.text
     sent = r.json()
@@ -58,6 +60,10 @@ def test_reads_history_receipts_transfer_and_search(live):
     assert tx.status_code == 200 and tx.json()["kind"] == "transfer"
     t = tx.json()
     assert t["fields"]["recipient"] == w and t["fields"]["amount"]["credits"] == "2.5"
+    again = get(f"{api}/v1/accounts/{w}")  # the response cache follows the new state
+    assert int(again.json()["balance"]["base_units"]) - w_before == 25 * C // 10
+    assert "script-src 'self'" in again.headers["content-security-policy"]
+    assert get(f"{api}/v1/accounts/{w}", headers={"Host": "attacker.example"}).status_code == 403
     hist_w = get(f"{api}/v1/accounts/{w}/history").json()["events"]
     assert hist_w[0]["kind"] == "transfer" and hist_w[0]["role"] == "recipient"
     assert any(e["kind"] == "payout" and e["receipt"] == rid for e in hist_w)
