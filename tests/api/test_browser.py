@@ -174,6 +174,11 @@ def test_explorer_in_chromium(devnet):
             shot("10-job")
         browser.close()
     assert dialogs == [], dialogs
+    # no node's key or API token appears in any log or output of the devnet
+    secrets = [x for d in sorted(root.glob("node*")) for x in ((d / "node_key").read_bytes().hex(),
+                                                                (d / "api_token").read_text().strip())]
+    logs = list(root.parent.rglob("*.log"))  # devnet.log and every node.log and stdout.log
+    assert len(logs) >= 9 and not any(sec in f.read_text(errors="replace") for f in logs for sec in secrets)
     assert not [e for e in errors if "Content Security Policy" in e or "Refused" in e], errors
     if job_id is None:
         pytest.skip("this build has no job marketplace API (POST /v1/jobs): the job page was not visited")
