@@ -310,7 +310,7 @@ class Queries:
         if not q or len(q) > 128:
             raise ApiError(400, "bad_query", "search for a height, a block hash, a tx/receipt/job id or an account")
         st, store = self.state, self.node.store
-        if q.isdigit():
+        if q.isascii() and q.isdigit():
             h = int(q)
             if 1 <= h <= st.height:
                 return _hit("block", str(h), f"/blocks/{h}", f"/v1/blocks/{h}")

@@ -92,6 +92,7 @@ def test_reads_history_receipts_transfer_and_search(live):
     assert s(sent["id"]).json()["kind"] == "tx"
     assert s(w).json()["url"] == f"/accounts/{w}"
     assert s("deadbeef" * 8).status_code == 404 and s("hello").json()["code"] == "not_found"
+    assert s("\u00b97").status_code == 404  # a superscript digit is no height (found by Schemathesis)
 
     # bonds, validators, swarm, verification
     bonds = get(f"{api}/v1/bonds").json()
