@@ -12,7 +12,10 @@ DEFAULT_DATA_DIR = Path(os.environ.get("TALLY_HOME", Path.home() / ".tally"))
 TEST_SWITCH_HELP = ("TEST SWITCH, devnet/test chains only: make this node cheat. 'corrupt': the server adds noise "
                     "to every output it returns, so committees must vote its receipts invalid and slash its bond. "
                     "'equivocate': the validator double-signs one prevote, so the others must submit evidence and "
-                    "its bond is slashed once.")
+                    "its bond is slashed once. Training (with --accept-jobs): 'skip-steps' trains one step fewer "
+                    "per segment than claimed, 'other-data' trains on other batches than committed, "
+                    "'fake-adapter' reports a state it never trained, 'diverge' blows its adapter up (NaN loss).")
+FAULTS = ["corrupt", "equivocate", "skip-steps", "other-data", "fake-adapter", "diverge"]
 
 
 def _span(text: str) -> tuple[int, int] | tuple[str, int | None] | str:
@@ -65,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dev-account", type=int, metavar="N",
                    help="devnet only: use well-known dev key N (0 is the devnet validator) if the data dir "
                         "has no key yet; a devnet node with neither a key nor --bootstrap uses dev key 0")
-    s.add_argument("--fault", choices=["corrupt", "equivocate"], help=TEST_SWITCH_HELP)
+    s.add_argument("--fault", choices=FAULTS, help=TEST_SWITCH_HELP)
+    s.add_argument("--accept-jobs", action="store_true",
+                   help="take fine-tune jobs from the marketplace for credits (needs a bond)")
     s.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
 
     d = sub.add_parser("devnet", help="run the demo swarm: >= 3 servers on 127.0.0.1, generate, verify, settle",
@@ -86,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="TEST SWITCH: start server I (1-based) with --fault corrupt; its receipt must be voted "
                         "invalid and its bond slashed")
     d.add_argument("--api-port", type=int, default=8700, help="API port of the client node (default: %(default)s)")
+    d.add_argument("--job", metavar="PLAY", help="after the inference demo, post a LoRA fine-tune job on this "
+                                                  "Shakespeare play (e.g. hamlet) and follow it to settlement")
+    d.add_argument("--job-steps", type=int, default=60, help="training steps of the --job (default: %(default)s)")
+    d.add_argument("--no-inference", action="store_true", help="skip the inference demo (with --job)")
+    from .market.cli import add_job_parser
+
+    add_job_parser(sub, DEFAULT_DATA_DIR)
     return p
 
 
@@ -161,7 +173,7 @@ def cmd_start(args) -> int:
         sys.exit(f"node: --span {span[0]}:{span[1]}: the model has {manifest.num_blocks} blocks")
     cfg = NodeConfig(data_dir=args.data_dir, genesis=genesis, model_dir=model_dir, span=span,
                      bootstrap=args.bootstrap, p2p_port=args.port, api_port=args.api_port, api_host=args.api_host,
-                     device=device, threads=args.threads, fault=args.fault, compression=args.compression,
+                     device=device, threads=args.threads, fault=args.fault, accept_jobs=args.accept_jobs, compression=args.compression,
                      auto_blocks=auto_blocks,
                      seed=dev_seed(dev_account) if dev_account is not None else None)
     if args.fault:
@@ -200,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.cmd == "start":
         return cmd_start(args)
+    if args.cmd == "job":
+        from .market.cli import run_job_command
+
+        return run_job_command(args)
     from .devnet import run_devnet
 
     return run_devnet(args)

@@ -110,7 +110,7 @@ def run_devnet(args) -> int:
         procs.append(_spawn(args, 0, client_dir, ["--api-port", str(args.api_port)]))
         info0 = _wait_info(client_dir, procs[0], 120)
         for i, (s, e) in enumerate(spans, start=1):
-            extra = ["--span", f"{s}:{e}", "--api-port", "0", "--bootstrap", info0["addrs"][0]]
+            extra = ["--span", f"{s}:{e}", "--api-port", "0", "--bootstrap", info0["addrs"][0], "--accept-jobs"]
             if args.gpu is not None:
                 extra += ["--gpu", str(args.gpu)]
             if args.fault_server == i:
@@ -130,43 +130,11 @@ def run_devnet(args) -> int:
                     raise DevnetError("servers did not announce their spans within 60 s")
                 time.sleep(0.3)
             accounts = [info["peer_id"] for info in infos]
-            before = {a: _get(http, f"{api}/v1/accounts/{a}") for a in accounts}
-            print(f"== generating {args.tokens} tokens greedily through the route", flush=True)
-            print(f"   prompt: {args.prompt!r}")
-            body = {"prompt": args.prompt, "max_new_tokens": args.tokens}
-            if args.model == "tiny":  # the tiny test model has no tokenizer: prompt bytes are the token ids
-                body = {"prompt_ids": [b % manifest.vocab_size for b in args.prompt.encode()],
-                        "max_new_tokens": args.tokens}
-            r = http.post(f"{api}/v1/generate", json=body)
-            if r.status_code != 200:
-                raise DevnetError(f"generate failed: {r.status_code} {r.text}")
-            gen = r.json()
-            print(f"   route: " + " -> ".join(f"{h['peer'][:12]}…[{h['span'][0]},{h['span'][1]})" for h in gen["route"]))
-            print(f"   text: {gen['text']!r}")
-            print(f"   {len(gen['tokens'])} tokens in {gen['seconds']:.2f} s "
-                  f"({len(gen['tokens']) / gen['seconds']:.1f} tokens/s)")
-            print("== waiting for committee verdicts", flush=True)
-            final = {"valid", "invalid", "settled", "unverified"}
-            deadline = time.monotonic() + 300
-            while True:
-                got = [http.get(f"{api}/v1/receipts/{rid}") for rid in gen["receipts"]]
-                recs = [g.json() for g in got if g.status_code == 200]  # 404: not in a block yet
-                if len(recs) == len(got) and all(x["status"] in final for x in recs):
-                    break
-                if time.monotonic() > deadline:
-                    raise DevnetError("receipts did not reach a verdict within 300 s")
-                time.sleep(0.5)
-            after = {a: _get(http, f"{api}/v1/accounts/{a}") for a in accounts}
-        ok = _report(recs, before, after, accounts, args)
-        print("== reference: the same model generating greedily in one process", flush=True)
-        from .compute.reference import local_generate
-
-        ref = local_generate(model_dir, gen["prompt_ids"], args.tokens)
-        identical = ref == gen["tokens"]
-        expected = " (expected: a server corrupted its outputs)" if args.fault_server is not None else ""
-        print(f"identical: {'true' if identical else 'false'}{expected}")
-        if args.fault_server is None:
-            ok = ok and identical
+            ok = True
+            if not args.no_inference:
+                ok = _inference_demo(http, api, accounts, manifest, model_dir, args)
+            if args.job:
+                ok = _job_demo(http, api, accounts, root, args) and ok
         if not args.once:
             print(f"\nThe swarm stays up. API: {api}/docs   (Ctrl-C to stop)", flush=True)
             try:
@@ -180,6 +148,105 @@ def run_devnet(args) -> int:
         return 2
     finally:
         _stop(procs)
+
+
+def _inference_demo(http, api, accounts, manifest, model_dir: Path, args) -> bool:
+    """Generate through the route, wait for every receipt's verdict, print receipts and balances."""
+    before = {a: _get(http, f"{api}/v1/accounts/{a}") for a in accounts}
+    print(f"== generating {args.tokens} tokens greedily through the route", flush=True)
+    print(f"   prompt: {args.prompt!r}")
+    body = {"prompt": args.prompt, "max_new_tokens": args.tokens}
+    if args.model == "tiny":  # the tiny test model has no tokenizer: prompt bytes are the token ids
+        body = {"prompt_ids": [b % manifest.vocab_size for b in args.prompt.encode()],
+                "max_new_tokens": args.tokens}
+    r = http.post(f"{api}/v1/generate", json=body)
+    if r.status_code != 200:
+        raise DevnetError(f"generate failed: {r.status_code} {r.text}")
+    gen = r.json()
+    print("   route: " + " -> ".join(f"{h['peer'][:12]}…[{h['span'][0]},{h['span'][1]})" for h in gen["route"]))
+    print(f"   text: {gen['text']!r}")
+    print(f"   {len(gen['tokens'])} tokens in {gen['seconds']:.2f} s "
+          f"({len(gen['tokens']) / gen['seconds']:.1f} tokens/s)")
+    print("== waiting for committee verdicts", flush=True)
+    final = {"valid", "invalid", "settled", "unverified"}
+    deadline = time.monotonic() + 300
+    while True:
+        got = [http.get(f"{api}/v1/receipts/{rid}") for rid in gen["receipts"]]
+        recs = [g.json() for g in got if g.status_code == 200]  # 404: not in a block yet
+        if len(recs) == len(got) and all(x["status"] in final for x in recs):
+            break
+        if time.monotonic() > deadline:
+            raise DevnetError("receipts did not reach a verdict within 300 s")
+        time.sleep(0.5)
+    after = {a: _get(http, f"{api}/v1/accounts/{a}") for a in accounts}
+    ok = _report(recs, before, after, accounts, args)
+    print("== reference: the same model generating greedily in one process", flush=True)
+    from .compute.reference import local_generate
+
+    ref = local_generate(model_dir, gen["prompt_ids"], args.tokens)
+    identical = ref == gen["tokens"]
+    expected = " (expected: a server corrupted its outputs)" if args.fault_server is not None else ""
+    print(f"identical: {'true' if identical else 'false'}{expected}")
+    if args.fault_server is None:
+        ok = ok and identical
+    return ok
+
+
+def _job_demo(http, api, accounts, root: Path, args) -> bool:
+    """Post a LoRA job on a Shakespeare play, follow it to settlement, fetch the adapter, compare losses."""
+    from .market.cli import FINAL
+
+    print(f"== fine-tune job: LoRA on {args.job!r}, {args.job_steps} steps, paid per step", flush=True)
+    before = {a: _get(http, f"{api}/v1/accounts/{a}") for a in accounts}
+    body = {"play": args.job, "title": f"LoRA on {args.job}", "steps": args.job_steps,
+            "segment_steps": min(10, args.job_steps),
+            "batch_size": 4, "seq_len": 64, "lr": 2e-3, "price_per_step": "0.01"}
+    if args.model == "tiny":
+        body.update(batch_size=2, seq_len=16, lr=1e-2)
+    r = http.post(f"{api}/v1/jobs", json=body)
+    if r.status_code != 200:
+        raise DevnetError(f"posting the job failed: {r.status_code} {r.text}")
+    jid = r.json()["job_id"]
+    from tqdm import tqdm
+
+    deadline = time.monotonic() + 1800
+    with tqdm(total=args.job_steps, unit="step", desc=f"job {jid[:8]}") as bar:
+        while True:
+            job = _get(http, f"{api}/v1/jobs/{jid}")
+            bar.n = job["steps_done"]
+            bar.set_postfix(status=job["status"])
+            bar.refresh()
+            if job["status"] in FINAL:
+                break
+            if time.monotonic() > deadline:
+                raise DevnetError("the job did not settle within 30 minutes")
+            time.sleep(1)
+    name = {a: f"node{i}" for i, a in enumerate(accounts)}
+    print(f"   job {jid}: {job['status']} ({job['status_text']}), worker {name.get(job['worker'])}")
+    for seg in job["segments"]:
+        loss = "NaN" if seg["loss"] is None else f"{seg['loss']:.3f}"
+        print(f"   steps {seg['steps'][0]:>3}-{seg['steps'][1]:<3} loss {loss}  verdict {seg['status']}  "
+              f"committee {', '.join(name.get(m, m[:12]) for m in seg['committee'])}")
+    ok = job["status"] == "settled"
+    if ok:
+        out = http.post(f"{api}/v1/jobs/{jid}/fetch", json={"out_dir": str((root / "adapter").resolve())}).json()
+        print(f"   adapter {out['adapter'][:16]}… fetched by content hash into {root / 'adapter'}")
+        print(f"   held-out loss on the play's last 10%: base model {out['heldout_loss_base']:.4f}, "
+              f"with adapter {out['heldout_loss_adapter']:.4f} nats/token")
+        improved = out["heldout_loss_adapter"] < out["heldout_loss_base"]
+        print(f"   adapter improves held-out loss: {'true' if improved else 'false'}")
+        ok = improved or args.model == "tiny"
+    after = {a: _get(http, f"{api}/v1/accounts/{a}") for a in accounts}
+    paid = int(before[accounts[0]]["balance"]["base_units"]) - int(after[accounts[0]]["balance"]["base_units"])
+    price = int(job["price"]["base_units"])
+    worker = job["worker"]
+    earned = int(after[worker]["balance"]["base_units"]) - int(before[worker]["balance"]["base_units"])
+    fees = sum(int(after[a]["balance"]["base_units"]) - int(before[a]["balance"]["base_units"])
+               for a in accounts[1:] if a != worker)
+    print(f"   requester paid {format_amount(paid)} (price {format_amount(price)}): "
+          f"{'true' if paid == price else 'false'}; worker earned {format_amount(earned)} = price - committee fees "
+          f"{format_amount(fees)}: {'true' if earned + fees == price else 'false'}")
+    return ok and paid == price and earned + fees == price
 
 
 def _report(recs, before, after, accounts, args) -> bool:

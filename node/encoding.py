@@ -29,6 +29,7 @@ WIRE_DTYPES = {
     "bfloat16": (np.uint16, 2),
     "int64": (np.int64, 8),
     "int32": (np.int32, 4),
+    "uint8": (np.uint8, 1),
 }
 
 

@@ -23,6 +23,7 @@ from .p2p.host import P2PHost
 log = logging.getLogger("tally.node")
 
 TOKEN_FILE = "api_token"
+TRAIN_FAULTS = ("skip-steps", "other-data", "fake-adapter", "diverge")
 INFO_FILE = "node.json"
 
 
@@ -48,6 +49,7 @@ class NodeConfig:
     compression: str = "none"  # hidden-state codec this node's client asks for (node.inference.wire)
     auto_blocks: int | None = None  # span "auto": blocks to serve (default: a third of the model, rounded up)
     cache_tokens: int | None = None  # KV-cache positions the span server holds at most (default: 32 sessions)
+    accept_jobs: bool = False  # take fine-tune jobs from the marketplace (needs a bond)
 
 
 def ensure_api_token(data_dir: Path) -> str:
@@ -109,8 +111,16 @@ class Node:
         self.client = RouteClient(self.ident, self.host, head, self.manifest, self.ledger, self.executor,
                                   self.blobs, self.swarm, step_timeout=cfg.step_timeout, compression=cfg.compression)
         self.member = CommitteeMember(self.ident, self.ledger, self.host, self.blobs, self.executor,
-                                      lambda s, e: self._load_span(s, e), self.manifest.model_id)
+                                      lambda s, e: self._load_span(s, e), self.manifest.model_id,
+                                      model_dir=cfg.model_dir)
         self.ledger.on_block(self.member.on_block)
+        self.jobs = None
+        if cfg.accept_jobs:
+            from .market.worker import JobWorker
+
+            train_fault = cfg.fault if cfg.fault in TRAIN_FAULTS else None
+            self.jobs = JobWorker(self.ident, self.ledger, self.host, self.blobs, self.executor, cfg.model_dir,
+                                  self.manifest.model_id, device=cfg.device, fault=train_fault)
 
     def _make_server(self, start: int, end: int):
         from .inference.server import SpanServer
@@ -158,7 +168,7 @@ class Node:
                 if self.server is not None:
                     self.host.set_handler(INFERENCE_PROTOCOL, self.server.handle)
                 self.host.set_handler(BLOB_PROTOCOL, partial(blob_handler, self.blobs))
-                await self.host.subscribe(self.host.topic("shards"), self.swarm.on_announcement)
+                await self.host.subscribe(self.host.topic("shards"), self._on_shards)
                 if self.cfg.bootstrap:
                     n = await self.host.connect(self.cfg.bootstrap)
                     log.info("connected to %d of %d bootstrap peers", n, len(self.cfg.bootstrap))
@@ -169,6 +179,9 @@ class Node:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self.ledger.run)
                     nursery.start_soon(self.member.run)
+                    nursery.start_soon(self._presence_loop)
+                    if self.jobs is not None:
+                        nursery.start_soon(self.jobs.run)
                     if self.server is not None:
                         nursery.start_soon(self.server.announce_loop, self.host, self.cfg.announce_period,
                                            self.cfg.announce_ttl)
@@ -179,6 +192,31 @@ class Node:
                              self.host.addrs[0], self.api_url, self.ledger.state.height)
         finally:
             self.store.close()
+
+    async def _on_shards(self, data: bytes, from_peer: str) -> None:
+        """``tally/<chain>/shards``: span announcements, and presence messages that tell every node how to
+        dial every other (committee members fetch blobs from workers they were never connected to)."""
+        from .encoding import DecodeError, unpack
+
+        try:
+            msg = unpack(data, max_size=1 << 14)
+        except DecodeError:
+            return
+        if isinstance(msg, dict) and from_peer in (msg.get("presence"), msg.get("peer")):
+            addrs = msg.get("addrs")
+            if isinstance(addrs, list):
+                self.host.remember([a for a in addrs if isinstance(a, str) and a.endswith("/p2p/" + from_peer)])
+        await self.swarm.on_announcement(data, from_peer)
+
+    async def _presence_loop(self) -> None:
+        from .encoding import pack
+
+        seq = 0
+        while True:
+            seq += 1  # distinct bytes each time: gossip de-duplicates identical content
+            await self.host.publish(self.host.topic("shards"),
+                                    pack({"presence": self.ident.peer_id, "addrs": self.host.addrs, "seq": seq}))
+            await trio.sleep(self.cfg.announce_period)
 
     def _write_info(self) -> None:
         path = self.cfg.data_dir / INFO_FILE

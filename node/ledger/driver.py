@@ -64,11 +64,9 @@ class ConsensusDriver:
 
     def _get_value(self, height: int) -> bytes:
         st = self.ledger.state
-        block, new_state, rejected = propose(st, list(self.ledger.mempool.values()), self.ident,
+        block, new_state, rejected = propose(st, self.ledger.candidates(), self.ident,
                                              int(self.ledger.clock() * 1000), self.ledger.store.last_commit())
-        for tx, why in rejected:
-            self.ledger.mempool.pop(tx.id, None)
-            self.ledger.rejected[tx.id] = why
+        self.ledger.drop_rejected(rejected)
         self.blocks[block.hash] = (block, new_state)
         return block.hash
 

@@ -21,7 +21,7 @@ from ..p2p.framing import error_reply, read_msg, write_msg
 from .block import Block, InvalidBlock, decode_block
 from .chain import check_and_apply
 from .genesis import Genesis
-from .state import State
+from .state import State, apply_txs
 from .store import LedgerStore
 from .tx import InvalidTx, Tx, decode_tx
 
@@ -30,6 +30,7 @@ log = logging.getLogger("tally.ledger")
 SYNC_PROTOCOL = "/tally/sync/1.0.0"
 SUBMIT_PROTOCOL = "/tally/submit/1.0.0"
 MAX_MEMPOOL = 10_000
+NONCE_WAIT_BLOCKS = 20  # a transaction whose nonce is ahead waits this many blocks for its predecessors
 SYNC_BATCH = 64
 
 
@@ -43,6 +44,7 @@ class LedgerService:
         self.state: State = store.replay()
         self.parent_state: State = store.parent_state  # the state the head header's state_root commits to
         self.mempool: dict[bytes, Tx] = {}
+        self._admitted: dict[bytes, int] = {}  # tx id -> height when it entered the mempool
         self.rejected: dict[bytes, str] = {}
         self.is_validator = ident.account in genesis.validators
         self.new_block = trio.Event()
@@ -77,8 +79,40 @@ class LedgerService:
         tx.check_signatures()
         if len(self.mempool) >= MAX_MEMPOOL:
             raise InvalidTx("mempool full")
-        self.mempool.setdefault(tx.id, tx)
+        if tx.id not in self.mempool:
+            self.mempool[tx.id] = tx
+            self._admitted[tx.id] = self.state.height
         return tx.id
+
+    def next_nonce(self, account: bytes) -> int:
+        """The nonce for ``account``'s next nonce-carrying transaction: ledger nonce plus those queued here."""
+        pending = [t.nonce for t in self.mempool.values()
+                   if getattr(t, "sender", None) == account and hasattr(t, "nonce")]
+        return max([self.state.account(account).nonce - 1, *pending]) + 1
+
+    def candidates(self) -> list[Tx]:
+        """Mempool transactions in the order a block should try them: each account's nonces ascending."""
+        return sorted(self.mempool.values(), key=lambda t: getattr(t, "nonce", -1))
+
+    def drop_rejected(self, rejected) -> None:
+        """Forget transactions that do not apply, except ones whose nonce is merely ahead (they wait their turn,
+        for at most ``NONCE_WAIT_BLOCKS``)."""
+        for tx, why in rejected:
+            if (why.startswith("bad nonce") and tx.nonce > self.state.account(tx.sender).nonce
+                    and self.state.height - self._admitted.get(tx.id, self.state.height) < NONCE_WAIT_BLOCKS):
+                continue
+            self.mempool.pop(tx.id, None)
+            self._admitted.pop(tx.id, None)
+            self.rejected[tx.id] = why
+            if len(self.rejected) > MAX_MEMPOOL:
+                self.rejected.pop(next(iter(self.rejected)))
+
+    def _prune_mempool(self) -> None:
+        """After a block: drop queued transactions that no longer apply (on every node, not only the proposer:
+        a node must learn that its own transaction was refused, or its next nonce would be wrong forever)."""
+        if self.mempool:
+            _, _, rejected = apply_txs(self.state, self.candidates())
+            self.drop_rejected(rejected)
 
     async def submit(self, tx: Tx) -> bytes:
         """Queue ``tx`` locally and broadcast it (gossip, and directly to validators we are connected to)."""
@@ -117,6 +151,8 @@ class LedgerService:
         self.parent_state, self.state = old, new_state
         for tid in [t.id for t in block.txs]:
             self.mempool.pop(tid, None)
+            self._admitted.pop(tid, None)
+        self._prune_mempool()
         for fn in self._listeners:
             try:
                 fn(block, new_state)

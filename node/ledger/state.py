@@ -27,6 +27,9 @@ from ..identity import verify_many
 from ..verify import committee as cm
 from ..verify.sampling import is_sampled, sampling_ppm
 from .genesis import TREASURY, Genesis, Params
+from . import jobs as jobs_mod
+from .jobs import Job
+from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, TrainReceipt
 from .tx import ABSTAIN, INVALID, VALID, Bond, Evidence, InvalidTx, Receipt, Transfer, Tx, Unbond, Vote, _check
 
 
@@ -91,11 +94,13 @@ class State:
     open_receipts: dict[bytes, None] = field(default_factory=dict)  # ids not yet final (ordered)
     evidence: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # evidence key -> (height, slashed)
     sessions: dict[bytes, bytes] = field(default_factory=dict)  # H(worker ‖ session_id) -> receipt id
+    jobs: dict[bytes, Job] = field(default_factory=dict)  # job id -> job (node.ledger.jobs)
+    open_jobs: dict[bytes, None] = field(default_factory=dict)  # ids of jobs not yet terminal
 
     def copy(self) -> "State":
         return replace(self, accounts=dict(self.accounts), receipts=dict(self.receipts),
                        open_receipts=dict(self.open_receipts), evidence=dict(self.evidence),
-                       sessions=dict(self.sessions))
+                       sessions=dict(self.sessions), jobs=dict(self.jobs), open_jobs=dict(self.open_jobs))
 
     def account(self, a: bytes) -> Account:
         return self.accounts.get(a, Account())
@@ -173,6 +178,15 @@ def apply_tx(s: State, tx: Tx, signatures_checked: bool = False) -> None:
                                         nonce=acc.nonce + 1)
     elif isinstance(tx, Receipt):
         _apply_receipt(s, tx)
+    elif isinstance(tx, TrainReceipt):
+        job = jobs_mod.check_train_receipt(s, tx)
+        _check(tx.id not in s.receipts, "receipt already on the ledger (replay)")
+        _check(s.account(tx.worker).bond >= s.params.min_bond, "worker is not bonded")
+        s.receipts[tx.id] = ReceiptRecord(receipt=tx, height=s.height + 1)  # type: ignore[arg-type]
+        s.open_receipts[tx.id] = None
+        jobs_mod.record_train_receipt(s, tx, job)
+    elif isinstance(tx, (JobPost, JobAccept, JobCancel, JobDeliver)):
+        jobs_mod.apply_job_tx(s, tx)
     elif isinstance(tx, Vote):
         _apply_vote(s, tx)
     elif isinstance(tx, Evidence):
@@ -264,6 +278,8 @@ def _finalize(s: State, rec: ReceiptRecord, verdict: int, height: int) -> None:
         _credit(s, a, amt)
     s.receipts[r.id] = replace(rec, status=status, final_height=height, payouts=tuple(payouts), slashed=slashed)
     s.open_receipts.pop(r.id, None)
+    if isinstance(r, TrainReceipt):
+        jobs_mod.on_final(s, r, verdict == VALID, height)
 
 
 def _settle_unchecked(s: State, rec: ReceiptRecord, status: str, height: int) -> None:
@@ -284,6 +300,8 @@ def end_block(s: State, height: int, block_hash: bytes) -> None:
         if rec.status == PENDING and rec.height == height - 1:
             worker = s.account(rec.receipt.worker)
             ppm = sampling_ppm(p.sample_base_ppm, p.sample_floor_ppm, worker.valid_run, p.adapt_step)
+            if isinstance(rec.receipt, TrainReceipt):  # a job may require a higher sampling rate
+                ppm = max(ppm, s.jobs[rec.receipt.job_id].post.sample_ppm)
             if is_sampled(block_hash, rid, ppm):
                 com = cm.select_committee(block_hash, rid, 0, s.eligible(),
                                           (rec.receipt.worker, rec.receipt.requester), p.committee_size)
@@ -303,6 +321,7 @@ def end_block(s: State, height: int, block_hash: bytes) -> None:
                     _settle_unchecked(s, rec, UNVERIFIED, height)
                 else:
                     s.receipts[rid] = replace(rec, round=nxt, committee=com, round_height=height)
+    jobs_mod.end_block_jobs(s, height, FINAL)
 
 
 def apply_txs(s: State, txs: list[Tx]) -> tuple[State, list[Tx], list[tuple[Tx, str]]]:

@@ -276,6 +276,8 @@ def _check_field(name: str, kind: str, v: Any) -> None:
         "votekind": lambda: v in ("prevote", "precommit"),
         "value": lambda: _is_bytes(v) and len(v) in (0, 32),
         "sig": lambda: _is_bytes(v, 64),
+        "text": lambda: isinstance(v, str) and len(v) <= 200,
+        "sint": lambda: _is_int(v, -1),
     }[kind]()
     _check(ok, f"field {name!r} has a bad value")
 
@@ -300,3 +302,6 @@ def decode_tx(obj: Any) -> Tx:
     for sig in s:
         _check(_is_bytes(sig, 64) or sig == b"", "a signature is 64 bytes (or empty while unsigned)")
     return cls(chain_id, *f, *s)  # type: ignore[arg-type]
+
+
+from . import jobtx  # noqa: E402,F401  (registers the marketplace's transaction kinds in TX_KINDS)

@@ -43,8 +43,10 @@ class CommitteeMember:
     """
 
     def __init__(self, ident: Identity, ledger, host, blobs: BlobStore, executor,
-                 load_span: Callable, model_id: bytes, tolerance: float = DEFAULT_TOLERANCE, max_spans: int = 2):
+                 load_span: Callable, model_id: bytes, tolerance: float = DEFAULT_TOLERANCE, max_spans: int = 2,
+                 model_dir=None):
         self.ident, self.ledger, self.host, self.blobs, self.executor = ident, ledger, host, blobs, executor
+        self.model_dir = model_dir
         self.load_span, self.model_id, self.tolerance = load_span, model_id, tolerance
         self._spans: OrderedDict[tuple[int, int], object] = OrderedDict()
         self.max_spans = max_spans
@@ -65,9 +67,15 @@ class CommitteeMember:
                     log.warning("committee queue full; dropping %s", rid.hex()[:16])
 
     async def run(self) -> None:
+        from ..ledger.jobtx import TrainReceipt
+        from .training import check_training
+
         async for receipt, round_ in self._recv:
             try:
-                verdict, d = await self.check(receipt)
+                if isinstance(receipt, TrainReceipt):
+                    verdict, d = await check_training(self, receipt)
+                else:
+                    verdict, d = await self.check(receipt)
             except Exception:
                 log.exception("re-execution of %s failed", receipt.id.hex()[:16])
                 verdict, d = ABSTAIN, float("inf")

