@@ -76,7 +76,8 @@ class NodeCollector:
                       {"sent": STATS["sent"], "received": STATS["received"]}, ["direction"])
         yield gauge("peers", "Connected libp2p peers", len(n.host.connected_peers()))
         sw = self.q.swarm()
-        yield gauge("swarm_servers", "Live servers of this node's model", len(sw["servers"]))
+        yield gauge("swarm_servers", "Live servers of this node's model",
+                    sum(1 for x in sw["servers"] if x["model_id"] == sw["model_id"]))
         yield gauge("swarm_blocks_covered", "Decoder blocks held by at least one live server", sw["covered"])
 
 

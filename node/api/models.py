@@ -224,9 +224,9 @@ class SwarmServerOut(BaseModel):
 
 
 class SwarmOut(BaseModel):
-    model_id: str
+    model_id: str = Field(..., description="the model this node runs (coverage is of this model)")
     num_blocks: int
-    servers: list[SwarmServerOut]
+    servers: list[SwarmServerOut] = Field(..., description="live servers of every model announced, this one's first")
     coverage: list[int] = Field(..., description="number of live servers holding each decoder block")
     covered: int = Field(..., description="decoder blocks held by at least one live server")
 

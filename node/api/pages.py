@@ -53,9 +53,10 @@ def pages_router(node, q) -> APIRouter:
         head = q.blocks(10, None)["blocks"]
         last = node.store.get_block_raw(status["height"]) if status["height"] else None
         sw = q.swarm()
+        mine = [s for s in sw["servers"] if s["model_id"] == sw["model_id"]]
         return page("home.html", ns=status, blocks=head, receipts=q.receipts(10, None)["receipts"],
                     verif=q.verification(24), vals=q.validators(100), swarm=sw,
-                    cov=charts.coverage(sw["num_blocks"], sw["servers"], sw["coverage"]),
+                    cov=charts.coverage(sw["num_blocks"], mine, sw["coverage"]), mine=mine,
                     commit_signers=len(last["c"]) if last else 0)
 
     @r.get("/blocks")
@@ -107,7 +108,8 @@ def pages_router(node, q) -> APIRouter:
     @r.get("/swarm")
     async def swarm():
         sw = q.swarm()
-        return page("swarm.html", swarm=sw, cov=charts.coverage(sw["num_blocks"], sw["servers"], sw["coverage"]))
+        mine = [s for s in sw["servers"] if s["model_id"] == sw["model_id"]]
+        return page("swarm.html", swarm=sw, mine=mine, cov=charts.coverage(sw["num_blocks"], mine, sw["coverage"]))
 
     @r.get("/verification")
     async def verification():

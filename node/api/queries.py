@@ -254,13 +254,14 @@ class Queries:
         now = n.swarm.clock()
         servers, cov = [], [0] * n.manifest.num_blocks
         for peer, e in sorted(n.swarm.entries.items()):
-            if e["model_id"] != mid or now - e["seen"] >= e["ttl"]:
+            if now - e["seen"] >= e["ttl"]:
                 continue
-            servers.append({"peer": peer, "model_id": mid.hex(), "span": [e["start"], e["end"]],
+            servers.append({"peer": peer, "model_id": bytes(e["model_id"]).hex(), "span": [e["start"], e["end"]],
                             "active": e.get("active", 0), "seen_s": round(now - e["seen"], 3),
-                            "addrs": list(e.get("addrs", []))})
-            for b in range(max(0, e["start"]), min(len(cov), e["end"])):
-                cov[b] += 1
+                            "addrs": [str(x) for x in e.get("addrs", [])]})
+            if e["model_id"] == mid:  # coverage of this node's model; other models are listed as they come
+                for b in range(max(0, e["start"]), min(len(cov), e["end"])):
+                    cov[b] += 1
         if n.cfg.span is not None and n.server is not None:  # this node's own span (it hears no own gossip)
             if all(s["peer"] != n.ident.peer_id for s in servers):
                 s0, e0 = n.cfg.span
@@ -268,6 +269,7 @@ class Queries:
                                 "active": n.server.active, "seen_s": 0.0, "addrs": n.host.addrs})
                 for b in range(s0, min(len(cov), e0)):
                     cov[b] += 1
+        servers.sort(key=lambda x: (x["model_id"] != mid.hex(), x["span"][0], x["peer"]))
         return {"model_id": mid.hex(), "num_blocks": len(cov), "servers": servers, "coverage": cov,
                 "covered": sum(1 for c in cov if c)}
 

@@ -53,7 +53,7 @@ def test_gossiped_strings_are_text_on_the_swarm_page(live):
     evil = "12D3KooWEvil"
 
     def inject():
-        c.swarm.entries[evil] = {"model_id": c.manifest.model_id, "start": 0, "end": 1, "addrs": [XSS],
+        c.swarm.entries[evil] = {"model_id": b"\x01" * 32, "start": 0, "end": 1, "addrs": [XSS],
                                  "seen": c.swarm.clock(), "ttl": 60.0, "active": 0, "seq": 1, "refreshes": 0}
 
     def remove():
@@ -62,9 +62,12 @@ def test_gossiped_strings_are_text_on_the_swarm_page(live):
     live.call(inject)
     try:
         r = get(f"{live.api}/swarm", headers=HTML)
+        sw = get(f"{live.api}/v1/swarm").json()
     finally:
         live.call(remove)
     assert "&lt;img src=x onerror=alert(1)&gt;" in r.text and XSS not in r.text
+    other = [s for s in sw["servers"] if s["peer"] == evil]  # another model: listed, not counted as coverage
+    assert other and other[0]["model_id"] == "01" * 32 and sw["coverage"] == [1] * 6 and len(sw["servers"]) == 4
 
 
 def _job(title: str) -> dict:
