@@ -105,15 +105,11 @@ def create_app(node) -> FastAPI:
 
     require_token = token_checker(node.api_token)
     app.include_router(wallet_router(node, q, require_token))
-    try:  # the job marketplace's endpoints (node/api/jobs.py), where this build has them
-        from .jobs import make_router as jobs_router
-    except ImportError:
-        jobs_router = None
-    if jobs_router is not None:
-        from .models import ErrorOut
+    from .jobs import make_router as jobs_router  # the job marketplace's endpoints
+    from .models import ErrorOut
 
-        errors = {c: {"model": ErrorOut} for c in (400, 401, 403, 404, 409, 422, 503)}
-        app.include_router(jobs_router(node, require_token, ApiError), responses=errors)
+    errors = {c: {"model": ErrorOut} for c in (400, 401, 403, 404, 409, 422, 503)}
+    app.include_router(jobs_router(node, require_token, ApiError), responses=errors)
     app.include_router(pages_router(node, q))
 
     registry = metrics_registry(node, q)

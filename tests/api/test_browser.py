@@ -66,12 +66,9 @@ def devnet(tmp_path_factory):
         log.close()
 
 
-def _post_job(api: str, token: str) -> str | None:
-    """Post a fine-tune job titled with markup through the marketplace API; its id, or None where this build
-    has no marketplace API."""
-    schema = httpx.get(f"{api}/openapi.json", timeout=30).json()
-    if "post" not in schema["paths"].get("/v1/jobs", {}):
-        return None
+def _post_job(api: str, token: str) -> str:
+    """Post a fine-tune job titled with markup through the marketplace API (the devnet's servers accept jobs);
+    its id once it is on the ledger."""
     body = {"title": XSS, "text": "to be or not to be, that is the question. " * 200, "steps": 4,
             "segment_steps": 2, "batch_size": 1, "seq_len": 16, "price_per_step": "0.001", "deadline_blocks": 500}
     r = httpx.post(f"{api}/v1/jobs", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=60)
@@ -160,18 +157,22 @@ def test_explorer_in_chromium(devnet):
         shot("09-docs")
 
         # a job whose title is markup: shown literally, no script runs
-        if job_id is not None:
-            page.goto(f"{api}/")
-            page.click("nav a[href='/jobs']")
-            page.wait_for_url(f"{api}/jobs")
-            assert XSS in page.text_content("#jobs")
-            page.click(f"#jobs a[href='/jobs/{job_id}']")
-            page.wait_for_url(f"{api}/jobs/{job_id}")
-            assert page.text_content("#job-title") == XSS
-            assert page.locator("main img").count() == 0
-            page.wait_for_timeout(3500)  # a live refresh swaps the page in again: still text
-            assert page.text_content("#job-title") == XSS and page.locator("main img").count() == 0
-            shot("10-job")
+        page.goto(f"{api}/")
+        page.click("nav a[href='/jobs']")
+        page.wait_for_url(f"{api}/jobs")
+        assert XSS in page.text_content("#jobs")
+        page.click(f"#jobs a[href='/jobs/{job_id}']")
+        page.wait_for_url(f"{api}/jobs/{job_id}")
+        assert page.text_content("#job-title") == XSS
+        assert page.locator("main img").count() == 0
+        # a worker trains it: progress and the loss curve arrive by live refresh, the title stays text
+        page.wait_for_selector("#loss-chart polyline", timeout=120_000)
+        page.wait_for_function("() => document.querySelector('main .badge').textContent === 'settled'",
+                               timeout=120_000)
+        assert page.text_content("#job-progress").startswith("4 of 4")
+        assert page.text_content("#job-title") == XSS and page.locator("main img").count() == 0
+        assert page.locator("#segments .s-valid").count() == 2
+        shot("10-job")
         browser.close()
     assert dialogs == [], dialogs
     # no node's key or API token appears in any log or output of the devnet
@@ -180,5 +181,3 @@ def test_explorer_in_chromium(devnet):
     logs = list(root.parent.rglob("*.log"))  # devnet.log and every node.log and stdout.log
     assert len(logs) >= 9 and not any(sec in f.read_text(errors="replace") for f in logs for sec in secrets)
     assert not [e for e in errors if "Content Security Policy" in e or "Refused" in e], errors
-    if job_id is None:
-        pytest.skip("this build has no job marketplace API (POST /v1/jobs): the job page was not visited")
