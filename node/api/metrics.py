@@ -67,8 +67,9 @@ class NodeCollector:
         yield counter("slashed_base_units", "Base units slashed", int(ver["slashed"]["base_units"]))
         server = n.server
         yield counter("sessions_served", "Inference sessions this node served and receipted",
-                      server.sessions_served if server else 0)
-        yield gauge("sessions_active", "Inference sessions open on this node", server.active if server else 0)
+                      getattr(server, "sessions_served", 0) if server else 0)
+        yield gauge("sessions_active", "Inference sessions open on this node",
+                    getattr(server, "active", 0) if server else 0)
         yield counter("tokens_served", "Token positions this node's span processed",
                       getattr(server, "tokens_served", 0) if server else 0)
         yield counter("ledger_sessions", "Inference sessions receipted on the ledger", len(st.sessions))
