@@ -33,6 +33,7 @@ from ..identity import Identity, account_from_str, verify
 from ..ledger.tx import Receipt
 from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, read_msg, write_msg
 from ..p2p.host import PeerUnreachable
+from ..p2p.quirks import exception_leaves
 from .receipts import CLOCK, RunningReceipt, SessionTerms
 from .server import CONTROL_MAX, INFERENCE_PROTOCOL, new_session_id
 from .wire import check_codec, decode_hidden, encode_hidden
@@ -132,6 +133,7 @@ class Hop:
     signed: tuple | None = None
     signed_steps: int = 0
     broken: Exception | None = None
+    acking: trio.Event | None = None  # set when the last acknowledgement has been written
 
     @property
     def positions(self) -> int:
@@ -239,8 +241,21 @@ class RouteClient:
                                              self.ident.account, self.manifest.model_id, hop.start, hop.end,
                                              height, hop.codec, hop.replay, price))
 
-    async def _step(self, hop: Hop, hidden: torch.Tensor) -> torch.Tensor:
-        """Send ``hidden`` ``(1, t, hidden)`` through ``hop``; returns its float32 output of the same shape."""
+    async def _ack(self, hop: Hop, steps: int, sig: bytes, done: trio.Event) -> None:
+        try:
+            await write_msg(hop.stream, {"type": "ack", "steps": steps, "sig": sig})
+        except Exception as e:  # the next step fails over; the output is already ours and signed
+            hop.broken = hop.broken or e
+        finally:
+            done.set()
+
+    async def _step(self, hop: Hop, hidden: torch.Tensor, bg=None) -> torch.Tensor:
+        """Send ``hidden`` ``(1, t, hidden)`` through ``hop``; returns its float32 output of the same shape.
+
+        The acknowledgement (countersignature) is written at once, in the background task nursery ``bg`` when
+        given: it then leaves the critical path, written while the next hop computes."""
+        if hop.acking is not None:
+            await hop.acking.wait()  # one writer per stream at a time; in practice long done
         if hop.broken is not None:
             raise hop.broken
         t0 = time.perf_counter()
@@ -260,16 +275,19 @@ class RouteClient:
         hop.outputs.append(out)
         if r is not None:
             hop.signed, hop.signed_steps = (r, wsig, csig), hop.rr.steps
-            try:
-                await write_msg(hop.stream, {"type": "ack", "steps": hop.rr.steps, "sig": csig})
-            except (StreamClosed, RequestTimeout) as e:
-                hop.broken = e  # the next step fails over; this output is already ours and signed
+            hop.acking = trio.Event()
+            if bg is not None:
+                bg.start_soon(self._ack, hop, hop.rr.steps, csig, hop.acking)
+            else:
+                await self._ack(hop, hop.rr.steps, csig, hop.acking)
         if n == 1:
             e = self.swarm.entries.get(hop.peer)
             self.swarm.observe_rtt(hop.peer, time.perf_counter() - t0 - (e["latency"] if e else 0.0))
         return out.float()
 
     async def _close(self, hop: Hop) -> None:
+        if hop.acking is not None:
+            await hop.acking.wait()
         try:
             await write_msg(hop.stream, {"type": "close"})
             reply = check_reply(await read_msg(hop.stream, timeout=self.step_timeout, max_message=CONTROL_MAX))
@@ -354,11 +372,11 @@ class RouteClient:
                      ", ".join(h.peer[:16] for h in new), positions)
             return len(new)
 
-    async def _forward(self, run: _Run, hidden: torch.Tensor, token: int) -> torch.Tensor:
+    async def _forward(self, run: _Run, hidden: torch.Tensor, token: int, bg) -> torch.Tensor:
         i = 0
         while i < len(run.hops):
             try:
-                hidden = await self._step(run.hops[i], hidden)
+                hidden = await self._step(run.hops[i], hidden, bg)
                 i += 1
             except HOP_ERRORS as e:
                 await self._replace(run, i, e, token)  # then step through the replacement at the same index
@@ -369,9 +387,11 @@ class RouteClient:
         if close:
             for hop in run.hops:
                 await self._close(hop)
-        for hop in run.hops + run.retired:
+        retired = {id(h) for h in run.retired}
+        hops = run.retired + [h for h in run.hops if id(h) not in retired]  # a failed hop not yet replaced
+        for hop in hops:
             await _abort(hop)
-        receipts = [r for r in (self._settle(h) for h in run.retired + run.hops) if r is not None]
+        receipts = [r for r in (self._settle(h) for h in hops) if r is not None]
         if self.submit:
             for r in receipts:
                 try:
@@ -403,18 +423,25 @@ class RouteClient:
         t0 = time.perf_counter()
         run = _Run(total, codec, [Hop(s.peer, s.start, s.end, codec) for s in self._plan(total)])
         try:
-            await self._open_all(run)
             hidden = await self.executor.run(self.head.embed, torch.tensor([prompt_ids], dtype=torch.long))
+            await self._open_all(run)  # then the first step follows at once (servers time out idle sessions)
             new: list[int] = []
-            while True:
-                hidden = await self._forward(run, hidden, len(new) + 1)
-                tok = await self.executor.run(self.head.next_token, hidden)
-                new.append(tok)
-                if on_token is not None:
-                    await on_token(len(new), tok, [(h.peer, h.start, h.end) for h in run.hops])
-                if len(new) >= max_new_tokens:
-                    break
-                hidden = await self.executor.run(self.head.embed, torch.tensor([[tok]], dtype=torch.long))
+            try:
+                async with trio.open_nursery() as bg:  # acknowledgements, written off the critical path
+                    while True:
+                        hidden = await self._forward(run, hidden, len(new) + 1, bg)
+                        tok = await self.executor.run(self.head.next_token, hidden)
+                        new.append(tok)
+                        if on_token is not None:
+                            await on_token(len(new), tok, [(h.peer, h.start, h.end) for h in run.hops])
+                        if len(new) >= max_new_tokens:
+                            break
+                        hidden = await self.executor.run(self.head.embed, torch.tensor([[tok]], dtype=torch.long))
+            except BaseExceptionGroup as eg:  # the nursery wraps even a lone error: surface it as itself
+                leaves = exception_leaves(eg)
+                if len(leaves) == 1:
+                    raise leaves[0] from None
+                raise
         except Exception:
             with trio.CancelScope(shield=True), trio.move_on_after(30):
                 await self._finish(run, close=False)  # pay for what was received

@@ -41,6 +41,7 @@ from ..identity import Identity, account_from_str, verify
 from ..ledger.tx import Receipt
 from ..p2p.framing import FrameError, RequestTimeout, StreamClosed, error_reply, read_msg, write_msg
 from ..p2p.scoring import BAD_REQUEST, BAD_SIGNATURE, MALFORMED_FRAME
+from .batching import StepBatcher
 from .receipts import CLOCK, RunningReceipt, SessionTerms
 from .wire import CODECS, decode_hidden, encode_hidden
 
@@ -129,11 +130,12 @@ class SpanServer:
             most (each session reserves its ``max_length``); default ``max_sessions × span.max_length``.
         submit: ``async submit(receipt)`` (the ledger); None: receipts are only kept in :attr:`settled`.
         penalize: ``penalize(peer_id, weight)`` (the host's peer scoring); None: no scoring.
+        max_batch: concurrent one-token steps of different sessions run as one batch (:mod:`.batching`).
     """
 
     def __init__(self, ident: Identity, chain_id: str, span, executor, blobs: BlobStore, height,
                  price_per_token_block: int, step_timeout: float = 60.0, max_sessions: int = 32,
-                 cache_tokens: int | None = None, submit=None, penalize=None):
+                 cache_tokens: int | None = None, submit=None, penalize=None, max_batch: int = 8):
         self.ident, self.chain_id, self.span, self.executor, self.blobs = ident, chain_id, span, executor, blobs
         self.height = height
         self.price = price_per_token_block
@@ -146,6 +148,7 @@ class SpanServer:
         self.sessions_served = 0
         self.tokens_served = 0
         self.stats = ServerStats()
+        self.batcher = StepBatcher(span, executor, max_batch=max_batch)
         self.settled: deque[Settled] = deque(maxlen=256)
 
     @property
@@ -280,7 +283,7 @@ class SpanServer:
                                              sess.max_length - sess.rr.positions)
                 n = hidden.shape[1]
                 t1 = time.perf_counter()
-                out = await self.executor.run(self.span.forward, hidden.float(), sess.cache)
+                out = await self.batcher.forward(hidden.float(), sess.cache)
                 t2 = time.perf_counter()
                 wire, sent, c_out = encode_hidden(out, sess.codec)
                 reply = {"status": "ok", "hidden": wire}

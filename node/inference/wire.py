@@ -132,9 +132,10 @@ def decode_hidden(obj: object, codec: str, hidden_size: int, max_positions: int,
             raise DecodeError(f"shape {shape} of {name} needs {expect} bytes, got "
                               f"{len(data) if isinstance(data, bytes) else type(data).__name__}")
     arr = np.frombuffer(data, dtype=np.dtype(np.float16 if itemsize == 2 else np.float32).newbyteorder("<"))
-    t = torch.from_numpy(arr.astype(arr.dtype.newbyteorder("="), copy=True)).reshape(1, n, h)
-    if not torch.isfinite(t).all():
+    arr = arr.astype(arr.dtype.newbyteorder("="), copy=True)
+    if not np.isfinite(arr).all():
         raise DecodeError("hidden states must be finite")
+    t = torch.from_numpy(arr).reshape(1, n, h)
     with CLOCK:
         commitment = wire_commitment(name, shape, data)
     return t, commitment

@@ -101,7 +101,7 @@ def test_client_gone_after_token_17_frees_sessions_and_pays_17_steps(tmp_path, t
     """A client process stops after token 17 without closing its streams — SIGKILLed (the kernel ends its TCP
     connections) or SIGSTOPped (the connections stay open and silent): every server frees the session within
     its step timeout and submits a receipt for exactly the 17 steps (prompt of one token: 17 positions)."""
-    step_timeout = 3.0
+    step_timeout = 5.0
     gfile = write_genesis(tmp_path, servers=[1, 2, 3], clients=[4])
     proc = None
 
@@ -182,11 +182,12 @@ def test_four_clients_at_once(tmp_path, tiny):
                     for c, key in zip(clients, prompts):
                         g.start_soon(one, c, key)
             n.cancel_scope.cancel()
-            return results, peak[0]
+            return results, peak[0], sum(s.server.batcher.batched_steps for s in servers)
 
-    results, peak = trio.run(main)
+    results, peak, batched = trio.run(main)
     for key, gen in results.items():
         assert gen.tokens == local_generate(tiny, prompts[key], 32), key
         assert [r.tokens for r in gen.receipts] == [len(prompts[key]) + 31] * 3
         assert {r.requester for r in gen.receipts} == {Identity_account(peer(key))}
     assert peak >= 2  # sessions of different clients were open on every server at the same time
+    assert batched > 0  # and some of their steps ran as one batched forward

@@ -172,3 +172,26 @@ def test_vanished_client_frees_cache_and_is_billed_for_acknowledged_steps(tiny, 
         assert st.receipt.tokens == 17 and s.ledger.submitted == [st.receipt]
         st.receipt.check_signatures()
         assert s.reserved == 0
+
+
+def test_no_replacement_raises_no_route_and_pays_what_was_received(tiny, tmp_path):
+    from node.compute.shards import NoRouteError
+
+    async def main():
+        async with trio.open_nursery() as n:
+            net, servers, client = await _swarm(n, tiny, tmp_path)
+
+            async def on_token(i, tok, route):
+                if i == 5:
+                    await net.kill(route[1][0])
+
+            with pytest.raises(NoRouteError) as ei:
+                await client.generate(PROMPT, 10, on_token=on_token)
+            n.cancel_scope.cancel()
+            return ei.value, client.ledger.submitted
+
+    err, submitted = run(main)
+    assert err.block == 2
+    # every hop is paid for the outputs the client received: steps of tokens 1-5 on all three, the 6th step
+    # on the first hop (it answered before the middle one failed)
+    assert sorted(r.tokens for r in submitted) == [len(PROMPT) + 4, len(PROMPT) + 4, len(PROMPT) + 5]
