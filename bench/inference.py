@@ -1,0 +1,309 @@
+"""Inference benchmark: greedy generation through 3 span servers over libp2p against the same model in one process.
+
+Prints, from one run on this machine:
+  * tokens/s of greedy generation through 3 local span servers over libp2p (TCP + Noise + Yamux, each server its
+    own process on 127.0.0.1, running the real session protocol with per-step receipts), beside tokens/s of the
+    same model generating in one process (:func:`node.compute.reference.local_generate`); the ratio is the
+    figure (target >= 0.8);
+  * bytes on the wire per token per hop (every byte of the client's TCP connections to the servers, as the
+    kernel counted them with ``ss``: Noise, Yamux, framing, acks, gossip included) beside the raw hidden-state
+    bytes of the same steps (input + output, float32) (target <= 1.1);
+  * the time spent on receipts (commitments, incremental Merkle roots, receipt ids, signing, countersigning
+    and checking signatures, in the client and in all three servers) as a share of generation time
+    (target <= 1 %);
+  * with ``--wan``: the same generation with every client-server link through a TCP relay on 127.0.0.1 that
+    delays each direction by 25 ms (this kernel has no netem), its tokens/s beside the local figure.
+
+Usage: ``.venv/bin/python bench/inference.py [--tokens 48] [--runs 3] [--wan] [--compression none|fp16|zstd]
+[--model smollm2|tiny] [--threads 1]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import trio  # noqa: E402
+
+CHAIN = "tally-bench"
+PRICE = 1_000_000
+STATS = "/tally/bench/stats/1.0.0"
+PROMPT = "The three most important inventions in human history are"
+
+
+# ------------------------------------------------------------------ server process
+
+async def serve(args) -> None:
+    """Child mode: one span server (libp2p host + SpanServer, no ledger) until killed."""
+    import torch
+
+    from node.blobs import BlobStore
+    from node.compute.executor import TorchExecutor
+    from node.compute.span import SpanModel
+    from node.identity import Identity, dev_seed
+    from node.inference import receipts
+    from node.inference.server import INFERENCE_PROTOCOL, SpanServer
+    from node.p2p.host import P2PHost
+
+    torch.set_num_threads(args.threads)
+    ident = Identity.from_seed(dev_seed(args.key))
+    host = P2PHost(ident, 0, CHAIN)
+    start, end = (int(x) for x in args.serve.split(":"))
+    server = SpanServer(ident, CHAIN, SpanModel(Path(args.model_dir), start, end), TorchExecutor(args.threads),
+                        BlobStore(Path(tempfile.mkdtemp(prefix="tally-bench-"))), lambda: 0, PRICE,
+                        penalize=host.penalize)
+    host.set_handler(INFERENCE_PROTOCOL, server.handle)
+
+    async def stats(msg: dict, peer: str) -> dict:
+        out = {"receipt_s": receipts.CLOCK.seconds, "receipt_calls": receipts.CLOCK.calls,
+               "tokens": server.tokens_served, "latency": server.stats.latency, "compute": server.stats.compute}
+        if msg.get("reset"):
+            receipts.CLOCK.reset()
+        return out
+
+    host.set_request_handler(STATS, stats)
+    async with host.running(), trio.open_nursery() as n:
+        await server.measure()
+        n.start_soon(server.announce_loop, host, 1.0)
+        print(json.dumps({"peer": ident.peer_id, "addr": host.addrs[0]}), flush=True)
+        await trio.sleep_forever()
+
+
+# ------------------------------------------------------------------ the TCP relay for --wan
+
+async def relay(target_port: int, delay: float, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Listen on 127.0.0.1 and forward every connection to ``target_port``, each direction delayed by ``delay``
+    seconds (chunks keep their order; no bandwidth limit). Reports its port through ``task_status``."""
+    async def pump(src, dst) -> None:
+        send, recv = trio.open_memory_channel(math.inf)
+
+        async def reader() -> None:
+            async with send:
+                try:
+                    async for chunk in src:
+                        send.send_nowait((trio.current_time() + delay, chunk))
+                except trio.BrokenResourceError:
+                    pass
+
+        async def writer() -> None:
+            async for due, chunk in recv:
+                await trio.sleep_until(due)
+                try:
+                    await dst.send_all(chunk)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+            try:
+                await dst.send_eof()
+            except (trio.BrokenResourceError, trio.ClosedResourceError, AttributeError):
+                pass
+
+        async with trio.open_nursery() as n:
+            n.start_soon(reader)
+            n.start_soon(writer)
+
+    async def handle(client) -> None:
+        try:
+            server = await trio.open_tcp_stream("127.0.0.1", target_port)
+        except OSError:
+            await client.aclose()
+            return
+        async with client, server, trio.open_nursery() as n:
+            n.start_soon(pump, client, server)
+            n.start_soon(pump, server, client)
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    task_status.started(listeners[0].socket.getsockname()[1])
+    await trio.serve_listeners(handle, listeners)
+
+
+# ------------------------------------------------------------------ measuring
+
+def tcp_bytes(ports: list[int]) -> int:
+    """Bytes sent (acknowledged) plus bytes received on this machine's TCP connections to ``ports``, from ss."""
+    total = 0
+    for port in ports:
+        out = subprocess.run(["ss", "-tinH", "dst", f"127.0.0.1:{port}"], capture_output=True, text=True).stdout
+        total += sum(int(x) for x in re.findall(r"bytes_acked:(\d+)", out))
+        total += sum(int(x) for x in re.findall(r"bytes_received:(\d+)", out))
+    return total
+
+
+class BenchLedger:
+    """What the client needs from a ledger: the chain id and the price. Receipts are built, signed and
+    countersigned as always; nothing is submitted (no validator runs in the bench)."""
+
+    chain_id = CHAIN
+
+    class genesis:  # noqa: N801
+        class params:  # noqa: N801
+            price_per_token_block = PRICE
+
+    async def submit(self, tx) -> bytes:
+        return tx.id
+
+
+async def run_client(args, model_dir: Path, servers: list[dict], prompt: list[int], via: dict[str, int] | None,
+                     label: str) -> dict:
+    """Connect a fresh client (through relays when ``via`` maps peer -> relay port), generate ``args.runs`` times,
+    return the measurements."""
+    from node.blobs import BlobStore
+    from node.compute.executor import TorchExecutor
+    from node.compute.head import ClientHead
+    from node.compute.model import load_manifest
+    from node.identity import Identity
+    from node.inference import receipts
+    from node.inference.client import RouteClient, SwarmTable
+    from node.p2p.host import P2PHost
+
+    manifest = load_manifest(model_dir)
+    host = P2PHost(Identity.generate(), 0, CHAIN)
+    swarm = SwarmTable()
+    addrs = [s["addr"] if via is None else f"/ip4/127.0.0.1/tcp/{via[s['peer']]}/p2p/{s['peer']}" for s in servers]
+    ports = [int(a.split("/")[4]) for a in addrs]
+    async with host.running():
+        await host.subscribe(host.topic("shards"), swarm.on_announcement)
+        await host.connect(addrs)
+        with trio.fail_after(30):
+            while len(swarm.live(manifest.model_id)) < len(servers):
+                await trio.sleep(0.1)
+        client = RouteClient(host.identity, host, ClientHead(model_dir), manifest, BenchLedger(),
+                             TorchExecutor(args.threads), BlobStore(Path(tempfile.mkdtemp(prefix="tally-bench-"))),
+                             swarm, compression=args.compression, submit=False)
+        warm = await client.generate(prompt, 8)
+        for s in servers:
+            await host.request(s["peer"], STATS, {"reset": True}, timeout=10)
+        receipts.CLOCK.reset()
+        bytes0 = tcp_bytes(ports)
+        gens = []
+        for _ in range(args.runs):
+            gens.append(await client.generate(prompt, args.tokens))
+        wire = tcp_bytes(ports) - bytes0
+        client_receipt_s = receipts.CLOCK.seconds
+        server_stats = [await host.request(s["peer"], STATS, {}, timeout=10) for s in servers]
+    hops = len(gens[0].route)
+    positions = sum(len(prompt) + args.tokens - 1 for _ in gens)  # per hop
+    wall = sum(g.seconds for g in gens)
+    receipt_s = client_receipt_s + sum(s["receipt_s"] for s in server_stats)
+    return {"label": label, "tokens_s": statistics.median(args.tokens / g.seconds for g in gens),
+            "runs": [round(args.tokens / g.seconds, 2) for g in gens], "tokens": gens[-1].tokens,
+            "warm_tokens": warm.tokens, "route": gens[0].route, "hops": hops,
+            "wire_per_token_hop": wire / (positions * hops), "receipt_s": receipt_s,
+            "client_receipt_s": client_receipt_s, "server_receipt_s": [s["receipt_s"] for s in server_stats],
+            "wall": wall, "steps": args.runs * args.tokens,
+            "server_step_ms": [round(s["latency"] * 1e3, 2) for s in server_stats],
+            "compression": gens[0].compression}
+
+
+def local_baseline(args, model_dir: Path, prompt: list[int]) -> tuple[float, list[float], list[int]]:
+    from node.compute.reference import load_causal_lm, local_generate
+
+    model = load_causal_lm(model_dir)
+    local_generate(model_dir, prompt, 8, model=model)  # warm-up
+    rates, tokens = [], []
+    for _ in range(args.runs):
+        t0 = time.perf_counter()
+        tokens = local_generate(model_dir, prompt, args.tokens, model=model)
+        rates.append(args.tokens / (time.perf_counter() - t0))
+    return statistics.median(rates), rates, tokens
+
+
+async def bench(args) -> None:
+    import torch
+
+    from node.compute.head import ClientHead
+    from node.compute.model import load_manifest
+    from node.compute.shards import assign_spans
+
+    torch.set_num_threads(args.threads)
+    model_dir = resolve_model(args)
+    manifest = load_manifest(model_dir)
+    tok = ClientHead(model_dir).tokenizer
+    prompt = tok.encode(PROMPT) if tok is not None else [5, 17, 42, 99, 3, 8, 13, 21]
+    print(f"model {manifest.name}: {manifest.num_blocks} blocks, hidden {manifest.hidden_size}; prompt "
+          f"{len(prompt)} tokens; {args.tokens} new tokens greedy, median of {args.runs} runs; torch threads "
+          f"{args.threads} in every process; compression {args.compression}", flush=True)
+    local, local_runs, local_tokens = local_baseline(args, model_dir, prompt)
+    print(f"one process (local_generate):     {local:7.2f} tokens/s  (runs {[round(r, 2) for r in local_runs]})",
+          flush=True)
+    spans = assign_spans(manifest.num_blocks, 3)
+    procs = []
+    try:
+        for key, (s, e) in enumerate(spans, start=1):
+            procs.append(subprocess.Popen(
+                [sys.executable, __file__, "--serve", f"{s}:{e}", "--key", str(key), "--model-dir", str(model_dir),
+                 "--threads", str(args.threads)], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1]))
+        servers = [json.loads(await trio.to_thread.run_sync(p.stdout.readline)) for p in procs]
+        direct = await run_client(args, model_dir, servers, prompt, None, "libp2p")
+        report(args, manifest, direct, local, local_tokens)
+        if args.wan:
+            async with trio.open_nursery() as n:
+                via = {}
+                for s in servers:
+                    via[s["peer"]] = await n.start(relay, int(s["addr"].split("/")[4]), args.delay)
+                wan = await run_client(args, model_dir, servers, prompt, via, "wan")
+                n.cancel_scope.cancel()
+            print(f"--wan: every link through a TCP relay adding {args.delay * 1e3:.0f} ms each way", flush=True)
+            print(f"  tokens/s over the relays:       {wan['tokens_s']:7.2f}  (runs {wan['runs']}) beside "
+                  f"{direct['tokens_s']:.2f} local over libp2p and {local:.2f} in one process; identical tokens: "
+                  f"{str(wan['tokens'] == direct['tokens']).lower()}")
+            print(f"  bytes on the wire per token per hop: {wan['wire_per_token_hop']:.0f}")
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+def report(args, manifest, r: dict, local: float, local_tokens: list[int]) -> None:
+    raw = 2 * manifest.hidden_size * 4  # float32 input + output of one position on one hop
+    steps_hops = r["steps"] * r["hops"]
+    print(f"3 servers over libp2p (3 processes): {r['tokens_s']:7.2f} tokens/s  (runs {r['runs']})")
+    print(f"  ratio to one process:           {r['tokens_s'] / local:7.3f}   (target >= 0.8)")
+    print(f"  identical tokens to one process: {str(r['tokens'] == local_tokens).lower()}")
+    print(f"  route: {[(p[:12], s, e) for p, s, e in r['route']]}; server step latency ms {r['server_step_ms']}")
+    print(f"  bytes on the wire per token per hop: {r['wire_per_token_hop']:.0f} beside raw hidden states "
+          f"{raw} (float32 in + out): {r['wire_per_token_hop'] / raw:.3f}   (target <= 1.1)")
+    print(f"  receipts (client {r['client_receipt_s'] * 1e3:.1f} ms + servers "
+          f"{sum(r['server_receipt_s']) * 1e3:.1f} ms over {r['wall']:.2f} s of generation; "
+          f"{r['receipt_s'] / steps_hops * 1e6:.0f} us per step per hop): "
+          f"{100 * r['receipt_s'] / r['wall']:.2f} % of step time   (target <= 1 %)", flush=True)
+
+
+def resolve_model(args) -> Path:
+    from node.compute.model import default_cache_dir, ensure_smollm2, make_tiny
+
+    cache = Path(args.model_cache) if args.model_cache else default_cache_dir()
+    return make_tiny(cache, seed=0) if args.model == "tiny" else ensure_smollm2(cache)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, default=48)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--wan", action="store_true", help="also run through 25 ms-per-direction TCP relays")
+    p.add_argument("--delay", type=float, default=0.025, help=argparse.SUPPRESS)
+    p.add_argument("--compression", default="none", choices=["none", "fp16", "zstd", "fp16+zstd"])
+    p.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
+    p.add_argument("--model-cache")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--serve", help=argparse.SUPPRESS)
+    p.add_argument("--key", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--model-dir", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    trio.run(serve if args.serve else bench, args)
+
+
+if __name__ == "__main__":
+    main()
