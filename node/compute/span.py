@@ -12,11 +12,10 @@ from pathlib import Path
 
 import torch
 
-from node.encoding import H, pack
+from node.encoding import pack
 
+from .cheats import FAULTS, apply_output_fault, cheat_net
 from .model import block_file, load_checked, load_manifest, load_span_config
-
-FAULTS = (None, "corrupt")
 
 
 class SpanModel:
@@ -25,8 +24,8 @@ class SpanModel:
     Attributes: ``start``, ``end``, ``model_id`` (32 bytes), ``hidden_size``, ``max_length`` (tokens a session may
     hold), ``manifest``, ``device``, ``fault``.
 
-    ``fault="corrupt"`` makes a cheating server for devnet/tests: :meth:`forward` (not :meth:`prefill`) adds
-    Gaussian noise with std ``0.5 * output.std()``, seeded from (model id, span, cache position, shape).
+    ``fault`` makes a cheating server for devnet/tests (see :mod:`node.compute.cheats`): it changes
+    :meth:`forward`, never :meth:`prefill`.
 
     Raises (constructor):
         FileNotFoundError: model dir, manifest or a block file is missing.
@@ -69,6 +68,9 @@ class SpanModel:
             sd = load_checked(self.model_dir, block_file(idx), self.manifest.block_hashes[idx], f"block {idx}")
             net.layers[i].load_state_dict(sd, strict=True, assign=True)
         self.net = net.to(self.device).eval().requires_grad_(False)
+        self._seed = pack([self.model_id, start, end])
+        self._cheat_net = cheat_net(self.net, fault, self._seed) if fault else None
+        self._replay: dict[int, torch.Tensor] = {}
 
     def __repr__(self) -> str:
         return f"SpanModel({self.manifest.name}, [{self.start}, {self.end}), fault={self.fault})"
@@ -89,13 +91,15 @@ class SpanModel:
         if past + hidden.shape[1] > self.max_length:
             raise ValueError(f"{past} cached + {hidden.shape[1]} new tokens exceed max_length {self.max_length}")
 
-    def _run(self, hidden: torch.Tensor, cache) -> torch.Tensor:
+    def _run(self, hidden: torch.Tensor, cache, net=None) -> torch.Tensor:
         past = cache.get_seq_length()
         self._check(hidden, past)
         if past and cache.layers and cache.layers[0].keys is not None and cache.layers[0].keys.shape[0] != hidden.shape[0]:
             raise ValueError("batch size differs from the one this cache was started with")
+        net = self.net if net is None else net
+        dtype = next(net.parameters()).dtype
         with torch.inference_mode():
-            out = self.net(inputs_embeds=hidden.to(self.device), cache=cache, use_cache=True).last_hidden_state
+            out = net(inputs_embeds=hidden.to(self.device, dtype), cache=cache, use_cache=True).last_hidden_state
         # clone outside inference mode: callers get an ordinary tensor they may modify in place
         return out.to(device="cpu", dtype=torch.float32).clone(memory_format=torch.contiguous_format)
 
@@ -114,15 +118,11 @@ class SpanModel:
             ``max_length`` (the cache is left unchanged in that case).
         """
         past = cache.get_seq_length()
-        out = self._run(hidden, cache)
-        if self.fault == "corrupt":
-            seed = int.from_bytes(
-                H(pack([self.model_id, self.start, self.end, past, list(out.shape)]))[:8], "little"
-            ) & ((1 << 63) - 1)
-            gen = torch.Generator().manual_seed(seed)
-            noise = torch.randn(out.shape, generator=gen, dtype=torch.float32)
-            out = out + noise * (0.5 * out.std().clamp_min(1e-6))
-        return out
+        if self.fault == "skip-block" and self._cheat_net is None:  # a one-block span: skip it entirely
+            self._check(hidden, past)
+            return hidden.clone()
+        out = self._run(hidden, cache, self._cheat_net)
+        return apply_output_fault(self.fault, hidden, out, past, self._seed, self._replay) if self.fault else out
 
     def prefill(self, hidden: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` of all positions at once with a fresh cache, never faulty (used for re-execution).

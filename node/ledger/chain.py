@@ -26,6 +26,22 @@ def propose(state: State, candidates: list[Tx], ident: Identity, time_ms: int,
     return block, new_state, rejected
 
 
+MAX_CLOCK_SKEW_MS = 30_000  # a proposal's timestamp may differ from a validator's clock by at most this
+
+
+def check_time(time_ms: int, now_ms: int, parent_ms: int | None = None, skew_ms: int = MAX_CLOCK_SKEW_MS) -> None:
+    """A proposed block's timestamp must be within ``skew_ms`` of the validator's clock and not before its
+    parent's (Tendermint's BFT time keeps block times monotonic).
+
+    Raises:
+        ValueError: the timestamp is outside the allowed skew or goes backwards.
+    """
+    if abs(time_ms - now_ms) > skew_ms:
+        raise ValueError(f"block time {time_ms} is {abs(time_ms - now_ms)} ms from our clock (max {skew_ms} ms)")
+    if parent_ms is not None and time_ms < parent_ms:
+        raise ValueError("block time goes backwards")
+
+
 def commit_block(ident: Identity, block: Block, round_: int = 0) -> tuple:
     """A single validator's commit (its precommit) for ``block``: enough alone on a one-validator chain."""
     return (sign_commit(ident, block.header.chain_id, block.height, block.hash, round_),)

@@ -22,7 +22,7 @@ import trio
 from ..encoding import pack
 from ..identity import verify
 from .block import InvalidBlock, decode_block, proposal_digest, vote_digest
-from .chain import check_block, propose
+from .chain import check_block, check_time, propose
 from .consensus import PRECOMMIT, PREVOTE, Broadcast, Decide, Proposal, Schedule, Tendermint, Timeout, Timeouts, Vote
 from .tx import Evidence, InvalidTx
 
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("tally.consensus")
 
 MAX_FUTURE = 2000  # buffered messages for heights we have not reached yet
-MAX_CLOCK_SKEW_MS = 30_000  # a proposal's timestamp may differ from our clock by at most this
 RESEND_PERIOD = 1.0
 
 
@@ -64,8 +63,12 @@ class ConsensusDriver:
 
     def _get_value(self, height: int) -> bytes:
         st = self.ledger.state
-        block, new_state, rejected = propose(st, self.ledger.candidates(), self.ident,
-                                             int(self.ledger.clock() * 1000), self.ledger.store.last_commit())
+        head = self.ledger.store.get_block(self.ledger.store.head) if self.ledger.store.head else None
+        now = int(self.ledger.clock() * 1000)
+        if head is not None:
+            now = max(now, head[0].header.time_ms + 1)  # block times never go backwards
+        block, new_state, rejected = propose(st, self.ledger.candidates(), self.ident, now,
+                                             self.ledger.store.last_commit())
         self.ledger.drop_rejected(rejected)
         self.blocks[block.hash] = (block, new_state)
         return block.hash
@@ -142,8 +145,12 @@ class ConsensusDriver:
             block = decode_block(msg.get("block"))
             if block.hash != p.value or block.height != p.height or block.header.proposer != p.sender:
                 raise InvalidBlock("proposal does not match its block")
-            if abs(block.header.time_ms - int(self.ledger.clock() * 1000)) > MAX_CLOCK_SKEW_MS:
-                raise InvalidBlock("block timestamp outside the allowed clock skew")
+            head = self.ledger.store.get_block(self.ledger.store.head) if self.ledger.store.head else None
+            try:
+                check_time(block.header.time_ms, int(self.ledger.clock() * 1000),
+                           head[0].header.time_ms if head else None)
+            except ValueError as e:
+                raise InvalidBlock(str(e)) from None
             self.blocks[block.hash] = (block, check_block(self.ledger.state, block))
         except (InvalidBlock, InvalidTx, ValueError) as e:
             log.warning("invalid proposal %s/%s from %s: %s", p.height, p.round, p.sender.hex()[:12], e)
