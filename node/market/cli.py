@@ -53,12 +53,14 @@ class _Api:
         token = (data_dir / "api_token").read_text().strip()
         self.http = httpx.Client(timeout=600, headers={"Authorization": f"Bearer {token}"})
 
-    def call(self, method: str, path: str, **kw) -> dict:
+    def call(self, method: str, path: str, missing_ok: bool = False, **kw) -> dict | None:
         try:
             r = self.http.request(method, self.url + path, **kw)
         except httpx.HTTPError as e:
             sys.exit(f"node job: cannot reach the node at {self.url}: {e}")
         body = r.json()
+        if r.status_code == 404 and missing_ok:
+            return None
         if r.status_code >= 400:
             sys.exit(f"node job: {body.get('code')}: {body.get('message')}")
         return body
@@ -70,7 +72,11 @@ FINAL = {"settled", "cancelled", "expired", "failed", "diverged"}
 def _follow(api: _Api, job_id: str) -> dict:
     from tqdm import tqdm
 
-    job = api.call("GET", f"/v1/jobs/{job_id}")
+    deadline = time.monotonic() + 60
+    while (job := api.call("GET", f"/v1/jobs/{job_id}", missing_ok=True)) is None:  # not in a block yet
+        if time.monotonic() > deadline:
+            sys.exit(f"node job: job {job_id} did not appear on the ledger within 60 s")
+        time.sleep(0.5)
     with tqdm(total=job["steps"], unit="step", desc=f"job {job_id[:8]}") as bar:
         while True:
             bar.n = job["steps_done"]
