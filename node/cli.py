@@ -10,12 +10,15 @@ from pathlib import Path
 
 DEFAULT_DATA_DIR = Path(os.environ.get("TALLY_HOME", Path.home() / ".tally"))
 TEST_SWITCH_HELP = ("TEST SWITCH, devnet/test chains only: make this node cheat. 'corrupt': the server adds noise "
-                    "to every output it returns, so committees must vote its receipts invalid and slash its bond. "
+                    "to every output it returns, so committees must vote its receipts invalid and slash its bond "
+                    "(likewise random, zeros, nan, half-tokens, replay, skip-block, perturb, other-model, bf16: "
+                    "see node/compute/cheats.py). "
                     "'equivocate': the validator double-signs one prevote, so the others must submit evidence and "
                     "its bond is slashed once. Training (with --accept-jobs): 'skip-steps' trains one step fewer "
                     "per segment than claimed, 'other-data' trains on other batches than committed, "
                     "'fake-adapter' reports a state it never trained, 'diverge' blows its adapter up (NaN loss).")
-FAULTS = ["corrupt", "equivocate", "skip-steps", "other-data", "fake-adapter", "diverge"]
+FAULTS = ["corrupt", "random", "zeros", "nan", "half-tokens", "replay", "skip-block", "perturb", "other-model",
+          "bf16", "equivocate", "skip-steps", "other-data", "fake-adapter", "diverge"]
 
 
 def _span(text: str) -> tuple[int, int] | tuple[str, int | None] | str:

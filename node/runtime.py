@@ -14,6 +14,7 @@ from pathlib import Path
 import trio
 
 from .blobs import BlobStore
+from .compute.cheats import FAULTS as CHEATS
 from .identity import Identity, load_or_create
 from .ledger.genesis import Genesis
 from .ledger.service import LedgerService
@@ -24,6 +25,7 @@ log = logging.getLogger("tally.node")
 
 TOKEN_FILE = "api_token"
 TRAIN_FAULTS = ("skip-steps", "other-data", "fake-adapter", "diverge")
+SPAN_FAULTS = tuple(f for f in CHEATS if f is not None)
 INFO_FILE = "node.json"
 
 
@@ -126,7 +128,7 @@ class Node:
         from .inference.server import SpanServer
 
         cfg = self.cfg
-        span = self._load_span(start, end, fault="corrupt" if cfg.fault == "corrupt" else None)
+        span = self._load_span(start, end, fault=cfg.fault if cfg.fault in SPAN_FAULTS else None)
         return SpanServer(self.ident, self.genesis.chain_id, span, self.executor, self.blobs,
                           lambda: self.ledger.state.height, self.genesis.params.price_per_token_block,
                           step_timeout=cfg.step_timeout, cache_tokens=cfg.cache_tokens, submit=self.ledger.submit,
