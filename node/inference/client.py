@@ -34,7 +34,7 @@ from ..ledger.tx import Receipt
 from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, read_msg, write_msg
 from ..p2p.host import PeerUnreachable
 from ..p2p.quirks import exception_leaves
-from .receipts import CLOCK, RunningReceipt, SessionTerms
+from .receipts import CLOCK, RunningReceipt, SessionTerms, store_blob, wire_commitment
 from .server import CONTROL_MAX, INFERENCE_PROTOCOL, new_session_id
 from .wire import check_codec, decode_hidden, encode_hidden
 
@@ -117,7 +117,8 @@ class SwarmTable:
 @dataclass
 class Hop:
     """One session with one server. ``inputs``/``outputs``: the step tensors as they travelled (codec dtype).
-    ``signed``: ``(receipt, worker_sig, requester_sig)`` for the newest billed step, covering ``signed_steps``."""
+    ``signed``: ``((billed, inputs_root, outputs_root), receipt id, worker_sig, requester_sig)`` for the newest
+    billed step, covering ``signed_steps``."""
 
     peer: str
     start: int
@@ -134,10 +135,11 @@ class Hop:
     signed_steps: int = 0
     broken: Exception | None = None
     acking: trio.Event | None = None  # set when the last acknowledgement has been written
+    sent_positions: int = 0  # positions whose output was received (receipts may lag until the round's end)
 
     @property
     def positions(self) -> int:
-        return sum(t.shape[1] for t in self.inputs)
+        return self.sent_positions
 
 
 @dataclass
@@ -172,6 +174,8 @@ class _Run:
     retired: list[Hop] = field(default_factory=list)
     failovers: list[Failover] = field(default_factory=list)
     excluded: set = field(default_factory=set)
+    pending: list = field(default_factory=list)  # steps whose receipt work waits for the round's end
+    bg: object = None  # nursery for acknowledgements
 
 
 class RouteClient:
@@ -249,41 +253,59 @@ class RouteClient:
         finally:
             done.set()
 
-    async def _step(self, hop: Hop, hidden: torch.Tensor, bg=None) -> torch.Tensor:
+    async def _step(self, hop: Hop, hidden: torch.Tensor, run: _Run) -> torch.Tensor:
         """Send ``hidden`` ``(1, t, hidden)`` through ``hop``; returns its float32 output of the same shape.
 
-        The acknowledgement (countersignature) is written at once, in the background task nursery ``bg`` when
-        given: it then leaves the critical path, written while the next hop computes."""
+        The step's receipt work (commitments, running receipt, countersignature, acknowledgement) is queued in
+        ``run.pending`` and done by :meth:`_flush` at the end of the round, for all hops together."""
         if hop.acking is not None:
             await hop.acking.wait()  # one writer per stream at a time; in practice long done
         if hop.broken is not None:
             raise hop.broken
         t0 = time.perf_counter()
-        wire, sent, c_in = encode_hidden(hidden, hop.codec)
+        wire, sent, in_parts = encode_hidden(hidden, hop.codec, commit=False)
         n = sent.shape[1]
         await write_msg(hop.stream, {"type": "step", "hidden": wire})
         reply = check_reply(await read_msg(hop.stream, timeout=self.step_timeout))
-        out, c_out = decode_hidden(reply.get("hidden"), hop.codec, self.manifest.hidden_size, n, positions=n)
-        billed = hop.rr.positions + n > hop.replay
+        out, out_parts = decode_hidden(reply.get("hidden"), hop.codec, self.manifest.hidden_size, n, positions=n,
+                                       commit=False)
+        billed = hop.sent_positions + n > hop.replay
         wsig = reply.get("sig")
         if billed and not (isinstance(wsig, bytes) and len(wsig) == 64):
             raise HopFailed(f"server {hop.peer[:16]} did not sign its receipt")
-        with CLOCK:
-            r = hop.rr.append(c_in, c_out, n)
-            csig = self.ident.sign(r.id) if r is not None else None
         hop.inputs.append(sent)
         hop.outputs.append(out)
-        if r is not None:
-            hop.signed, hop.signed_steps = (r, wsig, csig), hop.rr.steps
-            hop.acking = trio.Event()
-            if bg is not None:
-                bg.start_soon(self._ack, hop, hop.rr.steps, csig, hop.acking)
-            else:
-                await self._ack(hop, hop.rr.steps, csig, hop.acking)
+        hop.sent_positions += n
+        run.pending.append((hop, in_parts, out_parts, n, wsig))
         if n == 1:
             e = self.swarm.entries.get(hop.peer)
             self.swarm.observe_rtt(hop.peer, time.perf_counter() - t0 - (e["latency"] if e else 0.0))
         return out.float()
+
+    async def _flush(self, run: _Run) -> None:
+        """The receipt work of the steps queued since the last flush, for all hops at once (it then runs with warm
+        caches): commitments (a hop's input is the previous hop's output: hashed once), running receipts,
+        countersignatures; then each hop's acknowledgement is written in the background (``run.bg``) or inline.
+        """
+        pending, run.pending = run.pending, []
+        acks = []
+        with CLOCK:
+            prev_parts, prev_c = None, None
+            for hop, in_parts, out_parts, n, wsig in pending:
+                c_in = prev_c if in_parts == prev_parts else wire_commitment(*in_parts)
+                c_out = wire_commitment(*out_parts)
+                prev_parts, prev_c = out_parts, c_out
+                rid = hop.rr.append(c_in, c_out, n)
+                if rid is not None:
+                    csig = self.ident.sign(rid)
+                    hop.signed, hop.signed_steps = (hop.rr.state, rid, wsig, csig), hop.rr.steps
+                    acks.append((hop, hop.rr.steps, csig))
+        for hop, steps, csig in acks:
+            hop.acking = trio.Event()
+            if run.bg is not None:
+                run.bg.start_soon(self._ack, hop, steps, csig, hop.acking)
+            else:
+                await self._ack(hop, steps, csig, hop.acking)
 
     async def _close(self, hop: Hop) -> None:
         if hop.acking is not None:
@@ -302,14 +324,15 @@ class RouteClient:
         server's signature does not match); stores the session's blobs for the committee."""
         if hop.signed is None:
             return None
-        r, wsig, csig = hop.signed
+        state, rid, wsig, csig = hop.signed
+        r = hop.rr.receipt_of(*state)
         with CLOCK:
-            ok = verify(r.worker, r.id, wsig)
+            ok = verify(r.worker, rid, wsig)
         if not ok:
             log.warning("server %s signed a receipt other than the session's; not paying it", hop.peer[:16])
             return None
-        self.blobs.put(hop.inputs[:hop.signed_steps])
-        self.blobs.put(hop.outputs[:hop.signed_steps])
+        store_blob(self.blobs, r.inputs_root, hop.inputs[:hop.signed_steps])
+        store_blob(self.blobs, r.outputs_root, hop.outputs[:hop.signed_steps])
         return replace(r, worker_sig=wsig, requester_sig=csig)
 
     # ------------------------------------------------------------------ routes and failover
@@ -360,7 +383,7 @@ class RouteClient:
                 x = torch.cat(prefix, dim=1) if prefix else None
                 for current in new:
                     if x is not None:
-                        x = await self._step(current, x)  # the replayed prefix: unbilled
+                        x = await self._step(current, x, run)  # the replayed prefix: unbilled
             except HOP_ERRORS as e:
                 run.excluded.add(current.peer)
                 for h in new:
@@ -372,18 +395,29 @@ class RouteClient:
                      ", ".join(h.peer[:16] for h in new), positions)
             return len(new)
 
-    async def _forward(self, run: _Run, hidden: torch.Tensor, token: int, bg) -> torch.Tensor:
+    async def _forward(self, run: _Run, hidden: torch.Tensor, token: int) -> torch.Tensor:
+        """One round: ``hidden`` through every hop (failing over as needed). The round's receipt work is left in
+        ``run.pending`` for the caller to flush."""
         i = 0
         while i < len(run.hops):
             try:
-                hidden = await self._step(run.hops[i], hidden, bg)
+                hidden = await self._step(run.hops[i], hidden, run)
                 i += 1
             except HOP_ERRORS as e:
+                await self._flush(run)  # the failed hop's receipt covers every output received from it
                 await self._replace(run, i, e, token)  # then step through the replacement at the same index
         return hidden
 
+    def _next(self, hidden: torch.Tensor, embed: bool) -> tuple[int, torch.Tensor | None]:
+        """Executor thread: the greedy next token after ``hidden`` (1, t, hidden) and, if ``embed``, its
+        embedding (1, 1, hidden) for the next round (one thread hop for both)."""
+        tok = self.head.next_token(hidden)
+        return tok, self.head.embed(torch.tensor([[tok]], dtype=torch.long)) if embed else None
+
     async def _finish(self, run: _Run, close: bool) -> list[Receipt]:
         """Close (or abort) every session, settle and submit the receipts of all hops, retired ones included."""
+        run.bg = None
+        await self._flush(run)
         if close:
             for hop in run.hops:
                 await self._close(hop)
@@ -427,16 +461,16 @@ class RouteClient:
             await self._open_all(run)  # then the first step follows at once (servers time out idle sessions)
             new: list[int] = []
             try:
-                async with trio.open_nursery() as bg:  # acknowledgements, written off the critical path
+                async with trio.open_nursery() as run.bg:  # acknowledgements, written off the critical path
                     while True:
-                        hidden = await self._forward(run, hidden, len(new) + 1, bg)
-                        tok = await self.executor.run(self.head.next_token, hidden)
+                        hidden = await self._forward(run, hidden, len(new) + 1)
+                        await self._flush(run)  # the round's receipt work, before the LM head (no GIL contention)
+                        tok, hidden = await self.executor.run(self._next, hidden, len(new) + 1 < max_new_tokens)
                         new.append(tok)
                         if on_token is not None:
                             await on_token(len(new), tok, [(h.peer, h.start, h.end) for h in run.hops])
                         if len(new) >= max_new_tokens:
                             break
-                        hidden = await self.executor.run(self.head.embed, torch.tensor([[tok]], dtype=torch.long))
             except BaseExceptionGroup as eg:  # the nursery wraps even a lone error: surface it as itself
                 leaves = exception_leaves(eg)
                 if len(leaves) == 1:

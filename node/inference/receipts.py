@@ -29,37 +29,45 @@ whole input and compares every position; the billed positions are the last ``tok
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from dataclasses import dataclass
 
-from ..encoding import H, leaf_hash, node_hash, pack
+from ..encoding import HASH_LEN, H, pack, tensor_to_wire
 from ..ledger.tx import Receipt
 
 
 class ReceiptClock:
-    """Seconds spent on receipt work in this process (commitments, Merkle roots, ids, signatures).
+    """Time spent on receipt work in this process (commitments, Merkle roots, ids, signatures).
 
-    Use as ``with CLOCK: ...``; not re-entrant, not thread-safe (the trio loop is one thread).
+    ``seconds``: wall-clock seconds; ``cpu_seconds``: CPU seconds of the thread (excludes time the OS gave to
+    other processes meanwhile). Use as ``with CLOCK: ...``; not re-entrant, not thread-safe (the trio loop is
+    one thread).
     """
 
     def __init__(self) -> None:
-        self.seconds = 0.0
-        self.calls = 0
-        self._t0 = 0.0
+        self.reset()
 
     def __enter__(self) -> "ReceiptClock":
+        self._c0 = time.thread_time()
         self._t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc) -> None:
         self.seconds += time.perf_counter() - self._t0
+        self.cpu_seconds += time.thread_time() - self._c0
         self.calls += 1
 
     def reset(self) -> None:
-        self.seconds, self.calls = 0.0, 0
+        self.seconds, self.cpu_seconds, self.calls = 0.0, 0.0, 0
+        self._t0 = self._c0 = 0.0
 
 
 CLOCK = ReceiptClock()
+
+
+_HEADERS: dict[tuple, bytes] = {}
 
 
 def wire_commitment(dtype: str, shape: list[int], data: bytes) -> bytes:
@@ -67,7 +75,23 @@ def wire_commitment(dtype: str, shape: list[int], data: bytes) -> bytes:
 
     Equal to :func:`node.encoding.tensor_commitment` of the decoded tensor, without re-serialising it.
     """
-    return H(dtype.encode(), pack(list(shape)), data)
+    key = (dtype, *shape)
+    head = _HEADERS.get(key)
+    if head is None:
+        head = dtype.encode() + pack(list(shape))
+        if len(_HEADERS) < 4096:
+            _HEADERS[key] = head
+    h = hashlib.blake2b(head, digest_size=HASH_LEN)
+    h.update(data)
+    return h.digest()
+
+
+def _leaf(data: bytes) -> bytes:
+    return hashlib.blake2b(b"\x00" + data, digest_size=HASH_LEN).digest()  # = encoding.leaf_hash
+
+
+def _node(left: bytes, right: bytes) -> bytes:
+    return hashlib.blake2b(b"\x01" + left + right, digest_size=HASH_LEN).digest()  # = encoding.node_hash
 
 
 class MerkleAccumulator:
@@ -84,10 +108,10 @@ class MerkleAccumulator:
 
     def append(self, data: bytes) -> None:
         """Append one raw leaf (``leaf_hash`` is applied here)."""
-        h, size = leaf_hash(data), 1
+        h, size = _leaf(data), 1
         while self._stack and self._stack[-1][0] == size:
             _, left = self._stack.pop()
-            h, size = node_hash(left, h), size * 2
+            h, size = _node(left, h), size * 2
         self._stack.append((size, h))
         self.size += 1
 
@@ -97,7 +121,7 @@ class MerkleAccumulator:
             return H(b"")
         acc = self._stack[-1][1]
         for _, h in reversed(self._stack[:-1]):
-            acc = node_hash(h, acc)
+            acc = _node(h, acc)
         return acc
 
 
@@ -126,6 +150,10 @@ class RunningReceipt:
     """The incremental commitments of one session, from one side's view.
 
     Attributes: ``steps`` appended, ``positions`` (tokens processed, replay included), ``billed`` positions.
+
+    Receipt ids are computed without building a :class:`Receipt`: the canonical bytes are a msgpack array whose
+    fields before ``tokens`` and after ``price`` never change in a session, so their hash state is prepared
+    once and each step hashes only the four fields that move (:meth:`id_of` equals ``Receipt.id``).
     """
 
     def __init__(self, terms: SessionTerms):
@@ -134,14 +162,27 @@ class RunningReceipt:
         self.outputs = MerkleAccumulator()
         self.steps = 0
         self.positions = 0
+        t = terms
+        head = [Receipt.TAG, t.chain_id, t.session_id, t.worker, t.requester, t.model_id, t.start, t.end]
+        tail = [t.opened_height, t.compression]
+        n = len(head) + 4 + len(tail)
+        self._prefix = hashlib.blake2b(pack([None] * n)[:-n], digest_size=HASH_LEN)  # the array header
+        for x in head:
+            self._prefix.update(pack(x))
+        self._suffix = b"".join(pack(x) for x in tail)
+        self._blocks_price = (t.end - t.start) * t.price_per_token_block
 
     @property
     def billed(self) -> int:
         """Positions that are paid for: those after the replayed prefix."""
         return max(0, self.positions - self.terms.replay)
 
-    def append(self, input_commitment: bytes, output_commitment: bytes, positions: int) -> Receipt | None:
-        """Add one step of ``positions`` tokens; returns :meth:`current`.
+    def append(self, input_commitment: bytes, output_commitment: bytes, positions: int) -> bytes | None:
+        """Add one step of ``positions`` tokens.
+
+        Returns:
+            The 32-byte id of the receipt for every step so far (what both ends sign), or ``None`` while no
+            position is billed (replay only). :attr:`state` then holds ``(billed, inputs_root, outputs_root)``.
 
         Raises:
             ValueError: ``positions < 1``.
@@ -152,14 +193,39 @@ class RunningReceipt:
         self.outputs.append(output_commitment)
         self.steps += 1
         self.positions += positions
-        return self.current()
+        billed = self.billed
+        if billed == 0:
+            self.state = (0, b"", b"")
+            return None
+        self.state = (billed, self.inputs.root(), self.outputs.root())
+        return self.id_of(*self.state)
+
+    def id_of(self, billed: int, inputs_root: bytes, outputs_root: bytes) -> bytes:
+        """Id of this session's receipt with these moving fields (``billed >= 1``); equals ``receipt_of(...).id``."""
+        h = self._prefix.copy()
+        h.update(pack(billed) + pack(inputs_root) + pack(outputs_root) + pack(billed * self._blocks_price)
+                 + self._suffix)
+        return h.digest()
+
+    def receipt_of(self, billed: int, inputs_root: bytes, outputs_root: bytes) -> Receipt:
+        """The unsigned :class:`Receipt` of this session with these moving fields."""
+        t = self.terms
+        return Receipt(t.chain_id, t.session_id, t.worker, t.requester, t.model_id, t.start, t.end, billed,
+                       inputs_root, outputs_root, billed * self._blocks_price, t.opened_height, t.compression)
 
     def current(self) -> Receipt | None:
         """The unsigned receipt for every step so far, or ``None`` while no position is billed (replay only)."""
-        t = self.terms
-        billed = self.billed
-        if billed == 0:
+        if self.billed == 0:
             return None
-        price = billed * (t.end - t.start) * t.price_per_token_block
-        return Receipt(t.chain_id, t.session_id, t.worker, t.requester, t.model_id, t.start, t.end, billed,
-                       self.inputs.root(), self.outputs.root(), price, t.opened_height, t.compression)
+        return self.receipt_of(self.billed, self.inputs.root(), self.outputs.root())
+
+
+def store_blob(blobs, root: bytes, tensors: list) -> None:
+    """:meth:`node.blobs.BlobStore.put` for tensors whose Merkle root is already known (the running receipt's
+    ``inputs_root`` or ``outputs_root``), without hashing them all again; same file, same format."""
+    path = blobs.dir / root.hex()
+    if path.exists():
+        return
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(pack([tensor_to_wire(t) for t in tensors]))
+    os.replace(tmp, path)

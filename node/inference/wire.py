@@ -66,12 +66,14 @@ def codec_dtype(codec: str) -> tuple[str, torch.dtype]:
     return ("float16", torch.float16) if codec.startswith("fp16") else ("float32", torch.float32)
 
 
-def encode_hidden(t: torch.Tensor, codec: str) -> tuple[dict, torch.Tensor, bytes]:
+def encode_hidden(t: torch.Tensor, codec: str, commit: bool = True) -> tuple[dict, torch.Tensor, bytes | tuple]:
     """Encode hidden states for the wire.
 
     Args:
         t: ``(1, tokens, hidden)`` floating tensor on any device.
         codec: one of :data:`CODECS`.
+        commit: compute the commitment now; False returns its parts ``(dtype, shape, raw bytes)`` instead, for
+            :func:`~node.inference.receipts.wire_commitment` later.
 
     Returns:
         ``(wire map, tensor as sent, commitment)``: the tensor as sent is a CPU tensor in the codec's dtype
@@ -83,21 +85,25 @@ def encode_hidden(t: torch.Tensor, codec: str) -> tuple[dict, torch.Tensor, byte
     arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
     data = arr.tobytes()
     shape = list(arr.shape)
-    with CLOCK:
-        commitment = wire_commitment(name, shape, data)
+    if commit:
+        with CLOCK:
+            commitment = wire_commitment(name, shape, data)
+    else:
+        commitment = (name, shape, data)
     if "zstd" in codec:
         return {"dtype": name, "shape": shape, "zstd": _zstd()[0].compress(data)}, sent, commitment
     return {"dtype": name, "shape": shape, "data": data}, sent, commitment
 
 
 def decode_hidden(obj: object, codec: str, hidden_size: int, max_positions: int,
-                  positions: int | None = None) -> tuple[torch.Tensor, bytes]:
+                  positions: int | None = None, commit: bool = True) -> tuple[torch.Tensor, bytes | tuple]:
     """Decode and check hidden states from a peer.
 
     Args:
         obj: the wire map.  codec: the session's codec.  hidden_size: model width.
         max_positions: most tokens this step may carry (the session's remaining length).
         positions: when given, the exact number of tokens expected (a reply must match its request).
+        commit: as for :func:`encode_hidden`.
 
     Returns:
         ``(tensor, commitment)``: a CPU tensor ``(1, tokens, hidden)`` in the codec's dtype (float16 or float32)
@@ -136,6 +142,8 @@ def decode_hidden(obj: object, codec: str, hidden_size: int, max_positions: int,
     if not np.isfinite(arr).all():
         raise DecodeError("hidden states must be finite")
     t = torch.from_numpy(arr).reshape(1, n, h)
+    if not commit:
+        return t, (name, shape, data)
     with CLOCK:
         commitment = wire_commitment(name, shape, data)
     return t, commitment

@@ -34,14 +34,17 @@ def test_running_receipt_commits_to_every_step_and_bills_after_the_replay():
     outs = [torch.randn(1, n, 8) for n in (4, 1, 1, 1)]
     rr = RunningReceipt(terms())
     for i, (x, y) in enumerate(zip(steps, outs)):
-        r = rr.append(tensor_commitment(x), tensor_commitment(y), x.shape[1])
+        rid = rr.append(tensor_commitment(x), tensor_commitment(y), x.shape[1])
+        r = rr.current()
+        assert rid == r.id == rr.receipt_of(*rr.state).id  # the fast id is the Receipt's canonical id
         assert r.inputs_root == commitments_root(steps[:i + 1]) and r.outputs_root == commitments_root(outs[:i + 1])
     assert (r.tokens, r.work, r.price, r.span_start, r.opened_height) == (7, 21, 2100, 2, 9)
     # a replacement that replays 5 positions: nothing billed until position 6, then only the new positions
     rr = RunningReceipt(terms(replay=5))
-    assert rr.append(b"a", b"b", 5) is None and rr.billed == 0
-    r = rr.append(b"c", b"d", 1)
-    assert r.tokens == 1 and r.price == 300 and r.inputs_root == merkle_root([b"a", b"c"])
+    assert rr.append(b"a", b"b", 5) is None and rr.billed == 0 and rr.current() is None
+    rid = rr.append(b"c", b"d", 1)
+    r = rr.current()
+    assert rid == r.id and r.tokens == 1 and r.price == 300 and r.inputs_root == merkle_root([b"a", b"c"])
     with pytest.raises(ValueError):
         rr.append(b"e", b"f", 0)
 
@@ -104,3 +107,16 @@ def test_codec_names_and_clock():
     CLOCK.reset()
     encode_hidden(torch.randn(1, 1, 16), "none")
     assert CLOCK.calls == 1 and CLOCK.seconds > 0
+
+
+def test_store_blob_writes_what_blob_store_reads(tmp_path):
+    from node.blobs import BlobStore, decode_blob
+    from node.inference.receipts import store_blob
+
+    blobs = BlobStore(tmp_path)
+    tensors = [torch.randn(1, n, 8) for n in (3, 1, 1)]
+    root = commitments_root(tensors)
+    store_blob(blobs, root, tensors)
+    assert blobs.has(root)
+    got = decode_blob(blobs.get_wire(root), root)  # the committee's decoder checks the root
+    assert all(torch.equal(a, b) for a, b in zip(got, tensors))
