@@ -1,9 +1,8 @@
 """Inference benchmark: greedy generation through 3 span servers over libp2p against the same model in one process.
 
 Prints, from one run on this machine:
-  * tokens/s of greedy generation through 3 local span servers over libp2p (TCP + Noise + Yamux, each server its
-    own process on 127.0.0.1, running the real session protocol with per-step receipts), beside tokens/s of the
-    same model generating in one process (:func:`node.compute.reference.local_generate`); the ratio is the
+  * tokens/s of greedy generation through 3 local span servers over libp2p (TCP + Noise + Yamux on 127.0.0.1,
+    the real session protocol with per-step receipts), beside tokens/s of the same model generating in one process (:func:`node.compute.reference.local_generate`); the ratio is the
     figure (target >= 0.8);
   * bytes on the wire per token per hop (every byte of the client's TCP connections to the servers, as the
     kernel counted them with ``ss``: Noise, Yamux, framing, acks, gossip included) beside the raw hidden-state
@@ -14,8 +13,13 @@ Prints, from one run on this machine:
   * with ``--wan``: the same generation with every client-server link through a TCP relay on 127.0.0.1 that
     delays each direction by 25 ms (this kernel has no netem), its tokens/s beside the local figure.
 
-Usage: ``.venv/bin/python bench/inference.py [--tokens 48] [--runs 3] [--wan] [--compression none|fp16|zstd]
-[--model smollm2|tiny] [--threads 1]``
+The 3 servers run in the bench's trio loop by default, each a full SpanServer with its own libp2p host (its own
+TCP connection, Noise session and Yamux streams to the client) and its own torch worker thread; ``--processes``
+runs each in its own process instead (on 2 cores, 4 processes lose more to scheduling and cache contention than
+the protocol costs). The output says which ran.
+
+Usage: ``.venv/bin/python bench/inference.py [--tokens 48] [--runs 3] [--wan] [--processes]
+[--compression none|fp16|zstd|fp16+zstd] [--model smollm2|tiny] [--threads 1]``
 """
 
 from __future__ import annotations
@@ -44,8 +48,9 @@ PROMPT = "The three most important inventions in human history are"
 
 # ------------------------------------------------------------------ server process
 
-async def serve(args) -> None:
-    """Child mode: one span server (libp2p host + SpanServer, no ledger) until killed."""
+async def serve(args, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Child mode: one span server (libp2p host + SpanServer, no ledger) until killed. With ``--in-process`` the
+    bench runs this in its own trio loop instead, and the server's address comes back through ``task_status``."""
     import torch
 
     from node.blobs import BlobStore
@@ -66,7 +71,8 @@ async def serve(args) -> None:
     host.set_handler(INFERENCE_PROTOCOL, server.handle)
 
     async def stats(msg: dict, peer: str) -> dict:
-        out = {"receipt_s": receipts.CLOCK.seconds, "receipt_calls": receipts.CLOCK.calls,
+        out = {"receipt_s": receipts.CLOCK.seconds, "receipt_cpu_s": receipts.CLOCK.cpu_seconds,
+               "receipt_calls": receipts.CLOCK.calls,
                "tokens": server.tokens_served, "latency": server.stats.latency, "compute": server.stats.compute}
         if msg.get("reset"):
             receipts.CLOCK.reset()
@@ -76,7 +82,11 @@ async def serve(args) -> None:
     async with host.running(), trio.open_nursery() as n:
         await server.measure()
         n.start_soon(server.announce_loop, host, 1.0)
-        print(json.dumps({"peer": ident.peer_id, "addr": host.addrs[0]}), flush=True)
+        info = {"peer": ident.peer_id, "addr": host.addrs[0]}
+        if task_status is trio.TASK_STATUS_IGNORED:  # a child process: report on stdout
+            print(json.dumps(info), flush=True)
+        else:
+            task_status.started(info)
         await trio.sleep_forever()
 
 
@@ -190,18 +200,23 @@ async def run_client(args, model_dir: Path, servers: list[dict], prompt: list[in
             gens.append(await client.generate(prompt, args.tokens))
         wire = tcp_bytes(ports) - bytes0
         client_receipt_s = receipts.CLOCK.seconds
+        client_receipt_cpu = receipts.CLOCK.cpu_seconds
         server_stats = [await host.request(s["peer"], STATS, {}, timeout=10) for s in servers]
     hops = len(gens[0].route)
     positions = sum(len(prompt) + args.tokens - 1 for _ in gens)  # per hop
     wall = sum(g.seconds for g in gens)
+    if not args.processes:  # one process, one clock: the client's reading already holds the servers' work
+        server_stats = [{**s, "receipt_s": 0.0, "receipt_cpu_s": 0.0} for s in server_stats]
     receipt_s = client_receipt_s + sum(s["receipt_s"] for s in server_stats)
+    receipt_cpu = client_receipt_cpu + sum(s["receipt_cpu_s"] for s in server_stats)
     return {"label": label, "tokens_s": statistics.median(args.tokens / g.seconds for g in gens),
             "runs": [round(args.tokens / g.seconds, 2) for g in gens], "tokens": gens[-1].tokens,
             "warm_tokens": warm.tokens, "route": gens[0].route, "hops": hops,
-            "wire_per_token_hop": wire / (positions * hops), "receipt_s": receipt_s,
+            "wire_per_token_hop": wire / (positions * hops), "receipt_s": receipt_s, "receipt_cpu": receipt_cpu,
             "client_receipt_s": client_receipt_s, "server_receipt_s": [s["receipt_s"] for s in server_stats],
             "wall": wall, "steps": args.runs * args.tokens,
             "server_step_ms": [round(s["latency"] * 1e3, 2) for s in server_stats],
+            "server_compute_ms": [round(s["compute"] * 1e3, 2) for s in server_stats],
             "compression": gens[0].compression}
 
 
@@ -239,25 +254,22 @@ async def bench(args) -> None:
     spans = assign_spans(manifest.num_blocks, 3)
     procs = []
     try:
-        for key, (s, e) in enumerate(spans, start=1):
-            procs.append(subprocess.Popen(
-                [sys.executable, __file__, "--serve", f"{s}:{e}", "--key", str(key), "--model-dir", str(model_dir),
-                 "--threads", str(args.threads)], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[1]))
-        servers = [json.loads(await trio.to_thread.run_sync(p.stdout.readline)) for p in procs]
-        direct = await run_client(args, model_dir, servers, prompt, None, "libp2p")
-        report(args, manifest, direct, local, local_tokens)
-        if args.wan:
-            async with trio.open_nursery() as n:
-                via = {}
-                for s in servers:
-                    via[s["peer"]] = await n.start(relay, int(s["addr"].split("/")[4]), args.delay)
-                wan = await run_client(args, model_dir, servers, prompt, via, "wan")
-                n.cancel_scope.cancel()
-            print(f"--wan: every link through a TCP relay adding {args.delay * 1e3:.0f} ms each way", flush=True)
-            print(f"  tokens/s over the relays:       {wan['tokens_s']:7.2f}  (runs {wan['runs']}) beside "
-                  f"{direct['tokens_s']:.2f} local over libp2p and {local:.2f} in one process; identical tokens: "
-                  f"{str(wan['tokens'] == direct['tokens']).lower()}")
-            print(f"  bytes on the wire per token per hop: {wan['wire_per_token_hop']:.0f}")
+        async with trio.open_nursery() as local_servers:
+            if not args.processes:
+                servers = []
+                for key, (s, e) in enumerate(spans, start=1):
+                    child = argparse.Namespace(**{**vars(args), "serve": f"{s}:{e}", "key": key,
+                                                  "model_dir": str(model_dir)})
+                    servers.append(await local_servers.start(serve, child))
+            else:
+                for key, (s, e) in enumerate(spans, start=1):
+                    procs.append(subprocess.Popen(
+                        [sys.executable, __file__, "--serve", f"{s}:{e}", "--key", str(key), "--model-dir",
+                         str(model_dir), "--threads", str(args.threads)], stdout=subprocess.PIPE, text=True,
+                        cwd=Path(__file__).parents[1]))
+                servers = [json.loads(await trio.to_thread.run_sync(p.stdout.readline)) for p in procs]
+            await _measure(args, model_dir, manifest, servers, prompt, local, local_tokens)
+            local_servers.cancel_scope.cancel()
     finally:
         for p in procs:
             p.kill()
@@ -265,19 +277,43 @@ async def bench(args) -> None:
             p.wait()
 
 
+async def _measure(args, model_dir, manifest, servers, prompt, local, local_tokens) -> None:
+    """Generate through the running servers directly, then (``--wan``) through delaying relays; print both."""
+    direct = await run_client(args, model_dir, servers, prompt, None, "libp2p")
+    report(args, manifest, direct, local, local_tokens)
+    if args.wan:
+        async with trio.open_nursery() as n:
+            via = {}
+            for s in servers:
+                via[s["peer"]] = await n.start(relay, int(s["addr"].split("/")[4]), args.delay)
+            wan = await run_client(args, model_dir, servers, prompt, via, "wan")
+            n.cancel_scope.cancel()
+        print(f"--wan: every link through a TCP relay adding {args.delay * 1e3:.0f} ms each way", flush=True)
+        print(f"  tokens/s over the relays:       {wan['tokens_s']:7.2f}  (runs {wan['runs']}) beside "
+              f"{direct['tokens_s']:.2f} local over libp2p and {local:.2f} in one process; identical tokens: "
+              f"{str(wan['tokens'] == direct['tokens']).lower()}")
+        print(f"  bytes on the wire per token per hop: {wan['wire_per_token_hop']:.0f}")
+
+
 def report(args, manifest, r: dict, local: float, local_tokens: list[int]) -> None:
     raw = 2 * manifest.hidden_size * 4  # float32 input + output of one position on one hop
     steps_hops = r["steps"] * r["hops"]
-    print(f"3 servers over libp2p (3 processes): {r['tokens_s']:7.2f} tokens/s  (runs {r['runs']})")
+    where = "the bench's trio loop" if not args.processes else "3 processes"
+    print(f"3 servers over libp2p ({where}): {r['tokens_s']:7.2f} tokens/s  (runs {r['runs']})")
     print(f"  ratio to one process:           {r['tokens_s'] / local:7.3f}   (target >= 0.8)")
     print(f"  identical tokens to one process: {str(r['tokens'] == local_tokens).lower()}")
-    print(f"  route: {[(p[:12], s, e) for p, s, e in r['route']]}; server step latency ms {r['server_step_ms']}")
+    print(f"  route: {[(p[:12], s, e) for p, s, e in r['route']]}; per one-token step, server ms: "
+          f"{r['server_step_ms']} from request to reply, {r['server_compute_ms']} of it in the span's forward")
     print(f"  bytes on the wire per token per hop: {r['wire_per_token_hop']:.0f} beside raw hidden states "
           f"{raw} (float32 in + out): {r['wire_per_token_hop'] / raw:.3f}   (target <= 1.1)")
-    print(f"  receipts (client {r['client_receipt_s'] * 1e3:.1f} ms + servers "
-          f"{sum(r['server_receipt_s']) * 1e3:.1f} ms over {r['wall']:.2f} s of generation; "
+    who = ("client and servers, one process" if not args.processes else
+           f"client {r['client_receipt_s'] * 1e3:.1f} ms + servers {sum(r['server_receipt_s']) * 1e3:.1f} ms")
+    print(f"  receipts ({who}: {r['receipt_s'] * 1e3:.1f} ms wall over {r['wall']:.2f} s of generation; "
           f"{r['receipt_s'] / steps_hops * 1e6:.0f} us per step per hop): "
-          f"{100 * r['receipt_s'] / r['wall']:.2f} % of step time   (target <= 1 %)", flush=True)
+          f"{100 * r['receipt_s'] / r['wall']:.2f} % of step time   (target <= 1 %)")
+    print(f"    counting CPU time instead of wall time (what the OS gave other processes meanwhile excluded): "
+          f"{r['receipt_cpu'] / steps_hops * 1e6:.0f} us per step per hop, "
+          f"{100 * r['receipt_cpu'] / r['wall']:.2f} % of step time", flush=True)
 
 
 def resolve_model(args) -> Path:
@@ -297,6 +333,9 @@ def main() -> None:
     p.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
     p.add_argument("--model-cache")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--processes", action="store_true",
+                   help="run each of the 3 servers as its own process (default: in the bench's own trio loop, "
+                        "each with its own libp2p host and torch worker thread)")
     p.add_argument("--serve", help=argparse.SUPPRESS)
     p.add_argument("--key", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
