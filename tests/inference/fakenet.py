@@ -112,10 +112,11 @@ class FakeNet:
 
 
 def make_server(model_dir: Path, key: int, span: tuple[int, int], tmp: Path, net: FakeNet | None = None,
-                **kw) -> SpanServer:
+                device: str = "cpu", **kw) -> SpanServer:
     ident = Identity.from_seed(dev_seed(key))
     ledger = FakeLedger()
-    server = SpanServer(ident, CHAIN, SpanModel(model_dir, *span), TorchExecutor(1), BlobStore(tmp / f"s{key}"),
+    server = SpanServer(ident, CHAIN, SpanModel(model_dir, *span, device=device), TorchExecutor(1),
+                        BlobStore(tmp / f"s{key}"),
                         lambda: 7, PRICE, submit=ledger.submit,
                         penalize=(lambda p, w: net.penalties.append((p, w))) if net else None, **kw)
     server.ledger = ledger  # type: ignore[attr-defined]
