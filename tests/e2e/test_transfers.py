@@ -56,6 +56,8 @@ def test_amounts_and_concurrent_transfers(tmp_path, tiny):
     refused, replies, st = trio.run(main)
     # refused by the schema's amount pattern (422) or by the decimal parser (400); either way nothing queued
     assert all(v in ((400, "bad_amount"), (422, "bad_request")) for v in refused.values()), refused
-    assert all(r.status_code == 200 for r in replies)
+    # the API dry-runs each transfer against the ledger and the queued ones: one is accepted, the rest refused
+    codes = sorted(r.status_code for r in replies)
+    assert codes.count(200) >= 1 and all(c in (200, 400) for c in codes), codes
     assert st.account(you.account).balance == 10 * C  # exactly one transfer applied
     assert st.account(me.account).balance == 0 and st.account(me.account).nonce == 1
