@@ -102,7 +102,6 @@ class Node:
     def _build_services(self) -> None:
         from .compute.head import ClientHead
         from .inference.client import RouteClient, SwarmTable
-        from .inference.server import SpanServer
         from .verify.member import CommitteeMember
 
         cfg = self.cfg

@@ -36,6 +36,18 @@ def info(data_dir: Path, proc: subprocess.Popen, timeout: float = 60) -> dict:
     raise TimeoutError(f"{data_dir} did not start")
 
 
+def stop_all(procs: list) -> None:
+    """SIGTERM every process still running, then SIGKILL any that has not exited within 15 s."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def status(api: str) -> dict:
     return httpx.get(f"{api}/v1/status", timeout=10).json()
 
@@ -74,14 +86,7 @@ def test_killed_node_reopens_replays_and_rejoins(tmp_path):
         log = (d1 / "node.log").read_text()
         assert log.count("ledger replayed and verified from genesis") == 2
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
 
 
 def devnet(tmp_path: Path, *extra: str, timeout: float) -> subprocess.CompletedProcess:
@@ -155,11 +160,4 @@ def test_four_validator_processes_survive_a_kill_and_the_restart_rejoins(tmp_pat
             signers_after |= {c["validator"] for c in blk["commit"]}
         assert ids[3] in signers_after
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)

@@ -8,12 +8,12 @@ import os
 import pytest
 
 from node.ledger.chain import propose
-from node.ledger.jobs import ACCEPTED, CANCELLED, DELIVERED, DIVERGED, EXPIRED, FAILED, OPEN, SETTLED
+from node.ledger.jobs import ACCEPTED, CANCELLED, DIVERGED, EXPIRED, FAILED, OPEN, SETTLED
 from node.ledger.jobtx import JobAccept, JobCancel, JobDeliver, JobPost, TrainReceipt
 from node.ledger.state import apply_tx, genesis_state
 from node.ledger.tx import INVALID, VALID, InvalidTx
 
-from .helpers import C, CLIENT, KEYS, VALIDATOR, W1, make_genesis, vote
+from .helpers import CLIENT, KEYS, VALIDATOR, W1, make_genesis, vote
 
 G = make_genesis(committee_size=2)
 PPS = 1_000_000  # base units per step

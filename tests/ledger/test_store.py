@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from node.ledger.chain import commit_block, propose
-from node.ledger.state import genesis_state
 from node.ledger.store import LedgerStore, StoreCorrupt, StoreLocked
 
 from .helpers import VALIDATOR, W1, W2, make_genesis, make_receipt

@@ -45,7 +45,7 @@ def test_job_lifecycle_two_jobs_two_workers(tmp_path, tiny):
                                **{**JOB, "steps": 12})
             await wait_job(client, a.job_id, {ACCEPTED})
             b = await post_job(client, title="second", text=TEXT[::-1], seed=2, **JOB)
-            jb_acc = await wait_job(client, b.job_id, {ACCEPTED, DELIVERED, SETTLED})
+            await wait_job(client, b.job_id, {ACCEPTED, DELIVERED, SETTLED})
             a_steps_when_b_accepted = client.ledger.state.jobs[a.job_id].next_step
             ja = await wait_job(client, a.job_id, {SETTLED, FAILED})
             jb = await wait_job(client, b.job_id, {SETTLED, FAILED})

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from node.compute.model import make_tiny
-from node.compute.train import TrainSpec, Trainer, encode_text, split_tokens, state_distance
+from node.compute.train import Trainer, encode_text, split_tokens, state_distance
 from node.encoding import commitments_root
 from node.ledger.jobtx import JobPost, TrainReceipt
 from node.ledger.tx import INVALID, VALID
