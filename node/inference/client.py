@@ -468,6 +468,9 @@ class RouteClient:
                         tok, hidden = await self.executor.run(self._next, hidden, len(new) + 1 < max_new_tokens)
                         new.append(tok)
                         if on_token is not None:
+                            for h in run.hops:  # this token's acknowledgements are on the wire first
+                                if h.acking is not None:
+                                    await h.acking.wait()
                             await on_token(len(new), tok, [(h.peer, h.start, h.end) for h in run.hops])
                         if len(new) >= max_new_tokens:
                             break

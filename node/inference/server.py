@@ -259,6 +259,13 @@ class SpanServer:
             log.info("session %s from %s ended without close: %s", sess.sid.hex()[:12], peer[:16], e)
         except (SessionError, FrameError, DecodeError) as e:
             await self._refuse(stream, peer, e)
+        except Exception as e:  # our fault (out of memory, a bug): no penalty, but the session still settles
+            log.exception("session %s from %s failed", sess.sid.hex()[:12], peer[:16])
+            with trio.move_on_after(2.0):
+                try:
+                    await write_msg(stream, error_reply("internal", f"{type(e).__name__}: {e}"))
+                except (StreamClosed, RequestTimeout, FrameError):
+                    pass
         finally:
             self.active -= 1
             self.reserved -= sess.max_length

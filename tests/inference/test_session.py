@@ -195,3 +195,33 @@ def test_no_replacement_raises_no_route_and_pays_what_was_received(tiny, tmp_pat
     # every hop is paid for the outputs the client received: steps of tokens 1-5 on all three, the 6th step
     # on the first hop (it answered before the middle one failed)
     assert sorted(r.tokens for r in submitted) == [len(PROMPT) + 4, len(PROMPT) + 4, len(PROMPT) + 5]
+
+
+def test_a_failing_forward_still_settles_the_acknowledged_steps(tiny, tmp_path):
+    """The server's own failure (here: its span raises, as on out-of-memory) ends the session with an
+    ``internal`` error, no penalty for the client, and a receipt for the steps already acknowledged."""
+    async def main():
+        async with trio.open_nursery() as n:
+            net, servers, client = await _swarm(n, tiny, tmp_path, per_span=2)
+            broken = []
+
+            async def on_token(i, tok, route):
+                if i == 3:
+                    srv = net.servers[route[2][0]]
+                    broken.append(srv)
+
+                    def boom(*a, **k):
+                        raise RuntimeError("CUDA out of memory (simulated)")
+                    srv.batcher.span = type("S", (), {"forward": boom, "fault": None})()
+
+            gen = await client.generate(PROMPT, 8, on_token=on_token)
+            await trio.sleep(0.05)
+            n.cancel_scope.cancel()
+            return gen, broken[0], net.penalties
+
+    gen, srv, penalties = run(main)
+    assert gen.tokens == local_generate(tiny, PROMPT, 8) and len(gen.failovers) == 1
+    assert "internal" in gen.failovers[0].error
+    (st,) = srv.settled
+    assert st.reason == "error" and st.receipt.tokens == len(PROMPT) + 2 and st.acked == 3
+    assert not penalties
