@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 import trio
 
 from node.compute.reference import local_generate
