@@ -13,6 +13,8 @@ from pathlib import Path
 
 from .encoding import DecodeError, commitments_root, pack, tensor_from_wire, tensor_to_wire, unpack
 
+BLOB_PROTOCOL = "/tally/blob/1.0.0"
+
 
 class BlobMismatch(ValueError):
     """Tensors whose Merkle root is not the requested one."""
@@ -61,3 +63,35 @@ def decode_blob(wire: list, key: bytes) -> list:
     if commitments_root(tensors) != key:
         raise BlobMismatch("blob does not match its committed root")
     return tensors
+
+
+class BlobUnavailable(LookupError):
+    """Nobody who should hold a blob returned tensors matching its root."""
+
+
+async def fetch_blob(host, blobs: BlobStore, root: bytes, holders: list[bytes], timeout: float = 60,
+                     keep: bool = True) -> list:
+    """Tensors with Merkle root ``root`` from the local store, else from the first of ``holders`` (accounts,
+    tried in order over ``BLOB_PROTOCOL``) whose reply matches the root. ``keep``: store a fetched blob locally.
+    ``timeout`` in seconds per holder.
+
+    Raises:
+        BlobUnavailable: nobody returned matching tensors (the message lists each holder's failure).
+    """
+    from .identity import account_to_str
+
+    if blobs.has(root):
+        return decode_blob(blobs.get_wire(root), root)
+    errors = []
+    for holder in holders:
+        peer = account_to_str(holder)
+        try:
+            reply = await host.request(peer, BLOB_PROTOCOL, {"type": "get", "root": root}, timeout=timeout)
+            tensors = decode_blob(reply.get("tensors"), root)
+        except Exception as e:  # unreachable, timeout, not found, mismatch: try the next holder
+            errors.append(f"{peer[:16]}: {type(e).__name__}: {e}")
+            continue
+        if keep:
+            blobs.put(tensors)
+        return tensors
+    raise BlobUnavailable(f"blob {root.hex()[:16]} unavailable: {'; '.join(errors)}")

@@ -161,7 +161,8 @@ class Node:
         from functools import partial
 
         from .api.serve import serve_api
-        from .inference.server import BLOB_PROTOCOL, INFERENCE_PROTOCOL, blob_handler
+        from .blobs import BLOB_PROTOCOL
+        from .inference.server import INFERENCE_PROTOCOL, blob_handler
 
         await self.executor.run(self._build_services)
         try:

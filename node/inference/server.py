@@ -48,7 +48,6 @@ from .wire import CODECS, decode_hidden, encode_hidden
 log = logging.getLogger("tally.inference")
 
 INFERENCE_PROTOCOL = "/tally/inference/2.0.0"
-BLOB_PROTOCOL = "/tally/blob/1.0.0"
 ANNOUNCE_PERIOD = 5.0  # seconds between span announcements
 TTL_PERIODS = 3  # an announcement expires after this many periods (expiry strictly longer than the refresh)
 CONTROL_MAX = 1 << 12  # bytes: open, ack and close messages

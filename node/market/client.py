@@ -18,7 +18,8 @@ from ..identity import account_to_str
 from ..ledger.jobs import STATUS_TEXT
 from ..ledger.jobtx import JobPost
 from .data import dataset_bytes, dataset_tensors
-from .worker import fetch_blob, spec_of
+from ..blobs import fetch_blob
+from .worker import spec_of
 
 
 class JobError(ValueError):

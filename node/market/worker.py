@@ -12,44 +12,20 @@ import logging
 
 import trio
 
-from ..blobs import BlobStore, decode_blob
+from ..blobs import BlobStore, fetch_blob
 from ..compute.train import TrainSpec, Trainer, encode_text, mean_loss_ppm, split_tokens
 from ..encoding import H, commitments_root
-from ..identity import Identity, account_to_str
+from ..identity import Identity
 from ..ledger.jobs import ACCEPTED, OPEN
 from ..ledger.jobtx import JobAccept, JobDeliver, JobPost, TrainReceipt
 from .data import dataset_bytes
 
 log = logging.getLogger("tally.market")
 
-BLOB_PROTOCOL = "/tally/blob/1.0.0"
-
-
 def spec_of(post: JobPost) -> TrainSpec:
     return TrainSpec(rank=post.rank, targets=tuple(t.strip() for t in post.targets.split(",") if t.strip()),
                      steps=post.steps, batch_size=post.batch_size, seq_len=post.seq_len, lr=post.lr_micro / 1e6,
                      seed=post.seed, segment_steps=post.segment_steps)
-
-
-async def fetch_blob(host, blobs: BlobStore, root: bytes, holders: list[bytes], timeout: float = 60) -> list:
-    """Tensors with Merkle root ``root`` from the local store or the first holder that has them (checked).
-
-    Raises:
-        LookupError: nobody returned matching tensors.
-    """
-    if blobs.has(root):
-        return decode_blob(blobs.get_wire(root), root)
-    errors = []
-    for holder in holders:
-        peer = account_to_str(holder)
-        try:
-            reply = await host.request(peer, BLOB_PROTOCOL, {"type": "get", "root": root}, timeout=timeout)
-            tensors = decode_blob(reply.get("tensors"), root)
-            blobs.put(tensors)
-            return tensors
-        except Exception as e:  # unreachable, not found, mismatch: try the next holder
-            errors.append(f"{peer[:16]}: {type(e).__name__}: {e}")
-    raise LookupError(f"blob {root.hex()[:16]} unavailable: {'; '.join(errors)}")
 
 
 class JobWorker:

@@ -17,21 +17,13 @@ from typing import Callable
 import torch
 import trio
 
-from ..blobs import BlobMismatch, BlobStore, decode_blob
-from ..encoding import DecodeError
-from ..identity import Identity, account_to_str
+from ..blobs import BlobStore, BlobUnavailable, fetch_blob
+from ..identity import Identity
 from ..ledger.state import SAMPLED, State
 from ..ledger.tx import ABSTAIN, INVALID, VALID, Receipt, Vote
 from .compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
 
 log = logging.getLogger("tally.verify")
-
-BLOB_PROTOCOL = "/tally/blob/1.0.0"
-
-
-class Unavailable(RuntimeError):
-    """The session's tensors could not be fetched from anyone who should hold them."""
-
 
 class CommitteeMember:
     """Watches blocks for committee duty and votes.
@@ -89,21 +81,10 @@ class CommitteeMember:
         """Tensors with Merkle root ``root``, from the worker then the requester, checked against the root.
 
         Raises:
-            Unavailable: nobody returned matching tensors.
+            BlobUnavailable: nobody returned matching tensors.
         """
-        if self.blobs.has(root):
-            return decode_blob(self.blobs.get_wire(root), root)
-        errors = []
-        for holder in (receipt.worker, receipt.requester):
-            peer = account_to_str(holder)
-            try:
-                reply = await self.host.request(peer, BLOB_PROTOCOL, {"type": "get", "root": root}, timeout=30)
-                return decode_blob(reply.get("tensors"), root)
-            except (BlobMismatch, DecodeError) as e:
-                errors.append(f"{peer[:16]}: {e}")
-            except Exception as e:  # unreachable, timeout, not found
-                errors.append(f"{peer[:16]}: {type(e).__name__}: {e}")
-        raise Unavailable("; ".join(errors))
+        return await fetch_blob(self.host, self.blobs, root, [receipt.worker, receipt.requester], timeout=30,
+                                keep=False)
 
     def _span(self, start: int, end: int):
         key = (start, end)
@@ -130,7 +111,7 @@ class CommitteeMember:
         try:
             inputs = await self.fetch(receipt, receipt.inputs_root)
             outputs = await self.fetch(receipt, receipt.outputs_root)
-        except Unavailable as e:
+        except BlobUnavailable as e:
             log.info("abstain on %s: %s", receipt.id.hex()[:16], e)
             return ABSTAIN, float("inf")
         if sum(t.shape[1] for t in inputs) < receipt.tokens or len(inputs) != len(outputs):

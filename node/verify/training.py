@@ -24,7 +24,8 @@ from ..encoding import commitments_root
 from ..ledger.jobtx import TrainReceipt
 from ..ledger.tx import ABSTAIN, INVALID, VALID
 from ..market.data import dataset_bytes
-from ..market.worker import fetch_blob, spec_of
+from ..blobs import fetch_blob
+from ..market.worker import spec_of
 
 log = logging.getLogger("tally.verify")
 

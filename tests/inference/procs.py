@@ -128,7 +128,8 @@ async def light_server(tmp: Path, key: int, model_dir: Path, span: tuple[int, in
     from node.blobs import BlobStore
     from node.compute.executor import TorchExecutor
     from node.compute.span import SpanModel
-    from node.inference.server import BLOB_PROTOCOL, INFERENCE_PROTOCOL, SpanServer, blob_handler
+    from node.blobs import BLOB_PROTOCOL
+    from node.inference.server import INFERENCE_PROTOCOL, SpanServer, blob_handler
     from node.p2p.host import P2PHost
     from node.verify.member import CommitteeMember
 
