@@ -63,10 +63,10 @@ class ConsensusDriver:
 
     def _get_value(self, height: int) -> bytes:
         st = self.ledger.state
-        head = self.ledger.store.get_block(self.ledger.store.head) if self.ledger.store.head else None
         now = int(self.ledger.clock() * 1000)
-        if head is not None:
-            now = max(now, head[0].header.time_ms + 1)  # block times never go backwards
+        parent_ms = self.ledger.store.head_time_ms()
+        if parent_ms is not None:
+            now = max(now, parent_ms + 1)  # block times never go backwards
         block, new_state, rejected = propose(st, self.ledger.candidates(), self.ident, now,
                                              self.ledger.store.last_commit())
         self.ledger.drop_rejected(rejected)
@@ -145,10 +145,8 @@ class ConsensusDriver:
             block = decode_block(msg.get("block"))
             if block.hash != p.value or block.height != p.height or block.header.proposer != p.sender:
                 raise InvalidBlock("proposal does not match its block")
-            head = self.ledger.store.get_block(self.ledger.store.head) if self.ledger.store.head else None
             try:
-                check_time(block.header.time_ms, int(self.ledger.clock() * 1000),
-                           head[0].header.time_ms if head else None)
+                check_time(block.header.time_ms, int(self.ledger.clock() * 1000), self.ledger.store.head_time_ms())
             except ValueError as e:
                 raise InvalidBlock(str(e)) from None
             self.blocks[block.hash] = (block, check_block(self.ledger.state, block))
