@@ -59,16 +59,6 @@ class Job:
                 "final_height": self.final_height}
 
 
-def _nonce(s: "State", tx) -> None:
-    acc = s.account(tx.sender)
-    _check(tx.nonce == acc.nonce, f"bad nonce {tx.nonce}, expected {acc.nonce}")
-
-
-def _bump(s: "State", who: bytes) -> None:
-    acc = s.account(who)
-    s.accounts[who] = replace(acc, nonce=acc.nonce + 1)
-
-
 def _refund_left(s: "State", job: Job, status: str, height: int) -> Job:
     left = job.escrow_left
     if left:
@@ -87,14 +77,14 @@ def _set(s: "State", job: Job) -> None:
 
 
 def apply_job_tx(s: "State", tx) -> None:
-    """Apply a marketplace transaction to ``s`` in place (checks first; a refused tx changes nothing).
+    """Apply a marketplace transaction to ``s`` in place (checks first; a refused tx changes nothing). The
+    caller, :func:`node.ledger.state.apply_tx`, checks and advances the sender's nonce.
 
     Raises:
         InvalidTx: as documented per kind in :mod:`node.ledger.jobtx`.
     """
     height = s.height + 1
     if isinstance(tx, JobPost):
-        _nonce(s, tx)
         _check(tx.job_id not in s.jobs, "a job with this id exists")
         _check(1 <= tx.steps <= 100_000 and 1 <= tx.segment_steps <= tx.steps, "steps and segment_steps")
         _check(1 <= tx.batch_size <= 256 and 2 <= tx.seq_len <= 8192, "batch_size 1..256, seq_len 2..8192")
@@ -106,34 +96,27 @@ def apply_job_tx(s: "State", tx) -> None:
                "a segment's price (segment_steps × price_per_step) exceeds max_receipt_price")
         acc = s.account(tx.sender)
         _check(acc.balance >= tx.price, "balance cannot cover the job's price")
-        s.accounts[tx.sender] = replace(acc, balance=acc.balance - tx.price, escrow=acc.escrow + tx.price,
-                                        nonce=acc.nonce + 1)
+        s.accounts[tx.sender] = replace(acc, balance=acc.balance - tx.price, escrow=acc.escrow + tx.price)
         _set(s, Job(post=tx, height=height, escrow_left=tx.price))
     elif isinstance(tx, JobAccept):
-        _nonce(s, tx)
         job = s.jobs.get(tx.job_id)
         _check(job is not None, "unknown job")
         _check(job.status == OPEN, f"job is {job.status}")
         _check(tx.sender != job.post.sender, "the requester cannot accept its own job")
         _check(s.account(tx.sender).bond >= s.params.min_bond, "worker is not bonded")
         _check(height <= job.post.deadline, "deadline passed")
-        _bump(s, tx.sender)
         _set(s, replace(job, status=ACCEPTED, worker=tx.sender, accepted_height=height))
     elif isinstance(tx, JobCancel):
-        _nonce(s, tx)
         job = s.jobs.get(tx.job_id)
         _check(job is not None and job.post.sender == tx.sender, "no such job of yours")
         _check(job.status == OPEN, f"only an open job can be cancelled; this one is {job.status}")
-        _bump(s, tx.sender)
         _set(s, _refund_left(s, job, CANCELLED, height))
     elif isinstance(tx, JobDeliver):
-        _nonce(s, tx)
         job = s.jobs.get(tx.job_id)
         _check(job is not None and job.worker == tx.sender, "no such job of yours")
         _check(job.status == ACCEPTED, f"job is {job.status}")
         _check(job.next_step == job.post.steps, f"only {job.next_step} of {job.post.steps} steps receipted")
         _check(tx.adapter == job.last_state, "delivered adapter is not the last segment's state")
-        _bump(s, tx.sender)
         _set(s, replace(job, status=DELIVERED, adapter=tx.adapter))
 
 

@@ -155,27 +155,26 @@ def apply_tx(s: State, tx: Tx, signatures_checked: bool = False) -> None:
     _check(tx.chain_id == s.chain_id, f"transaction for chain {tx.chain_id!r}, this is {s.chain_id!r}")
     if not signatures_checked:
         tx.check_signatures()
+    nonced = hasattr(tx, "nonce")  # transfers, bonds, unbonds and job messages: one per account nonce
+    if nonced:
+        expected = s.account(tx.sender).nonce
+        _check(tx.nonce == expected, f"bad nonce {tx.nonce}, expected {expected}")
     if isinstance(tx, Transfer):
         sender = s.account(tx.sender)
-        _check(tx.nonce == sender.nonce, f"bad nonce {tx.nonce}, expected {sender.nonce}")
         _check(sender.balance >= tx.amount, "insufficient balance")
         _check(tx.recipient != TREASURY, "the treasury cannot receive transfers")
-        s.accounts[tx.sender] = replace(sender, balance=sender.balance - tx.amount, nonce=sender.nonce + 1)
+        s.accounts[tx.sender] = replace(sender, balance=sender.balance - tx.amount)
         _credit(s, tx.recipient, tx.amount)
     elif isinstance(tx, Bond):
         acc = s.account(tx.sender)
-        _check(tx.nonce == acc.nonce, f"bad nonce {tx.nonce}, expected {acc.nonce}")
         _check(acc.balance >= tx.amount, "insufficient balance")
-        s.accounts[tx.sender] = replace(acc, balance=acc.balance - tx.amount, bond=acc.bond + tx.amount,
-                                        nonce=acc.nonce + 1)
+        s.accounts[tx.sender] = replace(acc, balance=acc.balance - tx.amount, bond=acc.bond + tx.amount)
     elif isinstance(tx, Unbond):
         acc = s.account(tx.sender)
-        _check(tx.nonce == acc.nonce, f"bad nonce {tx.nonce}, expected {acc.nonce}")
         _check(acc.bond >= tx.amount, "unbond exceeds the bond")
         _check(not any(s.receipts[r].receipt.worker == tx.sender for r in s.open_receipts),
                "receipts of this worker are still pending; unbond after they are final")
-        s.accounts[tx.sender] = replace(acc, balance=acc.balance + tx.amount, bond=acc.bond - tx.amount,
-                                        nonce=acc.nonce + 1)
+        s.accounts[tx.sender] = replace(acc, balance=acc.balance + tx.amount, bond=acc.bond - tx.amount)
     elif isinstance(tx, Receipt):
         _apply_receipt(s, tx)
     elif isinstance(tx, TrainReceipt):
@@ -193,6 +192,9 @@ def apply_tx(s: State, tx: Tx, signatures_checked: bool = False) -> None:
         _apply_evidence(s, tx)
     else:  # pragma: no cover - decode_tx only builds the kinds above
         raise InvalidTx("unknown transaction")
+    if nonced:  # every branch checks before it changes anything, so we get here only when the tx applied
+        acc = s.account(tx.sender)
+        s.accounts[tx.sender] = replace(acc, nonce=acc.nonce + 1)
 
 
 def _apply_receipt(s: State, r: Receipt) -> None:
