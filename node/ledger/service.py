@@ -16,7 +16,7 @@ from typing import Callable
 import trio
 
 from ..encoding import DecodeError, pack, unpack
-from ..identity import Identity
+from ..identity import Identity, account_to_str
 from ..p2p.framing import error_reply, read_msg, write_msg
 from .block import Block, InvalidBlock, decode_block
 from .chain import check_and_apply
@@ -121,7 +121,7 @@ class LedgerService:
         await self.host.publish(self.host.topic("tx"), data)
         if not self.is_validator:
             for v in self.genesis.validators:
-                peer = _peer_str(v)
+                peer = account_to_str(v)
                 if peer in self.host.connected_peers():
                     try:
                         await self.host.request(peer, SUBMIT_PROTOCOL, {"tx": tx.to_wire()}, timeout=5)
@@ -244,7 +244,7 @@ class LedgerService:
             targets: list[str] = []
             with trio.move_on_after(period):
                 targets.append(await self._sync_requests_recv.receive())
-            targets += [_peer_str(v) for v in self.genesis.validators if v != self.ident.account]
+            targets += [account_to_str(v) for v in self.genesis.validators if v != self.ident.account]
             for peer in dict.fromkeys(targets):
                 if peer not in self.host.connected_peers() or (self.drop is not None and self.drop(peer)):
                     continue
@@ -269,8 +269,3 @@ class LedgerService:
             while self.state.height < height:
                 await self.new_block.wait()
 
-
-def _peer_str(account: bytes) -> str:
-    from ..identity import account_to_str
-
-    return account_to_str(account)
