@@ -86,12 +86,18 @@ def wire_commitment(dtype: str, shape: list[int], data: bytes) -> bytes:
     return h.digest()
 
 
+_blake2b = hashlib.blake2b
+
+
 def _leaf(data: bytes) -> bytes:
-    return hashlib.blake2b(b"\x00" + data, digest_size=HASH_LEN).digest()  # = encoding.leaf_hash
+    return _blake2b(b"\x00" + data, digest_size=HASH_LEN).digest()  # = encoding.leaf_hash
 
 
 def _node(left: bytes, right: bytes) -> bytes:
-    return hashlib.blake2b(b"\x01" + left + right, digest_size=HASH_LEN).digest()  # = encoding.node_hash
+    return _blake2b(b"\x01" + left + right, digest_size=HASH_LEN).digest()  # = encoding.node_hash
+
+
+_EMPTY_ROOT = H(b"")
 
 
 class MerkleAccumulator:
@@ -102,27 +108,54 @@ class MerkleAccumulator:
     leaves appended so far (the empty tree hashes to ``H(b"")``).
     """
 
+    __slots__ = ("_sizes", "_hashes", "size")
+
     def __init__(self) -> None:
-        self._stack: list[tuple[int, bytes]] = []  # (subtree size, subtree hash), sizes strictly decreasing
+        self._sizes: list[int] = []  # perfect subtree sizes, strictly decreasing
+        self._hashes: list[bytes] = []  # their hashes
         self.size = 0
 
     def append(self, data: bytes) -> None:
         """Append one raw leaf (``leaf_hash`` is applied here)."""
-        h, size = _leaf(data), 1
-        while self._stack and self._stack[-1][0] == size:
-            _, left = self._stack.pop()
-            h, size = _node(left, h), size * 2
-        self._stack.append((size, h))
+        sizes, hashes = self._sizes, self._hashes
+        h = _blake2b(b"\x00" + data, digest_size=HASH_LEN).digest()
+        size = 1
+        while sizes and sizes[-1] == size:
+            sizes.pop()
+            h = _blake2b(b"\x01" + hashes.pop() + h, digest_size=HASH_LEN).digest()
+            size *= 2
+        sizes.append(size)
+        hashes.append(h)
         self.size += 1
 
     def root(self) -> bytes:
         """32-byte root of the leaves so far."""
-        if not self._stack:
-            return H(b"")
-        acc = self._stack[-1][1]
-        for _, h in reversed(self._stack[:-1]):
-            acc = _node(h, acc)
+        hashes = self._hashes
+        if not hashes:
+            return _EMPTY_ROOT
+        acc = hashes[-1]
+        for i in range(len(hashes) - 2, -1, -1):
+            acc = _blake2b(b"\x01" + hashes[i] + acc, digest_size=HASH_LEN).digest()
         return acc
+
+
+def _pack_uint(n: int) -> bytes:
+    """msgpack's (smallest) encoding of a non-negative int, as ``msgpack.packb`` writes it; ``pack(n)`` beyond
+    64 bits (which raises, as msgpack does)."""
+    if n < 0x80:
+        return bytes((n,))
+    if n <= 0xFF:
+        return b"\xcc" + bytes((n,))
+    if n <= 0xFFFF:
+        return b"\xcd" + n.to_bytes(2, "big")
+    if n <= 0xFFFFFFFF:
+        return b"\xce" + n.to_bytes(4, "big")
+    if n <= 0xFFFFFFFFFFFFFFFF:
+        return b"\xcf" + n.to_bytes(8, "big")
+    return pack(n)
+
+
+_BIN32 = b"\xc4\x20"  # msgpack bin 8 header of a 32-byte string
 
 
 @dataclass(frozen=True)
@@ -203,8 +236,8 @@ class RunningReceipt:
     def id_of(self, billed: int, inputs_root: bytes, outputs_root: bytes) -> bytes:
         """Id of this session's receipt with these moving fields (``billed >= 1``); equals ``receipt_of(...).id``."""
         h = self._prefix.copy()
-        h.update(pack(billed) + pack(inputs_root) + pack(outputs_root) + pack(billed * self._blocks_price)
-                 + self._suffix)
+        h.update(b"".join((_pack_uint(billed), _BIN32, inputs_root, _BIN32, outputs_root,
+                           _pack_uint(billed * self._blocks_price), self._suffix)))
         return h.digest()
 
     def receipt_of(self, billed: int, inputs_root: bytes, outputs_root: bytes) -> Receipt:

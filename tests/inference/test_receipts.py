@@ -7,9 +7,11 @@ import os
 import msgpack
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from node.encoding import DecodeError, commitments_root, merkle_root, tensor_commitment
-from node.inference.receipts import CLOCK, MerkleAccumulator, RunningReceipt, SessionTerms
+from node.inference.receipts import CLOCK, MerkleAccumulator, RunningReceipt, SessionTerms, _pack_uint
 from node.inference.wire import CODECS, check_codec, decode_hidden, encode_hidden
 
 
@@ -22,7 +24,23 @@ def test_merkle_accumulator_equals_rfc9162_root_at_every_size():
         leaves.append(leaf)
         acc.append(leaf)
         assert acc.root() == merkle_root(leaves), i
-        assert len(acc._stack) <= i.bit_length() + 1
+        assert len(acc._hashes) <= i.bit_length() + 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.integers(0, 300), st.integers(0, 2**64 - 1),
+                 st.sampled_from([0x7F, 0x80, 0xFF, 0x100, 0xFFFF, 0x10000, 2**32 - 1, 2**32, 2**64 - 1])))
+def test_receipt_id_packs_integers_as_msgpack_does(n):
+    assert _pack_uint(n) == msgpack.packb(n)
+
+
+def test_receipt_id_matches_canonical_id_at_large_prices():
+    for price in (1, 255, 65_536, 10**9, 10**12):  # up to ~2e18 base units per receipt
+        t = SessionTerms("tally-test", b"s" * 16, b"w" * 32, b"r" * 32, b"m" * 32, 0, 30, 9, "fp16", 0, price)
+        rr = RunningReceipt(t)
+        for n in (300, 1, 70_000):
+            rid = rr.append(os.urandom(32), os.urandom(32), n)
+            assert rid == rr.current().id
 
 
 def terms(replay=0):
