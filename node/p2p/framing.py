@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import struct
+import weakref
 from typing import Any
 
 import trio
@@ -124,20 +125,24 @@ async def write_msg(stream, obj: Any, timeout: float | None = None, max_message:
         raise StreamClosed(f"stream closed while writing: {type(e).__name__}: {e}") from None
 
 
-async def _read_exact(stream, n: int, errors) -> bytes:
-    """Read exactly ``n`` bytes; ``stream.read(n)`` may return fewer. EOF before ``n`` -> StreamClosed."""
-    if n == 0:
-        return b""
-    buf = bytearray()
+READ_CHUNK = 1 << 16  # bytes asked of the stream per read: whatever has arrived, up to this
+_LEFTOVER: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # stream -> bytes read past a message
+
+
+async def _fill(stream, buf: bytearray, n: int, errors, exact: bool) -> None:
+    """Read from ``stream`` into ``buf`` until it holds at least ``n`` bytes. ``stream.read(k)`` returns what has
+    arrived (up to ``k``), so one read usually brings a whole frame, often the next message too: what is read
+    past the current message stays in the stream's buffer for the next :func:`read_msg` (half the reads, and
+    half of py-libp2p's per-read cost, of reading header and payload separately). ``exact``: never read past
+    ``n`` (a stream whose leftover cannot be kept). EOF before ``n`` -> StreamClosed."""
     while len(buf) < n:
         try:
-            chunk = await stream.read(n - len(buf))
+            chunk = await stream.read(n - len(buf) if exact else max(READ_CHUNK, n - len(buf)))
         except errors as e:
-            raise StreamClosed(f"stream ended after {len(buf)} of {n} bytes: {type(e).__name__}") from None
+            raise StreamClosed(f"stream ended with {len(buf)} of {n} bytes buffered: {type(e).__name__}") from None
         if not chunk:
-            raise StreamClosed(f"EOF after {len(buf)} of {n} bytes")
+            raise StreamClosed(f"EOF with {len(buf)} of {n} bytes buffered")
         buf += chunk
-    return bytes(buf)
 
 
 async def read_msg(stream, timeout: float, max_message: int = MAX_MESSAGE) -> dict:
@@ -161,12 +166,17 @@ async def read_msg(stream, timeout: float, max_message: int = MAX_MESSAGE) -> di
         RequestTimeout: ``timeout`` elapsed.
     """
     errors = _io_errors()
+    try:
+        buf, exact = _LEFTOVER.setdefault(stream, bytearray()), False
+    except TypeError:  # not weak-referenceable: nowhere to keep a leftover, so read exactly what is needed
+        buf, exact = bytearray(), True
     parts: list[bytes] = []
     total = 0
     try:
         with trio.fail_after(timeout):
             while True:
-                length, flags = HEADER.unpack(await _read_exact(stream, HEADER_LEN, errors))
+                await _fill(stream, buf, HEADER_LEN, errors, exact)
+                length, flags = HEADER.unpack_from(buf)
                 if flags & ~MORE:
                     raise FrameError(f"unknown frame flags 0x{flags:02x}")
                 if length > MAX_FRAME:
@@ -175,7 +185,9 @@ async def read_msg(stream, timeout: float, max_message: int = MAX_MESSAGE) -> di
                     raise FrameError(f"message exceeds limit of {max_message} bytes")
                 if flags & MORE and length == 0:
                     raise FrameError("empty non-final frame")
-                parts.append(await _read_exact(stream, length, errors))
+                await _fill(stream, buf, HEADER_LEN + length, errors, exact)
+                parts.append(bytes(buf[HEADER_LEN:HEADER_LEN + length]))
+                del buf[:HEADER_LEN + length]
                 total += length
                 STATS["received"] += HEADER_LEN + length
                 if not flags & MORE:

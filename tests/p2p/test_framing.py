@@ -6,7 +6,7 @@ import pytest
 import trio
 
 from node.encoding import MAX_FRAME, pack
-from node.p2p.framing import (FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, encode_frames,
+from node.p2p.framing import (READ_CHUNK, FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, encode_frames,
                               error_reply, ok_reply, read_msg, write_msg)
 
 from .util import FakeStream, run
@@ -44,7 +44,44 @@ def test_huge_declared_length_rejected_before_allocating():
         s = FakeStream(b"\xff\xff\xff\xff\x00" + b"x" * 100, chunk=1000)
         with pytest.raises(FrameError):
             await read_msg(s, timeout=5)
-        assert s.read_sizes == [5]  # only the header was read; no buffer of the declared size
+        assert s.read_sizes == [READ_CHUNK]  # one bounded read, refused at the header; nothing of the declared size
+
+    run(body)
+
+
+def test_messages_that_arrive_together_are_read_one_at_a_time():
+    """A read brings whatever has arrived; bytes past one message wait, per stream, for the next read_msg."""
+    msgs = [{"type": "ack", "steps": i, "sig": bytes(64)} for i in range(5)] + [{"blob": b"y" * 200_000}]
+
+    async def body():
+        data = b"".join(f for m in msgs for f in encode_frames(m))
+        s, other = FakeStream(data, chunk=1 << 20), FakeStream(frame(pack({"other": 1})))
+        for i, m in enumerate(msgs):
+            assert await read_msg(s, timeout=5) == m
+            if i == 0:  # each stream has its own leftover
+                assert await read_msg(other, timeout=5) == {"other": 1}
+        assert len(s.read_sizes) < len(msgs)  # fewer reads than messages: the acks came in one read
+        with pytest.raises(StreamClosed):
+            await read_msg(s, timeout=5)
+
+    run(body)
+
+
+def test_stream_without_weakref_reads_exactly_one_message():
+    class Slotted:
+        __slots__ = ("data",)
+
+        def __init__(self, data):
+            self.data = data
+
+        async def read(self, n):
+            out, self.data = self.data[:n], self.data[n:]
+            return out
+
+    async def body():
+        s = Slotted(b"".join(encode_frames({"a": 1}) + encode_frames({"b": 2})))
+        assert await read_msg(s, timeout=5) == {"a": 1}
+        assert await read_msg(s, timeout=5) == {"b": 2}  # nothing of the second message was lost
 
     run(body)
 
