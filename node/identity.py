@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import base58
 import nacl.bindings
 import nacl.exceptions
 import nacl.signing
@@ -99,12 +100,23 @@ def verify_many(items: list[tuple[bytes, bytes, bytes]]) -> list[bool]:
     return out
 
 
-def account_to_str(account: bytes) -> str:
-    """The libp2p peer ID string (``12D3KooW...``) of a 32-byte Ed25519 account."""
-    from libp2p.crypto.ed25519 import Ed25519PublicKey
-    from libp2p.peer.id import ID
+# A peer ID of an Ed25519 key is the identity multihash (code 0x00, length 36) of the key's protobuf encoding
+# (field 1 KeyType = 1 Ed25519, field 2 Data = the 32 bytes), in base58btc: libp2p specs, peer-ids/peer-ids.md,
+# "Peer Ids" and "Keys" (keys of at most 42 bytes are inlined with the identity hash). Written here rather than
+# through py-libp2p so that accounts print without importing the network stack (py-libp2p's import takes ~1 s
+# and its dependencies do not all install everywhere, e.g. on GPU boxes).
+_PEER_ID_PREFIX = bytes([0x00, 0x24, 0x08, 0x01, 0x12, 0x20])
 
-    return ID.from_pubkey(Ed25519PublicKey.from_bytes(account)).to_base58()
+
+def account_to_str(account: bytes) -> str:
+    """The libp2p peer ID string (``12D3KooW...``) of a 32-byte Ed25519 account.
+
+    Raises:
+        ValueError: not 32 bytes.
+    """
+    if not isinstance(account, bytes) or len(account) != 32:
+        raise ValueError("an account is a 32-byte Ed25519 public key")
+    return base58.b58encode(_PEER_ID_PREFIX + account).decode("ascii")
 
 
 def account_from_str(text: str) -> bytes:
@@ -113,20 +125,20 @@ def account_from_str(text: str) -> bytes:
     Raises:
         ValueError: not a peer ID of an Ed25519 key.
     """
+    if not isinstance(text, str):
+        raise ValueError(f"not a peer ID: {text!r}")
     if len(text) == 64:
         try:
             return bytes.fromhex(text)
         except ValueError:
             pass
-    from libp2p.peer.id import ID
-
     try:
-        pk = ID.from_base58(text).extract_public_key()
-    except Exception:
+        raw = base58.b58decode(text.encode("ascii"))
+    except (ValueError, UnicodeEncodeError):
         raise ValueError(f"not a peer ID: {text!r}") from None
-    if pk is None or len(pk.to_bytes()) != 32:
+    if len(raw) != len(_PEER_ID_PREFIX) + 32 or not raw.startswith(_PEER_ID_PREFIX):
         raise ValueError(f"not an Ed25519 peer ID: {text!r}")
-    return pk.to_bytes()
+    return raw[len(_PEER_ID_PREFIX):]
 
 
 def load_or_create(data_dir: Path, seed: bytes | None = None) -> Identity:

@@ -51,3 +51,21 @@ def test_sign_digests_only_and_verify():
     assert not verify(b"\x00" * 31, d, sig)
     with pytest.raises(ValueError):
         ident.sign(b"a whole payload, not a digest")
+
+
+def test_peer_id_strings_equal_py_libp2p_both_ways():
+    """Our peer ID encoding (identity multihash of the protobuf key, base58btc) against py-libp2p's."""
+    from libp2p.crypto.ed25519 import Ed25519PublicKey
+    from libp2p.peer.id import ID
+
+    for _ in range(50):
+        account = Identity.generate().account
+        theirs = ID.from_pubkey(Ed25519PublicKey.from_bytes(account)).to_base58()
+        assert account_to_str(account) == theirs
+        assert account_from_str(theirs) == account
+    rsa_like = ID(b"\x12\x20" + bytes(32)).to_base58()  # a sha256 multihash: a key too big to inline
+    for bad in (rsa_like, "", "0OIl", "12D3KooW", "é"):
+        with pytest.raises(ValueError):
+            account_from_str(bad)
+    with pytest.raises(ValueError):
+        account_to_str(b"short")

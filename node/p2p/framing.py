@@ -65,14 +65,26 @@ class RemoteError(Exception):
         self.message = message
 
 
-def _io_errors() -> tuple[type[BaseException], ...]:
-    """Exception types py-libp2p raises when a stream or connection goes away."""
-    from libp2p.exceptions import BaseLibp2pError
-    from libp2p.io.exceptions import IOException
-    from libp2p.stream_muxer.exceptions import MuxedStreamError
+_IO_ERRORS: tuple[type[BaseException], ...] | None = None
 
-    return (IOException, MuxedStreamError, BaseLibp2pError, EOFError, ConnectionError, trio.BrokenResourceError,
-            trio.ClosedResourceError)
+
+def _io_errors() -> tuple[type[BaseException], ...]:
+    """Exception types a stream raises when it or its connection goes away: py-libp2p's, where it is installed
+    (framing also runs over in-memory streams, e.g. on a GPU box with no libp2p), plus the standard ones."""
+    global _IO_ERRORS
+    if _IO_ERRORS is None:
+        errors: tuple[type[BaseException], ...] = (EOFError, ConnectionError, trio.BrokenResourceError,
+                                                   trio.ClosedResourceError)
+        try:
+            from libp2p.exceptions import BaseLibp2pError
+            from libp2p.io.exceptions import IOException
+            from libp2p.stream_muxer.exceptions import MuxedStreamError
+        except ImportError:
+            pass
+        else:
+            errors = (IOException, MuxedStreamError, BaseLibp2pError) + errors
+        _IO_ERRORS = errors
+    return _IO_ERRORS
 
 
 def encode_frames(obj: Any, max_message: int = MAX_MESSAGE) -> list[bytes]:

@@ -1,8 +1,11 @@
 """Spans on CUDA (``node start --gpu N``): outputs match the CPU within the committee tolerance, batching works
 on the device, and a generation through CUDA servers fails over and is verified by a CPU committee. Skipped
-without a CUDA device."""
+without a CUDA device. ``TALLY_TEST_DEVICE=cpu`` runs them on the CPU instead: a dry run of
+``scripts/gpu-check`` (imports, fixtures, the harness) on a machine without a GPU."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -17,13 +20,14 @@ from node.verify.compare import DEFAULT_TOLERANCE, distance
 
 from .fakenet import FakeNet, announce, make_client, make_server
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-DEV = "cuda:0"
+DEV = os.environ.get("TALLY_TEST_DEVICE", "cuda:0")
+pytestmark = pytest.mark.skipif(DEV.startswith("cuda") and not torch.cuda.is_available(),
+                                reason="needs a CUDA device (TALLY_TEST_DEVICE=cpu for a dry run)")
 
 
 def test_cuda_span_matches_cpu_span(tiny):
     cpu, gpu = SpanModel(tiny, 0, 6), SpanModel(tiny, 0, 6, device=DEV)
-    assert next(gpu.net.parameters()).device.type == "cuda"
+    assert next(gpu.net.parameters()).device == torch.device(DEV)
     x = torch.randn(1, 7, cpu.hidden_size)
     c1, c2 = cpu.new_cache(), gpu.new_cache()
     outs = [(cpu.forward(x, c1), gpu.forward(x, c2))]
