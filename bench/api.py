@@ -98,6 +98,10 @@ def run_bench(args) -> None:
     from node.runtime import Node, NodeConfig
 
     tmp = Path(tempfile.mkdtemp(prefix="tally-bench-api-"))
+    import atexit
+    import shutil
+
+    atexit.register(shutil.rmtree, tmp, True)
     model = make_tiny(tmp / "models", seed=0)
     keys = [Identity.from_seed(dev_seed(i)) for i in range(4)]
     genesis = Genesis("tally-test-bench", 0, (keys[0].account,),

@@ -354,6 +354,13 @@ def main() -> None:
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = p.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not args.serve:  # the blob stores of the client and the servers (child processes too) go under one temp
+        import atexit  # dir that is removed at exit
+        import shutil
+
+        root = tempfile.mkdtemp(prefix="tally-bench-")
+        atexit.register(shutil.rmtree, root, True)
+        os.environ["TMPDIR"] = tempfile.tempdir = root
     trio.run(serve if args.serve else bench, args)
 
 

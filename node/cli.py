@@ -21,6 +21,28 @@ FAULTS = ["corrupt", "random", "zeros", "nan", "half-tokens", "replay", "skip-bl
           "bf16", "equivocate", "skip-steps", "other-data", "fake-adapter", "diverge"]
 
 
+def _port(text: str) -> int:
+    """argparse type: a TCP port, 0..65535 (0: any free port)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"{n} is not a port (0..65535; 0 picks a free one)")
+    return n
+
+
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not >= 1")
+    return n
+
+
 def _span(text: str) -> tuple[int, int] | tuple[str, int | None] | str:
     if text == "all":
         return "all"
@@ -63,18 +85,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how this node's client sends hidden states to servers (recorded in each receipt; "
                         "default: %(default)s)")
     s.add_argument("--gpu", type=int, metavar="N", help="run compute on CUDA device N (default: CPU)")
-    s.add_argument("--port", type=int, default=0, help="libp2p TCP port on 127.0.0.1 (default: any free)")
-    s.add_argument("--api-port", type=int, default=8700, help="HTTP API port (default: %(default)s; 0: any)")
+    s.add_argument("--port", type=_port, default=0, help="libp2p TCP port on 127.0.0.1 (default: any free)")
+    s.add_argument("--api-port", type=_port, default=8700, help="HTTP API port (default: %(default)s; 0: any)")
     s.add_argument("--api-host", default="127.0.0.1", help="HTTP API bind address (default: %(default)s)")
     _model_args(s)
-    s.add_argument("--threads", type=int, default=1, help="torch threads for compute (default: %(default)s)")
+    s.add_argument("--threads", type=_positive, default=1, help="torch threads for compute (default: %(default)s)")
     s.add_argument("--dev-account", type=int, metavar="N",
                    help="devnet only: use well-known dev key N (0 is the devnet validator) if the data dir "
                         "has no key yet; a devnet node with neither a key nor --bootstrap uses dev key 0")
     s.add_argument("--fault", choices=FAULTS, help=TEST_SWITCH_HELP)
     s.add_argument("--accept-jobs", action="store_true",
                    help="take fine-tune jobs from the marketplace for credits (needs a bond)")
-    s.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
+    s.add_argument("--log-level", default="INFO", type=str.upper,
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="logging level (default: %(default)s)")
 
     d = sub.add_parser("devnet", help="run the demo swarm: >= 3 servers on 127.0.0.1, generate, verify, settle",
                        description="Start a validator/client node and N span servers as separate processes on "
@@ -93,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--fault-server", type=int, metavar="I",
                    help="TEST SWITCH: start server I (1-based) with --fault corrupt; its receipt must be voted "
                         "invalid and its bond slashed")
-    d.add_argument("--api-port", type=int, default=8700, help="API port of the client node (default: %(default)s)")
+    d.add_argument("--api-port", type=_port, default=8700, help="API port of the client node (default: %(default)s)")
     d.add_argument("--job", metavar="PLAY", help="after the inference demo, post a LoRA fine-tune job on this "
                                                   "Shakespeare play (e.g. hamlet) and follow it to settlement")
     d.add_argument("--job-steps", type=int, default=60, help="training steps of the --job (default: %(default)s)")
@@ -150,6 +173,13 @@ def cmd_start(args) -> int:
 
     _setup_logging(args.log_level, args.data_dir)
     device = resolve_device(args.gpu)
+    if args.api_port:
+        from .p2p.quirks import check_port_free
+
+        try:
+            check_port_free(args.api_host, args.api_port)
+        except OSError as e:
+            sys.exit(f"node: --api-port: {e.strerror} (choose another port, or 0 for any free one)")
     try:
         genesis = load_genesis(args.genesis)
     except (GenesisError, OSError) as e:

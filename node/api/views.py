@@ -108,10 +108,25 @@ def account_json(acc, a: bytes, height: int, min_bond: int) -> dict:
             "valid_run": acc.valid_run, "eligible": acc.bond >= min_bond and a != TREASURY, "height": height}
 
 
+_EFFECT = {  # (kind, role) -> what the event did to the account; role None: any
+    ("receipt", "requester"): "receipt included: its price moved from balance into escrow until the verdict",
+    ("receipt", "worker"): "receipt included: paid to the worker when final",
+    ("paid", None): "escrow released for a final receipt (paid out, or refunded when invalid)",
+    ("payout", None): "credited for a final receipt (worker or committee share)",
+    ("refund", None): "escrow returned to the balance",
+    ("slash", None): "bond slashed",
+}
+
+
 def event_json(height: int, seq: int, ev: dict) -> dict:
-    """One history event from the store's index (see :func:`node.ledger.store.index_block`)."""
+    """One history event from the store's index (see :func:`node.ledger.store.index_block`). ``effect`` says in
+    words what it did to the account: a receipt's price appears twice for its requester, once when the receipt
+    is included (moved into escrow) and once as ``paid`` when it is final (the escrow released); it is spent
+    once."""
     amt = ev.get("amount")
-    return {"height": height, "seq": seq, "kind": ev.get("k", "?"), "role": ev.get("role"),
+    kind, role = ev.get("k", "?"), ev.get("role")
+    return {"height": height, "seq": seq, "kind": kind, "role": role,
+            "effect": _EFFECT.get((kind, role)) or _EFFECT.get((kind, None)),
             "tx": hexid(ev.get("tx")), "receipt": hexid(ev.get("receipt")),
             "amount": amount(amt) if isinstance(amt, int) else None}
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, TrainReceipt
+from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, TrainReceipt, parse_targets
 from .tx import _check
 
 if TYPE_CHECKING:
@@ -86,9 +86,15 @@ def apply_job_tx(s: "State", tx) -> None:
     height = s.height + 1
     if isinstance(tx, JobPost):
         _check(tx.job_id not in s.jobs, "a job with this id exists")
-        _check(1 <= tx.steps <= 100_000 and 1 <= tx.segment_steps <= tx.steps, "steps and segment_steps")
+        _check(1 <= tx.steps <= 100_000 and 1 <= tx.segment_steps <= tx.steps,
+               f"steps must be in 1..100000 and segment_steps in 1..steps (got steps {tx.steps}, "
+               f"segment_steps {tx.segment_steps})")
         _check(1 <= tx.batch_size <= 256 and 2 <= tx.seq_len <= 8192, "batch_size 1..256, seq_len 2..8192")
-        _check(1 <= tx.rank <= 256 and 0 < len(tx.targets), "rank 1..256 and target modules")
+        _check(1 <= tx.rank <= 256, f"rank must be in 1..256 (got {tx.rank})")
+        try:
+            parse_targets(tx.targets)
+        except ValueError as e:
+            _check(False, str(e))
         _check(1 <= tx.lr_micro <= 10**7 and tx.price_per_step >= 1, "lr_micro >= 1, price_per_step >= 1")
         _check(tx.deadline > height, "deadline already passed")
         _check(0 <= tx.sample_ppm <= 1_000_000, "sample_ppm in 0..1e6")

@@ -16,6 +16,25 @@ from typing import ClassVar
 from ..identity import Identity
 from .tx import TX_KINDS, SingleSigned, Tx
 
+# The linear layers of a Llama-architecture decoder block that LoRA may adapt (peft ``target_modules`` names):
+# attention projections and MLP. A post naming anything else would be accepted by a worker and then fail in
+# peft at every attempt, so the ledger refuses it.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def parse_targets(targets: str) -> tuple[str, ...]:
+    """``"q_proj,v_proj"`` -> ``("q_proj", "v_proj")``.
+
+    Raises:
+        ValueError: empty, a name outside :data:`LORA_TARGETS`, or a name twice.
+    """
+    names = tuple(t.strip() for t in targets.split(","))
+    bad = [t for t in names if t not in LORA_TARGETS]
+    if bad or not names or len(set(names)) != len(names):
+        raise ValueError(f"targets must be distinct comma-separated names among {', '.join(LORA_TARGETS)} "
+                         f"(got {targets!r})")
+    return names
+
 
 @dataclass(frozen=True)
 class JobPost(SingleSigned):

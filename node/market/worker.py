@@ -17,13 +17,13 @@ from ..compute.train import TrainSpec, Trainer, encode_text, mean_loss_ppm, spli
 from ..encoding import H, commitments_root
 from ..identity import Identity
 from ..ledger.jobs import ACCEPTED, OPEN
-from ..ledger.jobtx import JobAccept, JobDeliver, JobPost, TrainReceipt
+from ..ledger.jobtx import JobAccept, JobDeliver, JobPost, TrainReceipt, parse_targets
 from .data import dataset_bytes
 
 log = logging.getLogger("tally.market")
 
 def spec_of(post: JobPost) -> TrainSpec:
-    return TrainSpec(rank=post.rank, targets=tuple(t.strip() for t in post.targets.split(",") if t.strip()),
+    return TrainSpec(rank=post.rank, targets=parse_targets(post.targets),
                      steps=post.steps, batch_size=post.batch_size, seq_len=post.seq_len, lr=post.lr_micro / 1e6,
                      seed=post.seed, segment_steps=post.segment_steps)
 
@@ -44,6 +44,7 @@ class JobWorker:
         self.accepting: dict[bytes, int] = {}  # job id -> height we sent an accept at
         self._wake = trio.Event()
         self.progress: dict[bytes, dict] = {}  # job id -> {"step", "losses"} (local view for the API)
+        self.failures: dict[bytes, tuple[int, float]] = {}  # job id -> (failed attempts, monotonic time of next try)
         ledger.on_block(lambda block, state: self._wake.set())
 
     def _next_action(self) -> tuple[str, object] | None:
@@ -81,12 +82,20 @@ class JobWorker:
             if kind == "accept":
                 log.info("accepting job %s", what.job_id.hex()[:12])
                 await self.ledger.submit(what)
-            elif self.busy is None:
+            elif self.busy is None and trio.current_time() >= self.failures.get(what, (0, 0.0))[1]:
                 self.busy = what
                 try:
                     await self.train(what)
-                except Exception:
-                    log.exception("training job %s failed", what.hex()[:12])
+                    self.failures.pop(what, None)
+                except Exception as e:  # retried with exponential backoff (2 s .. 5 min), full traceback once
+                    n = self.failures.get(what, (0, 0.0))[0] + 1
+                    delay = min(300.0, 2.0 ** n)
+                    self.failures[what] = (n, trio.current_time() + delay)
+                    if n == 1:
+                        log.exception("training job %s failed; retrying in %.0f s", what.hex()[:12], delay)
+                    else:
+                        log.warning("training job %s failed again (attempt %d: %s: %s); retrying in %.0f s",
+                                    what.hex()[:12], n, type(e).__name__, e, delay)
                 finally:
                     self.busy = None
 

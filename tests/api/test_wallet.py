@@ -71,6 +71,9 @@ def test_reads_history_receipts_transfer_and_search(live):
     assert hist_me["events"][0]["tx"] == sent["id"] and hist_me["next"]
     older = get(f"{api}/v1/accounts/{me}/history?limit=50&cursor={hist_me['next']}").json()["events"]
     assert {"paid", "receipt"} <= {e["kind"] for e in older} and sent["id"] not in [e["tx"] for e in older]
+    effects = {e["kind"]: e["effect"] for e in older if e["kind"] in ("paid", "receipt")}
+    assert "into escrow" in effects["receipt"] and "escrow released" in effects["paid"]  # one price, not two
+    assert get(f"{api}/v1/accounts/{me}/history?cursor=garbage").status_code == 422
 
     # blocks, pagination and the block of the transfer
     blocks = get(f"{api}/v1/blocks?limit=5").json()

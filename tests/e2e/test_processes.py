@@ -106,6 +106,43 @@ def test_devnet_fault_switch_gets_slashed(tmp_path):
     assert "committee fees" in r.stdout and ": true" in r.stdout
 
 
+def test_devnet_job_demo_settles_and_pays_exactly(tmp_path):
+    """The README's `node devnet --job PLAY` path: the post is followed from submission (404 until its block) to
+    settlement, the adapter is fetched and the requester pays exactly the price."""
+    r = devnet(tmp_path, "--model", "tiny", "--model-cache", str(tmp_path / "models"), "--no-inference",
+               "--job", "hamlet", "--job-steps", "2", timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "settled" in r.stdout and "verdict valid" in r.stdout
+    assert "requester paid 0.02 (price 0.02): true" in r.stdout and "committee fees 0.002: true" in r.stdout
+
+
+def test_a_second_devnet_on_a_running_devnets_dir_refuses_and_wipes_nothing(tmp_path):
+    import fcntl
+
+    root = tmp_path / "devnet"
+    root.mkdir()
+    (root / ".tally-devnet").write_text("")
+    (root / "node0").mkdir()
+    (root / "node0" / "ledger-data").write_text("precious")
+    with open(tmp_path / "devnet.lock", "a+") as held:  # as the running devnet holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("4242\n")
+        held.flush()
+        r = devnet(tmp_path, "--model", "tiny", "--model-cache", str(tmp_path / "models"), timeout=120)
+    assert r.returncode == 2 and "another `node devnet` (pid 4242) is running" in r.stderr, r.stderr
+    assert (root / "node0" / "ledger-data").read_text() == "precious"
+    # a node started by hand in the devnet's dir (its node.json names a live `node start` process) also blocks it
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "node.cli", "start"])
+    try:
+        (root / "node0" / "node.json").write_text(json.dumps({"pid": sleeper.pid}))
+        r = devnet(tmp_path, "--model", "tiny", "--model-cache", str(tmp_path / "models"), timeout=120)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert r.returncode == 2 and f"nodes are still running in {root / 'node0'} (pid {sleeper.pid})" in r.stderr
+    assert (root / "node0" / "ledger-data").read_text() == "precious"
+
+
 @pytest.mark.slow
 def test_devnet_real_model_identical(tmp_path):
     r = devnet(tmp_path, "--tokens", "32", timeout=900)

@@ -137,3 +137,21 @@ def test_bad_segments_are_refused():
     with pytest.raises(InvalidTx, match="steps receipted"):
         apply_tx(s.copy(), JobDeliver(G.chain_id, W1.account, p.job_id, b, 1).signed(W1))
     assert s.jobs[p.job_id].status == ACCEPTED
+
+
+def test_posts_with_unknown_lora_targets_or_bad_segments_are_refused_with_the_reason():
+    """A post naming a module peft cannot find would be accepted by a worker and then fail at every attempt;
+    the ledger refuses it, and says why (as it does for segment_steps > steps)."""
+    from dataclasses import replace as _replace
+
+    s = genesis_state(G)
+    good = post(s)
+    for targets in ("nonsense_proj", "q_proj,", "q_proj,q_proj", "", "lm_head"):
+        bad = _replace(good, targets=targets).signed(CLIENT)
+        with pytest.raises(InvalidTx, match="targets must be distinct comma-separated names among q_proj"):
+            apply_tx(s.copy(), bad)
+    bad = _replace(good, steps=2, segment_steps=10).signed(CLIENT)
+    with pytest.raises(InvalidTx, match=r"segment_steps in 1..steps \(got steps 2, segment_steps 10\)"):
+        apply_tx(s.copy(), bad)
+    ok = _replace(good, targets="q_proj, k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj").signed(CLIENT)
+    apply_tx(s.copy(), ok)

@@ -1,0 +1,45 @@
+"""A job the worker cannot train (every attempt raises) is retried with exponential backoff, not at every block."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import trio
+import trio.testing
+
+from node.identity import Identity
+from node.ledger.jobs import ACCEPTED
+from node.market.worker import JobWorker
+
+
+def test_failing_job_is_retried_with_backoff_not_every_block():
+    ident = Identity.generate()
+    jid = b"j" * 16
+    job = SimpleNamespace(status=ACCEPTED, worker=ident.account)
+    state = SimpleNamespace(open_jobs={jid: None}, jobs={jid: job}, height=1,
+                            account=lambda a: SimpleNamespace(bond=100))
+    hooks = []
+    ledger = SimpleNamespace(state=state, genesis=SimpleNamespace(params=SimpleNamespace(min_bond=10)),
+                             on_block=hooks.append)
+    w = JobWorker(ident, ledger, None, None, None, None, b"m" * 32)
+    attempts = []
+
+    async def train(j):
+        attempts.append(trio.current_time())
+        raise RuntimeError("peft: target modules not found")
+
+    w.train = train
+
+    async def main():
+        async with trio.open_nursery() as n:
+            n.start_soon(w.run)
+            for _ in range(120):  # a block every 0.5 s for 60 s
+                hooks[0](None, state)
+                await trio.sleep(0.5)
+            n.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    gaps = [b - a for a, b in zip(attempts, attempts[1:])]
+    assert 4 <= len(attempts) <= 6, attempts  # 0, 2, 6, 14, 30 s (+ block granularity), not 120 tries
+    assert all(g2 > g1 for g1, g2 in zip(gaps, gaps[1:])), gaps  # the wait doubles
+    assert w.busy is None and w.failures[jid][0] == len(attempts)
