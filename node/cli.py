@@ -43,6 +43,19 @@ def _positive(text: str) -> int:
     return n
 
 
+def _bootstrap_addr(text: str) -> str:
+    """argparse type: a multiaddr that names its peer, e.g. ``/ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...``."""
+    from multiaddr import Multiaddr
+
+    try:
+        ma = Multiaddr(text)
+        ma.value_for_protocol("p2p")
+    except Exception:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a multiaddr with a peer ID, e.g. "
+                                         "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...") from None
+    return text
+
+
 def _span(text: str) -> tuple[int, int] | tuple[str, int | None] | str:
     if text == "all":
         return "all"
@@ -75,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
                    help="node key, API token, ledger and blobs (default: %(default)s)")
     s.add_argument("--genesis", type=Path, help="genesis JSON file (default: the embedded devnet)")
-    s.add_argument("--bootstrap", nargs="*", default=[], metavar="MULTIADDR",
+    s.add_argument("--bootstrap", nargs="*", default=[], metavar="MULTIADDR", type=_bootstrap_addr,
                    help="peers to dial at start, e.g. /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...")
     s.add_argument("--span", type=_span, help="serve decoder blocks [START, END) (e.g. 0:10), 'all', or 'auto[:N]' "
                                               "(N blocks, default a third of the model, chosen where the swarm's "
@@ -187,6 +200,9 @@ def cmd_start(args) -> int:
     if (args.fault or args.dev_account is not None) and not is_dev_chain(genesis.chain_id):
         sys.exit("node: --fault and --dev-account exist only on devnet/test chains")
     dev_account = args.dev_account
+    if dev_account is not None and (args.data_dir / "node_key").exists():
+        logging.getLogger("tally.node").warning("--dev-account %d ignored: %s already holds a key", dev_account,
+                                                args.data_dir / "node_key")
     if (dev_account is None and not args.bootstrap and genesis.chain_id == "tally-devnet"
             and not (args.data_dir / "node_key").exists()):
         dev_account = 0  # a lone node on the embedded devnet becomes its validator

@@ -39,6 +39,11 @@ def test_help_documents_the_test_switch_and_options():
 
 def test_bad_arguments_are_refused(tmp_path):
     assert "START < END" in node("start", "--span", "5:2").stderr
+    for args, says in ((["--port", "99999"], "99999 is not a port"), (["--api-port", "-1"], "-1 is not a port"),
+                       (["--threads", "0"], "0 is not >= 1"), (["--log-level", "loud"], "invalid choice"),
+                       (["--bootstrap", "garbage"], "is not a multiaddr with a peer ID")):
+        r = node("start", *args)
+        assert r.returncode == 2 and says in r.stderr, (args, r.stderr)
     bad = tmp_path / "g.json"
     bad.write_text("{not json")
     r = node("start", "--genesis", str(bad), "--data-dir", str(tmp_path / "d"))
@@ -58,3 +63,16 @@ def test_devnet_refuses_to_wipe_a_directory_it_did_not_make(tmp_path):
     r = node("devnet", "--once", "--job", "hamlet", "--job-steps", "0", "--data-dir", str(tmp_path / "dv"))
     assert r.returncode == 2 and "--job-steps must be at least 1" in r.stderr
     assert not (tmp_path / "dv").exists()  # refused before anything started
+
+
+def test_busy_api_port_is_refused_before_anything_starts(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = node("start", "--api-port", str(port), "--data-dir", str(tmp_path / "d"), "--model", "tiny",
+                 "--model-cache", str(tmp_path / "m"))
+    assert r.returncode != 0 and f"--api-port: cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "m").exists()  # refused before the model was made

@@ -273,10 +273,11 @@ class LedgerStore:
         n = sum(1 for _ in self.db.iterator(prefix=b"R", include_value=False))
         return n == len(state.receipts)
 
-    def head_time_ms(self) -> int | None:
-        """The head block's header timestamp (ms), read from its raw header without decoding the block."""
+    def head_time_ms(self) -> int:
+        """The head block's header timestamp (ms), read from its raw header without decoding the block; the
+        genesis time before the first block (no block may be older than its chain)."""
         d = self.get_block_raw(self.head)
-        return None if d is None else int(d["b"]["h"][3])
+        return self.genesis.genesis_time_ms if d is None else int(d["b"]["h"][3])
 
     def last_commit(self) -> tuple:
         """The commit ``(validator, round, signature)…`` stored with the head block (empty at genesis)."""

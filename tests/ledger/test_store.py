@@ -126,3 +126,18 @@ def test_kill_9_at_random_points_leaves_a_chain_that_verifies(tmp_path):
         store.close()
     assert heads == sorted(heads) and heads[-1] > 0
     assert len(set(heads)) > 10  # the kills really landed at many different points of the chain
+
+
+def test_no_block_may_be_older_than_the_genesis(tmp_path):
+    """Before the first block the parent time is the genesis time, so a proposal stamped earlier is refused."""
+    from dataclasses import replace
+
+    from node.ledger.chain import check_time
+
+    g = replace(make_genesis(), genesis_time_ms=5_000)
+    store = LedgerStore(tmp_path / "db", g)
+    assert store.head_time_ms() == 5_000
+    with pytest.raises(ValueError, match="backwards"):
+        check_time(4_999, now_ms=5_000, parent_ms=store.head_time_ms())
+    check_time(5_001, now_ms=5_000, parent_ms=store.head_time_ms())
+    store.close()
