@@ -190,6 +190,8 @@ def run_devnet(args) -> int:
             print(f"   node{i} {info['peer_id']}  pid {info['pid']}  {role}{fault}")
         api = info0["api"]
         token = (client_dir / "api_token").read_text().strip()
+        print(f"   API {api} (token: {client_dir / 'api_token'}); servers' APIs: "
+              f"{', '.join(info['api'] for info in infos[1:])}")
         with httpx.Client(timeout=600, headers={"Authorization": f"Bearer {token}"}) as http:
             deadline = time.monotonic() + 60
             while len(_get(http, f"{api}/v1/status")["swarm"]) < len(spans):
