@@ -69,52 +69,33 @@ MARKER = ".tally-devnet"
 
 
 def _lock_root(root: Path):
-    """Hold an exclusive lock on ``<root>.lock`` for this process's lifetime, so that a second ``node devnet`` on
-    the same data dir refuses to start instead of wiping the data of the one that runs. Returns the open file.
+    """Hold ``<root>.lock`` for this process's lifetime, so that a second ``node devnet`` on the same data dir
+    refuses to start instead of wiping the data of the one that runs. Returns the open file.
 
     Raises:
-        DevnetError: another process holds the lock.
+        DevnetError: another process holds the lock, or ``root`` has no name (``/``).
     """
-    import fcntl
+    from .lockfile import hold, holder
 
-    root.parent.mkdir(parents=True, exist_ok=True)
-    f = open(root.with_name(root.name + ".lock"), "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        pid = f.read().strip() or "?"
-        f.close()
-        raise DevnetError(f"another `node devnet` (pid {pid}) is running on {root}; stop it first or choose "
-                          "another --data-dir") from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"{os.getpid()}\n")
-    f.flush()
+    root = root.resolve()
+    if not root.name:
+        raise DevnetError(f"{root} cannot be a devnet data dir; choose another --data-dir")
+    path = root.with_name(root.name + ".lock")
+    f = hold(path)
+    if f is None:
+        raise DevnetError(f"another `node devnet` (pid {holder(path) or '?'}) is running on {root}; stop it first "
+                          "or choose another --data-dir")
     return f
 
 
-def _live_nodes(root: Path) -> list[str]:
-    """Data dirs under ``root`` whose node (pid in ``node.json``) is still running, e.g. started by hand."""
-    live = []
-    for info in root.glob("node*/node.json"):
-        try:
-            pid = int(json.loads(info.read_text())["pid"])
-            os.kill(pid, 0)
-        except (ValueError, KeyError, TypeError, OSError):
-            continue
-        cmdline = Path(f"/proc/{pid}/cmdline")
-        args = cmdline.read_bytes() if cmdline.exists() else b"node.cli"
-        if b"node.cli" in args or b"node\x00start" in args:  # `python -m node.cli start` or `.../bin/node start`
-            live.append(f"{info.parent} (pid {pid})")
-    return live
-
-
 def _prepare_root(root: Path) -> None:
-    """Wipe a previous devnet's data dir — only one that devnet created (it holds the marker file) and whose
-    nodes have all stopped."""
+    """Wipe a previous devnet's data dir — only one that devnet created (it holds the marker file) and in which
+    no node runs (each node holds ``node.lock`` in its data dir from start to exit, see :mod:`node.lockfile`)."""
+    from .lockfile import holder
+
     if root.exists():
-        live = _live_nodes(root)
+        dirs = [root] + [d for d in root.iterdir() if d.is_dir()]
+        live = [f"{d} (pid {pid})" for d in dirs if (pid := holder(d / "node.lock")) is not None]
         if live:
             raise DevnetError(f"nodes are still running in {', '.join(live)}; stop them first or choose another "
                               "--data-dir")

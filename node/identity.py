@@ -129,9 +129,11 @@ def account_from_str(text: str) -> bytes:
         raise ValueError(f"not a peer ID: {text!r}")
     if len(text) == 64:
         try:
-            return bytes.fromhex(text)
+            raw = bytes.fromhex(text)
         except ValueError:
-            pass
+            raw = b""
+        if len(raw) == 32:  # fromhex skips whitespace: " ab…ab " would give 31 bytes
+            return raw
     try:
         raw = base58.b58decode(text.encode("ascii"))
     except (ValueError, UnicodeEncodeError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -76,3 +77,15 @@ def test_busy_api_port_is_refused_before_anything_starts(tmp_path):
                  "--model-cache", str(tmp_path / "m"))
     assert r.returncode != 0 and f"--api-port: cannot listen on 127.0.0.1:{port}" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and not (tmp_path / "m").exists()  # refused before the model was made
+
+
+def test_a_second_node_on_the_same_data_dir_is_refused_at_once(tmp_path):
+    from node.lockfile import hold
+
+    held = hold(tmp_path / "d" / "node.lock")  # as a running (or still booting) node holds it
+    try:
+        r = node("start", "--data-dir", str(tmp_path / "d"), "--model", "tiny", "--model-cache", str(tmp_path / "m"))
+    finally:
+        held.close()
+    assert r.returncode != 0 and f"another node (pid {os.getpid()}) is running in {tmp_path / 'd'}" in r.stderr
+    assert not (tmp_path / "m").exists()

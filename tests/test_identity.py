@@ -69,3 +69,5 @@ def test_peer_id_strings_equal_py_libp2p_both_ways():
             account_from_str(bad)
     with pytest.raises(ValueError):
         account_to_str(b"short")
+    with pytest.raises(ValueError):  # 64 characters, but fromhex skips the spaces: 31 bytes
+        account_from_str(" " + "ab" * 31 + " ")

@@ -240,6 +240,10 @@ class ConsensusDriver:
     # ------------------------------------------------------------------ main loop
 
     async def run(self) -> None:
+        wait = self.ledger.genesis.genesis_time_ms / 1000 - self.ledger.clock()
+        if self.ledger.state.height == 0 and wait > 0:  # no block may be older than its chain (Tendermint's
+            log.info("waiting %.0f s for the genesis time", wait)  # genesis_time): start consensus then
+            await trio.sleep(wait)
         async with trio.open_nursery() as n:
             self._nursery = n
             n.start_soon(self._resend_loop)

@@ -75,6 +75,8 @@ class JobWorker:
             self._wake = trio.Event()
             if self.ledger.state.account(self.ident.account).bond < self.ledger.genesis.params.min_bond:
                 continue
+            for jid in [j for j in self.failures if j not in self.ledger.state.open_jobs]:
+                del self.failures[jid]  # cancelled, expired or otherwise final: nothing left to retry
             action = self._next_action()
             if action is None:
                 continue
@@ -89,7 +91,7 @@ class JobWorker:
                     self.failures.pop(what, None)
                 except Exception as e:  # retried with exponential backoff (2 s .. 5 min), full traceback once
                     n = self.failures.get(what, (0, 0.0))[0] + 1
-                    delay = min(300.0, 2.0 ** n)
+                    delay = min(300.0, 2.0 ** min(n, 9))
                     self.failures[what] = (n, trio.current_time() + delay)
                     if n == 1:
                         log.exception("training job %s failed; retrying in %.0f s", what.hex()[:12], delay)

@@ -176,6 +176,9 @@ async def read_msg(stream, timeout: float, max_message: int = MAX_MESSAGE) -> di
             an empty non-final frame, a reassembled size over ``max_message``, malformed msgpack
             (:class:`~node.encoding.DecodeError`) or a payload that is not a map.
         RequestTimeout: ``timeout`` elapsed.
+
+    After any of these errors the stream is out of step with the peer (part of a message may have been
+    consumed): reset or close it, never read it again.
     """
     errors = _io_errors()
     try:

@@ -31,10 +31,15 @@ def check_port_free(host: str, port: int) -> None:
     """
     import socket
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(bare, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise OSError(e.errno, f"cannot listen on {host}:{port}: {e.strerror}") from None
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((host, port))
+            s.bind(addr)
         except OSError as e:
             raise OSError(e.errno, f"cannot listen on {host}:{port}: {e.strerror}") from None
 

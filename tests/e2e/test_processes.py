@@ -131,15 +131,20 @@ def test_a_second_devnet_on_a_running_devnets_dir_refuses_and_wipes_nothing(tmp_
         r = devnet(tmp_path, "--model", "tiny", "--model-cache", str(tmp_path / "models"), timeout=120)
     assert r.returncode == 2 and "another `node devnet` (pid 4242) is running" in r.stderr, r.stderr
     assert (root / "node0" / "ledger-data").read_text() == "precious"
-    # a node started by hand in the devnet's dir (its node.json names a live `node start` process) also blocks it
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "node.cli", "start"])
+    # a node running in the devnet's dir — even one still booting, before its node.json exists — holds
+    # node.lock from its first moment: devnet refuses to wipe it
+    sleeper = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
+                                "from node.lockfile import hold\nf = hold(Path(sys.argv[1]))\nprint('held', flush=True)\n"
+                                "time.sleep(60)", str(root / "node0" / "node.lock")], cwd=ROOT, stdout=subprocess.PIPE,
+                               text=True)
     try:
-        (root / "node0" / "node.json").write_text(json.dumps({"pid": sleeper.pid}))
+        assert sleeper.stdout.readline().strip() == "held"
         r = devnet(tmp_path, "--model", "tiny", "--model-cache", str(tmp_path / "models"), timeout=120)
     finally:
         sleeper.kill()
         sleeper.wait()
-    assert r.returncode == 2 and f"nodes are still running in {root / 'node0'} (pid {sleeper.pid})" in r.stderr
+    assert r.returncode == 2 and f"nodes are still running in {root / 'node0'} (pid {sleeper.pid})" in r.stderr, \
+        r.stderr
     assert (root / "node0" / "ledger-data").read_text() == "precious"
 
 

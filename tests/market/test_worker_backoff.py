@@ -43,3 +43,36 @@ def test_failing_job_is_retried_with_backoff_not_every_block():
     assert 4 <= len(attempts) <= 6, attempts  # 0, 2, 6, 14, 30 s (+ block granularity), not 120 tries
     assert all(g2 > g1 for g1, g2 in zip(gaps, gaps[1:])), gaps  # the wait doubles
     assert w.busy is None and w.failures[jid][0] == len(attempts)
+
+
+def test_backoff_is_capped_and_never_overflows():
+    """2 ** n for n past 1023 would overflow a float; the wait stays at 5 minutes however often a job fails."""
+    ident = Identity.generate()
+    jid = b"k" * 16
+    job = SimpleNamespace(status=ACCEPTED, worker=ident.account)
+    state = SimpleNamespace(open_jobs={jid: None}, jobs={jid: job}, height=1,
+                            account=lambda a: SimpleNamespace(bond=100))
+    hooks = []
+    ledger = SimpleNamespace(state=state, genesis=SimpleNamespace(params=SimpleNamespace(min_bond=10)),
+                             on_block=hooks.append)
+    w = JobWorker(ident, ledger, None, None, None, None, b"m" * 32)
+    w.failures[jid] = (5000, 0.0)
+
+    async def train(j):
+        raise RuntimeError("dataset unavailable")
+
+    w.train = train
+
+    async def main():
+        async with trio.open_nursery() as n:
+            n.start_soon(w.run)
+            hooks[0](None, state)
+            await trio.sleep(1)
+            assert w.failures[jid][0] == 5001 and w.failures[jid][1] - trio.current_time() > 290
+            state.open_jobs.clear()  # the job expired: its failure record goes at the next block
+            hooks[0](None, state)
+            await trio.sleep(1)
+            assert jid not in w.failures
+            n.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -156,3 +156,18 @@ def test_reply_helpers():
     for bad in ({}, {"status": "maybe"}, [1]):
         with pytest.raises(FrameError):
             check_reply(bad)
+
+
+def test_port_probe_follows_the_hosts_address_family():
+    import socket
+
+    from node.p2p.quirks import check_port_free
+
+    check_port_free("127.0.0.1", 0)
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    check_port_free("::1", 0)
+    check_port_free("[::1]", 0)
