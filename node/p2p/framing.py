@@ -185,8 +185,7 @@ async def read_msg(stream, timeout: float, max_message: int = MAX_MESSAGE) -> di
         buf, exact = _LEFTOVER.setdefault(stream, bytearray()), False
     except TypeError:  # not weak-referenceable: nowhere to keep a leftover, so read exactly what is needed
         buf, exact = bytearray(), True
-    parts: list[bytes] = []
-    total = 0
+    data = bytearray()  # one buffer for every frame's payload (a list of many tiny frames would cost ~50 B each)
     try:
         with trio.fail_after(timeout):
             while True:
@@ -196,21 +195,18 @@ async def read_msg(stream, timeout: float, max_message: int = MAX_MESSAGE) -> di
                     raise FrameError(f"unknown frame flags 0x{flags:02x}")
                 if length > MAX_FRAME:
                     raise FrameError(f"frame declares {length} bytes, limit is {MAX_FRAME}")
-                if total + length > max_message:
+                if len(data) + length > max_message:
                     raise FrameError(f"message exceeds limit of {max_message} bytes")
                 if flags & MORE and length == 0:
                     raise FrameError("empty non-final frame")
                 await _fill(stream, buf, HEADER_LEN + length, errors, exact)
-                parts.append(bytes(buf[HEADER_LEN:HEADER_LEN + length]))
+                data += buf[HEADER_LEN:HEADER_LEN + length]
                 del buf[:HEADER_LEN + length]
-                total += length
                 STATS["received"] += HEADER_LEN + length
                 if not flags & MORE:
                     break
     except trio.TooSlowError:
         raise RequestTimeout(f"no complete message within {timeout} s") from None
-    data = parts[0] if len(parts) == 1 else b"".join(parts)
-    parts.clear()
     try:
         obj = unpack(data, max_size=max_message)
     except DecodeError as e:
