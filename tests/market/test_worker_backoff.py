@@ -12,16 +12,21 @@ from node.ledger.jobs import ACCEPTED
 from node.market.worker import JobWorker
 
 
-def test_failing_job_is_retried_with_backoff_not_every_block():
+def worker_holding(jid: bytes):
+    """A JobWorker whose ledger shows job ``jid`` accepted by it; returns (worker, state, block hooks)."""
     ident = Identity.generate()
-    jid = b"j" * 16
     job = SimpleNamespace(status=ACCEPTED, worker=ident.account)
     state = SimpleNamespace(open_jobs={jid: None}, jobs={jid: job}, height=1,
                             account=lambda a: SimpleNamespace(bond=100))
     hooks = []
     ledger = SimpleNamespace(state=state, genesis=SimpleNamespace(params=SimpleNamespace(min_bond=10)),
                              on_block=hooks.append)
-    w = JobWorker(ident, ledger, None, None, None, None, b"m" * 32)
+    return JobWorker(ident, ledger, None, None, None, None, b"m" * 32), state, hooks
+
+
+def test_failing_job_is_retried_with_backoff_not_every_block():
+    jid = b"j" * 16
+    w, state, hooks = worker_holding(jid)
     attempts = []
 
     async def train(j):
@@ -47,15 +52,8 @@ def test_failing_job_is_retried_with_backoff_not_every_block():
 
 def test_backoff_is_capped_and_never_overflows():
     """2 ** n for n past 1023 would overflow a float; the wait stays at 5 minutes however often a job fails."""
-    ident = Identity.generate()
     jid = b"k" * 16
-    job = SimpleNamespace(status=ACCEPTED, worker=ident.account)
-    state = SimpleNamespace(open_jobs={jid: None}, jobs={jid: job}, height=1,
-                            account=lambda a: SimpleNamespace(bond=100))
-    hooks = []
-    ledger = SimpleNamespace(state=state, genesis=SimpleNamespace(params=SimpleNamespace(min_bond=10)),
-                             on_block=hooks.append)
-    w = JobWorker(ident, ledger, None, None, None, None, b"m" * 32)
+    w, state, hooks = worker_holding(jid)
     w.failures[jid] = (5000, 0.0)
 
     async def train(j):
