@@ -184,12 +184,13 @@ def cmd_start(args) -> int:
     from .ledger.store import StoreCorrupt, StoreLocked
     from .runtime import Node, NodeConfig
 
-    from .lockfile import hold, holder
+    from .lockfile import LockHeld, hold
 
-    lock = hold(args.data_dir / "node.lock")  # held until this process exits; see node.lockfile
-    if lock is None:
-        sys.exit(f"node: another node (pid {holder(args.data_dir / 'node.lock') or '?'}) is running in "
-                 f"{args.data_dir}; stop it first or use another --data-dir")
+    try:
+        lock = hold(args.data_dir / "node.lock")  # noqa: F841 (held until this process exits; see node.lockfile)
+    except LockHeld as e:
+        sys.exit(f"node: another node (pid {e.pid}) is running in {args.data_dir}; stop it first or use another "
+                 "--data-dir")
     _setup_logging(args.log_level, args.data_dir)
     device = resolve_device(args.gpu)
     if args.api_port:

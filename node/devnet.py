@@ -8,7 +8,6 @@ the nodes only through their HTTP APIs, like any user would.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -75,17 +74,16 @@ def _lock_root(root: Path):
     Raises:
         DevnetError: another process holds the lock, or ``root`` has no name (``/``).
     """
-    from .lockfile import hold, holder
+    from .lockfile import LockHeld, hold
 
     root = root.resolve()
     if not root.name:
         raise DevnetError(f"{root} cannot be a devnet data dir; choose another --data-dir")
-    path = root.with_name(root.name + ".lock")
-    f = hold(path)
-    if f is None:
-        raise DevnetError(f"another `node devnet` (pid {holder(path) or '?'}) is running on {root}; stop it first "
-                          "or choose another --data-dir")
-    return f
+    try:
+        return hold(root.with_name(root.name + ".lock"))
+    except LockHeld as e:
+        raise DevnetError(f"another `node devnet` (pid {e.pid}) is running on {root}; stop it first or choose "
+                          "another --data-dir") from None
 
 
 def _prepare_root(root: Path) -> None:

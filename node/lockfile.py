@@ -13,16 +13,31 @@ from pathlib import Path
 from typing import IO
 
 
-def hold(path: Path) -> IO | None:
-    """Take the exclusive lock on ``path`` (created if missing) for as long as the returned file stays open; None
-    if another process (or another open file in this one) holds it. Writes our pid into the file."""
+class LockHeld(RuntimeError):
+    """Another process (or another open file in this one) holds the lock; ``pid`` is the text it wrote (``?``
+    when unreadable)."""
+
+    def __init__(self, path: Path, pid: str):
+        super().__init__(f"{path} is held by pid {pid}")
+        self.path, self.pid = path, pid
+
+
+def hold(path: Path) -> IO:
+    """Take the exclusive lock on ``path`` (created if missing) for as long as the returned file stays open.
+    Writes our pid into the file.
+
+    Raises:
+        LockHeld: somebody else holds it (with the pid they wrote).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     f = open(path, "a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        f.seek(0)
+        pid = f.read(32).strip() or "?"
         f.close()
-        return None
+        raise LockHeld(path, pid) from None
     f.seek(0)
     f.truncate()
     f.write(f"{os.getpid()}\n")

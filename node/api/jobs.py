@@ -86,7 +86,7 @@ def make_router(node, require_token, ApiError) -> APIRouter:
             title = req.title or (req.play or "untitled job")
             p = await post_job(node, title=title, text=text, steps=req.steps, price_per_step=price,
                                batch_size=req.batch_size, seq_len=req.seq_len, rank=req.rank, targets=req.targets,
-                               lr=req.lr, seed=req.seed, segment_steps=req.segment_steps or min(10, req.steps),
+                               lr=req.lr, seed=req.seed, segment_steps=req.segment_steps,
                                deadline_blocks=req.deadline_blocks, sample_ppm=req.sample_ppm)
         except KeyError as e:
             raise ApiError(400, "unknown_play", str(e.args[0])) from None

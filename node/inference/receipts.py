@@ -94,16 +94,6 @@ def wire_commitment(dtype: str, shape: list[int], data: bytes) -> bytes:
 
 
 _blake2b = hashlib.blake2b
-
-
-def _leaf(data: bytes) -> bytes:
-    return _blake2b(b"\x00" + data, digest_size=HASH_LEN).digest()  # = encoding.leaf_hash
-
-
-def _node(left: bytes, right: bytes) -> bytes:
-    return _blake2b(b"\x01" + left + right, digest_size=HASH_LEN).digest()  # = encoding.node_hash
-
-
 _EMPTY_ROOT = H(b"")
 
 
@@ -125,11 +115,11 @@ class MerkleAccumulator:
     def append(self, data: bytes) -> None:
         """Append one raw leaf (``leaf_hash`` is applied here)."""
         sizes, hashes = self._sizes, self._hashes
-        h = _blake2b(b"\x00" + data, digest_size=HASH_LEN).digest()
+        h = _blake2b(b"\x00" + data, digest_size=HASH_LEN).digest()  # = encoding.leaf_hash (inlined: hot path)
         size = 1
         while sizes and sizes[-1] == size:
             sizes.pop()
-            h = _blake2b(b"\x01" + hashes.pop() + h, digest_size=HASH_LEN).digest()
+            h = _blake2b(b"\x01" + hashes.pop() + h, digest_size=HASH_LEN).digest()  # = encoding.node_hash
             size *= 2
         sizes.append(size)
         hashes.append(h)

@@ -64,9 +64,7 @@ class ConsensusDriver:
     def _get_value(self, height: int) -> bytes:
         st = self.ledger.state
         now = int(self.ledger.clock() * 1000)
-        parent_ms = self.ledger.store.head_time_ms()
-        if parent_ms is not None:
-            now = max(now, parent_ms + 1)  # block times never go backwards
+        now = max(now, self.ledger.store.head_time_ms() + 1)  # block times never go backwards, nor before genesis
         block, new_state, rejected = propose(st, self.ledger.candidates(), self.ident, now,
                                              self.ledger.store.last_commit())
         self.ledger.drop_rejected(rejected)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, TrainReceipt, parse_targets
-from .tx import _check
+from .tx import InvalidTx, _check
 
 if TYPE_CHECKING:
     from .state import State
@@ -94,7 +94,7 @@ def apply_job_tx(s: "State", tx) -> None:
         try:
             parse_targets(tx.targets)
         except ValueError as e:
-            _check(False, str(e))
+            raise InvalidTx(str(e)) from None
         _check(1 <= tx.lr_micro <= 10**7 and tx.price_per_step >= 1, "lr_micro >= 1, price_per_step >= 1")
         _check(tx.deadline > height, "deadline already passed")
         _check(0 <= tx.sample_ppm <= 1_000_000, "sample_ppm in 0..1e6")
