@@ -102,3 +102,13 @@ def get(url: str, **kw) -> httpx.Response:
 
 def post(url: str, **kw) -> httpx.Response:
     return httpx.post(url, timeout=30, **kw)
+
+
+def snapshot(live):
+    """Everything a state-changing request could touch (mempool, accounts, receipts, server sessions), read on
+    the swarm's own thread."""
+    def snap():
+        c = live.client
+        return (set(c.ledger.mempool), dict(c.ledger.state.accounts), len(c.ledger.state.receipts),
+                [(nd.server.sessions_served, nd.server.active) for nd in live.nodes[1:]])
+    return live.call(snap)

@@ -9,7 +9,6 @@ go to ``test-artifacts/browser/``. Skipped only where no ``chromium`` is install
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil

@@ -9,7 +9,7 @@ import stat
 import httpx
 import pytest
 
-from .conftest import get
+from .conftest import get, snapshot
 
 BODIES = {"/v1/transfer": {"to": None, "amount": "1"}, "/v1/bond": {"amount": "1"}, "/v1/unbond": {"amount": "1"},
           "/v1/generate": {"prompt_ids": [3, 4], "max_new_tokens": 2}}
@@ -25,15 +25,6 @@ FOREIGN = [
 def server_side(caplog):
     """Log records of the nodes (the test's own HTTP client logs the URLs it requests)."""
     return [r for r in caplog.records if not r.name.startswith(("httpx", "httpcore"))]
-
-
-def snapshot(live):
-    """Everything a state-changing request could touch, read on the swarm's own thread."""
-    def snap():
-        c = live.client
-        return (set(c.ledger.mempool), dict(c.ledger.state.accounts), len(c.ledger.state.receipts),
-                [(nd.server.sessions_served, nd.server.active) for nd in live.nodes[1:]])
-    return live.call(snap)
 
 
 def test_foreign_host_origin_and_bad_tokens_change_nothing(live, caplog):

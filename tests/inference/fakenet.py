@@ -131,3 +131,19 @@ def make_client(model_dir: Path, net: FakeNet, tmp: Path, ident: Identity, **kw)
     manifest = load_manifest(model_dir)
     return RouteClient(ident, net, ClientHead(model_dir), manifest, FakeLedger(), TorchExecutor(1),
                        BlobStore(tmp / "client"), SwarmTable(), step_timeout=5.0, **kw)
+
+
+async def make_swarm(nursery, model_dir: Path, tmp: Path, spans: list[tuple[int, int]], **server_kw):
+    """A FakeNet with a client (dev key 0) and one server per entry of ``spans`` (dev keys 1, 2, ... in order),
+    each announced to the client. ``server_kw`` goes to :func:`make_server`. Returns ``(net, servers, client)``."""
+    ident = Identity.from_seed(dev_seed(0))
+    net = FakeNet(nursery, ident.peer_id)
+    servers = []
+    for key, span in enumerate(spans, start=1):
+        s = make_server(model_dir, key, span, tmp, net, **server_kw)
+        net.servers[s.ident.peer_id] = s
+        servers.append(s)
+    client = make_client(model_dir, net, tmp, ident)
+    for s in servers:
+        await announce(client.swarm, s)
+    return net, servers, client

@@ -14,11 +14,11 @@ import trio
 from node.compute.executor import TorchExecutor
 from node.compute.reference import local_generate
 from node.compute.span import SpanModel
-from node.identity import Identity, dev_seed
+from node.identity import Identity
 from node.inference.batching import StepBatcher
 from node.verify.compare import DEFAULT_TOLERANCE, distance
 
-from .fakenet import FakeNet, announce, make_client, make_server
+from .fakenet import make_swarm
 
 DEV = os.environ.get("TALLY_TEST_DEVICE", "cuda:0")
 pytestmark = pytest.mark.skipif(DEV.startswith("cuda") and not torch.cuda.is_available(),
@@ -71,13 +71,8 @@ def test_generation_through_cuda_servers_fails_over_and_a_cpu_committee_accepts_
 
     async def main():
         async with trio.open_nursery() as n:
-            ident = Identity.from_seed(dev_seed(0))
-            net = FakeNet(n, ident.peer_id)
-            client = make_client(tiny, net, tmp_path, ident)
-            for key, span in enumerate([(0, 2), (0, 2), (2, 4), (2, 4), (4, 6), (4, 6)], start=1):
-                s = make_server(tiny, key, span, tmp_path, net, device=DEV)
-                net.servers[s.ident.peer_id] = s
-                await announce(client.swarm, s)
+            net, _, client = await make_swarm(n, tiny, tmp_path, [(0, 2), (0, 2), (2, 4), (2, 4), (4, 6), (4, 6)],
+                                              device=DEV)
 
             async def on_token(i, tok, route):
                 if i == 5:

@@ -11,10 +11,10 @@ from node.compute.executor import TorchExecutor
 from node.compute.model import ensure_smollm2
 from node.compute.reference import local_generate
 from node.compute.span import SpanModel
-from node.identity import Identity, dev_seed
+from node.identity import Identity
 from node.verify.member import CommitteeMember
 
-from .fakenet import FakeNet, announce, make_client, make_server
+from .fakenet import make_swarm
 
 PROMPT = "The three most important inventions in human history are"
 
@@ -25,14 +25,9 @@ def test_smollm2_failover_after_token_17_of_48_and_fp16_sessions(tmp_path):
 
     async def main():
         async with trio.open_nursery() as n:
-            ident = Identity.from_seed(dev_seed(0))
-            net = FakeNet(n, ident.peer_id)
-            client = make_client(model, net, tmp_path, ident)
+            net, _, client = await make_swarm(n, model, tmp_path,
+                                              [(0, 10), (0, 10), (10, 20), (10, 20), (20, 30), (20, 30)])
             prompt = client.head.tokenizer.encode(PROMPT)
-            for key, span in enumerate([(0, 10), (0, 10), (10, 20), (10, 20), (20, 30), (20, 30)], start=1):
-                s = make_server(model, key, span, tmp_path, net)
-                net.servers[s.ident.peer_id] = s
-                await announce(client.swarm, s)
 
             async def on_token(i, tok, route):
                 if i == 17:

@@ -6,9 +6,9 @@ import pytest
 import trio
 
 from node.compute.reference import local_generate
-from node.identity import Identity, dev_seed
+from node.identity import Identity
 
-from .fakenet import FakeNet, announce, make_client, make_server
+from .fakenet import make_swarm
 
 SPANS = [(0, 2), (2, 4), (4, 6)]
 PROMPT = [5, 17, 42, 99]
@@ -31,20 +31,7 @@ def _member(tiny, client):
 
 
 async def _swarm(nursery, tiny, tmp_path, per_span=1, **kw):
-    client_ident = Identity.from_seed(dev_seed(0))
-    net = FakeNet(nursery, client_ident.peer_id)
-    servers = []
-    key = 1
-    for span in SPANS:
-        for _ in range(per_span):
-            s = make_server(tiny, key, span, tmp_path, net, **kw)
-            net.servers[s.ident.peer_id] = s
-            servers.append(s)
-            key += 1
-    client = make_client(tiny, net, tmp_path, client_ident)
-    for s in servers:
-        await announce(client.swarm, s)
-    return net, servers, client
+    return await make_swarm(nursery, tiny, tmp_path, [span for span in SPANS for _ in range(per_span)], **kw)
 
 
 def test_generation_matches_local_and_receipts_cover_every_position(tiny, tmp_path):
