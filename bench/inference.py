@@ -12,13 +12,17 @@ Prints, from one run on this machine:
     (target <= 1 %);
   * with ``--wan``: the same generation with every client-server link through a TCP relay on 127.0.0.1 that
     delays each direction by 25 ms (this kernel has no netem), its tokens/s beside the local figure.
+  * with ``--hosts`` (root only): each server and the client in its own Linux network namespace, joined by a
+    bridge (tests/net/netns.py), the servers listening on their namespace's address: the traffic crosses veth
+    links and a bridge, not loopback. The same figures, beside the same one-process baseline.
 
 The 3 servers run in the bench's trio loop by default, each a full SpanServer with its own libp2p host (its own
 TCP connection, Noise session and Yamux streams to the client) and its own torch worker thread; ``--processes``
 runs each in its own process instead (on 2 cores, 4 processes lose more to scheduling and cache contention than
-the protocol costs). The output says which ran.
+the protocol costs); ``--hosts`` runs each in its own process and namespace, and the client in a fourth
+namespace (a child process of the bench). The output says which ran.
 
-Usage: ``.venv/bin/python bench/inference.py [--tokens 48] [--runs 3] [--wan] [--processes]
+Usage: ``.venv/bin/python bench/inference.py [--tokens 48] [--runs 3] [--wan] [--processes | --hosts]
 [--compression none|fp16|zstd|fp16+zstd] [--model smollm2|tiny] [--threads 1]``
 """
 
@@ -39,6 +43,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import trio  # noqa: E402
+
+from tests.net.netns import Netns, NetnsUnavailable  # noqa: E402  (test infra: bench runs from a checkout)
 
 CHAIN = "tally-bench"
 PRICE = 1_000_000
@@ -63,7 +69,7 @@ async def serve(args, task_status=trio.TASK_STATUS_IGNORED) -> None:
 
     torch.set_num_threads(args.threads)
     ident = Identity.from_seed(dev_seed(args.key))
-    host = P2PHost(ident, 0, CHAIN)
+    host = P2PHost(ident, 0, CHAIN, listen_host=args.listen_host)
     start, end = (int(x) for x in args.serve.split(":"))
     server = SpanServer(ident, CHAIN, SpanModel(Path(args.model_dir), start, end), TorchExecutor(args.threads),
                         BlobStore(Path(tempfile.mkdtemp(prefix="tally-bench-"))), lambda: 0, PRICE,
@@ -92,9 +98,9 @@ async def serve(args, task_status=trio.TASK_STATUS_IGNORED) -> None:
 
 # ------------------------------------------------------------------ the TCP relay for --wan
 
-async def relay(target_port: int, delay: float, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Listen on 127.0.0.1 and forward every connection to ``target_port``, each direction delayed by ``delay``
-    seconds (chunks keep their order; no bandwidth limit). Reports its port through ``task_status``."""
+async def relay(target_host: str, target_port: int, delay: float, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Listen on 127.0.0.1 and forward every connection to ``target_host:target_port``, each direction delayed by
+    ``delay`` seconds (chunks keep their order; no bandwidth limit). Reports its port through ``task_status``."""
     async def pump(src, dst) -> None:
         send, recv = trio.open_memory_channel(math.inf)
 
@@ -124,7 +130,7 @@ async def relay(target_port: int, delay: float, task_status=trio.TASK_STATUS_IGN
 
     async def handle(client) -> None:
         try:
-            server = await trio.open_tcp_stream("127.0.0.1", target_port)
+            server = await trio.open_tcp_stream(target_host, target_port)
         except OSError:
             await client.aclose()
             return
@@ -139,11 +145,12 @@ async def relay(target_port: int, delay: float, task_status=trio.TASK_STATUS_IGN
 
 # ------------------------------------------------------------------ measuring
 
-def tcp_bytes(ports: list[int]) -> int:
-    """Bytes sent (acknowledged) plus bytes received on this machine's TCP connections to ``ports``, from ss."""
+def tcp_bytes(dests: list[tuple[str, int]]) -> int:
+    """Bytes sent (acknowledged) plus bytes received on this machine's (this namespace's) TCP connections to
+    ``dests`` (IPv4 address, port), from ss."""
     total = 0
-    for port in ports:
-        out = subprocess.run(["ss", "-tinH", "dst", f"127.0.0.1:{port}"], capture_output=True, text=True).stdout
+    for ip, port in dests:
+        out = subprocess.run(["ss", "-tinH", "dst", f"{ip}:{port}"], capture_output=True, text=True).stdout
         total += sum(int(x) for x in re.findall(r"bytes_acked:(\d+)", out))
         total += sum(int(x) for x in re.findall(r"bytes_received:(\d+)", out))
     return total
@@ -177,17 +184,18 @@ async def run_client(args, model_dir: Path, servers: list[dict], prompt: list[in
     from node.p2p.host import P2PHost
 
     manifest = load_manifest(model_dir)
-    host = P2PHost(Identity.generate(), 0, CHAIN)
+    head = ClientHead(model_dir)  # before connecting: a fresh process (--hosts) takes seconds to import it, and
+    host = P2PHost(Identity.generate(), 0, CHAIN)  # the servers' announcements (TTL 3 s) would lapse meanwhile
     swarm = SwarmTable()
     addrs = [s["addr"] if via is None else f"/ip4/127.0.0.1/tcp/{via[s['peer']]}/p2p/{s['peer']}" for s in servers]
-    ports = [int(a.split("/")[4]) for a in addrs]
+    ports = [(a.split("/")[2], int(a.split("/")[4])) for a in addrs]
     async with host.running():
         await host.subscribe(host.topic("shards"), swarm.on_announcement)
         await host.connect(addrs)
         with trio.fail_after(30):
             while len(swarm.live(manifest.model_id)) < len(servers):
                 await trio.sleep(0.1)
-        client = RouteClient(host.identity, host, ClientHead(model_dir), manifest, BenchLedger(),
+        client = RouteClient(host.identity, host, head, manifest, BenchLedger(),
                              TorchExecutor(args.threads), BlobStore(Path(tempfile.mkdtemp(prefix="tally-bench-"))),
                              swarm, compression=args.compression, submit=False)
         warm = await client.generate(prompt, 8)
@@ -206,7 +214,7 @@ async def run_client(args, model_dir: Path, servers: list[dict], prompt: list[in
             client_receipt_s += run_s
             client_receipt_cpu += run_cpu
             stats = [await host.request(s["peer"], STATS, {}, timeout=10) for s in servers]
-            if args.processes:  # in one process, one clock: the client's reading already holds the servers' work
+            if args.processes or args.hosts:  # in one process, one clock: the client's reading has it all
                 for acc, st in zip(server_stats, stats):
                     acc["receipt_s"] += st["receipt_s"]
                     acc["receipt_cpu_s"] += st["receipt_cpu_s"]
@@ -262,6 +270,9 @@ async def bench(args) -> None:
     print(f"one process (local_generate):     {local:7.2f} tokens/s  (runs {[round(r, 2) for r in local_runs]})",
           flush=True)
     spans = assign_spans(manifest.num_blocks, 3)
+    if args.hosts:
+        await _bench_hosts(args, model_dir, spans, prompt, local, local_tokens)
+        return
     procs = []
     try:
         async with trio.open_nursery() as local_servers:
@@ -287,6 +298,72 @@ async def bench(args) -> None:
             p.wait()
 
 
+async def _wait_line(proc: subprocess.Popen, what: str, timeout: float = 300.0) -> dict:
+    """The JSON line a child prints once ready (``timeout`` seconds at most; the child is killed by the caller).
+
+    Raises:
+        RuntimeError: the child exited, printed something else, or took too long.
+    """
+    with trio.move_on_after(timeout):
+        line = await trio.to_thread.run_sync(proc.stdout.readline, abandon_on_cancel=True)
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            raise RuntimeError(f"{what} did not start (exit {proc.poll()}, printed {line!r})") from None
+    raise RuntimeError(f"{what} did not start within {timeout:.0f} s")
+
+
+async def _bench_hosts(args, model_dir: Path, spans, prompt: list[int], local: float,
+                       local_tokens: list[int]) -> None:
+    """``--hosts``: the 3 servers and the client each in a process in its own network namespace on one bridge
+    (:class:`tests.net.netns.Netns`); the client child (``--client-of``) measures and prints the report. Every
+    namespace and process is removed at the end, also on Ctrl-C."""
+    root = Path(__file__).parents[1]
+    with Netns("bench") as net:
+        hosts = [net.add_host(f"s{i}") for i in range(1, len(spans) + 1)]
+        client = net.add_host("client")
+        procs = [net.popen(h, [sys.executable, __file__, "--serve", f"{s}:{e}", "--key", str(key), "--model-dir",
+                               str(model_dir), "--threads", str(args.threads), "--listen-host", h.ip],
+                           stdout=subprocess.PIPE, text=True, cwd=root)
+                 for key, ((s, e), h) in enumerate(zip(spans, hosts), start=1)]
+        servers = [await _wait_line(p, f"server in {h.ns}") for p, h in zip(procs, hosts)]
+        print(f"--hosts: network namespaces on one bridge, run {net.run_id}: servers "
+              f"{[h.ip for h in hosts]}, client {client.ip}", flush=True)
+        spec = Path(tempfile.mkdtemp(prefix="tally-bench-")) / "hosts.json"
+        spec.write_text(json.dumps({"model_dir": str(model_dir), "servers": servers, "prompt": prompt,
+                                    "local": local, "local_tokens": local_tokens}))
+        child = net.popen(client, [sys.executable, __file__, *sys.argv[1:], "--client-of", str(spec)], cwd=root)
+        while child.poll() is None:  # polled, so that Ctrl-C reaches the bench (and Netns cleans up)
+            await trio.sleep(0.2)
+        if child.returncode:
+            raise SystemExit(f"the client in {client.ns} failed (exit {child.returncode})")
+
+
+def _veth_bytes() -> int:
+    """Bytes received plus sent on this namespace's eth0 (the veth to the bridge); 0 where there is none."""
+    try:
+        return sum(int(Path(f"/sys/class/net/eth0/statistics/{k}_bytes").read_text()) for k in ("rx", "tx"))
+    except OSError:
+        return 0
+
+
+async def client_of(args) -> None:
+    """Child mode of ``--hosts``: the client, inside its namespace, generates through the servers of the spec file
+    written by :func:`_bench_hosts` and prints the report (ratios against the parent's one-process run)."""
+    import torch
+
+    from node.compute.model import load_manifest
+
+    torch.set_num_threads(args.threads)
+    spec = json.loads(Path(args.client_of).read_text())
+    model_dir = Path(spec["model_dir"])
+    before = _veth_bytes()
+    await _measure(args, model_dir, load_manifest(model_dir), spec["servers"], spec["prompt"], spec["local"],
+                   spec["local_tokens"])
+    print(f"  the client's veth (eth0 of its namespace) carried {(_veth_bytes() - before) / 1e6:.1f} MB in all "
+          f"(warm-up, every run{', the relays' if args.wan else ''})", flush=True)
+
+
 async def _measure(args, model_dir, manifest, servers, prompt, local, local_tokens) -> None:
     """Generate through the running servers directly, then (``--wan``) through delaying relays; print both."""
     direct = await run_client(args, model_dir, servers, prompt, None, "libp2p")
@@ -295,7 +372,8 @@ async def _measure(args, model_dir, manifest, servers, prompt, local, local_toke
         async with trio.open_nursery() as n:
             via = {}
             for s in servers:
-                via[s["peer"]] = await n.start(relay, int(s["addr"].split("/")[4]), args.delay)
+                parts = s["addr"].split("/")
+                via[s["peer"]] = await n.start(relay, parts[2], int(parts[4]), args.delay)
             wan = await run_client(args, model_dir, servers, prompt, via, "wan")
             n.cancel_scope.cancel()
         print(f"--wan: every link through a TCP relay adding {args.delay * 1e3:.0f} ms each way", flush=True)
@@ -308,7 +386,8 @@ async def _measure(args, model_dir, manifest, servers, prompt, local, local_toke
 def report(args, manifest, r: dict, local: float, local_tokens: list[int]) -> None:
     raw = 2 * manifest.hidden_size * 4  # float32 input + output of one position on one hop
     steps_hops = r["steps"] * r["hops"]
-    where = "the bench's trio loop" if not args.processes else "3 processes"
+    where = ("3 processes in 3 network namespaces, over veth" if args.hosts else
+             "3 processes" if args.processes else "the bench's trio loop")
     print(f"3 servers over libp2p ({where}): {r['tokens_s']:7.2f} tokens/s  (runs {r['runs']})")
     print(f"  ratio to one process:           {r['tokens_s'] / local:7.3f}   (target >= 0.8)")
     print(f"  identical tokens to one process: {str(r['tokens'] == local_tokens).lower()}")
@@ -316,7 +395,7 @@ def report(args, manifest, r: dict, local: float, local_tokens: list[int]) -> No
           f"{r['server_step_ms']} from request to reply, {r['server_compute_ms']} of it in the span's forward")
     print(f"  bytes on the wire per token per hop: {r['wire_per_token_hop']:.0f} beside raw hidden states "
           f"{raw} (float32 in + out): {r['wire_per_token_hop'] / raw:.3f}   (target <= 1.1)")
-    who = ("client and servers, one process" if not args.processes else
+    who = ("client and servers, one process" if not (args.processes or args.hosts) else
            f"client {r['client_receipt_s'] * 1e3:.1f} ms + servers {sum(r['server_receipt_s']) * 1e3:.1f} ms")
     wall_shares = sorted(100 * rs / w for rs, _, w in r["shares"])
     cpu_shares = sorted(100 * rc / w for _, rc, w in r["shares"])
@@ -346,22 +425,37 @@ def main() -> None:
     p.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
     p.add_argument("--model-cache")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--processes", action="store_true",
-                   help="run each of the 3 servers as its own process (default: in the bench's own trio loop, "
-                        "each with its own libp2p host and torch worker thread)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--processes", action="store_true",
+                      help="run each of the 3 servers as its own process (default: in the bench's own trio loop, "
+                           "each with its own libp2p host and torch worker thread)")
+    mode.add_argument("--hosts", action="store_true",
+                      help="run each of the 3 servers and the client as its own process in its own Linux network "
+                           "namespace on one bridge (traffic over veth, not loopback); needs root, iproute2 and "
+                           "nftables (scripts/setup-netns)")
     p.add_argument("--serve", help=argparse.SUPPRESS)
     p.add_argument("--key", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
+    p.add_argument("--listen-host", default="127.0.0.1", help=argparse.SUPPRESS)
+    p.add_argument("--client-of", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.hosts and not (args.serve or args.client_of):
+        if os.geteuid() != 0:
+            p.error("--hosts builds Linux network namespaces and needs root (e.g. sudo .venv/bin/python "
+                    "bench/inference.py --hosts); without root, use --processes")
+        try:
+            Netns("check").close()
+        except NetnsUnavailable as e:
+            p.error(f"--hosts: network namespaces are not available here: {e}")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if not args.serve:  # the blob stores of the client and the servers (child processes too) go under one temp
-        import atexit  # dir that is removed at exit
+    if not (args.serve or args.client_of):  # the blob stores of the client and the servers (child processes
+        import atexit  # too) go under one temp dir that is removed at exit
         import shutil
 
         root = tempfile.mkdtemp(prefix="tally-bench-")
         atexit.register(shutil.rmtree, root, True)
         os.environ["TMPDIR"] = tempfile.tempdir = root
-    trio.run(serve if args.serve else bench, args)
+    trio.run(serve if args.serve else client_of if args.client_of else bench, args)
 
 
 if __name__ == "__main__":
