@@ -13,6 +13,7 @@ No pickle, no ``torch.load``: tensors travel as ``{"dtype": str, "shape": [int],
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any, Iterable, Sequence
 
 import msgpack
@@ -236,40 +237,64 @@ def commitments_root(tensors: Iterable) -> bytes:
 
 # ---------------------------------------------------------------- credits
 
-BASE_UNITS = 10**9  # 1 credit = 10^9 base units
-MAX_CREDITS = (2**63 - 1) // BASE_UNITS  # amounts are signed 64-bit integers of base units on the wire
+AMOUNT_DECIMALS = 9  # 1 credit = 10^9 base units: an amount has at most 9 decimals
+BASE_UNITS = 10**AMOUNT_DECIMALS
+MAX_AMOUNT = 2**63 - 1  # the ledger's largest amount in base units (signed 64-bit integers on the wire)
+MAX_CREDITS = MAX_AMOUNT // BASE_UNITS  # the largest whole number of credits
+# The one spelling of an amount, wherever one enters (API bodies, CLI flags, genesis files): ASCII decimal digits
+# without leading zeros ("0" alone is the integer part of "0.5"), optionally a point and 1 to 9 more digits.
+# No sign, spaces, exponent, digit separators, non-ASCII digits, "1." or ".5".
+AMOUNT_GRAMMAR = rf"(0|[1-9][0-9]*)(\.[0-9]{{1,{AMOUNT_DECIMALS}}})?"
+AMOUNT_FORM = (f"plain decimal credits: ASCII digits without leading zeros, optionally a point and 1 to "
+               f"{AMOUNT_DECIMALS} more digits (e.g. \"12\", \"0.5\", \"1.000000001\"); no sign, spaces, "
+               f"exponent, separators, \"1.\" or \".5\"")
+_AMOUNT = re.compile(AMOUNT_GRAMMAR)  # [0-9] is ASCII only (unlike \d, str.isdigit or int())
+_TOO_PRECISE = re.compile(rf"(0|[1-9][0-9]*)\.[0-9]{{{AMOUNT_DECIMALS + 1},}}")
+_MAX_AMOUNT_CHARS = len(str(MAX_CREDITS)) + 1 + AMOUNT_DECIMALS
 
 
-def parse_amount(text: str) -> int:
-    """Parse a decimal credit amount (e.g. ``"1.001"``) into base units using :class:`decimal.Decimal`.
+class AmountSyntaxError(ValueError):
+    """An amount not written in the canonical syntax (:data:`AMOUNT_GRAMMAR`); the message shows the form."""
+
+
+def parse_amount(text: str, *, allow_zero: bool = False) -> int:
+    """Parse a decimal credit amount in the canonical syntax (:data:`AMOUNT_GRAMMAR`, e.g. ``"1.001"``) into
+    base units (10^-9 credit), exactly (integer arithmetic, no float or :class:`decimal.Decimal` rounding).
+
+    ``allow_zero``: accept an amount of 0 (genesis balances); transfers, bonds and prices must be positive.
 
     Raises:
-        ValueError: not a finite positive decimal, more than ``MAX_CREDITS``, or more precise than one base unit.
+        AmountSyntaxError: not a string in the canonical syntax (the message shows :data:`AMOUNT_FORM`).
+        ValueError: zero when ``allow_zero`` is false, or more than :data:`MAX_AMOUNT` base units.
     """
-    from decimal import Decimal, InvalidOperation
-
     if not isinstance(text, str):
-        raise ValueError("amount must be a decimal string")
-    try:
-        d = Decimal(text.strip())
-    except InvalidOperation:
-        raise ValueError(f"not a decimal amount: {text!r}") from None
-    if not d.is_finite():
-        raise ValueError("amount must be finite")
-    if d <= 0:
+        raise AmountSyntaxError(f"an amount is a string of {AMOUNT_FORM}, not {type(text).__name__}")
+    m = _AMOUNT.fullmatch(text) if len(text) <= _MAX_AMOUNT_CHARS else None
+    if m is None:
+        if len(text) > _MAX_AMOUNT_CHARS and _AMOUNT.fullmatch(text):
+            raise ValueError(f"amount must be at most {format_amount(MAX_AMOUNT)} credits")
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        if _TOO_PRECISE.fullmatch(text):
+            raise AmountSyntaxError(f"amount {shown!r} is more precise than one base unit "
+                                    f"(10^-{AMOUNT_DECIMALS} credit); write {AMOUNT_FORM}")
+        raise AmountSyntaxError(f"not an amount: {shown!r}; write {AMOUNT_FORM}")
+    whole, frac = m.group(1), (m.group(2) or ".")[1:]
+    units = int(whole) * BASE_UNITS + int(frac.ljust(AMOUNT_DECIMALS, "0"))
+    if units > MAX_AMOUNT:
+        raise ValueError(f"amount must be at most {format_amount(MAX_AMOUNT)} credits")
+    if units == 0 and not allow_zero:
         raise ValueError("amount must be positive")
-    if d > MAX_CREDITS:  # compare before int(): "1e999999999" must not build a billion-digit integer
-        raise ValueError(f"amount must be at most {MAX_CREDITS} credits")
-    units = d * BASE_UNITS
-    if units != units.to_integral_value():
-        raise ValueError("amount is more precise than one base unit (1e-9 credit)")
-    return int(units)
+    return units
 
 
 def format_amount(units: int) -> str:
-    """Base units to a decimal credit string without trailing zeros (``1001000000`` -> ``"1.001"``)."""
+    """Base units to a decimal credit string without trailing zeros (``1001000000`` -> ``"1.001"``).
+
+    For ``0 <= units <= MAX_AMOUNT`` the result is canonical and :func:`parse_amount` reads it back exactly
+    (``allow_zero=True`` for 0); a negative amount (a change, in reports) gets a leading ``-``.
+    """
     sign = "-" if units < 0 else ""
     q, r = divmod(abs(units), BASE_UNITS)
     if r == 0:
         return f"{sign}{q}"
-    return f"{sign}{q}.{r:09d}".rstrip("0")
+    return f"{sign}{q}.{r:0{AMOUNT_DECIMALS}d}".rstrip("0")

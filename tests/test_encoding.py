@@ -79,13 +79,14 @@ def test_commitment_covers_dtype_and_shape():
 
 
 @pytest.mark.parametrize("text,units", [("1.001", 1_001_000_000), ("0.000000001", 1), ("42", 42 * 10**9),
-                                        (" 2.5 ", 2_500_000_000), ("1e-9", 1)])
+                                        ("2.50", 2_500_000_000), ("9223372036.854775807", 2**63 - 1)])
 def test_parse_amount_exact(text, units):
     assert parse_amount(text) == units
 
 
 @pytest.mark.parametrize("text", ["0", "-1", "NaN", "inf", "-Infinity", "0.0000000001", "1,5", "", "abc",
-                                  "1.0000000005", "1e400", "1e999999999", "9223372037"])
+                                  "1.0000000005", "1e400", "1e999999999", "9223372037",
+                                  " 2.5 ", "1e-9", "01", "1.", ".5", "+1", "\uff11", "9223372036.854775808"])
 def test_parse_amount_refuses(text):
     with pytest.raises(ValueError):
         parse_amount(text)

@@ -19,7 +19,11 @@ ledger — so that independent work items never wait on each other's ordering (a
 must not strand the next receipt of the same requester behind a nonce gap).
 
 Wire form (gossip, blocks): ``{"t": kind, "f": [fields...], "s": [signatures...]}``; :func:`decode_tx`
-checks every field's type and size and raises :class:`InvalidTx` on anything else.
+checks every field's type and size and raises :class:`InvalidTx` on anything else. Every account field
+(schema kind ``"account"``: senders, recipients, workers, requesters, voters, validators) must be a valid Ed25519
+public key (:func:`node.identity.is_valid_account`), so no transaction that names an account no key can spend from
+enters a mempool or a valid block, from gossip, a block or the API alike. The ledger's own hash-derived accounts
+(the treasury) are never a transaction's field; the state transition credits them directly.
 """
 
 from __future__ import annotations
@@ -28,12 +32,11 @@ from dataclasses import dataclass, fields as dc_fields, replace
 from functools import cached_property
 from typing import Any, ClassVar
 
-from ..encoding import object_id
-from ..identity import Identity, verify
+from ..encoding import MAX_AMOUNT, object_id
+from ..identity import Identity, is_valid_account, verify
 
 VALID, INVALID, ABSTAIN = 0, 1, 2
 VERDICT_NAMES = {VALID: "valid", INVALID: "invalid", ABSTAIN: "abstain"}
-MAX_AMOUNT = 2**63 - 1
 
 
 class InvalidTx(ValueError):
@@ -60,7 +63,7 @@ class Tx:
     TAG: ClassVar[bytes] = b""
     KIND: ClassVar[str] = ""
     SIGS: ClassVar[tuple[str, ...]] = ()
-    # name -> ("int" | "bytes32" | "bytes16" | "str", ...) used by decode_tx
+    # name -> ("int" | "account" | "bytes32" | "bytes16" | "str", ...) used by decode_tx
     SCHEMA: ClassVar[dict[str, str]] = {}
 
     def unsigned(self) -> list[Any]:
@@ -110,7 +113,7 @@ class Transfer(SingleSigned):
     TAG: ClassVar[bytes] = b"tally/transfer/v1"
     KIND: ClassVar[str] = "transfer"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
-    SCHEMA: ClassVar[dict[str, str]] = {"sender": "bytes32", "recipient": "bytes32", "amount": "amount",
+    SCHEMA: ClassVar[dict[str, str]] = {"sender": "account", "recipient": "account", "amount": "amount",
                                         "nonce": "int"}
 
 
@@ -125,7 +128,7 @@ class Bond(SingleSigned):
     TAG: ClassVar[bytes] = b"tally/bond/v1"
     KIND: ClassVar[str] = "bond"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
-    SCHEMA: ClassVar[dict[str, str]] = {"sender": "bytes32", "amount": "amount", "nonce": "int"}
+    SCHEMA: ClassVar[dict[str, str]] = {"sender": "account", "amount": "amount", "nonce": "int"}
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,7 @@ class Unbond(SingleSigned):
     TAG: ClassVar[bytes] = b"tally/unbond/v1"
     KIND: ClassVar[str] = "unbond"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
-    SCHEMA: ClassVar[dict[str, str]] = {"sender": "bytes32", "amount": "amount", "nonce": "int"}
+    SCHEMA: ClassVar[dict[str, str]] = {"sender": "account", "amount": "amount", "nonce": "int"}
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,7 @@ class Receipt(Tx):
     KIND: ClassVar[str] = "receipt"
     SIGS: ClassVar[tuple[str, ...]] = ("worker_sig", "requester_sig")
     SCHEMA: ClassVar[dict[str, str]] = {
-        "session_id": "bytes16", "worker": "bytes32", "requester": "bytes32", "model_id": "bytes32",
+        "session_id": "bytes16", "worker": "account", "requester": "account", "model_id": "bytes32",
         "span_start": "int", "span_end": "int", "tokens": "int", "inputs_root": "bytes32",
         "outputs_root": "bytes32", "price": "int", "opened_height": "int", "compression": "str",
     }
@@ -224,7 +227,7 @@ class Vote(SingleSigned):
     KIND: ClassVar[str] = "vote"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
     SIGNER: ClassVar[str] = "voter"
-    SCHEMA: ClassVar[dict[str, str]] = {"receipt_id": "bytes32", "voter": "bytes32", "round": "int",
+    SCHEMA: ClassVar[dict[str, str]] = {"receipt_id": "bytes32", "voter": "account", "round": "int",
                                         "verdict": "verdict", "distance_ppm": "int"}
 
 
@@ -247,7 +250,7 @@ class Evidence(Tx):
     TAG: ClassVar[bytes] = b"tally/evidence/v1"
     KIND: ClassVar[str] = "evidence"
     SIGS: ClassVar[tuple[str, ...]] = ()
-    SCHEMA: ClassVar[dict[str, str]] = {"validator": "bytes32", "kind": "votekind", "height": "int", "round": "int",
+    SCHEMA: ClassVar[dict[str, str]] = {"validator": "account", "kind": "votekind", "height": "int", "round": "int",
                                         "value_a": "value", "sig_a": "sig", "value_b": "value", "sig_b": "sig"}
 
     def signature_checks(self) -> list[tuple[bytes, bytes, bytes, str]]:
@@ -269,6 +272,7 @@ def _check_field(name: str, kind: str, v: Any) -> None:
     ok = {
         "int": lambda: _is_int(v),
         "amount": lambda: _is_int(v, 1),
+        "account": lambda: is_valid_account(v),
         "bytes32": lambda: _is_bytes(v, 32),
         "bytes16": lambda: _is_bytes(v, 16),
         "str": lambda: isinstance(v, str) and len(v) <= 32,
@@ -279,16 +283,19 @@ def _check_field(name: str, kind: str, v: Any) -> None:
         "text": lambda: isinstance(v, str) and len(v) <= 200,
         "sint": lambda: _is_int(v, -1),
     }[kind]()
+    if not ok and kind == "account":
+        raise InvalidTx(f"field {name!r} is not a valid Ed25519 public key (no key could spend from it)")
     _check(ok, f"field {name!r} has a bad value")
 
 
 def decode_tx(obj: Any) -> Tx:
-    """Build a transaction from its wire map, checking kind, arity, every field's type and signature sizes.
+    """Build a transaction from its wire map, checking kind, arity, every field's type and size, signature sizes,
+    and that every account field is a valid Ed25519 public key.
 
     Does not check signatures (see :meth:`Tx.check_signatures`) or state.
 
     Raises:
-        InvalidTx: anything malformed.
+        InvalidTx: anything malformed, or an account field that no key could spend from.
     """
     _check(isinstance(obj, dict), "a transaction is a map")
     cls = TX_KINDS.get(obj.get("t"))  # type: ignore[arg-type]

@@ -5,6 +5,16 @@ from __future__ import annotations
 
 import re
 
+import httpx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from node.encoding import AMOUNT_FORM
+from node.identity import account_to_str
+from node.ledger.genesis import TREASURY
+from tests.ledger.test_accounts_valid import BAD
+from tests.test_amounts import ALPHABET, ORACLE
+
 from .conftest import get, post
 
 C = 10**9
@@ -116,8 +126,6 @@ def test_bond_unbond_dry_run_and_errors(live):
     assert r.status_code == 400 and r.json() == {"code": "invalid_tx", "message": "unbond exceeds the bond"}
     r = post(f"{api}/v1/bond", headers=live.auth, json={"amount": "0"})
     assert r.status_code == 400 and r.json()["code"] == "bad_amount"
-    from node.ledger.genesis import TREASURY
-
     r = post(f"{api}/v1/transfer", headers=live.auth, json={"to": TREASURY.hex(), "amount": "1"})
     assert r.status_code == 400 and r.json()["code"] == "bad_account"
     assert live.call(lambda: dict(client.ledger.mempool)) == before
@@ -128,7 +136,9 @@ def test_bond_unbond_dry_run_and_errors(live):
                                ("/v1/blocks/99999999", "not_found", 404), ("/v1/receipts/xyz", "bad_request", 422),
                                ("/v1/accounts/notapeer", "bad_request", 422),
                                ("/v1/accounts/12D3KooW" + "1" * 44, "bad_account", 400),
-                               ("/v1/accounts/" + "ab" * 32 + "/history?cursor=abc", "bad_cursor", 400)]:
+                               ("/v1/accounts/" + client.ident.account.hex() + "/history?cursor=abc", "bad_cursor",
+                                400),
+                               ("/v1/accounts/" + "ab" * 32, "bad_account", 400)]:  # 32 bytes, but no point
         r = get(api + path)
         assert r.status_code == status and r.json()["code"] == code and r.json()["message"], (path, r.text)
     r = httpx_put(f"{api}/v1/status")
@@ -169,3 +179,99 @@ def test_metrics_and_offline_docs(live):
     for path in ("/v1/status", "/v1/accounts/{account}/history", "/v1/accounts/{account}/receipts", "/v1/bonds",
                  "/v1/transfer", "/v1/txs/{tx_id}", "/v1/proofs/receipts/{receipt_id}", "/v1/search"):
         assert path in schema["paths"], path
+
+
+# every spelling the issue found moving credits, and the other classes of non-canonical amount
+NON_CANONICAL = [" 1", "1 ", "1e0", "+1E-9", "1e3", "1E3", "\uff11", "\u0661", "1.", ".5", "01", "00.5", "-1", "+1",
+                 "1.0000000001", "1,5", "1_0", "0x1", "NaN", "Infinity", "", " ", "1\n", "\u00b2", "1..5"]
+OUT_OF_RANGE = ["0", "0.0", "0.000000000", "9223372036.854775808", "99999999999"]  # canonical, but not payable
+
+
+def _mine(live):
+    """Everything of this node's that an accepted transfer, bond, unbond or job post changes, and nothing that the
+    swarm's background work (receipts settling, other nodes' votes) moves: its nonce and bond, the transactions it
+    has queued, and the jobs on the ledger. Read on the swarm's own thread."""
+    def read():
+        c = live.client
+        me = c.ident.account
+        acc = c.ledger.state.account(me)
+        queued = frozenset(t.id for t in list(c.ledger.mempool.values()) if getattr(t, "sender", None) == me)
+        return acc.nonce, acc.bond, queued, len(c.ledger.state.jobs)
+    return live.call(read)
+
+
+def _settled_mine(live, blocks: int = 200):
+    """:func:`_mine` once this node's own queued transactions (an earlier test's bond) are in blocks (bounded)."""
+    for _ in range(blocks):
+        got = _mine(live)
+        if not got[2]:
+            return got
+        live.wait_height(live.call(lambda: live.client.ledger.state.height) + 1)
+    raise AssertionError("this node's transactions stayed queued")
+
+
+def _amount_requests(api: str, to: str, amount):
+    return [(f"{api}/v1/transfer", {"to": to, "amount": amount}), (f"{api}/v1/bond", {"amount": amount}),
+            (f"{api}/v1/unbond", {"amount": amount}),
+            (f"{api}/v1/jobs", {"text": "to be or not to be", "steps": 1, "price_per_step": amount})]
+
+
+def test_api_refuses_every_non_canonical_amount_and_changes_nothing(live):
+    api, to = live.api, live.nodes[1].ident.peer_id
+    before = _settled_mine(live)
+    seen = []
+    http = httpx.Client(timeout=30, headers=live.auth)  # one keep-alive connection for the few hundred requests
+
+    def refuse(amount, code: int, says: str):
+        for url, body in _amount_requests(api, to, amount):
+            r = http.post(url, json=body)
+            assert r.status_code == code, (url, amount, r.status_code, r.text)
+            assert says in r.json()["message"], (url, amount, r.text)
+            seen.append(url)
+
+    for amount in NON_CANONICAL:  # the spelling: 422 with the accepted form
+        refuse(amount, 422, AMOUNT_FORM)
+    for amount in OUT_OF_RANGE[:3]:  # the value: 400 bad_amount
+        refuse(amount, 400, "positive")
+    for amount in OUT_OF_RANGE[3:]:
+        refuse(amount, 400, "at most 9223372036.854775807 credits")
+    for amount in (1, 1.5, None, ["1"]):  # JSON numbers and other types: never an amount
+        refuse(amount, 422, "string")
+
+    @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.text(alphabet=ALPHABET, max_size=16).filter(lambda t: not ORACLE.match(t)),
+           st.integers(0, 3))
+    def generated(amount, endpoint):  # one endpoint per example: the parser's own property test is tests/test_amounts
+        url, body = _amount_requests(api, to, amount)[endpoint]
+        r = http.post(url, json=body)
+        assert r.status_code == 422 and AMOUNT_FORM in r.json()["message"], (url, amount, r.text)
+        seen.append(url)
+
+    generated()
+    http.close()
+    assert _mine(live) == before and len(seen) >= 4 * (len(NON_CANONICAL) + len(OUT_OF_RANGE) + 4) + 40
+    # the canonical spelling of the same amount is accepted: the refusals above were about the spelling
+    r = post(f"{api}/v1/bond", headers=live.auth, json={"amount": "1.000000000"})
+    assert r.status_code == 200 and r.json()["amount"]["base_units"] == str(C), r.text
+    assert _mine(live) != before
+
+
+def test_api_refuses_accounts_that_are_no_ed25519_key(live):
+    api = live.api
+    before = _settled_mine(live)
+    for what, raw in BAD.items():
+        for text in (account_to_str(raw), raw.hex()):
+            r = post(f"{api}/v1/transfer", headers=live.auth, json={"to": text, "amount": "1"})
+            assert r.status_code == 400 and r.json()["code"] == "bad_account", (what, r.text)
+            assert "not a valid Ed25519 public key" in r.json()["message"], (what, r.text)
+            for path in (f"/v1/accounts/{text}", f"/v1/accounts/{text}/history"):
+                r = get(api + path)
+                assert r.status_code == 400 and r.json()["code"] == "bad_account", (what, path, r.text)
+    assert _mine(live) == before
+    assert not live.call(lambda: [raw for raw in BAD.values() if raw in live.client.ledger.state.accounts
+                                  and raw != TREASURY])  # no credits reached any of them
+    # a real key in the same two spellings is a fine recipient
+    peer = live.nodes[2].ident
+    for text in (peer.peer_id, peer.account.hex()):
+        r = post(f"{api}/v1/transfer", headers=live.auth, json={"to": text, "amount": "0.5"})
+        assert r.status_code == 200, r.text
