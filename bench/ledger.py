@@ -8,7 +8,11 @@ Prints, from one run on this machine:
     every validator, the time from the proposer's header timestamp to the block being stored; median and p95
     (target: median under 1 s).
 
-Usage: ``.venv/bin/python bench/ledger.py [--receipts N] [--heights H]``
+``--flood N`` instead: the mempool's cost of refusing a gossip flood of N unpayable or far-future transfers from
+each of 5 keys (decode, admission checks, refusal; no signature is checked), with and without the per-peer
+refusal budget, per transaction.
+
+Usage: ``.venv/bin/python bench/ledger.py [--receipts N] [--heights H] [--flood N]``
 """
 
 from __future__ import annotations
@@ -105,11 +109,57 @@ def finality(heights: int) -> list[float]:
     return latencies
 
 
+def flood_cost(n: int) -> tuple[float, float]:
+    """Seconds per flood transaction refused by :class:`~node.ledger.service.LedgerService`'s gossip handler, with
+    the default per-peer refusal budget and without one."""
+    from dataclasses import replace
+
+    import trio
+
+    from node.ledger.service import LedgerService
+    from node.ledger.store import LedgerStore
+    from node.ledger.tx import Transfer
+
+    keys = [Identity.from_seed(dev_seed(100 + i)) for i in range(5)]
+    val = Identity.from_seed(dev_seed(0))
+    g = Genesis("bench-flood", 0, (val.account,), tuple((k.account, C, 0) for k in [val, *keys[1:]]), Params())
+    to = Identity.from_seed(dev_seed(1)).account
+    msgs = [(pack((Transfer(g.chain_id, k.account, to, 10 * C + i, 0) if i % 2 else
+                   Transfer(g.chain_id, k.account, to, 1, 1000 + i)).signed(k).to_wire()), k.peer_id)
+            for k in keys for i in range(n)]
+    out = []
+    with tempfile.TemporaryDirectory() as d:
+        store = LedgerStore(Path(d) / "db", g)
+        try:
+            for budget in (None, 10**9):
+                svc = LedgerService(store, g, val, host=None)
+                if budget is not None:
+                    svc.mempool.limits = replace(svc.mempool.limits, max_refusals_per_peer=budget)
+
+                async def run():
+                    for data, peer in msgs:
+                        await svc._on_tx_gossip(data, peer)
+
+                t0 = time.perf_counter()
+                trio.run(run)
+                out.append((time.perf_counter() - t0) / len(msgs))
+                assert len(svc.mempool) == 0
+        finally:
+            store.close()
+    return out[0], out[1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--receipts", type=int, default=5000)
     ap.add_argument("--heights", type=int, default=30)
+    ap.add_argument("--flood", type=int, default=0, help="only the flood-refusal cost, N transactions per key")
     args = ap.parse_args()
+    if args.flood:
+        with_budget, without = flood_cost(args.flood)
+        print(f"flood refused (5 keys x {args.flood}): {with_budget * 1e6:.0f} us/tx with the per-peer budget, "
+              f"{without * 1e6:.0f} us/tx without")
+        return
     raw = raw_verify_rate(20_000)
     rate = receipt_rate(args.receipts)
     print(f"raw pynacl verify (1 thread):            {raw:10.0f} /s")

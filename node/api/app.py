@@ -21,6 +21,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..ledger.tx import InvalidTx
 from .security import ApiError, SecurityMiddleware, token_checker
 from .views import amount, proof_from_json, receipt_json  # noqa: F401  (re-exported for callers and tests)
 
@@ -81,6 +82,10 @@ def create_app(node) -> FastAPI:
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError):
         return error(request, exc.status, exc.code, exc.message)
+
+    @app.exception_handler(InvalidTx)
+    async def _invalid_tx(request: Request, exc: InvalidTx):  # the mempool's reason for refusing a submission
+        return error(request, 400, "invalid_tx", str(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException):

@@ -34,9 +34,7 @@ class JSON(JSONResponse):
 
 
 def _next_nonce(node, me: bytes) -> int:
-    pending = [t.nonce for t in node.ledger.mempool.values()
-               if getattr(t, "sender", None) == me and hasattr(t, "nonce")]
-    return max([node.ledger.state.account(me).nonce - 1, *pending]) + 1
+    return node.ledger.next_nonce(me)  # the ledger nonce plus this account's ready queued transactions
 
 
 def dry_run(node, tx) -> None:

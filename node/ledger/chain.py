@@ -6,6 +6,8 @@ block and its commit, whether it came over gossip, from sync, or from its own st
 
 from __future__ import annotations
 
+from typing import Callable
+
 from ..identity import Identity
 from .block import Block, Header, InvalidBlock, check_commit, sign_commit, tx_root
 from .state import State, apply_block_body, apply_txs
@@ -13,16 +15,18 @@ from .tx import InvalidTx, Tx
 
 
 def propose(state: State, candidates: list[Tx], ident: Identity, time_ms: int,
-            last_commit: tuple) -> tuple[Block, State, list[tuple[Tx, str]]]:
-    """Build block ``state.height + 1`` from the applicable ``candidates``.
+            last_commit: tuple, verified: Callable[[Tx], bool] | None = None
+            ) -> tuple[Block, State, list[tuple[Tx, str]]]:
+    """Build block ``state.height + 1`` from the applicable ``candidates``. ``verified``: true for candidates
+    whose exact signatures were already verified (the mempool's admission check); they are not verified again.
 
     Returns the block, the state after it and the rejected candidates with reasons.
     """
-    _, accepted, rejected = apply_txs(state, candidates)
+    _, accepted, rejected = apply_txs(state, candidates, verified)
     header = Header(state.chain_id, state.height + 1, state.last_hash, time_ms, ident.account,
                     tx_root(accepted), state.state_root())
     block = Block(header, tuple(accepted), last_commit)
-    new_state = apply_block_body(state, header.height, header.hash, accepted)
+    new_state = apply_block_body(state, header.height, header.hash, accepted, verified)
     return block, new_state, rejected
 
 

@@ -66,7 +66,7 @@ class ConsensusDriver:
         now = int(self.ledger.clock() * 1000)
         now = max(now, self.ledger.store.head_time_ms() + 1)  # block times never go backwards, nor before genesis
         block, new_state, rejected = propose(st, self.ledger.candidates(), self.ident, now,
-                                             self.ledger.store.last_commit())
+                                             self.ledger.store.last_commit(), verified=self.ledger.mempool.verified)
         self.ledger.drop_rejected(rejected)
         self.blocks[block.hash] = (block, new_state)
         return block.hash

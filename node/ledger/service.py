@@ -1,10 +1,11 @@
 """The ledger at the edge: store, mempool, block production (validator), block gossip and sync.
 
 Runs on the node's trio loop. The state transition itself is pure (:mod:`node.ledger.state`); this module only
-moves bytes: transactions from gossip and from local callers into the mempool, blocks from the validator to the
-followers (``tally/<chain>/consensus`` gossip plus a pull-based sync protocol for late or restarted nodes).
-Validators finalize blocks with Tendermint (:mod:`node.ledger.driver`); every node checks each block's commit
-against the genesis validator set before storing it.
+moves bytes: transactions from gossip, from the direct-submit protocol and from local callers into the mempool
+(:mod:`node.ledger.mempool`: admission rules, caps, priority, the reason of every refusal), blocks from the
+validator to the followers (``tally/<chain>/consensus`` gossip plus a pull-based sync protocol for late or
+restarted nodes). Validators finalize blocks with Tendermint (:mod:`node.ledger.driver`); every node checks
+each block's commit against the genesis validator set before storing it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from ..p2p.framing import error_reply, read_msg, write_msg
 from .block import Block, InvalidBlock, decode_block
 from .chain import check_and_apply
 from .genesis import Genesis
-from .state import State, apply_txs
+from .mempool import Limits, Mempool
+from .state import State
 from .store import LedgerStore
 from .tx import InvalidTx, Tx, decode_tx
 
@@ -29,8 +31,7 @@ log = logging.getLogger("tally.ledger")
 
 SYNC_PROTOCOL = "/tally/sync/1.0.0"
 SUBMIT_PROTOCOL = "/tally/submit/1.0.0"
-MAX_MEMPOOL = 10_000
-NONCE_WAIT_BLOCKS = 20  # a transaction whose nonce is ahead waits this many blocks for its predecessors
+MAX_TX_WIRE = 1 << 16  # bytes of one transaction on the wire (gossip, submit)
 SYNC_BATCH = 64
 
 
@@ -38,14 +39,13 @@ class LedgerService:
     """Owns the :class:`LedgerStore` and the current :class:`State` of one node."""
 
     def __init__(self, store: LedgerStore, genesis: Genesis, ident: Identity, host,
-                 clock: Callable[[], float] = time.time, consensus_fault: str | None = None):
+                 clock: Callable[[], float] = time.time, consensus_fault: str | None = None,
+                 mempool_limits: Limits = Limits()):
         self.store, self.genesis, self.ident, self.host = store, genesis, ident, host
         self.clock = clock
         self.state: State = store.replay()
         self.parent_state: State = store.parent_state  # the state the head header's state_root commits to
-        self.mempool: dict[bytes, Tx] = {}
-        self._admitted: dict[bytes, int] = {}  # tx id -> height when it entered the mempool
-        self.rejected: dict[bytes, str] = {}
+        self.mempool = Mempool(self.state, mempool_limits)
         self.is_validator = ident.account in genesis.validators
         self.new_block = trio.Event()
         self._lock = trio.Lock()
@@ -68,51 +68,38 @@ class LedgerService:
 
     # ---------------------------------------------------------------- transactions
 
-    def add_tx(self, tx: Tx) -> bytes:
-        """Check a transaction's chain and signatures and queue it. Returns its id.
+    def add_tx(self, tx: Tx, peer: str | None = None) -> bytes:
+        """Admit a transaction into the mempool (from gossip or direct-submit ``peer``, or a local caller when
+        None): checked against the pending state, nonce window, caps and budgets, its signatures verified once
+        (:mod:`node.ledger.mempool`). Returns its id; an already queued transaction is a no-op.
 
         Raises:
-            InvalidTx: wrong chain or bad signature (state checks happen when a block is built).
+            InvalidTx: with the reason it is refused; nothing changes.
         """
-        if tx.chain_id != self.chain_id:
-            raise InvalidTx(f"transaction for chain {tx.chain_id!r}")
-        tx.check_signatures()
-        if len(self.mempool) >= MAX_MEMPOOL:
-            raise InvalidTx("mempool full")
-        if tx.id not in self.mempool:
-            self.mempool[tx.id] = tx
-            self._admitted[tx.id] = self.state.height
-        return tx.id
+        return self.mempool.add(tx, peer)
+
+    @property
+    def rejected(self):
+        """Recently refused, dropped or evicted transaction ids with their reasons (bounded, oldest forgotten)."""
+        return self.mempool.rejected
 
     def next_nonce(self, account: bytes) -> int:
         """The nonce for ``account``'s next nonce-carrying transaction: ledger nonce plus those queued here."""
-        pending = [t.nonce for t in self.mempool.values()
-                   if getattr(t, "sender", None) == account and hasattr(t, "nonce")]
-        return max([self.state.account(account).nonce - 1, *pending]) + 1
+        return self.mempool.next_nonce(account)
 
     def candidates(self) -> list[Tx]:
-        """Mempool transactions in the order a block should try them: each account's nonces ascending."""
-        return sorted(self.mempool.values(), key=lambda t: getattr(t, "nonce", -1))
+        """Mempool transactions in the order a block should try them (they apply in this order on the head)."""
+        return self.mempool.candidates()
 
     def drop_rejected(self, rejected) -> None:
-        """Forget transactions that do not apply, except ones whose nonce is merely ahead (they wait their turn,
-        for at most ``NONCE_WAIT_BLOCKS``)."""
-        for tx, why in rejected:
-            if (why.startswith("bad nonce") and tx.nonce > self.state.account(tx.sender).nonce
-                    and self.state.height - self._admitted.get(tx.id, self.state.height) < NONCE_WAIT_BLOCKS):
-                continue
-            self.mempool.pop(tx.id, None)
-            self._admitted.pop(tx.id, None)
-            self.rejected[tx.id] = why
-            if len(self.rejected) > MAX_MEMPOOL:
-                self.rejected.pop(next(iter(self.rejected)))
+        """Forget transactions a block builder found not to apply, with their reasons."""
+        self.mempool.drop(rejected)
 
-    def _prune_mempool(self) -> None:
-        """After a block: drop queued transactions that no longer apply (on every node, not only the proposer:
-        a node must learn that its own transaction was refused, or its next nonce would be wrong forever)."""
-        if self.mempool:
-            _, _, rejected = apply_txs(self.state, self.candidates())
-            self.drop_rejected(rejected)
+    def _prune_mempool(self, included=()) -> None:
+        """After a block (on every node, not only the proposer: a node must learn that its own transaction was
+        refused, or its next nonce would be wrong): forget the ``included`` ids and re-apply the queued ones on the
+        new head, without checking their signatures again."""
+        self.mempool.reset(self.state, included)
 
     async def submit(self, tx: Tx) -> bytes:
         """Queue ``tx`` locally and broadcast it (gossip, and directly to validators we are connected to)."""
@@ -129,16 +116,38 @@ class LedgerService:
                         log.debug("direct submit to %s failed: %s", peer, e)
         return tid
 
+    def _admit_wire(self, decode: Callable[[], Tx], peer: str) -> bytes:
+        """Admit the transaction ``decode()`` builds, from ``peer``; a refused one (undecodable included) counts
+        against the peer and is logged at debug level with its reason and the peer. A peer over its refusal
+        budget (:meth:`Mempool.check_peer`) is refused without decoding. (It is not penalised towards a
+        disconnect: measured in ``tests/e2e/test_flood.py``, the redials and failed handshakes that follow a ban
+        cost the node more than refusing the flood unread.)
+
+        Raises:
+            InvalidTx: with the reason.
+        """
+        tx = None
+        try:
+            self.mempool.check_peer(peer)
+            tx = decode()
+            return self.add_tx(tx, peer)
+        except (DecodeError, InvalidTx) as e:
+            if tx is None:  # add_tx records its own refusals
+                self.mempool.note_refusal(peer, None, str(e))
+            log.debug("refused %s from %s: %s", f"tx {tx.id.hex()[:16]}" if tx is not None else "a transaction",
+                      peer, e)
+            raise InvalidTx(str(e)) from None
+
     async def _on_tx_gossip(self, data: bytes, from_peer: str) -> None:
         try:
-            self.add_tx(decode_tx(unpack(data, max_size=1 << 16)))
-        except (DecodeError, InvalidTx) as e:
-            log.debug("dropped tx from %s: %s", from_peer, e)
+            self._admit_wire(lambda: decode_tx(unpack(data, max_size=MAX_TX_WIRE)), from_peer)
+        except InvalidTx:
+            pass  # logged with its reason; gossip has no one to answer
 
     async def _submit_handler(self, stream, peer: str) -> None:
-        msg = await read_msg(stream, timeout=10, max_message=1 << 16)
+        msg = await read_msg(stream, timeout=10, max_message=MAX_TX_WIRE)
         try:
-            tid = self.add_tx(decode_tx(msg.get("tx")))
+            tid = self._admit_wire(lambda: decode_tx(msg.get("tx")), peer)
             await write_msg(stream, {"status": "ok", "id": tid})
         except InvalidTx as e:
             await write_msg(stream, error_reply("invalid_tx", str(e)))
@@ -149,10 +158,7 @@ class LedgerService:
         old = self.state
         self.store.append(block, commit, old, new_state)
         self.parent_state, self.state = old, new_state
-        for tid in [t.id for t in block.txs]:
-            self.mempool.pop(tid, None)
-            self._admitted.pop(tid, None)
-        self._prune_mempool()
+        self._prune_mempool([t.id for t in block.txs])
         for fn in self._listeners:
             try:
                 fn(block, new_state)

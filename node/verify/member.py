@@ -20,7 +20,7 @@ import trio
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..identity import Identity
 from ..ledger.state import SAMPLED, State
-from ..ledger.tx import ABSTAIN, INVALID, VALID, Receipt, Vote
+from ..ledger.tx import ABSTAIN, INVALID, VALID, InvalidTx, Receipt, Vote
 from .compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
 
 log = logging.getLogger("tally.verify")
@@ -72,7 +72,11 @@ class CommitteeMember:
                 log.exception("re-execution of %s failed", receipt.id.hex()[:16])
                 verdict, d = ABSTAIN, float("inf")
             vote = Vote(self.ledger.chain_id, receipt.id, self.ident.account, round_, verdict, to_ppm(d))
-            await self.ledger.submit(vote.signed(self.ident))
+            try:
+                await self.ledger.submit(vote.signed(self.ident))
+            except InvalidTx as e:  # e.g. the round moved on (escalation) while re-executing: nothing to vote on
+                log.info("vote on %s refused: %s", receipt.id.hex()[:16], e)
+                continue
             self.checked += 1
             log.info("voted %s on %s (distance %.3g)", {0: "valid", 1: "invalid", 2: "abstain"}[verdict],
                      receipt.id.hex()[:16], d)
