@@ -1,4 +1,5 @@
-"""Job marketplace endpoints under ``/v1/jobs`` (post, list, status, cancel, fetch the adapter)."""
+"""Job marketplace endpoints under ``/v1/jobs`` (post, list, status, cancel, fetch the adapter; and for the
+worker: release an accepted job before its first segment)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from pathlib import Path
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
-from ..encoding import parse_amount
-from ..ledger.jobtx import JobCancel
+from ..encoding import AMOUNT_FORM, parse_amount
+from ..ledger.jobtx import JobCancel, JobRelease
 from ..ledger.tx import InvalidTx
+from .models import AmountText
 
 
 class JobRequest(BaseModel):
@@ -27,8 +29,10 @@ class JobRequest(BaseModel):
     seed: int = Field(0, ge=0, le=2**62)
     segment_steps: int | None = Field(None, ge=1, le=100_000,
                                       description="steps per receipted segment (default: min(10, steps))")
-    price_per_step: str = Field("0.001", max_length=64, description="decimal credits per step")
-    deadline_blocks: int = Field(2000, ge=1, le=10_000_000)
+    price_per_step: AmountText = Field("0.001", description="decimal credits per step: " + AMOUNT_FORM)
+    deadline_blocks: int = Field(2000, ge=1, le=10_000_000,
+                                 description="blocks until an undelivered job expires; at most the genesis "
+                                             "max_job_deadline (the ledger refuses a later deadline)")
     sample_ppm: int = Field(0, ge=0, le=1_000_000, description="minimum sampling probability of each segment, ppm")
 
 
@@ -107,6 +111,26 @@ def make_router(node, require_token, ApiError) -> APIRouter:
         tx = JobCancel(node.genesis.chain_id, me, jid, node.ledger.next_nonce(me)).signed(node.ident)
         await node.ledger.submit(tx)
         return {"job_id": job_id, "status": "cancel submitted"}
+
+    @r.post("/v1/jobs/{job_id}/release", dependencies=[Depends(require_token)])
+    async def release(job_id: str) -> dict:
+        """The worker gives back a job it accepted and cannot do, before its first segment is on the ledger; its
+        bond pays the genesis ``job_release_penalty`` (less than letting the start window run out)."""
+        jid, job = _job(job_id)
+        me = node.ident.account
+        if job.worker != me or job.status != "accepted":
+            raise ApiError(403, "not_yours", "only the worker holding an accepted job can release it")
+        if job.segments:
+            raise ApiError(409, "started", "the job has started (a segment is on the ledger): it can no longer be "
+                                           "released; deliver it or let it reach its deadline")
+        why = "released through the API"
+        if node.jobs is not None:
+            await node.jobs.release(jid, why)
+        else:
+            await node.ledger.submit(JobRelease(node.genesis.chain_id, me, jid, node.ledger.next_nonce(me))
+                                     .signed(node.ident))
+        return {"job_id": job_id, "status": "release submitted",
+                "penalty": {"base_units": str(node.genesis.params.job_release_penalty)}}
 
     @r.post("/v1/jobs/{job_id}/fetch", dependencies=[Depends(require_token)])
     async def fetch(job_id: str, req: FetchRequest) -> dict:

@@ -7,6 +7,27 @@ committee paid on a valid verdict or after the challenge window; refunded and th
 one). Cancel (before acceptance), expiry (deadline passed without delivery), divergence (a non-finite loss) and
 failure (an invalid segment) refund whatever is not reserved. A training receipt for a job that is not accepted
 — late, after delivery, expiry or settlement — is refused, so the total paid never exceeds the agreed price.
+
+Liveness (nobody holds a job hostage; genesis parameters in :class:`node.ledger.genesis.Params`):
+
+* a post's deadline is at most ``max_job_deadline`` blocks after the block that includes it;
+* an accepted job whose first segment receipt is not on the ledger by the end of block
+  ``accepted_height + job_start_window`` returns to open, and the worker's bond pays ``job_start_penalty``;
+* before its first segment the worker may give the job back (:class:`JobRelease`) for the smaller
+  ``job_release_penalty``; after it, it cannot (the job is delivered or expires at its deadline);
+* a worker that timed out on or released a job cannot accept that job again (another worker's turn, so one key
+  cannot hold one job window after window);
+* a worker's bond must cover ``job_start_penalty`` for every job it holds without a first segment: accepting one
+  more needs ``bond >= job_start_penalty × (unstarted jobs held + 1)`` (besides ``min_bond``), and an unbond may
+  not leave less. This is the ledger's capacity bound: a key that holds K jobs hostage loses exactly
+  K × ``job_start_penalty`` per start window and can hold no more than its bond pays for. (A count cap alone would
+  not do: an attacker could keep accepting after its bond was drained to nothing and pay nothing.)
+
+Penalties go to the treasury, like the part of a slash that rewards nobody, not to the requester: a requester
+paid for a worker's missed start window would gain from posting jobs built to be missed (an unfetchable dataset
+served to one worker, a segment too large for the window), while the requester's own loss is only time, bounded
+by the window; and a requester colluding with its worker would gain nothing either way. Every penalty moves
+base units from a bond to the treasury's balance, so the supply (balances + bonds + escrow) is unchanged.
 """
 
 from __future__ import annotations
@@ -14,7 +35,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, TrainReceipt, parse_targets
+from .genesis import TREASURY
+from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, JobRelease, TrainReceipt, parse_targets
 from .tx import InvalidTx, _check
 
 if TYPE_CHECKING:
@@ -23,6 +45,8 @@ if TYPE_CHECKING:
 OPEN, ACCEPTED, DELIVERED, SETTLED = "open", "accepted", "delivered", "settled"
 CANCELLED, EXPIRED, FAILED, DIVERGED = "cancelled", "expired", "failed", "diverged"
 TERMINAL = {SETTLED, CANCELLED, EXPIRED, FAILED, DIVERGED}
+# why a worker lost a job it had accepted (``Job.dropped``)
+START_TIMEOUT, RELEASED = "start_timeout", "released"
 STATUS_TEXT = {
     OPEN: "waiting for a bonded worker to accept", ACCEPTED: "training", DELIVERED: "adapter delivered; "
     "waiting for the last segments' verdicts", SETTLED: "settled", CANCELLED: "cancelled before acceptance; "
@@ -34,7 +58,9 @@ STATUS_TEXT = {
 
 @dataclass(frozen=True)
 class Job:
-    """Ledger state of one job. ``losses``: per segment, mean loss in millionths of a nat per token (-1: NaN)."""
+    """Ledger state of one job. ``losses``: per segment, mean loss in millionths of a nat per token (-1: NaN).
+    ``dropped``: ``(worker, START_TIMEOUT | RELEASED, height, penalty in base units)`` for each worker that held
+    the job and lost it before its first segment (those workers cannot accept it again)."""
 
     post: JobPost
     height: int
@@ -49,6 +75,7 @@ class Job:
     refunded: int = 0
     losses: tuple[int, ...] = ()
     final_height: int = 0
+    dropped: tuple[tuple[bytes, str, int, int], ...] = ()
 
     def to_dict(self) -> dict:
         p = self.post
@@ -56,7 +83,7 @@ class Job:
                 "worker": self.worker, "accepted_height": self.accepted_height, "segments": list(self.segments),
                 "next_step": self.next_step, "last_state": self.last_state, "adapter": self.adapter,
                 "escrow_left": self.escrow_left, "refunded": self.refunded, "losses": list(self.losses),
-                "final_height": self.final_height}
+                "final_height": self.final_height, "dropped": [list(d) for d in self.dropped]}
 
 
 def _refund_left(s: "State", job: Job, status: str, height: int) -> Job:
@@ -74,6 +101,24 @@ def _set(s: "State", job: Job) -> None:
         s.open_jobs.pop(jid, None)
     else:
         s.open_jobs[jid] = None
+
+
+def unstarted_held(s: "State", worker: bytes) -> int:
+    """How many jobs ``worker`` holds accepted without a first segment (each backed by ``job_start_penalty``)."""
+    return sum(1 for jid in s.open_jobs
+               if (j := s.jobs[jid]).status == ACCEPTED and j.worker == worker and not j.segments)
+
+
+def _reopen(s: "State", job: Job, reason: str, penalty: int, height: int) -> Job:
+    """Take ``job`` from its worker (before its first segment): back to open; ``min(bond, penalty)`` base units
+    move from the worker's bond to the treasury."""
+    acc = s.account(job.worker)
+    paid = min(acc.bond, penalty)
+    s.accounts[job.worker] = replace(acc, bond=acc.bond - paid)
+    t = s.account(TREASURY)
+    s.accounts[TREASURY] = replace(t, balance=t.balance + paid)
+    return replace(job, status=OPEN, worker=b"", accepted_height=0,
+                   dropped=job.dropped + ((job.worker, reason, height, paid),))
 
 
 def apply_job_tx(s: "State", tx) -> None:
@@ -97,6 +142,9 @@ def apply_job_tx(s: "State", tx) -> None:
             raise InvalidTx(str(e)) from None
         _check(1 <= tx.lr_micro <= 10**7 and tx.price_per_step >= 1, "lr_micro >= 1, price_per_step >= 1")
         _check(tx.deadline > height, "deadline already passed")
+        _check(tx.deadline - height <= s.params.max_job_deadline,
+               f"deadline is {tx.deadline - height} blocks after the post; this chain allows at most "
+               f"max_job_deadline = {s.params.max_job_deadline} blocks")
         _check(0 <= tx.sample_ppm <= 1_000_000, "sample_ppm in 0..1e6")
         _check(tx.segment_steps * tx.price_per_step <= s.params.max_receipt_price,
                "a segment's price (segment_steps × price_per_step) exceeds max_receipt_price")
@@ -109,8 +157,15 @@ def apply_job_tx(s: "State", tx) -> None:
         _check(job is not None, "unknown job")
         _check(job.status == OPEN, f"job is {job.status}")
         _check(tx.sender != job.post.sender, "the requester cannot accept its own job")
-        _check(s.account(tx.sender).bond >= s.params.min_bond, "worker is not bonded")
+        bond = s.account(tx.sender).bond
+        _check(bond >= s.params.min_bond, "worker is not bonded")
         _check(height <= job.post.deadline, "deadline passed")
+        _check(all(d[0] != tx.sender for d in job.dropped),
+               "this worker already held this job and lost it before its first segment; it cannot accept it again")
+        held = unstarted_held(s, tx.sender)
+        _check(bond >= s.params.job_start_penalty * (held + 1),
+               f"the bond covers the start penalty of {bond // max(1, s.params.job_start_penalty)} unstarted jobs and "
+               f"this worker holds {held}: bond more, or start one of them first")
         _set(s, replace(job, status=ACCEPTED, worker=tx.sender, accepted_height=height))
     elif isinstance(tx, JobCancel):
         job = s.jobs.get(tx.job_id)
@@ -124,6 +179,13 @@ def apply_job_tx(s: "State", tx) -> None:
         _check(job.next_step == job.post.steps, f"only {job.next_step} of {job.post.steps} steps receipted")
         _check(tx.adapter == job.last_state, "delivered adapter is not the last segment's state")
         _set(s, replace(job, status=DELIVERED, adapter=tx.adapter))
+    elif isinstance(tx, JobRelease):
+        job = s.jobs.get(tx.job_id)
+        _check(job is not None and job.worker == tx.sender and job.status == ACCEPTED,
+               "no accepted job of yours with this id")
+        _check(not job.segments, "the job has started (a segment is on the ledger): it can no longer be released; "
+                                 "deliver it or let it reach its deadline")
+        _set(s, _reopen(s, job, RELEASED, s.params.job_release_penalty, height))
 
 
 def check_train_receipt(s: "State", r: TrainReceipt) -> Job:
@@ -162,10 +224,15 @@ def on_final(s: "State", r: TrainReceipt, valid: bool, height: int) -> None:
 
 
 def end_block_jobs(s: "State", height: int, final_status: set[str]) -> None:
-    """Expire undelivered jobs past their deadline; settle delivered jobs whose segments are all final."""
+    """Expire undelivered jobs past their deadline; return to open (the worker paying ``job_start_penalty``)
+    accepted jobs with no segment by the end of block ``accepted_height + job_start_window``; settle delivered
+    jobs whose segments are all final."""
     for jid in list(s.open_jobs):
         job = s.jobs[jid]
         if job.status in (OPEN, ACCEPTED) and height > job.post.deadline:
             _set(s, _refund_left(s, job, EXPIRED, height))
+        elif (job.status == ACCEPTED and not job.segments
+              and height >= job.accepted_height + s.params.job_start_window):
+            _set(s, _reopen(s, job, START_TIMEOUT, s.params.job_start_penalty, height))
         elif job.status == DELIVERED and all(s.receipts[r].status in final_status for r in job.segments):
             _set(s, _refund_left(s, job, SETTLED, height))

@@ -3,9 +3,13 @@
 Lifecycle: :class:`JobPost` (the requester escrows ``steps × price_per_step``) → :class:`JobAccept` by a bonded
 worker → one :class:`TrainReceipt` per segment of at most ``segment_steps`` steps, sampled and re-executed like
 inference receipts → :class:`JobDeliver` of the final training state's id → settlement. :class:`JobCancel` before
-acceptance refunds everything; past ``deadline`` (a ledger height) an undelivered job expires.
+acceptance refunds everything; past ``deadline`` (a ledger height) an undelivered job expires. An accepted job
+whose first segment is not on the ledger within the genesis ``job_start_window`` returns to open, and so does one
+its worker gives up with :class:`JobRelease` before its first segment (penalties in :mod:`node.ledger.jobs`).
 Posts, accepts, deliveries and cancellations carry a per-account nonce; a training receipt is replay-protected by
-its id and by the contiguity of its step range with the job's previous receipt.
+its id and by the contiguity of its step range with the job's previous receipt. Account fields (``sender``,
+``worker``, ``requester``) must be valid Ed25519 public keys, checked when a transaction is decoded
+(:func:`node.ledger.tx.decode_tx`).
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ class JobPost(SingleSigned):
     KIND: ClassVar[str] = "job_post"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
     SCHEMA: ClassVar[dict[str, str]] = {
-        "sender": "bytes32", "job_id": "bytes16", "title": "text", "model_id": "bytes32", "dataset_root": "bytes32",
+        "sender": "account", "job_id": "bytes16", "title": "text", "model_id": "bytes32", "dataset_root": "bytes32",
         "rank": "int", "targets": "text", "steps": "int", "batch_size": "int", "seq_len": "int", "lr_micro": "int",
         "seed": "int", "segment_steps": "int", "price_per_step": "int", "deadline": "int", "sample_ppm": "int",
         "nonce": "int"}
@@ -90,7 +94,7 @@ class JobAccept(SingleSigned):
     TAG: ClassVar[bytes] = b"tally/job-accept/v1"
     KIND: ClassVar[str] = "job_accept"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
-    SCHEMA: ClassVar[dict[str, str]] = {"sender": "bytes32", "job_id": "bytes16", "nonce": "int"}
+    SCHEMA: ClassVar[dict[str, str]] = {"sender": "account", "job_id": "bytes16", "nonce": "int"}
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,7 @@ class JobDeliver(SingleSigned):
     TAG: ClassVar[bytes] = b"tally/job-deliver/v1"
     KIND: ClassVar[str] = "job_deliver"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
-    SCHEMA: ClassVar[dict[str, str]] = {"sender": "bytes32", "job_id": "bytes16", "adapter": "bytes32",
+    SCHEMA: ClassVar[dict[str, str]] = {"sender": "account", "job_id": "bytes16", "adapter": "bytes32",
                                         "nonce": "int"}
 
 
@@ -120,7 +124,25 @@ class JobCancel(SingleSigned):
     TAG: ClassVar[bytes] = b"tally/job-cancel/v1"
     KIND: ClassVar[str] = "job_cancel"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
-    SCHEMA: ClassVar[dict[str, str]] = {"sender": "bytes32", "job_id": "bytes16", "nonce": "int"}
+    SCHEMA: ClassVar[dict[str, str]] = {"sender": "account", "job_id": "bytes16", "nonce": "int"}
+
+
+@dataclass(frozen=True)
+class JobRelease(SingleSigned):
+    """The worker gives back an accepted job it cannot do, before its first segment is on the ledger: the job
+    returns to open and the worker's bond pays ``job_release_penalty`` (smaller than the start window's
+    ``job_start_penalty``, so a worker that knows it cannot start says so at once)."""
+
+    chain_id: str
+    sender: bytes  # the worker
+    job_id: bytes
+    nonce: int
+    sig: bytes = b""
+
+    TAG: ClassVar[bytes] = b"tally/job-release/v1"
+    KIND: ClassVar[str] = "job_release"
+    SIGS: ClassVar[tuple[str, ...]] = ("sig",)
+    SCHEMA: ClassVar[dict[str, str]] = {"sender": "account", "job_id": "bytes16", "nonce": "int"}
 
 
 @dataclass(frozen=True)
@@ -147,7 +169,7 @@ class TrainReceipt(Tx):
     KIND: ClassVar[str] = "train_receipt"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
     SCHEMA: ClassVar[dict[str, str]] = {
-        "job_id": "bytes16", "worker": "bytes32", "requester": "bytes32", "step_start": "int", "step_end": "int",
+        "job_id": "bytes16", "worker": "account", "requester": "account", "step_start": "int", "step_end": "int",
         "state_before": "bytes32", "state_after": "bytes32", "batches_root": "bytes32", "loss_ppm": "sint",
         "price": "int"}
 
@@ -158,5 +180,5 @@ class TrainReceipt(Tx):
         return [(self.worker, self.id, self.sig, "training receipt")]
 
 
-for _cls in (JobPost, JobAccept, JobDeliver, JobCancel, TrainReceipt):
+for _cls in (JobPost, JobAccept, JobDeliver, JobCancel, JobRelease, TrainReceipt):
     TX_KINDS[_cls.KIND] = _cls

@@ -21,6 +21,7 @@ a verdict and a slash each count once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from ..encoding import H, merkle_root, pack
 from ..identity import verify_many
@@ -29,7 +30,7 @@ from ..verify.sampling import is_sampled, sampling_ppm
 from .genesis import TREASURY, Genesis, Params
 from . import jobs as jobs_mod
 from .jobs import Job
-from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, TrainReceipt
+from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, JobRelease, TrainReceipt
 from .tx import ABSTAIN, INVALID, VALID, Bond, Evidence, InvalidTx, Receipt, Transfer, Tx, Unbond, Vote, _check
 
 
@@ -135,9 +136,14 @@ def _credit(s: State, a: bytes, amount: int) -> None:
     s.accounts[a] = replace(s.account(a), balance=s.account(a).balance + amount)
 
 
-def presign_check(txs: list[Tx]) -> set[int]:
-    """Verify the signatures of ``txs`` in parallel; the set of indexes whose signatures all verify."""
-    checks = [(i, c) for i, tx in enumerate(txs) for c in tx.signature_checks()]
+def presign_check(txs: list[Tx], verified: Callable[[Tx], bool] | None = None) -> set[int]:
+    """Verify the signatures of ``txs`` in parallel; the set of indexes whose signatures all verify.
+
+    ``verified``: true for a transaction whose exact signed bytes this node already verified (its mempool's
+    admission check, :meth:`node.ledger.mempool.Mempool.verified`); those are not verified again.
+    """
+    checks = [(i, c) for i, tx in enumerate(txs) if verified is None or not verified(tx)
+              for c in tx.signature_checks()]
     ok = verify_many([(a, d, sig) for _, (a, d, sig, _w) in checks])
     bad = {i for (i, _), good in zip(checks, ok) if not good}
     return set(range(len(txs))) - bad
@@ -174,6 +180,9 @@ def apply_tx(s: State, tx: Tx, signatures_checked: bool = False) -> None:
         _check(acc.bond >= tx.amount, "unbond exceeds the bond")
         _check(not any(s.receipts[r].receipt.worker == tx.sender for r in s.open_receipts),
                "receipts of this worker are still pending; unbond after they are final")
+        held = jobs_mod.unstarted_held(s, tx.sender)
+        _check(acc.bond - tx.amount >= s.params.job_start_penalty * held,
+               f"the bond must keep covering the start penalty of the {held} job(s) this worker holds unstarted")
         s.accounts[tx.sender] = replace(acc, balance=acc.balance + tx.amount, bond=acc.bond - tx.amount)
     elif isinstance(tx, Receipt):
         _apply_receipt(s, tx)
@@ -184,7 +193,7 @@ def apply_tx(s: State, tx: Tx, signatures_checked: bool = False) -> None:
         s.receipts[tx.id] = ReceiptRecord(receipt=tx, height=s.height + 1)  # type: ignore[arg-type]
         s.open_receipts[tx.id] = None
         jobs_mod.record_train_receipt(s, tx, job)
-    elif isinstance(tx, (JobPost, JobAccept, JobCancel, JobDeliver)):
+    elif isinstance(tx, (JobPost, JobAccept, JobCancel, JobDeliver, JobRelease)):
         jobs_mod.apply_job_tx(s, tx)
     elif isinstance(tx, Vote):
         _apply_vote(s, tx)
@@ -326,15 +335,17 @@ def end_block(s: State, height: int, block_hash: bytes) -> None:
     jobs_mod.end_block_jobs(s, height, FINAL)
 
 
-def apply_txs(s: State, txs: list[Tx]) -> tuple[State, list[Tx], list[tuple[Tx, str]]]:
-    """Try ``txs`` in order on a copy of ``s`` (a proposer building a block).
+def apply_txs(s: State, txs: list[Tx], verified: Callable[[Tx], bool] | None = None
+              ) -> tuple[State, list[Tx], list[tuple[Tx, str]]]:
+    """Try ``txs`` in order on a copy of ``s`` (a proposer building a block). ``verified``: as
+    :func:`presign_check`.
 
     Returns the new working state, the accepted transactions and the rejected ones with their reasons.
     """
     w = s.copy()
     ok: list[Tx] = []
     bad: list[tuple[Tx, str]] = []
-    signed = presign_check(txs)
+    signed = presign_check(txs, verified)
     for i, tx in enumerate(txs):  # apply_tx checks everything before it mutates: a rejected tx changes nothing
         try:
             if i not in signed:
@@ -347,8 +358,11 @@ def apply_txs(s: State, txs: list[Tx]) -> tuple[State, list[Tx], list[tuple[Tx, 
     return w, ok, bad
 
 
-def apply_block_body(s: State, height: int, block_hash: bytes, txs: list[Tx]) -> State:
+def apply_block_body(s: State, height: int, block_hash: bytes, txs: list[Tx],
+                     verified: Callable[[Tx], bool] | None = None) -> State:
     """Pure transition: a new state after applying ``txs`` as block ``height`` with hash ``block_hash``.
+    ``verified``: as :func:`presign_check` (only for a block this node builds from its own mempool; blocks from
+    others are verified in full).
 
     Raises:
         InvalidTx: any transaction does not apply (the whole block is invalid; ``s`` is untouched).
@@ -357,7 +371,7 @@ def apply_block_body(s: State, height: int, block_hash: bytes, txs: list[Tx]) ->
     if height != s.height + 1:
         raise ValueError(f"block {height} does not follow height {s.height}")
     w = s.copy()
-    signed = presign_check(txs)
+    signed = presign_check(txs, verified)
     for i, tx in enumerate(txs):
         if i not in signed:
             tx.check_signatures()  # raises with the reason

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -9,9 +10,11 @@ from pathlib import Path
 
 import httpx
 
+from ..encoding import format_amount, parse_amount
+
 
 def add_job_parser(sub, default_data_dir: Path) -> None:
-    j = sub.add_parser("job", help="fine-tune jobs: post, list, status, fetch, cancel",
+    j = sub.add_parser("job", help="fine-tune jobs: post, list, status, fetch, cancel, release",
                        description="Pay credits for LoRA fine-tunes of the node's model. Talks to the local node "
                                    "(its API URL and token are read from --data-dir).")
     j.add_argument("--data-dir", type=Path, default=default_data_dir, help="the node's data dir (default: %(default)s)")
@@ -33,10 +36,13 @@ def add_job_parser(sub, default_data_dir: Path) -> None:
                    help="seed of the LoRA init and the batch order; committees replay it (default: %(default)s)")
     p.add_argument("--segment-steps", type=int, default=None,
                    help="steps per receipted segment, each verified on its own (default: min(10, steps))")
-    p.add_argument("--price-per-step", default="0.01", help="credits per step, decimal (default: %(default)s)")
+    p.add_argument("--price-per-step", default="0.01", type=_amount_arg,
+                   help="credits per step, plain decimal such as 0.01 or 2 (no sign, exponent or spaces; at most 9 "
+                        "decimals) (default: %(default)s)")
     p.add_argument("--deadline-blocks", type=int, default=2000,
                    help="blocks until an undelivered job expires and the rest is refunded (default: %(default)s; "
-                        "the devnet makes 2 blocks a second)")
+                        "the devnet makes 2 blocks a second; at most the chain's max_job_deadline). Keep the node "
+                        "running until a worker accepts: workers fetch the dataset from it first")
     p.add_argument("--sample-ppm", type=int, default=0,
                    help="minimum sampling probability per segment, parts per million (default: %(default)s)")
     p.add_argument("--follow", action="store_true", help="show a progress bar until the job is final")
@@ -49,6 +55,25 @@ def add_job_parser(sub, default_data_dir: Path) -> None:
     f.add_argument("--out", type=Path, required=True, help="directory for adapter_model.safetensors")
     c = js.add_parser("cancel", help="cancel an open job (full refund)")
     c.add_argument("job_id")
+    r = js.add_parser("release", help="worker: give back an accepted job before its first segment",
+                      description="The worker gives back a job it accepted and cannot do. Allowed only before its "
+                                  "first segment is on the ledger; the bond pays the chain's job_release_penalty, "
+                                  "less than the job_start_penalty taken when the start window runs out.")
+    r.add_argument("job_id")
+
+
+def _amount_arg(text: str) -> str:
+    """argparse ``type`` of an amount flag: the text itself if it is a canonical positive amount
+    (:func:`node.encoding.parse_amount`), sent on as typed so the node reads the same spelling.
+
+    Raises:
+        argparse.ArgumentTypeError: with the reason and the accepted form.
+    """
+    try:
+        parse_amount(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 class _Api:
@@ -112,7 +137,7 @@ def run_job_command(args) -> int:
             except OSError as e:
                 sys.exit(f"node job: cannot read --text {args.text}: {e.strerror or e}")
         out = api.call("POST", "/v1/jobs", json=body)
-        print(f"posted job {out['job_id']} (price {int(out['price']['base_units']) / 1e9:g} credits in escrow)")
+        print(f"posted job {out['job_id']} (price {format_amount(int(out['price']['base_units']))} credits in escrow)")
         if args.follow:
             print(json.dumps(_follow(api, out["job_id"]), indent=2))
     elif args.job_cmd == "list":
@@ -129,4 +154,7 @@ def run_job_command(args) -> int:
               f"{out['heldout_loss_adapter']:.4f} nats/token")
     elif args.job_cmd == "cancel":
         print(api.call("POST", f"/v1/jobs/{args.job_id}/cancel")["status"])
+    elif args.job_cmd == "release":
+        out = api.call("POST", f"/v1/jobs/{args.job_id}/release")
+        print(f"{out['status']} (penalty {int(out['penalty']['base_units']) / 1e9:g} credits from the bond)")
     return 0

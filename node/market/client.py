@@ -15,7 +15,7 @@ from pathlib import Path
 from ..compute.train import Trainer, encode_text, split_tokens
 from ..encoding import format_amount
 from ..identity import account_to_str
-from ..ledger.jobs import STATUS_TEXT
+from ..ledger.jobs import ACCEPTED, STATUS_TEXT
 from ..ledger.jobtx import JobPost
 from .data import dataset_bytes, dataset_tensors
 from ..blobs import fetch_blob
@@ -31,7 +31,9 @@ async def post_job(node, *, title: str, text: bytes, steps: int, price_per_step:
                    seed: int = 0, segment_steps: int | None = None, deadline_blocks: int = 2000,
                    sample_ppm: int = 0) -> JobPost:
     """Store the dataset as a blob and submit a :class:`JobPost` escrowing ``steps × price_per_step``
-    (base units). ``segment_steps`` defaults to ``min(10, steps)``.
+    (base units). ``segment_steps`` defaults to ``min(10, steps)``; ``deadline_blocks`` (blocks from now) is at
+    most the genesis ``max_job_deadline``. The node must stay reachable until a worker has fetched the dataset:
+    workers accept a job only after fetching it from the requester.
 
     Raises:
         JobError: bad parameters or too little balance (checked here before anything is submitted).
@@ -90,6 +92,11 @@ def job_json(job, state) -> dict:
         "escrow_left": amt(job.escrow_left), "refunded": amt(job.refunded), "paid": amt(paid),
         "losses": [None if x < 0 else x / 1e6 for x in job.losses], "segments": segments,
         "adapter": job.adapter.hex() or None, "height": job.height, "final_height": job.final_height or None,
+        "accepted_height": job.accepted_height or None,
+        "start_by": (job.accepted_height + state.params.job_start_window
+                     if job.status == ACCEPTED and not job.segments else None),
+        "dropped": [{"worker": account_to_str(w), "reason": why, "height": h, "penalty": amt(pen)}
+                    for w, why, h, pen in job.dropped],
     }
 
 

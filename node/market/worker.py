@@ -1,9 +1,16 @@
-"""A worker in the job marketplace: accept a job, fetch its dataset, train segment by segment, receipt each
-segment, deliver the adapter by content hash.
+"""A worker in the job marketplace: fetch and check a job's dataset, accept the job, train segment by segment,
+receipt each segment, deliver the adapter by content hash.
 
-Runs on the node's event loop; training runs in the node's torch worker thread. A worker takes one job at a
-time. Every segment's training state is kept as a content-addressed blob, so the committee can replay the segment
-from the state before it and the requester can fetch the final adapter.
+Runs on the node's event loop; training runs in the node's torch worker thread. A worker holds at most
+``capacity`` jobs at once (``node start --job-capacity N``; the ledger further bounds it by the bond, see
+:mod:`node.ledger.jobs`). It accepts a job only after it has fetched the dataset by content hash from the
+requester and checked that it decodes and holds at least one training window, so a requester that went offline
+or never had its dataset cannot make it accept a job it could not start: such a job is skipped and retried with
+exponential backoff (logged once). An accepted job it cannot start — its dataset gone after all, or training
+that keeps failing — is given back with a ``job_release`` before its first segment, which costs the bond less
+than letting the ledger's start window take it back. Every segment's training state is kept as a
+content-addressed blob, so the committee can replay the segment from the state before it and the requester can
+fetch the final adapter.
 """
 
 from __future__ import annotations
@@ -12,15 +19,22 @@ import logging
 
 import trio
 
-from ..blobs import BlobStore, fetch_blob
+from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..compute.train import TrainSpec, Trainer, encode_text, mean_loss_ppm, split_tokens
 from ..encoding import H, commitments_root
 from ..identity import Identity
 from ..ledger.jobs import ACCEPTED, OPEN
-from ..ledger.jobtx import JobAccept, JobDeliver, JobPost, TrainReceipt, parse_targets
+from ..ledger.jobtx import JobAccept, JobDeliver, JobPost, JobRelease, TrainReceipt, parse_targets
+from ..ledger.tx import InvalidTx, Tx
 from .data import dataset_bytes
 
 log = logging.getLogger("tally.market")
+
+FETCH_TIMEOUT = 20.0  # seconds to wait for a requester's dataset before skipping its job for now
+PREFETCH_PARALLEL = 4  # datasets fetched at once (a silent requester must not delay the next job's fetch)
+RELEASE_AFTER = 3  # failed training attempts of a job without a segment before the worker releases it
+RESEND_BLOCKS = 10  # an accept or release not on the ledger after this many blocks is sent again
+
 
 def spec_of(post: JobPost) -> TrainSpec:
     return TrainSpec(rank=post.rank, targets=parse_targets(post.targets),
@@ -28,90 +42,232 @@ def spec_of(post: JobPost) -> TrainSpec:
                      seed=post.seed, segment_steps=post.segment_steps)
 
 
+def backoff(attempts: int) -> float:
+    """Seconds to wait after ``attempts`` consecutive failures: 2, 4, 8 … capped at 5 minutes (no overflow)."""
+    return min(300.0, 2.0 ** min(attempts, 9))
+
+
+class JobLost(RuntimeError):
+    """The job stopped being ours while we trained it (released, taken back by the start window, expired)."""
+
+
 class JobWorker:
-    """Accepts open jobs for this node's model and trains them.
+    """Accepts open jobs for this node's model, up to ``capacity`` at once, and trains them.
 
     Args:
+        capacity: jobs held at once (>= 1).
         fault: test/devnet switch, one of ``skip-steps``, ``other-data``, ``fake-adapter`` (see
             :mod:`node.compute.train`).
+
+    Raises:
+        ValueError: ``capacity < 1``.
     """
 
     def __init__(self, ident: Identity, ledger, host, blobs: BlobStore, executor, model_dir, model_id: bytes,
-                 device: str = "cpu", fault: str | None = None):
+                 device: str = "cpu", fault: str | None = None, capacity: int = 1):
+        if capacity < 1:
+            raise ValueError(f"job capacity must be >= 1 (got {capacity})")
         self.ident, self.ledger, self.host, self.blobs, self.executor = ident, ledger, host, blobs, executor
         self.model_dir, self.model_id, self.device, self.fault = model_dir, model_id, device, fault
-        self.busy: bytes | None = None
+        self.capacity = capacity
+        self.training: set[bytes] = set()  # job ids with a training task running
+        self.fetching: set[bytes] = set()  # job ids whose dataset is being fetched before acceptance
+        self.ready: set[bytes] = set()  # open jobs whose dataset is here and checked: accept when there is room
+        self.unusable: set[bytes] = set()  # open jobs whose dataset arrived but cannot be trained on (never retried)
         self.accepting: dict[bytes, int] = {}  # job id -> height we sent an accept at
-        self._wake = trio.Event()
+        self.releasing: dict[bytes, int] = {}  # job id -> height we sent a release at
+        self.delivering: dict[bytes, int] = {}  # job id -> height we sent the delivery at
+        self.skipped: dict[bytes, tuple[int, float]] = {}  # job id -> (failed fetches, trio time of next try)
+        self.failures: dict[bytes, tuple[int, float]] = {}  # job id -> (failed trainings, trio time of next try)
         self.progress: dict[bytes, dict] = {}  # job id -> {"step", "losses"} (local view for the API)
-        self.failures: dict[bytes, tuple[int, float]] = {}  # job id -> (failed attempts, monotonic time of next try)
+        self._wake = trio.Event()
         ledger.on_block(lambda block, state: self._wake.set())
 
-    def _next_action(self) -> tuple[str, object] | None:
-        """``("train", job_id)`` for a job accepted by us, else ``("accept", JobAccept)`` for an open job of our
-        model when idle (re-sent if not accepted within 10 blocks), else None."""
-        st = self.ledger.state
-        for jid in st.open_jobs:
-            job = st.jobs[jid]
-            if job.status == ACCEPTED and job.worker == self.ident.account:
-                return "train", jid
-        if self.busy is not None:
-            return None
-        # each worker prefers open jobs in its own pseudo-random order, so idle workers spread over open jobs
-        for jid in sorted(st.open_jobs, key=lambda j: H(j, self.ident.account)):
-            job = st.jobs[jid]
-            sent = self.accepting.get(jid)
-            if (job.status == OPEN and job.post.model_id == self.model_id and job.post.sender != self.ident.account
-                    and (sent is None or st.height - sent > 10)):
-                self.accepting[jid] = st.height
-                nonce = self.ledger.next_nonce(self.ident.account)
-                return "accept", JobAccept(self.ledger.chain_id, self.ident.account, jid, nonce).signed(self.ident)
-        return None
+    # ------------------------------------------------------------------ the loop
 
     async def run(self) -> None:
-        """Forever: accept an open job when idle, train the job we hold."""
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            if self.ledger.state.account(self.ident.account).bond < self.ledger.genesis.params.min_bond:
-                continue
-            for jid in [j for j in self.failures if j not in self.ledger.state.open_jobs]:
-                del self.failures[jid]  # cancelled, expired or otherwise final: nothing left to retry
-            action = self._next_action()
-            if action is None:
-                continue
-            kind, what = action
-            if kind == "accept":
-                log.info("accepting job %s", what.job_id.hex()[:12])
-                await self.ledger.submit(what)
-            elif self.busy is None and trio.current_time() >= self.failures.get(what, (0, 0.0))[1]:
-                self.busy = what
-                try:
-                    await self.train(what)
-                    self.failures.pop(what, None)
-                except Exception as e:  # retried with exponential backoff (2 s .. 5 min), full traceback once
-                    n = self.failures.get(what, (0, 0.0))[0] + 1
-                    delay = min(300.0, 2.0 ** min(n, 9))
-                    self.failures[what] = (n, trio.current_time() + delay)
-                    if n == 1:
-                        log.exception("training job %s failed; retrying in %.0f s", what.hex()[:12], delay)
-                    else:
-                        log.warning("training job %s failed again (attempt %d: %s: %s); retrying in %.0f s",
-                                    what.hex()[:12], n, type(e).__name__, e, delay)
-                finally:
-                    self.busy = None
+        """Forever, at each block: train the jobs we hold, fetch datasets of open jobs, accept while there is room."""
+        async with trio.open_nursery() as nursery:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                await self._step(nursery)
 
-    async def _wait_included(self, tid: bytes, timeout: float = 120) -> None:
+    def _held(self, st) -> list[bytes]:
+        me = self.ident.account
+        return [jid for jid in st.open_jobs if (j := st.jobs[jid]).status == ACCEPTED and j.worker == me]
+
+    def _forget_final(self, st) -> None:
+        """Drop local records of jobs that left the open set (final) or are no longer waiting for us."""
+        for d in (self.failures, self.skipped, self.accepting, self.releasing, self.delivering):
+            for jid in [j for j in d if j not in st.open_jobs]:
+                del d[jid]
+        for s in (self.ready, self.unusable):
+            s.intersection_update(st.open_jobs)
+
+    def _wanted(self, st, jid: bytes) -> bool:
+        """An open job of our model, not ours to pay for, not one we lost before, not past its deadline."""
+        job = st.jobs[jid]
+        me = self.ident.account
+        return (job.status == OPEN and job.post.model_id == self.model_id and job.post.sender != me
+                and st.height < job.post.deadline and all(d[0] != me for d in job.dropped)
+                and jid not in self.unusable)
+
+    async def _step(self, nursery) -> None:
+        st = self.ledger.state
+        me = self.ident.account
+        if st.account(me).bond < self.ledger.genesis.params.min_bond:
+            return
+        self._forget_final(st)
+        now = trio.current_time()
+        held = self._held(st)
+        for jid in held:
+            self.accepting.pop(jid, None)
+            if jid in self.releasing:
+                if st.height - self.releasing[jid] > RESEND_BLOCKS:
+                    await self._release(jid, "the earlier release did not reach the ledger")
+                continue
+            if jid in self.delivering and st.height - self.delivering[jid] <= RESEND_BLOCKS:
+                continue  # delivered; waiting for the delivery to land
+            if jid not in self.training and now >= self.failures.get(jid, (0, 0.0))[1]:
+                self.training.add(jid)
+                nursery.start_soon(self._train_task, jid)
+        for jid in [j for j, h in self.accepting.items() if st.jobs[j].status != OPEN or st.height - h > RESEND_BLOCKS]:
+            del self.accepting[jid]  # taken by someone else, or lost: may be tried again
+        free = self.capacity - len(held) - len(self.accepting)
+        if free <= 0:
+            return
+        # each worker prefers open jobs in its own pseudo-random order, so idle workers spread over open jobs
+        for jid in sorted(st.open_jobs, key=lambda j: H(j, me)):
+            if free <= 0:
+                break
+            if jid in self.accepting or not self._wanted(st, jid):
+                continue
+            if jid in self.ready:
+                free -= 1
+                self.ready.discard(jid)
+                self.accepting[jid] = st.height
+                log.info("accepting job %s (dataset fetched and checked)", jid.hex()[:12])
+                tx = JobAccept(self.ledger.chain_id, me, jid, self.ledger.next_nonce(me)).signed(self.ident)
+                await self._submit(tx)
+            elif (jid not in self.fetching and len(self.fetching) < PREFETCH_PARALLEL
+                  and now >= self.skipped.get(jid, (0, 0.0))[1]):
+                self.fetching.add(jid)
+                nursery.start_soon(self._prefetch, jid)
+
+    # ------------------------------------------------------------------ before accepting
+
+    async def check_dataset(self, post: JobPost) -> None:
+        """Fetch ``post``'s dataset by content hash from its requester (kept in the blob store for training) and
+        check it: one uint8 tensor whose training tokens hold at least one window of ``seq_len + 1``.
+
+        Raises:
+            BlobUnavailable: the requester did not return it (offline, missing, wrong content).
+            ValueError: it arrived but cannot be trained on.
+        """
+        tensors = await fetch_blob(self.host, self.blobs, post.dataset_root, [post.sender], timeout=FETCH_TIMEOUT)
+        text = dataset_bytes(tensors)
+        train_ids, _ = split_tokens(await self.executor.run(encode_text, self.model_dir, text))
+        if len(train_ids) < post.seq_len + 2:
+            raise ValueError(f"dataset too short: {len(train_ids)} training tokens for windows of {post.seq_len + 1}")
+
+    async def _prefetch(self, jid: bytes) -> None:
+        post = self.ledger.state.jobs[jid].post
+        try:
+            with trio.fail_after(FETCH_TIMEOUT + 30):  # the fetch itself, then tokenizing
+                await self.check_dataset(post)
+        except ValueError as e:  # the content is fixed by its hash: it will never do
+            self.unusable.add(jid)
+            log.info("skipping job %s for good: its dataset cannot be trained on (%s: %s)", jid.hex()[:12],
+                     type(e).__name__, e)
+        except Exception as e:  # unavailable (requester offline, blob missing), too slow, or a local error
+            n = self.skipped.get(jid, (0, 0.0))[0] + 1
+            delay = backoff(n)
+            self.skipped[jid] = (n, trio.current_time() + delay)
+            (log.info if n == 1 else log.debug)(
+                "skipping job %s: its dataset cannot be fetched and checked (%s: %s); not accepting it, "
+                "retrying in %.0f s (attempt %d)", jid.hex()[:12], type(e).__name__, e, delay, n)
+        else:
+            self.skipped.pop(jid, None)
+            self.ready.add(jid)
+        finally:
+            self.fetching.discard(jid)
+            self._wake.set()
+
+    # ------------------------------------------------------------------ holding a job
+
+    async def release(self, jid: bytes, why: str) -> bytes:
+        """Give back accepted job ``jid`` (before its first segment) with a ``job_release``; returns the tx id.
+        The job stops being trained here. The ledger refuses it once a segment is on the ledger."""
+        return await self._release(jid, why)
+
+    async def _release(self, jid: bytes, why: str) -> bytes | None:
+        me = self.ident.account
+        self.releasing[jid] = self.ledger.state.height
+        log.warning("releasing job %s before its first segment: %s", jid.hex()[:12], why)
+        tx = JobRelease(self.ledger.chain_id, me, jid, self.ledger.next_nonce(me)).signed(self.ident)
+        return await self._submit(tx)
+
+    async def _submit(self, tx: Tx) -> bytes | None:
+        """Submit ``tx``; a refusal (e.g. a full mempool) is logged and left to the resend after ``RESEND_BLOCKS``."""
+        try:
+            return await self.ledger.submit(tx)
+        except InvalidTx as e:  # an accept racing another worker's is routine; anything else is worth a warning
+            (log.info if isinstance(tx, JobAccept) else log.warning)(
+                "%s for job %s refused by the local node: %s", tx.KIND, tx.job_id.hex()[:12], e)
+            return None
+
+    def _unstarted(self, jid: bytes) -> bool:
+        job = self.ledger.state.jobs.get(jid)
+        return job is not None and job.status == ACCEPTED and job.worker == self.ident.account and not job.segments
+
+    async def _train_task(self, jid: bytes) -> None:
+        try:
+            await self.train(jid)
+            self.failures.pop(jid, None)
+        except JobLost as e:
+            log.info("stopped training job %s: %s", jid.hex()[:12], e)
+        except Exception as e:
+            n = self.failures.get(jid, (0, 0.0))[0] + 1
+            if self._unstarted(jid) and (isinstance(e, BlobUnavailable) or n >= RELEASE_AFTER):
+                self.failures[jid] = (n, trio.current_time() + backoff(n))
+                await self._release(jid, f"training failed {n} time(s), last {type(e).__name__}: {e}")
+                return
+            delay = backoff(n)  # retried with exponential backoff (2 s .. 5 min), full traceback once
+            self.failures[jid] = (n, trio.current_time() + delay)
+            if n == 1:
+                log.exception("training job %s failed; retrying in %.0f s", jid.hex()[:12], delay)
+            else:
+                log.warning("training job %s failed again (attempt %d: %s: %s); retrying in %.0f s",
+                            jid.hex()[:12], n, type(e).__name__, e, delay)
+        finally:
+            self.training.discard(jid)
+
+    def _check_ours(self, jid: bytes) -> None:
+        job = self.ledger.state.jobs.get(jid)
+        if jid in self.releasing or job is None or job.status != ACCEPTED or job.worker != self.ident.account:
+            raise JobLost(f"job is {job.status if job else 'unknown'} and not held by this worker")
+
+    async def _wait_included(self, jid: bytes, tid: bytes, timeout: float = 120) -> None:
         with trio.fail_after(timeout):
             while tid not in self.ledger.state.receipts:
+                self._check_ours(jid)
                 await self.ledger.new_block.wait()
 
     async def train(self, jid: bytes) -> None:
-        """Train job ``jid`` from where the ledger says it stands to the end, then deliver."""
+        """Train job ``jid`` from where the ledger says it stands to the end, then deliver.
+
+        Raises:
+            JobLost: the job stopped being ours. BlobUnavailable: dataset or last state unavailable. Anything the
+            trainer raises.
+        """
         job = self.ledger.state.jobs[jid]
         post = job.post
+        if job.next_step >= post.steps:  # every segment is on the ledger: only the delivery is missing
+            return await self._deliver(jid, job.last_state)
         spec = spec_of(post)
-        text = dataset_bytes(await fetch_blob(self.host, self.blobs, post.dataset_root, [post.sender]))
+        text = dataset_bytes(await fetch_blob(self.host, self.blobs, post.dataset_root, [post.sender],
+                                              timeout=FETCH_TIMEOUT))
         ids = await self.executor.run(encode_text, self.model_dir, text)
         train_ids, _ = split_tokens(ids)
         trainer = await self.executor.run(Trainer, self.model_dir, spec, self.device)
@@ -122,6 +278,7 @@ class JobWorker:
         prog = self.progress.setdefault(jid, {"step": job.next_step, "losses": []})
         step = job.next_step
         while step < post.steps:
+            self._check_ours(jid)
             end = min(post.steps, step + post.segment_steps)
             losses, batches = await self.executor.run(trainer.train_steps, train_ids, step, end, self.fault)
             after = await self.executor.run(self._put_state, trainer)
@@ -129,17 +286,23 @@ class JobWorker:
             r = TrainReceipt(self.ledger.chain_id, jid, self.ident.account, post.sender, step, end, before, after,
                              commitments_root(batches), loss, (end - step) * post.price_per_step)
             r = r.signed(self.ident)
+            self._check_ours(jid)
             await self.ledger.submit(r)
             prog["step"], prog["losses"] = end, prog["losses"] + losses
             log.info("job %s: steps %d-%d, loss %s", jid.hex()[:12], step, end,
                      "NaN" if loss < 0 else f"{loss / 1e6:.3f}")
-            await self._wait_included(r.id)
+            await self._wait_included(jid, r.id)
             if loss < 0:
                 return  # diverged: the ledger refunds the rest
             before, step = after, end
-        tx = JobDeliver(self.ledger.chain_id, self.ident.account, jid, before, self.ledger.next_nonce(self.ident.account))
-        await self.ledger.submit(tx.signed(self.ident))
-        log.info("job %s delivered: adapter %s", jid.hex()[:12], before.hex()[:16])
+        await self._deliver(jid, before)
+
+    async def _deliver(self, jid: bytes, adapter: bytes) -> None:
+        me = self.ident.account
+        self.delivering[jid] = self.ledger.state.height
+        await self.ledger.submit(JobDeliver(self.ledger.chain_id, me, jid, adapter, self.ledger.next_nonce(me))
+                                 .signed(self.ident))
+        log.info("job %s delivered: adapter %s", jid.hex()[:12], adapter.hex()[:16])
 
     def _put_state(self, trainer: Trainer) -> bytes:
         return self.blobs.put(trainer.state_tensors())

@@ -15,7 +15,8 @@ from node.market.worker import JobWorker
 def worker_holding(jid: bytes):
     """A JobWorker whose ledger shows job ``jid`` accepted by it; returns (worker, state, block hooks)."""
     ident = Identity.generate()
-    job = SimpleNamespace(status=ACCEPTED, worker=ident.account)
+    # a started job (a segment is on the ledger): it cannot be released, so the worker retries it
+    job = SimpleNamespace(status=ACCEPTED, worker=ident.account, segments=(b"r" * 32,))
     state = SimpleNamespace(open_jobs={jid: None}, jobs={jid: job}, height=1,
                             account=lambda a: SimpleNamespace(bond=100))
     hooks = []
@@ -47,7 +48,7 @@ def test_failing_job_is_retried_with_backoff_not_every_block():
     gaps = [b - a for a, b in zip(attempts, attempts[1:])]
     assert 4 <= len(attempts) <= 6, attempts  # 0, 2, 6, 14, 30 s (+ block granularity), not 120 tries
     assert all(g2 > g1 for g1, g2 in zip(gaps, gaps[1:])), gaps  # the wait doubles
-    assert w.busy is None and w.failures[jid][0] == len(attempts)
+    assert not w.training and w.failures[jid][0] == len(attempts)
 
 
 def test_backoff_is_capped_and_never_overflows():
