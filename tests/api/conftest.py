@@ -77,9 +77,12 @@ class LiveSwarm:
         return self.acall(self.client.ledger.wait_for_height, h, timeout)
 
     def stop(self) -> None:
-        if self.nodes:
+        """Stop the swarm; a failure of its thread while the tests ran (stored by ``_thread``) is raised here."""
+        if self.nodes and self.error is None:
             self.call(self._stop.set)
         self.thread.join(30)
+        if self.error is not None:
+            raise RuntimeError(f"the swarm's thread failed: {self.error!r}") from self.error
 
 
 @pytest.fixture(scope="session")

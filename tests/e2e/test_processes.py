@@ -165,7 +165,7 @@ def test_four_validator_processes_survive_a_kill_and_the_restart_rejoins(tmp_pat
     genesis = tmp_path / "genesis.json"
     genesis.write_text(json.dumps({
         "chain_id": "tally-test-4v", "validators": ids,
-        "accounts": [{"account": a, "balance": 100 * 10**9, "bond": 200 * 10**9} for a in ids],
+        "accounts": [{"account": a, "balance": "100", "bond": "200"} for a in ids],  # credits
         "params": {"block_time_ms": 300}}))
     dirs = [tmp_path / f"v{i}" for i in range(4)]
     procs: list = []

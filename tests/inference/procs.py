@@ -18,7 +18,6 @@ from node.ledger.genesis import load_genesis
 from node.runtime import Node, NodeConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-C = 10**9
 
 
 def peer(key: int) -> str:
@@ -27,9 +26,9 @@ def peer(key: int) -> str:
 
 def write_genesis(tmp: Path, servers: list[int], clients: list[int], **params) -> Path:
     """Dev key 0 validates (and may be a client); ``servers`` are bonded; ``clients`` are funded."""
-    accounts = [{"account": peer(0), "balance": 1000 * C}]
-    accounts += [{"account": peer(k), "balance": 100 * C, "bond": 200 * C} for k in servers]
-    accounts += [{"account": peer(k), "balance": 1000 * C} for k in clients if k != 0]
+    accounts = [{"account": peer(0), "balance": "1000"}]  # genesis amounts are decimal credits
+    accounts += [{"account": peer(k), "balance": "100", "bond": "200"} for k in servers]
+    accounts += [{"account": peer(k), "balance": "1000"} for k in clients if k != 0]
     path = tmp / "genesis.json"
     path.write_text(json.dumps({"chain_id": "tally-test-inference", "validators": [peer(0)], "accounts": accounts,
                                 "params": {"block_time_ms": 200, "verdict_timeout": 15, **params}}))
@@ -51,11 +50,12 @@ async def start_nodes(nursery, cfgs: list[NodeConfig]) -> list[Node]:
     return nodes
 
 
-def spawn(tmp: Path, key: int, genesis_file: Path, cache: Path, *extra: str) -> subprocess.Popen:
-    """``node start`` with dev key ``key`` on the test chain and the tiny model, as its own process."""
+def spawn(tmp: Path, key: int, genesis_file: Path, cache: Path, *extra: str, model: str = "tiny") -> subprocess.Popen:
+    """``node start`` with dev key ``key`` on the test chain and ``model`` (``tiny`` or ``smollm2``, from the model
+    cache ``cache``), as its own process; its output goes to ``tmp/p<key>/stdout.log``."""
     d = tmp / f"p{key}"
     d.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen([sys.executable, "-m", "node.cli", "start", "--data-dir", str(d), "--model", "tiny",
+    return subprocess.Popen([sys.executable, "-m", "node.cli", "start", "--data-dir", str(d), "--model", model,
                              "--model-cache", str(cache), "--api-port", "0", "--genesis", str(genesis_file),
                              "--dev-account", str(key), *extra],
                             stdout=open(d / "stdout.log", "ab"), stderr=subprocess.STDOUT, cwd=ROOT)

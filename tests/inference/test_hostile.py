@@ -17,12 +17,15 @@ from node.encoding import MAX_FRAME, pack
 from node.identity import Identity
 from node.inference.server import INFERENCE_PROTOCOL, SpanServer
 from node.inference.wire import encode_hidden
-from node.p2p.framing import read_msg, write_msg
+from node.p2p.framing import StreamClosed, _io_errors, read_msg, write_msg
 from node.p2p.host import P2PHost, PeerUnreachable
 from node.p2p.scoring import PeerScores
 
 CHAIN = "tally-test"
 HDR = struct.Struct(">IB")
+# what a stream raises when the node has reset it or dropped the connection; never AssertionError, FrameError
+# (the reply must be a well-formed frame) or RequestTimeout (the node must answer within the timeout)
+GONE = (StreamClosed, PeerUnreachable) + _io_errors()
 
 
 def frame(payload: bytes, flags: int = 0) -> bytes:
@@ -107,20 +110,25 @@ async def _attack(attacker: P2PHost, host: P2PHost, first: bytes, second: bytes 
     else:
         return None  # refused (banned)
     try:
-        await s.write(first)
-        if second is not None:
-            opened = await read_msg(s, timeout=5)
-            assert opened["status"] == "ok", opened
-            await s.write(second)
-        return await read_msg(s, timeout=5)
-    except Exception:
+        return await _exchange(s, first, second)
+    except GONE:  # the node reset the stream or dropped the attacker: a reply raced by a disconnect
         return None
     finally:
         with trio.move_on_after(1):
             try:
                 await s.reset()
-            except Exception:
+            except GONE:
                 pass
+
+
+async def _exchange(s, first: bytes, second: bytes | None) -> dict:
+    """Write ``first`` (after which a valid open must be answered "ok"), then ``second``; return the reply."""
+    await s.write(first)
+    if second is not None:
+        opened = await read_msg(s, timeout=5)
+        assert opened["status"] == "ok", opened
+        await s.write(second)
+    return await read_msg(s, timeout=5)
 
 
 async def _valid_session(client: P2PHost, host: P2PHost, span) -> None:

@@ -1,6 +1,9 @@
-"""The issue's failover check with the real SmolLM2-135M (slow): 3 spans of 10 blocks, two servers each, the
-middle one dies after token 17 of 48; the tokens equal one-process generation, and fp16 compression is verified
-by a committee. Uses the default model cache (``ensure_smollm2``)."""
+"""The failover and fp16 checks with the real SmolLM2-135M on the in-memory network of ``fakenet.py`` (slow):
+real span servers, route client and committee member in one process, their streams trio memory streams (no
+libp2p, no processes; a "kill" ends the server's streams the way a SIGKILL does). 3 spans of 10 blocks, two
+servers each, the middle one dies after token 17 of 48; the tokens equal one-process generation, and fp16
+compression is verified by a committee member. The same failover over real libp2p with one process per server is
+``test_real_failover.py``. Uses the default model cache (``ensure_smollm2``)."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ PROMPT = "The three most important inventions in human history are"
 
 
 @pytest.mark.slow
-def test_smollm2_failover_after_token_17_of_48_and_fp16_sessions(tmp_path):
+def test_smollm2_failover_and_fp16_sessions_on_the_in_memory_network(tmp_path):
     model = ensure_smollm2()
 
     async def main():

@@ -4,6 +4,7 @@ on two workers at once; each training cheat is caught and slashed; a diverging j
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,12 @@ def test_job_lifecycle_two_jobs_two_workers(tmp_path, tiny):
         earned = sum(x for r in j.segments for acc, x in st.receipts[r].payouts if acc == j.worker)
         assert earned == j.post.price - j.post.price // 10
     assert Path(fetched["files"][0]).exists() and fetched["adapter"] == ja.adapter.hex()
-    assert fetched["heldout_loss_adapter"] == fetched["heldout_loss_adapter"]  # finite numbers
+    # held-out loss (last 10 % of the dataset, nats/token) of base + adapter against the base model alone, both
+    # measured by fetch_adapter's one code path (Trainer.eval_loss on the same slice). Measured here: base 8.69,
+    # adapter 8.34 after job a's 12 steps; 0.1 nats is under a third of that gain and far above float noise.
+    base, tuned = fetched["heldout_loss_base"], fetched["heldout_loss_adapter"]
+    assert math.isfinite(base) and math.isfinite(tuned), (base, tuned)
+    assert tuned < base - 0.1, (base, tuned)
     assert ja_json["title"] == "<img src=x onerror=alert(1)>" and ja_json["steps_done"] == 12
 
 
