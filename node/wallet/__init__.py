@@ -1,0 +1,1 @@
+"""The command-line wallet: ``node wallet`` against a local node's HTTP API."""

@@ -1,0 +1,121 @@
+"""The wallet's view of a local node: its HTTP API address from ``<data-dir>/node.json`` and its token from
+``<data-dir>/api_token`` (the same routes and token as the HTTP wallet, :mod:`node.api.wallet`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+
+from ..lockfile import holder
+
+INFO_FILE = "node.json"  # written by node.runtime.Node once its API listens
+TOKEN_FILE = "api_token"
+LOCK_FILE = "node.lock"
+POLL_S = 0.25  # seconds between looks for a submitted transaction
+
+
+class WalletError(RuntimeError):
+    """Something the user must be told in one line: the node is not running, the API refused, a timeout."""
+
+
+class ApiRefused(WalletError):
+    """The node answered with an error ``{"code", "message"}`` (HTTP ``status``)."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.status, self.code, self.message = status, code, message
+
+
+class NodeApi:
+    """HTTP calls to the node whose data dir is ``data_dir``.
+
+    Raises (from the constructor and every call):
+        WalletError: no node runs there (no ``node.json``, nothing answers) or its token is unreadable.
+        ApiRefused: the API answered an error.
+    """
+
+    def __init__(self, data_dir: Path, timeout: float = 30.0):
+        self.data_dir = data_dir
+        info = data_dir / INFO_FILE
+        try:
+            doc = json.loads(info.read_text())
+            self.url, self.peer_id = str(doc["api"]).rstrip("/"), str(doc["peer_id"])
+        except FileNotFoundError:
+            pid = holder(data_dir / LOCK_FILE)
+            if pid is not None:
+                raise WalletError(f"the node in {data_dir} (pid {pid}) is still starting: its API is not up yet; "
+                                  "try again in a moment") from None
+            raise WalletError(f"no node is running in {data_dir} (no {INFO_FILE}); start one with "
+                              f"`node start --data-dir {data_dir}`, or give --data-dir") from None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise WalletError(f"cannot read {info}: {e}") from None
+        self.http = httpx.Client(timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _token(self) -> str:
+        path = self.data_dir / TOKEN_FILE
+        try:
+            return path.read_text().strip()
+        except OSError as e:
+            raise WalletError(f"cannot read the API token {path}: {e.strerror or e} (state changes need it)") from None
+
+    def call(self, method: str, path: str, body: dict | None = None, params: dict | None = None) -> dict:
+        """One request; the decoded JSON body of a 2xx answer."""
+        headers = {"Authorization": f"Bearer {self._token()}"} if method != "GET" else {}
+        try:
+            r = self.http.request(method, self.url + path, json=body, params=params, headers=headers)
+        except httpx.HTTPError as e:
+            pid = holder(self.data_dir / LOCK_FILE)
+            if pid is None:
+                raise WalletError(f"no node is running in {self.data_dir} (nothing answers at {self.url}); start "
+                                  f"one with `node start --data-dir {self.data_dir}`") from None
+            raise WalletError(f"the node in {self.data_dir} (pid {pid}) does not answer at {self.url}: "
+                              f"{type(e).__name__} {e}") from None
+        try:
+            out = r.json()
+        except ValueError:
+            out = None
+        if r.status_code >= 400:
+            if isinstance(out, dict) and "code" in out:
+                raise ApiRefused(r.status_code, str(out["code"]), str(out.get("message", "")))
+            raise ApiRefused(r.status_code, f"http_{r.status_code}", r.text[:200])
+        if not isinstance(out, dict):
+            raise WalletError(f"the node at {self.url} answered {path} with something that is not a JSON object")
+        return out
+
+    def get(self, path: str, **params) -> dict:
+        return self.call("GET", path, params={k: v for k, v in params.items() if v is not None} or None)
+
+    def post(self, path: str, body: dict) -> dict:
+        return self.call("POST", path, body=body)
+
+    def wait_included(self, submitted: dict, timeout: float, clock=time.monotonic, sleep=time.sleep) -> dict:
+        """Poll ``/v1/txs/{id}`` until the submitted transaction is in a stored (finalized) block; its ``TxOut``.
+
+        Raises:
+            WalletError: not in a block after ``timeout`` seconds, or dropped (the account's nonce moved past it
+                and the transaction is in no block).
+        """
+        tid, nonce = submitted["id"], int(submitted["nonce"])
+        deadline = clock() + timeout
+        passed = 0  # consecutive looks that found the nonce past ours and the transaction in no block
+        while True:
+            try:
+                return self.get(f"/v1/txs/{tid}")
+            except ApiRefused as e:
+                if e.status != 404:
+                    raise
+            # the block that moved the nonce may be stored just after we looked: believe a drop on the second look
+            passed = passed + 1 if int(self.get(f"/v1/accounts/{self.peer_id}")["nonce"]) > nonce else 0
+            if passed >= 2:
+                raise WalletError(f"transaction {tid} was dropped: the account's nonce moved past {nonce} and it is "
+                                  "in no block")
+            if clock() >= deadline:
+                raise WalletError(f"transaction {tid} is not in a block after {timeout:g} s; it may still be "
+                                  f"included: look with `node wallet history` or GET /v1/txs/{tid}")
+            sleep(POLL_S)
