@@ -56,6 +56,26 @@ def _bootstrap_addr(text: str) -> str:
     return text
 
 
+def _listen_addr(text: str) -> str:
+    """argparse type: a TCP multiaddr to bind, e.g. ``/ip4/0.0.0.0/tcp/4001``."""
+    from .net.addrs import AddrError, parse_addr
+
+    try:
+        return parse_addr(text, for_listen=True)
+    except AddrError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _announce_addr(text: str) -> str:
+    """argparse type: a dialable multiaddr, e.g. ``/ip4/203.0.113.7/tcp/4001`` or ``/dns4/host/tcp/4001``."""
+    from .net.addrs import AddrError, parse_addr
+
+    try:
+        return parse_addr(text, for_listen=False)
+    except AddrError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _span(text: str) -> tuple[int, int] | tuple[str, int | None] | str:
     if text == "all":
         return "all"
@@ -89,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="node key, API token, ledger and blobs (default: %(default)s)")
     s.add_argument("--genesis", type=Path, help="genesis JSON file (default: the embedded devnet)")
     s.add_argument("--bootstrap", nargs="*", default=[], metavar="MULTIADDR", type=_bootstrap_addr,
-                   help="peers to dial at start, e.g. /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...")
+                   help="peers to dial at start, e.g. /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW... (default: the "
+                        "genesis file's bootstrap list)")
     s.add_argument("--span", type=_span, help="serve decoder blocks [START, END) (e.g. 0:10), 'all', or 'auto[:N]' "
                                               "(N blocks, default a third of the model, chosen where the swarm's "
                                               "announcements show the weakest coverage); default: serve nothing "
@@ -98,7 +119,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how this node's client sends hidden states to servers (recorded in each receipt; "
                         "default: %(default)s)")
     s.add_argument("--gpu", type=int, metavar="N", help="run compute on CUDA device N (default: CPU)")
-    s.add_argument("--port", type=_port, default=0, help="libp2p TCP port on 127.0.0.1 (default: any free)")
+    s.add_argument("--listen", nargs="+", metavar="MULTIADDR", type=_listen_addr,
+                   help="libp2p addresses to listen on (TCP). Default: /ip4/0.0.0.0/tcp/4001 plus /ip6/::/tcp/4001 "
+                        "where the host has IPv6; on devnet and tally-test* chains /ip4/127.0.0.1/tcp/0 (this machine "
+                        "only). "
+                        "Open the TCP port in your firewall for others to reach you")
+    s.add_argument("--announce", nargs="+", default=[], metavar="MULTIADDR", type=_announce_addr,
+                   help="addresses others can reach you at, announced first (port forwarding, a public IP or DNS "
+                        "name, e.g. /dns4/node.example.org/tcp/4001); loopback and wildcard addresses are never "
+                        "announced to other machines")
+    s.add_argument("--relay", default="auto", choices=["auto", "on", "off"],
+                   help="relay (circuit relay v2, with limits) for peers behind NATs: auto = when listening "
+                        "beyond loopback (default: %(default)s)")
+    s.add_argument("--port", type=_port, default=None,
+                   help="TCP port of the default --listen addresses (default: 4001; on the devnet any free port)")
     s.add_argument("--api-port", type=_port, default=8700, help="HTTP API port (default: %(default)s; 0: any)")
     s.add_argument("--api-host", default="127.0.0.1", help="HTTP API bind address (default: %(default)s)")
     _model_args(s)
@@ -109,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fault", choices=FAULTS, help=TEST_SWITCH_HELP)
     s.add_argument("--accept-jobs", action="store_true",
                    help="take fine-tune jobs from the marketplace for credits (needs a bond)")
+    s.add_argument("--job-capacity", type=_positive, default=1, metavar="N",
+                   help="with --accept-jobs: hold at most N jobs at once, trained side by side (default: "
+                        "%(default)s). The ledger also needs the bond to cover the start penalty of every job held "
+                        "before its first segment")
     s.add_argument("--log-level", default="INFO", type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="logging level (default: %(default)s)")
 
@@ -137,6 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .market.cli import add_job_parser
 
     add_job_parser(sub, DEFAULT_DATA_DIR)
+    from .net.genesis_cli import add_genesis_parser, add_key_parser
+    from .wallet.cli import add_wallet_parser
+
+    add_genesis_parser(sub)
+    add_key_parser(sub, DEFAULT_DATA_DIR)
+    add_wallet_parser(sub, DEFAULT_DATA_DIR)
     return p
 
 
@@ -204,13 +248,14 @@ def cmd_start(args) -> int:
         genesis = load_genesis(args.genesis)
     except (GenesisError, OSError) as e:
         sys.exit(f"node: bad genesis: {e}")
+    bootstrap = args.bootstrap or list(genesis.bootstrap)  # --bootstrap replaces the genesis file's list
     if (args.fault or args.dev_account is not None) and not is_dev_chain(genesis.chain_id):
         sys.exit("node: --fault and --dev-account exist only on devnet/test chains")
     dev_account = args.dev_account
     if dev_account is not None and (args.data_dir / "node_key").exists():
         logging.getLogger("tally.node").warning("--dev-account %d ignored: %s already holds a key", dev_account,
                                                 args.data_dir / "node_key")
-    if (dev_account is None and not args.bootstrap and genesis.chain_id == "tally-devnet"
+    if (dev_account is None and not bootstrap and genesis.chain_id == "tally-devnet"
             and not (args.data_dir / "node_key").exists()):
         dev_account = 0  # a lone node on the embedded devnet becomes its validator
         logging.getLogger("tally.node").info("no key and no --bootstrap on the devnet: using dev key 0 (validator)")
@@ -227,9 +272,12 @@ def cmd_start(args) -> int:
             sys.exit(f"node: --span auto:{auto_blocks}: the model has {manifest.num_blocks} blocks")
     elif span is not None and span[1] > manifest.num_blocks:
         sys.exit(f"node: --span {span[0]}:{span[1]}: the model has {manifest.num_blocks} blocks")
+    listen = args.listen or _default_listen(genesis.chain_id, args.port)
     cfg = NodeConfig(data_dir=args.data_dir, genesis=genesis, model_dir=model_dir, span=span,
-                     bootstrap=args.bootstrap, p2p_port=args.port, api_port=args.api_port, api_host=args.api_host,
-                     device=device, threads=args.threads, fault=args.fault, accept_jobs=args.accept_jobs, compression=args.compression,
+                     bootstrap=bootstrap, listen=listen, announce=args.announce, relay=args.relay,
+                     p2p_port=args.port or 0, api_port=args.api_port, api_host=args.api_host,
+                     device=device, threads=args.threads, fault=args.fault, accept_jobs=args.accept_jobs, job_capacity=args.job_capacity,
+                     compression=args.compression,
                      auto_blocks=auto_blocks,
                      seed=dev_seed(dev_account) if dev_account is not None else None)
     if args.fault:
@@ -253,6 +301,16 @@ def cmd_start(args) -> int:
     return 0
 
 
+def _default_listen(chain_id: str, port: int | None) -> list[str]:
+    """Devnet and test chains (:func:`is_dev_chain`) listen on 127.0.0.1 (any free port unless ``--port``);
+    every other chain on all interfaces, TCP 4001 (or ``--port``), IPv6 too where the host has it."""
+    from .net.addrs import DEFAULT_PORT, default_listen
+
+    if is_dev_chain(chain_id):
+        return [f"/ip4/127.0.0.1/tcp/{port or 0}"]
+    return default_listen(DEFAULT_PORT if port is None else port)
+
+
 def _setup_logging(level: str, data_dir: Path | None) -> None:
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if data_dir is not None:
@@ -272,6 +330,14 @@ def main(argv: list[str] | None = None) -> int:
         from .market.cli import run_job_command
 
         return run_job_command(args)
+    if args.cmd in ("genesis", "key"):
+        from .net.genesis_cli import run_genesis_command, run_key_command
+
+        return run_genesis_command(args) if args.cmd == "genesis" else run_key_command(args)
+    if args.cmd == "wallet":
+        from .wallet.cli import run_wallet_command
+
+        return run_wallet_command(args)
     from .devnet import run_devnet
 
     return run_devnet(args)

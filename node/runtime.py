@@ -19,6 +19,8 @@ from .identity import Identity, load_or_create
 from .ledger.genesis import Genesis
 from .ledger.service import LedgerService
 from .ledger.store import LedgerStore
+from .net.limits import Limits
+from .net.service import NetworkService, RelayMode
 from .p2p.host import P2PHost
 
 log = logging.getLogger("tally.node")
@@ -39,6 +41,10 @@ class NodeConfig:
     span: tuple[int, int] | str | None = None  # None: client / committee only; "auto": choose (see auto_blocks)
     bootstrap: list[str] = field(default_factory=list)
     p2p_port: int = 0
+    listen: list[str] | None = None  # libp2p multiaddrs to bind (None: 127.0.0.1 with p2p_port)
+    announce: list[str] = field(default_factory=list)  # addresses reachable from outside, announced first
+    relay: str = "auto"  # relay for others: auto (when listening beyond loopback), on, off
+    limits: Limits | None = None  # per-peer connection and stream limits (None: node.net.limits defaults)
     api_port: int = 0
     api_host: str = "127.0.0.1"
     device: str = "cpu"
@@ -52,6 +58,7 @@ class NodeConfig:
     auto_blocks: int | None = None  # span "auto": blocks to serve (default: a third of the model, rounded up)
     cache_tokens: int | None = None  # KV-cache positions the span server holds at most (default: 32 sessions)
     accept_jobs: bool = False  # take fine-tune jobs from the marketplace (needs a bond)
+    job_capacity: int = 1  # fine-tune jobs held at once (node.market.worker)
 
 
 def ensure_api_token(data_dir: Path) -> str:
@@ -83,7 +90,9 @@ class Node:
         self.executor = TorchExecutor(cfg.threads)
         self.blobs = BlobStore(cfg.data_dir)
         self.store = LedgerStore(cfg.data_dir / "ledger", cfg.genesis)
-        self.host = P2PHost(self.ident, cfg.p2p_port, cfg.genesis.chain_id)
+        self.host = P2PHost(self.ident, cfg.p2p_port, cfg.genesis.chain_id, listen=cfg.listen,
+                            announce=cfg.announce, genesis_hash=cfg.genesis.hash, limits=cfg.limits)
+        self.net = NetworkService(self.host, cfg.genesis.hash, cfg.bootstrap, cfg.data_dir, RelayMode(cfg.relay))
         self.ledger = LedgerService(self.store, cfg.genesis, self.ident, self.host,
                                     consensus_fault="equivocate" if cfg.fault == "equivocate" else None)
         log.info("ledger replayed and verified from genesis: head %d (%s)", self.ledger.state.height,
@@ -121,7 +130,8 @@ class Node:
 
             train_fault = cfg.fault if cfg.fault in TRAIN_FAULTS else None
             self.jobs = JobWorker(self.ident, self.ledger, self.host, self.blobs, self.executor, cfg.model_dir,
-                                  self.manifest.model_id, device=cfg.device, fault=train_fault)
+                                  self.manifest.model_id, device=cfg.device, fault=train_fault,
+                                  capacity=cfg.job_capacity)
 
     def _make_server(self, start: int, end: int):
         from .inference.server import SpanServer
@@ -152,7 +162,8 @@ class Node:
         self.host.set_handler(INFERENCE_PROTOCOL, self.server.handle)
 
     def info(self) -> dict:
-        return {"peer_id": self.ident.peer_id, "addrs": self.host.addrs, "api": self.api_url,
+        return {"peer_id": self.ident.peer_id, "addrs": self.host.addrs, "bound": self.host.bound_addrs(),
+                "api": self.api_url, "genesis": self.genesis.hash.hex(),
                 "chain_id": self.genesis.chain_id, "span": list(self.cfg.span) if self.cfg.span else None,
                 "pid": os.getpid()}
 
@@ -171,6 +182,7 @@ class Node:
                     self.host.set_handler(INFERENCE_PROTOCOL, self.server.handle)
                 self.host.set_handler(BLOB_PROTOCOL, partial(blob_handler, self.blobs))
                 await self.host.subscribe(self.host.topic("shards"), self._on_shards)
+                await self.host.start_service(self.net.run)
                 if self.cfg.bootstrap:
                     n = await self.host.connect(self.cfg.bootstrap)
                     log.info("connected to %d of %d bootstrap peers", n, len(self.cfg.bootstrap))
@@ -207,15 +219,22 @@ class Node:
         if isinstance(msg, dict) and from_peer in (msg.get("presence"), msg.get("peer")):
             addrs = msg.get("addrs")
             if isinstance(addrs, list):
-                self.host.remember([a for a in addrs if isinstance(a, str) and a.endswith("/p2p/" + from_peer)])
+                mine = [a for a in addrs[:16] if isinstance(a, str) and a.endswith("/p2p/" + from_peer)]
+                self.host.remember([a for a in mine if "/p2p-circuit" not in a])
+                self.net.learn(from_peer, mine)
         await self.swarm.on_announcement(data, from_peer)
 
     async def _presence_loop(self) -> None:
         from .encoding import pack
 
         seq = 0
+        written = self.host.addrs
         while True:
             seq += 1  # distinct bytes each time: gossip de-duplicates identical content
+            if self.host.addrs != written:  # a relay reservation or a dial-back changed what we announce
+                written = self.host.addrs
+                log.info("announcing %s", ", ".join(written))
+                self._write_info()
             await self.host.publish(self.host.topic("shards"),
                                     pack({"presence": self.ident.peer_id, "addrs": self.host.addrs, "seq": seq}))
             await trio.sleep(self.cfg.announce_period)

@@ -9,12 +9,40 @@ models (Schemathesis).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
+from ..encoding import AMOUNT_FORM, AMOUNT_GRAMMAR, AmountSyntaxError, parse_amount
+
+# The shape of an account; whether its bytes are a valid Ed25519 public key is checked by
+# node.api.views.parse_account (node.identity.account_from_str), which answers 400 bad_account.
 ACCOUNT_RE = r"^(12D3KooW[1-9A-HJ-NP-Za-km-z]{44}|[0-9a-fA-F]{64})$"
-AMOUNT_RE = r"^[0-9.eE+ -]{1,64}$"  # characters of a decimal; parse_amount says what else is wrong
+# The one spelling of an amount (node.encoding.AMOUNT_GRAMMAR): "12", "0.5", "1.000000001"; no sign, spaces,
+# exponent, leading zeros, "1." or ".5". parse_amount then checks that it is positive and at most MAX_AMOUNT.
+AMOUNT_RE = rf"^{AMOUNT_GRAMMAR}$"
+AMOUNT_MAX_LENGTH = 64  # longer than any amount (at most 20 characters) so that a too-large one reads as such
+
+
+def _amount_syntax(v: Any) -> Any:
+    """Refuse a string that is not in the canonical amount syntax (422) with :func:`~node.encoding.parse_amount`'s
+    message, which shows the accepted form (pydantic's own for ``pattern`` would show only the regular expression).
+    Zero and too-large amounts pass here and are refused by the handler (400 ``bad_amount``); non-strings pass on
+    to pydantic's type check."""
+    if isinstance(v, str) and len(v) <= AMOUNT_MAX_LENGTH:
+        try:
+            parse_amount(v, allow_zero=True)
+        except AmountSyntaxError:
+            raise
+        except ValueError:
+            pass
+    return v
+
+
+# (the Field first: pydantic leaves a pattern placed after a BeforeValidator out of the JSON schema; the
+# BeforeValidator runs before the pattern check either way)
+AmountText = Annotated[str, Field(max_length=AMOUNT_MAX_LENGTH, pattern=AMOUNT_RE, examples=["1.5"]),
+                       BeforeValidator(_amount_syntax)]
 
 
 class Amount(BaseModel):
@@ -33,6 +61,17 @@ class SpanOut(BaseModel):
     span: list[int] = Field(..., description="[start, end) decoder blocks")
 
 
+class NetworkOut(BaseModel):
+    reachability: str = Field(..., description="unknown, public (a peer dialled an address back) or private")
+    announced: list[str] = Field(..., description="addresses this node tells others, best first")
+    relay_reservation: str | None = Field(None, description="relay peer holding our slot (when private)")
+    relaying: bool = Field(..., description="this node relays for peers behind NATs")
+    peers_known: int
+    peers_connected: int
+    refused_streams: int = Field(..., description="inbound streams refused by the per-peer limits")
+    refused_connections: int = Field(..., description="connections closed by the per-peer limits")
+
+
 class StatusOut(BaseModel):
     chain_id: str
     height: int
@@ -49,6 +88,8 @@ class StatusOut(BaseModel):
     span: list[int] | None
     swarm: list[SpanOut]
     supply: Amount
+    genesis_hash: str = Field("", description="hex; peers of another genesis are refused at connection time")
+    network: NetworkOut | None = None
 
 
 class AccountOut(BaseModel):
@@ -293,11 +334,11 @@ class GenerateOut(BaseModel):
 
 class TransferRequest(BaseModel):
     to: str = Field(..., max_length=128, pattern=ACCOUNT_RE, description="recipient peer ID")
-    amount: str = Field(..., max_length=64, pattern=AMOUNT_RE, description="decimal credits, e.g. \"1.5\"")
+    amount: AmountText = Field(..., description="decimal credits, e.g. \"1.5\": " + AMOUNT_FORM)
 
 
 class BondRequest(BaseModel):
-    amount: str = Field(..., max_length=64, pattern=AMOUNT_RE, description="decimal credits to bond or unbond")
+    amount: AmountText = Field(..., description="decimal credits to bond or unbond: " + AMOUNT_FORM)
 
 
 class SubmittedOut(BaseModel):

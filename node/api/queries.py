@@ -81,7 +81,8 @@ class Queries:
             "mempool": len(n.ledger.mempool), "model_id": n.manifest.model_id.hex(),
             "num_blocks": n.manifest.num_blocks, "span": list(n.cfg.span) if n.cfg.span else None,
             "swarm": [{"peer": p, "span": [s, e]} for p, s, e in n.swarm.live(n.manifest.model_id)],
-            "supply": v.amount(st.supply()),
+            "supply": v.amount(st.supply()), "genesis_hash": n.genesis.hash.hex(),
+            "network": n.net.status() if getattr(n, "net", None) is not None else None,
         }
 
     def account(self, a: bytes) -> dict:

@@ -193,3 +193,64 @@ def _enqueue(send, topic: str, data: bytes, origin: str) -> None:
         log.warning("gossip queue for %s full; dropped a message from %s", topic, origin)
     except (trio.ClosedResourceError, trio.BrokenResourceError):
         pass
+
+
+class GossipMethods:
+    """The gossip half of :class:`node.p2p.host.P2PHost` (topics, subscribe, publish, mesh), which sets
+    ``chain_id``, ``genesis_hash``, ``_gossip`` and ``_require``."""
+
+    def topic(self, name: str) -> str:
+        """Full topic name ``tally/<chain_id>/<genesis hash, 8 bytes hex>/<name>`` (``tally/<chain_id>/<name>``
+        without a genesis hash; ``name`` in ``tx``, ``consensus``, ``shards``).
+
+        Raises:
+            ValueError: unknown name.
+        """
+        if name not in TOPIC_NAMES:
+            raise ValueError(f"unknown topic {name!r}; expected one of {TOPIC_NAMES}")
+        if self.genesis_hash is not None:
+            return f"tally/{self.chain_id}/{self.genesis_hash[:8].hex()}/{name}"
+        return f"tally/{self.chain_id}/{name}"
+
+    async def subscribe(self, topic: str, handler: GossipHandler) -> None:
+        """Subscribe to ``topic``: ``await handler(data: bytes, from_peer: str)`` runs once per distinct content,
+        in arrival order, own publications included (:mod:`node.p2p.gossip`). Handler errors are logged.
+
+        Raises:
+            RuntimeError: not running, or already subscribed to ``topic``.
+        """
+        self._require()
+        await self._gossip.subscribe(topic, handler)
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        """Sign and publish ``data`` (at most ``gossip.MAX_GOSSIP`` = 512 KiB) on ``topic``.
+
+        Peers learn of subscriptions asynchronously; a message published before any neighbour is known to be
+        subscribed is queued by py-libp2p for peers still being identified, but may reach no one (see
+        :meth:`wait_for_topic_peers`).
+
+        Raises:
+            RuntimeError: not running.
+            TypeError: ``data`` is not bytes.
+            ValueError: ``data`` is too large.
+        """
+        self._require()
+        await self._gossip.publish(topic, data)
+
+    def topic_peers(self, topic: str) -> list[str]:
+        """Connected peers known to be subscribed to ``topic`` ([] when not running)."""
+        return self._gossip.topic_peers(topic) if self._gossip else []
+
+    def mesh_peers(self, topic: str) -> list[str]:
+        """Peers in this node's gossipsub mesh for ``topic`` ([] when not running)."""
+        return self._gossip.mesh_peers(topic) if self._gossip else []
+
+    async def wait_for_topic_peers(self, topic: str, n: int = 1, timeout: float = 5.0, mesh: bool = True) -> None:
+        """Wait until at least ``n`` peers are in the mesh for ``topic`` (``mesh=False``: known subscribed).
+
+        Raises:
+            RuntimeError: not running.
+            RequestTimeout: not reached within ``timeout`` seconds.
+        """
+        self._require()
+        await self._gossip.wait_for_topic_peers(topic, n, timeout, mesh)

@@ -31,9 +31,11 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 import trio
 
 from ..encoding import MAX_MESSAGE
+from ..net.addrs import Scope, announceable, parse_addr, scope
+from ..net.limits import ConnectionNotifee, Limits, PeerLimiter, StreamGate
 from .framing import (FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, error_reply,
                       read_msg, write_msg)
-from .gossip import TOPIC_NAMES, Gossip, GossipHandler, make_router, raise_outbound_queue
+from .gossip import Gossip, GossipMethods, make_router, raise_outbound_queue
 from .quirks import batch_yamux_window_updates, check_port_free, exception_leaves, route_libp2p_logging
 from .scoring import MALFORMED_FRAME, PeerScores
 
@@ -47,31 +49,55 @@ class PeerUnreachable(Exception):
     """No stream could be opened to the peer: unknown address, dial failure, or protocol not supported."""
 
 
-class P2PHost:
+class P2PHost(GossipMethods):
     """One node's libp2p host.
 
     Args:
         identity: :class:`node.identity.Identity`; its Ed25519 key is the libp2p key (peer ID == account).
         listen_port: TCP port, 0 for any free port.
         chain_id: chain id used in topic names (required, non-empty).
-        listen_host: IPv4 address to listen on (``"0.0.0.0"`` for all interfaces).
+        listen_host: IP address to listen on (``"0.0.0.0"`` for all interfaces) with ``listen_port``, when
+            ``listen`` is not given.
+        listen: multiaddrs to bind, e.g. ``["/ip4/0.0.0.0/tcp/4001", "/ip6/::/tcp/4001"]``
+            (:func:`node.net.addrs.parse_addr`).
+        announce: multiaddrs reachable from outside (port forwarding, a DNS name), announced first.
+        genesis_hash: the chain's genesis hash; gossip topics carry its first 8 bytes, so nodes of another
+            genesis never share a topic (the connection-time check is :mod:`node.net.hello`).
+        limits: per-peer connection and stream limits (:class:`node.net.limits.Limits`).
         heartbeat_interval: gossipsub heartbeat in seconds (mesh maintenance, gossip).
         degree, degree_low, degree_high: gossipsub mesh degree D, D_lo, D_hi.
         scores: per-peer misbehaviour scores (default: :class:`~node.p2p.scoring.PeerScores` defaults).
 
     Raises:
         ValueError: empty ``chain_id``.
+        node.net.addrs.AddrError: a bad ``listen`` or ``announce`` multiaddr.
     """
 
     def __init__(self, identity, listen_port: int = 0, chain_id: str | None = None, *,
                  listen_host: str = "127.0.0.1", heartbeat_interval: float = 0.5,
-                 degree: int = 6, degree_low: int = 4, degree_high: int = 12, scores: PeerScores | None = None):
+                 degree: int = 6, degree_low: int = 4, degree_high: int = 12, scores: PeerScores | None = None,
+                 listen: list[str] | None = None, announce: list[str] | None = None,
+                 genesis_hash: bytes | None = None, limits: Limits | None = None):
         if not chain_id:
             raise ValueError("chain_id is required")
         self.identity = identity
         self.chain_id = chain_id
+        self.genesis_hash = genesis_hash
         self.listen_port = listen_port
         self.listen_host = listen_host
+        ip = "ip6" if ":" in listen_host else "ip4"
+        self.listen = [parse_addr(a, for_listen=True) for a in listen] if listen else \
+            [f"/{ip}/{listen_host}/tcp/{listen_port}"]
+        self.announce = [parse_addr(a, for_listen=False) for a in announce or []]
+        self.confirmed_addrs: list[str] = []  # reached by a peer's dial-back (node.net.reachability)
+        self.relay_addrs: list[str] = []  # .../p2p/<relay>/p2p-circuit while holding a reservation
+        self.limiter = PeerLimiter(limits)
+        self.gate: Callable[[str, str], Awaitable[bool]] | None = None  # (peer, protocol) -> serve it?
+        self.open_gate: set[str] = set()  # protocols served before the gate (the handshake itself)
+        self.on_connected: list[Callable[[str, Any], None]] = []
+        self.on_disconnected: list[Callable[[str, Any], None]] = []
+        self.circuit_dialer: Callable[[str], Awaitable[bool]] | None = None
+        self.dial_hint: Callable[[str], Awaitable[None]] | None = None  # connect a peer from the address book
         self._gossip_params = dict(degree=degree, degree_low=degree_low, degree_high=degree_high,
                                    heartbeat_interval=heartbeat_interval)
         self._handlers: dict[str, Any] = {}
@@ -109,16 +135,24 @@ class P2PHost:
         route_libp2p_logging()
         raise_outbound_queue()
         batch_yamux_window_updates()
-        if self.listen_port:
-            check_port_free(self.listen_host, self.listen_port)
+        for a in self.listen:
+            parts = a.split("/")
+            if parts[4] != "0":
+                check_port_free(parts[2], int(parts[4]))
         kp = self.identity.libp2p_keypair()
-        listen = multiaddr.Multiaddr(f"/ip4/{self.listen_host}/tcp/{self.listen_port}")
+        listen = [multiaddr.Multiaddr(a) for a in self.listen]
         host = new_host(
             key_pair=kp,
             sec_opt={NOISE_ID: NoiseTransport(kp, noise_privkey=x25519_pair().private_key)},
             muxer_opt={YAMUX_ID: Yamux},
-            listen_addrs=[listen],
+            listen_addrs=listen,
+            addrs_factory=lambda _candidates: [multiaddr.Multiaddr(a) for a in self.announced()
+                                               if scope(a) is not Scope.RELAY],
         )
+        # py-libp2p's resource manager caps streams node-wide and leaks slots on refusals (node.net.limits):
+        # Tally's per-peer limits replace it
+        host.get_network().set_resource_manager(None)
+        StreamGate(self.limiter, self).install(host.get_network())
         gossipsub = make_router(**self._gossip_params)
         pubsub = Pubsub(host, gossipsub)
         for proto, fn in self._handlers.items():
@@ -145,15 +179,19 @@ class P2PHost:
     async def _serve(self, host, pubsub, gossipsub, listen) -> AsyncIterator[None]:
         from libp2p.tools.anyio_service import background_trio_service
 
-        async with host.run([listen]):
+        async with host.run(listen):
             try:
-                if not host.get_transport_addrs():  # py-libp2p logs a failed bind and carries on
-                    raise OSError(f"could not listen on {listen} (port in use?)")
+                if len(host.get_transport_addrs()) < len(listen):  # py-libp2p logs a failed bind, carries on
+                    raise OSError(f"could not listen on {', '.join(map(str, listen))} (port in use?)")
                 async with background_trio_service(pubsub), background_trio_service(gossipsub):
                     await pubsub.wait_until_ready()
                     async with trio.open_nursery() as nursery:
                         self._host, self._gossip = host, Gossip(pubsub, nursery, self._peer_id)
                         self._nursery = nursery
+                        host.get_network().register_notifee(ConnectionNotifee(
+                            self.limiter, self, nursery.start_soon,
+                            lambda p, c: [f(p, c) for f in self.on_connected],
+                            lambda p, c: [f(p, c) for f in self.on_disconnected]))
                         log.info("p2p host %s listening on %s", self._peer_id, self.addrs)
                         try:
                             yield
@@ -169,6 +207,26 @@ class P2PHost:
                     except Exception as e:
                         log.debug("host close: %s: %s", type(e).__name__, e)
 
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run ``await fn(*args)`` in the host's background nursery (cancelled when the host stops).
+
+        Raises:
+            RuntimeError: not running.
+        """
+        if self._nursery is None:
+            raise RuntimeError("host is not running (use `async with host.running()`)")
+        self._nursery.start_soon(fn, *args)
+
+    async def start_service(self, fn: Callable[..., Awaitable[Any]]) -> Any:
+        """``await nursery.start(fn)`` in the host's background nursery: returns when ``fn`` reports started."""
+        self._require()
+        return await self._nursery.start(fn)
+
+    @property
+    def libp2p(self):
+        """The running py-libp2p ``IHost`` (for :mod:`node.net`)."""
+        return self._require()
+
     def _require(self):
         if self._host is None:
             raise RuntimeError("host is not running (use `async with host.running()`)")
@@ -183,8 +241,27 @@ class P2PHost:
 
     @property
     def addrs(self) -> list[str]:
-        """Listen multiaddrs with ``/p2p/<peer id>``, e.g. ``/ip4/127.0.0.1/tcp/40123/p2p/12D3KooW...``."""
-        return [str(a) for a in self._require().get_addrs()]
+        """Announced multiaddrs with ``/p2p/<peer id>``, best first (:meth:`announced`), e.g.
+        ``/ip4/10.0.0.2/tcp/4001/p2p/12D3KooW...``; a relayed node's circuit address ends in
+        ``/p2p/<relay>/p2p-circuit/p2p/<peer id>``."""
+        self._require()
+        return [f"{a}/p2p/{self._peer_id}" for a in self.announced()]
+
+    def bound_addrs(self) -> list[str]:
+        """The multiaddrs the transport listens on, with their real ports (wildcards stay wildcards)."""
+        return [str(a) for a in self._require().get_transport_addrs()]
+
+    def announced(self) -> list[str]:
+        """What this node tells others it can be reached at, without ``/p2p``: ``--announce`` addresses,
+        dial-back-confirmed and relay addresses, then bound addresses with wildcards expanded; never wildcard,
+        loopback only for a node bound to loopback alone (:func:`node.net.addrs.announceable`)."""
+        if self._host is None:
+            return []
+        return announceable(self.announce, self.bound_addrs(), self.confirmed_addrs, self.relay_addrs)
+
+    def banned(self, peer_id: str) -> bool:
+        """Whether ``peer_id`` is banned now (its streams and connections are refused)."""
+        return self.scores.banned(peer_id)
 
     def connected_peers(self) -> list[str]:
         """Peer IDs with at least one open connection."""
@@ -220,6 +297,13 @@ class P2PHost:
             if pid == self._peer_id:
                 return
             try:
+                if "/p2p-circuit" in addr:  # py-libp2p's connect() never dials these (node.net.relay)
+                    if self.circuit_dialer is not None and await self.circuit_dialer(addr):
+                        ok.add(pid)
+                    return
+                # Tally backs off per peer itself (node.net.peers); py-libp2p's 60 s negative cache would keep a
+                # restarted server unreachable for a minute after one failed dial
+                host.get_network().unblock_peer(info.peer_id)
                 with trio.fail_after(timeout):
                     await host.connect(info)
                 ok.add(pid)
@@ -247,6 +331,8 @@ class P2PHost:
                 continue
             if info.peer_id.to_base58() != self._peer_id:
                 host.get_peerstore().add_addrs(info.peer_id, info.addrs, ttl)
+                if info.peer_id not in host.get_connected_peers():
+                    host.get_network().unblock_peer(info.peer_id)  # it is alive: it just told us so
                 n += 1
         return n
 
@@ -292,7 +378,8 @@ class P2PHost:
 
         async def wrapped(stream) -> None:
             remote = stream.muxed_conn.peer_id.to_base58()
-            if self.scores.banned(remote):
+            if self.scores.banned(remote) or (self.gate is not None and protocol_id not in self.open_gate
+                                              and not await self.gate(remote, protocol_id)):
                 await _reset(stream)
                 return
             try:
@@ -372,6 +459,8 @@ class P2PHost:
             raise PeerUnreachable(f"not a peer ID: {peer_id!r}") from None
         try:
             with trio.fail_after(timeout):
+                if self.dial_hint is not None and peer_id not in self.connected_peers():
+                    await self.dial_hint(peer_id)  # e.g. through a relay: py-libp2p cannot dial those itself
                 return await host.new_stream(pid, [TProtocol(protocol_id)])
         except trio.TooSlowError:
             raise PeerUnreachable(f"no stream to {peer_id} for {protocol_id} within {timeout} s") from None
@@ -408,62 +497,6 @@ class P2PHost:
             raise
         await _close(stream)
         return check_reply(reply)
-
-    # ------------------------------------------------------------------ gossip
-
-    def topic(self, name: str) -> str:
-        """Full topic name ``tally/<chain_id>/<name>`` (``name`` in ``tx``, ``consensus``, ``shards``).
-
-        Raises:
-            ValueError: unknown name.
-        """
-        if name not in TOPIC_NAMES:
-            raise ValueError(f"unknown topic {name!r}; expected one of {TOPIC_NAMES}")
-        return f"tally/{self.chain_id}/{name}"
-
-    async def subscribe(self, topic: str, handler: GossipHandler) -> None:
-        """Subscribe to ``topic``: ``await handler(data: bytes, from_peer: str)`` runs once per distinct content,
-        in arrival order, own publications included (:mod:`node.p2p.gossip`). Handler errors are logged.
-
-        Raises:
-            RuntimeError: not running, or already subscribed to ``topic``.
-        """
-        self._require()
-        await self._gossip.subscribe(topic, handler)
-
-    async def publish(self, topic: str, data: bytes) -> None:
-        """Sign and publish ``data`` (at most ``gossip.MAX_GOSSIP`` = 512 KiB) on ``topic``.
-
-        Peers learn of subscriptions asynchronously; a message published before any neighbour is known to be
-        subscribed is queued by py-libp2p for peers still being identified, but may reach no one (see
-        :meth:`wait_for_topic_peers`).
-
-        Raises:
-            RuntimeError: not running.
-            TypeError: ``data`` is not bytes.
-            ValueError: ``data`` is too large.
-        """
-        self._require()
-        await self._gossip.publish(topic, data)
-
-    def topic_peers(self, topic: str) -> list[str]:
-        """Connected peers known to be subscribed to ``topic`` ([] when not running)."""
-        return self._gossip.topic_peers(topic) if self._gossip else []
-
-    def mesh_peers(self, topic: str) -> list[str]:
-        """Peers in this node's gossipsub mesh for ``topic`` ([] when not running)."""
-        return self._gossip.mesh_peers(topic) if self._gossip else []
-
-    async def wait_for_topic_peers(self, topic: str, n: int = 1, timeout: float = 5.0, mesh: bool = True) -> None:
-        """Wait until at least ``n`` peers are in the mesh for ``topic`` (``mesh=False``: known subscribed).
-
-        Raises:
-            RuntimeError: not running.
-            RequestTimeout: not reached within ``timeout`` seconds.
-        """
-        self._require()
-        await self._gossip.wait_for_topic_peers(topic, n, timeout, mesh)
-
 
 def _late_spawn(e: BaseException) -> bool:
     return isinstance(e, RuntimeError) and "closed to new arrivals" in str(e)

@@ -3,6 +3,7 @@
 Tests elsewhere can use it with ``from tests.net.conftest import netns  # noqa: F401``.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +24,8 @@ def netns(request):
     try:
         net = Netns(prefix_note=request.node.name[:8])
     except NetnsUnavailable as e:
+        if os.environ.get("TALLY_REQUIRE_NETNS"):  # CI: these tests must run, not vanish as skips
+            pytest.fail(f"network namespaces unavailable but TALLY_REQUIRE_NETNS is set: {e}")
         pytest.skip(f"network namespaces unavailable here: {e}")
     request.addfinalizer(net.close)
     return net

@@ -1,0 +1,335 @@
+"""The node's network service: handshake, peer discovery and redial, reachability and relays, on one host.
+
+:class:`NetworkService` runs beside the ledger and the span server (:mod:`node.runtime`):
+
+1. **Handshake** (:mod:`node.net.hello`) on every connection; Tally protocols wait for it (the host's gate).
+2. **Discovery**: bootstrap addresses (genesis file and ``--bootstrap``) and the saved address book
+   (:mod:`node.net.peers`) are dialled at start; each verified peer is asked for the peers it knows
+   (``/tally/peers/1.0.0``); presence gossip adds every node of the swarm (:meth:`learn`). The node keeps at
+   least :attr:`target` connections, redialling dropped peers with backoff.
+3. **Reachability** (:mod:`node.net.reachability`): once connected, peers dial the announced addresses back on new
+   connections. PUBLIC nodes relay for others (:mod:`node.net.relay`); PRIVATE ones reserve a relay slot and
+   announce the circuit address, and DCUtR upgrades relayed connections where the NATs allow.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..p2p.framing import RemoteError, error_reply, read_msg, write_msg
+from ..p2p.host import P2PHost
+from ..p2p.scoring import BAD_REQUEST
+from .addrs import Scope, scope, strip_peer, usable_from
+from .hello import HELLO_PROTOCOL, Hello
+from .peers import PeerBook
+from .reachability import DIALBACK_PROTOCOL, DialBackServer, Reachability, dial_fresh, probe
+from .relay import Relay
+
+log = logging.getLogger(__name__)
+
+PEERS_PROTOCOL = "/tally/peers/1.0.0"
+MAX_EXCHANGED = 32  # peers per exchange reply
+TICK = 1.0  # seconds between connection-manager passes
+PROBE_PERIOD = 300.0  # seconds between reachability re-checks once decided
+
+
+class RelayMode(enum.Enum):
+    AUTO = "auto"  # relay for others when publicly reachable
+    ON = "on"
+    OFF = "off"
+
+
+def _remote_addr(stream: Any) -> tuple[str, int] | None:
+    try:
+        a = stream.get_remote_address()
+        return (str(a[0]), int(a[1])) if a else None
+    except Exception:
+        return None
+
+
+class NetworkService:
+    """Discovery, handshake, reachability and relays for one :class:`~node.p2p.host.P2PHost`.
+
+    Args:
+        host: the node's host (not yet running; handlers are registered here).
+        genesis_hash: 32 bytes; ``chain_id`` is the host's.
+        bootstrap: ``/.../p2p/<id>`` multiaddrs dialled at start and redialled whenever disconnected.
+        data_dir: where ``peers.json`` lives (None: nothing saved).
+        relay: :class:`RelayMode`.
+        target: connections the node keeps at least (if it knows enough peers).
+        dcutr: run hole punching (DCUtR).
+    """
+
+    def __init__(self, host: P2PHost, genesis_hash: bytes, bootstrap: list[str] = (),
+                 data_dir: Path | None = None, relay: RelayMode = RelayMode.AUTO, target: int = 8,
+                 dcutr: bool = True):
+        self.host = host
+        self.hello = Hello(host.chain_id, genesis_hash, host, on_verified=self.learn)
+        self.book = PeerBook(data_dir / "peers.json" if data_dir is not None else None)
+        self.bootstrap = list(bootstrap)
+        self.relay_mode = relay
+        self.target = target
+        self.dcutr = dcutr
+        self.reachability = Reachability.UNKNOWN
+        self.relay: Relay | None = None
+        self.dialback = DialBackServer(self)
+        self._connecting: set[str] = set()
+        self._greeting: set[str] = set()
+        self._exchanged: set[str] = set()
+        self._changed = trio.Event()
+        now = time.time()
+        for a in self.bootstrap:
+            peer, addr = a.rsplit("/p2p/", 1)[1], strip_peer(a)
+            self.book.add(peer, [addr], now, bootstrap=True)
+        host.gate = self._gate
+        host.open_gate.add(HELLO_PROTOCOL)
+        host.set_handler(HELLO_PROTOCOL, self._handle_hello)
+        host.set_handler(DIALBACK_PROTOCOL, self._handle_dialback)
+        host.set_request_handler(PEERS_PROTOCOL, self._handle_peers, timeout=10.0)
+        host.on_connected.append(self._on_connected)
+        host.on_disconnected.append(self._on_disconnected)
+        host.circuit_dialer = self._dial_circuit
+        host.dial_hint = self._dial_known
+
+    # ------------------------------------------------------------------ handlers
+
+    async def _gate(self, peer: str, protocol: str) -> bool:
+        if not self.hello.verified(peer) and peer not in self._greeting and peer not in self.hello.refused:
+            self.host.spawn(self._greet, peer)  # a handshake lost to a timeout is retried on demand
+        return await self.hello.wait_verified(peer)
+
+    async def _handle_hello(self, stream: Any, remote: str) -> None:
+        msg = await read_msg(stream, 10.0)
+        try:
+            reply = await self.hello.handle(msg, remote, _remote_addr(stream))
+        except RemoteError as e:
+            await write_msg(stream, error_reply(e.code, e.message), timeout=5.0)
+            self.book.refuse(remote)
+            return
+        reply["status"] = "ok"
+        await write_msg(stream, reply, timeout=5.0)
+
+    async def _handle_dialback(self, stream: Any, remote: str) -> None:
+        msg = await read_msg(stream, 10.0)
+        try:
+            reply = await self.dialback.handle(msg, remote, _remote_addr(stream))
+            reply["status"] = "ok"
+        except RemoteError as e:
+            reply = error_reply(e.code, e.message)
+        await write_msg(stream, reply, timeout=5.0)
+
+    async def _handle_peers(self, msg: dict, remote: str) -> dict:
+        connected = set(self.host.connected_peers())
+        rows = [{"peer": p, "addrs": usable_from(a, {Scope.LOOPBACK})[:4]}
+                for p, a in self.book.sample(MAX_EXCHANGED + 1, connected) if p != remote]
+        return {"peers": rows[:MAX_EXCHANGED]}
+
+    async def dial_fresh(self, peer: str, addr: str, timeout: float) -> bool:
+        """:class:`~node.net.reachability.Dialer` for the dial-back server."""
+        return await dial_fresh(self.host.libp2p.get_network(), peer, addr, timeout)
+
+    # ------------------------------------------------------------------ connections
+
+    def _on_connected(self, peer: str, conn: Any) -> None:
+        self.book.connected(peer, time.time())
+        try:
+            self.host.spawn(self._greet, peer)
+        except RuntimeError:
+            pass  # shutting down
+
+    def _on_disconnected(self, peer: str, conn: Any) -> None:
+        if peer not in self.host.connected_peers():
+            self.hello.forget(peer)
+            self._exchanged.discard(peer)
+        self._changed.set()
+
+    async def _greet(self, peer: str) -> None:
+        if peer in self._greeting:
+            return
+        self._greeting.add(peer)
+        try:
+            ok = await self.hello.greet(peer)
+        finally:
+            self._greeting.discard(peer)
+        if ok:
+            if peer not in self._exchanged:
+                self._exchanged.add(peer)
+                await self._exchange(peer)
+            self._changed.set()
+        elif peer in self.hello.refused:
+            self.book.refuse(peer)
+            await self.host.disconnect(peer)
+
+    async def _exchange(self, peer: str) -> None:
+        try:
+            reply = await self.host.request(peer, PEERS_PROTOCOL, {"want": MAX_EXCHANGED}, timeout=10.0)
+        except Exception as e:  # an old or busy peer: discovery goes on through gossip
+            log.debug("peer exchange with %s: %s: %s", peer, type(e).__name__, e)
+            return
+        rows = reply.get("peers")
+        if not isinstance(rows, list):
+            self.host.penalize(peer, BAD_REQUEST)
+            return
+        now = time.time()
+        for r in rows[:MAX_EXCHANGED]:
+            if isinstance(r, dict) and isinstance(r.get("peer"), str) and isinstance(r.get("addrs"), list):
+                self.learn(r["peer"], [a for a in r["addrs"][:4] if isinstance(a, str) and len(a) < 256], now)
+
+    def learn(self, peer: str, addrs: list[str], now: float | None = None) -> None:
+        """Add ``peer`` at ``addrs`` (with or without ``/p2p/<peer>``) to the address book, keeping only
+        addresses this node could dial. Our own ID is ignored."""
+        if peer == self.host.peer_id or len(peer) > 64:
+            return
+        try:
+            mine = {scope(a) for a in self.host.bound_addrs()}
+        except RuntimeError:
+            mine = set()
+        clean = usable_from([strip_peer(a) for a in addrs if "/p2p/" not in a or a.endswith("/p2p-circuit")
+                             or a.rsplit("/p2p/", 1)[-1] == peer], mine)
+        if clean:
+            self.book.add(peer, clean, time.time() if now is None else now)
+            self.host.remember([f"{a}/p2p/{peer}" for a in clean if "/p2p-circuit" not in a])
+
+    async def _dial(self, peer: str, addrs: list[str]) -> None:
+        self._connecting.add(peer)
+        try:
+            full = [f"{a}/p2p/{peer}" for a in addrs]
+            direct = [a for a in full if "/p2p-circuit" not in a]
+            ok = bool(direct) and await self.host.connect(direct, timeout=10.0) > 0
+            if not ok:
+                for a in full:
+                    if "/p2p-circuit" in a and await self._dial_circuit(a):
+                        ok = True
+                        break
+            if ok:
+                self.book.connected(peer, time.time())
+            else:
+                delay = self.book.failed(peer, time.time())
+                log.debug("dial %s failed; next try in %.1f s", peer, delay)
+        finally:
+            self._connecting.discard(peer)
+
+    async def _dial_known(self, peer: str) -> None:
+        """Before a stream to an unconnected peer: dial it through a relay if that is all the book has (a
+        direct address is dialled by py-libp2p itself from the peerstore)."""
+        e = self.book.peers.get(peer)
+        if e is None or e.refused or any("/p2p-circuit" not in a for a in e.addrs):
+            return
+        for a in e.addrs:
+            if await self._dial_circuit(f"{a}/p2p/{peer}"):
+                return
+
+    async def _dial_circuit(self, addr: str) -> bool:
+        if self.relay is None:
+            return False
+        relay_part = addr.split("/p2p-circuit", 1)[0]
+        relay_peer = relay_part.rsplit("/p2p/", 1)[-1]
+        if relay_peer not in self.host.connected_peers():
+            await self.host.connect([relay_part], timeout=10.0)
+        return await self.relay.dial(addr)
+
+    async def _manage(self) -> None:
+        """Keep bootstrap peers and at least :attr:`target` peers connected; redial with backoff."""
+        saved = 0.0
+        while True:
+            connected = set(self.host.connected_peers())
+            want = max(0, self.target - len(connected))
+            due = self.book.due(time.time(), connected | self._connecting, 16)
+            boot = [(p, a) for p, a in due if self.book.peers[p].bootstrap]
+            rest = [(p, a) for p, a in due if not self.book.peers[p].bootstrap][:want]
+            for peer, addrs in (boot + rest)[:8]:
+                self.host.spawn(self._dial, peer, addrs)
+            if time.monotonic() - saved > 30.0:
+                saved = time.monotonic()
+                self._save()
+            self._changed = trio.Event()
+            with trio.move_on_after(TICK):
+                await self._changed.wait()
+
+    def _save(self) -> None:
+        try:
+            self.book.save()
+        except OSError as e:
+            log.warning("could not save the address book: %s", e)
+
+    # ------------------------------------------------------------------ reachability and relays
+
+    def _candidates(self) -> list[str]:
+        """Addresses to have dialled back: announced direct ones, and the observed IP with each bound port."""
+        out = [a for a in self.host.announced() if scope(a) not in (Scope.RELAY, Scope.LOOPBACK)]
+        ports = {a.split("/")[4] for a in self.host.bound_addrs() if len(a.split("/")) > 4}
+        for obs in self.hello.observed.values():
+            parts = obs.split("/")
+            if len(parts) > 4 and scope(obs) not in (Scope.LOOPBACK, Scope.WILDCARD):
+                out.extend(f"/{parts[1]}/{parts[2]}/tcp/{p}" for p in sorted(ports))
+        return list(dict.fromkeys(out))[:4]
+
+    async def _reachability_loop(self) -> None:
+        if all(scope(a) is Scope.LOOPBACK for a in self.host.bound_addrs()):
+            return  # a loopback-only node (devnet, tests) is reachable from this machine only
+        while True:
+            peers = [p for p in self.host.connected_peers() if self.hello.verified(p)
+                     and p != (self.relay.reserved_on if self.relay else None)]
+            if not peers:
+                await trio.sleep(TICK)
+                continue
+            status, reached = await probe(self.host, sorted(peers), self._candidates())
+            if status is not Reachability.UNKNOWN and status is not self.reachability:
+                log.info("reachability: %s%s", status.value, f" at {', '.join(reached)}" if reached else "")
+            if status is not Reachability.UNKNOWN:
+                self.reachability = status
+                self.host.confirmed_addrs = reached
+            if status is Reachability.PRIVATE and self.relay is not None and not self.relay.still_reserved():
+                self.relay.drop_reservation()
+                if await self.relay.reserve():
+                    self.host.relay_addrs = list(self.relay.circuit_addrs)
+                else:
+                    self.host.relay_addrs = []
+            await trio.sleep(PROBE_PERIOD if status is not Reachability.UNKNOWN else 5.0)
+
+    async def _relay_watch(self) -> None:
+        """Re-reserve when the relay holding our slot goes away."""
+        while True:
+            await trio.sleep(2.0)
+            if self.relay is not None and self.relay.reserved_on and not self.relay.still_reserved():
+                log.info("relay %s went away; reserving elsewhere", self.relay.reserved_on)
+                gone = self.relay.reserved_on
+                self.relay.drop_reservation()
+                self.host.relay_addrs = []
+                if await self.relay.reserve(exclude={gone}):
+                    self.host.relay_addrs = list(self.relay.circuit_addrs)
+
+    def status(self) -> dict:
+        """For ``/v1/status`` and logs: reachability, announced addresses, relay, peers known and connected."""
+        return {"reachability": self.reachability.value, "announced": self.host.addrs,
+                "relay_reservation": self.relay.reserved_on if self.relay else None,
+                "relaying": bool(self.relay and self.relay.hop),
+                "peers_known": len(self.book.peers), "peers_connected": len(self.host.connected_peers()),
+                "refused_streams": self.host.limiter.refused_streams,
+                "refused_connections": self.host.limiter.refused_conns}
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Run until cancelled (inside ``host.running()``)."""
+        lib = self.host.libp2p
+        # AUTO: every node that listens beyond loopback relays, within RELAY_LIMITS; a relay behind a NAT is
+        # simply never chosen (nobody can reach it to reserve)
+        hop = self.relay_mode is RelayMode.ON or (
+            self.relay_mode is RelayMode.AUTO and not all(scope(a) is Scope.LOOPBACK
+                                                          for a in self.host.bound_addrs()))
+        self.relay = Relay(lib, hop=bool(hop), dcutr=self.dcutr)
+        try:
+            async with trio.open_nursery() as n:
+                await n.start(self.relay.run)
+                n.start_soon(self._manage)
+                n.start_soon(self._reachability_loop)
+                n.start_soon(self._relay_watch)
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._save()
