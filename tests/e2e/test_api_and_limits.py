@@ -53,8 +53,10 @@ def test_api_reads_generate_and_refusals(tmp_path, tiny):
             out["block"] = (await http("GET", f"{api}/v1/blocks/{out['receipt']['height']}")).json()
             out["missing"] = await http("GET", f"{api}/v1/blocks/999999")
             out["bad_id"] = await http("GET", f"{api}/v1/receipts/zz")
+            out["bad_spelling"] = await http("POST", f"{api}/v1/transfer", headers=auth,
+                                             json={"to": nodes[1].ident.peer_id, "amount": "-1"})
             out["bad_amount"] = await http("POST", f"{api}/v1/transfer", headers=auth,
-                                           json={"to": nodes[1].ident.peer_id, "amount": "-1"})
+                                           json={"to": nodes[1].ident.peer_id, "amount": "0"})
             return out
 
     out = trio.run(main)
@@ -72,6 +74,7 @@ def test_api_reads_generate_and_refusals(tmp_path, tiny):
     assert any(t["kind"] == "receipt" for t in out["block"]["txs"])
     assert out["missing"].status_code == 404 and out["missing"].json()["code"] == "not_found"
     assert out["bad_id"].status_code == 422 and out["bad_id"].json()["code"] == "bad_request"  # not 64 hex
+    assert out["bad_spelling"].status_code == 422 and "0.5" in out["bad_spelling"].json()["message"]  # shows the form
     assert out["bad_amount"].status_code == 400 and out["bad_amount"].json()["code"] == "bad_amount"
 
 

@@ -15,6 +15,7 @@ import trio
 
 from node.identity import Identity, dev_seed
 from node.ledger.genesis import load_genesis
+from node.net.service import NetworkService
 from node.runtime import Node, NodeConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,9 +101,11 @@ async def light_client(tmp: Path, key: int, model_dir: Path, via: Node):
     from node.p2p.host import P2PHost
 
     ident = Identity.from_seed(dev_seed(key))
-    host = P2PHost(ident, 0, via.genesis.chain_id)
+    host = P2PHost(ident, 0, via.genesis.chain_id, genesis_hash=via.genesis.hash)
+    net = NetworkService(host, via.genesis.hash)  # the genesis handshake every node insists on
     swarm = SwarmTable()
     async with host.running():
+        await host.start_service(net.run)
         await host.subscribe(host.topic("shards"), swarm.on_announcement)
         await host.connect(via.host.addrs)
         (tmp / f"c{key}").mkdir(parents=True, exist_ok=True)
@@ -134,7 +137,8 @@ async def light_server(tmp: Path, key: int, model_dir: Path, span: tuple[int, in
     from node.verify.member import CommitteeMember
 
     ident = Identity.from_seed(dev_seed(key))
-    host = P2PHost(ident, 0, via.genesis.chain_id)
+    host = P2PHost(ident, 0, via.genesis.chain_id, genesis_hash=via.genesis.hash)
+    net = NetworkService(host, via.genesis.hash)
     blobs = BlobStore(tmp / f"l{key}")
     ex = TorchExecutor(1)
     server = SpanServer(ident, via.genesis.chain_id, SpanModel(model_dir, *span), ex, blobs,
@@ -146,6 +150,7 @@ async def light_server(tmp: Path, key: int, model_dir: Path, span: tuple[int, in
     host.set_handler(INFERENCE_PROTOCOL, server.handle)
     host.set_handler(BLOB_PROTOCOL, lambda stream, peer: blob_handler(blobs, stream, peer))
     async with host.running(), trio.open_nursery() as n:
+        await host.start_service(net.run)
         await host.connect(via.host.addrs)
         await server.measure()
         n.start_soon(server.announce_loop, host, announce_period)
