@@ -15,8 +15,10 @@ from __future__ import annotations
 import enum
 import ipaddress
 import socket
+import time
 from typing import Iterable
 
+import psutil
 from multiaddr import Multiaddr
 
 DEFAULT_PORT = 4001
@@ -128,10 +130,17 @@ def default_listen(port: int = DEFAULT_PORT, has_ipv6: bool | None = None) -> li
     return out
 
 
-def interface_ips() -> list[str]:
-    """Addresses of this host's interfaces (IPv4 and IPv6, link-local excluded), loopback included."""
-    import psutil
+_IPS_TTL = 10.0  # seconds an interface listing is reused (announcements ask for it many times a second)
+_ips_cache: tuple[float, list[str]] = (-1e9, [])
 
+
+def interface_ips() -> list[str]:
+    """Addresses of this host's interfaces (IPv4 and IPv6, link-local excluded), loopback included; re-read at
+    most every :data:`_IPS_TTL` seconds."""
+    global _ips_cache
+    now = time.monotonic()
+    if now - _ips_cache[0] < _IPS_TTL:
+        return list(_ips_cache[1])
     out: list[str] = []
     for entries in psutil.net_if_addrs().values():
         for e in entries:
@@ -143,7 +152,9 @@ def interface_ips() -> list[str]:
                 except ValueError:
                     continue
                 out.append(ip)
-    return sorted(set(out), key=lambda s: (":" in s, s))
+    ips = sorted(set(out), key=lambda s: (":" in s, s))
+    _ips_cache = (now, ips)
+    return list(ips)
 
 
 def host_has_ipv6() -> bool:
@@ -188,7 +199,8 @@ def announceable(announce: Iterable[str], bound: Iterable[str], confirmed: Itera
     127.0.0.1 is reachable by nothing else).
     """
     bound = list(bound)
-    concrete = expand(bound, interface_ips() if ips is None else ips)
+    wild = any(scope(a) is Scope.WILDCARD for a in bound)
+    concrete = expand(bound, (interface_ips() if wild else []) if ips is None else ips)
     loopback_only = bool(bound) and all(scope(a) is Scope.LOOPBACK for a in bound)
     out: list[str] = []
     for a in [*announce, *confirmed, *relayed, *concrete]:

@@ -147,7 +147,7 @@ class _Refusals(logging.Handler):
             self.by_peer.setdefault(str(record.args[1]), []).append(str(record.args[2]))
 
 
-@pytest.mark.parametrize("spans", [[], pytest.param(SPANS, marks=pytest.mark.slow)], ids=["blocks", "swarm"])
+@pytest.mark.parametrize("spans", [[], pytest.param(SPANS, marks=[pytest.mark.slow, pytest.mark.quarantine])], ids=["blocks", "swarm"])
 def test_flood_is_refused_while_real_work_lands_on_time(tmp_path, tiny, spans):
     """``blocks``: a devnet node producing blocks, with API transfers as the real work. ``swarm``: the same node
     with 3 span servers, generating and verifying as well."""

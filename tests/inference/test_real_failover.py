@@ -40,6 +40,7 @@ async def wait_serving(client, procs: dict[int, subprocess.Popen], timeout: floa
 
 
 @pytest.mark.slow
+@pytest.mark.quarantine  # passed 1 of 4 runs on the loaded 2-core machine: the in-process validator starved
 def test_smollm2_server_process_killed_after_token_17_of_48_over_libp2p(tmp_path):
     model = ensure_smollm2()
     # six processes load the real model for a minute or more: blocks of 500 ms keep the ledger they sync small.

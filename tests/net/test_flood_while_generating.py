@@ -30,6 +30,7 @@ def tiny(tmp_path_factory):
     return make_tiny(tmp_path_factory.mktemp("models"), seed=0)
 
 
+@pytest.mark.slow  # about a minute: 5 nodes and a flooding process
 def test_stream_and_connection_flood_is_refused_while_generation_through_the_target_completes(tmp_path, tiny):
     genesis = tiny_genesis(len(SPANS))
 
