@@ -51,6 +51,7 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 from ..encoding import H, pack
 from .jobtx import JobPost, TrainReceipt
+from .runtx import RunPost
 from .state import State, apply_tx
 from .tx import Bond, Evidence, InvalidTx, Receipt, Transfer, Tx, Vote
 
@@ -62,7 +63,8 @@ class Priority(enum.IntEnum):
     WORK = 1
 
 
-WORK_KINDS = frozenset({"receipt", "train_receipt", "vote", "evidence", "job_accept", "job_deliver", "job_release"})
+WORK_KINDS = frozenset({"receipt", "train_receipt", "vote", "evidence", "job_accept", "job_deliver", "job_release",
+                        "run_join", "run_leave", "round_receipt", "round_reveal", "round_aggregate"})
 
 
 @dataclass(frozen=True)
@@ -102,11 +104,13 @@ def payer(tx: Tx) -> bytes:
 
 def cost(tx: Tx) -> int:
     """Base units ``tx`` takes from its sender's balance when it applies (transfer, bond: amount; job post:
-    price; anything else 0)."""
+    price; run post: budget; anything else 0)."""
     if isinstance(tx, (Transfer, Bond)):
         return tx.amount
     if isinstance(tx, JobPost):
         return tx.price
+    if isinstance(tx, RunPost):
+        return tx.budget
     return 0
 
 

@@ -26,11 +26,15 @@ from typing import Callable
 from ..encoding import H, merkle_root, pack
 from ..identity import verify_many
 from ..verify import committee as cm
-from ..verify.sampling import is_sampled, sampling_ppm
+from ..verify.sampling import PPM, is_sampled, sampling_ppm
 from .genesis import TREASURY, Genesis, Params
 from . import jobs as jobs_mod
 from .jobs import Job
 from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, JobRelease, TrainReceipt
+from . import runs as runs_mod
+from .runs import Outcome, Run
+from .runtx import RoundAggregate, RoundReceipt, RoundReveal, RunCancel, RunJoin, RunLeave, RunPost
+from .status import FINAL, INVALID_S, PENDING, SAMPLED, SETTLED, UNVERIFIED, VALID_S
 from .tx import ABSTAIN, INVALID, VALID, Bond, Evidence, InvalidTx, Receipt, Transfer, Tx, Unbond, Vote, _check
 
 
@@ -49,9 +53,6 @@ class Account:
         return [self.balance, self.bond, self.escrow, self.nonce, self.valid_run, self.slashed]
 
 
-PENDING, SAMPLED, VALID_S, INVALID_S, SETTLED, UNVERIFIED = (
-    "pending", "sampled", "valid", "invalid", "settled", "unverified")
-FINAL = {VALID_S, INVALID_S, SETTLED, UNVERIFIED}
 
 
 @dataclass(frozen=True)
@@ -97,11 +98,14 @@ class State:
     sessions: dict[bytes, bytes] = field(default_factory=dict)  # H(worker ‖ session_id) -> receipt id
     jobs: dict[bytes, Job] = field(default_factory=dict)  # job id -> job (node.ledger.jobs)
     open_jobs: dict[bytes, None] = field(default_factory=dict)  # ids of jobs not yet terminal
+    runs: dict[bytes, Run] = field(default_factory=dict)  # run id -> training run (node.ledger.runs)
+    open_runs: dict[bytes, None] = field(default_factory=dict)  # ids of runs not yet terminal
 
     def copy(self) -> "State":
         return replace(self, accounts=dict(self.accounts), receipts=dict(self.receipts),
                        open_receipts=dict(self.open_receipts), evidence=dict(self.evidence),
-                       sessions=dict(self.sessions), jobs=dict(self.jobs), open_jobs=dict(self.open_jobs))
+                       sessions=dict(self.sessions), jobs=dict(self.jobs), open_jobs=dict(self.open_jobs),
+                       runs=dict(self.runs), open_runs=dict(self.open_runs))
 
     def account(self, a: bytes) -> Account:
         return self.accounts.get(a, Account())
@@ -131,6 +135,9 @@ def genesis_state(g: Genesis) -> State:
 
 
 # ------------------------------------------------------------------ transactions
+
+RUN_RECEIPTS = (RoundReceipt, RoundAggregate)
+
 
 def _credit(s: State, a: bytes, amount: int) -> None:
     s.accounts[a] = replace(s.account(a), balance=s.account(a).balance + amount)
@@ -195,6 +202,19 @@ def apply_tx(s: State, tx: Tx, signatures_checked: bool = False) -> None:
         jobs_mod.record_train_receipt(s, tx, job)
     elif isinstance(tx, (JobPost, JobAccept, JobCancel, JobDeliver, JobRelease)):
         jobs_mod.apply_job_tx(s, tx)
+    elif isinstance(tx, (RoundReceipt, RoundAggregate)):
+        run = (runs_mod.check_round_receipt(s, tx) if isinstance(tx, RoundReceipt)
+               else runs_mod.check_aggregate(s, tx))
+        _check(tx.id not in s.receipts, "receipt already on the ledger (replay)")
+        _check(s.account(tx.worker).bond >= s.params.min_bond, "worker is not bonded")
+        s.receipts[tx.id] = ReceiptRecord(receipt=tx, height=s.height + 1)  # type: ignore[arg-type]
+        s.open_receipts[tx.id] = None
+        if isinstance(tx, RoundReceipt):
+            runs_mod.record_round_receipt(s, tx, run)
+        else:
+            runs_mod.record_aggregate(s, tx, run)
+    elif isinstance(tx, (RunPost, RunJoin, RunLeave, RunCancel, RoundReveal)):
+        runs_mod.apply_run_tx(s, tx)
     elif isinstance(tx, Vote):
         _apply_vote(s, tx)
     elif isinstance(tx, Evidence):
@@ -285,16 +305,30 @@ def _finalize(s: State, rec: ReceiptRecord, verdict: int, height: int) -> None:
             payouts.append((m, share))
         payouts.append((TREASURY, slashed - share * len(voters)))
         status = INVALID_S
+    owed = 0
+    if isinstance(r, RUN_RECEIPTS):  # the run holds the worker's part (or takes back the refund) itself
+        owed = dict(payouts).get(r.worker, 0) if verdict == VALID else 0
+        keep = r.worker if verdict == VALID else r.requester
+        payouts = [(a, amt) for a, amt in payouts if a != keep]
+        req = s.account(r.requester)  # undo _release_escrow: what the run still owes stays in escrow
+        s.accounts[r.requester] = replace(req, escrow=req.escrow + (owed if verdict == VALID else r.price))
     for a, amt in payouts:
         _credit(s, a, amt)
     s.receipts[r.id] = replace(rec, status=status, final_height=height, payouts=tuple(payouts), slashed=slashed)
     s.open_receipts.pop(r.id, None)
     if isinstance(r, TrainReceipt):
         jobs_mod.on_final(s, r, verdict == VALID, height)
+    elif isinstance(r, RUN_RECEIPTS):
+        runs_mod.on_final(s, r, Outcome.VALID if verdict == VALID else Outcome.INVALID, owed, height)
 
 
 def _settle_unchecked(s: State, rec: ReceiptRecord, status: str, height: int) -> None:
     r = rec.receipt
+    if isinstance(r, RUN_RECEIPTS):  # paid by the run once its round decides (node.ledger.runs)
+        s.receipts[r.id] = replace(rec, status=status, final_height=height)
+        s.open_receipts.pop(r.id, None)
+        runs_mod.on_final(s, r, Outcome.UNCHECKED if status == SETTLED else Outcome.UNVERIFIED, r.price, height)
+        return
     _release_escrow(s, r)
     _credit(s, r.worker, r.price)
     s.receipts[r.id] = replace(rec, status=status, final_height=height, payouts=((r.worker, r.price),))
@@ -308,11 +342,15 @@ def end_block(s: State, height: int, block_hash: bytes) -> None:
     p = s.params
     for rid in list(s.open_receipts):
         rec = s.receipts[rid]
+        if isinstance(rec.receipt, RoundReceipt) and rec.status == PENDING and not rec.p_ppm:
+            continue  # sampled when its round's commit phase closes (node.ledger.runs)
         if rec.status == PENDING and rec.height == height - 1:
             worker = s.account(rec.receipt.worker)
             ppm = sampling_ppm(p.sample_base_ppm, p.sample_floor_ppm, worker.valid_run, p.adapt_step)
             if isinstance(rec.receipt, TrainReceipt):  # a job may require a higher sampling rate
                 ppm = max(ppm, s.jobs[rec.receipt.job_id].post.sample_ppm)
+            elif isinstance(rec.receipt, RoundAggregate):  # every aggregate is re-computed
+                ppm = PPM
             if is_sampled(block_hash, rid, ppm):
                 com = cm.select_committee(block_hash, rid, 0, s.eligible(),
                                           (rec.receipt.worker, rec.receipt.requester), p.committee_size)
@@ -333,6 +371,7 @@ def end_block(s: State, height: int, block_hash: bytes) -> None:
                 else:
                     s.receipts[rid] = replace(rec, round=nxt, committee=com, round_height=height)
     jobs_mod.end_block_jobs(s, height, FINAL)
+    runs_mod.end_block_runs(s, height, block_hash, FINAL)
 
 
 def apply_txs(s: State, txs: list[Tx], verified: Callable[[Tx], bool] | None = None

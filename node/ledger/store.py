@@ -48,7 +48,8 @@ def _h(height: int) -> bytes:
 
 
 INDEX_VERSION = 1
-_PARTIES = ("sender", "recipient", "worker", "requester", "voter", "validator")  # tx fields naming accounts
+# tx fields naming accounts (a run's aggregator and worker before the ``sender`` property that aliases them)
+_PARTIES = ("aggregator", "worker", "sponsor", "sender", "recipient", "requester", "voter", "validator")
 
 
 def index_block(block: Block, old: State, new: State) -> list[tuple[bytes, bytes]]:

@@ -282,6 +282,9 @@ def _check_field(name: str, kind: str, v: Any) -> None:
         "sig": lambda: _is_bytes(v, 64),
         "text": lambda: isinstance(v, str) and len(v) <= 200,
         "sint": lambda: _is_int(v, -1),
+        # a set of accounts in canonical order: at most 256, strictly ascending (so each at most once)
+        "accounts": lambda: (isinstance(v, (list, tuple)) and len(v) <= 256 and all(is_valid_account(a) for a in v)
+                             and all(a < b for a, b in zip(v, v[1:]))),
     }[kind]()
     if not ok and kind == "account":
         raise InvalidTx(f"field {name!r} is not a valid Ed25519 public key (no key could spend from it)")
@@ -312,3 +315,4 @@ def decode_tx(obj: Any) -> Tx:
 
 
 from . import jobtx  # noqa: E402,F401  (registers the marketplace's transaction kinds in TX_KINDS)
+from . import runtx  # noqa: E402,F401  (registers the training runs' transaction kinds in TX_KINDS)

@@ -85,10 +85,10 @@ def test_peer_id_and_hex_of_a_non_point_are_refused(what):
 def _valid_value(kind: str, account: bytes):
     return {"int": 1, "amount": 1, "account": account, "bytes32": b"x" * 32, "bytes16": b"j" * 16, "str": "none",
             "verdict": 0, "votekind": "prevote", "value": b"", "sig": b"s" * 64, "text": "q_proj",
-            "sint": 0}[kind]
+            "sint": 0, "accounts": [account]}[kind]
 
 
-ACCOUNT_NAMES = {"sender", "recipient", "worker", "requester", "voter", "validator"}
+ACCOUNT_NAMES = {"sender", "recipient", "worker", "requester", "voter", "validator", "sponsor", "aggregator"}
 
 
 @pytest.mark.parametrize("kind", sorted(TX_KINDS))

@@ -1,0 +1,555 @@
+"""Collaborative training runs on the ledger: a pure state machine (called from :mod:`node.ledger.state`).
+
+A run (:class:`~node.ledger.runtx.RunPost`) goes through rounds; each round through phases (:class:`Phase`):
+
+1. **COMMIT** — opened in ``end_block`` of height h when at least ``min_workers`` have joined: the round's
+   participants (the first ``max_workers`` joined workers, in join order, then sorted) and its beacon (the hash
+   of block h, which nobody knew when they joined) are fixed; the beacon draws each participant's batches
+   (:func:`node.training.assign.assign_round`). Participants submit one :class:`RoundReceipt` each. The phase
+   closes when all committed or ``round_timeout`` blocks passed.
+2. **REVEAL** — at the close, every commitment is sampled (probability ``max(p(worker), sample_ppm)``, beacon:
+   the closing block's hash) and sampled ones get a committee, exactly like other receipts. Only now do workers
+   serve their Δ (and the committed states): :class:`RoundReveal`. Closes when all committed workers revealed
+   or after ``round_timeout`` blocks.
+3. **AGGREGATE** — an aggregator is drawn by the beacon among the workers that revealed. The ledger refuses its
+   :class:`RoundAggregate` until every sampled receipt of the round is final (**the outer step waits for the
+   verdicts**, so an invalid Δ never enters θ and no momentum ever absorbs it; the alternative, subtracting it
+   at the next outer step, cannot undo what Nesterov momentum carried forward — see the session notes for the
+   measured cost). An aggregate may accept only revealed workers whose receipts are not invalid; the aggregator
+   drops more by the loss screen and non-finite checks. If none arrives within ``round_timeout`` blocks another
+   aggregator is drawn.
+4. **CHECK** — the aggregate is a receipt sampled with probability 1: a committee re-computes the outer step
+   bit for bit. Valid: θ_{r+1} and the momentum are the run's, the aggregator is paid ``aggregator_fee`` (less
+   the committee's fee), and round r+1 opens in the next ``end_block``. Invalid: the aggregator is slashed like
+   any worker, the fee returns to the escrow, another aggregator is drawn. A round whose commit or reveal phase
+   ends with fewer than ``min_workers`` is re-opened (``attempt`` + 1) with a fresh beacon.
+
+Money (base units; the whole budget sits in the sponsor's ``escrow`` from the post): a round receipt reserves
+``H × price_per_step`` from ``Run.escrow_left``; when final, the committee's fee (valid) or the worker's slash
+(invalid) move as for every receipt; the worker's part is **held** until the round decides whether its Δ was
+accepted: accepted → paid to the worker, excluded (not revealed, screened out, non-finite) → back to
+``escrow_left``; an invalid receipt's price goes back to ``escrow_left`` at once. A receipt of an attempt that
+failed for lack of workers is paid on a valid verdict (the work was done as asked). At the end (all rounds, the
+deadline, or a cancel) and once every receipt of the run is final, ``escrow_left`` returns to the sponsor. So
+every contribution is paid at most once and the run never pays more than its budget; the supply is unchanged.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from ..encoding import H
+from ..verify import committee as cm
+from ..verify.sampling import PPM, is_sampled, sampling_ppm
+from .jobtx import parse_targets
+from .status import INVALID_S, SAMPLED
+from .runtx import (CODECS, INNER_STATE, NO_MOMENTUM, TRAINABLE, RoundAggregate, RoundReceipt, RoundReveal,
+                    RunCancel, RunJoin, RunLeave, RunPost)
+from .tx import InvalidTx, _check
+
+if TYPE_CHECKING:
+    from .state import State
+
+MAX_JOINED = 256
+
+
+class RunStatus(str, enum.Enum):
+    WAITING = "waiting"  # fewer than min_workers joined: no round open
+    TRAINING = "training"
+    FINISHING = "finishing"  # every round done (or the deadline passed): waiting for the last receipts' verdicts
+    FINISHED = "finished"
+    EXPIRED = "expired"  # the deadline passed before the last round; unspent escrow returned
+    CANCELLED = "cancelled"
+
+
+TERMINAL = {RunStatus.FINISHED, RunStatus.EXPIRED, RunStatus.CANCELLED}
+
+
+class Phase(str, enum.Enum):
+    COMMIT = "commit"
+    REVEAL = "reveal"
+    AGGREGATE = "aggregate"
+    CHECK = "check"
+
+
+class Outcome(str, enum.Enum):
+    """How a receipt's final state reached :func:`on_final`."""
+
+    VALID = "valid"  # a committee quorum found it valid
+    INVALID = "invalid"
+    UNCHECKED = "unchecked"  # not sampled (or no committee could be drawn): settled after the challenge window
+    UNVERIFIED = "unverified"  # sampled, but no quorum after every escalation
+
+
+@dataclass(frozen=True)
+class RoundState:
+    """The open round. ``commits``: ``(worker, receipt id, expected opt_before or b"")`` in commit order;
+    ``tried``: aggregators drawn before (each timed out or was found wrong)."""
+
+    round: int
+    attempt: int
+    opened: int
+    beacon: bytes
+    phase: Phase
+    phase_height: int
+    participants: tuple[bytes, ...]
+    commits: tuple[tuple[bytes, bytes, bytes], ...] = ()
+    reveals: tuple[bytes, ...] = ()
+    aggregator: bytes = b""
+    tried: tuple[bytes, ...] = ()
+    aggregate: bytes = b""
+    ready_height: int = 0
+
+    def receipt_of(self, worker: bytes) -> bytes | None:
+        return next((rid for w, rid, _ in self.commits if w == worker), None)
+
+    def to_dict(self) -> dict:
+        return {"round": self.round, "attempt": self.attempt, "opened": self.opened, "beacon": self.beacon,
+                "phase": self.phase.value, "phase_height": self.phase_height,
+                "participants": list(self.participants),
+                "commits": [{"worker": w, "receipt": r, "opt_expected": o} for w, r, o in self.commits],
+                "reveals": list(self.reveals), "aggregator": self.aggregator, "tried": list(self.tried),
+                "aggregate": self.aggregate}
+
+
+@dataclass(frozen=True)
+class RoundSummary:
+    """A finished round: θ before and after, who was accepted, who was excluded and why, the accepted workers'
+    mean loss (millionths of a nat per token; -1 none), Δ bytes uploaded by the accepted workers."""
+
+    round: int
+    attempt: int
+    params_before: bytes
+    params_next: bytes
+    momentum_next: bytes
+    aggregator: bytes
+    aggregate: bytes
+    commits: tuple[tuple[bytes, bytes, bytes], ...]
+    accepted: tuple[bytes, ...]
+    excluded: tuple[tuple[bytes, str], ...]
+    loss_ppm: int
+    delta_bytes: int
+    height: int
+
+    def to_dict(self) -> dict:
+        return {"round": self.round, "attempt": self.attempt, "params_before": self.params_before,
+                "params_next": self.params_next, "momentum_next": self.momentum_next,
+                "aggregator": self.aggregator, "aggregate": self.aggregate,
+                "commits": [{"worker": w, "receipt": r} for w, r, _ in self.commits],
+                "accepted": list(self.accepted), "excluded": [list(e) for e in self.excluded],
+                "loss_ppm": self.loss_ppm, "delta_bytes": self.delta_bytes, "height": self.height}
+
+
+@dataclass(frozen=True)
+class Run:
+    """Ledger state of one run. ``params``/``momentum``: ids of θ_r and the outer momentum (``NO_MOMENTUM``
+    before the first outer step); ``round``: rounds completed; ``workers``: joined, in join order; ``held``:
+    ``(receipt id, worker, base units)`` final and waiting for the round's decision; ``decided``: ``(receipt id,
+    pay)`` decided and waiting for the receipt to be final; ``receipts``: every round receipt and aggregate of
+    the run; ``failed``: ``(round, attempt, reason)`` of attempts re-opened for lack of workers."""
+
+    post: RunPost
+    height: int
+    status: RunStatus = RunStatus.WAITING
+    params: bytes = b""
+    momentum: bytes = NO_MOMENTUM
+    round: int = 0
+    workers: tuple[bytes, ...] = ()
+    escrow_left: int = 0
+    cur: RoundState | None = None
+    history: tuple[RoundSummary, ...] = ()
+    held: tuple[tuple[bytes, bytes, int], ...] = ()
+    decided: tuple[tuple[bytes, bool], ...] = ()
+    receipts: tuple[bytes, ...] = ()
+    last_opt: tuple[tuple[bytes, bytes], ...] = ()
+    failed: tuple[tuple[int, int, str], ...] = ()
+    paid_workers: int = 0
+    paid_aggregators: int = 0
+    refunded: int = 0
+    final_height: int = 0
+
+    def to_dict(self) -> dict:
+        p = self.post
+        return {"run_id": p.run_id, "post": p.to_wire(), "height": self.height, "status": self.status.value,
+                "params": self.params, "momentum": self.momentum, "round": self.round, "rounds": p.rounds,
+                "workers": list(self.workers), "escrow_left": self.escrow_left, "budget": p.budget,
+                "current": self.cur.to_dict() if self.cur else None,
+                "history": [h.to_dict() for h in self.history], "receipts": list(self.receipts),
+                "failed": [list(f) for f in self.failed], "paid_workers": self.paid_workers,
+                "paid_aggregators": self.paid_aggregators, "refunded": self.refunded,
+                "final_height": self.final_height}
+
+
+# ------------------------------------------------------------------ helpers
+
+def _set(s: "State", run: Run) -> None:
+    rid = run.post.run_id
+    s.runs[rid] = run
+    if run.status in TERMINAL and run.final_height:  # an expired run stays open until its escrow is returned
+        s.open_runs.pop(rid, None)
+    else:
+        s.open_runs[rid] = None
+
+
+def _sponsor_pays(s: "State", run: Run, to: bytes, amount: int) -> None:
+    """``amount`` leaves the sponsor's escrow for ``to``'s balance."""
+    if amount:
+        sp = s.account(run.post.sender)
+        s.accounts[run.post.sender] = replace(sp, escrow=sp.escrow - amount)
+        acc = s.account(to)
+        s.accounts[to] = replace(acc, balance=acc.balance + amount)
+
+
+def _round_key(run_id: bytes, round_: int, attempt: int) -> bytes:
+    return H(b"tally/run-round/v1", run_id, round_.to_bytes(4, "big"), attempt.to_bytes(4, "big"))
+
+
+def _active(s: "State", run: Run) -> tuple[bytes, ...]:
+    """The next round's participants: joined workers still bonded, the first ``max_workers`` by join order,
+    sorted by account (the canonical order of assignments and of the outer step)."""
+    ok = [w for w in run.workers if s.account(w).bond >= s.params.min_bond][: run.post.max_workers]
+    return tuple(sorted(ok))
+
+
+def _open_round(s: "State", run: Run, height: int, beacon: bytes, attempt: int) -> Run:
+    parts = _active(s, run)
+    if len(parts) < run.post.min_workers:
+        return replace(run, status=RunStatus.WAITING, cur=None)
+    cur = RoundState(round=run.round, attempt=attempt, opened=height, beacon=beacon, phase=Phase.COMMIT,
+                     phase_height=height, participants=parts)
+    return replace(run, status=RunStatus.TRAINING, cur=cur)
+
+
+def _resolve(s: "State", run: Run, rid: bytes, pay: bool) -> Run:
+    """Apply the round's decision ``pay`` to receipt ``rid``: now if it is final (held), else remember it."""
+    for i, (hid, worker, amount) in enumerate(run.held):
+        if hid == rid:
+            held = run.held[:i] + run.held[i + 1:]
+            if pay:
+                _sponsor_pays(s, run, worker, amount)
+                return replace(run, held=held, paid_workers=run.paid_workers + amount)
+            return replace(run, held=held, escrow_left=run.escrow_left + amount)
+    return replace(run, decided=run.decided + ((rid, pay),))
+
+
+def _fail_attempt(s: "State", run: Run, height: int, beacon: bytes, reason: str) -> Run:
+    """Too few workers committed or revealed: pay the revealed/committed work on its verdict (it was done as
+    asked), refund what was withheld, and re-open the round with a fresh beacon."""
+    cur = run.cur
+    assert cur is not None
+    for w, rid, _ in cur.commits:
+        run = _resolve(s, run, rid, pay=(cur.phase == Phase.COMMIT or w in cur.reveals))
+    run = replace(run, failed=run.failed + ((cur.round, cur.attempt, reason),))
+    return _open_round(s, run, height, beacon, cur.attempt + 1)
+
+
+def _sample_commits(s: "State", run: Run, height: int, beacon: bytes) -> None:
+    """Draw which of the round's receipts a committee replays (beacon: the block that closed the commits)."""
+    p = s.params
+    assert run.cur is not None
+    for w, rid, _ in run.cur.commits:
+        rec = s.receipts[rid]
+        worker = s.account(w)
+        ppm = max(sampling_ppm(p.sample_base_ppm, p.sample_floor_ppm, worker.valid_run, p.adapt_step),
+                  run.post.sample_ppm)
+        if is_sampled(beacon, rid, ppm):
+            com = cm.select_committee(beacon, rid, 0, s.eligible(), (w, run.post.sender), p.committee_size)
+            if com:
+                s.receipts[rid] = replace(rec, status=SAMPLED, p_ppm=ppm, committee=com, round_height=height)
+                continue
+        s.receipts[rid] = replace(rec, p_ppm=ppm)
+
+
+def _draw_aggregator(s: "State", run: Run, beacon: bytes) -> bytes:
+    cur = run.cur
+    assert cur is not None
+    key = _round_key(run.post.run_id, cur.round, cur.attempt)
+    pool = [w for w in cur.reveals if s.account(w).bond >= s.params.min_bond]
+    pick = cm.select_committee(beacon, key, 0, pool, cur.tried, 1)
+    if not pick:  # every revealed worker was tried: any bonded account but the sponsor
+        pick = cm.select_committee(beacon, key, 0, s.eligible(), cur.tried + (run.post.sender,), 1)
+    return pick[0] if pick else b""
+
+
+# ------------------------------------------------------------------ transactions
+
+def check_post(s: "State", tx: RunPost) -> None:
+    """Every rule of a run post (raises :class:`InvalidTx`; changes nothing)."""
+    height = s.height + 1
+    p = s.params
+    _check(tx.run_id not in s.runs, "a run with this id exists")
+    _check(tx.trainable in TRAINABLE, f"trainable must be one of {', '.join(TRAINABLE)}")
+    if tx.trainable == "lora":
+        _check(1 <= tx.rank <= 256, f"rank must be in 1..256 (got {tx.rank})")
+        try:
+            parse_targets(tx.targets)
+        except ValueError as e:
+            raise InvalidTx(str(e)) from None
+    _check(tx.codec in CODECS, f"codec must be one of {', '.join(CODECS)}")
+    _check(tx.codec != "topk" or 1 <= tx.topk_ppm <= PPM, "topk needs topk_ppm in 1..1e6")
+    _check(tx.inner_state in INNER_STATE, f"inner_state must be one of {', '.join(INNER_STATE)}")
+    _check(1 <= tx.inner_steps <= 10_000 and 1 <= tx.rounds <= 10_000, "inner_steps and rounds in 1..10000")
+    _check(1 <= tx.min_workers <= tx.max_workers <= 256, "need 1 <= min_workers <= max_workers <= 256")
+    _check(1 <= tx.batch_size <= 256 and 2 <= tx.seq_len <= 8192, "batch_size 1..256, seq_len 2..8192")
+    _check(0 <= tx.screen_windows <= 256, "screen_windows in 0..256")
+    _check(1 <= tx.lr_micro <= 10**7, "lr_micro in 1..1e7")
+    _check(1 <= tx.outer_lr_ppm <= 10 * PPM and tx.outer_momentum_ppm < PPM and tx.nesterov in (0, 1),
+           "outer_lr_ppm in 1..1e7, outer_momentum_ppm < 1e6, nesterov 0 or 1")
+    _check(tx.clip_ppm >= PPM, "clip_ppm must be at least 1e6 (one median norm)")
+    _check(0 <= tx.sample_ppm <= PPM, "sample_ppm in 0..1e6")
+    _check(tx.price_per_step >= 1, "price_per_step >= 1")
+    _check(tx.receipt_price <= p.max_receipt_price and tx.aggregator_fee <= p.max_receipt_price,
+           "a round receipt's price (inner_steps × price_per_step) and aggregator_fee must not exceed "
+           "max_receipt_price")
+    _check(1 <= tx.round_timeout <= 10_000, "round_timeout in 1..10000 blocks")
+    _check(tx.deadline > height, "deadline already passed")
+    _check(tx.deadline - height <= p.max_job_deadline,
+           f"deadline is {tx.deadline - height} blocks after the post; this chain allows at most "
+           f"max_job_deadline = {p.max_job_deadline}")
+    _check(s.account(tx.sender).balance >= tx.budget,
+           f"balance cannot cover the run's budget of {tx.budget} base units")
+
+
+def apply_run_tx(s: "State", tx) -> None:
+    """Apply a run transaction (post, join, leave, cancel, reveal) in place; checks first, so a refused one
+    changes nothing. The caller checks and advances nonces.
+
+    Raises:
+        InvalidTx: as documented per kind in :mod:`node.ledger.runtx`.
+    """
+    height = s.height + 1
+    if isinstance(tx, RunPost):
+        check_post(s, tx)
+        acc = s.account(tx.sender)
+        s.accounts[tx.sender] = replace(acc, balance=acc.balance - tx.budget, escrow=acc.escrow + tx.budget)
+        _set(s, Run(post=tx, height=height, params=tx.params0, escrow_left=tx.budget))
+        return
+    run = s.runs.get(tx.run_id)
+    _check(run is not None, "unknown run")
+    if isinstance(tx, RunJoin):
+        _check(run.status in (RunStatus.WAITING, RunStatus.TRAINING), f"run is {run.status.value}")
+        _check(tx.sender != run.post.sender, "the sponsor cannot join its own run")
+        _check(tx.sender not in run.workers, "already joined")
+        _check(len(run.workers) < MAX_JOINED, f"a run has at most {MAX_JOINED} joined workers")
+        _check(s.account(tx.sender).bond >= s.params.min_bond, "worker is not bonded")
+        _set(s, replace(run, workers=run.workers + (tx.sender,)))
+    elif isinstance(tx, RunLeave):
+        _check(tx.sender in run.workers, "not a worker of this run")
+        _set(s, replace(run, workers=tuple(w for w in run.workers if w != tx.sender)))
+    elif isinstance(tx, RunCancel):
+        _check(tx.sender == run.post.sender, "only the sponsor can cancel a run")
+        _check(run.status == RunStatus.WAITING and not run.receipts and not run.failed,
+               "only a run whose first round never opened can be cancelled")
+        sp = s.account(tx.sender)
+        s.accounts[tx.sender] = replace(sp, balance=sp.balance + run.escrow_left, escrow=sp.escrow - run.escrow_left)
+        _set(s, replace(run, status=RunStatus.CANCELLED, refunded=run.escrow_left, escrow_left=0,
+                        final_height=height))
+    elif isinstance(tx, RoundReveal):
+        cur = run.cur
+        _check(cur is not None and cur.phase == Phase.REVEAL, "the run has no round in its reveal phase")
+        _check((tx.round, tx.attempt) == (cur.round, cur.attempt), "reveal for another round or attempt")
+        rid = cur.receipt_of(tx.worker)
+        _check(rid is not None, "no commitment of this worker in this round")
+        _check(tx.worker not in cur.reveals, "already revealed")
+        _check(s.receipts[rid].receipt.delta_root == tx.delta_root, "delta_root differs from the commitment")
+        _set(s, replace(run, cur=replace(cur, reveals=cur.reveals + (tx.worker,))))
+    else:  # pragma: no cover - state.apply_tx dispatches only the kinds above
+        raise InvalidTx("unknown run transaction")
+
+
+def check_round_receipt(s: "State", r: RoundReceipt) -> Run:
+    """Rules of a round receipt against its run (raises :class:`InvalidTx`; changes nothing). Returns the run."""
+    run = s.runs.get(r.run_id)
+    _check(run is not None, "round receipt for an unknown run")
+    cur = run.cur
+    _check(run.status == RunStatus.TRAINING and cur is not None and cur.phase == Phase.COMMIT,
+           "the run has no round in its commit phase")
+    _check((r.round, r.attempt) == (cur.round, cur.attempt),
+           f"receipt for round {r.round} attempt {r.attempt}; the open one is {cur.round} attempt {cur.attempt}")
+    _check(r.worker in cur.participants, "worker is not a participant of this round")
+    _check(cur.receipt_of(r.worker) is None, "this worker already committed in this round")
+    _check(r.sponsor == run.post.sender, "sponsor does not match the run")
+    _check(r.params_before == run.params, "params_before is not the run's current parameters θ_r")
+    _check(r.steps == run.post.inner_steps, f"steps must be the run's inner_steps = {run.post.inner_steps}")
+    _check(r.price == run.post.receipt_price, f"price must be inner_steps × price_per_step = {run.post.receipt_price}")
+    _check(r.price <= run.escrow_left, "the run's escrow cannot pay this receipt")
+    prev = dict(run.last_opt).get(r.worker, b"")
+    _check(run.post.inner_state != "keep" or not prev or r.opt_before == prev,
+           "inner_state is keep: opt_before must be this worker's previous opt_after")
+    return run
+
+
+def record_round_receipt(s: "State", r: RoundReceipt, run: Run) -> None:
+    """Reserve the receipt's price and record the commitment (after :func:`check_round_receipt`)."""
+    cur = run.cur
+    assert cur is not None
+    prev = dict(run.last_opt).get(r.worker, b"")
+    last = tuple((w, o) for w, o in run.last_opt if w != r.worker) + ((r.worker, r.opt_after),)
+    cur = replace(cur, commits=cur.commits + ((r.worker, r.id, prev),))
+    _set(s, replace(run, escrow_left=run.escrow_left - r.price, cur=cur, last_opt=last,
+                    receipts=run.receipts + (r.id,)))
+
+
+def check_aggregate(s: "State", a: RoundAggregate) -> Run:
+    """Rules of an aggregate (raises :class:`InvalidTx`; changes nothing). Returns the run."""
+    run = s.runs.get(a.run_id)
+    _check(run is not None, "aggregate for an unknown run")
+    cur = run.cur
+    _check(cur is not None and cur.phase == Phase.AGGREGATE, "the run has no round waiting for its aggregate")
+    _check((a.round, a.attempt) == (cur.round, cur.attempt), "aggregate for another round or attempt")
+    _check(a.aggregator == cur.aggregator, "not the aggregator drawn for this round")
+    _check(a.sponsor == run.post.sender, "sponsor does not match the run")
+    _check(a.params_before == run.params and a.momentum_before == run.momentum,
+           "params_before / momentum_before are not the run's current ones")
+    _check(all(s.receipts[rid].status != SAMPLED for _, rid, _ in cur.commits),
+           "sampled receipts of this round still await their verdicts")
+    for w in a.accepted:
+        _check(w in cur.reveals, "an accepted worker did not reveal its Δ")
+        _check(s.receipts[cur.receipt_of(w)].status != INVALID_S, "an accepted worker's receipt is invalid")
+    _check(a.price == run.post.aggregator_fee, f"price must be the run's aggregator_fee = {run.post.aggregator_fee}")
+    _check(a.price <= run.escrow_left, "the run's escrow cannot pay the aggregator")
+    return run
+
+
+def record_aggregate(s: "State", a: RoundAggregate, run: Run) -> None:
+    cur = run.cur
+    assert cur is not None
+    _set(s, replace(run, escrow_left=run.escrow_left - a.price, receipts=run.receipts + (a.id,),
+                    cur=replace(cur, phase=Phase.CHECK, phase_height=s.height + 1, aggregate=a.id)))
+
+
+# ------------------------------------------------------------------ verdicts
+
+def on_final(s: "State", r, outcome: Outcome, amount: int, height: int) -> None:
+    """A round receipt or aggregate became final. ``amount``: what is owed to its worker (the price less the
+    committee's fee; 0 when invalid), still in the sponsor's escrow. The caller paid the committee / slashed."""
+    run = s.runs[r.run_id]
+    if isinstance(r, RoundReceipt):
+        if outcome == Outcome.INVALID:
+            run = replace(run, escrow_left=run.escrow_left + r.price,
+                          decided=tuple(d for d in run.decided if d[0] != r.id))
+        else:
+            pay = dict(run.decided).get(r.id)
+            run = replace(run, held=run.held + ((r.id, r.worker, amount),),
+                          decided=tuple(d for d in run.decided if d[0] != r.id))
+            if pay is not None:  # the round already decided: pay or refund now
+                run = _resolve(s, run, r.id, pay)
+        _set(s, run)
+        return
+    cur = run.cur
+    applies = outcome in (Outcome.VALID, Outcome.UNCHECKED)
+    if not applies:
+        run = replace(run, escrow_left=run.escrow_left + r.price)
+    if cur is None or cur.aggregate != r.id or run.status in TERMINAL:
+        if applies:  # an aggregate of a run that meanwhile expired: the work was done, pay it
+            _sponsor_pays(s, run, r.aggregator, amount)
+            run = replace(run, paid_aggregators=run.paid_aggregators + amount)
+        _set(s, run)
+        return
+    if not applies:  # wrong (or unverifiable): draw another aggregator in end_block
+        _set(s, replace(run, cur=replace(cur, phase=Phase.AGGREGATE, phase_height=height, aggregator=b"",
+                                         tried=cur.tried + (r.aggregator,), aggregate=b"", ready_height=0)))
+        return
+    _sponsor_pays(s, run, r.aggregator, amount)
+    run = replace(run, paid_aggregators=run.paid_aggregators + amount)
+    accepted = set(r.accepted)
+    excluded: list[tuple[bytes, str]] = []
+    losses, nbytes = [], 0
+    for w in cur.participants:
+        rid = cur.receipt_of(w)
+        if rid is None:
+            excluded.append((w, "not committed"))
+            continue
+        rec = s.receipts[rid]
+        if w in accepted:
+            if rec.receipt.loss_ppm >= 0:
+                losses.append(rec.receipt.loss_ppm)
+            nbytes += rec.receipt.delta_bytes
+            run = _resolve(s, run, rid, True)
+        else:
+            why = ("invalid" if rec.status == INVALID_S else "not revealed" if w not in cur.reveals
+                   else "screened out")
+            excluded.append((w, why))
+            if rec.status != INVALID_S:
+                run = _resolve(s, run, rid, False)
+    summary = RoundSummary(round=cur.round, attempt=cur.attempt, params_before=run.params, params_next=r.params_next,
+                           momentum_next=r.momentum_next, aggregator=r.aggregator, aggregate=r.id,
+                           commits=cur.commits, accepted=tuple(sorted(accepted)), excluded=tuple(excluded),
+                           loss_ppm=(sum(losses) // len(losses)) if losses else -1, delta_bytes=nbytes,
+                           height=height)
+    run = replace(run, params=r.params_next, momentum=r.momentum_next, round=run.round + 1, cur=None,
+                  history=run.history + (summary,))
+    if run.round >= run.post.rounds:
+        run = replace(run, status=RunStatus.FINISHING)
+    _set(s, run)
+
+
+# ------------------------------------------------------------------ per block
+
+def end_block_runs(s: "State", height: int, block_hash: bytes, final_status: set[str]) -> None:
+    """Open rounds, close phases at their ends or timeouts, sample closed commitments, draw aggregators, expire
+    runs past their deadline, and return the unspent escrow of ended runs once all their receipts are final."""
+    for rid in list(s.open_runs):
+        run = s.runs[rid]
+        p = run.post
+        if run.status in (RunStatus.WAITING, RunStatus.TRAINING) and height > p.deadline:
+            if run.cur is not None:
+                if run.cur.phase == Phase.COMMIT:  # draw the samples the commit close would have drawn
+                    _sample_commits(s, run, height, block_hash)
+                for _, crid, _ in run.cur.commits:  # work done in the unfinished round is paid on its verdict
+                    if s.receipts[crid].status not in final_status or any(h[0] == crid for h in run.held):
+                        run = _resolve(s, run, crid, True)
+            run = replace(run, status=RunStatus.EXPIRED, cur=None)
+        if run.status == RunStatus.WAITING and run.round < p.rounds:
+            run = _open_round(s, run, height, block_hash, 0)
+        elif run.status == RunStatus.TRAINING and run.cur is None:
+            run = _open_round(s, run, height, block_hash, 0)
+        elif run.status == RunStatus.TRAINING and run.cur is not None:
+            run = _advance(s, run, height, block_hash)
+        if run.status in (RunStatus.FINISHING, RunStatus.EXPIRED) and not run.final_height:
+            if not run.held and not run.decided and all(s.receipts[x].status in final_status for x in run.receipts):
+                left = run.escrow_left
+                sp = s.account(p.sender)
+                s.accounts[p.sender] = replace(sp, balance=sp.balance + left, escrow=sp.escrow - left)
+                status = RunStatus.FINISHED if run.status == RunStatus.FINISHING else RunStatus.EXPIRED
+                run = replace(run, status=status, escrow_left=0, refunded=run.refunded + left, final_height=height)
+        _set(s, run)
+
+
+def _advance(s: "State", run: Run, height: int, beacon: bytes) -> Run:
+    cur = run.cur
+    assert cur is not None
+    p = run.post
+    timed_out = height >= cur.phase_height + p.round_timeout
+    if cur.phase == Phase.COMMIT:
+        if len(cur.commits) == len(cur.participants) or timed_out:
+            if len(cur.commits) < p.min_workers:
+                _sample_commits(s, run, height, beacon)
+                return _fail_attempt(s, run, height, beacon, f"{len(cur.commits)} committed")
+            _sample_commits(s, run, height, beacon)
+            return replace(run, cur=replace(cur, phase=Phase.REVEAL, phase_height=height))
+    elif cur.phase == Phase.REVEAL:
+        if len(cur.reveals) == len(cur.commits) or timed_out:
+            if len(cur.reveals) < p.min_workers:
+                return _fail_attempt(s, run, height, beacon, f"{len(cur.reveals)} revealed")
+            cur = replace(cur, phase=Phase.AGGREGATE, phase_height=height)
+            return replace(run, cur=replace(cur, aggregator=_draw_aggregator(s, replace(run, cur=cur), beacon)))
+    elif cur.phase == Phase.AGGREGATE:
+        if not cur.aggregator:
+            agg = _draw_aggregator(s, run, beacon)
+            return replace(run, cur=replace(cur, aggregator=agg, phase_height=height, ready_height=0))
+        if all(s.receipts[x].status != SAMPLED for _, x, _ in cur.commits):
+            if not cur.ready_height:
+                return replace(run, cur=replace(cur, ready_height=height))
+            if height >= cur.ready_height + p.round_timeout:  # the aggregator did not post: draw another
+                tried = cur.tried + (cur.aggregator,)
+                cur = replace(cur, tried=tried, aggregator=b"", ready_height=0)
+                return replace(run, cur=replace(cur, aggregator=_draw_aggregator(s, replace(run, cur=cur), beacon)))
+    return run
+
+
+__all__ = ["Run", "RunStatus", "Phase", "RoundState", "RoundSummary", "Outcome", "apply_run_tx",
+           "check_round_receipt", "record_round_receipt", "check_aggregate", "record_aggregate", "on_final",
+           "end_block_runs"]
