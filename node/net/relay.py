@@ -3,7 +3,9 @@
 * Every node runs the relay protocol's STOP side (it can be reached through a relay) and DCUtR (hole punching:
   a relayed connection is upgraded to a direct one where both NATs allow it). A node with ``hop=True`` (public
   nodes, ``--relay``) also relays for others, with limits: :data:`RELAY_LIMITS` (reservations, concurrent
-  circuits, bytes and seconds per circuit).
+  circuits, bytes and seconds per circuit) and :class:`GuardedRelayProtocol`'s rules: a reservation is only ever
+  for the stream's authenticated remote peer (one per peer), at most :data:`MAX_RESERVATIONS_PER_IP` per remote
+  IP, and a reservation ends with its holder's connection.
 * A node that is not publicly reachable (:class:`~node.net.reachability.Reachability` PRIVATE) reserves a slot on
   a connected relay and announces ``<relay addr>/p2p/<relay>/p2p-circuit``; the reservation is refreshed by the
   transport and re-made on another relay when the first one goes away.
@@ -21,8 +23,10 @@ import trio
 from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
 from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
+from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
 from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
+from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
 from libp2p.relay.circuit_v2.resources import RelayLimits
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.tools.anyio_service import background_trio_service
@@ -34,6 +38,96 @@ log = logging.getLogger(__name__)
 
 # A relay carries control traffic and small spans' hidden states; a circuit that needs more should hole-punch.
 RELAY_LIMITS = RelayLimits(duration=3600, data=1 << 30, max_circuit_conns=32, max_reservations=32)
+# reservations held at once by peers connected from one IP address (one machine, or one NAT): a host minting peer
+# IDs cannot take more than this many of the RELAY_LIMITS.max_reservations slots
+MAX_RESERVATIONS_PER_IP = 4
+
+
+class GuardedRelayProtocol(CircuitV2Protocol):
+    """py-libp2p 0.8.1's circuit relay v2 with reservations bound to the authenticated remote peer.
+
+    The stock ``_handle_reserve`` reserves for whatever ``peer.id`` the RESERVE message carries
+    (``libp2p/relay/circuit_v2/protocol.py:511``), so one peer could fill every slot with made-up IDs, and a slot
+    stays taken for the whole TTL after its holder disconnects. Here:
+
+    * a RESERVE naming another peer than the stream's remote peer (the Noise-authenticated one) is answered
+      PERMISSION_DENIED and reserves nothing; one without ``peer`` reserves for the remote peer. Reservations are
+      keyed by peer ID, so each peer holds at most one (a second RESERVE refreshes it);
+    * at most ``per_ip`` reservations are held by peers connected from one IP address (RESOURCE_LIMIT_EXCEEDED);
+    * before each decision, reservations of peers no longer connected are dropped (circuit relay v2 spec: a
+      reservation is valid only while its holder stays connected to the relay).
+
+    Args:
+        host: the py-libp2p ``IHost``.
+        limits: ``RelayLimits`` (slots in all, bytes and seconds per circuit).
+        allow_hop: relay for others (registers the HOP protocol).
+        per_ip: reservations per remote IP address, >= 1.
+
+    Raises:
+        ValueError: ``per_ip`` < 1.
+    """
+
+    def __init__(self, host: Any, limits: RelayLimits, allow_hop: bool, per_ip: int = MAX_RESERVATIONS_PER_IP):
+        if per_ip < 1:
+            raise ValueError(f"per_ip must be >= 1, got {per_ip}")
+        super().__init__(host, limits=limits, allow_hop=allow_hop)
+        self.per_ip = per_ip
+        self.refused_reservations = 0  # RESERVE requests answered with a refusal by the rules above
+        self._ip_of: dict[ID, str | None] = {}  # reservation holder -> the IP it reserved from
+
+    def reservations(self) -> dict[str, str | None]:
+        """Live reservations: holder peer ID -> the remote IP it reserved from (connected holders only)."""
+        self._prune()
+        return {p.to_base58(): self._ip_of.get(p) for p in list(self.resource_manager._reservations)
+                if self.resource_manager.get_reservation(p) is not None}
+
+    def _prune(self) -> None:
+        """Drop reservations that expired or whose holder is no longer connected."""
+        rm = self.resource_manager
+        for pid in list(rm._reservations):  # py-libp2p 0.8.1 keeps them in this dict; no public removal
+            if rm.get_reservation(pid) is None:
+                del rm._reservations[pid]
+        for pid in list(self._ip_of):
+            if pid not in rm._reservations:
+                del self._ip_of[pid]
+
+    async def _refuse(self, stream: Any, code: StatusCode, why: str) -> None:
+        self.refused_reservations += 1
+        log.warning("relay: refused a reservation from %s: %s", stream.muxed_conn.peer_id, why)
+        await self._send_status(stream, code, why)
+
+    async def _handle_reserve(self, stream: Any, msg: HopMessage) -> None:
+        remote = stream.muxed_conn.peer_id
+        if msg.HasField("peer") and msg.peer.id and bytes(msg.peer.id) != remote.to_bytes():
+            try:
+                named = ID(bytes(msg.peer.id)).to_base58()
+            except Exception:
+                named = bytes(msg.peer.id[:16]).hex() + "..."
+            await self._refuse(stream, StatusCode.PERMISSION_DENIED, f"reservation for another peer ({named})")
+            return
+        self._prune()
+        ip = _remote_ip(stream)
+        if self.resource_manager.get_reservation(remote) is None and ip is not None:
+            held = sum(1 for v in self._ip_of.values() if v == ip)
+            if held >= self.per_ip:
+                await self._refuse(stream, StatusCode.RESOURCE_LIMIT_EXCEEDED,
+                                   f"{held} reservations already held from {ip} (limit {self.per_ip})")
+                return
+        msg.ClearField("peer")  # the stock handler then reserves for the stream's remote peer
+        self._ip_of[remote] = ip  # before: the stock handler lingers 0.1 s after its reply
+        try:
+            await super()._handle_reserve(stream, msg)
+        finally:
+            if remote not in self.resource_manager._reservations:
+                self._ip_of.pop(remote, None)
+
+
+def _remote_ip(stream: Any) -> str | None:
+    try:
+        a = stream.get_remote_address()
+        return str(a[0]) if a else None
+    except Exception:
+        return None
 
 
 class Relay:
@@ -43,11 +137,12 @@ class Relay:
         host: the running py-libp2p host (``IHost``).
         hop: relay for others (public nodes).
         dcutr: run hole punching.
+        per_ip: reservations this relay grants to peers of one remote IP (:class:`GuardedRelayProtocol`).
     """
 
-    def __init__(self, host: Any, hop: bool, dcutr: bool = True):
+    def __init__(self, host: Any, hop: bool, dcutr: bool = True, per_ip: int = MAX_RESERVATIONS_PER_IP):
         self.host, self.hop, self.dcutr = host, hop, dcutr
-        self.protocol = CircuitV2Protocol(host, limits=RELAY_LIMITS, allow_hop=hop)
+        self.protocol = GuardedRelayProtocol(host, limits=RELAY_LIMITS, allow_hop=hop, per_ip=per_ip)
         self.transport = self.dialer = None
         self.reserved_on: str | None = None  # relay peer ID holding our reservation
         self.circuit_addrs: list[str] = []  # what we announce while reserved
@@ -82,8 +177,7 @@ class Relay:
     def relay_addr(self, relay: str) -> str | None:
         """A direct (non-relay, non-loopback unless we are loopback) address of ``relay`` we are connected at."""
         pid = ID.from_base58(relay)
-        for conn in self.host.get_network().get_connections(pid) if hasattr(
-                self.host.get_network(), "get_connections") else []:
+        for conn in self.host.get_network().get_connections(pid):
             for a in conn.get_transport_addresses():
                 s = str(a)
                 if "/p2p-circuit" not in s:

@@ -294,11 +294,7 @@ class NetworkService:
                 self.reachability = status
                 self.host.confirmed_addrs = reached
             if status is Reachability.PRIVATE and self.relay is not None and not self.relay.still_reserved():
-                self.relay.drop_reservation()
-                if await self.relay.reserve():
-                    self.host.relay_addrs = list(self.relay.circuit_addrs)
-                else:
-                    self.host.relay_addrs = []
+                await self._rereserve()
             await trio.sleep(PROBE_PERIOD if status is not Reachability.UNKNOWN else 5.0)
 
     async def _relay_watch(self) -> None:
@@ -307,11 +303,19 @@ class NetworkService:
             await trio.sleep(2.0)
             if self.relay is not None and self.relay.reserved_on and not self.relay.still_reserved():
                 log.info("relay %s went away; reserving elsewhere", self.relay.reserved_on)
-                gone = self.relay.reserved_on
-                self.relay.drop_reservation()
-                self.host.relay_addrs = []
-                if await self.relay.reserve(exclude={gone}):
-                    self.host.relay_addrs = list(self.relay.circuit_addrs)
+                await self._rereserve(exclude={self.relay.reserved_on})
+
+    async def _rereserve(self, exclude: set[str] = frozenset()) -> bool:
+        """Drop our reservation (and stop announcing its circuit address), reserve on a connected relay not in
+        ``exclude``, and announce the new circuit address. True when a slot was reserved."""
+        if self.relay is None:
+            return False
+        self.relay.drop_reservation()
+        self.host.relay_addrs = []
+        if await self.relay.reserve(exclude=set(exclude)):
+            self.host.relay_addrs = list(self.relay.circuit_addrs)
+            return True
+        return False
 
     def status(self) -> dict:
         """For ``/v1/status`` and logs: reachability, announced addresses, relay, peers known and connected."""
