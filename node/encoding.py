@@ -31,6 +31,7 @@ WIRE_DTYPES = {
     "int64": (np.int64, 8),
     "int32": (np.int32, 4),
     "uint8": (np.uint8, 1),
+    "int8": (np.int8, 1),  # int8 pseudo-gradient codes (node.training.codec)
 }
 
 
