@@ -83,6 +83,22 @@ def batch_for_step(train_ids: torch.Tensor, spec: TrainSpec, step: int) -> torch
     return torch.stack([train_ids[o:o + spec.seq_len + 1] for o in offsets.tolist()])
 
 
+@torch.no_grad()
+def seeded_lora_init_(names: list[str], params: list[torch.Tensor], seed: int) -> None:
+    """peft's LoRA init in place (A Kaiming-uniform with a = √5, B zero), drawn from a generator seeded with
+    ``H(seed ‖ parameter name)`` rather than the process-global RNG, which other threads may be using."""
+    for name, p in zip(names, params):
+        if "lora_B" in name:
+            p.zero_()
+        else:
+            s = int.from_bytes(H(b"tally/lora-init/v1", str(seed).encode(), name.encode())[:8],
+                               "little") & (2**63 - 1)
+            g = torch.Generator().manual_seed(s)
+            cpu = torch.empty(p.shape, dtype=p.dtype)
+            torch.nn.init.kaiming_uniform_(cpu, a=math.sqrt(5), generator=g)
+            p.copy_(cpu.to(p.device))
+
+
 class Trainer:
     """A base model with a LoRA adapter (peft) and its AdamW state, trained step by step.
 
@@ -113,20 +129,8 @@ class Trainer:
             self.opt.state[p]["exp_avg_sq"] = torch.zeros_like(p)
         self.step = 0
 
-    @torch.no_grad()
     def _init_lora(self) -> None:
-        """peft's LoRA init (A Kaiming-uniform with a = √5, B zero), drawn from a generator seeded with
-        ``H(seed ‖ parameter name)`` rather than the process-global RNG, which other threads may be using."""
-        for name, p in zip(self.names, self.params):
-            if "lora_B" in name:
-                p.zero_()
-            else:
-                seed = int.from_bytes(H(b"tally/lora-init/v1", str(self.spec.seed).encode(), name.encode())[:8],
-                                      "little") & (2**63 - 1)
-                g = torch.Generator().manual_seed(seed)
-                cpu = torch.empty(p.shape, dtype=p.dtype)
-                torch.nn.init.kaiming_uniform_(cpu, a=math.sqrt(5), generator=g)
-                p.copy_(cpu.to(p.device))
+        seeded_lora_init_(self.names, self.params, self.spec.seed)
 
     # ------------------------------------------------------------------ state
 
