@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -40,6 +41,9 @@ from .quirks import batch_yamux_window_updates, check_port_free, exception_leave
 from .scoring import MALFORMED_FRAME, PeerScores
 
 log = logging.getLogger(__name__)
+
+ANNOUNCED_TTL = 10.0  # seconds an :meth:`P2PHost.announced` result is reused (interface IPs behind a wildcard)
+PARSED_CACHE = 1024  # /p2p/ multiaddrs whose parse :meth:`P2PHost.remember` keeps (presence gossip repeats them)
 
 StreamHandler = Callable[[Any, str], Awaitable[None]]
 RequestHandler = Callable[[dict, str], Awaitable[dict]]
@@ -106,6 +110,13 @@ class P2PHost(GossipMethods):
         self._peer_id: str = identity.peer_id
         self.scores = scores if scores is not None else PeerScores()
         self._nursery = None
+        # py-libp2p asks for the host's addresses on every pubsub RPC it sends (its signed peer record) and
+        # presence gossip repeats every peer's addresses twice a second: pure-Python multiaddr parsing of the
+        # same strings was a quarter of a busy test process's CPU (profiled), so results are cached
+        self._bound: list[str] | None = None
+        self._announced: tuple[tuple, float, list[str]] | None = None  # (inputs, when, result)
+        self._factory: tuple[tuple[str, ...], list] = ((), [])
+        self._parsed: dict[str, tuple[Any, str, list]] = {}  # "/.../p2p/<id>" -> (ID, its string, [multiaddr])
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -146,9 +157,9 @@ class P2PHost(GossipMethods):
             sec_opt={NOISE_ID: NoiseTransport(kp, noise_privkey=x25519_pair().private_key)},
             muxer_opt={YAMUX_ID: Yamux},
             listen_addrs=listen,
-            addrs_factory=lambda _candidates: [multiaddr.Multiaddr(a) for a in self.announced()
-                                               if scope(a) is not Scope.RELAY],
+            addrs_factory=lambda _candidates: self._factory_addrs(multiaddr.Multiaddr),
         )
+        self._memoize_get_addrs(host)
         # py-libp2p's resource manager caps streams node-wide and leaks slots on refusals (node.net.limits):
         # Tally's per-peer limits replace it
         host.get_network().set_resource_manager(None)
@@ -174,6 +185,8 @@ class P2PHost(GossipMethods):
             raise
         finally:
             self._host = self._gossip = self._nursery = None
+            self._bound = self._announced = None
+            self._factory = ((), [])
 
     @asynccontextmanager
     async def _serve(self, host, pubsub, gossipsub, listen) -> AsyncIterator[None]:
@@ -248,8 +261,15 @@ class P2PHost(GossipMethods):
         return [f"{a}/p2p/{self._peer_id}" for a in self.announced()]
 
     def bound_addrs(self) -> list[str]:
-        """The multiaddrs the transport listens on, with their real ports (wildcards stay wildcards)."""
-        return [str(a) for a in self._require().get_transport_addrs()]
+        """The multiaddrs the transport listens on, with their real ports (wildcards stay wildcards); read
+        once the listeners are up (they do not change while the host runs)."""
+        host = self._require()
+        if self._bound is None:
+            bound = [str(a) for a in host.get_transport_addrs()]
+            if len(bound) < len(self.listen):  # not all listening yet: ask again next time
+                return bound
+            self._bound = bound
+        return list(self._bound)
 
     def announced(self) -> list[str]:
         """What this node tells others it can be reached at, without ``/p2p``: ``--announce`` addresses,
@@ -257,7 +277,38 @@ class P2PHost(GossipMethods):
         loopback only for a node bound to loopback alone (:func:`node.net.addrs.announceable`)."""
         if self._host is None:
             return []
-        return announceable(self.announce, self.bound_addrs(), self.confirmed_addrs, self.relay_addrs)
+        key = (tuple(self.announce), tuple(self.confirmed_addrs), tuple(self.relay_addrs))
+        now = time.monotonic()
+        cached = self._announced
+        if cached is not None and cached[0] == key and now - cached[1] < ANNOUNCED_TTL:
+            return list(cached[2])
+        out = announceable(self.announce, self.bound_addrs(), self.confirmed_addrs, self.relay_addrs)
+        if self._bound is not None:
+            self._announced = (key, now, out)
+        return list(out)
+
+    def _memoize_get_addrs(self, host) -> None:
+        """py-libp2p calls ``get_addrs()`` (transport addresses, observed ones, the factory, ``/p2p`` suffixes:
+        ~2 ms of multiaddr parsing) for every pubsub RPC it sends; with our factory its result depends on
+        :meth:`announced` alone, so it is recomputed only when that changes."""
+        inner = host.get_addrs
+        memo: list = [None, []]
+
+        def get_addrs() -> list:
+            key = tuple(self.announced())
+            if memo[0] != key:
+                memo[0], memo[1] = key, inner()
+            return list(memo[1])
+
+        host.get_addrs = get_addrs
+
+    def _factory_addrs(self, make: Callable[[str], Any]) -> list:
+        """py-libp2p's ``addrs_factory``: :meth:`announced` but circuit addresses, as multiaddr objects made
+        with ``make`` (kept while the announced strings stay the same)."""
+        strs = tuple(a for a in self.announced() if scope(a) is not Scope.RELAY)
+        if strs != self._factory[0]:
+            self._factory = (strs, [make(a) for a in strs])
+        return list(self._factory[1])
 
     def banned(self, peer_id: str) -> bool:
         """Whether ``peer_id`` is banned now (its streams and connections are refused)."""
@@ -325,14 +376,20 @@ class P2PHost(GossipMethods):
         host = self._require()
         n = 0
         for addr in multiaddrs[:16]:
-            try:
-                info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
-            except Exception:
-                continue
-            if info.peer_id.to_base58() != self._peer_id:
-                host.get_peerstore().add_addrs(info.peer_id, info.addrs, ttl)
-                if info.peer_id not in host.get_connected_peers():
-                    host.get_network().unblock_peer(info.peer_id)  # it is alive: it just told us so
+            parsed = self._parsed.get(addr)
+            if parsed is None:
+                try:
+                    info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+                except Exception:
+                    continue
+                if len(self._parsed) >= PARSED_CACHE:
+                    self._parsed.clear()
+                parsed = self._parsed[addr] = (info.peer_id, info.peer_id.to_base58(), list(info.addrs))
+            pid, pid_str, addrs = parsed
+            if pid_str != self._peer_id:
+                host.get_peerstore().add_addrs(pid, addrs, ttl)
+                if pid not in host.get_connected_peers():
+                    host.get_network().unblock_peer(pid)  # it is alive: it just told us so
                 n += 1
         return n
 

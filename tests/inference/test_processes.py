@@ -147,7 +147,9 @@ def test_client_gone_after_token_17_frees_sessions_and_pays_17_steps(tmp_path, t
     for st in settled:
         assert st.reason == "vanished" and st.steps == 17 and st.acked == 17
         assert st.receipt.tokens == 17 and st.receipt.requester == Identity_account(peer(4))
-    assert all(rec.status == VALID_S for rec in recs.values())  # the committee re-executed the 17 steps
+    # the committee re-executed the 17 steps
+    assert all(rec.status == VALID_S for rec in recs.values()), [
+        (r.status, r.round, [(v[1], v[2]) for v in r.votes]) for r in recs.values()]
 
 
 def test_four_clients_at_once(tmp_path, tiny):
