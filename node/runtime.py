@@ -133,6 +133,12 @@ class Node:
                                   self.manifest.model_id, device=cfg.device, fault=train_fault,
                                   capacity=cfg.job_capacity)
 
+        from .training.rounds import RUN_FAULTS
+        from .training.worker import RunWorker
+
+        self.runs = RunWorker(self.ident, self.ledger, self.host, self.blobs, self.executor, cfg.model_dir,
+                              self.manifest.model_id, fault=cfg.fault if cfg.fault in RUN_FAULTS else None)
+
     def _make_server(self, start: int, end: int):
         from .inference.server import SpanServer
 
@@ -196,6 +202,7 @@ class Node:
                     nursery.start_soon(self._presence_loop)
                     if self.jobs is not None:
                         nursery.start_soon(self.jobs.run)
+                    nursery.start_soon(self.runs.run)
                     if self.server is not None:
                         nursery.start_soon(self.server.announce_loop, self.host, self.cfg.announce_period,
                                            self.cfg.announce_ttl)

@@ -103,6 +103,7 @@ class RoundState:
     ready_height: int = 0
 
     def receipt_of(self, worker: bytes) -> bytes | None:
+        """The id of ``worker``'s round receipt in this attempt, or None."""
         return next((rid for w, rid, _ in self.commits if w == worker), None)
 
     def to_dict(self) -> dict:
@@ -148,7 +149,8 @@ class Run:
     before the first outer step); ``round``: rounds completed; ``workers``: joined, in join order; ``held``:
     ``(receipt id, worker, base units)`` final and waiting for the round's decision; ``decided``: ``(receipt id,
     pay)`` decided and waiting for the receipt to be final; ``receipts``: every round receipt and aggregate of
-    the run; ``failed``: ``(round, attempt, reason)`` of attempts re-opened for lack of workers."""
+    the run; ``failed``: ``(round, attempt, reason)`` of attempts re-opened for lack of workers; ``attempts``:
+    ``(round, attempt, beacon, participants)`` of every round attempt opened (what a replay draws batches from)."""
 
     post: RunPost
     height: int
@@ -165,6 +167,7 @@ class Run:
     receipts: tuple[bytes, ...] = ()
     last_opt: tuple[tuple[bytes, bytes], ...] = ()
     failed: tuple[tuple[int, int, str], ...] = ()
+    attempts: tuple[tuple[int, int, bytes, tuple[bytes, ...]], ...] = ()
     paid_workers: int = 0
     paid_aggregators: int = 0
     refunded: int = 0
@@ -178,11 +181,18 @@ class Run:
                 "current": self.cur.to_dict() if self.cur else None,
                 "history": [h.to_dict() for h in self.history], "receipts": list(self.receipts),
                 "failed": [list(f) for f in self.failed], "paid_workers": self.paid_workers,
+                "attempts": [{"round": a[0], "attempt": a[1], "beacon": a[2], "participants": list(a[3])}
+                             for a in self.attempts],
                 "paid_aggregators": self.paid_aggregators, "refunded": self.refunded,
                 "final_height": self.final_height}
 
 
 # ------------------------------------------------------------------ helpers
+
+def attempt_of(run: Run, round_: int, attempt: int) -> tuple[bytes, tuple[bytes, ...]] | None:
+    """``(beacon, participants)`` of a round attempt of ``run``, or None if it never opened."""
+    return next(((b, p) for r, a, b, p in run.attempts if (r, a) == (round_, attempt)), None)
+
 
 def _set(s: "State", run: Run) -> None:
     rid = run.post.run_id
@@ -219,7 +229,8 @@ def _open_round(s: "State", run: Run, height: int, beacon: bytes, attempt: int) 
         return replace(run, status=RunStatus.WAITING, cur=None)
     cur = RoundState(round=run.round, attempt=attempt, opened=height, beacon=beacon, phase=Phase.COMMIT,
                      phase_height=height, participants=parts)
-    return replace(run, status=RunStatus.TRAINING, cur=cur)
+    return replace(run, status=RunStatus.TRAINING, cur=cur,
+                   attempts=run.attempts + ((run.round, attempt, beacon, parts),))
 
 
 def _resolve(s: "State", run: Run, rid: bytes, pay: bool) -> Run:

@@ -60,12 +60,18 @@ class CommitteeMember:
 
     async def run(self) -> None:
         from ..ledger.jobtx import TrainReceipt
+        from ..ledger.runtx import RoundAggregate, RoundReceipt
+        from ..training.replay import check_aggregate, check_round_receipt
         from .training import check_training
 
         async for receipt, round_ in self._recv:
             try:
                 if isinstance(receipt, TrainReceipt):
                     verdict, d = await check_training(self, receipt)
+                elif isinstance(receipt, RoundReceipt):
+                    verdict, d = await check_round_receipt(self, receipt)
+                elif isinstance(receipt, RoundAggregate):
+                    verdict, d = await check_aggregate(self, receipt)
                 else:
                     verdict, d = await self.check(receipt)
             except Exception:

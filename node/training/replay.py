@@ -1,0 +1,134 @@
+"""Committee checks of training-run receipts (DESIGN.md "Collaborative training runs", Checks).
+
+* A sampled :class:`~node.ledger.runtx.RoundReceipt` is replayed: the member fetches θ_r, the committed inner
+  states, θ_worker and Δ from the worker (served only once the commit phase closed), rebuilds the worker's
+  assigned batches from the dataset and the attempt's beacon, and runs
+  :func:`node.training.rounds.replay_round`. A worker that never revealed in a reveal phase that ended broke
+  its commitment: INVALID (the ledger shows it; it cannot stall a round by withholding). Anything this member
+  cannot fetch in time is ABSTAIN, which never penalises the worker.
+* A :class:`~node.ledger.runtx.RoundAggregate` is re-computed bit for bit from θ_r, the momentum and the
+  accepted workers' Δs (:func:`node.training.rounds.recompute_outer`); any difference in either id is INVALID.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import trio
+
+from ..blobs import BlobUnavailable, fetch_blob
+from ..encoding import commitments_root
+from ..ledger.runs import Phase, attempt_of
+from ..ledger.runtx import NO_MOMENTUM, RoundAggregate, RoundReceipt
+from ..ledger.tx import ABSTAIN, INVALID, VALID
+from . import rounds as rd
+from .assign import batch_tensors
+from .worker import FETCH_TIMEOUT, RunCache, fetch_payloads, load_run, theta_holders
+
+log = logging.getLogger("tally.verify")
+
+REVEAL_WAIT_S = 60.0  # how long a member waits for a worker's blobs before it abstains
+
+
+def _reveal_missed(run, r: RoundReceipt) -> bool:
+    """True when the ledger shows that ``r``'s worker let its attempt's reveal phase end without revealing."""
+    cur = run.cur
+    if cur is not None and (cur.round, cur.attempt) == (r.round, r.attempt):
+        return cur.phase in (Phase.AGGREGATE, Phase.CHECK) and r.worker not in cur.reveals
+    for h in run.history:  # the round finished: was the worker among those that revealed?
+        if (h.round, h.attempt) == (r.round, r.attempt):
+            return any(w == r.worker and why == "not revealed" for w, why in h.excluded)
+    return False
+
+
+async def check_round_receipt(member, r: RoundReceipt) -> tuple[int, float]:
+    """A committee member's ``(verdict, distance)`` on a sampled round receipt."""
+    state = member.ledger.state
+    run = state.runs.get(r.run_id)
+    if run is None or run.post.model_id != member.model_id:
+        return ABSTAIN, math.inf
+    holders = [r.worker]
+    got = None
+    with trio.move_on_after(REVEAL_WAIT_S):
+        while got is None:
+            run = member.ledger.state.runs[r.run_id]
+            if _reveal_missed(run, r):
+                log.info("round receipt %s: never revealed: invalid", r.id.hex()[:16])
+                return INVALID, math.inf
+            try:
+                got = [await fetch_blob(member.host, member.blobs, root, holders, timeout=FETCH_TIMEOUT, keep=False)
+                       for root in (r.opt_before, r.params_after, r.opt_after, r.delta_root)]
+            except BlobUnavailable:
+                await member.ledger.new_block.wait()  # not revealed yet: the commit phase may still be open
+    if got is None:
+        return ABSTAIN, math.inf
+    opt_before, params_after, opt_after, payload = got
+    try:
+        cache = member.__dict__.setdefault("_run_cache", RunCache())
+        cache = await load_run(cache, member.executor, member.host, member.blobs, member.model_dir, run)
+        theta = await fetch_blob(member.host, member.blobs, r.params_before, theta_holders(state, run) + [r.worker],
+                                 timeout=FETCH_TIMEOUT)
+        commit = next((c for c in _all_commits(run) if c[1] == r.id), None)
+        prev_id = commit[2] if commit else b""
+        prev = await fetch_blob(member.host, member.blobs, prev_id, [r.worker], timeout=FETCH_TIMEOUT) if prev_id else None
+    except (BlobUnavailable, ValueError) as e:
+        log.info("abstain on round receipt %s: %s", r.id.hex()[:16], e)
+        return ABSTAIN, math.inf
+    beacon, parts = attempt_of(run, r.round, r.attempt)
+    try:
+        a = rd.assignment(run.post, beacon, r.round, parts, cache.windows.shape[0], r.worker)
+    except ValueError:
+        return INVALID, math.inf
+    batches = batch_tensors(cache.windows, a)
+
+    def replay():
+        expected = rd.expected_opt_before(cache.trainer, run.post, prev)
+        return rd.replay_round(cache.trainer, run.post, theta, opt_before, expected, batches, r.batches_root,
+                               params_after, opt_after, payload, r.delta_bytes)
+
+    try:
+        verdict, d, why = await member.executor.run(replay)
+    except (RuntimeError, MemoryError) as e:
+        log.warning("abstain on round receipt %s: %s", r.id.hex()[:16], e)
+        return ABSTAIN, math.inf
+    log.info("round receipt %s of run %s round %d: %s (%s, distance %.3g)", r.id.hex()[:16], r.run_id.hex()[:12],
+             r.round, "valid" if verdict == VALID else "invalid", why, d)
+    return verdict, d
+
+
+def _all_commits(run):
+    if run.cur is not None:
+        yield from run.cur.commits
+    for h in run.history:
+        yield from h.commits
+
+
+async def check_aggregate(member, a: RoundAggregate) -> tuple[int, float]:
+    """A committee member's ``(verdict, distance)`` on an aggregate: 0 and VALID iff both ids re-compute."""
+    state = member.ledger.state
+    run = state.runs.get(a.run_id)
+    if run is None or run.cur is None or run.post.model_id != member.model_id:
+        return ABSTAIN, math.inf
+    holders = [a.aggregator] + theta_holders(state, run)
+    try:
+        cache = member.__dict__.setdefault("_run_cache", RunCache())
+        cache = await load_run(cache, member.executor, member.host, member.blobs, member.model_dir, run)
+        theta = await fetch_blob(member.host, member.blobs, a.params_before, holders, timeout=FETCH_TIMEOUT)
+        mom = None if a.momentum_before == NO_MOMENTUM else await fetch_blob(
+            member.host, member.blobs, a.momentum_before, holders, timeout=FETCH_TIMEOUT)
+        payloads = await fetch_payloads(member.host, member.blobs, state, run.cur.commits, a.accepted, a.aggregator)
+    except (BlobUnavailable, ValueError) as e:
+        log.info("abstain on aggregate %s: %s", a.id.hex()[:16], e)
+        return ABSTAIN, math.inf
+    res = await member.executor.run(rd.recompute_outer, cache.trainer, run.post, theta, mom, payloads)
+    mom_id = NO_MOMENTUM if res.momentum is None else commitments_root(res.momentum)
+    ok = commitments_root(res.params) == a.params_next and mom_id == a.momentum_next \
+        and tuple(sorted(res.accepted)) == tuple(a.accepted)
+    if ok:
+        member.blobs.put(res.params)  # a verified θ_{r+1}: serve it to the next round's workers
+        if res.momentum is not None:
+            member.blobs.put(res.momentum)
+    log.info("aggregate %s of run %s round %d: %s", a.id.hex()[:16], a.run_id.hex()[:12], a.round,
+             "valid" if ok else "invalid")
+    return (VALID, 0.0) if ok else (INVALID, math.inf)

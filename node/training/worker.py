@@ -1,0 +1,289 @@
+"""A node's part in collaborative training runs: train the rounds of runs it joined, reveal, aggregate when drawn.
+
+Runs on the node's event loop; torch work goes through the node's executor (:mod:`node.compute.executor`).
+Every block it looks at the open runs (:mod:`node.ledger.runs`) in which this node is a participant of the open
+round and does what the phase asks:
+
+* **COMMIT** — fetch θ_r by content hash (from the last aggregator, the last round's workers or the sponsor) and
+  check it: for r > 0 re-compute the last outer step from the accepted Δs and refuse to train on a θ whose id
+  differs (:func:`node.training.rounds.recompute_outer`). Train the H batches the beacon assigned, encode Δ and
+  submit a :class:`~node.ledger.runtx.RoundReceipt`. The committed tensors (θ_worker, inner states, Δ) are
+  **sealed**: kept in memory, not in the blob store that peers can read, so nobody can copy them in time.
+* **REVEAL** (or the attempt failed and its receipts are being replayed) — unseal into the blob store and submit
+  a :class:`~node.ledger.runtx.RoundReveal`.
+* **AGGREGATE**, when the beacon drew this node — fetch every revealed Δ, screen and aggregate it
+  (:func:`node.training.rounds.aggregate_round`), store θ_{r+1} and the momentum, submit a
+  :class:`~node.ledger.runtx.RoundAggregate`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+
+import trio
+
+from ..blobs import BlobStore, BlobUnavailable, fetch_blob
+from ..encoding import commitments_root
+from ..identity import Identity
+from ..ledger.runs import Phase, attempt_of
+from ..ledger.runtx import NO_MOMENTUM, RoundAggregate, RoundReceipt, RoundReveal
+from ..ledger.status import INVALID_S, SAMPLED
+from ..ledger.tx import InvalidTx
+from ..market.data import dataset_bytes
+from . import rounds as rd
+from .assign import batch_tensors, screen_tensor
+
+log = logging.getLogger("tally.training")
+
+FETCH_TIMEOUT = 8.0  # seconds per holder for a blob (then the next holder is tried)
+DEV_CHAINS = ("tally-devnet", "tally-test")
+
+
+@dataclass
+class _Sealed:
+    """What a worker committed to and serves only after the commit phase (tensor lists)."""
+
+    opt_before: list
+    params_after: list
+    opt_after: list
+    payload: list
+
+
+@dataclass
+class RunCache:
+    """Per-run torch objects of one node: the trainer (one run's model in memory at a time) and windows."""
+
+    run_id: bytes = b""
+    trainer: object = None
+    windows: object = None
+    verified: set = field(default_factory=set)  # ids of θ this node re-computed and found right
+
+
+def theta_holders(state, run) -> list[bytes]:
+    """Who holds θ_r and the momentum, most likely first: for θ_0 the sponsor; later the last aggregator and the
+    committee that re-computed its aggregate (both store it), then the last round's accepted workers (who
+    fetched it to check it), then the sponsor."""
+    out: list[bytes] = []
+    if run.history:
+        h = run.history[-1]
+        rec = state.receipts.get(h.aggregate)
+        out += [h.aggregator, *(rec.committee if rec is not None else ()), *h.accepted]
+    out.append(run.post.sender)
+    seen: set[bytes] = set()
+    return [a for a in out if not (a in seen or seen.add(a))]
+
+
+async def load_run(cache: RunCache, executor, host, blobs: BlobStore, model_dir, run) -> RunCache:
+    """The run's trainer and windows (dataset fetched by hash from the sponsor or the workers)."""
+    if cache.run_id == run.post.run_id and cache.trainer is not None:
+        return cache
+    post = run.post
+    text = dataset_bytes(await fetch_blob(host, blobs, post.dataset_root, [post.sender, *run.workers],
+                                          timeout=FETCH_TIMEOUT))
+    trainer = await executor.run(rd.make_trainer, model_dir, post)
+    windows = await executor.run(rd.run_windows, model_dir, post, text)
+    cache.run_id, cache.trainer, cache.windows, cache.verified = post.run_id, trainer, windows, set()
+    return cache
+
+
+async def check_theta(cache: RunCache, executor, host, blobs: BlobStore, state, run) -> list:
+    """θ_r of ``run`` fetched by its id and, for r > 0, re-computed from the last round's accepted Δs.
+
+    Raises:
+        BlobUnavailable: θ_r or an accepted Δ could not be fetched.
+        ValueError: the re-computed θ_r or momentum differs from the ledger's (a wrong aggregate).
+    """
+    theta = await fetch_blob(host, blobs, run.params, theta_holders(state, run), timeout=FETCH_TIMEOUT)
+    if not run.history or run.params in cache.verified:
+        return theta
+    h = run.history[-1]
+    # θ_{r-1} and its momentum: held by the last round's workers (they trained from it) and its own holders
+    earlier = list(h.accepted) + theta_holders(state, replace(run, history=run.history[:-1]))
+    prev = await fetch_blob(host, blobs, h.params_before, earlier, timeout=FETCH_TIMEOUT)
+    before_mom = run.history[-2].momentum_next if len(run.history) > 1 else NO_MOMENTUM
+    mom = None if before_mom == NO_MOMENTUM else await fetch_blob(host, blobs, before_mom, earlier,
+                                                                  timeout=FETCH_TIMEOUT)
+    payloads = await fetch_payloads(host, blobs, state, h.commits, h.accepted, h.aggregator)
+    res = await executor.run(rd.recompute_outer, cache.trainer, run.post, prev, mom, payloads)
+    mom_id = NO_MOMENTUM if res.momentum is None else commitments_root(res.momentum)
+    if commitments_root(res.params) != run.params or mom_id != h.momentum_next:
+        raise ValueError(f"θ of round {h.round + 1} re-computed from the accepted Δs differs from the ledger's")
+    cache.verified.add(run.params)
+    return theta
+
+
+async def fetch_payloads(host, blobs: BlobStore, state, commits, workers, aggregator: bytes) -> dict:
+    """``{worker: Δ payload}`` of ``workers`` (their round receipts among ``commits``, roots from the ledger
+    ``state``), from each worker or else the aggregator, who kept them.
+
+    Raises:
+        BlobUnavailable: nobody serves one of them.
+    """
+    rids = {w: rid for w, rid, _ in commits}
+    out = {}
+    for w in workers:
+        root = state.receipts[rids[w]].receipt.delta_root
+        out[w] = await fetch_blob(host, blobs, root, [w, aggregator], timeout=FETCH_TIMEOUT)
+    return out
+
+
+class RunWorker:
+    """Trains the runs this node joined (``node run join``), reveals its Δs, aggregates when drawn.
+
+    Args:
+        fault: a cheat of :data:`node.training.rounds.RUN_FAULTS` (devnet and test chains only).
+
+    Raises:
+        ValueError: a fault on a chain that is not a devnet or test chain.
+    """
+
+    def __init__(self, ident: Identity, ledger, host, blobs: BlobStore, executor, model_dir, model_id: bytes,
+                 fault: str | None = None):
+        if fault is not None and not ledger.chain_id.startswith(DEV_CHAINS):
+            raise ValueError("cheat switches exist only on devnet and test chains")
+        self.ident, self.ledger, self.host, self.blobs, self.executor = ident, ledger, host, blobs, executor
+        self.model_dir, self.model_id, self.fault = model_dir, model_id, fault
+        self.cache = RunCache()
+        self.sealed: dict[tuple[bytes, int, int], _Sealed] = {}
+        self.committed: set[tuple[bytes, int, int]] = set()
+        self.revealed: set[tuple[bytes, int, int]] = set()
+        self.aggregated: set[tuple[bytes, int, int, bytes]] = set()
+        self.busy: set[bytes] = set()
+        self.retry_at: dict[bytes, tuple[int, float]] = {}  # run -> (failures, trio time of the next try)
+        self.last_payload: dict[bytes, list] = {}  # run -> our previous Δ (the run-replay cheat)
+        self.stale: dict[bytes, list] = {}  # run -> the θ we trained from before (the run-stale cheat)
+        self.log: list[str] = []  # what happened, for status and tests
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            while True:
+                try:
+                    await self._step(nursery)
+                except Exception:  # never take the node down; the next block retries
+                    log.exception("training run step failed")
+                await self.ledger.new_block.wait()
+
+    async def _step(self, nursery) -> None:
+        st = self.ledger.state
+        me = self.ident.account
+        for rid in list(st.open_runs):
+            run = st.runs[rid]
+            for key in [k for k in self.sealed if k[0] == rid]:  # an attempt moved on: serve what we committed
+                cur = run.cur
+                if cur is None or (cur.round, cur.attempt) != key[1:] or cur.phase != Phase.COMMIT:
+                    await self._reveal(run, key)
+            cur = run.cur
+            if cur is None or run.post.model_id != self.model_id or me not in cur.participants:
+                continue
+            key = (rid, cur.round, cur.attempt)
+            if trio.current_time() < self.retry_at.get(rid, (0, 0.0))[1]:
+                continue  # backing off after a failure (a peer that keeps failing is not hammered)
+            if cur.phase == Phase.COMMIT and key not in self.committed and rid not in self.busy:
+                self.busy.add(rid)
+                nursery.start_soon(self._guard, rid, self._train, run)
+            elif (cur.phase == Phase.AGGREGATE and cur.aggregator == me and (*key, cur.aggregator) not in self.aggregated
+                  and rid not in self.busy and all(st.receipts[x].status != SAMPLED for _, x, _ in cur.commits)):
+                self.busy.add(rid)
+                nursery.start_soon(self._guard, rid, self._aggregate, run)
+
+    async def _guard(self, rid: bytes, fn, run) -> None:
+        try:
+            await fn(run)
+            self.retry_at.pop(rid, None)
+        except (BlobUnavailable, ValueError, InvalidTx) as e:
+            n = self.retry_at.get(rid, (0, 0.0))[0] + 1
+            self.retry_at[rid] = (n, trio.current_time() + min(30.0, 0.5 * 2 ** n))
+            log.warning("run %s round %s: %s", rid.hex()[:12], run.cur.round if run.cur else "-", e)
+            self.log.append(f"{type(e).__name__}: {e}")
+        finally:
+            self.busy.discard(rid)
+
+    # ------------------------------------------------------------------ a worker's round
+
+    async def _train(self, run) -> None:
+        me = self.ident.account
+        post, cur = run.post, run.cur
+        key = (post.run_id, cur.round, cur.attempt)
+        cache = await load_run(self.cache, self.executor, self.host, self.blobs, self.model_dir, run)
+        theta = await check_theta(cache, self.executor, self.host, self.blobs, self.ledger.state, run)
+        prev_id = dict(run.last_opt).get(me)
+        prev = None
+        if prev_id:
+            prev = next((s.opt_after for k, s in self.sealed.items() if commitments_root(s.opt_after) == prev_id),
+                        None) or await fetch_blob(self.host, self.blobs, prev_id, [me], timeout=FETCH_TIMEOUT)
+        trainer = cache.trainer
+        opt_before = await self.executor.run(rd.expected_opt_before, trainer, post, prev)
+        a = rd.assignment(post, cur.beacon, cur.round, cur.participants, cache.windows.shape[0], me)
+        batches = batch_tensors(cache.windows, a)
+        other = None
+        if self.fault == "run-otherdata":
+            b = rd.assignment(post, bytes(32), cur.round, cur.participants, cache.windows.shape[0], me)
+            other = batch_tensors(cache.windows, b)
+        work = await self.executor.run(rd.train_round, trainer, post, theta, opt_before, batches, self.fault,
+                                       self.stale.get(post.run_id), self.last_payload.get(post.run_id), other)
+        self.stale[post.run_id] = theta
+        self.last_payload[post.run_id] = work.payload
+        now = self.ledger.state.runs[post.run_id].cur
+        if now is None or (now.round, now.attempt, now.phase) != (cur.round, cur.attempt, Phase.COMMIT):
+            raise ValueError("the commit phase closed while training (too slow for round_timeout)")
+        self.sealed[key] = _Sealed(opt_before, work.params_after, work.opt_after, work.payload)
+        r = RoundReceipt(self.ledger.chain_id, post.run_id, cur.round, cur.attempt, me, post.sender, run.params,
+                         commitments_root(opt_before), commitments_root(work.params_after),
+                         commitments_root(work.opt_after), commitments_root(batches),
+                         commitments_root(work.payload), work.delta_bytes, work.loss_ppm, post.inner_steps,
+                         post.receipt_price).signed(self.ident)
+        self.committed.add(key)
+        await self.ledger.submit(r)
+        log.info("run %s round %d: committed (loss %.3f, Δ %d bytes)", post.run_id.hex()[:12], cur.round,
+                 work.loss_ppm / 1e6, work.delta_bytes)
+
+    async def _reveal(self, run, key) -> None:
+        sealed = self.sealed.pop(key)
+        for ts in (sealed.opt_before, sealed.params_after, sealed.opt_after, sealed.payload):
+            self.blobs.put(ts)
+        self.revealed.add(key)
+        cur = run.cur
+        if cur is not None and (cur.round, cur.attempt) == key[1:] and cur.phase == Phase.REVEAL:
+            tx = RoundReveal(self.ledger.chain_id, key[0], key[1], key[2], self.ident.account,
+                             commitments_root(sealed.payload)).signed(self.ident)
+            try:
+                await self.ledger.submit(tx)
+            except InvalidTx as e:
+                log.warning("reveal refused: %s", e)
+
+    # ------------------------------------------------------------------ the aggregator
+
+    async def _aggregate(self, run) -> None:
+        st = self.ledger.state
+        post, cur = run.post, run.cur
+        self.aggregated.add((post.run_id, cur.round, cur.attempt, cur.aggregator))
+        cache = await load_run(self.cache, self.executor, self.host, self.blobs, self.model_dir, run)
+        theta = await fetch_blob(self.host, self.blobs, run.params, theta_holders(st, run), timeout=FETCH_TIMEOUT)
+        mom = None if run.momentum == NO_MOMENTUM else await fetch_blob(
+            self.host, self.blobs, run.momentum, theta_holders(st, run), timeout=FETCH_TIMEOUT)
+        beacon, parts = attempt_of(run, cur.round, cur.attempt)
+        payloads, screens = {}, {}
+        for w in cur.reveals:
+            rec = st.receipts[cur.receipt_of(w)]
+            if rec.status == INVALID_S:
+                continue
+            try:
+                payloads[w] = await fetch_blob(self.host, self.blobs, rec.receipt.delta_root, [w],
+                                               timeout=FETCH_TIMEOUT)
+            except BlobUnavailable as e:
+                log.info("Δ of %s unavailable: %s", w.hex()[:12], e)
+                continue
+            a = rd.assignment(post, beacon, cur.round, parts, cache.windows.shape[0], w)
+            screens[w] = screen_tensor(cache.windows, a)
+        res, excluded = await self.executor.run(rd.aggregate_round, cache.trainer, post, theta, mom, payloads, screens)
+        params_id = self.blobs.put(res.params)
+        mom_id = NO_MOMENTUM if res.momentum is None else self.blobs.put(res.momentum)
+        cache.verified.add(params_id)
+        tx = RoundAggregate(self.ledger.chain_id, post.run_id, cur.round, cur.attempt, self.ident.account,
+                            post.sender, run.params, run.momentum, params_id, mom_id, tuple(sorted(res.accepted)),
+                            post.aggregator_fee).signed(self.ident)
+        await self.ledger.submit(tx)
+        log.info("run %s round %d: aggregated %d Δs (excluded: %s)", post.run_id.hex()[:12], cur.round,
+                 len(res.accepted), {w.hex()[:8]: why for w, why in excluded.items()} or "none")
+        self.log.append(f"aggregated round {cur.round}: {len(res.accepted)} accepted, excluded {len(excluded)}")
