@@ -16,9 +16,14 @@ TEST_SWITCH_HELP = ("TEST SWITCH, devnet/test chains only: make this node cheat.
                     "'equivocate': the validator double-signs one prevote, so the others must submit evidence and "
                     "its bond is slashed once. Training (with --accept-jobs): 'skip-steps' trains one step fewer "
                     "per segment than claimed, 'other-data' trains on other batches than committed, "
-                    "'fake-adapter' reports a state it never trained, 'diverge' blows its adapter up (NaN loss).")
+                    "'fake-adapter' reports a state it never trained, 'diverge' blows its adapter up (NaN loss). "
+                    "Training runs (node run join): 'run-zero' sends a zero pseudo-gradient (free rider), "
+                    "'run-scale' ×100, 'run-flip' sign-flipped, 'run-nan' NaN, 'run-fewer' trains one inner step "
+                    "fewer, 'run-otherdata' other batches, 'run-stale' from an earlier round's parameters, "
+                    "'run-replay' its previous round's pseudo-gradient.")
 FAULTS = ["corrupt", "random", "zeros", "nan", "half-tokens", "replay", "skip-block", "perturb", "other-model",
-          "bf16", "equivocate", "skip-steps", "other-data", "fake-adapter", "diverge"]
+          "bf16", "equivocate", "skip-steps", "other-data", "fake-adapter", "diverge", "run-zero", "run-scale",
+          "run-flip", "run-nan", "run-fewer", "run-otherdata", "run-stale", "run-replay"]
 
 
 def _port(text: str) -> int:
@@ -175,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .market.cli import add_job_parser
 
     add_job_parser(sub, DEFAULT_DATA_DIR)
+    from .training.cli import add_run_parser
+
+    add_run_parser(sub, DEFAULT_DATA_DIR)
     from .net.genesis_cli import add_genesis_parser, add_key_parser
     from .wallet.cli import add_wallet_parser
 
@@ -330,6 +338,10 @@ def main(argv: list[str] | None = None) -> int:
         from .market.cli import run_job_command
 
         return run_job_command(args)
+    if args.cmd == "run":
+        from .training.cli import run_run_command
+
+        return run_run_command(args)
     if args.cmd in ("genesis", "key"):
         from .net.genesis_cli import run_genesis_command, run_key_command
 

@@ -115,6 +115,9 @@ def create_app(node) -> FastAPI:
 
     errors = {c: {"model": ErrorOut} for c in (400, 401, 403, 404, 409, 422, 503)}
     app.include_router(jobs_router(node, require_token, ApiError), responses=errors)
+    from .runs import make_router as runs_router  # collaborative training runs
+
+    app.include_router(runs_router(node, require_token, ApiError), responses=errors)
     app.include_router(pages_router(node, q))
 
     registry = metrics_registry(node, q)

@@ -302,7 +302,7 @@ class VerificationOut(BaseModel):
 
 
 class SearchOut(BaseModel):
-    kind: str = Field(..., description="block, tx, receipt, account or job")
+    kind: str = Field(..., description="block, tx, receipt, account, job or run")
     id: str
     url: str = Field(..., description="explorer page")
     api: str = Field(..., description="API resource")

@@ -3,8 +3,8 @@ a job title is text, never markup) with a small local script for live refresh (`
 
 Pages: ``/`` (head, finality, validators, peers, swarm coverage, latest blocks and receipts), ``/blocks``,
 ``/blocks/{height}``, ``/tx/{id}``, ``/receipts``, ``/receipts/{id}``, ``/accounts/{peer}``, ``/validators``,
-``/swarm``, ``/verification``, ``/jobs``, ``/jobs/{id}`` and ``/search?q=`` (303 to the match). A missing object
-answers a 404 page; a malformed id a 400 page.
+``/swarm``, ``/verification``, ``/jobs``, ``/jobs/{id}``, ``/runs``, ``/runs/{id}`` and ``/search?q=`` (303 to
+the match). A missing object answers a 404 page; a malformed id a 400 page.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 
 from . import charts
 from . import views as v
+from .runs import RUN_STATUSES, list_runs, run_view
 from .security import ApiError
 
 TEMPLATES = FsPath(__file__).parent / "templates"
@@ -128,6 +129,21 @@ def pages_router(node, q) -> APIRouter:
         j = q.job(v.parse_id(job_id, "job id", 16))
         recs = [q.receipt(bytes.fromhex(s)) for s in j["segments"] if bytes.fromhex(s) in node.ledger.state.receipts]
         return page("job.html", j=j, loss=charts.line(j["losses"]), segs=recs)
+
+    @r.get("/runs")
+    async def runs(status: str | None = Query(None, pattern=f"^({RUN_STATUSES})$"),
+                   offset: int = Query(0, ge=0, le=10**9)):
+        return page("runs.html", page=list_runs(node.ledger.state, status, 50, offset), status_filter=status,
+                    offset=offset)
+
+    @r.get("/runs/{run_id}")
+    async def run(run_id: str = Path(..., max_length=32)):
+        rid = v.parse_id(run_id, "run id", 16)
+        st = node.ledger.state
+        if rid not in st.runs:
+            raise ApiError(404, "not_found", "no such run on the ledger")
+        x = run_view(st.runs[rid], st)
+        return page("run.html", run=x, loss=charts.line(x["loss_per_round"]))
 
     @r.get("/search")
     async def search(q_: str = Query("", alias="q", max_length=256)):

@@ -332,6 +332,8 @@ class Queries:
                 return _hit("tx", b.hex(), f"/tx/{b.hex()}", f"/v1/txs/{b.hex()}")
         if len(b) == 16 and b in self._jobs():
             return _hit("job", b.hex(), f"/jobs/{b.hex()}", f"/v1/jobs/{b.hex()}")
+        if len(b) == 16 and b in getattr(st, "runs", {}):  # a collaborative training run (node.api.runs)
+            return _hit("run", b.hex(), f"/runs/{b.hex()}", f"/v1/runs/{b.hex()}")
         if len(b) == 32 and b in st.accounts:  # a public key in hex: only an account the ledger knows
             name = v.acct(b)
             return _hit("account", name, f"/accounts/{name}", f"/v1/accounts/{name}")
@@ -343,7 +345,7 @@ class Queries:
             if a is not None:
                 name = v.acct(a)
                 return _hit("account", name, f"/accounts/{name}", f"/v1/accounts/{name}")
-        raise ApiError(404, "not_found", "no block, transaction, receipt, job or account matches")
+        raise ApiError(404, "not_found", "no block, transaction, receipt, job, run or account matches")
 
 
 def _hit(kind: str, id_: str, url: str, api: str) -> dict:
