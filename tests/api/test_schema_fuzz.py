@@ -88,6 +88,7 @@ def test_every_operation_without_token(live, schema):
     assert sum(CALLS.values()) >= 10 * len(ops)
 
 
+@pytest.mark.slow  # about 2 minutes on 2 cores (every state-changing operation fuzzed); CI's slow step runs it
 def test_state_changing_operations_with_token(live, schema):
     ops = [op for op in _operations(schema) if op.method.upper() != "GET"]
     assert {op.path for op in ops} >= {"/v1/transfer", "/v1/bond", "/v1/unbond", "/v1/generate"}
