@@ -8,9 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 
 from ..encoding import format_amount, parse_amount
+from ..localapi import LocalApi
 
 
 def add_job_parser(sub, default_data_dir: Path) -> None:
@@ -76,32 +76,14 @@ def _amount_arg(text: str) -> str:
     return text
 
 
-class _Api:
-    def __init__(self, data_dir: Path):
-        info = data_dir / "node.json"
-        if not info.exists():
-            sys.exit(f"node job: no running node in {data_dir} (start one with `node start --data-dir {data_dir}`)")
-        self.url = json.loads(info.read_text())["api"]
-        token = (data_dir / "api_token").read_text().strip()
-        self.http = httpx.Client(timeout=600, headers={"Authorization": f"Bearer {token}"})
-
-    def call(self, method: str, path: str, missing_ok: bool = False, **kw) -> dict | None:
-        try:
-            r = self.http.request(method, self.url + path, **kw)
-        except httpx.HTTPError as e:
-            sys.exit(f"node job: cannot reach the node at {self.url}: {e}")
-        body = r.json()
-        if r.status_code == 404 and missing_ok:
-            return None
-        if r.status_code >= 400:
-            sys.exit(f"node job: {body.get('code')}: {body.get('message')}")
-        return body
+def _Api(data_dir: Path) -> LocalApi:
+    return LocalApi(data_dir, "node job")
 
 
 FINAL = {"settled", "cancelled", "expired", "failed", "diverged"}
 
 
-def _follow(api: _Api, job_id: str) -> dict:
+def _follow(api: LocalApi, job_id: str) -> dict:
     from tqdm import tqdm
 
     deadline = time.monotonic() + 60

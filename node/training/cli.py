@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 
 from ..encoding import parse_amount
+from ..localapi import LocalApi
 
 FINAL = {"finished", "expired", "cancelled"}
 STATUSES = ("waiting", "training", "finishing", "finished", "expired", "cancelled")
@@ -146,29 +146,8 @@ def add_run_parser(sub, default_data_dir: Path) -> None:
     f.add_argument("--out", type=Path, required=True, help="directory to write the files to")
 
 
-class _Api:
-    def __init__(self, data_dir: Path):
-        info = data_dir / "node.json"
-        if not info.exists():
-            sys.exit(f"node run: no running node in {data_dir} (start one with `node start --data-dir {data_dir}`)")
-        self.url = json.loads(info.read_text())["api"]
-        token = (data_dir / "api_token").read_text().strip()
-        self.http = httpx.Client(timeout=600, headers={"Authorization": f"Bearer {token}"})
-
-    def call(self, method: str, path: str, missing_ok: bool = False, **kw) -> dict | None:
-        try:
-            r = self.http.request(method, self.url + path, **kw)
-        except httpx.HTTPError as e:
-            sys.exit(f"node run: cannot reach the node at {self.url}: {e}")
-        try:
-            body = r.json()
-        except ValueError:
-            sys.exit(f"node run: the node answered {r.status_code} without JSON")
-        if r.status_code == 404 and missing_ok:
-            return None
-        if r.status_code >= 400:
-            sys.exit(f"node run: {body.get('code')}: {body.get('message')}")
-        return body
+def _Api(data_dir: Path) -> LocalApi:
+    return LocalApi(data_dir, "node run")
 
 
 def _loss(x) -> str:
@@ -190,7 +169,7 @@ def _line(run: dict) -> str:
             f"last round loss {_loss(last)}; θ {run['params'][:12]}")
 
 
-def _follow(api: _Api, run_id: str, out=None) -> dict:
+def _follow(api: LocalApi, run_id: str, out=None) -> dict:
     """Poll the run every second until it ends: a tqdm bar over its rounds on a terminal, else one plain line on
     ``out`` (default: stdout) whenever its round, phase, commitments or status change. Returns the final run."""
     out = out or sys.stdout

@@ -156,6 +156,7 @@ def test_devnet_real_model_identical(tmp_path):
     assert r.stdout.count("verdict: valid") == 3
 
 
+@pytest.mark.slow  # about a minute on 2 cores (four validator processes); CI's slow step runs it
 def test_four_validator_processes_survive_a_kill_and_the_restart_rejoins(tmp_path):
     from node.identity import Identity, dev_seed
 

@@ -152,6 +152,7 @@ def test_client_gone_after_token_17_frees_sessions_and_pays_17_steps(tmp_path, t
         (r.status, r.round, [(v[1], v[2]) for v in r.votes]) for r in recs.values()]
 
 
+@pytest.mark.slow  # 80 s on 2 cores (four client processes and three servers); CI's slow step runs it
 def test_four_clients_at_once(tmp_path, tiny):
     """Four clients, each its own peer with its own sessions, generate 32 tokens concurrently through the
     servers; every server holds sessions of several clients at once."""

@@ -108,6 +108,7 @@ def test_second_process_is_refused_clearly(tmp_path):
         p.wait()
 
 
+@pytest.mark.slow  # 70 s on 2 cores (many kill -9 restarts); CI's slow step runs it
 def test_kill_9_at_random_points_leaves_a_chain_that_verifies(tmp_path):
     db = tmp_path / "db"
     rng = random.Random(7)

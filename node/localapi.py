@@ -1,0 +1,43 @@
+"""The local node's HTTP API for the ``node job`` and ``node run`` commands: its address from
+``<data-dir>/node.json``, its token from ``<data-dir>/api_token``. Every failure ends the command with one line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import httpx
+
+
+class LocalApi:
+    """HTTP calls to the node whose data dir is ``data_dir``; ``prog`` (e.g. ``"node job"``) starts every error.
+
+    Exits (``SystemExit`` with a one-line message): no running node there, the node is unreachable, it answered
+    without JSON, or it refused the call (its ``code: message``).
+    """
+
+    def __init__(self, data_dir: Path, prog: str):
+        self.prog = prog
+        info = data_dir / "node.json"
+        if not info.exists():
+            sys.exit(f"{prog}: no running node in {data_dir} (start one with `node start --data-dir {data_dir}`)")
+        self.url = json.loads(info.read_text())["api"]
+        token = (data_dir / "api_token").read_text().strip()
+        self.http = httpx.Client(timeout=600, headers={"Authorization": f"Bearer {token}"})
+
+    def call(self, method: str, path: str, missing_ok: bool = False, **kw) -> dict | None:
+        """``method path`` with ``kw`` (httpx arguments); the JSON reply, or None for a 404 when ``missing_ok``."""
+        try:
+            r = self.http.request(method, self.url + path, **kw)
+        except httpx.HTTPError as e:
+            sys.exit(f"{self.prog}: cannot reach the node at {self.url}: {e}")
+        try:
+            body = r.json()
+        except ValueError:
+            sys.exit(f"{self.prog}: the node answered {r.status_code} without JSON")
+        if r.status_code == 404 and missing_ok:
+            return None
+        if r.status_code >= 400:
+            sys.exit(f"{self.prog}: {body.get('code')}: {body.get('message')}")
+        return body
