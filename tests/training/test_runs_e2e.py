@@ -70,7 +70,7 @@ async def _run(tmp_path, tiny, settings, faults=None):
             await wait_run(nd, post.run_id, {RunStatus.FINISHED, RunStatus.EXPIRED}, timeout=120)
         st = sponsor.ledger.state
         views = [nd.ledger.state.runs[post.run_id].params for nd in nodes]
-        verified = [nd.runs.cache.verified for nd in nodes[1:]]
+        verified = {nd.ident.account: set(nd.runs.cache.verified) for nd in nodes[1:]}
         return post, run, st, supply, views, verified, nodes
 
 
@@ -81,18 +81,21 @@ def test_four_workers_train_a_run_and_every_contribution_is_paid_once(tmp_path, 
     assert st.supply() == supply  # balances + bonds + escrows = genesis supply
     assert len(set(views)) == 1  # every node holds the same θ id
     workers = {nd.ident.account for nd in nodes[1:]}
-    for h in run.history:  # every honest worker that committed was accepted (a late joiner starts a round later)
-        assert set(h.accepted) == {w for w, _, _ in h.commits} and not h.excluded, h.excluded
+    for h in run.history:
+        # every honest commitment that was revealed was accepted: nobody was screened out or voted invalid; a
+        # worker may only miss a phase (slow on a loaded machine: "not committed" / "not revealed")
+        assert all(why in ("not committed", "not revealed") for _, why in h.excluded), h.excluded
         assert len(h.accepted) >= 3 and h.loss_ppm > 0 and h.delta_bytes > 0
-    assert set(run.history[-1].accepted) == workers  # by the last round all four trained
-    # θ_1 was re-computed by every worker before it trained round 1 (the aggregate's id, bit for bit)
-    assert all(run.history[0].params_next in v for v in verified)
+    assert workers == set().union(*(set(h.accepted) for h in run.history))  # all four contributed
+    # θ_1 was re-computed by every worker that trained round 1 before it trained (the aggregate's id, bit for bit)
+    assert all(run.history[0].params_next in verified[w] for w in run.history[1].accepted)
     # each accepted receipt was paid exactly once: price less the committee fee when it was replayed
     fee = post.receipt_price * nodes[0].genesis.params.committee_fee_bps // 10_000
     paid = 0
     for h in run.history:
-        for w, rid, _ in h.commits:
-            rec = st.receipts[rid]
+        rids = {w: rid for w, rid, _ in h.commits}
+        for w in h.accepted:
+            rec = st.receipts[rids[w]]
             assert rec.status in ("valid", "settled"), rec.status
             paid += post.receipt_price - (fee if rec.status == "valid" else 0)
     assert run.paid_workers == paid
