@@ -125,8 +125,8 @@ def test_each_cheat_is_caught_by_replay_and_damaging_ones_by_the_screen(world, r
         assert cheat in excluded and cheat not in res.accepted, excluded
         assert commitments_root(res.params) == commitments_root(honest_only.params)
     assert set(res.accepted) >= set(WORKERS) - {cheat}, excluded  # no honest worker is screened out
-    if fault == "run-scale":
-        assert res.scales[cheat] < 0.1, res.scales  # clipped to 2 × the median norm
+    if fault == "run-scale":  # screened out, or clipped to 2 × the median norm (which one depends on the data)
+        assert cheat in excluded or res.scales[cheat] < 0.1, (excluded, res.scales)
     # whatever got through, the model stays within 1 % of the honest-only outer step's held-out loss
     held = windows[-64:]
     trainer.load_params(honest_only.params)
