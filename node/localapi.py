@@ -41,3 +41,14 @@ class LocalApi:
         if r.status_code >= 400:
             sys.exit(f"{self.prog}: {body.get('code')}: {body.get('message')}")
         return body
+
+
+def dataset_field(args, prog: str) -> dict:
+    """The request's dataset: ``{"play": ...}`` or ``{"text": <the --text file>}``; a file that cannot be read
+    ends the command with one line."""
+    if args.play:
+        return {"play": args.play}
+    try:
+        return {"text": args.text.read_text(errors="replace")}
+    except OSError as e:
+        sys.exit(f"{prog}: cannot read --text {args.text}: {e.strerror or e}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 from ..encoding import format_amount, parse_amount
-from ..localapi import LocalApi
+from ..localapi import LocalApi, dataset_field
 
 
 def add_job_parser(sub, default_data_dir: Path) -> None:
@@ -111,13 +111,7 @@ def run_job_command(args) -> int:
                                                "sample_ppm")}
         if body["segment_steps"] is None:
             del body["segment_steps"]  # the node's default: min(10, steps)
-        if args.play:
-            body["play"] = args.play
-        else:
-            try:
-                body["text"] = args.text.read_text(errors="replace")
-            except OSError as e:
-                sys.exit(f"node job: cannot read --text {args.text}: {e.strerror or e}")
+        body.update(dataset_field(args, "node job"))
         out = api.call("POST", "/v1/jobs", json=body)
         print(f"posted job {out['job_id']} (price {format_amount(int(out['price']['base_units']))} credits in escrow)")
         if args.follow:

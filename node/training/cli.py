@@ -11,7 +11,7 @@ from pathlib import Path
 
 
 from ..encoding import parse_amount
-from ..localapi import LocalApi
+from ..localapi import LocalApi, dataset_field
 
 FINAL = {"finished", "expired", "cancelled"}
 STATUSES = ("waiting", "training", "finishing", "finished", "expired", "cancelled")
@@ -239,13 +239,7 @@ def run_run_command(args) -> int:
                 "outer_momentum", "nesterov", "clip", "codec", "topk", "price_per_step", "aggregator_fee",
                 "sample_ppm", "round_timeout", "deadline_blocks")
         body = {k: getattr(args, k) for k in keys}
-        if args.play:
-            body["play"] = args.play
-        else:
-            try:
-                body["text"] = args.text.read_text(errors="replace")
-            except OSError as e:
-                sys.exit(f"node run: cannot read --text {args.text}: {e.strerror or e}")
+        body.update(dataset_field(args, "node run"))
         out = api.call("POST", "/v1/runs", json=body)
         print(f"posted run {out['run_id']} (budget {out['budget']['credits']} credits in escrow; θ_0 "
               f"{out['params0']})")

@@ -29,7 +29,7 @@ from ..ledger.runtx import RunCancel, RunJoin, RunLeave, RunPost
 from ..ledger.tx import InvalidTx
 from ..market.data import dataset_bytes, dataset_tensors
 from .assign import make_windows
-from .inner import InnerTrainer
+from . import rounds as rd
 
 HELD_WINDOWS = 16  # held-out windows evaluated by fetch_params (bounds its time, not its meaning)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
@@ -39,18 +39,6 @@ ACTIONS = {"join": RunJoin, "leave": RunLeave, "cancel": RunCancel}
 class RunError(ValueError):
     """A run request that cannot be carried out (bad parameters, dataset too small, unknown run, refused by the
     run rules, parameters unavailable). The message says why; nothing was stored or submitted."""
-
-
-def _targets(post_or_targets) -> tuple[str, ...]:
-    t = post_or_targets if isinstance(post_or_targets, str) else post_or_targets.targets
-    return tuple(x.strip() for x in t.split(",") if x.strip())
-
-
-def _trainer(model_dir: Path, s) -> InnerTrainer:
-    """The run's InnerTrainer (``s``: a RunPost or a mapping with its fields)."""
-    get = (lambda k: s[k]) if isinstance(s, dict) else (lambda k: getattr(s, k))
-    return InnerTrainer(Path(model_dir), get("trainable"), get("rank"), _targets(get("targets")),
-                        get("lr_micro") / 1e6, get("seed"))
 
 
 def _prepare(model_dir: Path, text: bytes, s: dict) -> tuple[list[torch.Tensor], int]:
@@ -71,7 +59,7 @@ def _prepare(model_dir: Path, text: bytes, s: dict) -> tuple[list[torch.Tensor],
                        f"{s['seq_len'] + 1} tokens, a round needs max_workers × (inner_steps × batch_size + "
                        f"screen_windows) = {need}; give more text or lower those settings")
     try:
-        theta0 = _trainer(model_dir, s).params()
+        theta0 = rd.make_trainer(model_dir, s).params()
     except ValueError as e:
         raise RunError(str(e)) from None
     return theta0, n
@@ -158,7 +146,7 @@ def _write_params(model_dir: Path, post: RunPost, theta: list[torch.Tensor], tex
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
-    trainer = _trainer(model_dir, post)
+    trainer = rd.make_trainer(model_dir, post)
     held = None
     if text is not None:
         _, held_ids = split_tokens(encode_text(Path(model_dir), text))

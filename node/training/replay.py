@@ -18,13 +18,12 @@ import math
 import trio
 
 from ..blobs import BlobUnavailable, fetch_blob
-from ..encoding import commitments_root
 from ..ledger.runs import Phase, attempt_of
-from ..ledger.runtx import NO_MOMENTUM, RoundAggregate, RoundReceipt
+from ..ledger.runtx import RoundAggregate, RoundReceipt
 from ..ledger.tx import ABSTAIN, INVALID, VALID
 from . import rounds as rd
 from .assign import batch_tensors
-from .worker import FETCH_TIMEOUT, RunCache, fetch_payloads, load_run, theta_holders
+from .worker import FETCH_TIMEOUT, RunCache, load_run, recompute_aggregate, theta_holders
 
 log = logging.getLogger("tally.verify")
 
@@ -114,17 +113,13 @@ async def check_aggregate(member, a: RoundAggregate) -> tuple[int, float]:
     try:
         cache = member.__dict__.setdefault("_run_cache", RunCache())
         cache = await load_run(cache, member.executor, member.host, member.blobs, member.model_dir, run)
-        theta = await fetch_blob(member.host, member.blobs, a.params_before, holders, timeout=FETCH_TIMEOUT)
-        mom = None if a.momentum_before == NO_MOMENTUM else await fetch_blob(
-            member.host, member.blobs, a.momentum_before, holders, timeout=FETCH_TIMEOUT)
-        payloads = await fetch_payloads(member.host, member.blobs, state, run.cur.commits, a.accepted, a.aggregator)
+        res, params_id, mom_id = await recompute_aggregate(
+            cache, member.executor, member.host, member.blobs, state, run.post, run.cur.commits, a.accepted,
+            a.aggregator, a.params_before, a.momentum_before, holders)
     except (BlobUnavailable, ValueError) as e:
         log.info("abstain on aggregate %s: %s", a.id.hex()[:16], e)
         return ABSTAIN, math.inf
-    res = await member.executor.run(rd.recompute_outer, cache.trainer, run.post, theta, mom, payloads)
-    mom_id = NO_MOMENTUM if res.momentum is None else commitments_root(res.momentum)
-    ok = commitments_root(res.params) == a.params_next and mom_id == a.momentum_next \
-        and tuple(sorted(res.accepted)) == tuple(a.accepted)
+    ok = params_id == a.params_next and mom_id == a.momentum_next and tuple(sorted(res.accepted)) == tuple(a.accepted)
     if ok:
         member.blobs.put(res.params)  # a verified θ_{r+1}: serve it to the next round's workers
         if res.momentum is not None:

@@ -57,10 +57,15 @@ def outer_spec(post: RunPost) -> OuterSpec:
                      nesterov=bool(post.nesterov), clip_mult=post.clip_ppm / 1e6)
 
 
-def make_trainer(model_dir: Path, post: RunPost, device: str = "cpu") -> InnerTrainer:
-    """The run's :class:`InnerTrainer` (θ_0 of a LoRA run is its seeded init; of an ``all`` run the model's)."""
-    targets = tuple(t for t in post.targets.split(",") if t) if post.trainable == "lora" else ()
-    return InnerTrainer(model_dir, post.trainable, post.rank, targets, post.lr_micro / 1e6, post.seed, device)
+def make_trainer(model_dir: Path, post, device: str = "cpu") -> InnerTrainer:
+    """The run's :class:`InnerTrainer` (θ_0 of a LoRA run is its seeded init; of an ``all`` run the model's).
+
+    ``post``: a :class:`RunPost`, or a mapping of its fields (a sponsor's settings before the post exists).
+    Target names are stripped as :func:`node.ledger.jobtx.parse_targets` reads them on the ledger."""
+    get = post.__getitem__ if isinstance(post, dict) else post.__getattribute__
+    trainable = get("trainable")
+    targets = tuple(t.strip() for t in get("targets").split(",") if t.strip()) if trainable == "lora" else ()
+    return InnerTrainer(Path(model_dir), trainable, get("rank"), targets, get("lr_micro") / 1e6, get("seed"), device)
 
 
 def run_windows(model_dir: Path, post: RunPost, text: bytes) -> torch.Tensor:

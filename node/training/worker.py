@@ -100,17 +100,31 @@ async def check_theta(cache: RunCache, executor, host, blobs: BlobStore, state, 
     h = run.history[-1]
     # θ_{r-1} and its momentum: held by the last round's workers (they trained from it) and its own holders
     earlier = list(h.accepted) + theta_holders(state, replace(run, history=run.history[:-1]))
-    prev = await fetch_blob(host, blobs, h.params_before, earlier, timeout=FETCH_TIMEOUT)
     before_mom = run.history[-2].momentum_next if len(run.history) > 1 else NO_MOMENTUM
-    mom = None if before_mom == NO_MOMENTUM else await fetch_blob(host, blobs, before_mom, earlier,
-                                                                  timeout=FETCH_TIMEOUT)
-    payloads = await fetch_payloads(host, blobs, state, h.commits, h.accepted, h.aggregator)
-    res = await executor.run(rd.recompute_outer, cache.trainer, run.post, prev, mom, payloads)
-    mom_id = NO_MOMENTUM if res.momentum is None else commitments_root(res.momentum)
-    if commitments_root(res.params) != run.params or mom_id != h.momentum_next:
+    _, params_id, mom_id = await recompute_aggregate(cache, executor, host, blobs, state, run.post, h.commits,
+                                                     h.accepted, h.aggregator, h.params_before, before_mom, earlier)
+    if params_id != run.params or mom_id != h.momentum_next:
         raise ValueError(f"θ of round {h.round + 1} re-computed from the accepted Δs differs from the ledger's")
     cache.verified.add(run.params)
     return theta
+
+
+async def recompute_aggregate(cache: RunCache, executor, host, blobs: BlobStore, state, post, commits, accepted,
+                              aggregator: bytes, params_before: bytes, momentum_before: bytes, holders: list[bytes]):
+    """Fetch θ_r, the outer momentum (none for ``NO_MOMENTUM``) and the ``accepted`` workers' Δs by content hash and
+    re-compute the outer step (:func:`node.training.rounds.recompute_outer`). Returns ``(OuterResult, θ_{r+1} id,
+    momentum id)`` — what a worker checks before training and a committee checks in an aggregate.
+
+    Raises:
+        BlobUnavailable: a tensor list nobody serves.
+    """
+    theta = await fetch_blob(host, blobs, params_before, holders, timeout=FETCH_TIMEOUT)
+    mom = None if momentum_before == NO_MOMENTUM else await fetch_blob(host, blobs, momentum_before, holders,
+                                                                       timeout=FETCH_TIMEOUT)
+    payloads = await fetch_payloads(host, blobs, state, commits, accepted, aggregator)
+    res = await executor.run(rd.recompute_outer, cache.trainer, post, theta, mom, payloads)
+    mom_id = NO_MOMENTUM if res.momentum is None else commitments_root(res.momentum)
+    return res, commitments_root(res.params), mom_id
 
 
 async def fetch_payloads(host, blobs: BlobStore, state, commits, workers, aggregator: bytes) -> dict:
