@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 HELLO_PROTOCOL = "/tally/hello/1.0.0"
 AGENT = "tally/0.1.0"
 WRONG_GENESIS = 1000.0  # penalty points: far past any disconnect threshold, so the peer is banned at once
+REFUSE_S = 600.0  # seconds a peer of another genesis stays banned (its connections closed as they open); then
+# its hello is checked again, so a peer that fixed its genesis file is back within ten minutes
 
 
 class HelloHost(Protocol):
@@ -31,7 +33,7 @@ class HelloHost(Protocol):
 
     async def request(self, peer_id: str, protocol_id: str, msg: dict, timeout: float) -> dict: ...
 
-    def penalize(self, peer_id: str, weight: float) -> bool: ...
+    def penalize(self, peer_id: str, weight: float, ban_s: float | None = None) -> bool: ...
 
     def announced(self) -> list[str]: ...
 
@@ -101,7 +103,7 @@ class Hello:
         log.warning("refusing peer %s: it runs chain %r with genesis %s, this node runs chain %r with genesis %s",
                     peer, chain if isinstance(chain, str) else "?", theirs[:64], self.chain_id,
                     self.genesis_hash.hex())
-        self.host.penalize(peer, WRONG_GENESIS)
+        self.host.penalize(peer, WRONG_GENESIS, REFUSE_S)
         ev = self._events.get(peer)
         if ev is not None:
             ev.set()

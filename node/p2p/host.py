@@ -347,6 +347,9 @@ class P2PHost(GossipMethods):
             pid = info.peer_id.to_base58()
             if pid == self._peer_id:
                 return
+            if self.banned(pid):  # its connection would be closed as it opens (node.net.limits)
+                log.debug("not dialling %s: banned", pid)
+                return
             try:
                 if "/p2p-circuit" in addr:  # py-libp2p's connect() never dials these (node.net.relay)
                     if self.circuit_dialer is not None and await self.circuit_dialer(addr):
@@ -395,14 +398,15 @@ class P2PHost(GossipMethods):
 
     # ------------------------------------------------------------------ misbehaviour
 
-    def penalize(self, peer_id: str, weight: float) -> bool:
+    def penalize(self, peer_id: str, weight: float, ban_s: float | None = None) -> bool:
         """Lower ``peer_id``'s score by ``weight`` points (:mod:`node.p2p.scoring`); when it crosses the
-        threshold, disconnect it in the background (its new streams are refused while banned).
+        threshold, disconnect it in the background (its new streams and connections are refused while banned,
+        ``ban_s`` seconds or the scorer's default).
 
         Returns:
             True when the peer is being disconnected.
         """
-        if not self.scores.penalize(peer_id, weight):
+        if not self.scores.penalize(peer_id, weight, ban_s):
             return False
         log.info("peer %s misbehaved repeatedly: disconnecting", peer_id)
         if self._nursery is not None:
@@ -503,8 +507,8 @@ class P2PHost(GossipMethods):
         ``await stream.close()`` (or ``reset()``).
 
         Raises:
-            PeerUnreachable: bad peer ID, no address, dial failure, protocol not supported, or ``timeout``
-                seconds elapsed.
+            PeerUnreachable: bad peer ID, a banned peer (never dialled), no address, dial failure, protocol not
+                supported, or ``timeout`` seconds elapsed.
         """
         from libp2p.custom_types import TProtocol
         from libp2p.peer.id import ID
@@ -514,6 +518,8 @@ class P2PHost(GossipMethods):
             pid = ID.from_base58(peer_id)
         except Exception:
             raise PeerUnreachable(f"not a peer ID: {peer_id!r}") from None
+        if self.banned(peer_id):
+            raise PeerUnreachable(f"{peer_id} is banned (node.p2p.scoring)")
         try:
             with trio.fail_after(timeout):
                 if self.dial_hint is not None and peer_id not in self.connected_peers():

@@ -71,8 +71,11 @@ class PeerScores:
         e = self._peers.get(peer)
         return e is not None and self.clock() < e.banned_until
 
-    def penalize(self, peer: str, weight: float) -> bool:
+    def penalize(self, peer: str, weight: float, ban_s: float | None = None) -> bool:
         """Lower ``peer``'s score by ``weight`` (> 0) points.
+
+        Args:
+            ban_s: seconds of ban when this crosses ``disconnect_at`` (default: the constructor's ``ban_s``).
 
         Returns:
             True when the peer has just crossed ``disconnect_at``: the caller disconnects it. Its score then
@@ -86,7 +89,7 @@ class PeerScores:
         while len(self._peers) > self.max_peers:
             self._peers.pop(next(iter(self._peers)))
         if e.score <= self.disconnect_at:
-            e.score, e.banned_until = 0.0, now + self.ban_s
+            e.score, e.banned_until = 0.0, now + (self.ban_s if ban_s is None else max(0.0, ban_s))
             self.disconnects += 1
             return True
         return False

@@ -52,6 +52,11 @@ def test_peer_scores_decay_disconnect_and_ban():
     assert s.banned("p") and s.score("p") == 0 and s.disconnects == 1 and s.offences("p") == 3
     now[0] += 31
     assert not s.banned("p")
+    assert s.penalize("q", 1000, ban_s=600)  # a peer of another genesis: a longer ban than the default
+    now[0] += 599
+    assert s.banned("q")
+    now[0] += 2
+    assert not s.banned("q")
     small = PeerScores(max_peers=2)
     for p in "abc":
         small.penalize(p, 1)
