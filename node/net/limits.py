@@ -185,6 +185,23 @@ class StreamGate:
 
         gated._tally_gated = True  # type: ignore[attr-defined]
         network.common_stream_handler = gated
+        self._gate_dials(network)
+
+    def _gate_dials(self, network: Any) -> None:
+        """Never dial a banned peer. py-libp2p dials on its own whenever something opens a stream to an
+        unconnected peer (gossipsub's heartbeat does, to every peer it once saw): measured, two nodes of different
+        genesis re-dialled each other twice a second through it, so one always appeared connected."""
+        from libp2p.network.exceptions import SwarmException
+
+        dial = network.dial_peer
+
+        async def gated_dial(peer_id: Any) -> Any:
+            peer = str(peer_id)
+            if self.host.banned(peer):
+                raise SwarmException(f"peer {peer} is banned: not dialling it")
+            return await dial(peer_id)
+
+        network.dial_peer = gated_dial
 
 
 async def _close(conn: Any) -> None:
