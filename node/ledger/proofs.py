@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..encoding import inclusion_proof, pack, unpack, verify_inclusion
+from ..encoding import DecodeError, inclusion_proof, pack, unpack, verify_inclusion
 from .block import Block, Header, InvalidBlock, check_commit
+from .core.smt import MAX_PROOF_BYTES
+from .core.smt import verify as verify_smt
 from .state import State
 
 
@@ -84,3 +86,19 @@ def verify_account_proof(proof: dict, header: Header, account: bytes) -> dict | 
     if not (isinstance(leaf, list) and len(leaf) == 7 and leaf[0] == account):
         return None
     return dict(zip(("balance", "bond", "escrow", "nonce", "valid_run", "slashed"), leaf[1:]))
+
+
+def verify_state_proof(proof: Any, header: Header, key: bytes, value: bytes | None) -> bool:
+    """Whether ``proof`` shows that tree key ``key`` (32 bytes, :func:`node.ledger.core.smt.tree_key`) holds
+    ``value`` (None: holds nothing) in the sparse Merkle tree whose root is ``header.state_root``.
+
+    ``proof``: the wire form of :class:`node.ledger.core.smt.Proof` (``[siblings, leaf]``), or those lists packed
+    with msgpack (at most :data:`~node.ledger.core.smt.MAX_PROOF_BYTES`). Malformed input gives False, never an
+    exception. Check the header itself with :func:`verify_header` first.
+    """
+    if isinstance(proof, (bytes, bytearray, memoryview)):
+        try:
+            proof = unpack(proof, max_size=MAX_PROOF_BYTES)
+        except DecodeError:
+            return False
+    return isinstance(header, Header) and verify_smt(proof, header.state_root, key, value)

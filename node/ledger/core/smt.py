@@ -1,0 +1,527 @@
+"""A versioned binary sparse Merkle tree: the authenticated map behind Tally's state root.
+
+The map goes from 32-byte keys to value bytes. Callers hash their own keys (:func:`tree_key`), so keys are
+uniformly spread and a path ``p`` levels deeper than ``log2 n`` costs an adversary about ``2^p`` hashes to
+grind (and never exceeds 256). The design follows Diem/Aptos' Jellyfish Merkle tree
+(Gao et al., "Jellyfish Merkle Tree", Diem, 2021) in its binary form, i.e. the Diem ``SparseMerkleTree`` of
+``diem/storage/jellyfish-merkle`` and ``diem/types/src/proof`` (``SparseMerkleProof``, ``SparseMerkleLeafNode``):
+
+* Depth 256; the bit at depth ``d`` of a key (most significant bit first) chooses the child (0 left, 1 right).
+* Compression: a subtree that holds exactly one leaf is stored and hashed as that leaf, placed at the subtree's
+  top; an empty subtree hashes to :data:`EMPTY_HASH`. Internal nodes are never compressed further, so two keys
+  sharing a ``p``-bit prefix sit under a chain of ``p`` internal nodes (rare: keys are hashes).
+* Hashes (BLAKE2b-256, :func:`node.encoding.H`), domain separated like RFC 9162:
+  ``leaf = H(0x00 ‖ key ‖ H(value))``, ``internal = H(0x01 ‖ left ‖ right)``, ``empty = 32 zero bytes``.
+  The root of the empty map is therefore 32 zero bytes, and the root of a one-entry map is its leaf hash.
+
+Storage (why nodes are keyed by version and path, as in Jellyfish): a node written by the update at version
+``v`` at depth ``d`` is stored under ``node_key = v (8 B, big-endian) ‖ d (2 B) ‖ the first d bits of its path
+(ceil(d/8) B, low bits zero)``; an internal node references each child by ``(hash, version)``. Every write thus
+goes to a fresh key that no other version uses, so (1) the root of every retained version stays readable while
+later versions are written, and (2) pruning is exact: the update that replaces or deletes a node records it as
+*stale since* its version, and deleting every node stale since a version <= ``v`` removes exactly the nodes
+that no version >= ``v`` uses. Keying by hash would share equal nodes between versions, but a node made stale at
+one version can reappear at a later one (a value set back), and deleting it would break the later tree unless
+every node were reference counted. The tree is a linear history: commit at most one update per version.
+
+Sizes: an internal node is 81 B (``0x01 ‖ left hash ‖ left version ‖ right hash ‖ right version``), a leaf is
+``33 + len(value)`` B (``0x00 ‖ key ‖ value``), a node key ``10 + ceil(depth/8)`` B, a stale index key 8 B more.
+A proof is at most 256 siblings; its wire form (:meth:`Proof.to_wire`) packs to at most
+:data:`MAX_PROOF_BYTES` with msgpack. With ``n`` random keys, leaves sit at depth about ``log2 n``.
+
+Complexity: :func:`update` with ``c`` changes reads and writes O(c · log n) nodes (at most one new node per
+depth per changed path); :func:`get` and :func:`prove` read O(log n) nodes; :func:`verify` computes O(log n)
+hashes and needs no store. Everything here is pure: storage arrives through :class:`NodeStore` and the writes go
+back to the caller, who commits them (e.g. in the block's LevelDB ``WriteBatch``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from ...encoding import HASH_LEN, H
+
+KEY_LEN = HASH_LEN  # bytes in a tree key
+DEPTH = 8 * KEY_LEN  # 256 levels below the root
+EMPTY_HASH = bytes(HASH_LEN)  # the hash of an empty subtree, and the root of the empty map
+MAX_VERSION = (1 << 64) - 1
+MAX_PROOF_BYTES = 9 * 1024  # packed wire proof: 256 siblings of 34 B, a 70 B leaf and headers fit
+_INTERNAL, _LEAF = 1, 0
+_INTERNAL_LEN = 1 + 2 * (HASH_LEN + 8)
+
+
+class TreeError(Exception):
+    """Base of the errors a tree read raises."""
+
+
+class MissingNodeError(TreeError, LookupError):
+    """A node the root refers to is not in the store: its version was pruned, or its writes never committed."""
+
+
+class CorruptNodeError(TreeError, ValueError):
+    """A stored node is malformed or does not hash to the hash its parent (or the root) records."""
+
+
+class ProofError(ValueError):
+    """A wire proof is malformed (wrong types, sizes or more than 256 siblings)."""
+
+
+class NodeStore(Protocol):
+    """Where tree nodes are read from: LevelDB under a prefix for the ledger, :class:`MemoryNodeStore` in tests."""
+
+    def get(self, node_key: bytes) -> bytes | None:
+        """The stored node bytes under ``node_key``, or None."""
+        ...
+
+
+class Root(NamedTuple):
+    """A tree root: its 32-byte ``hash`` (what a header commits to) and the ``version`` that wrote its node.
+
+    The root node lives at ``node_key(version, 0)``. A root whose hash is :data:`EMPTY_HASH` is the empty map
+    and has no node. ``to_bytes`` is 40 bytes (hash ‖ version, 8 B big-endian) for the caller to persist.
+    """
+
+    hash: bytes
+    version: int
+
+    def to_bytes(self) -> bytes:
+        return self.hash + self.version.to_bytes(8, "big")
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Root:
+        """Raises: ValueError unless ``data`` is 40 bytes."""
+        if not isinstance(data, bytes) or len(data) != HASH_LEN + 8:
+            raise ValueError("a tree root is 40 bytes: hash ‖ version")
+        return cls(data[:HASH_LEN], int.from_bytes(data[HASH_LEN:], "big"))
+
+
+EMPTY_ROOT = Root(EMPTY_HASH, 0)  # the empty map; its first update may use any version >= 0
+
+
+class StaleNode(NamedTuple):
+    """A node no version >= ``since`` uses. ``index_key()`` (``since`` 8 B big-endian ‖ node key) sorts by
+    version, so a store can keep them in one index and prune with a range scan up to :func:`prune_bound`."""
+
+    since: int
+    node_key: bytes
+
+    def index_key(self) -> bytes:
+        return self.since.to_bytes(8, "big") + self.node_key
+
+    @classmethod
+    def from_index_key(cls, data: bytes) -> StaleNode:
+        """Raises: ValueError for bytes too short to be a stale index key."""
+        if len(data) < 18:
+            raise ValueError("a stale index key is at least 18 bytes")
+        return cls(int.from_bytes(data[:8], "big"), data[8:])
+
+
+def prune_bound(keep_from: int) -> bytes:
+    """Exclusive upper bound of the stale index keys to delete (with their nodes) so that exactly the versions
+    >= ``keep_from`` stay readable: every :meth:`StaleNode.index_key` below it has ``since <= keep_from``."""
+    return (keep_from + 1).to_bytes(8, "big")
+
+
+class UpdateResult(NamedTuple):
+    """What :func:`update` returns: the new root, the node writes (node key -> node bytes) and the nodes it made
+    stale. Nothing is stored until the caller commits ``writes`` (and records ``stale``)."""
+
+    root: Root
+    writes: dict[bytes, bytes]
+    stale: tuple[StaleNode, ...]
+
+
+def tree_key(tag: bytes, raw: bytes) -> bytes:
+    """The tree key of ``raw`` in table ``tag``: ``H(len(tag) ‖ tag ‖ raw)``, 32 bytes (the length byte keeps
+    ``(b"ab", b"c")`` and ``(b"a", b"bc")`` apart).
+
+    Raises: ValueError for a tag that is empty or longer than 255 bytes. TypeError for non-bytes.
+    """
+    if not isinstance(tag, bytes) or not isinstance(raw, bytes):
+        raise TypeError("tag and raw key must be bytes")
+    if not 1 <= len(tag) <= 255:
+        raise ValueError("a table tag is 1 to 255 bytes")
+    return H(bytes([len(tag)]), tag, raw)
+
+
+def leaf_hash(key: bytes, value: bytes) -> bytes:
+    """``H(0x00 ‖ key ‖ H(value))``: the hash of a leaf, 32 bytes."""
+    return H(b"\x00", key, H(value))
+
+
+def internal_hash(left: bytes, right: bytes) -> bytes:
+    """``H(0x01 ‖ left ‖ right)``: the hash of an internal node, 32 bytes."""
+    return H(b"\x01", left, right)
+
+
+def node_key(version: int, depth: int, key: bytes | int) -> bytes:
+    """Storage key of the node at ``depth`` on the path of ``key`` (bytes or its big-endian int) written at
+    ``version``: ``version (8 B) ‖ depth (2 B) ‖ first depth bits of key (ceil(depth/8) B)``."""
+    k = key if isinstance(key, int) else int.from_bytes(key, "big")
+    path = (k >> (DEPTH - depth) << (DEPTH - depth)).to_bytes(KEY_LEN, "big")[: (depth + 7) // 8]
+    return version.to_bytes(8, "big") + depth.to_bytes(2, "big") + path
+
+
+# ---------------------------------------------------------------- node encoding
+
+def _enc_internal(lh: bytes, lv: int, rh: bytes, rv: int) -> bytes:
+    return b"\x01" + lh + lv.to_bytes(8, "big") + rh + rv.to_bytes(8, "big")
+
+
+class _Node(NamedTuple):
+    leaf: bool
+    key: bytes  # leaf: its key
+    value: bytes  # leaf: its value
+    children: tuple[tuple[bytes, int], tuple[bytes, int]]  # internal: (hash, version) left, right
+
+
+def _load(store: NodeStore, h: bytes, version: int, depth: int, kint: int) -> _Node:
+    nk = node_key(version, depth, kint)
+    data = store.get(nk)
+    if data is None:
+        raise MissingNodeError(f"tree node at version {version}, depth {depth} is not in the store "
+                               "(its version was pruned, or its writes were never committed)")
+    if len(data) == _INTERNAL_LEN and data[0] == _INTERNAL:
+        lh, rh = data[1:33], data[41:73]
+        if internal_hash(lh, rh) != h:
+            raise CorruptNodeError(f"internal node at version {version}, depth {depth} does not match its hash")
+        kids = ((lh, int.from_bytes(data[33:41], "big")), (rh, int.from_bytes(data[73:81], "big")))
+        return _Node(False, b"", b"", kids)
+    if len(data) >= 1 + KEY_LEN and data[0] == _LEAF:
+        key, value = data[1:33], data[33:]
+        if leaf_hash(key, value) != h:
+            raise CorruptNodeError(f"leaf at version {version}, depth {depth} does not match its hash")
+        if (int.from_bytes(key, "big") ^ kint) >> (DEPTH - depth):
+            raise CorruptNodeError(f"leaf at version {version}, depth {depth} is off its path")
+        return _Node(True, key, value, ((EMPTY_HASH, 0), (EMPTY_HASH, 0)))
+    raise CorruptNodeError(f"malformed tree node at version {version}, depth {depth}")
+
+
+def _bit(kint: int, depth: int) -> int:
+    return (kint >> (DEPTH - 1 - depth)) & 1
+
+
+# ---------------------------------------------------------------- update
+
+@dataclass
+class _Leaf:
+    """A leaf to place at the top of the subtree being rebuilt; ``old`` is its stored node (depth, node key,
+    hash, version) when its key and value are unchanged, so it is not rewritten if it stays at that depth."""
+
+    kint: int
+    key: bytes
+    value: bytes
+    old: tuple[int, bytes, bytes, int] | None = None
+
+
+class _Sub(NamedTuple):
+    """A non-empty subtree at this depth, by reference: an internal node (new or kept) or a kept node of unknown
+    kind (``known`` false: it may be a leaf, to lift if its sibling empties)."""
+
+    hash: bytes
+    version: int
+    known: bool
+
+
+_Result = _Leaf | _Sub | None
+
+
+class _Ctx:
+    def __init__(self, store: NodeStore, version: int) -> None:
+        self.store, self.version = store, version
+        self.writes: dict[bytes, bytes] = {}
+        self.stale: list[StaleNode] = []
+
+    def retire(self, nk: bytes) -> None:
+        self.stale.append(StaleNode(self.version, nk))
+
+
+def _place(ctx: _Ctx, depth: int, r: _Result) -> tuple[bytes, int]:
+    """The (hash, version) reference of ``r`` placed at ``depth``, writing a leaf that is new or has moved."""
+    if r is None:
+        return EMPTY_HASH, 0
+    if isinstance(r, _Sub):
+        return r.hash, r.version
+    if r.old is not None:
+        if r.old[0] == depth:
+            return r.old[2], r.old[3]
+        ctx.retire(r.old[1])
+    ctx.writes[node_key(ctx.version, depth, r.kint)] = b"\x00" + r.key + r.value
+    return leaf_hash(r.key, r.value), ctx.version
+
+
+def _join(ctx: _Ctx, depth: int, kint: int, left: _Result, right: _Result,
+          old: tuple[bytes, int, tuple[tuple[bytes, int], tuple[bytes, int]]] | None) -> _Result:
+    """Combine the rebuilt children of the subtree at ``depth`` (path of ``kint``), replacing internal node
+    ``old`` (hash, version, children) if given; lifts a lone leaf, keeps ``old`` when nothing changed."""
+    if left is None or right is None:
+        only = right if left is None else left
+        if only is None or isinstance(only, _Leaf):
+            if old is not None:
+                ctx.retire(node_key(old[1], depth, kint))
+            return only
+        if not only.known:  # a kept sibling: lift it if it is a leaf
+            side_kint = kint ^ (1 << (DEPTH - 1 - depth))  # the changes, and so kint, are on the other side
+            n = _load(ctx.store, only.hash, only.version, depth + 1, side_kint)
+            if n.leaf:
+                if old is not None:
+                    ctx.retire(node_key(old[1], depth, kint))
+                o = (depth + 1, node_key(only.version, depth + 1, side_kint), only.hash, only.version)
+                return _Leaf(int.from_bytes(n.key, "big"), n.key, n.value, o)
+    lref, rref = _place(ctx, depth + 1, left), _place(ctx, depth + 1, right)
+    if old is not None:
+        if (lref, rref) == old[2]:
+            return _Sub(old[0], old[1], True)
+        ctx.retire(node_key(old[1], depth, kint))
+    ctx.writes[node_key(ctx.version, depth, kint)] = _enc_internal(lref[0], lref[1], rref[0], rref[1])
+    return _Sub(internal_hash(lref[0], rref[0]), ctx.version, True)
+
+
+def _split(kints: list[int], lo: int, hi: int, depth: int) -> int:
+    """First index in ``kints[lo:hi]`` (sorted, sharing their first ``depth`` bits) whose bit ``depth`` is 1."""
+    shift = DEPTH - depth
+    pivot = (kints[lo] >> shift << shift) | (1 << (shift - 1))
+    return bisect.bisect_left(kints, pivot, lo, hi)
+
+
+def _build(ctx: _Ctx, depth: int, items: list[_Leaf], kints: list[int], lo: int, hi: int) -> _Result:
+    """The subtree at ``depth`` holding exactly ``items[lo:hi]`` (sorted by key), written bottom-up."""
+    if hi - lo <= 1:
+        return items[lo] if hi > lo else None
+    mid = _split(kints, lo, hi, depth)
+    left = _build(ctx, depth + 1, items, kints, lo, mid)
+    right = _build(ctx, depth + 1, items, kints, mid, hi)
+    return _join(ctx, depth, kints[lo], left, right, None)
+
+
+def _apply(ctx: _Ctx, h: bytes, version: int, depth: int, ch: list[tuple[int, bytes, bytes | None]],
+           kints: list[int], lo: int, hi: int) -> _Result:
+    """Apply the changes ``ch[lo:hi]`` (sorted, non-empty) to the stored subtree ``(h, version)`` at ``depth``."""
+    if h == EMPTY_HASH:
+        items = [_Leaf(k, key, v) for k, key, v in ch[lo:hi] if v is not None]
+        return _build(ctx, depth, items, [x.kint for x in items], 0, len(items))
+    kint = kints[lo]
+    node = _load(ctx.store, h, version, depth, kint)
+    if node.leaf:
+        nk = node_key(version, depth, kint)
+        kept = _Leaf(int.from_bytes(node.key, "big"), node.key, node.value, (depth, nk, h, version))
+        items, seen = [], False
+        for k, key, v in ch[lo:hi]:  # merge the stored leaf into the sorted changes
+            if not seen and kept.kint <= k:
+                seen = True
+                if kept.kint < k or v == node.value:
+                    items.append(kept)
+                    if kept.kint == k:
+                        continue
+            if v is not None:
+                items.append(_Leaf(k, key, v))
+        if not seen:
+            items.append(kept)
+        elif all(x is not kept for x in items):
+            ctx.retire(nk)  # the leaf was deleted or given a new value
+        return _build(ctx, depth, items, [x.kint for x in items], 0, len(items))
+    (lh, lv), (rh, rv) = node.children
+    mid = _split(kints, lo, hi, depth)
+    left = _apply(ctx, lh, lv, depth + 1, ch, kints, lo, mid) if mid > lo else (
+        _Sub(lh, lv, False) if lh != EMPTY_HASH else None)
+    right = _apply(ctx, rh, rv, depth + 1, ch, kints, mid, hi) if hi > mid else (
+        _Sub(rh, rv, False) if rh != EMPTY_HASH else None)
+    return _join(ctx, depth, kint, left, right, (h, version, node.children))
+
+
+def _check_key(key: Any) -> None:
+    if not isinstance(key, bytes) or len(key) != KEY_LEN:
+        raise ValueError(f"a tree key is {KEY_LEN} bytes (hash your key with tree_key)")
+
+
+def update(store: NodeStore, version: int, root: Root, changes: Mapping[bytes, bytes | None]) -> UpdateResult:
+    """Apply ``changes`` (key -> new value, or None to delete; deleting an absent key is a no-op) to the tree
+    ``root`` as version ``version``. Returns the new root, the node writes and the stale nodes; stores nothing.
+
+    Deterministic: the result depends on the contents of ``changes``, not their order. Equal contents give the
+    same root hash whatever the history. A batch that changes nothing returns ``root`` and no writes.
+    Cost: O(len(changes) · log n) node reads and writes, n the number of keys.
+
+    Raises:
+        ValueError: a key that is not 32 bytes, a value that is not bytes or None, ``version`` not an int in
+            ``[0, 2^64)``, or not greater than ``root.version`` (at least it, for an empty root).
+        MissingNodeError, CorruptNodeError: ``root``'s nodes are not (intact) in ``store``.
+    """
+    if not isinstance(root, Root) or not isinstance(root.hash, bytes) or len(root.hash) != HASH_LEN:
+        raise ValueError("root must be a Root (32-byte hash, version)")
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_VERSION:
+        raise ValueError("version must be an int in [0, 2^64)")
+    empty = root.hash == EMPTY_HASH
+    if version < root.version or (version == root.version and not empty):
+        raise ValueError(f"version {version} must be greater than the root's version {root.version}")
+    ch: list[tuple[int, bytes, bytes | None]] = []
+    for key, value in changes.items():
+        _check_key(key)
+        if value is not None and not isinstance(value, bytes):
+            raise ValueError("a tree value is bytes, or None to delete")
+        ch.append((int.from_bytes(key, "big"), key, value))
+    ch.sort(key=lambda c: c[0])
+    if not ch:
+        return UpdateResult(root, {}, ())
+    ctx = _Ctx(store, version)
+    r = _apply(ctx, root.hash, root.version, 0, ch, [c[0] for c in ch], 0, len(ch))
+    if r is None:
+        new = root if empty else Root(EMPTY_HASH, version)
+    else:
+        h, v = _place(ctx, 0, r)
+        new = Root(h, v)
+    if new.hash == root.hash and not empty:
+        return UpdateResult(root, {}, ())  # nothing changed (every change was a no-op)
+    return UpdateResult(new, ctx.writes, tuple(ctx.stale))
+
+
+# ---------------------------------------------------------------- reads and proofs
+
+@dataclass(frozen=True)
+class Proof:
+    """Proof that a key holds a value, or holds none, under a root hash.
+
+    ``siblings``: the sibling hashes on the key's path from the root down (``siblings[d]`` at depth ``d + 1``;
+    at most 256). ``leaf``: ``(key, H(value))`` of the leaf found at the end of the path, or None where the
+    path ends in an empty subtree. For an absent key the leaf, if any, is another key's, sharing the path.
+    """
+
+    siblings: tuple[bytes, ...]
+    leaf: tuple[bytes, bytes] | None
+
+    def to_wire(self) -> list[Any]:
+        """msgpack-friendly ``[siblings, leaf]``: an empty sibling travels as ``b""``, the leaf as
+        ``[key, value_hash]`` or None. Packs to at most :data:`MAX_PROOF_BYTES`."""
+        sib = [b"" if s == EMPTY_HASH else s for s in self.siblings]
+        return [sib, None if self.leaf is None else [self.leaf[0], self.leaf[1]]]
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> Proof:
+        """Raises: ProofError unless ``obj`` is a canonical wire proof (:meth:`to_wire`)."""
+        if not isinstance(obj, (list, tuple)) or len(obj) != 2 or not isinstance(obj[0], (list, tuple)):
+            raise ProofError("a proof is [siblings, leaf]")
+        sib, leaf = obj
+        if len(sib) > DEPTH:
+            raise ProofError(f"a proof has at most {DEPTH} siblings")
+        out = []
+        for s in sib:
+            if not isinstance(s, bytes) or len(s) not in (0, HASH_LEN) or s == EMPTY_HASH:
+                raise ProofError("a sibling is 32 bytes (not all zero), or b\"\" for an empty subtree")
+            out.append(s or EMPTY_HASH)
+        if leaf is not None:
+            if not (isinstance(leaf, (list, tuple)) and len(leaf) == 2
+                    and all(isinstance(x, bytes) and len(x) == HASH_LEN for x in leaf)):
+                raise ProofError("a proof's leaf is [key, value_hash] of 32 bytes each, or None")
+            return cls(tuple(out), (leaf[0], leaf[1]))
+        return cls(tuple(out), None)
+
+
+def _walk(store: NodeStore, root: Root, key: bytes) -> tuple[list[bytes], _Node | None]:
+    _check_key(key)
+    kint = int.from_bytes(key, "big")
+    h, v = root.hash, root.version
+    siblings: list[bytes] = []
+    for depth in range(DEPTH + 1):
+        if h == EMPTY_HASH:
+            return siblings, None
+        node = _load(store, h, v, depth, kint)
+        if node.leaf:
+            return siblings, node
+        b = _bit(kint, depth)
+        siblings.append(node.children[1 - b][0])
+        h, v = node.children[b]
+    raise CorruptNodeError("tree path longer than 256")
+
+
+def get(store: NodeStore, root: Root, key: bytes) -> bytes | None:
+    """The value of ``key`` in the tree ``root``, or None. Every node read is checked against its hash.
+
+    Raises: ValueError for a key that is not 32 bytes; MissingNodeError, CorruptNodeError as :func:`update`.
+    """
+    node = _walk(store, root, key)[1]
+    return node.value if node is not None and node.key == key else None
+
+
+def prove(store: NodeStore, root: Root, key: bytes) -> Proof:
+    """A proof of ``key``'s value in ``root`` (inclusion), or of its absence (non-inclusion).
+
+    Raises: ValueError for a key that is not 32 bytes; MissingNodeError, CorruptNodeError as :func:`update`.
+    """
+    siblings, node = _walk(store, root, key)
+    return Proof(tuple(siblings), None if node is None else (node.key, H(node.value)))
+
+
+def verify(proof: Proof | Any, root_hash: bytes, key: bytes, value: bytes | None) -> bool:
+    """Whether ``proof`` (a :class:`Proof` or its wire form) shows that ``key`` holds ``value`` (None: holds
+    nothing) in the tree whose root hash is ``root_hash``. Pure, needs no store; any malformed input gives False,
+    never an exception. Checks as Diem's ``SparseMerkleProof::verify``: the leaf must be the key's own for
+    inclusion, and for non-inclusion either absent or another key sharing the proof's path."""
+    try:
+        p = proof if isinstance(proof, Proof) else Proof.from_wire(proof)
+    except ProofError:
+        return False
+    if not (isinstance(root_hash, bytes) and len(root_hash) == HASH_LEN and isinstance(key, bytes)
+            and len(key) == KEY_LEN and (value is None or isinstance(value, bytes))):
+        return False
+    kint, n = int.from_bytes(key, "big"), len(p.siblings)
+    if value is not None:
+        if p.leaf is None or p.leaf != (key, H(value)):
+            return False
+        cur = H(b"\x00", key, p.leaf[1])
+    elif p.leaf is None:
+        cur = EMPTY_HASH
+    else:
+        lk = int.from_bytes(p.leaf[0], "big")
+        if lk == kint or (n and (lk ^ kint) >> (DEPTH - n)):
+            return False
+        cur = H(b"\x00", p.leaf[0], p.leaf[1])
+    for depth in range(n - 1, -1, -1):
+        s = p.siblings[depth]
+        cur = internal_hash(s, cur) if _bit(kint, depth) else internal_hash(cur, s)
+    return cur == root_hash
+
+
+# ---------------------------------------------------------------- stores
+
+class MemoryNodeStore:
+    """An in-memory :class:`NodeStore` with a stale index and pruning, for tests and benchmarks."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[bytes, bytes] = {}
+        self.stale: dict[int, list[bytes]] = {}
+
+    def get(self, node_key: bytes) -> bytes | None:
+        return self.nodes.get(node_key)
+
+    def commit(self, result: UpdateResult) -> None:
+        """Store ``result``'s writes and record its stale nodes."""
+        self.nodes.update(result.writes)
+        for s in result.stale:
+            self.stale.setdefault(s.since, []).append(s.node_key)
+
+    def prune(self, keep_from: int) -> int:
+        """Delete every node stale since a version <= ``keep_from``; versions >= ``keep_from`` stay readable.
+        Returns the number of nodes deleted."""
+        done = 0
+        for since in [s for s in self.stale if s <= keep_from]:
+            for nk in self.stale.pop(since):
+                done += self.nodes.pop(nk, None) is not None
+        return done
+
+
+class OverlayNodeStore:
+    """``base`` seen through pending ``writes`` (e.g. a proposed block's, not yet committed), so that a further
+    :func:`update` can build on an uncommitted one."""
+
+    def __init__(self, base: NodeStore, writes: Iterable[Mapping[bytes, bytes]]) -> None:
+        self.base = base
+        self.pending: dict[bytes, bytes] = {}
+        for w in writes:
+            self.pending.update(w)
+
+    def get(self, node_key: bytes) -> bytes | None:
+        got = self.pending.get(node_key)
+        return got if got is not None else self.base.get(node_key)
