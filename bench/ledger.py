@@ -8,11 +8,22 @@ Prints, from one run on this machine:
     every validator, the time from the proposer's header timestamp to the block being stored; median and p95
     (target: median under 1 s).
 
+``--idle SECONDS`` instead: what an idle chain costs (one validator on loopback, block time 200 ms): the bytes an
+empty block adds to LevelDB (every key and value it adds or changes, explorer index and state included; the
+stored form, :mod:`node.ledger.blockcodec`, beside the whole wire form stored before) and the blocks made per idle
+minute, watched for SECONDS with ``--heartbeat-ms`` (default 2000) and with heartbeat = block time (today's
+behaviour, ``heartbeat_ms`` 0), in the same run.
+
 ``--flood N`` instead: the mempool's cost of refusing a gossip flood of N unpayable or far-future transfers from
 each of 5 keys (decode, admission checks, refusal; no signature is checked), with and without the per-peer
 refusal budget, per transaction.
 
-Usage: ``.venv/bin/python bench/ledger.py [--receipts N] [--heights H] [--flood N]``
+``--scale`` instead: the ledger holding 10^4, 10^5 and 10^6 receipts (``--sizes`` to change), each size in fresh
+subprocesses: start time, resident memory, time per empty block and per block of 100 receipts, stored bytes per live
+state item and per empty block, against issue 13's targets (:mod:`ledger_scale`, bench/ledger_scale.py).
+
+Usage: ``.venv/bin/python bench/ledger.py [--receipts N] [--heights H] [--flood N] [--idle S [--heartbeat-ms MS]]
+[--scale [--sizes N,N,...] [--timeout S]]``
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ from node.ledger.genesis import Genesis, Params  # noqa: E402
 from node.ledger.state import apply_block_body, genesis_state  # noqa: E402
 from node.encoding import pack, unpack  # noqa: E402
 from node.ledger.tx import Receipt, decode_tx  # noqa: E402
+
+import ledger_scale  # noqa: E402  (bench/ledger_scale.py, beside this file: the --scale mode)
 
 C = 10**9
 
@@ -109,6 +122,78 @@ def finality(heights: int) -> list[float]:
     return latencies
 
 
+def empty_block_bytes(blocks: int = 20) -> tuple[float, float]:
+    """Mean bytes (keys + values) that an empty one-validator block adds to a real LevelDB ledger: as stored now,
+    and with each block record rewritten in the whole wire form stored before (everything else the same)."""
+    from node.ledger.chain import commit_block, propose
+    from node.ledger.store import LedgerStore
+
+    val = Identity.from_seed(dev_seed(0))
+    g = Genesis("tally-devnet", 0, (val.account,), ((val.account, 100 * C, 200 * C),), Params(block_time_ms=200))
+    out = []
+    with tempfile.TemporaryDirectory() as d:
+        for legacy in (False, True):
+            store = LedgerStore(Path(d) / f"db{legacy}", g)
+            state = store.replay()
+            grown = []
+            for i in range(blocks):
+                block, new, _ = propose(state, [], val, 1000 + i, store.last_commit())
+                commit = commit_block(val, block)
+                before = sum(len(k) + len(v) for k, v in store.db.iterator())
+                store.append(block, commit, state, new)
+                if legacy:
+                    store.db.put(b"B" + block.height.to_bytes(8, "big"),
+                                 pack({"b": block.to_wire(), "c": [list(x) for x in commit]}))
+                grown.append(sum(len(k) + len(v) for k, v in store.db.iterator()) - before)
+                state = new
+            store.close()
+            out.append(statistics.mean(grown[1:]))  # the first block also writes the state once
+    return out[0], out[1]
+
+
+def idle_blocks_per_minute(seconds: float, heartbeat_ms: int) -> float:
+    """Blocks per minute that one validator (real libp2p host, LevelDB) makes with nothing to do, block time
+    200 ms, watched for ``seconds`` after its first block."""
+    import trio
+
+    from node.ledger.service import LedgerService
+    from node.ledger.store import LedgerStore
+    from node.p2p.host import P2PHost
+
+    val = Identity.from_seed(dev_seed(0))
+    g = Genesis("tally-test-idle", 0, (val.account,), ((val.account, 100 * C, 200 * C),),
+                Params(block_time_ms=200, heartbeat_ms=heartbeat_ms))
+
+    async def main(tmp: Path) -> float:
+        store = LedgerStore(tmp / "db", g)
+        try:
+            async with P2PHost(val, 0, g.chain_id, genesis_hash=g.hash).running() as host:
+                svc = LedgerService(store, g, val, host)
+                async with trio.open_nursery() as n:
+                    n.start_soon(svc.run)
+                    await svc.wait_for_height(1, 30)
+                    h0, t0 = svc.state.height, time.monotonic()
+                    await trio.sleep(seconds)
+                    made, took = svc.state.height - h0, time.monotonic() - t0
+                    n.cancel_scope.cancel()
+        finally:
+            store.close()
+        return made * 60 / took
+
+    with tempfile.TemporaryDirectory() as d:
+        return trio.run(main, Path(d))
+
+
+def idle_line(seconds: float, heartbeat_ms: int) -> str:
+    """The ``--idle`` report: bytes per empty block and blocks per idle minute, quiet and as before."""
+    now_b, before_b = empty_block_bytes()
+    quiet = idle_blocks_per_minute(seconds, heartbeat_ms)
+    every = idle_blocks_per_minute(seconds, 0)
+    return (f"idle chain, 1 validator, block time 200 ms: {now_b:.0f} B stored per empty block (whole wire form "
+            f"as before: {before_b:.0f} B); {quiet:.1f} blocks per idle minute with heartbeat {heartbeat_ms} ms, "
+            f"{every:.1f} with heartbeat = block time (before); watched {seconds:g} s each")
+
+
 def flood_cost(n: int) -> tuple[float, float]:
     """Seconds per flood transaction refused by :class:`~node.ledger.service.LedgerService`'s gossip handler, with
     the default per-peer refusal budget and without one."""
@@ -154,7 +239,19 @@ def main() -> None:
     ap.add_argument("--receipts", type=int, default=5000)
     ap.add_argument("--heights", type=int, default=30)
     ap.add_argument("--flood", type=int, default=0, help="only the flood-refusal cost, N transactions per key")
+    ap.add_argument("--idle", type=float, default=0, metavar="SECONDS",
+                    help="only an idle chain's cost: bytes per empty block, blocks per idle minute (watched SECONDS)")
+    ap.add_argument("--heartbeat-ms", type=int, default=2000, help="heartbeat_ms for --idle (default %(default)s)")
+    ap.add_argument("--scale", action="store_true",
+                    help="only the ledger at 10^4..10^6 receipts held (issue 13 targets; options below)")
+    ledger_scale.add_args(ap)
     args = ap.parse_args()
+    if args.scale:
+        ledger_scale.run_scale(args.sizes, args.timeout, args.empty, args.full, args.profile, args.keep)
+        return
+    if args.idle:
+        print(idle_line(args.idle, args.heartbeat_ms))
+        return
     if args.flood:
         with_budget, without = flood_cost(args.flood)
         print(f"flood refused (5 keys x {args.flood}): {with_budget * 1e6:.0f} us/tx with the per-peer budget, "
@@ -169,6 +266,7 @@ def main() -> None:
     p95 = lat[min(len(lat) - 1, int(0.95 * len(lat)))]
     print(f"finality, 4 validators on loopback ({len(lat)} block commits): median {statistics.median(lat) * 1000:.0f} ms, "
           f"p95 {p95 * 1000:.0f} ms   (target: median < 1000 ms)")
+    print(idle_line(10.0, args.heartbeat_ms))
 
 
 if __name__ == "__main__":

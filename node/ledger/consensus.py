@@ -256,8 +256,11 @@ class Tendermint:
                 return self._start_round(rr)
         return None
 
-    def next_height(self, height: int) -> list:
-        """Move to ``height`` after a decision was committed (line 54) and start round 0."""
+    def next_height(self, height: int, start: bool = True) -> list:
+        """Move to ``height`` after a decision was committed (line 54) and start round 0. With ``start`` False
+        the machine waits at ``height`` without proposing or scheduling anything until :meth:`start` (a quiet
+        chain, :mod:`node.ledger.liveness`: Tendermint's ``create_empty_blocks_interval`` waits the same way
+        before round 0's propose step); the driver must call :meth:`start` before feeding it messages."""
         self.height = height
         self._reset()
-        return self._start_round(0)
+        return self._start_round(0) if start else []

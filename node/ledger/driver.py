@@ -8,6 +8,14 @@ the machine decides, stores the block with the > 2/3 precommits that decided it 
 
 A validator that signs two different votes of one kind at one height and round is reported with an
 :class:`~node.ledger.tx.Evidence` transaction built from its two signed messages.
+
+Quiet when idle (genesis ``heartbeat_ms`` above ``block_time_ms``): after a decision the machine moves to the
+next height without starting round 0 (no proposal, no timeout scheduled) until :func:`node.ledger.liveness.
+block_due` says a block is due — checked every :data:`IDLE_POLL` seconds at most — or a validator's signed
+proposal or vote for that height arrives, whichever comes first (Tendermint's ``create_empty_blocks_interval``,
+where ``handleTxsAvailable`` plays the part of the first and a proposal received in ``RoundStepNewRound`` the
+part of the second). So on an idle chain no validator's timeouts fire and nobody proposes until the heartbeat,
+and validators whose mempools or clocks disagree still meet in round 0.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from ..identity import verify
 from .block import InvalidBlock, decode_block, proposal_digest, vote_digest
 from .chain import check_block, check_time, propose
 from .consensus import PRECOMMIT, PREVOTE, Broadcast, Decide, Proposal, Schedule, Tendermint, Timeout, Timeouts, Vote
+from .liveness import block_due, height_need, needs_proof
 from .tx import Evidence, InvalidTx
 
 if TYPE_CHECKING:
@@ -33,6 +42,7 @@ log = logging.getLogger("tally.consensus")
 
 MAX_FUTURE = 2000  # buffered messages for heights we have not reached yet
 RESEND_PERIOD = 1.0
+IDLE_POLL = 0.05  # seconds between two looks at the mempool and the clock while a quiet height waits
 
 
 class ConsensusDriver:
@@ -56,6 +66,13 @@ class ConsensusDriver:
         self._height_started = time.monotonic()
         self._committing = False
         self.extra_sent: list[dict] = []  # test switch: the double-signed vote, re-sent like the others
+        p = ledger.genesis.params
+        self.quiet = p.heartbeat() > p.block_time_ms  # wait for a reason before round 0 (module docstring)
+        self._idle_height = 0  # the height waiting for a reason to start round 0 (0: none)
+        self._idle_need = False  # the head state needs a height (liveness.height_need / needs_proof)
+        self._idle_head_ms = 0  # the head block's header time while a quiet height waits
+        self.woken: list[tuple[int, str]] = []  # (height, why round 0 started) of the last quiet heights
+        self.timeouts_acted: dict[str, int] = {}  # timeouts that moved the machine, by kind
         self._send, self._recv = trio.open_memory_channel(10_000)
         ledger.on_block(self._on_block)
 
@@ -130,6 +147,8 @@ class ConsensusDriver:
             return
         if m.height < self.machine.height:
             return
+        if self._idle_height == m.height:  # another validator started this height: join it in round 0
+            await self._wake(m.height, "peer")
         if isinstance(m, Proposal):
             if m.value not in self.blocks:
                 self._check_proposal(msg, m)
@@ -245,12 +264,20 @@ class ConsensusDriver:
         async with trio.open_nursery() as n:
             self._nursery = n
             n.start_soon(self._resend_loop)
-            await self._act(self.machine.start())
+            if self.quiet:
+                self._go_idle(self.machine.height)
+            else:
+                await self._act(self.machine.start())
             async for ev in self._recv:
                 if ev[0] == "msg":
                     await self._handle_msg(ev[1], ev[2])
                 elif ev[0] == "timeout":
-                    await self._act(self.machine.on_timeout(ev[1]))
+                    actions = self.machine.on_timeout(ev[1])
+                    if actions:
+                        self.timeouts_acted[ev[1].kind] = self.timeouts_acted.get(ev[1].kind, 0) + 1
+                    await self._act(actions)
+                elif ev[0] == "wake":
+                    await self._wake(ev[1], ev[2])
                 elif ev[0] == "next":
                     await self._next_height()
                 elif ev[0] == "resend":
@@ -267,8 +294,46 @@ class ConsensusDriver:
         self.blocks.clear()
         self.signed = {k: v for k, v in self.signed.items() if k[1] >= target}
         self._height_started = time.monotonic()
-        await self._act(self.machine.next_height(target))
+        if self.quiet:
+            self.machine.next_height(target, start=False)
+            self._go_idle(target)
+        else:
+            await self._act(self.machine.next_height(target))
         pending, self.future = self.future, []
         for msg, peer in pending:
             await self._handle_msg(msg, peer)
 
+    # ------------------------------------------------------------------ quiet when idle
+
+    def _go_idle(self, height: int) -> None:
+        """Wait at ``height`` (the machine moved there without starting round 0) until a block is due."""
+        st = self.ledger.state
+        need = height_need(st)
+        raw = self.ledger.store.get_block_raw(st.height) if st.height else None
+        self._idle_need = need is not None or needs_proof(st, raw["b"]["h"][6] if raw else None)
+        self._idle_head_ms = int(raw["b"]["h"][3]) if raw else self.ledger.genesis.genesis_time_ms
+        self._idle_height = height
+        self._nursery.start_soon(self._idle_watch, height)
+
+    def _block_due(self) -> bool:
+        return block_due(self.ledger.genesis.params, int(self.ledger.clock() * 1000), self._idle_head_ms,
+                         bool(self.ledger.candidates()), self._idle_need)
+
+    async def _idle_watch(self, height: int) -> None:
+        """Look at the mempool and the clock until a block is due at ``height`` (or round 0 started otherwise).
+        Bounded: ``heartbeat_ms`` after the head a block is always due."""
+        while self._idle_height == height:
+            if self._block_due():
+                why = ("state" if self._idle_need else "txs" if self.ledger.candidates() else "heartbeat")
+                await self._send.send(("wake", height, why))
+                return
+            await trio.sleep(IDLE_POLL)
+
+    async def _wake(self, height: int, why: str) -> None:
+        """Start round 0 of the quiet ``height`` (``why``: state, txs, heartbeat or peer)."""
+        if self._idle_height != height or self.machine.height != height:
+            return
+        self._idle_height = 0
+        self.woken = self.woken[-99:] + [(height, why)]
+        self._height_started = time.monotonic()
+        await self._act(self.machine.start())

@@ -18,6 +18,7 @@ from ..identity import account_from_str, account_to_str
 from ..verify.sampling import PPM
 
 TREASURY = H(b"tally/treasury/v1")  # unspendable account that receives slashed bonds beyond rewards
+MAX_HEARTBEAT_MS = 3_600_000  # the longest heartbeat_ms a genesis may set (1 hour)
 
 
 class GenesisError(ValueError):
@@ -52,6 +53,20 @@ class Params:
     job_start_penalty: int = 2_000_000_000
     job_release_penalty: int = 500_000_000
     max_job_deadline: int = 100_000
+    # quiet when idle (node.ledger.liveness): with nothing to include and nothing in the state that moves on with
+    # heights, the next block comes heartbeat_ms after the last one instead of block_time_ms (Tendermint's
+    # create_empty_blocks_interval). 0, the value of every genesis written before it existed: a block every
+    # block_time_ms, as before; 0 is left out of the genesis hash and document, so those chains keep their hash.
+    heartbeat_ms: int = 0
+
+    def heartbeat(self) -> int:
+        """The longest gap between two blocks in milliseconds: ``heartbeat_ms``, or ``block_time_ms`` when 0."""
+        return self.heartbeat_ms or self.block_time_ms
+
+    def consensus_fields(self) -> dict[str, int]:
+        """The parameters as the genesis document and hash carry them: every one, but ``heartbeat_ms`` only when
+        set (a genesis from before it existed keeps its document and hash)."""
+        return {k: v for k, v in self.__dict__.items() if not (k == "heartbeat_ms" and v == 0)}
 
     def check(self) -> None:
         """Raise :class:`GenesisError` for unsafe or nonsensical parameters."""
@@ -74,6 +89,10 @@ class Params:
                                "always pay the start penalty of one job, and releasing costs less than holding)")
         if not 1 <= self.job_start_window <= self.max_job_deadline:
             raise GenesisError("need 1 <= job_start_window <= max_job_deadline (a job can start before its deadline)")
+        if self.heartbeat_ms and not self.block_time_ms <= self.heartbeat_ms <= MAX_HEARTBEAT_MS:
+            raise GenesisError(f"heartbeat_ms must be 0 (a block every block_time_ms) or between block_time_ms "
+                               f"({self.block_time_ms}) and {MAX_HEARTBEAT_MS} (1 h: a follower that sees no header "
+                               "for longer cannot tell a quiet chain from a halted one)")
 
 
 @dataclass(frozen=True)
@@ -100,12 +119,12 @@ class Genesis:
                 "validators": [account_to_str(v) for v in self.validators],
                 "accounts": [{"account": account_to_str(a), "balance": _amount_doc(bal), "bond": _amount_doc(bond)}
                              for a, bal, bond in self.balances],
-                "params": dict(self.params.__dict__), "bootstrap": list(self.bootstrap)}
+                "params": self.params.consensus_fields(), "bootstrap": list(self.bootstrap)}
 
     @property
     def hash(self) -> bytes:
         return H(b"tally/genesis/v1", pack([self.chain_id, self.genesis_time_ms, list(self.validators),
-                                            [list(b) for b in self.balances], list(self.params.__dict__.values())]))
+                                            [list(b) for b in self.balances], list(self.params.consensus_fields().values())]))
 
     @property
     def supply(self) -> int:
