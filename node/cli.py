@@ -48,6 +48,19 @@ def _positive(text: str) -> int:
     return n
 
 
+def _seconds(text: str) -> float:
+    """argparse type: a finite number of seconds > 0 (e.g. ``5`` or ``0.5``)."""
+    import math
+
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(x) and x > 0):
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds > 0")
+    return x
+
+
 def _bootstrap_addr(text: str) -> str:
     """argparse type: a multiaddr that names its peer, e.g. ``/ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...``."""
     from multiaddr import Multiaddr
@@ -142,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--api-host", default="127.0.0.1", help="HTTP API bind address (default: %(default)s)")
     _model_args(s)
     s.add_argument("--threads", type=_positive, default=1, help="torch threads for compute (default: %(default)s)")
+    s.add_argument("--step-timeout", type=_seconds, default=60.0, metavar="SECONDS",
+                   help="span server: end a session whose client sends no message for SECONDS, free its KV cache "
+                        "and submit the receipt for the steps it acknowledged; also how long this node's client "
+                        "waits for a server's reply (default: %(default)s)")
     s.add_argument("--dev-account", type=int, metavar="N",
                    help="devnet only: use well-known dev key N (0 is the devnet validator) if the data dir "
                         "has no key yet; a devnet node with neither a key nor --bootstrap uses dev key 0")
@@ -186,9 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .net.genesis_cli import add_genesis_parser, add_key_parser
     from .wallet.cli import add_wallet_parser
 
+    from .ledger.cli import add_ledger_parser
+
     add_genesis_parser(sub)
     add_key_parser(sub, DEFAULT_DATA_DIR)
     add_wallet_parser(sub, DEFAULT_DATA_DIR)
+    add_ledger_parser(sub, DEFAULT_DATA_DIR)
     return p
 
 
@@ -285,7 +305,7 @@ def cmd_start(args) -> int:
                      bootstrap=bootstrap, listen=listen, announce=args.announce, relay=args.relay,
                      p2p_port=args.port or 0, api_port=args.api_port, api_host=args.api_host,
                      device=device, threads=args.threads, fault=args.fault, accept_jobs=args.accept_jobs, job_capacity=args.job_capacity,
-                     compression=args.compression,
+                     compression=args.compression, step_timeout=args.step_timeout,
                      auto_blocks=auto_blocks,
                      seed=dev_seed(dev_account) if dev_account is not None else None)
     if args.fault:
@@ -350,6 +370,10 @@ def main(argv: list[str] | None = None) -> int:
         from .wallet.cli import run_wallet_command
 
         return run_wallet_command(args)
+    if args.cmd == "ledger":
+        from .ledger.cli import run_ledger_command
+
+        return run_ledger_command(args)
     from .devnet import run_devnet
 
     return run_devnet(args)

@@ -58,7 +58,8 @@ def make_router(node, require_token, ApiError) -> APIRouter:
         from ..market.client import job_json
 
         st = node.ledger.state
-        jobs = [j for j in reversed(list(st.jobs.values())) if status is None or j.status == status]
+        jobs = [j for j in sorted(st.jobs.values(), key=lambda j: (-j.height, j.post.id))  # newest first
+                if status is None or j.status == status]
         limit = max(1, min(limit, 500))
         return {"total": len(jobs), "jobs": [job_json(j, st) for j in jobs[max(0, offset):max(0, offset) + limit]]}
 

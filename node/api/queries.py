@@ -20,6 +20,7 @@ from . import views as v
 from .security import ApiError
 
 MAX_PAGE = 200
+SCAN_BLOCKS = 2000  # blocks one page of a status-filtered receipt listing reads at most
 
 
 class _LRU(OrderedDict):
@@ -124,9 +125,7 @@ class Queries:
         raw = self.node.store.db.get(b"B" + height.to_bytes(8, "big")) if 1 <= height < 2**63 else None
         if raw is None:
             raise ApiError(404, "not_found", f"no block at height {height}")
-        from ..encoding import unpack
-
-        d = unpack(raw)
+        d = self.node.store.expand_record(height, raw)  # either stored format (node.ledger.blockcodec)
         return self._blocks.put(height, v.block_json(decode_block(d["b"]), d["c"], len(raw)))
 
     def block_summary(self, height: int) -> dict:
@@ -168,21 +167,28 @@ class Queries:
         return v.receipt_json(rec)
 
     def receipts(self, limit: int, cursor: str | None, status: str | None = None) -> dict:
-        """Newest first; the cursor is the number of receipts skipped so far (as hex)."""
-        skip = int.from_bytes(_cursor(cursor) or b"", "big")
-        out, seen = [], 0
-        for rid in reversed(self.state.receipts):
-            rec = self.state.receipts[rid]
-            if status and rec.status != status:
+        """Newest first, read from the blocks backwards (O(page), not O(receipts ever made)); the cursor is the
+        height and position to continue before (12 bytes as hex). A status filter scans at most
+        :data:`SCAN_BLOCKS` blocks per page and then returns what it found with a cursor to go on."""
+        c = _cursor(cursor, 12)
+        st, store = self.state, self.node.store
+        height, pos = (int.from_bytes(c[:8], "big"), int.from_bytes(c[8:], "big")) if c else (st.height, 2**31)
+        out: list[dict] = []
+        want = min(limit, MAX_PAGE)
+        for h in range(min(height, st.height), max(0, height - SCAN_BLOCKS), -1):
+            got = store.get_block(h)
+            if got is None:
                 continue
-            seen += 1
-            if seen <= skip:
-                continue
-            if len(out) == min(limit, MAX_PAGE):
-                n = skip + len(out)
-                return {"receipts": out, "next": n.to_bytes(8, "big").hex()}
-            out.append(v.receipt_json(rec))
-        return {"receipts": out, "next": None}
+            txs = got[0].txs
+            for i in range(min(len(txs), pos if h == height else len(txs)) - 1, -1, -1):
+                rec = st.receipts.get(txs[i].id)
+                if rec is None or (status and rec.status != status):
+                    continue
+                if len(out) == want:
+                    return {"receipts": out, "next": (h.to_bytes(8, "big") + (i + 1).to_bytes(4, "big")).hex()}
+                out.append(v.receipt_json(rec))
+        low = max(0, height - SCAN_BLOCKS)
+        return {"receipts": out, "next": (low.to_bytes(8, "big") + (2**31).to_bytes(4, "big")).hex() if low else None}
 
     def verification(self, buckets: int = 24) -> dict:
         return self._per_state(f"verif{buckets}", lambda: self._verification(buckets))
@@ -283,8 +289,7 @@ class Queries:
         skip = int.from_bytes(_cursor(cursor) or b"", "big")
         jobs = self._jobs()
         out, seen = [], 0
-        for jid in reversed(jobs):
-            job = jobs[jid]
+        for job in sorted(jobs.values(), key=lambda j: (-j.height, j.post.id)):  # newest first
             if status and job.status != status:
                 continue
             seen += 1

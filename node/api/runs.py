@@ -215,7 +215,8 @@ def run_summary(run) -> dict:
 
 def list_runs(state, status: str | None, limit: int, offset: int) -> dict:
     """Runs newest first, optionally of one :class:`RunStatus` value."""
-    runs = [r for r in reversed(list(state.runs.values())) if status is None or r.status.value == status]
+    runs = [r for r in sorted(state.runs.values(), key=lambda r: (-r.height, r.post.run_id))  # newest first
+            if status is None or r.status.value == status]
     return {"total": len(runs), "runs": [run_summary(r) for r in runs[offset:offset + limit]]}
 
 

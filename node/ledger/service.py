@@ -157,7 +157,7 @@ class LedgerService:
     async def _commit(self, block: Block, commit, new_state: State) -> None:
         old = self.state
         self.store.append(block, commit, old, new_state)
-        self.parent_state, self.state = old, new_state
+        self.parent_state, self.state = self.store.parent_state, new_state
         self._prune_mempool([t.id for t in block.txs])
         for fn in self._listeners:
             try:

@@ -20,7 +20,7 @@ a verdict and a slash each count once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Callable
 
 from ..encoding import H, merkle_root, pack
@@ -28,6 +28,9 @@ from ..identity import verify_many
 from ..verify import committee as cm
 from ..verify.sampling import PPM, is_sampled, sampling_ppm
 from .genesis import TREASURY, Genesis, Params
+from .kv import OrderedSet, Table
+from .records import MAPS, SETS
+from .records import CODECS, Account, ReceiptRecord
 from . import jobs as jobs_mod
 from .jobs import Job
 from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, JobRelease, TrainReceipt
@@ -38,74 +41,55 @@ from .status import FINAL, INVALID_S, PENDING, SAMPLED, SETTLED, UNVERIFIED, VAL
 from .tx import ABSTAIN, INVALID, VALID, Bond, Evidence, InvalidTx, Receipt, Transfer, Tx, Unbond, Vote, _check
 
 
-@dataclass(frozen=True)
-class Account:
-    """Per-account state in base units. ``valid_run``: consecutive valid verdicts (adaptive sampling)."""
-
-    balance: int = 0
-    bond: int = 0
-    escrow: int = 0
-    nonce: int = 0
-    valid_run: int = 0
-    slashed: int = 0
-
-    def to_list(self) -> list[int]:
-        return [self.balance, self.bond, self.escrow, self.nonce, self.valid_run, self.slashed]
 
 
-
-
-@dataclass(frozen=True)
-class ReceiptRecord:
-    """Ledger summary of a receipt (no tensors) and its verification status."""
-
-    receipt: Receipt
-    height: int
-    status: str = PENDING
-    p_ppm: int = 0
-    round: int = 0
-    round_height: int = 0
-    committee: tuple[bytes, ...] = ()
-    votes: tuple[tuple[bytes, int, int, int], ...] = ()  # (voter, round, verdict, distance_ppm)
-    final_height: int = 0
-    payouts: tuple[tuple[bytes, int], ...] = ()  # (account, base units), incl. the requester's refund
-    slashed: int = 0
-
-    def round_votes(self) -> dict[bytes, int]:
-        return {v: verdict for v, r, verdict, _ in self.votes if r == self.round}
-
-    def to_dict(self) -> dict:
-        r = self.receipt
-        return {"id": r.id, "receipt": r.to_wire(), "height": self.height, "status": self.status,
-                "p_ppm": self.p_ppm, "round": self.round, "committee": list(self.committee),
-                "votes": [list(v) for v in self.votes], "final_height": self.final_height,
-                "payouts": [list(p) for p in self.payouts], "slashed": self.slashed}
-
-
-@dataclass
 class State:
-    """Ledger state after ``height`` blocks. Treat as immutable outside :func:`apply_block`."""
+    """Ledger state after ``height`` blocks. Treat as immutable outside :func:`apply_block`.
 
-    chain_id: str
-    params: Params
-    validators: tuple[bytes, ...]
-    height: int = 0
-    last_hash: bytes = b"\x00" * 32
-    accounts: dict[bytes, Account] = field(default_factory=dict)
-    receipts: dict[bytes, ReceiptRecord] = field(default_factory=dict)
-    open_receipts: dict[bytes, None] = field(default_factory=dict)  # ids not yet final (ordered)
-    evidence: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # evidence key -> (height, slashed)
-    sessions: dict[bytes, bytes] = field(default_factory=dict)  # H(worker ‖ session_id) -> receipt id
-    jobs: dict[bytes, Job] = field(default_factory=dict)  # job id -> job (node.ledger.jobs)
-    open_jobs: dict[bytes, None] = field(default_factory=dict)  # ids of jobs not yet terminal
-    runs: dict[bytes, Run] = field(default_factory=dict)  # run id -> training run (node.ledger.runs)
-    open_runs: dict[bytes, None] = field(default_factory=dict)  # ids of runs not yet terminal
+    Its maps are :class:`node.ledger.kv.Table` s (dict-like, iterated in sorted key order): in memory here, over
+    LevelDB once :class:`node.ledger.store.LedgerStore` opens them. :meth:`copy` is O(1) (a copy-on-write
+    overlay). The ``open_*`` sets iterate in insertion order (sequence numbers drawn from :attr:`seq`).
+
+    Maps (keys bytes): ``accounts`` -> :class:`Account`; ``receipts`` -> :class:`ReceiptRecord`; ``evidence``:
+    evidence key -> ``(height, slashed)``; ``sessions``: ``H(worker ‖ session_id)`` -> receipt id; ``jobs`` ->
+    :class:`node.ledger.jobs.Job`; ``runs`` -> :class:`node.ledger.runs.Run`. Sets: ids of receipts, jobs and
+    runs not yet final.
+    """
+
+    def __init__(self, chain_id: str, params: Params, validators: tuple[bytes, ...], height: int = 0,
+                 last_hash: bytes = b"\x00" * 32, seq: int = 0, tables: dict[str, Table] | None = None,
+                 **initial: dict):
+        self.chain_id, self.params, self.validators = chain_id, params, validators
+        self.height, self.last_hash, self.seq = height, last_hash, seq
+        self.tables: dict[str, Table] = dict(tables) if tables else {}
+        for name in MAPS + SETS:
+            if name not in self.tables:
+                vals = initial.pop(name, None) or {}
+                if name in SETS:
+                    vals = {k: i for i, k in enumerate(vals)}
+                    self.seq = max(self.seq, len(vals))
+                self.tables[name] = Table.memory(vals)
+        if initial:
+            raise TypeError(f"unknown state fields {sorted(initial)}")
+
+    def _next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    accounts = property(lambda self: self.tables["accounts"])
+    receipts = property(lambda self: self.tables["receipts"])
+    evidence = property(lambda self: self.tables["evidence"])
+    sessions = property(lambda self: self.tables["sessions"])
+    jobs = property(lambda self: self.tables["jobs"])
+    runs = property(lambda self: self.tables["runs"])
+    open_receipts = property(lambda self: OrderedSet(self.tables["open_receipts"], self._next_seq))
+    open_jobs = property(lambda self: OrderedSet(self.tables["open_jobs"], self._next_seq))
+    open_runs = property(lambda self: OrderedSet(self.tables["open_runs"], self._next_seq))
 
     def copy(self) -> "State":
-        return replace(self, accounts=dict(self.accounts), receipts=dict(self.receipts),
-                       open_receipts=dict(self.open_receipts), evidence=dict(self.evidence),
-                       sessions=dict(self.sessions), jobs=dict(self.jobs), open_jobs=dict(self.open_jobs),
-                       runs=dict(self.runs), open_runs=dict(self.open_runs))
+        """A working copy: writes to it leave this state unchanged (O(1): overlays on every table)."""
+        return State(self.chain_id, self.params, self.validators, self.height, self.last_hash, self.seq,
+                     tables={n: t.child() for n, t in self.tables.items()})
 
     def account(self, a: bytes) -> Account:
         return self.accounts.get(a, Account())

@@ -3,10 +3,11 @@
 Keys (all values msgpack):
   ``G``                    genesis hash (a store belongs to one chain)
   ``H``                    head height, 8 bytes big-endian
-  ``B`` + height (8 BE)    ``{"b": block wire, "c": commit}``
-  ``A`` + account          ``Account.to_list()``
-  ``R`` + receipt id       receipt record (summary, status, committee, votes, payouts — never tensors)
-  ``I`` + receipt id       inclusion height
+  ``B`` + height (8 BE)    the block and its commit, :mod:`node.ledger.blockcodec` format 2 (older stores:
+                           ``{"b": block wire, "c": commit}``); :meth:`LedgerStore.get_block_raw` reads both
+  ``S/...``                the state after the head block, flat keys per table (:mod:`node.ledger.statedb`):
+                           accounts, receipt records (summary, status, committee, votes, payouts — never
+                           tensors), sessions, jobs, runs, evidence, the open sets
 
 Explorer indexes (derived, prefix ``i/``; written with each block, rebuilt by :meth:`LedgerStore.replay` from the
 blocks whenever ``i/h`` does not name the head and the current index version):
@@ -16,10 +17,12 @@ blocks whenever ``i/h`` does not name the head and the current index version):
   ``i/a`` + account + height (8) + seq (4)     one history event of the account (a map, see :func:`index_block`)
   ``i/r`` + account + height (8) + receipt id  the account's role in that receipt: worker, requester, committee
 
-A block and every derived key it changes are written in one ``WriteBatch(sync=True)``: after a crash at any
-point each block is whole or absent. On open the node replays every stored block from genesis through the same
-checks as a block from the network (:func:`node.ledger.chain.check_and_apply`) and compares the result with
-the stored derived state, rewriting it from the replay if it differs.
+A block, every state key it changes and every index key are written in one ``WriteBatch(sync=True)``: after a
+crash at any point each block is whole or absent, and the stored state is the state after the stored head. On
+open the node reads that state (:meth:`LedgerStore.replay` replays nothing then, however long the chain); a
+store without one (written by an older version) is replayed from genesis once and its state written.
+:meth:`LedgerStore.verify` re-checks every block from genesis through the same checks as a block from the
+network (:func:`node.ledger.chain.check_and_apply`) and compares the result with the stored state.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from pathlib import Path
 import plyvel
 
 from ..encoding import pack, unpack
+from . import blockcodec, statedb
 from .block import Block, decode_block
 from .chain import check_and_apply
 from .genesis import Genesis
@@ -137,39 +141,71 @@ class LedgerStore:
         return int.from_bytes(v, "big") if v else 0
 
     def get_block(self, height: int) -> tuple[Block, list] | None:
-        raw = self.db.get(b"B" + _h(height))
-        if raw is None:
+        d = self.get_block_raw(height)
+        if d is None:
             return None
-        d = unpack(raw)
         return decode_block(d["b"]), d["c"]
 
     def get_block_raw(self, height: int) -> dict | None:
+        """The wire dict ``{"b": block wire, "c": commit}`` of the block at ``height``, or None.
+
+        Raises:
+            blockcodec.RecordError: a malformed stored record.
+        """
         raw = self.db.get(b"B" + _h(height))
-        return None if raw is None else unpack(raw)
+        return None if raw is None else self.expand_record(height, raw)
+
+    def expand_record(self, height: int, raw: bytes) -> dict:
+        """The wire dict of ``raw``, the stored record of the block at ``height`` (either format).
+
+        Raises:
+            blockcodec.RecordError: malformed.
+        """
+        return blockcodec.decode_record(raw, self.genesis.chain_id, self.genesis.validators,
+                                        lambda: self._commit_at(height - 1))
+
+    def _commit_at(self, height: int) -> list:
+        """The commit stored with the block at ``height`` as wire lists (empty at 0 or when absent)."""
+        raw = self.db.get(b"B" + _h(height)) if height >= 1 else None
+        return [] if raw is None else blockcodec.record_commit(raw, self.genesis.validators)
 
     def get_receipt(self, rid: bytes) -> dict | None:
-        raw = self.db.get(b"R" + rid)
-        return None if raw is None else unpack(raw)
+        """The stored record of receipt ``rid`` (:meth:`ReceiptRecord.to_dict`), or None."""
+        raw = self.db.get(statedb.PREFIX["receipts"] + rid)
+        return None if raw is None else statedb.CODECS["receipts"].loads(raw).to_dict()
 
     def get_account(self, account: bytes) -> list[int] | None:
-        raw = self.db.get(b"A" + account)
-        return None if raw is None else unpack(raw)
+        """The stored ``Account.to_list()`` of ``account``, or None."""
+        raw = self.db.get(statedb.PREFIX["accounts"] + account)
+        return None if raw is None else statedb.CODECS["accounts"].loads(raw).to_list()
 
     def append(self, block: Block, commit, old: State, new: State) -> None:
-        """Write ``block`` with its ``commit`` and every derived key that changed from ``old`` to ``new``,
-        atomically and durably."""
+        """Write ``block`` with its ``commit``, the state changes from ``old`` (the stored head state) to
+        ``new`` and the index entries, atomically and durably. Afterwards ``new`` reads the stored state and
+        ``old`` (now :attr:`parent_state`) still reads as it was.
+
+        Raises:
+            ValueError: ``block`` does not follow the head, or ``new`` is not a state over this store.
+        """
         if block.height != self.head + 1:
             raise ValueError(f"append of block {block.height} on head {self.head}")
-        blob = pack({"b": block.to_wire(), "c": [list(x) for x in commit]})
+        if new.height != block.height:
+            raise ValueError(f"state at height {new.height} for block {block.height}")
+        blob = blockcodec.encode_record(block.to_wire(), commit, self._commit_at(block.height - 1),
+                                        self.genesis.chain_id, self.genesis.validators)
         meta = self.index_meta()
+        index = index_block(block, old, new)  # before the commit below: it reads ``old``
         with self.db.write_batch(sync=True) as wb:
             wb.put(b"B" + _h(block.height), blob)
-            self._write_derived(wb, old, new)
-            self._write_index(wb, block, old, new, len(blob), meta)
+            self._write_index(wb, block, index, len(blob), meta)
+            statedb.stage_state(wb, old, new)
             wb.put(b"H", _h(block.height))
+        statedb.settle_state(new)
+        self.parent_state = old
 
-    def _write_index(self, wb, block: Block, old: State, new: State, nbytes: int, meta: list[int]) -> list[int]:
-        for k, v in index_block(block, old, new):
+    def _write_index(self, wb, block: Block, index: list[tuple[bytes, bytes]], nbytes: int,
+                     meta: list[int]) -> list[int]:
+        for k, v in index:
             wb.put(k, v)
         meta = [block.height, INDEX_VERSION, meta[2] + nbytes, meta[3] + len(block.txs)]
         wb.put(b"i/h", pack(meta))
@@ -215,29 +251,48 @@ class LedgerStore:
         items, nxt = self._page(b"i/r" + account, limit, cursor)
         return [(int.from_bytes(s[:8], "big"), s[8:], unpack(v)) for s, v in items], nxt
 
-    def _write_derived(self, wb, old: State | None, new: State) -> None:
-        for a, acc in new.accounts.items():
-            if old is None or old.accounts.get(a) is not acc:
-                wb.put(b"A" + a, pack(acc.to_list()))
-        for rid, rec in new.receipts.items():
-            if old is None or old.receipts.get(rid) is not rec:
-                wb.put(b"R" + rid, pack(rec.to_dict()))
-                wb.put(b"I" + rid, _h(rec.height))
-
     def replay(self, progress=None) -> State:
-        """Rebuild the state from genesis by checking and applying every stored block; repair derived keys.
+        """Open the stored state: read it where one is stored for the head (no block is replayed), else replay
+        the chain from genesis once and store the result. Rebuilds the explorer indexes from the blocks when
+        they are absent, stale or were interrupted. Sets :attr:`parent_state`.
+
+        Args:
+            progress: ``fn(height)`` after each block replayed.
 
         Raises:
-            StoreCorrupt: a stored block does not verify.
+            StoreCorrupt: a stored block does not verify, or the stored state does not belong to the head.
+        """
+        meta = self.index_meta()
+        try:
+            stored = statedb.read_meta(self.db)
+        except statedb.StateFormatError as e:
+            raise StoreCorrupt(f"ledger state: {e}; move the data dir aside or use another --data-dir") from None
+        if stored is not None and stored[0] == self.head and meta[:2] == [self.head, INDEX_VERSION]:
+            state = statedb.open_state(self.db, self.genesis)
+            last = self.get_block_raw(self.head)
+            if last is not None and decode_block(last["b"]).hash != state.last_hash:
+                raise StoreCorrupt(f"the stored state is not the state after block {self.head}")
+            try:
+                self.parent_state = statedb.parent_view(self.db, state)
+            except statedb.StateFormatError as e:
+                raise StoreCorrupt(f"ledger state: {e}") from None
+            return state
+        state = self._replay_from_genesis(progress, reindex=meta[:2] != [self.head, INDEX_VERSION])
+        with self.db.write_batch(sync=True) as wb:
+            statedb.dump_state(self.db, wb, state)
+            for old_prefix in (b"A", b"R", b"I"):  # the derived keys of stores written before format 1
+                for k in self.db.iterator(prefix=old_prefix, include_value=False):
+                    wb.delete(k)
+        return self.replay()
+
+    def _replay_from_genesis(self, progress=None, reindex: bool = False) -> State:
+        """The state after the head, recomputed from genesis in memory through every block's checks; rewrites
+        the explorer indexes on the way when ``reindex``.
+
+        Raises:
+            StoreCorrupt: a stored block is missing or does not verify.
         """
         state = genesis_state(self.genesis)
-        self.parent_state = state
-        if self.head == 0:
-            with self.db.write_batch(sync=True) as wb:
-                self._write_derived(wb, None, state)
-            return state
-        meta = self.index_meta()
-        reindex = meta[:2] != [self.head, INDEX_VERSION]
         if reindex:  # rebuild the explorer indexes from the blocks (absent, stale or interrupted)
             with self.db.write_batch(sync=True) as wb:
                 for k in self.db.iterator(prefix=b"i/", include_value=False):
@@ -250,29 +305,40 @@ class LedgerStore:
                 raise StoreCorrupt(f"block {h} missing below head {self.head}")
             block, commit = got
             try:
-                self.parent_state = state
-                state = check_and_apply(state, block, commit)
+                new = check_and_apply(state, block, commit)
             except ValueError as e:
                 raise StoreCorrupt(f"block {h} does not verify: {e}") from None
             if reindex:
-                meta = self._write_index(wb, block, self.parent_state, state,
+                meta = self._write_index(wb, block, index_block(block, state, new),
                                          len(self.db.get(b"B" + _h(h))), meta)
                 if h % 256 == 0 or h == self.head:
                     wb.write()
                     wb = self.db.write_batch(sync=True)
+            state = new
             if progress:
                 progress(h)
-        if not self._derived_matches(state):
-            with self.db.write_batch(sync=True) as wb:
-                self._write_derived(wb, None, state)
         return state
 
-    def _derived_matches(self, state: State) -> bool:
-        for a, acc in state.accounts.items():
-            if self.get_account(a) != acc.to_list():
-                return False
-        n = sum(1 for _ in self.db.iterator(prefix=b"R", include_value=False))
-        return n == len(state.receipts)
+    def verify(self, progress=None, repair: bool = False) -> list[str]:
+        """Re-check every stored block from genesis and compare the result with the stored state.
+
+        Args:
+            progress: ``fn(height)`` after each block.
+            repair: rewrite the stored state from the replay when they differ.
+
+        Returns:
+            Up to 10 differences found (empty: the stored state is exactly the replayed one).
+
+        Raises:
+            StoreCorrupt: a stored block is missing or does not verify (nothing is rewritten then).
+        """
+        replayed = self._replay_from_genesis(progress)
+        stored = statedb.open_state(self.db, self.genesis) if statedb.read_meta(self.db) else None
+        diffs = ["no stored state"] if stored is None else statedb.differences(replayed, stored)
+        if diffs and repair:
+            with self.db.write_batch(sync=True) as wb:
+                statedb.dump_state(self.db, wb, replayed)
+        return diffs
 
     def head_time_ms(self) -> int:
         """The head block's header timestamp (ms), read from its raw header without decoding the block; the

@@ -20,7 +20,7 @@ from node.ledger.block import Block, Header, InvalidBlock, tx_root
 from node.ledger.chain import check_and_apply, commit_block, propose
 from node.ledger.mempool import Limits, Mempool, Priority
 from node.ledger.service import LedgerService
-from node.ledger.state import SAMPLED
+from node.ledger.state import SAMPLED, genesis_state
 from node.ledger.store import LedgerStore
 from node.ledger.tx import Bond, InvalidTx, Transfer, Unbond
 
@@ -223,7 +223,7 @@ def test_signatures_are_checked_once_per_transaction_not_per_block(make_svc, mon
     monkeypatch.setattr(node.ledger.tx, "verify", counting)  # what Tx.check_signatures calls
     svc = make_svc()
     g = svc.genesis
-    s0 = svc.state
+    s0 = genesis_state(g)  # the state before block 1 (svc.state is replaced by each committed block)
     txs = [pay(A, 0), pay(B, 0), make_receipt(g, W1), make_receipt(g, W2)]
     waiting = pay(D, 5)  # stays in the pool for every block below
     for t in txs + [waiting]:

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from node.ledger.chain import commit_block, propose
+from node.encoding import pack
+from node.ledger import statedb
 from node.ledger.store import LedgerStore, StoreCorrupt, StoreLocked
 
 from .helpers import VALIDATOR, W1, W2, make_genesis, make_receipt
@@ -34,25 +36,66 @@ def test_reopen_replays_and_matches(tmp_path):
     g = make_genesis()
     store = LedgerStore(tmp_path / "db", g)
     state = grow(store, store.replay(), g, 12)
-    store.close()
+    last, root, rids = state.last_hash, state.state_root(), list(state.receipts)
+    rid = rids[0]
+    status = state.receipts[rid].status
+    store.close()  # the state reads the store: nothing of it can be read after this
     store = LedgerStore(tmp_path / "db", g)
     again = store.replay()
-    assert again.height == 12 and again.last_hash == state.last_hash
-    assert again.state_root() == state.state_root() and again.receipts.keys() == state.receipts.keys()
-    rid = next(iter(state.receipts))
-    assert store.get_receipt(rid)["status"] == state.receipts[rid].status
+    assert again.height == 12 and again.last_hash == last
+    assert again.state_root() == root and list(again.receipts) == rids
+    assert store.get_receipt(rid)["status"] == status == again.receipts[rid].status
     store.close()
 
 
-def test_derived_state_is_rebuilt_from_blocks(tmp_path):
+def test_verify_finds_a_damaged_state_and_repairs_it_from_the_blocks(tmp_path):
     g = make_genesis()
     store = LedgerStore(tmp_path / "db", g)
     state = grow(store, store.replay(), g, 6)
-    store.db.put(b"A" + W1.account, b"\x91\x00")  # damage a derived key
+    want = state.account(W1.account).to_list()
+    assert store.verify() == []
+    store.db.put(statedb.PREFIX["accounts"] + W1.account, pack([1, 2, 3, 4, 5, 6]))  # damage a state key
     store.close()
     store = LedgerStore(tmp_path / "db", g)
-    store.replay()
-    assert store.get_account(W1.account) == state.account(W1.account).to_list()
+    assert store.replay().account(W1.account).to_list() == [1, 2, 3, 4, 5, 6]  # opening trusts its own disk
+    diffs = store.verify(repair=True)
+    assert len(diffs) == 1 and diffs[0].startswith("accounts " + W1.account.hex()[:16])
+    assert store.verify() == [] and store.get_account(W1.account) == want
+    store.close()
+
+
+def test_open_reads_the_stored_state_without_replaying(tmp_path):
+    g = make_genesis()
+    store = LedgerStore(tmp_path / "db", g)
+    state = grow(store, store.replay(), g, 9)
+    root, receipts = state.state_root(), dict(state.receipts.items())
+    store.close()
+    store = LedgerStore(tmp_path / "db", g)
+    replayed = []
+    again = store.replay(progress=replayed.append)
+    assert replayed == [] and again.height == 9 and again.last_hash == state.last_hash
+    assert again.state_root() == root and dict(again.receipts.items()) == receipts
+    # the parent view is the state the head header commits to
+    head, _ = store.get_block(9)
+    assert store.parent_state.height == 8 and store.parent_state.state_root() == head.header.state_root
+    store.close()
+
+
+def test_a_store_without_stored_state_is_replayed_once(tmp_path):
+    g = make_genesis()
+    store = LedgerStore(tmp_path / "db", g)
+    state = grow(store, store.replay(), g, 5)
+    root = state.state_root()
+    for k in list(store.db.iterator(prefix=b"S/", include_value=False)):  # as an older version left it
+        store.db.delete(k)
+    store.close()
+    store = LedgerStore(tmp_path / "db", g)
+    replayed = []
+    assert store.replay(progress=replayed.append).state_root() == root and replayed == [1, 2, 3, 4, 5]
+    store.close()
+    store = LedgerStore(tmp_path / "db", g)
+    replayed = []
+    assert store.replay(progress=replayed.append).state_root() == root and replayed == []
     store.close()
 
 
@@ -67,7 +110,7 @@ def test_tampered_block_fails_verification(tmp_path):
     store.close()
     store = LedgerStore(tmp_path / "db", g)
     with pytest.raises(StoreCorrupt):
-        store.replay()
+        store.verify()
     store.close()
 
 
@@ -121,8 +164,9 @@ def test_kill_9_at_random_points_leaves_a_chain_that_verifies(tmp_path):
         p.send_signal(signal.SIGKILL)
         p.wait()
         store = LedgerStore(db, make_genesis())
-        state = store.replay()  # raises StoreCorrupt if any block were partial
+        state = store.replay()  # the stored state: raises StoreCorrupt if it is not the head's
         assert state.height == store.head and state.supply() == make_genesis().supply
+        assert store.verify() == []  # every block re-checked from genesis gives exactly the stored state
         heads.append(state.height)
         store.close()
     assert heads == sorted(heads) and heads[-1] > 0

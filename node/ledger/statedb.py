@@ -1,0 +1,153 @@
+"""The ledger state in LevelDB: flat keys per table, committed in the block's own ``WriteBatch``.
+
+Keys (values msgpack, see :mod:`node.ledger.records`):
+  ``S/m``                  ``[FORMAT, height, last block hash, sequence counter, {table: entries}]``
+  ``S/u``                  the undo record of the head block: ``[height - 1, its hash, its counter,
+                           {table: [[key, value before or None], ...]}]`` (what the head header commits to)
+  ``S/<t>/`` + key         one entry of table ``<t>`` (:data:`PREFIX`)
+
+A node opens the state it last committed (:func:`open_state`) instead of replaying the chain: start time does not
+grow with the chain's length. Each block's changes, the new ``S/m`` and ``S/u`` are written with the block in one
+synced batch (:func:`stage_state`, then :func:`settle_state`), so after a crash at any point the stored state is the state after the stored
+head, whole. Full re-verification from genesis is :meth:`node.ledger.store.LedgerStore.verify`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..encoding import pack, unpack
+from .genesis import Genesis
+from .kv import _DEL, Batch, StoreRoot, Table
+from .records import CODECS, MAPS, SETS
+from .state import State
+
+FORMAT = 1
+META = b"S/m"
+UNDO = b"S/u"
+PREFIX = {"accounts": b"S/a/", "receipts": b"S/r/", "evidence": b"S/e/", "sessions": b"S/s/", "jobs": b"S/j/",
+          "runs": b"S/n/", "open_receipts": b"S/o/", "open_jobs": b"S/p/", "open_runs": b"S/q/"}
+CACHE_ITEMS = {"receipts": 16384, "jobs": 4096, "runs": 1024}  # decoded values kept (others: kv.CACHE_ITEMS)
+
+
+class StateFormatError(ValueError):
+    """The stored state was written by another format version or is damaged."""
+
+
+def read_meta(db: Any) -> tuple[int, bytes, int, dict[str, int]] | None:
+    """``(height, last hash, counter, {table: entries})`` of the stored state, or None when none is stored.
+
+    Raises:
+        StateFormatError: another format version.
+    """
+    raw = db.get(META)
+    if raw is None:
+        return None
+    m = unpack(raw)
+    if not (isinstance(m, list) and len(m) == 5 and m[0] == FORMAT):
+        raise StateFormatError(f"stored state format {m[0] if isinstance(m, list) and m else '?'}, "
+                               f"this node reads {FORMAT}")
+    return int(m[1]), bytes(m[2]), int(m[3]), {str(k): int(v) for k, v in m[4].items()}
+
+
+def open_state(db: Any, genesis: Genesis) -> State:
+    """The stored state, its tables reading LevelDB through bounded caches (nothing is loaded up front).
+
+    Raises:
+        StateFormatError: no state stored, or another format.
+    """
+    meta = read_meta(db)
+    if meta is None:
+        raise StateFormatError("no state stored")
+    height, last_hash, seq, counts = meta
+    tables = {n: Table(StoreRoot(db, PREFIX[n], CODECS[n], CACHE_ITEMS.get(n, 65536), counts.get(n)))
+              for n in MAPS + SETS}
+    return State(genesis.chain_id, genesis.params, genesis.validators, height, last_hash, seq, tables=tables)
+
+
+def _meta(state: State, counts: dict[str, int] | None = None) -> bytes:
+    counts = counts or {n: len(state.tables[n]) for n in MAPS + SETS}  # len: O(depth), from the counts
+    return pack([FORMAT, state.height, state.last_hash, state.seq, counts])
+
+
+def dump_state(db: Any, batch: Batch, state: State) -> None:
+    """Write every entry of ``state`` (any layout) into ``batch``, after deleting whatever state is stored."""
+    for name in MAPS + SETS:
+        for k in db.iterator(prefix=PREFIX[name], include_value=False):
+            batch.delete(k)
+        codec = CODECS[name]
+        for k, v in state.tables[name].items():
+            batch.put(PREFIX[name] + k, codec.dumps(v))
+    batch.put(META, _meta(state))
+    batch.delete(UNDO)
+
+
+def stage_state(batch: Batch, parent: State, state: State) -> None:
+    """Write ``state``'s changes from ``parent`` (the stored state; ``state`` was built on it by applying one
+    block), the new ``S/m`` and the undo record into ``batch``; then call :func:`settle_state` once the batch
+    is written. ``parent`` stays readable, exactly as it was (it becomes a view over the new stored state).
+
+    Raises:
+        ValueError: ``state`` is not over the store, or not built on ``parent``.
+    """
+    for name in MAPS + SETS:
+        t = state.tables[name]
+        if not isinstance(t.root, StoreRoot):
+            raise ValueError(f"the state's {name} are not over the store: open it with LedgerStore.replay()")
+        if t._bottom() is not parent.tables[name] and (t.parent is not None or t.writes):
+            raise ValueError(f"the state's {name} were not built on the stored state")
+    undo: dict[str, list] = {}
+    counts = {n: len(state.tables[n]) for n in MAPS + SETS}
+    for name in MAPS + SETS:
+        before = state.tables[name].stage(batch)
+        codec = CODECS[name]
+        undo[name] = [[k, None if v is _DEL else codec.encode(v)] for k, v in sorted(before.items())]
+    batch.put(META, _meta(state, counts))
+    batch.put(UNDO, pack([parent.height, parent.last_hash, parent.seq, undo]))
+
+
+def settle_state(state: State) -> None:
+    """After the batch of :func:`stage_state` is written: ``state`` reads the stored state directly."""
+    for name in MAPS + SETS:
+        state.tables[name].settle()
+
+
+def _view(state: State, height: int, last_hash: bytes, seq: int, befores: dict[str, dict]) -> State:
+    tables = {n: state.tables[n].undo_view(befores.get(n, {})) for n in MAPS + SETS}
+    return State(state.chain_id, state.params, state.validators, height, last_hash, seq, tables=tables)
+
+
+def parent_view(db: Any, state: State) -> State:
+    """The state after the block before the head, read from the stored undo record (``state`` at genesis).
+
+    Raises:
+        StateFormatError: the undo record does not belong to ``state``'s head.
+    """
+    raw = db.get(UNDO)
+    if raw is None:
+        return state
+    height, last_hash, seq, undo = unpack(raw)
+    if height != state.height - 1:
+        raise StateFormatError(f"undo record for height {height + 1}, the stored state is at {state.height}")
+    befores = {n: {bytes(k): (_DEL if v is None else CODECS[n].decode(v)) for k, v in rows}
+               for n, rows in undo.items() if n in CODECS}
+    return _view(state, height, bytes(last_hash), seq, befores)
+
+
+def differences(a: State, b: State, limit: int = 10) -> list[str]:
+    """Up to ``limit`` descriptions of how two states differ (height, hash, counter, any table entry)."""
+    out: list[str] = []
+    for what, x, y in (("height", a.height, b.height), ("last hash", a.last_hash, b.last_hash),
+                       ("counter", a.seq, b.seq)):
+        if x != y:
+            out.append(f"{what}: {x!r} != {y!r}")
+    for name in MAPS + SETS:
+        ta, tb = a.tables[name], b.tables[name]
+        for k in sorted(set(ta) | set(tb)):
+            if len(out) >= limit:
+                return out
+            va, vb = ta.get(k), tb.get(k)
+            if va != vb:
+                out.append(f"{name} {k.hex()[:16]}: {'absent' if va is None else 'differs'} / "
+                           f"{'absent' if vb is None else 'differs'}")
+    return out
