@@ -77,6 +77,33 @@ def raise_outbound_queue() -> None:
     pubsub_mod.RpcQueue = _DeepRpcQueue
 
 
+def retry_pubsub_streams() -> None:
+    """py-libp2p 0.8.1 keeps retrying to open a newly connected peer's pubsub stream (backoff 0.5 s doubling to
+    10 s, while the peer stays connected) only on ``SwarmException`` and ``StreamClosed``; a protocol negotiation
+    that times out raises ``StreamFailure``, which ``Pubsub._handle_new_peer_with_retry`` takes for final. The
+    peer then stays connected but outside gossip for good: it never receives a block, transaction or span
+    announcement from this node. Seen on two loaded cores: a client process busy loading its model did not answer
+    the validator's ``/meshsub`` negotiation within 10 s, and never heard a single server. Patch
+    ``Pubsub._handle_new_peer`` to raise ``StreamFailure`` as a ``SwarmException`` so that the library's own
+    retry loop handles it (idempotent; the library class is patched once per process)."""
+    from libp2p.host.exceptions import StreamFailure
+    from libp2p.network.exceptions import SwarmException
+    from libp2p.pubsub.pubsub import Pubsub
+
+    original = Pubsub._handle_new_peer
+    if getattr(original, "_tally", False):
+        return
+
+    async def _handle_new_peer(self, peer_id) -> None:
+        try:
+            await original(self, peer_id)
+        except StreamFailure as e:
+            raise SwarmException(f"pubsub stream to {peer_id}: {e}") from e
+
+    _handle_new_peer._tally = True
+    Pubsub._handle_new_peer = _handle_new_peer
+
+
 class _LRU:
     """A bounded set of recently seen ids (oldest evicted first)."""
 

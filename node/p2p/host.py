@@ -36,7 +36,7 @@ from ..net.addrs import Scope, announceable, parse_addr, scope
 from ..net.limits import ConnectionNotifee, Limits, PeerLimiter, StreamGate
 from .framing import (FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, error_reply,
                       read_msg, write_msg)
-from .gossip import Gossip, GossipMethods, make_router, raise_outbound_queue
+from .gossip import Gossip, GossipMethods, make_router, raise_outbound_queue, retry_pubsub_streams
 from .quirks import batch_yamux_window_updates, check_port_free, exception_leaves, route_libp2p_logging
 from .scoring import MALFORMED_FRAME, PeerScores
 
@@ -145,6 +145,7 @@ class P2PHost(GossipMethods):
 
         route_libp2p_logging()
         raise_outbound_queue()
+        retry_pubsub_streams()
         batch_yamux_window_updates()
         for a in self.listen:
             parts = a.split("/")
