@@ -157,3 +157,134 @@ async def light_server(tmp: Path, key: int, model_dir: Path, span: tuple[int, in
         n.start_soon(member.run)
         yield server
         n.cancel_scope.cancel()
+
+
+def wait_info(tmp: Path, key: int, proc: subprocess.Popen, timeout: float = 120.0) -> dict:
+    """Until the ``spawn``-ed node of dev key ``key`` has written its ``node.json`` (listening, API up); returns it.
+    Fails at once, with the end of its log, if the process exits."""
+    d = tmp / f"p{key}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"node {key} exited {proc.returncode}:\n{tail(tmp, key)}"
+        path = d / "node.json"
+        if path.exists():
+            info = json.loads(path.read_text())
+            if info.get("pid") == proc.pid:
+                return info
+        time.sleep(0.2)
+    raise AssertionError(f"node {key} not up within {timeout} s:\n{tail(tmp, key)}")
+
+
+def tail(tmp: Path, key: int, lines: int = 40) -> str:
+    """The last ``lines`` lines of the ``spawn``-ed node's output (tracebacks' indented lines left out)."""
+    log = tmp / f"p{key}" / "stdout.log"
+    if not log.exists():
+        return "(no log)"
+    return "\n".join([x for x in log.read_text(errors="replace").splitlines() if not x.startswith("  ")][-lines:])
+
+
+def api_get(info: dict, path: str, missing_ok: bool = False):
+    """GET ``path`` from the node's HTTP API (``info`` from :func:`wait_info`): the JSON, or None for a 404 when
+    ``missing_ok``."""
+    import httpx
+
+    r = httpx.get(info["api"] + path, timeout=30.0)
+    if r.status_code == 404 and missing_ok:
+        return None
+    r.raise_for_status()
+    return r.json()
+
+
+def metric(info: dict, name: str) -> float:
+    """The value of the unlabelled Prometheus sample ``name`` on the node's ``/metrics``."""
+    import httpx
+
+    text = httpx.get(info["api"] + "/metrics", timeout=30.0).text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {name} in /metrics")
+
+
+def wait_final_api(info: dict, rids: list[str], timeout: float = 120.0) -> dict[str, dict]:
+    """Until every receipt of ``rids`` (hex ids) is on the node's ledger with a final status (valid, invalid,
+    settled, unverified); returns id -> the API's receipt JSON."""
+    from node.ledger.status import FINAL
+
+    deadline = time.monotonic() + timeout
+    recs: dict[str, dict | None] = {}
+    while time.monotonic() < deadline:
+        recs = {r: api_get(info, f"/v1/receipts/{r}", missing_ok=True) for r in rids}
+        if all(x is not None and x["status"] in FINAL for x in recs.values()):
+            return recs
+        time.sleep(0.5)
+    raise AssertionError(f"receipts not final within {timeout} s: "
+                         f"{ {r[:12]: x and (x['status'], x['round'], x['votes']) for r, x in recs.items()} }")
+
+
+def balance(info: dict, key: int) -> int:
+    """Dev key ``key``'s balance on the node's ledger, base units."""
+    return int(api_get(info, f"/v1/accounts/{peer(key)}")["balance"]["base_units"])
+
+
+class Lines:
+    """The stdout lines of a process, read by a daemon thread so that a test can wait for one with a timeout."""
+
+    def __init__(self, proc: subprocess.Popen, log: Path):
+        import queue
+        import threading
+
+        self.proc, self.log, self.seen = proc, log, []
+        self._q: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._q.put(line.rstrip("\n"))
+        self._q.put(None)
+
+    def expect(self, prefix: str, timeout: float) -> str:
+        """The next line starting with ``prefix`` (earlier lines are kept in :attr:`seen`); fails with the
+        process's stderr log if it ends or ``timeout`` seconds pass first."""
+        import queue
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                log = self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
+                raise AssertionError(f"no {prefix!r} line within {timeout} s (exit {self.proc.poll()}); "
+                                     f"last lines {self.seen[-3:]}:\n{log}")
+            self.seen.append(line)
+            if line.startswith(prefix):
+                return line
+
+
+def spawn_client(tmp: Path, key: int, genesis_file: Path, model_dir: Path, boot: str, servers: int, tokens: int,
+                 *extra: str) -> tuple[subprocess.Popen, Lines]:
+    """``tests/inference/client_proc.py`` with dev key ``key`` (data dir ``tmp/c<key>``; its log
+    ``tmp/c<key>.log``), stdin and stdout piped; ``extra``: its prompt and stop arguments."""
+    log = tmp / f"c{key}.log"
+    proc = subprocess.Popen([sys.executable, "-m", "tests.inference.client_proc", "--data-dir", str(tmp / f"c{key}"),
+                             "--genesis", str(genesis_file), "--model-dir", str(model_dir), "--key", str(key),
+                             "--bootstrap", boot, "--servers", str(servers), "--tokens", str(tokens), *extra],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True,
+                            cwd=ROOT)
+    return proc, Lines(proc, log)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 just now (for a node whose address its peers need before it is up)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def validator_addr(port: int) -> str:
+    """The multiaddr of dev key 0 listening on 127.0.0.1 ``port`` (``node start --port``)."""
+    return f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer(0)}"

@@ -4,10 +4,12 @@ clients generate at once."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
-import sys
+import time
 from contextlib import AsyncExitStack
+from datetime import datetime
 
 import pytest
 import trio
@@ -16,8 +18,9 @@ from node.compute.reference import local_generate
 from node.ledger.state import VALID_S
 
 from ..e2e.swarm import wait_final
-from .procs import (ROOT, config, kill, light_client, light_server, peer, spawn, start_nodes, stop_all, wait_exit,
-                    wait_live, wait_swarm, write_genesis)
+from .procs import (balance, config, free_port, kill, light_client, light_server, metric, peer, spawn, spawn_client,
+                    start_nodes, stop_all, tail, wait_exit, wait_final_api, wait_info, wait_live, wait_swarm,
+                    validator_addr, write_genesis)
 
 PROMPT = [5, 17, 42, 99]
 
@@ -96,60 +99,124 @@ def Identity_account(peer_id: str) -> bytes:
     return account_from_str(peer_id)
 
 
-@pytest.mark.parametrize("how", ["killed", "frozen"])
-@pytest.mark.quarantine  # REGRESSION to fix first: in the last two full-suite runs (not alone, 2 of 2 passed)
-# the 17-step receipts ended not VALID after the network layer (node/net) landed; see the session note
-def test_client_gone_after_token_17_frees_sessions_and_pays_17_steps(tmp_path, tiny, how):
+STEP_TIMEOUT = 10.0  # seconds a server waits for a live client's next message; 5 s was seen exceeded on loaded
+# shared cores between a session's open and its first step
+
+
+@pytest.fixture(scope="module")
+def three_servers(tmp_path_factory, tiny):
+    """A validator (dev key 0) and three span servers (dev keys 1-3, blocks [0, 2), [2, 4), [4, 6), ``--step-timeout
+    10``), each its own ``node start`` process, all started at once (each spends seconds importing on shared cores);
+    clients 4 and 5 are funded. Yields ``(tmp, genesis file, validator's node.json, {key: server's node.json})``."""
+    tmp = tmp_path_factory.mktemp("three-servers")
+    # committee members dial the worker, fetch its blobs and re-execute on shared cores (seen: 26 s under load):
+    # a round gets 30 s (150 blocks) before it escalates
+    gfile = write_genesis(tmp, servers=[1, 2, 3], clients=[4, 5], verdict_timeout=150)
+    port = free_port()
+    procs = {0: spawn(tmp, 0, gfile, tiny.parent, "--port", str(port))}
+    try:
+        for k in (1, 2, 3):
+            procs[k] = spawn(tmp, k, gfile, tiny.parent, "--span", f"{2 * k - 2}:{2 * k}", "--bootstrap",
+                             validator_addr(port), "--step-timeout", str(STEP_TIMEOUT))
+        # up to 300 s: on two cores under other tests' load, imports alone were seen to take 150 s
+        yield tmp, gfile, wait_info(tmp, 0, procs[0], 300), {k: wait_info(tmp, k, procs[k], 300) for k in (1, 2, 3)}
+    except BaseException:
+        for k in procs:
+            print(f"--- node {k} ---", tail(tmp, k), sep="\n")
+        raise
+    finally:
+        stop_all(procs.values())
+
+
+@pytest.mark.slow  # five processes that each import torch, transformers and libp2p: on 2 shared cores the module's
+# three servers take 40-70 s to come up, then each case 45-150 s; CI's slow step runs it
+@pytest.mark.parametrize("how,key", [("killed", 4), ("frozen", 5)])
+def test_client_gone_after_token_17_frees_sessions_and_pays_17_steps(three_servers, tiny, how, key):
     """A client process stops after token 17 without closing its streams — SIGKILLed (the kernel ends its TCP
     connections) or SIGSTOPped (the connections stay open and silent): every server frees the session within
-    its step timeout and submits a receipt for exactly the 17 steps (prompt of one token: 17 positions)."""
-    step_timeout = 5.0
-    gfile = write_genesis(tmp_path, servers=[1, 2, 3], clients=[4])
-    proc = None
+    its step timeout and submits a receipt for exactly the 17 steps (prompt of one token: 17 positions), which a
+    committee of the other servers re-executes and accepts; the client pays exactly those 17 steps per span.
 
-    async def main():
-        nonlocal proc
-        async with trio.open_nursery() as n:
-            (validator,) = await start_nodes(n, [config(tmp_path, 0, gfile, tiny)])
-            boot = validator.host.addrs[0]
-            servers = await start_nodes(n, [config(tmp_path, k, gfile, tiny, span=(2 * k - 2, 2 * k),
-                                                   bootstrap=[boot], step_timeout=step_timeout) for k in (1, 2, 3)])
-            proc = subprocess.Popen([sys.executable, "-m", "tests.inference.client_proc", str(tmp_path / "c4"),
-                                     str(gfile), str(tiny), "4", boot, "3", "17", "40", "7"],
-                                    stdout=subprocess.PIPE, stderr=open(tmp_path / "c4.log", "wb"), text=True,
-                                    cwd=ROOT)
-            lines = []
-            with trio.fail_after(90):
-                while not lines or lines[-1] != "HANG":
-                    line = await trio.to_thread.run_sync(proc.stdout.readline)
-                    assert line, (tmp_path / "c4.log").read_text()[-3000:]
-                    lines.append(line.strip())
-            assert all(s.server.active == 1 for s in servers)
-            kill(proc, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
-            t0 = trio.current_time()
-            with trio.fail_after(step_timeout * 3):
-                while any(s.server.active for s in servers):
-                    await trio.sleep(0.02)
-            freed = trio.current_time() - t0
-            settled = [s.server.settled[-1] for s in servers]
-            recs = await wait_final(validator, [st.receipt.id for st in settled], timeout=60)
-            n.cancel_scope.cancel()
-            return lines, freed, settled, recs
-
+    Every node is its own process: the validator and servers of ``three_servers`` and the client
+    (``client_proc.py``, dev key ``key``); the test watches them over their HTTP APIs and logs.
+    """
+    tmp, gfile, validator, servers = three_servers
+    times = {}
+    t = time.monotonic()
+    bal0 = balance(validator, key)  # before any receipt of this client: it only ever pays receipts
+    client, out = spawn_client(tmp, key, gfile, tiny, validator["addrs"][0], 3, 40, "--prompt-ids", "7",
+                               "--hang-after", "17")
     try:
-        lines, freed, settled, recs = trio.run(main)
+        out.expect("HANG", timeout=300)
+        times["hang"] = time.monotonic() - t
+        assert out.seen[-2].startswith("TOKEN 17 "), out.seen[-3:]
+        assert [metric(s, "tally_sessions_active") for s in servers.values()] == [1, 1, 1]
+        stopped_at = time.time()  # compared with the servers' log lines (same machine, same clock)
+        kill(client, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        deadline = time.monotonic() + STEP_TIMEOUT * 3
+        while any(metric(s, "tally_sessions_active") for s in servers.values()):
+            assert time.monotonic() < deadline, "sessions still open"
+            time.sleep(0.05)
+        settled = {k: wait_settled(tmp, k, peer(key), timeout=30) for k in servers}
+        recs = wait_final_api(validator, [st["receipt"] for st in settled.values()], timeout=120)
+        paid = bal0 - balance(validator, key)
+        times["final"] = time.monotonic() - t
+        print("phase times (s):", {k: round(v, 1) for k, v in times.items()})
+    except BaseException:
+        for k in servers:
+            print(f"--- server {k} ---", tail(tmp, k), sep="\n")
+        raise
     finally:
-        if proc is not None:
-            kill(proc, signal.SIGKILL)
-            proc.wait(timeout=10)
-    assert lines[-2].startswith("TOKEN 17 ")
-    assert freed <= step_timeout + 1.0, freed
-    for st in settled:
-        assert st.reason == "vanished" and st.steps == 17 and st.acked == 17
-        assert st.receipt.tokens == 17 and st.receipt.requester == Identity_account(peer(4))
-    # the committee re-executed the 17 steps
-    assert all(rec.status == VALID_S for rec in recs.values()), [
-        (r.status, r.round, [(v[1], v[2]) for v in r.votes]) for r in recs.values()]
+        kill(client, signal.SIGKILL)
+        client.wait(timeout=10)
+    price = 17 * 2 * 1_000_000  # 17 positions × 2 blocks × the default price_per_token_block
+    for k, st in settled.items():
+        assert (st["reason"], st["steps"], st["acked"]) == ("vanished", 17, 17), (k, st)
+        # each server ended the session itself (its log line's time), within its step timeout of the stop; a killed
+        # client's connections end at once (EOF or reset), a frozen one's only by the timeout
+        freed = st["ended_at"] - stopped_at
+        if how == "killed":
+            assert "within" not in st["why"] and freed < STEP_TIMEOUT, (k, st["why"], freed)
+        else:
+            assert st["why"] == f"no complete message within {STEP_TIMEOUT} s", (k, st["why"])
+        assert freed <= STEP_TIMEOUT + 1.0, (k, freed)
+        rec = recs[st["receipt"]]
+        assert (rec["worker"], rec["requester"], rec["span"]) == (peer(k), peer(key), [2 * k - 2, 2 * k])
+        assert rec["tokens"] == 17 and int(rec["price"]["base_units"]) == price
+        # the committee (the two other servers) re-executed the 17 steps and every vote says valid
+        assert rec["status"] == VALID_S, (rec["status"], rec["round"], rec["votes"])
+        voters = {vote["voter"] for vote in rec["votes"]}
+        assert voters and voters <= {peer(j) for j in servers if j != k}, voters
+        assert all(vote["verdict"] == "valid" for vote in rec["votes"]), rec["votes"]
+    assert paid == 3 * price  # the requester paid the 17 steps of each span once, nothing more
+
+
+ENDED_LINE = re.compile(r"^(\S+ \S+) INFO tally.inference: session (\S+) from (\S+) ended without close: (.*)$",
+                        re.M)
+SETTLED_LINE = re.compile(r"session (\S+) from (\S+) settled \((\w+)\): (\d+) steps processed, (\d+) acknowledged, "
+                          r"receipt ([0-9a-f]{64})")
+
+
+def wait_settled(tmp, key: int, client: str, timeout: float) -> dict:
+    """Until the server process of dev key ``key`` has logged the settlement of a session of ``client`` (peer ID);
+    returns what it logged: ``reason``, ``steps`` (processed), ``acked``, ``receipt`` (id hex), and for a session
+    that ended without close ``why`` and ``ended_at`` (the log line's time, seconds since the epoch)."""
+    log = tmp / f"p{key}" / "node.log"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace") if log.exists() else ""
+        found = [m.groups() for m in SETTLED_LINE.finditer(text) if client.startswith(m.group(2))]
+        if found:
+            assert len(found) == 1, found  # one session of this client per server
+            sid, _, reason, steps, acked, rid = found[0]
+            out = {"reason": reason, "steps": int(steps), "acked": int(acked), "receipt": rid}
+            for m in ENDED_LINE.finditer(text):
+                if m.group(2) == sid:
+                    out["why"] = m.group(4)
+                    out["ended_at"] = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            return out
+        time.sleep(0.1)
+    raise AssertionError(f"server {key} logged no settled session of {client[:16]} within {timeout} s")
 
 
 @pytest.mark.slow  # 80 s on 2 cores (four client processes and three servers); CI's slow step runs it

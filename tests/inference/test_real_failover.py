@@ -1,123 +1,117 @@
-"""The issue's failover check with the real SmolLM2-135M over real libp2p (slow): 3 spans of 10 blocks, two
-servers each, every server its own ``node start --model smollm2`` process on 127.0.0.1. The middle span's server
-in the route is SIGKILLed after token 17 of 48; the tokens equal one-process generation, the dead server's
-receipt covers exactly the steps the client acknowledged (tokens 1-17), the replacement's the rest, the client
-pays each position once, and committees (the server processes) re-execute and accept every receipt.
+"""The issue's failover check with the real SmolLM2-135M over real libp2p processes (slow): 3 spans of 10
+blocks, two servers each, every node its own process on 127.0.0.1 — a validator and six servers (``node start
+--model smollm2``) and the client (``client_proc.py``). The middle span's server in the route is SIGKILLed after
+token 17 of 48; the tokens equal one-process generation, the dead server's receipt covers exactly the steps the
+client acknowledged (tokens 1-17), the replacement's the rest, the client pays each position once, and
+committees (the server processes) re-execute and accept every receipt. The test process only reads: the client's
+stdout, the validator's HTTP API.
 
 (``test_real_model.py`` runs the same failover on the in-memory network of ``fakenet.py``, with fp16 sessions.)
 Uses the default model cache (``ensure_smollm2``)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
 
 import pytest
-import trio
 
 from node.compute.model import ensure_smollm2
 from node.compute.reference import local_generate
 from node.identity import account_from_str
+from node.ledger.genesis import load_genesis
 from node.ledger.state import VALID_S
-from node.ledger.tx import VALID
 
-from ..e2e.swarm import wait_final
-from .procs import config, kill, peer, spawn, start_nodes, stop_all, wait_exit, write_genesis
+from .procs import (balance, free_port, kill, peer, spawn, spawn_client, stop_all, tail, validator_addr, wait_exit,
+                    wait_final_api, wait_info, write_genesis)
 
 PROMPT = "The three most important inventions in human history are"
 SERVERS = {1: (0, 10), 2: (0, 10), 3: (10, 20), 4: (10, 20), 5: (20, 30), 6: (20, 30)}  # dev key -> span
 MIDDLE = (10, 20)
+CLIENT = 7  # dev key of the client; dev key 0 is the validator
 
 
-async def wait_serving(client, procs: dict[int, subprocess.Popen], timeout: float) -> None:
-    """Until ``client`` has heard every server process announce its span; fails at once if one has exited."""
-    with trio.fail_after(timeout):
-        while len(client.swarm.live(client.manifest.model_id)) < len(procs):
-            gone = {k: p.returncode for k, p in procs.items() if p.poll() is not None}
-            assert not gone, f"server processes exited before serving (dev key: exit status): {gone}"
-            await trio.sleep(0.2)
-
-
-@pytest.mark.slow
-@pytest.mark.quarantine  # passed 1 of 4 runs on the loaded 2-core machine: the in-process validator starved
+@pytest.mark.slow  # minutes: eight processes, six of them load the real model, on shared cores
+@pytest.mark.quarantine  # processes now (was: in-process validator starving); not yet passed: of 3 runs at load
+# 8-15 on 2 cores, one client never joined gossip (py-libp2p gave up a timed-out /meshsub negotiation: fixed in
+# node.p2p.gossip.retry_pubsub_streams), two failed opening the route (stream negotiation > 10 s, then the other
+# server's announcement had expired: NoRouteError); see the H2 report
 def test_smollm2_server_process_killed_after_token_17_of_48_over_libp2p(tmp_path):
     model = ensure_smollm2()
     # six processes load the real model for a minute or more: blocks of 500 ms keep the ledger they sync small.
     # Committees are drawn from the six bonded servers, the dead one included: a round it sits on cannot reach a
     # quorum and escalates after verdict_timeout; members re-execute real spans one at a time on shared cores, so
     # a round gets 60 s (120 blocks)
-    gfile = write_genesis(tmp_path, servers=list(SERVERS), clients=[0], block_time_ms=500, verdict_timeout=120)
+    gfile = write_genesis(tmp_path, servers=list(SERVERS), clients=[CLIENT], block_time_ms=500, verdict_timeout=120)
     procs: dict[int, subprocess.Popen] = {}
     key_of = {peer(k): k for k in SERVERS}
     times: dict[str, float] = {}
-
-    async def main():
-        t0 = time.monotonic()
-        async with trio.open_nursery() as n:
-            (client,) = await start_nodes(n, [config(tmp_path, 0, gfile, model)])  # validator and client
-            boot = client.host.addrs[0]
-            for k, (s, e) in SERVERS.items():
-                procs[k] = spawn(tmp_path, k, gfile, model.parent, "--span", f"{s}:{e}", "--bootstrap", boot,
-                                 model="smollm2")
-            await wait_serving(client, procs, timeout=300)
-            times["start"] = time.monotonic() - t0
-            prompt = client.encode_prompt(PROMPT)
-            bal0 = client.ledger.state.account(client.ident.account).balance
-            killed = []
-
-            async def on_token(i, tok, route):
-                if i == 17:
-                    (dead,) = [p for p, s, e in route if (s, e) == MIDDLE]
-                    killed.append(dead)
-                    kill(procs[key_of[dead]])
-                    await trio.to_thread.run_sync(wait_exit, procs[key_of[dead]])
-
-            t1 = time.monotonic()
-            gen = await client.generate(prompt, 48, on_token=on_token)
-            times["generate"] = time.monotonic() - t1
-            t2 = time.monotonic()
-            recs = await wait_final(client, [r.id for r in gen.receipts], timeout=480)
-            times["verdicts"] = time.monotonic() - t2
-            paid = bal0 - client.ledger.state.account(client.ident.account).balance
-            n.cancel_scope.cancel()
-        return prompt, gen, killed, recs, paid
-
+    client = None
     try:
-        try:
-            prompt, gen, (dead,), recs, paid = trio.run(main)
-        finally:
-            stop_all(procs.values())
+        t0 = time.monotonic()
+        port = free_port()  # every process starts at once: each spends a minute importing and loading on shared cores
+        boot = validator_addr(port)
+        procs[0] = spawn(tmp_path, 0, gfile, model.parent, "--port", str(port), model="smollm2")
+        for k, (s, e) in SERVERS.items():
+            procs[k] = spawn(tmp_path, k, gfile, model.parent, "--span", f"{s}:{e}", "--bootstrap", boot,
+                             model="smollm2")
+        client, out = spawn_client(tmp_path, CLIENT, gfile, model, boot, len(SERVERS), 48, "--prompt-text", PROMPT,
+                                   "--pause-at", "17")
+        validator = wait_info(tmp_path, 0, procs[0], timeout=420)
+        # the client's balance in genesis: it only ever pays receipts
+        (bal0,) = [b for a, b, _ in load_genesis(gfile).balances if a == account_from_str(peer(CLIENT))]
+        prompt = json.loads(out.expect("PROMPT ", timeout=420).split(" ", 1)[1])
+        times["start"] = time.monotonic() - t0
+        t1 = time.monotonic()
+        route = json.loads(out.expect("PAUSE ", timeout=300).split(" ", 1)[1])
+        (dead,) = [p for p, s, e in route if (s, e) == MIDDLE]
+        kill(procs[key_of[dead]])
+        wait_exit(procs[key_of[dead]])
+        client.stdin.write("go\n")
+        client.stdin.flush()
+        gen = json.loads(out.expect("RESULT ", timeout=300).split(" ", 1)[1])
+        times["generate"] = time.monotonic() - t1
+        t2 = time.monotonic()
+        recs = wait_final_api(validator, [r["id"] for r in gen["receipts"]], timeout=480)
+        times["verdicts"] = time.monotonic() - t2
+        paid = bal0 - balance(validator, CLIENT)
         print("phase times (s):", {k: round(v, 1) for k, v in times.items()})
-        _check(model, procs, key_of, prompt, gen, dead, recs, paid)
     except BaseException:
-        for k in SERVERS:  # what the servers logged: why one did not come up, serve or vote
-            log = tmp_path / f"p{k}" / "stdout.log"
-            if log.exists():
-                lines = [x for x in log.read_text().splitlines() if not x.startswith("  ")]
-                print(f"--- server {k} ---", *lines[-40:], sep="\n")
+        for k in procs:  # what the nodes logged: why one did not come up, serve or vote
+            print(f"--- node {k} ---", tail(tmp_path, k), sep="\n")
         raise
+    finally:
+        stop_all(procs.values())
+        if client is not None:
+            stop_all([client])
+    _check(model, procs, key_of, prompt, gen, dead, recs, paid)
 
 
 def _check(model, procs, key_of, prompt, gen, dead, recs, paid) -> None:
-    assert gen.tokens == local_generate(model, prompt, 48)
+    assert gen["tokens"] == local_generate(model, prompt, 48)
     assert procs[key_of[dead]].returncode == -signal.SIGKILL
-    (fo,) = gen.failovers
-    assert fo.dead == dead and fo.token == 18 and fo.replayed == len(prompt) + 16
-    assert len(gen.receipts) == 4
-    mid = [r for r in gen.receipts if (r.span_start, r.span_end) == MIDDLE]
-    dead_r, new_r = mid
-    assert dead_r.worker == account_from_str(dead) and new_r.worker != dead_r.worker
-    assert new_r.worker in {account_from_str(peer(k)) for k, span in SERVERS.items() if span == MIDDLE}
-    assert dead_r.tokens == len(prompt) + 16  # the acknowledged steps: those that produced tokens 1..17
-    assert new_r.tokens == 31  # tokens 18..48; the replayed prefix is unbilled
+    (fo,) = gen["failovers"]
+    assert fo["dead"] == dead and fo["token"] == 18 and fo["replayed"] == len(prompt) + 16
+    receipts = gen["receipts"]
+    assert len(receipts) == 4
+    dead_r, new_r = [r for r in receipts if tuple(r["span"]) == MIDDLE]
+    assert dead_r["worker"] == dead and new_r["worker"] != dead
+    assert new_r["worker"] in {peer(k) for k, span in SERVERS.items() if span == MIDDLE}
+    assert dead_r["tokens"] == len(prompt) + 16  # the acknowledged steps: those that produced tokens 1..17
+    assert new_r["tokens"] == 31  # tokens 18..48; the replayed prefix is unbilled
     full = len(prompt) + 47
-    assert [r.tokens for r in gen.receipts if (r.span_start, r.span_end) != MIDDLE] == [full, full]
-    # every receipt re-executed by its committee (other server processes, over libp2p) and accepted
-    assert all(rec.status == VALID_S for rec in recs.values()), [(rec.status, rec.votes) for rec in recs.values()]
-    servers = {account_from_str(peer(k)) for k in SERVERS}
-    for rec in recs.values():  # the votes came from other server processes, and none of them disagreed
-        voters = {v for v, _, _, _ in rec.votes}
-        assert voters and voters <= servers - {rec.receipt.worker}, (voters, rec.receipt.worker)
-        assert all(verdict == VALID for _, _, verdict, _ in rec.votes), rec.votes
-    assert paid == sum(r.price for r in gen.receipts)  # each receipt paid once, the replay not at all
+    assert [r["tokens"] for r in receipts if tuple(r["span"]) != MIDDLE] == [full, full]
+    servers = {peer(k) for k in SERVERS}
+    for r in receipts:  # the ledger holds the receipt the client kept, with its price
+        rec = recs[r["id"]]
+        assert (rec["worker"], rec["requester"], rec["span"], rec["tokens"]) == (
+            r["worker"], peer(CLIENT), r["span"], r["tokens"])
+        assert int(rec["price"]["base_units"]) == r["price"]
+        # re-executed by its committee (other server processes, over libp2p) and accepted, no vote disagreeing
+        assert rec["status"] == VALID_S, (rec["status"], rec["round"], rec["votes"])
+        voters = {v["voter"] for v in rec["votes"]}
+        assert voters and voters <= servers - {rec["worker"]}, (voters, rec["worker"])
+        assert all(v["verdict"] == "valid" for v in rec["votes"]), rec["votes"]
+    assert paid == sum(r["price"] for r in receipts)  # each receipt paid once, the replay not at all
