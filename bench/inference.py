@@ -29,6 +29,7 @@ Usage: ``.venv/bin/python bench/inference.py [--tokens 48] [--runs 3] [--wan] [-
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -75,13 +76,25 @@ async def serve(args, task_status=trio.TASK_STATUS_IGNORED) -> None:
                         BlobStore(Path(tempfile.mkdtemp(prefix="tally-bench-"))), lambda: 0, PRICE,
                         penalize=host.penalize)
     host.set_handler(INFERENCE_PROTOCOL, server.handle)
+    sums = [0.0, 0.0, 0]  # one-token steps since the last reset: seconds request to reply, seconds in forward, n
+    observe = server.stats.observe
+
+    def observed(latency: float, compute: float) -> None:
+        observe(latency, compute)
+        sums[0] += latency
+        sums[1] += compute
+        sums[2] += 1
+
+    server.stats.observe = observed
 
     async def stats(msg: dict, peer: str) -> dict:
+        n = max(1, sums[2])  # means over the run (the announced figures are EWMAs)
         out = {"receipt_s": receipts.CLOCK.seconds, "receipt_cpu_s": receipts.CLOCK.cpu_seconds,
                "receipt_calls": receipts.CLOCK.calls,
-               "tokens": server.tokens_served, "latency": server.stats.latency, "compute": server.stats.compute}
+               "tokens": server.tokens_served, "latency": sums[0] / n, "compute": sums[1] / n}
         if msg.get("reset"):
             receipts.CLOCK.reset()
+            sums[:] = [0.0, 0.0, 0]
         return out
 
     host.set_request_handler(STATS, stats)
@@ -180,7 +193,7 @@ async def run_client(args, model_dir: Path, servers: list[dict], prompt: list[in
     from node.compute.model import load_manifest
     from node.identity import Identity
     from node.inference import receipts
-    from node.inference.client import RouteClient, SwarmTable
+    from node.inference.client import SwarmTable
     from node.p2p.host import P2PHost
 
     manifest = load_manifest(model_dir)
@@ -195,7 +208,7 @@ async def run_client(args, model_dir: Path, servers: list[dict], prompt: list[in
         with trio.fail_after(30):
             while len(swarm.live(manifest.model_id)) < len(servers):
                 await trio.sleep(0.1)
-        client = RouteClient(host.identity, host, head, manifest, BenchLedger(),
+        client = _timed_client_class()(host.identity, host, head, manifest, BenchLedger(),
                              TorchExecutor(args.threads), BlobStore(Path(tempfile.mkdtemp(prefix="tally-bench-"))),
                              swarm, compression=args.compression, submit=False)
         warm = await client.generate(prompt, 8)
@@ -206,6 +219,7 @@ async def run_client(args, model_dir: Path, servers: list[dict], prompt: list[in
         for _ in range(args.runs):  # receipts are measured per run, like tokens/s, and reported as the median
             for s in servers:
                 await host.request(s["peer"], STATS, {"reset": True}, timeout=10)
+            client.hop_s.clear()  # per-hop times, like the servers' latencies: the last run
             receipts.CLOCK.reset()
             bytes0 = tcp_bytes(ports)
             gens.append(await client.generate(prompt, args.tokens))
@@ -235,7 +249,32 @@ async def run_client(args, model_dir: Path, servers: list[dict], prompt: list[in
             "wall": wall, "steps": args.runs * args.tokens, "shares": shares,
             "server_step_ms": [round(s["latency"] * 1e3, 2) for s in server_stats],
             "server_compute_ms": [round(s["compute"] * 1e3, 2) for s in server_stats],
+            "client_hop_ms": [round(1e3 * sum(client.hop_s.get(p, [0.0])) / max(1, len(client.hop_s.get(p, []))), 2)
+                              for p, _, _ in gens[0].route],
             "compression": gens[0].compression}
+
+
+@functools.cache
+def _timed_client_class():
+    """A RouteClient subclass (made on first use: the client module imports torch)."""
+    from node.inference.client import RouteClient
+
+    class TimedRouteClient(RouteClient):
+        """RouteClient that records, per peer, the wall seconds of each one-token step as the client sees it:
+        encode, write, wait, read, decode (``hop_s``)."""
+
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.hop_s: dict[str, list[float]] = {}
+
+        async def _step(self, hop, hidden, run):
+            t0 = time.perf_counter()
+            out = await super()._step(hop, hidden, run)
+            if hidden.shape[1] == 1:
+                self.hop_s.setdefault(hop.peer, []).append(time.perf_counter() - t0)
+            return out
+
+    return TimedRouteClient
 
 
 def local_baseline(args, model_dir: Path, prompt: list[int]) -> tuple[float, list[float], list[int]]:
@@ -391,8 +430,14 @@ def report(args, manifest, r: dict, local: float, local_tokens: list[int]) -> No
     print(f"3 servers over libp2p ({where}): {r['tokens_s']:7.2f} tokens/s  (runs {r['runs']})")
     print(f"  ratio to one process:           {r['tokens_s'] / local:7.3f}   (target >= 0.8)")
     print(f"  identical tokens to one process: {str(r['tokens'] == local_tokens).lower()}")
-    print(f"  route: {[(p[:12], s, e) for p, s, e in r['route']]}; per one-token step, server ms: "
-          f"{r['server_step_ms']} from request to reply, {r['server_compute_ms']} of it in the span's forward")
+    print(f"  route: {[(p[:12], s, e) for p, s, e in r['route']]}; per one-token step (means, last run), server "
+          f"ms: {r['server_step_ms']} from request to reply, {r['server_compute_ms']} of it in the span's forward")
+    hop_ms = r["client_hop_ms"]
+    net_ms = [round(c - s, 2) for c, s in zip(hop_ms, r["server_step_ms"])]
+    token_ms = 1e3 * r["shares"][-1][2] / (r["steps"] / len(r["shares"]))  # the last run, like hop_ms
+    print(f"  per one-token step, client ms per hop from sending to the decoded reply: {hop_ms}; less the server's "
+          f"time: {net_ms} (both ends' libp2p stack and the wire); per token {token_ms:.1f} ms, "
+          f"{token_ms - sum(hop_ms):.1f} of it in the client outside the hops (LM head, embedding, receipts)")
     print(f"  bytes on the wire per token per hop: {r['wire_per_token_hop']:.0f} beside raw hidden states "
           f"{raw} (float32 in + out): {r['wire_per_token_hop'] / raw:.3f}   (target <= 1.1)")
     who = ("client and servers, one process" if not (args.processes or args.hosts) else

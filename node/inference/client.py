@@ -4,7 +4,10 @@ The client holds the embedding, final norm and LM head (:class:`~node.compute.he
 states ``(1, tokens, hidden)`` through one session per hop (protocol: :mod:`node.inference.server`). Every reply
 is checked (dtype, shape, finite values) before it is forwarded. After each step the client computes the
 session's running receipt from what it sent and received (:mod:`node.inference.receipts`), countersigns it and
-acknowledges at once; it keeps the server's signature over the same receipt.
+acknowledges it: in the ``ack`` field of the next step (or of ``close``) where the server offers ``inline_acks``,
+which saves one message per hop per token, else at once in an ``ack`` message; before it pauses for ``on_token``
+or gives up a session, every acknowledgement is sent at once. It keeps the server's signature over the same
+receipt.
 
 Routing: :func:`~node.compute.shards.choose_route` over the live announcements (measured throughput, latency,
 free cache) plus the client's own measured round trips; deterministic for equal inputs.
@@ -135,6 +138,8 @@ class Hop:
     signed_steps: int = 0
     broken: Exception | None = None
     acking: trio.Event | None = None  # set when the last acknowledgement has been written
+    inline_acks: bool = False  # the server takes acknowledgements inside step and close messages
+    pending_ack: tuple[int, bytes] | None = None  # (steps, countersignature) for the next step or close to carry
     sent_positions: int = 0  # positions whose output was received (receipts may lag until the round's end)
 
     @property
@@ -240,6 +245,7 @@ class RouteClient:
         if not isinstance(height, int) or isinstance(height, bool) or height < 0:
             raise HopFailed(f"server {hop.peer[:16]} sent a bad opened height")
         hop.opened_height = height
+        hop.inline_acks = reply.get("inline_acks") is True
         price = self.ledger.genesis.params.price_per_token_block
         hop.rr = RunningReceipt(SessionTerms(self.ledger.chain_id, hop.session_id, account_from_str(hop.peer),
                                              self.ident.account, self.manifest.model_id, hop.start, hop.end,
@@ -265,7 +271,12 @@ class RouteClient:
         t0 = time.perf_counter()
         wire, sent, in_parts = encode_hidden(hidden, hop.codec, commit=False)
         n = sent.shape[1]
-        await write_msg(hop.stream, {"type": "step", "hidden": wire})
+        msg = {"type": "step", "hidden": wire}
+        if hop.pending_ack is not None:
+            steps, sig = hop.pending_ack
+            msg["ack"] = {"steps": steps, "sig": sig}
+        await write_msg(hop.stream, msg)
+        hop.pending_ack = None
         reply = check_reply(await read_msg(hop.stream, timeout=self.step_timeout))
         out, out_parts = decode_hidden(reply.get("hidden"), hop.codec, self.manifest.hidden_size, n, positions=n,
                                        commit=False)
@@ -282,10 +293,11 @@ class RouteClient:
             self.swarm.observe_rtt(hop.peer, time.perf_counter() - t0 - (e["latency"] if e else 0.0))
         return out.float()
 
-    async def _flush(self, run: _Run) -> None:
+    async def _flush(self, run: _Run, inline: bool = True) -> None:
         """The receipt work of the steps queued since the last flush, for all hops at once (it then runs with warm
         caches): commitments (a hop's input is the previous hop's output: hashed once), running receipts,
-        countersignatures; then each hop's acknowledgement is written in the background (``run.bg``) or inline.
+        countersignatures. Each hop's acknowledgement then waits for its next step or close where the server
+        takes them inline and ``inline`` is true; otherwise it is written at once (:meth:`_send_ack`).
         """
         pending, run.pending = run.pending, []
         acks = []
@@ -301,17 +313,38 @@ class RouteClient:
                     hop.signed, hop.signed_steps = (hop.rr.state, rid, wsig, csig), hop.rr.steps
                     acks.append((hop, hop.rr.steps, csig))
         for hop, steps, csig in acks:
-            hop.acking = trio.Event()
-            if run.bg is not None:
-                run.bg.start_soon(self._ack, hop, steps, csig, hop.acking)
+            if inline and hop.inline_acks:
+                hop.pending_ack = (steps, csig)  # the newest countersignature covers every earlier step
             else:
-                await self._ack(hop, steps, csig, hop.acking)
+                hop.pending_ack = None
+                await self._send_ack(run, hop, steps, csig)
+
+    async def _send_ack(self, run: _Run, hop: Hop, steps: int, csig: bytes) -> None:
+        """Write ``hop``'s acknowledgement as an ``ack`` message: in the background (``run.bg``) or inline."""
+        hop.acking = trio.Event()
+        if run.bg is not None:
+            run.bg.start_soon(self._ack, hop, steps, csig, hop.acking)
+        else:
+            await self._ack(hop, steps, csig, hop.acking)
+
+    async def _release_acks(self, run: _Run) -> None:
+        """Send every acknowledgement still waiting for a step or close as an ``ack`` message now (before the
+        client pauses, or gives up its sessions)."""
+        for hop in run.hops:
+            if hop.pending_ack is not None and hop.stream is not None and hop.broken is None:
+                (steps, csig), hop.pending_ack = hop.pending_ack, None
+                await self._send_ack(run, hop, steps, csig)
 
     async def _close(self, hop: Hop) -> None:
         if hop.acking is not None:
             await hop.acking.wait()
         try:
-            await write_msg(hop.stream, {"type": "close"})
+            msg = {"type": "close"}
+            if hop.pending_ack is not None:
+                steps, sig = hop.pending_ack
+                msg["ack"] = {"steps": steps, "sig": sig}
+                hop.pending_ack = None
+            await write_msg(hop.stream, msg)
             reply = check_reply(await read_msg(hop.stream, timeout=self.step_timeout, max_message=CONTROL_MAX))
             if reply.get("steps") != hop.signed_steps:
                 log.warning("server %s holds our countersignature for %s of %d steps", hop.peer[:16],
@@ -417,7 +450,9 @@ class RouteClient:
     async def _finish(self, run: _Run, close: bool) -> list[Receipt]:
         """Close (or abort) every session, settle and submit the receipts of all hops, retired ones included."""
         run.bg = None
-        await self._flush(run)
+        await self._flush(run, inline=close)  # closing: the last acknowledgements ride on the close messages
+        if not close:
+            await self._release_acks(run)
         if close:
             for hop in run.hops:
                 await self._close(hop)
@@ -468,6 +503,7 @@ class RouteClient:
                         tok, hidden = await self.executor.run(self._next, hidden, len(new) + 1 < max_new_tokens)
                         new.append(tok)
                         if on_token is not None:
+                            await self._release_acks(run)  # the caller may pause: acknowledge everything now
                             for h in run.hops:  # this token's acknowledgements are on the wire first
                                 if h.acking is not None:
                                     await h.acking.wait()

@@ -211,3 +211,57 @@ def test_a_failing_forward_still_settles_the_acknowledged_steps(tiny, tmp_path):
     (st,) = srv.settled
     assert st.reason == "error" and st.receipt.tokens == len(PROMPT) + 2 and st.acked == 3
     assert not penalties
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["inline-acks", "server-without-inline-acks"])
+def test_acknowledgements_ride_on_steps_where_the_server_offers_it(tiny, tmp_path, inline):
+    """Without ``on_token`` a client sends no ``ack`` message to a server that offers ``inline_acks``: every
+    countersignature rides on the next step or on ``close``, and both ends still hold the same receipt for every
+    step. A server that does not offer it (as before the field existed) gets one ``ack`` message per step."""
+    steps = 10
+
+    async def main():
+        async with trio.open_nursery() as n:
+            net, servers, client = await _swarm(n, tiny, tmp_path, inline_acks=inline)
+            gen = await client.generate(PROMPT, steps)
+            await trio.sleep(0.05)
+            n.cancel_scope.cancel()
+            return gen, servers
+
+    gen, servers = run(main)
+    assert gen.tokens == local_generate(tiny, PROMPT, steps)
+    for r, s in zip(gen.receipts, servers):
+        (settled,) = s.settled
+        assert settled.reason == "closed" and settled.acked == steps and settled.receipt == r
+        r.check_signatures()
+        if inline:  # steps 1..9 acknowledged by steps 2..10, step 10 by close
+            assert (s.ack_messages, s.inline_acks_read) == (0, steps)
+        else:
+            assert (s.ack_messages, s.inline_acks_read) == (steps, 0)
+
+
+def test_an_inline_ack_with_a_bad_countersignature_is_refused(tiny, tmp_path):
+    """The ``ack`` field of a step is checked like an ``ack`` message: a forged countersignature is found by the
+    eager check (every VERIFY_EVERY acks), the session ends in error, the sender is penalized for it, and the
+    receipt the server keeps covers none of the forged acknowledgements."""
+    from node.compute.shards import NoRouteError
+    from node.inference.server import VERIFY_EVERY
+    from node.p2p.scoring import BAD_SIGNATURE
+
+    async def main():
+        async with trio.open_nursery() as n:
+            net, servers, client = await _swarm(n, tiny, tmp_path)
+            ident = client.ident
+            client.ident = type("Forger", (), {"sign": lambda self, m: bytes(64), "account": ident.account,
+                                               "peer_id": ident.peer_id})()
+            with pytest.raises(NoRouteError):  # every hop refuses it, and no other server holds those blocks
+                await client.generate([7], VERIFY_EVERY + 4)
+            await trio.sleep(0.05)
+            n.cancel_scope.cancel()
+            return servers, net.penalties, ident.peer_id
+
+    servers, penalties, client_peer = run(main)
+    first = servers[0].settled[0]
+    assert first.reason == "error" and first.acked == 0 and first.receipt is None
+    assert first.steps == VERIFY_EVERY  # step 33, carrying the ack of step 32, was refused before it ran
+    assert (client_peer, BAD_SIGNATURE) in penalties and {p for p, _ in penalties} == {client_peer}
