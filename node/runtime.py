@@ -95,7 +95,7 @@ class Node:
         self.net = NetworkService(self.host, cfg.genesis.hash, cfg.bootstrap, cfg.data_dir, RelayMode(cfg.relay))
         self.ledger = LedgerService(self.store, cfg.genesis, self.ident, self.host,
                                     consensus_fault="equivocate" if cfg.fault == "equivocate" else None)
-        log.info("ledger replayed and verified from genesis: head %d (%s)", self.ledger.state.height,
+        log.info("ledger opened: head %d (%s)", self.ledger.state.height,
                  self.ledger.state.last_hash.hex()[:16])
         self.server = None
         self.client = None

@@ -310,11 +310,14 @@ class SearchOut(BaseModel):
 
 class ProofOut(BaseModel):
     header: list[Any]
-    leaf: str
+    leaf: str = Field(description="rfc9162: the transaction's wire bytes; smt: the state entry's stored bytes")
     index: int
     size: int
-    path: list[str]
+    path: list[str] = Field(description="rfc9162: the audit path; smt: the siblings from the root down "
+                                        "(\"\" for an empty subtree)")
     commit: list[list[Any]]
+    tree: str = Field("rfc9162", description="rfc9162 (a transaction in a block) or smt (a state entry)")
+    table: str | None = Field(None, description="smt: the state table of the entry (accounts, receipts)")
 
 
 class GenerateRequest(BaseModel):

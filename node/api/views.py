@@ -167,7 +167,8 @@ def proof_json(proof: dict, commit) -> dict:
     """Proof with bytes as hex; ``commit`` as ``[validator hex, round, signature hex]`` entries."""
     return {"header": [x.hex() if isinstance(x, bytes) else x for x in proof["header"]],
             "leaf": proof["leaf"].hex(), "index": proof["index"], "size": proof["size"],
-            "path": [p.hex() for p in proof["path"]], "commit": [[v.hex(), r, s.hex()] for v, r, s in commit]}
+            "path": [p.hex() for p in proof["path"]], "commit": [[v.hex(), r, s.hex()] for v, r, s in commit],
+            "tree": proof.get("tree", "rfc9162"), "table": proof.get("table")}
 
 
 def proof_from_json(d: dict) -> tuple[dict, list]:
@@ -175,5 +176,6 @@ def proof_from_json(d: dict) -> tuple[dict, list]:
     h = d["header"]
     header = [h[0], h[1], bytes.fromhex(h[2]), h[3], bytes.fromhex(h[4]), bytes.fromhex(h[5]), bytes.fromhex(h[6])]
     proof = {"header": header, "leaf": bytes.fromhex(d["leaf"]), "index": d["index"], "size": d["size"],
-             "path": [bytes.fromhex(p) for p in d["path"]]}
+             "path": [bytes.fromhex(p) for p in d["path"]], "tree": d.get("tree", "rfc9162"),
+             "table": d.get("table")}
     return proof, [(bytes.fromhex(v), r, bytes.fromhex(s)) for v, r, s in d["commit"]]

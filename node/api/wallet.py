@@ -168,6 +168,19 @@ def wallet_router(node, q, require_token) -> APIRouter:
         block, commit = got
         return JSON(v.proof_json(make(node.ledger.parent_state, block.header, a), commit))
 
+    @r.get("/proofs/records/{receipt_id}", response_model=m.ProofOut,
+           summary="Proof of a receipt's ledger record (status, votes, payouts) under the head header's state root")
+    async def record_proof(receipt_id: str = Id()):
+        """The record in the state after the parent of the head block (the state the head header commits to)."""
+        from ..ledger.proofs import entry_proof
+
+        rid = v.parse_id(receipt_id, "receipt id")
+        got = node.store.get_block(node.store.head) if node.store.head else None
+        if got is None or rid not in node.ledger.parent_state.receipts:
+            raise ApiError(404, "not_found", "no block yet, or no such receipt in the committed state")
+        block, commit = got
+        return JSON(v.proof_json(entry_proof(node.ledger.parent_state, block.header, "receipts", rid), commit))
+
     auth = [Depends(require_token)]
 
     async def _submit(tx, kind: str) -> JSON:

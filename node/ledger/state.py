@@ -23,14 +23,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from ..encoding import H, merkle_root, pack
+from ..encoding import H, pack
 from ..identity import verify_many
 from ..verify import committee as cm
 from ..verify.sampling import PPM, is_sampled, sampling_ppm
 from .genesis import TREASURY, Genesis, Params
-from .kv import OrderedSet, Table
+from .kv import _DEL, OrderedSet, Table
 from .records import MAPS, SETS
 from .records import CODECS, Account, ReceiptRecord
+from .tree import EMPTY_ROOT, SEQ_KEY, StateTree, entry_key, leaf_value, memory_tree
 from . import jobs as jobs_mod
 from .jobs import Job
 from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, JobRelease, TrainReceipt
@@ -58,9 +59,11 @@ class State:
 
     def __init__(self, chain_id: str, params: Params, validators: tuple[bytes, ...], height: int = 0,
                  last_hash: bytes = b"\x00" * 32, seq: int = 0, tables: dict[str, Table] | None = None,
-                 **initial: dict):
+                 tree: StateTree | None = None, **initial: dict):
         self.chain_id, self.params, self.validators = chain_id, params, validators
         self.height, self.last_hash, self.seq = height, last_hash, seq
+        self.tree = tree  # None: computed from every entry at the first state_root() (node.ledger.tree)
+        self._parent: tuple | None = None  # (root, counter) of the state this one was copied from
         self.tables: dict[str, Table] = dict(tables) if tables else {}
         for name in MAPS + SETS:
             if name not in self.tables:
@@ -87,9 +90,14 @@ class State:
     open_runs = property(lambda self: OrderedSet(self.tables["open_runs"], self._next_seq))
 
     def copy(self) -> "State":
-        """A working copy: writes to it leave this state unchanged (O(1): overlays on every table)."""
-        return State(self.chain_id, self.params, self.validators, self.height, self.last_hash, self.seq,
-                     tables={n: t.child() for n, t in self.tables.items()})
+        """A working copy: writes to it leave this state unchanged (O(1): overlays on every table; this
+        state's root is computed first, the copy's is computed from its own writes alone)."""
+        self.state_root()
+        assert self.tree is not None and self.tree.root is not None
+        child = State(self.chain_id, self.params, self.validators, self.height, self.last_hash, self.seq,
+                      tables={n: t.child() for n, t in self.tables.items()}, tree=self.tree.child())
+        child._parent = (self.tree.root, self.seq)
+        return child
 
     def account(self, a: bytes) -> Account:
         return self.accounts.get(a, Account())
@@ -98,12 +106,37 @@ class State:
         """Total base units held as balance, bond or escrow by all accounts (the treasury included)."""
         return sum(x.balance + x.bond + x.escrow for x in self.accounts.values())
 
-    def state_root(self) -> bytes:
-        """RFC 9162 Merkle root over ``pack([account, *Account.to_list()])`` leaves sorted by account."""
-        return merkle_root([self.account_leaf(a) for a in sorted(self.accounts)])
+    def detach(self) -> "State":
+        """A copy held in memory (O(n)): it stays readable after the store it was read from is closed."""
+        self.state_root()
+        assert self.tree is not None and self.tree.root is not None
+        return State(self.chain_id, self.params, self.validators, self.height, self.last_hash, self.seq,
+                     tables={n: Table.memory(dict(t.items())) for n, t in self.tables.items()},
+                     tree=StateTree(None, memory_tree().base, self.tree.root))
 
-    def account_leaf(self, a: bytes) -> bytes:
-        return pack([a, *self.account(a).to_list()])
+    def state_root(self) -> bytes:
+        """The sparse Merkle root (:mod:`node.ledger.tree`) over every entry of every table and the counter:
+        O(changes · log n) for a copy (computed once, from its own writes: a state is not changed after its
+        root is read), O(n) for a state built without a parent (genesis)."""
+        if self.tree is None or self._parent is None and self.tree.root is None:
+            self.tree = self.tree or memory_tree()
+            ch: dict[bytes, bytes | None] = {
+                entry_key(n, k): leaf_value(CODECS[n].dumps(v)) for n in MAPS + SETS for k, v in self.tables[n].items()}
+            ch[SEQ_KEY] = leaf_value(pack(self.seq))
+            self.tree.compute(EMPTY_ROOT, self.height, ch)
+        elif self.tree.root is None:
+            assert self._parent is not None
+            proot, pseq = self._parent
+            ch = {}
+            for n in MAPS + SETS:
+                codec = CODECS[n]
+                for k, v in self.tables[n].writes.items():
+                    ch[entry_key(n, k)] = None if v is _DEL else leaf_value(codec.dumps(v))
+            if self.seq != pseq:
+                ch[SEQ_KEY] = leaf_value(pack(self.seq))
+            self.tree.compute(proot, max(self.height, proot.version + 1), ch)
+        assert self.tree.root is not None
+        return self.tree.root.hash
 
     def eligible(self) -> list[bytes]:
         """Accounts bonded with at least ``min_bond``: workers and committee members."""

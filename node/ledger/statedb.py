@@ -1,10 +1,13 @@
 """The ledger state in LevelDB: flat keys per table, committed in the block's own ``WriteBatch``.
 
 Keys (values msgpack, see :mod:`node.ledger.records`):
-  ``S/m``                  ``[FORMAT, height, last block hash, sequence counter, {table: entries}]``
+  ``S/m``                  ``[FORMAT, height, last block hash, sequence counter, {table: entries}, state root
+                           (:meth:`node.ledger.core.smt.Root.to_bytes`)]``
   ``S/u``                  the undo record of the head block: ``[height - 1, its hash, its counter,
-                           {table: [[key, value before or None], ...]}]`` (what the head header commits to)
+                           {table: [[key, value before or None], ...]}, its state root]`` (what the head
+                           header commits to)
   ``S/<t>/`` + key         one entry of table ``<t>`` (:data:`PREFIX`)
+  ``T/n/``, ``T/x/``       the state tree's nodes and stale-node index (:mod:`node.ledger.tree`)
 
 A node opens the state it last committed (:func:`open_state`) instead of replaying the chain: start time does not
 grow with the chain's length. Each block's changes, the new ``S/m`` and ``S/u`` are written with the block in one
@@ -18,11 +21,13 @@ from typing import Any
 
 from ..encoding import pack, unpack
 from .genesis import Genesis
+from . import tree as tr
+from .core.smt import Root
 from .kv import _DEL, Batch, StoreRoot, Table
 from .records import CODECS, MAPS, SETS
 from .state import State
 
-FORMAT = 1
+FORMAT = 2  # 1: no state root in S/m (read as no stored state: replayed once)
 META = b"S/m"
 UNDO = b"S/u"
 PREFIX = {"accounts": b"S/a/", "receipts": b"S/r/", "evidence": b"S/e/", "sessions": b"S/s/", "jobs": b"S/j/",
@@ -34,20 +39,23 @@ class StateFormatError(ValueError):
     """The stored state was written by another format version or is damaged."""
 
 
-def read_meta(db: Any) -> tuple[int, bytes, int, dict[str, int]] | None:
-    """``(height, last hash, counter, {table: entries})`` of the stored state, or None when none is stored.
+def read_meta(db: Any) -> tuple[int, bytes, int, dict[str, int], Root] | None:
+    """``(height, last hash, counter, {table: entries}, state root)`` of the stored state, or None when none is
+    stored (or an older format's: the store replays the chain once and writes this one).
 
     Raises:
-        StateFormatError: another format version.
+        StateFormatError: a newer format, or a damaged record.
     """
     raw = db.get(META)
     if raw is None:
         return None
     m = unpack(raw)
-    if not (isinstance(m, list) and len(m) == 5 and m[0] == FORMAT):
+    if isinstance(m, list) and m and isinstance(m[0], int) and m[0] < FORMAT:
+        return None
+    if not (isinstance(m, list) and len(m) == 6 and m[0] == FORMAT):
         raise StateFormatError(f"stored state format {m[0] if isinstance(m, list) and m else '?'}, "
                                f"this node reads {FORMAT}")
-    return int(m[1]), bytes(m[2]), int(m[3]), {str(k): int(v) for k, v in m[4].items()}
+    return int(m[1]), bytes(m[2]), int(m[3]), {str(k): int(v) for k, v in m[4].items()}, Root.from_bytes(m[5])
 
 
 def open_state(db: Any, genesis: Genesis) -> State:
@@ -59,26 +67,40 @@ def open_state(db: Any, genesis: Genesis) -> State:
     meta = read_meta(db)
     if meta is None:
         raise StateFormatError("no state stored")
-    height, last_hash, seq, counts = meta
+    height, last_hash, seq, counts, root = meta
     tables = {n: Table(StoreRoot(db, PREFIX[n], CODECS[n], CACHE_ITEMS.get(n, 65536), counts.get(n)))
               for n in MAPS + SETS}
-    return State(genesis.chain_id, genesis.params, genesis.validators, height, last_hash, seq, tables=tables)
+    return State(genesis.chain_id, genesis.params, genesis.validators, height, last_hash, seq, tables=tables,
+                 tree=tr.settled(db, root))
 
 
-def _meta(state: State, counts: dict[str, int] | None = None) -> bytes:
+def _meta(state: State, root: Root, counts: dict[str, int] | None = None) -> bytes:
     counts = counts or {n: len(state.tables[n]) for n in MAPS + SETS}  # len: O(depth), from the counts
-    return pack([FORMAT, state.height, state.last_hash, state.seq, counts])
+    return pack([FORMAT, state.height, state.last_hash, state.seq, counts, root.to_bytes()])
 
 
 def dump_state(db: Any, batch: Batch, state: State) -> None:
-    """Write every entry of ``state`` (any layout) into ``batch``, after deleting whatever state is stored."""
-    for name in MAPS + SETS:
-        for k in db.iterator(prefix=PREFIX[name], include_value=False):
+    """Write every entry of ``state`` (any layout) and its whole state tree (built afresh, O(n log n)) into
+    ``batch``, after deleting whatever state is stored."""
+    for prefix in [PREFIX[n] for n in MAPS + SETS] + [tr.NODES, tr.STALE]:
+        for k in db.iterator(prefix=prefix, include_value=False):
             batch.delete(k)
+    whole = state.tree is not None and state._parent is None and state.tree.parent is None \
+        and isinstance(state.tree.base, tr._Shared) and not state.tree.base.nodes
+    fresh = state if whole else State(state.chain_id, state.params, state.validators, state.height,
+                                      state.last_hash, state.seq)  # (a tree built from every entry is reused)
+    for name in MAPS + SETS:
         codec = CODECS[name]
         for k, v in state.tables[name].items():
             batch.put(PREFIX[name] + k, codec.dumps(v))
-    batch.put(META, _meta(state))
+            if not whole:
+                fresh.tables[name][k] = v
+    root = fresh.state_root()
+    assert fresh.tree is not None
+    if root != state.state_root():
+        raise StateFormatError("the state's root differs from its entries' (a bug: report it)")
+    tr.stage(batch, fresh.tree, 0, lambda bound: iter(()))
+    batch.put(META, _meta(state, fresh.tree.root))
     batch.delete(UNDO)
 
 
@@ -98,23 +120,31 @@ def stage_state(batch: Batch, parent: State, state: State) -> None:
             raise ValueError(f"the state's {name} were not built on the stored state")
     undo: dict[str, list] = {}
     counts = {n: len(state.tables[n]) for n in MAPS + SETS}
+    state.state_root()  # before the tables fold: the root comes from the block's own writes
+    assert state.tree is not None and state.tree.root is not None and parent.tree is not None
+    db = parent.tables["accounts"].root.backend  # type: ignore[union-attr]
+    tr.stage(batch, state.tree, state.height,
+             lambda bound: db.iterator(start=tr.STALE, stop=bound, include_value=False))
     for name in MAPS + SETS:
         before = state.tables[name].stage(batch)
         codec = CODECS[name]
         undo[name] = [[k, None if v is _DEL else codec.encode(v)] for k, v in sorted(before.items())]
-    batch.put(META, _meta(state, counts))
-    batch.put(UNDO, pack([parent.height, parent.last_hash, parent.seq, undo]))
+    batch.put(META, _meta(state, state.tree.root, counts))
+    parent_root = parent.tree.root or Root(parent.state_root(), 0)
+    batch.put(UNDO, pack([parent.height, parent.last_hash, parent.seq, undo, parent_root.to_bytes()]))
 
 
 def settle_state(state: State) -> None:
     """After the batch of :func:`stage_state` is written: ``state`` reads the stored state directly."""
     for name in MAPS + SETS:
         state.tables[name].settle()
+    assert state.tree is not None and state.tree.root is not None
+    state.tree = tr.settled(state.tables["accounts"].root.backend, state.tree.root)  # type: ignore[union-attr]
 
 
-def _view(state: State, height: int, last_hash: bytes, seq: int, befores: dict[str, dict]) -> State:
+def _view(state: State, height: int, last_hash: bytes, seq: int, befores: dict[str, dict], tree: Any) -> State:
     tables = {n: state.tables[n].undo_view(befores.get(n, {})) for n in MAPS + SETS}
-    return State(state.chain_id, state.params, state.validators, height, last_hash, seq, tables=tables)
+    return State(state.chain_id, state.params, state.validators, height, last_hash, seq, tables=tables, tree=tree)
 
 
 def parent_view(db: Any, state: State) -> State:
@@ -126,12 +156,12 @@ def parent_view(db: Any, state: State) -> State:
     raw = db.get(UNDO)
     if raw is None:
         return state
-    height, last_hash, seq, undo = unpack(raw)
+    height, last_hash, seq, undo, root = unpack(raw)
     if height != state.height - 1:
         raise StateFormatError(f"undo record for height {height + 1}, the stored state is at {state.height}")
     befores = {n: {bytes(k): (_DEL if v is None else CODECS[n].decode(v)) for k, v in rows}
                for n, rows in undo.items() if n in CODECS}
-    return _view(state, height, bytes(last_hash), seq, befores)
+    return _view(state, height, bytes(last_hash), seq, befores, tr.settled(db, Root.from_bytes(root)))
 
 
 def differences(a: State, b: State, limit: int = 10) -> list[str]:

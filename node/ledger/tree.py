@@ -1,0 +1,144 @@
+"""The state root: the sparse Merkle tree (:mod:`node.ledger.core.smt`) over every entry of the ledger state.
+
+Each entry ``key -> value`` of table ``t`` is the tree leaf ``tree_key(TAG[t], key) -> H(value bytes)``, the
+value bytes being exactly what the store writes (:data:`node.ledger.statedb.CODECS`); the open sets' counter
+is the leaf ``tree_key(b"meta", b"seq")``. The root after block ``h`` is version ``h`` of the tree, so
+:meth:`node.ledger.state.State.state_root` costs O(changes · log n) per block, whatever the state's size, and
+any retained version proves any entry (:func:`prove_entry`, checked by :func:`node.ledger.proofs.
+verify_entry_proof`).
+
+Where the nodes live (a :class:`StateTree` per state):
+
+* a state committed by the store reads the LevelDB nodes under ``T/`` (its block's node writes go into the
+  block's ``WriteBatch``; nodes stale for :data:`RETAIN` versions are deleted then);
+* a state built on another keeps its own node writes in memory until committed, reading through its parent's;
+  a chain of such states (a replay in memory) folds a parent's writes into one shared in-memory store as soon as
+  a child is built on it and no sibling at that height did so first (so chains stay shallow).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+from ..encoding import H
+from .core.smt import EMPTY_ROOT, Root, StaleNode, UpdateResult, prove, prune_bound, tree_key, update
+
+TAG = {"accounts": b"a", "receipts": b"r", "evidence": b"e", "sessions": b"s", "jobs": b"j", "runs": b"n",
+       "open_receipts": b"o", "open_jobs": b"p", "open_runs": b"q"}
+SEQ_KEY = tree_key(b"meta", b"seq")
+NODES = b"T/n/"  # + smt node key -> node bytes
+STALE = b"T/x/"  # + StaleNode.index_key() -> b""
+RETAIN = 1024  # versions (blocks) whose roots stay provable
+
+
+def entry_key(table: str, key: bytes) -> bytes:
+    """The tree key of ``key`` in state table ``table`` (32 bytes)."""
+    return tree_key(TAG[table], key)
+
+
+def leaf_value(raw: bytes) -> bytes:
+    """What a leaf holds for a stored value: its 32-byte hash (the tree never duplicates the records)."""
+    return H(b"tally/state-entry/v1", raw)
+
+
+class _Shared:
+    """Node bytes by node key, in memory, and which versions were folded in (one lineage per version)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[bytes, bytes] = {}
+        self.versions: set[int] = set()
+
+    def get(self, node_key: bytes) -> bytes | None:
+        return self.nodes.get(node_key)
+
+
+class LevelNodes:
+    """The committed tree's nodes in LevelDB (a :class:`node.ledger.core.smt.NodeStore`)."""
+
+    def __init__(self, db: Any):
+        self.db = db
+
+    def get(self, node_key: bytes) -> bytes | None:
+        return self.db.get(NODES + node_key)
+
+
+class StateTree:
+    """The tree of one state: its root once computed, its pending node writes, where to read the rest.
+
+    Args:
+        parent: the tree of the state this one was built on (None: ``root`` is committed in ``base``).
+        base: where committed or folded nodes are read.
+        root: the root when already known (a committed state), else None until :meth:`compute`.
+    """
+
+    def __init__(self, parent: "StateTree | None", base: Any, root: Root | None = None):
+        self.parent, self.base, self.root = parent, base, root
+        self.pending: dict[bytes, bytes] = {}
+        self.stale: tuple[StaleNode, ...] = ()
+
+    def get(self, node_key: bytes) -> bytes | None:
+        t: StateTree | None = self
+        while t is not None:
+            v = t.pending.get(node_key)
+            if v is not None:
+                return v
+            t = t.parent
+        return self.base.get(node_key)
+
+    def child(self) -> "StateTree":
+        """The tree of a state built on this one (whose root is then needed: it is computed here)."""
+        if self.root is None:
+            raise ValueError("the parent's root is computed first (State.state_root)")
+        self._fold()
+        return StateTree(self if self.pending else None, self.base)
+
+    def _fold(self) -> None:
+        # a replay in memory: move this state's nodes into the shared store, once per version
+        if self.pending and isinstance(self.base, _Shared) and self.root is not None \
+                and self.root.version not in self.base.versions and self.parent is None:
+            self.base.nodes.update(self.pending)
+            self.base.versions.add(self.root.version)
+            self.pending = {}
+
+    def compute(self, parent_root: Root, version: int, changes: dict[bytes, bytes | None]) -> Root:
+        """Apply ``changes`` (tree key -> leaf value or None) to ``parent_root`` as ``version``; remember the
+        root and the node writes. Raises as :func:`node.ledger.core.smt.update`."""
+        if not changes:
+            self.root = parent_root
+            return parent_root
+        res: UpdateResult = update(self, version, parent_root, changes)
+        self.pending, self.stale, self.root = dict(res.writes), res.stale, res.root
+        return res.root
+
+    def prove(self, key: bytes) -> Any:
+        """:func:`node.ledger.core.smt.prove` of ``key`` under this state's root."""
+        if self.root is None:
+            raise ValueError("the root is not computed yet")
+        return prove(self, self.root, key)
+
+
+def memory_tree() -> StateTree:
+    """The tree of a state with no parent, in memory (genesis; ``compute`` it from every entry)."""
+    return StateTree(None, _Shared())
+
+
+def stage(batch: Any, tree: StateTree, height: int, prune_stale: Callable[[bytes], Iterator[bytes]]) -> None:
+    """Write ``tree``'s pending nodes and stale index into ``batch`` and delete the nodes stale for more than
+    :data:`RETAIN` versions. ``prune_stale(bound)`` yields the stale index keys below ``bound``."""
+    for k, v in tree.pending.items():
+        batch.put(NODES + k, v)
+    for s in tree.stale:
+        batch.put(STALE + s.index_key(), b"")
+    if height > RETAIN:
+        for ik in prune_stale(STALE + prune_bound(height - RETAIN)):
+            batch.delete(ik)
+            batch.delete(NODES + StaleNode.from_index_key(ik[len(STALE):]).node_key)
+
+
+def settled(db: Any, root: Root) -> StateTree:
+    """The tree of the committed state whose root is ``root``."""
+    return StateTree(None, LevelNodes(db), root)
+
+
+__all__ = ["TAG", "SEQ_KEY", "RETAIN", "entry_key", "leaf_value", "StateTree", "LevelNodes", "memory_tree",
+           "stage", "settled", "EMPTY_ROOT"]
