@@ -28,6 +28,7 @@ network (:func:`node.ledger.chain.check_and_apply`) and compares the result with
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import plyvel
 
@@ -139,6 +140,27 @@ class LedgerStore:
     def head(self) -> int:
         v = self.db.get(b"H")
         return int.from_bytes(v, "big") if v else 0
+
+    @property
+    def base(self) -> int:
+        """The height of the snapshot this ledger was state-synced from (0: it holds every block)."""
+        v = self.db.get(b"base")
+        return int.from_bytes(v, "big") if v else 0
+
+    def install_snapshot(self, state: State, header: Block | Any, commit: Any) -> None:
+        """Write a checked snapshot's state (:func:`node.ledger.snapshot.restore` checks it) into this empty
+        store as its head and base, in one batch. The blocks below the base stay absent.
+
+        Raises:
+            ValueError: the store is not empty.
+        """
+        if self.head != 0 or self.base != 0:
+            raise ValueError("a snapshot installs into an empty ledger only")
+        with self.db.write_batch(sync=True) as wb:
+            statedb.dump_state(self.db, wb, state)
+            wb.put(b"base", _h(state.height))
+            wb.put(b"H", _h(state.height))
+            wb.put(b"i/h", pack([state.height, INDEX_VERSION, 0, 0]))
 
     def get_block(self, height: int) -> tuple[Block, list] | None:
         d = self.get_block_raw(height)
@@ -290,8 +312,12 @@ class LedgerStore:
         the explorer indexes on the way when ``reindex``.
 
         Raises:
-            StoreCorrupt: a stored block is missing or does not verify.
+            StoreCorrupt: a stored block is missing or does not verify, or the ledger was state-synced (the
+                blocks below its base are absent).
         """
+        if self.base:
+            raise StoreCorrupt(f"this ledger was state-synced from a snapshot at height {self.base}: the blocks "
+                               "below it are absent, so it cannot be replayed from genesis")
         state = genesis_state(self.genesis)
         if reindex:  # rebuild the explorer indexes from the blocks (absent, stale or interrupted)
             with self.db.write_batch(sync=True) as wb:
