@@ -49,7 +49,7 @@ def test_amounts_and_concurrent_transfers(tmp_path, tiny):
                     m.start_soon(one)
             h = nd.ledger.state.height
             await nd.ledger.wait_for_height(h + 3, timeout=20)
-            st = nd.ledger.state
+            st = nd.ledger.state.detach()  # read after the node closed its store
             pending = list(nd.ledger.mempool)
             n.cancel_scope.cancel()
             return refused, replies, st, pending

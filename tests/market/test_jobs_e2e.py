@@ -51,7 +51,7 @@ def test_job_lifecycle_two_jobs_two_workers(tmp_path, tiny):
             ja = await wait_job(client, a.job_id, {SETTLED, FAILED})
             jb = await wait_job(client, b.job_id, {SETTLED, FAILED})
             fetched = await fetch_adapter(client, a.job_id, tmp_path / "adapter")
-            st = client.ledger.state
+            st = client.ledger.state.detach()  # read after the nodes closed their stores
             after = {acc: st.account(acc).balance for acc in before}
             return a, b, ja, jb, fetched, before, after, st, job_json(ja, st), a_steps_when_b_accepted
 
@@ -92,7 +92,7 @@ def test_training_cheats_are_caught_and_slashed(tmp_path, tiny, fault):
                 while not all(client.ledger.state.receipts[r].status in FINAL
                               for r in client.ledger.state.jobs[p.job_id].segments):
                     await client.ledger.new_block.wait()
-            st = client.ledger.state
+            st = client.ledger.state.detach()  # read after the nodes closed their stores
             job = st.jobs[p.job_id]
             return job, st, bal0, bond0, st.account(cheat).bond, st.account(client.ident.account).balance
 

@@ -68,7 +68,7 @@ async def _run(tmp_path, tiny, settings, faults=None):
         run = await wait_run(sponsor, post.run_id, {RunStatus.FINISHED, RunStatus.EXPIRED})
         for nd in nodes[1:]:  # followers apply the same blocks a little later
             await wait_run(nd, post.run_id, {RunStatus.FINISHED, RunStatus.EXPIRED}, timeout=120)
-        st = sponsor.ledger.state
+        st = sponsor.ledger.state.detach()  # read after the nodes closed their stores
         views = [nd.ledger.state.runs[post.run_id].params for nd in nodes]
         verified = {nd.ident.account: set(nd.runs.cache.verified) for nd in nodes[1:]}
         return post, run, st, supply, views, verified, nodes
@@ -156,7 +156,7 @@ async def _killed_and_late(tmp_path, tiny):
         scopes[4].cancel()
         await join(late)
         run = await wait_run(sponsor, post.run_id, {RunStatus.FINISHED, RunStatus.EXPIRED}, timeout=600)
-        st = sponsor.ledger.state
+        st = sponsor.ledger.state.detach()  # read after the nodes (and their stores) are closed
         n.cancel_scope.cancel()
         return run, st, victim.ident.account, late.ident.account, sponsor.ledger.state.supply()
 
