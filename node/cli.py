@@ -114,6 +114,17 @@ def _span(text: str) -> tuple[int, int] | tuple[str, int | None] | str:
     return a, b
 
 
+def _count(text: str) -> int:
+    """A whole number >= 0 (argparse type)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="node",
@@ -169,6 +180,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --accept-jobs: hold at most N jobs at once, trained side by side (default: "
                         "%(default)s). The ledger also needs the bond to cover the start penalty of every job held "
                         "before its first segment")
+    s.add_argument("--snapshot-every", type=_count, default=0, metavar="N",
+                   help="make a snapshot of the ledger state every N blocks and serve it to peers that start with "
+                        "--state-sync (held in memory: about 265 bytes per account, receipt, job or run; "
+                        "default: %(default)s, never)")
+    s.add_argument("--state-sync", action="store_true",
+                   help="on an empty ledger, start from the newest snapshot a bootstrap peer offers, checked "
+                        "against a header signed by more than 2/3 of the genesis validators, instead of replaying "
+                        "the chain from genesis; the blocks before it are not fetched")
     s.add_argument("--log-level", default="INFO", type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="logging level (default: %(default)s)")
 
@@ -305,6 +324,7 @@ def cmd_start(args) -> int:
                      bootstrap=bootstrap, listen=listen, announce=args.announce, relay=args.relay,
                      p2p_port=args.port or 0, api_port=args.api_port, api_host=args.api_host,
                      device=device, threads=args.threads, fault=args.fault, accept_jobs=args.accept_jobs, job_capacity=args.job_capacity,
+                     snapshot_every=args.snapshot_every, state_sync=args.state_sync,
                      compression=args.compression, step_timeout=args.step_timeout,
                      auto_blocks=auto_blocks,
                      seed=dev_seed(dev_account) if dev_account is not None else None)

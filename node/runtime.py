@@ -18,6 +18,7 @@ from .compute.cheats import FAULTS as CHEATS
 from .identity import Identity, load_or_create
 from .ledger.genesis import Genesis
 from .ledger.service import LedgerService
+from .ledger.statesync import SnapshotServer, state_sync
 from .ledger.store import LedgerStore
 from .net.limits import Limits
 from .net.service import NetworkService, RelayMode
@@ -59,6 +60,8 @@ class NodeConfig:
     cache_tokens: int | None = None  # KV-cache positions the span server holds at most (default: 32 sessions)
     accept_jobs: bool = False  # take fine-tune jobs from the marketplace (needs a bond)
     job_capacity: int = 1  # fine-tune jobs held at once (node.market.worker)
+    snapshot_every: int = 0  # make and serve a state snapshot every N blocks (0: never; node.ledger.statesync)
+    state_sync: bool = False  # on an empty ledger, start from a peer's snapshot instead of replaying the chain
 
 
 def ensure_api_token(data_dir: Path) -> str:
@@ -95,6 +98,7 @@ class Node:
         self.net = NetworkService(self.host, cfg.genesis.hash, cfg.bootstrap, cfg.data_dir, RelayMode(cfg.relay))
         self.ledger = LedgerService(self.store, cfg.genesis, self.ident, self.host,
                                     consensus_fault="equivocate" if cfg.fault == "equivocate" else None)
+        self.snapshots = SnapshotServer(self.store, cfg.snapshot_every)
         log.info("ledger opened: head %d (%s)", self.ledger.state.height,
                  self.ledger.state.last_hash.hex()[:16])
         self.server = None
@@ -167,6 +171,18 @@ class Node:
         self.server = await self.executor.run(self._make_server, start, end)
         self.host.set_handler(INFERENCE_PROTOCOL, self.server.handle)
 
+    async def _state_sync(self) -> None:
+        """Install a snapshot that a connected peer offers (checked against a finalised header); the ledger then
+        follows the chain from the block after it. Without a usable offer, the node replays from genesis."""
+        peers = self.host.connected_peers()
+        synced = await state_sync(self.store, self.host, peers) if peers else None
+        if synced is None:
+            log.info("state sync: no usable snapshot from %d peer(s); following the chain from genesis", len(peers))
+            return
+        self.ledger.reset_to(synced)
+        log.info("state synced to height %d from a snapshot; following the chain from block %d",
+                 synced.height, synced.height + 1)
+
     def info(self) -> dict:
         return {"peer_id": self.ident.peer_id, "addrs": self.host.addrs, "bound": self.host.bound_addrs(),
                 "api": self.api_url, "genesis": self.genesis.hash.hex(),
@@ -189,9 +205,13 @@ class Node:
                 self.host.set_handler(BLOB_PROTOCOL, partial(blob_handler, self.blobs))
                 await self.host.subscribe(self.host.topic("shards"), self._on_shards)
                 await self.host.start_service(self.net.run)
+                self.snapshots.install(self.host)
+                self.ledger.on_block(lambda block, _st: self.host.spawn(self.snapshots.on_block, block.height))
                 if self.cfg.bootstrap:
                     n = await self.host.connect(self.cfg.bootstrap)
                     log.info("connected to %d of %d bootstrap peers", n, len(self.cfg.bootstrap))
+                if self.cfg.state_sync and self.store.head == 0:
+                    await self._state_sync()
                 if self.cfg.span == "auto":
                     await self._choose_span()
                 if self.server is not None:

@@ -25,7 +25,9 @@ KINDS = {b"B": "blocks", b"S/": "state", b"i/": "explorer index"}
 def add_ledger_parser(sub, default_data_dir: Path) -> None:
     """Register ``node ledger info|verify`` on an argparse subparsers object."""
     p = sub.add_parser("ledger", help="inspect or re-verify this node's ledger (the node must be stopped)",
-                       description=__doc__.split("\n\n")[0])
+                       description="Inspect and re-verify a node's ledger while the node is stopped: `info` prints "
+                                   "what is stored, `verify` re-checks every block from genesis against the stored "
+                                   "state.")
     lsub = p.add_subparsers(dest="ledger_cmd", required=True)
     for name, text in (("info", "head height, stored state and bytes per kind of key"),
                        ("verify", "re-check every block from genesis and compare with the stored state")):

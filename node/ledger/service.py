@@ -46,6 +46,7 @@ class LedgerService:
         self.state: State = store.replay()
         self.parent_state: State = store.parent_state  # the state the head header's state_root commits to
         self.mempool = Mempool(self.state, mempool_limits)
+        self._mempool_limits = mempool_limits
         self.is_validator = ident.account in genesis.validators
         self.new_block = trio.Event()
         self._lock = trio.Lock()
@@ -57,6 +58,12 @@ class LedgerService:
             from .driver import ConsensusDriver
 
             self.driver = ConsensusDriver(self, fault=consensus_fault)
+
+    def reset_to(self, state: State) -> None:
+        """Take ``state`` (just installed by state sync, :func:`node.ledger.statesync.state_sync`) as the head,
+        with an empty mempool. Only before :meth:`run` starts."""
+        self.state, self.parent_state = state, self.store.parent_state
+        self.mempool = Mempool(state, self._mempool_limits)
 
     @property
     def chain_id(self) -> str:
