@@ -24,9 +24,10 @@ from typing import Any, Iterator
 from ..encoding import DecodeError, H, pack, unpack
 from . import statedb
 from .block import Header, InvalidBlock
-from .core.smt import Root
+from . import tree as tr
+from .core.smt import EMPTY_ROOT, Root
 from .proofs import verify_header
-from .records import CODECS, MAPS, SETS
+from .records import MAPS, SETS
 from .state import State
 
 CHUNK_BYTES = 1 << 20  # bytes per chunk at most (one chunk may hold one larger entry alone)
@@ -174,9 +175,9 @@ def restore(store: Any, manifest: Manifest, chunks: list[bytes], header: Header,
     verify_header(header, commit, validators)
     if len(chunks) != len(manifest.chunks):
         raise SnapshotError(f"{len(chunks)} chunks for a manifest of {len(manifest.chunks)}")
-    g = store.genesis
-    state = State(g.chain_id, g.params, g.validators, manifest.height, manifest.last_hash, manifest.seq)
     counts = [0] * len(TABLES)
+    entries: list[tuple[str, bytes, bytes]] = []
+    changes: dict[bytes, bytes | None] = {}
     prev = None
     for i, data in enumerate(chunks):
         rows = check_chunk(manifest, i, data)
@@ -185,18 +186,20 @@ def restore(store: Any, manifest: Manifest, chunks: list[bytes], header: Header,
         prev = (rows[-1][0], rows[-1][1])
         for t, k, raw in rows:
             name = TABLES[t]
-            try:
-                state.tables[name][k] = CODECS[name].loads(raw)
-            except (DecodeError, ValueError, TypeError) as e:
-                raise SnapshotError(f"chunk {i}: an entry of {name} does not decode: {e}") from None
+            entries.append((name, k, raw))
+            changes[tr.entry_key(name, k)] = tr.leaf_value(raw)  # the root binds the stored bytes themselves
             counts[t] += 1
     if tuple(counts) != manifest.counts:
         raise SnapshotError("the entries do not match the manifest's counts")
-    if state.state_root() != header.state_root:
+    changes[tr.SEQ_KEY] = tr.leaf_value(pack(manifest.seq))
+    tree = tr.memory_tree()
+    root = tree.compute(EMPTY_ROOT, manifest.height, changes)
+    if root.hash != header.state_root:
         raise SnapshotError("the snapshot's entries do not give the header's state root: refused")
     if Root.from_bytes(manifest.root).hash != header.state_root:
         raise SnapshotError("the manifest names another state root")
-    store.install_snapshot(state, header, commit)
+    store.install_snapshot(entries, tree, manifest.height, manifest.last_hash, manifest.seq,
+                           dict(zip(TABLES, counts)))
     return store.replay()
 
 

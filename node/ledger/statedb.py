@@ -104,6 +104,20 @@ def dump_state(db: Any, batch: Batch, state: State) -> None:
     batch.delete(UNDO)
 
 
+def write_raw(db: Any, batch: Batch, entries: Any, tree: Any, height: int, last_hash: bytes, seq: int,
+              counts: dict[str, int]) -> None:
+    """Write stored bytes as they are (``(table, key, bytes)``, from a checked snapshot) with their ``tree``
+    and meta into ``batch``, after deleting whatever state is stored."""
+    for prefix in [PREFIX[n] for n in MAPS + SETS] + [tr.NODES, tr.STALE]:
+        for k in db.iterator(prefix=prefix, include_value=False):
+            batch.delete(k)
+    for name, k, raw in entries:
+        batch.put(PREFIX[name] + k, raw)
+    tr.stage(batch, tree, 0, lambda bound: iter(()))
+    batch.put(META, pack([FORMAT, height, last_hash, seq, counts, tree.root.to_bytes()]))
+    batch.delete(UNDO)
+
+
 def stage_state(batch: Batch, parent: State, state: State) -> None:
     """Write ``state``'s changes from ``parent`` (the stored state; ``state`` was built on it by applying one
     block), the new ``S/m`` and the undo record into ``batch``; then call :func:`settle_state` once the batch

@@ -147,9 +147,11 @@ class LedgerStore:
         v = self.db.get(b"base")
         return int.from_bytes(v, "big") if v else 0
 
-    def install_snapshot(self, state: State, header: Block | Any, commit: Any) -> None:
-        """Write a checked snapshot's state (:func:`node.ledger.snapshot.restore` checks it) into this empty
-        store as its head and base, in one batch. The blocks below the base stay absent.
+    def install_snapshot(self, entries: list[tuple[str, bytes, bytes]], tree: Any, height: int, last_hash: bytes,
+                         seq: int, counts: dict[str, int]) -> None:
+        """Write a checked snapshot (:func:`node.ledger.snapshot.restore` checks it) into this empty store as
+        its head and base, in one batch: ``entries`` ``(table, key, stored bytes)``, the state ``tree`` built
+        from them. The blocks below the base stay absent.
 
         Raises:
             ValueError: the store is not empty.
@@ -157,10 +159,10 @@ class LedgerStore:
         if self.head != 0 or self.base != 0:
             raise ValueError("a snapshot installs into an empty ledger only")
         with self.db.write_batch(sync=True) as wb:
-            statedb.dump_state(self.db, wb, state)
-            wb.put(b"base", _h(state.height))
-            wb.put(b"H", _h(state.height))
-            wb.put(b"i/h", pack([state.height, INDEX_VERSION, 0, 0]))
+            statedb.write_raw(self.db, wb, entries, tree, height, last_hash, seq, counts)
+            wb.put(b"base", _h(height))
+            wb.put(b"H", _h(height))
+            wb.put(b"i/h", pack([height, INDEX_VERSION, 0, 0]))
 
     def get_block(self, height: int) -> tuple[Block, list] | None:
         d = self.get_block_raw(height)
