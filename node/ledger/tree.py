@@ -47,6 +47,7 @@ class _Shared:
     def __init__(self) -> None:
         self.nodes: dict[bytes, bytes] = {}
         self.versions: set[int] = set()
+        self.stale: dict[int, list[bytes]] = {}  # version -> node keys no version >= it uses
 
     def get(self, node_key: bytes) -> bytes | None:
         return self.nodes.get(node_key)
@@ -97,8 +98,14 @@ class StateTree:
         if self.pending and isinstance(self.base, _Shared) and self.root is not None \
                 and self.root.version not in self.base.versions and self.parent is None:
             self.base.nodes.update(self.pending)
-            self.base.versions.add(self.root.version)
+            v = self.root.version
+            self.base.versions.add(v)
+            self.base.stale.setdefault(v, []).extend(x.node_key for x in self.stale)
             self.pending = {}
+            # a replay in memory reads this version and the next only: drop the nodes only older ones used
+            for since in [x for x in self.base.stale if x <= v - 1]:
+                for nk in self.base.stale.pop(since):
+                    self.base.nodes.pop(nk, None)
 
     def compute(self, parent_root: Root, version: int, changes: dict[bytes, bytes | None]) -> Root:
         """Apply ``changes`` (tree key -> leaf value or None) to ``parent_root`` as ``version``; remember the
