@@ -72,22 +72,17 @@ def main() -> None:
         diffs = store.verify()
         replay_s = time.perf_counter() - t0
         assert diffs == [], diffs
-        # the snapshot of the state after block head - 1, certified by block head
         store.close()
         store = LedgerStore(src, g)
         t0 = time.perf_counter()
-        # (a served snapshot is made once by the source; what a new node pays is the fetch, the checks, the install)
+        # (a served snapshot is made once by the source; what a new node pays is the checks and the install)
         manifest, chunks = snap.make(store.db, g.chain_id)
         make_s = time.perf_counter() - t0
-        block, commit = store.get_block(head)
         dst = LedgerStore(Path(tmp) / "dst", g)
-        # the snapshot is of the head state; certify it with a header committing to it: here the source's own
-        # next block (made below), as a peer would serve it
+        # the snapshot is of the head state: the source's next block certifies it, as a peer would serve it
         state = store.replay()
-        from node.identity import Identity as _I
-
-        val = _I.from_seed(dev_seed(0))
-        nb, new, _ = propose(state, [], val, 10**9, store.last_commit())
+        val = Identity.from_seed(dev_seed(0))
+        nb, _new, _ = propose(state, [], val, 10**9, store.last_commit())
         ncommit = commit_block(val, nb)
         t0 = time.perf_counter()
         synced = snap.restore(dst, manifest, [chunks[c] for c in manifest.chunks], nb.header, ncommit,

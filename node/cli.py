@@ -37,15 +37,25 @@ def _port(text: str) -> int:
     return n
 
 
-def _positive(text: str) -> int:
-    """argparse type: an integer >= 1."""
+def _int_at_least(text: str, low: int) -> int:
+    """An integer >= ``low`` from ``text``. Raises argparse.ArgumentTypeError otherwise."""
     try:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n} is not >= 1")
+    if n < low:
+        raise argparse.ArgumentTypeError(f"{n} is not >= {low}")
     return n
+
+
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    return _int_at_least(text, 1)
+
+
+def _count(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _int_at_least(text, 0)
 
 
 def _seconds(text: str) -> float:
@@ -112,17 +122,6 @@ def _span(text: str) -> tuple[int, int] | tuple[str, int | None] | str:
     if not 0 <= a < b:
         raise argparse.ArgumentTypeError("need 0 <= START < END")
     return a, b
-
-
-def _count(text: str) -> int:
-    """A whole number >= 0 (argparse type)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError("must be 0 or more")
-    return n
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -205,8 +205,9 @@ class Node:
                 self.host.set_handler(BLOB_PROTOCOL, partial(blob_handler, self.blobs))
                 await self.host.subscribe(self.host.topic("shards"), self._on_shards)
                 await self.host.start_service(self.net.run)
-                self.snapshots.install(self.host)
-                self.ledger.on_block(lambda block, _st: self.host.spawn(self.snapshots.on_block, block.height))
+                self.snapshots.install(self.host)  # answers "no snapshot" while it has none
+                if self.cfg.snapshot_every:
+                    self.ledger.on_block(lambda block, _st: self.host.spawn(self.snapshots.on_block, block.height))
                 if self.cfg.bootstrap:
                     n = await self.host.connect(self.cfg.bootstrap)
                     log.info("connected to %d of %d bootstrap peers", n, len(self.cfg.bootstrap))

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 from ..encoding import DecodeError, H, pack, unpack
 from . import statedb
-from .block import Header, InvalidBlock
+from .block import Header
 from . import tree as tr
 from .core.smt import EMPTY_ROOT, Root
 from .proofs import verify_header

@@ -33,10 +33,9 @@ from .records import MAPS, SETS
 from .records import CODECS, Account, ReceiptRecord
 from .tree import EMPTY_ROOT, SEQ_KEY, StateTree, entry_key, leaf_value, memory_tree
 from . import jobs as jobs_mod
-from .jobs import Job
 from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, JobRelease, TrainReceipt
 from . import runs as runs_mod
-from .runs import Outcome, Run
+from .runs import Outcome
 from .runtx import RoundAggregate, RoundReceipt, RoundReveal, RunCancel, RunJoin, RunLeave, RunPost
 from .status import FINAL, INVALID_S, PENDING, SAMPLED, SETTLED, UNVERIFIED, VALID_S
 from .tx import ABSTAIN, INVALID, VALID, Bond, Evidence, InvalidTx, Receipt, Transfer, Tx, Unbond, Vote, _check
