@@ -10,7 +10,7 @@ Prints, from one run on this machine:
 
 ``--idle SECONDS`` instead: what an idle chain costs (one validator on loopback, block time 200 ms): the bytes an
 empty block adds to LevelDB (every key and value it adds or changes, explorer index and state included; the
-stored form, :mod:`node.ledger.blockcodec`, beside the whole wire form stored before) and the blocks made per idle
+stored form, :mod:`node.ledger.core.blockcodec`, beside the whole wire form stored before) and the blocks made per idle
 minute, watched for SECONDS with ``--heartbeat-ms`` (default 2000) and with heartbeat = block time (today's
 behaviour, ``heartbeat_ms`` 0), in the same run.
 
@@ -42,9 +42,9 @@ import nacl.signing  # noqa: E402
 
 from node.identity import Identity, dev_seed  # noqa: E402
 from node.ledger.genesis import Genesis, Params  # noqa: E402
-from node.ledger.state import apply_block_body, genesis_state  # noqa: E402
+from node.ledger.core.state import apply_block_body, genesis_state  # noqa: E402
 from node.encoding import pack, unpack  # noqa: E402
-from node.ledger.tx import Receipt, decode_tx  # noqa: E402
+from node.ledger.core.tx import Receipt, decode_tx  # noqa: E402
 
 import ledger_scale  # noqa: E402  (bench/ledger_scale.py, beside this file: the --scale mode)
 
@@ -125,7 +125,7 @@ def finality(heights: int) -> list[float]:
 def empty_block_bytes(blocks: int = 20) -> tuple[float, float]:
     """Mean bytes (keys + values) that an empty one-validator block adds to a real LevelDB ledger: as stored now,
     and with each block record rewritten in the whole wire form stored before (everything else the same)."""
-    from node.ledger.chain import commit_block, propose
+    from node.ledger.core.chain import commit_block, propose
     from node.ledger.store import LedgerStore
 
     val = Identity.from_seed(dev_seed(0))
@@ -203,7 +203,7 @@ def flood_cost(n: int) -> tuple[float, float]:
 
     from node.ledger.service import LedgerService
     from node.ledger.store import LedgerStore
-    from node.ledger.tx import Transfer
+    from node.ledger.core.tx import Transfer
 
     keys = [Identity.from_seed(dev_seed(100 + i)) for i in range(5)]
     val = Identity.from_seed(dev_seed(0))

@@ -48,14 +48,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from node.encoding import H, pack, unpack  # noqa: E402
 from node.identity import Identity, dev_seed  # noqa: E402
 from node.ledger import statedb  # noqa: E402
-from node.ledger import tree as tr  # noqa: E402
+from node.ledger.core import tree as tr  # noqa: E402
 from node.ledger.core import smt  # noqa: E402
-from node.ledger.chain import commit_block, propose  # noqa: E402
+from node.ledger.core.chain import commit_block, propose  # noqa: E402
 from node.ledger.genesis import Genesis, Params  # noqa: E402
-from node.ledger.state import MAPS, SETS, ReceiptRecord  # noqa: E402
-from node.ledger.status import SETTLED  # noqa: E402
+from node.ledger.core.state import MAPS, SETS, ReceiptRecord  # noqa: E402
+from node.ledger.core.status import SETTLED  # noqa: E402
 from node.ledger.store import LedgerStore  # noqa: E402
-from node.ledger.tx import Receipt, decode_tx  # noqa: E402
+from node.ledger.core.tx import Receipt, decode_tx  # noqa: E402
 
 C = 10**9
 SAMPLE_PPM = 10_000
@@ -137,7 +137,7 @@ def build(path: Path, n: int, chunk: int = 10_000) -> dict[str, Any]:
     db = store.db
     rp, sp = statedb.PREFIX["receipts"], statedb.PREFIX["sessions"]
     rcodec, scodec = statedb.CODECS["receipts"], statedb.CODECS["sessions"]
-    changes: dict[bytes, bytes | None] = {}  # the synthetic entries' state-tree leaves (node.ledger.tree)
+    changes: dict[bytes, bytes | None] = {}  # the synthetic entries' state-tree leaves (node.ledger.core.tree)
     for lo in range(0, n, chunk):
         with db.write_batch() as wb:
             for i in range(lo, min(n, lo + chunk)):

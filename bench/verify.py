@@ -1,7 +1,7 @@
 """Verification benchmark: do the genesis parameters make cheating unprofitable and detectable, and what does
 checking cost?
 
-Part A — cheaters against the real sampling and state-transition code (``node.ledger.state``): a worker
+Part A — cheaters against the real sampling and state-transition code (``node.ledger.core.state``): a worker
 serves receipts one per block, faking each with probability r; every sampled receipt gets committee votes (a
 fake one is voted invalid: ``tests/verify/test_cheats.py`` shows every cheat kind is caught when re-executed),
 the state transition pays, slashes and adapts the sampling probability. Printed: how soon a cheater is caught,
@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT))
 from node.encoding import H  # noqa: E402
 from node.identity import Identity, dev_seed  # noqa: E402
 from node.ledger.genesis import Genesis, Params  # noqa: E402
-from node.ledger.state import apply_block_body, genesis_state  # noqa: E402
-from node.ledger.tx import INVALID, VALID, Receipt, Vote  # noqa: E402
-from node.verify.sampling import PPM, is_sampled, sampling_ppm  # noqa: E402
+from node.ledger.core.state import apply_block_body, genesis_state  # noqa: E402
+from node.ledger.core.tx import INVALID, VALID, Receipt, Vote  # noqa: E402
+from node.ledger.core.sampling import PPM, is_sampled, sampling_ppm  # noqa: E402
 
 C = 10**9
 PARAMS = Params(**json.loads((ROOT / "genesis" / "production-params.json").read_text())["params"])

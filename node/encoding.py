@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any, Iterable, Sequence
+from typing import Any
+from collections.abc import Iterable, Sequence
 
 import msgpack
 import numpy as np
@@ -205,7 +206,7 @@ def tensor_from_wire(obj: Any, *, max_elems: int = 1 << 26):
     if dtype not in WIRE_DTYPES:
         raise DecodeError(f"unknown dtype code {dtype!r}")
     if not isinstance(shape, list) or len(shape) > 8 or not all(
-        isinstance(d, int) and not isinstance(d, bool) and 0 <= d for d in shape
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
         raise DecodeError("bad tensor shape")
     if not isinstance(data, bytes):

@@ -21,7 +21,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..ledger.tx import InvalidTx
+from ..ledger.core.tx import InvalidTx
 from .security import ApiError, SecurityMiddleware, token_checker
 from .views import amount, proof_from_json, receipt_json  # noqa: F401  (re-exported for callers and tests)
 

@@ -9,8 +9,8 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
 from ..encoding import AMOUNT_FORM, parse_amount
-from ..ledger.jobtx import JobCancel, JobRelease
-from ..ledger.tx import InvalidTx
+from ..ledger.core.jobtx import JobCancel, JobRelease
+from ..ledger.core.tx import InvalidTx
 from .models import AmountText
 
 

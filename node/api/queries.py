@@ -12,10 +12,10 @@ import time
 from collections import OrderedDict, Counter
 
 from ..identity import account_from_str
-from ..ledger.block import Header, decode_block
+from ..ledger.core.block import Header, decode_block
 from ..ledger.genesis import TREASURY
-from ..ledger.state import FINAL
-from ..ledger.tx import ABSTAIN
+from ..ledger.core.state import FINAL
+from ..ledger.core.tx import ABSTAIN
 from . import views as v
 from .security import ApiError
 
@@ -125,7 +125,7 @@ class Queries:
         raw = self.node.store.db.get(b"B" + height.to_bytes(8, "big")) if 1 <= height < 2**63 else None
         if raw is None:
             raise ApiError(404, "not_found", f"no block at height {height}")
-        d = self.node.store.expand_record(height, raw)  # either stored format (node.ledger.blockcodec)
+        d = self.node.store.expand_record(height, raw)  # either stored format (node.ledger.core.blockcodec)
         return self._blocks.put(height, v.block_json(decode_block(d["b"]), d["c"], len(raw)))
 
     def block_summary(self, height: int) -> dict:

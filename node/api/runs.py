@@ -18,8 +18,8 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..encoding import AMOUNT_FORM, parse_amount
-from ..ledger.runs import RunStatus
-from ..ledger.tx import VERDICT_NAMES
+from ..ledger.core.runs import RunStatus
+from ..ledger.core.tx import VERDICT_NAMES
 from .models import AmountText
 from .views import acct, amount, hexid
 
@@ -79,7 +79,7 @@ class RunFetchRequest(BaseModel):
 
 
 def ledger_settings(req: RunRequest, ApiError) -> dict:
-    """The :class:`~node.ledger.runtx.RunPost` fields of ``req`` in ledger units.
+    """The :class:`~node.ledger.core.runtx.RunPost` fields of ``req`` in ledger units.
 
     Raises:
         ApiError: 400 ``bad_amount`` (amount zero or too large) or ``bad_run`` (a rate that rounds out of range,
@@ -143,7 +143,7 @@ def _jsonable(x):
 
 
 def run_view(run, state) -> dict:
-    """A :class:`~node.ledger.runs.Run` for the API and the explorer: settings in user units, amounts as
+    """A :class:`~node.ledger.core.runs.Run` for the API and the explorer: settings in user units, amounts as
     ``{"base_units", "credits"}``, accounts as peer IDs, ids as hex; ``rounds``: every finished round with its
     workers (each receipt's status, verdicts, loss in nats/token, Δ bytes; accepted or excluded and why), mean
     loss and Δ bytes; ``current``: the open round; ``ledger``: :meth:`Run.to_dict` with bytes as hex."""

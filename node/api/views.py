@@ -13,7 +13,7 @@ from typing import Any
 from ..encoding import format_amount
 from ..identity import account_from_str, account_to_str
 from ..ledger.genesis import TREASURY
-from ..ledger.tx import VERDICT_NAMES
+from ..ledger.core.tx import VERDICT_NAMES
 from .security import ApiError
 
 ACCOUNT_FIELDS = {"sender", "recipient", "worker", "requester", "voter", "validator"}
@@ -81,7 +81,7 @@ def tx_fields(tx, skip: set[str] = frozenset()) -> dict:
 
 
 def receipt_json(rec) -> dict:
-    """A :class:`~node.ledger.state.ReceiptRecord` (inference or training receipt) with its verification."""
+    """A :class:`~node.ledger.core.state.ReceiptRecord` (inference or training receipt) with its verification."""
     r = rec.receipt
     start, end = getattr(r, "span_start", None), getattr(r, "span_end", None)
     tokens = getattr(r, "tokens", None)
@@ -149,8 +149,8 @@ def tx_json(tx, height: int, index: int, block_hash: bytes) -> dict:
 
 
 def job_json(job) -> dict:
-    """A :class:`node.ledger.jobs.Job` (the marketplace's ledger record)."""
-    from ..ledger import jobs as jobs_mod
+    """A :class:`node.ledger.core.jobs.Job` (the marketplace's ledger record)."""
+    from ..ledger.core import jobs as jobs_mod
 
     p = job.post
     losses = [None if x < 0 else x / 1e6 for x in job.losses]

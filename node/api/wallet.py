@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 
 from ..encoding import parse_amount
 from ..ledger.genesis import TREASURY
-from ..ledger.tx import Bond, InvalidTx, Transfer, Unbond
+from ..ledger.core.tx import Bond, InvalidTx, Transfer, Unbond
 from . import models as m
 from . import views as v
 from .security import ApiError
@@ -43,7 +43,7 @@ def dry_run(node, tx) -> None:
     Raises:
         ApiError: 400 ``invalid_tx`` with the reason the ledger would refuse ``tx``.
     """
-    from ..ledger.state import apply_tx
+    from ..ledger.core.state import apply_tx
 
     w = node.ledger.state.copy()
     me = node.ident.account

@@ -33,7 +33,7 @@ from ..blobs import BlobStore
 from ..compute.shards import SpanInfo, choose_route
 from ..encoding import DecodeError, unpack
 from ..identity import Identity, account_from_str, verify
-from ..ledger.tx import Receipt
+from ..ledger.core.tx import Receipt
 from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, read_msg, write_msg
 from ..p2p.host import PeerUnreachable
 from ..p2p.quirks import exception_leaves

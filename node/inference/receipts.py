@@ -2,7 +2,7 @@
 
 Both the server and the client keep a :class:`RunningReceipt` for a session. After each step they append the
 step's input and output commitments; :meth:`RunningReceipt.current` is then the unsigned
-:class:`~node.ledger.tx.Receipt` for the session *so far*. The server signs its id and returns the signature
+:class:`~node.ledger.core.tx.Receipt` for the session *so far*. The server signs its id and returns the signature
 with the step's output; the client computes the same id from what it sent and received, countersigns it and
 sends the countersignature back at once (an ``ack``). So at every moment
 
@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass
 
 from ..encoding import HASH_LEN, H, pack, tensor_to_wire
-from ..ledger.tx import Receipt
+from ..ledger.core.tx import Receipt
 
 
 class ReceiptClock:

@@ -44,7 +44,7 @@ import trio
 from ..blobs import BlobStore
 from ..encoding import DecodeError, pack
 from ..identity import Identity, account_from_str, verify
-from ..ledger.tx import Receipt
+from ..ledger.core.tx import Receipt
 from ..p2p.framing import FrameError, RequestTimeout, StreamClosed, error_reply, read_msg, write_msg
 from ..p2p.scoring import BAD_REQUEST, BAD_SIGNATURE, MALFORMED_FRAME
 from .batching import StepBatcher

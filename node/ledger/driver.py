@@ -1,4 +1,4 @@
-"""Driving the pure Tendermint machine (:mod:`node.ledger.consensus`) over gossipsub.
+"""Driving the pure Tendermint machine (:mod:`node.ledger.core.consensus`) over gossipsub.
 
 One task consumes every consensus event of this validator in order: signed proposals and votes from
 ``tally/<chain>/consensus`` (signature checked first), its own timers, and "next height" events. It signs what
@@ -7,10 +7,10 @@ height's messages every second (a healed partition would otherwise wait forever 
 the machine decides, stores the block with the > 2/3 precommits that decided it and gossips both.
 
 A validator that signs two different votes of one kind at one height and round is reported with an
-:class:`~node.ledger.tx.Evidence` transaction built from its two signed messages.
+:class:`~node.ledger.core.tx.Evidence` transaction built from its two signed messages.
 
 Quiet when idle (genesis ``heartbeat_ms`` above ``block_time_ms``): after a decision the machine moves to the
-next height without starting round 0 (no proposal, no timeout scheduled) until :func:`node.ledger.liveness.
+next height without starting round 0 (no proposal, no timeout scheduled) until :func:`node.ledger.core.liveness.
 block_due` says a block is due — checked every :data:`IDLE_POLL` seconds at most — or a validator's signed
 proposal or vote for that height arrives, whichever comes first (Tendermint's ``create_empty_blocks_interval``,
 where ``handleTxsAvailable`` plays the part of the first and a proposal received in ``RoundStepNewRound`` the
@@ -29,11 +29,11 @@ import trio
 
 from ..encoding import pack
 from ..identity import verify
-from .block import InvalidBlock, decode_block, proposal_digest, vote_digest
-from .chain import check_block, check_time, propose
-from .consensus import PRECOMMIT, PREVOTE, Broadcast, Decide, Proposal, Schedule, Tendermint, Timeout, Timeouts, Vote
-from .liveness import block_due, height_need, needs_proof
-from .tx import Evidence, InvalidTx
+from .core.block import InvalidBlock, decode_block, proposal_digest, vote_digest
+from .core.chain import check_block, check_time, propose
+from .core.consensus import PRECOMMIT, PREVOTE, Broadcast, Decide, Proposal, Schedule, Tendermint, Timeout, Timeouts, Vote
+from .core.liveness import block_due, height_need, needs_proof
+from .core.tx import Evidence, InvalidTx
 
 if TYPE_CHECKING:
     from .service import LedgerService

@@ -6,7 +6,7 @@ local callers, from gossip and from the direct-submit protocol, and hands it eve
 **Admission.** The pool keeps a *pending state*: the head state with every *ready* transaction applied in the
 order it was admitted. A transaction is admitted when
 
-* it applies to the pending state (a dry run of :func:`node.ledger.state.apply_tx`, the same transition the
+* it applies to the pending state (a dry run of :func:`node.ledger.core.state.apply_tx`, the same transition the
   block will run) — it is then *ready*; or
 * it carries a nonce (transfers, bonds, unbonds, job messages) that is ahead of its sender's next nonce by less
   than ``Limits.nonce_window`` and its sender can pay for it: its balance in the pending state covers its cost
@@ -16,7 +16,7 @@ order it was admitted. A transaction is admitted when
 
 Receipts, training receipts, votes and evidence carry no nonce and are admitted only when they apply now (their
 own rules: bonded worker, requester's balance, committee membership, not yet on the ledger...). Every
-refusal raises :class:`~node.ledger.tx.InvalidTx` with its reason; nothing is changed then.
+refusal raises :class:`~node.ledger.core.tx.InvalidTx` with its reason; nothing is changed then.
 
 **Caps.** At most ``max_per_sender`` queued transactions per account (the sender of a nonced transaction, the
 requester of a receipt, the worker of a training receipt, the voter of a vote, the accused validator of
@@ -38,7 +38,7 @@ when the pool is full of other receipts and votes.
 **Signatures** are verified once, at admission, after the cheap checks (so a flood of unpayable or far-future
 transactions costs no signature check). :meth:`Mempool.verified` tells the block builder which transactions it
 need not verify again: only the exact object admitted (same id and same signature bytes). Blocks from others are
-verified in full (:func:`node.ledger.chain.check_block`).
+verified in full (:func:`node.ledger.core.chain.check_block`).
 """
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Mapping
 
 from ..encoding import H, pack
-from .jobtx import JobPost, TrainReceipt
-from .runtx import RunPost
-from .state import State, apply_tx
-from .tx import Bond, Evidence, InvalidTx, Receipt, Transfer, Tx, Vote
+from .core.jobtx import JobPost, TrainReceipt
+from .core.runtx import RunPost
+from .core.state import State, apply_tx
+from .core.tx import Bond, Evidence, InvalidTx, Receipt, Transfer, Tx, Vote
 
 
 class Priority(enum.IntEnum):

@@ -4,7 +4,7 @@ A light client trusts only the genesis validator set. Given a header and its com
 precommits (:func:`verify_header`); given a header and a proof it checks that a transaction (a receipt) is in
 that block (:func:`verify_tx_proof`), or that an account held a balance, or a receipt had a status and payouts, in
 the state that the header commits to — the state after the parent block, as in Tendermint's ``AppHash``
-(:func:`verify_account_proof`, :func:`verify_record_proof`: sparse Merkle proofs, :mod:`node.ledger.tree`). Nothing else
+(:func:`verify_account_proof`, :func:`verify_record_proof`: sparse Merkle proofs, :mod:`node.ledger.core.tree`). Nothing else
 is trusted: not the node that served the proof.
 """
 
@@ -13,12 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..encoding import DecodeError, H, inclusion_proof, pack, unpack, verify_inclusion
-from .block import Block, Header, InvalidBlock, check_commit
-from .records import CODECS
-from .tree import entry_key, leaf_value
+from .core.block import Block, Header, InvalidBlock, check_commit
+from .core.records import CODECS
+from .core.tree import entry_key, leaf_value
 from .core.smt import MAX_PROOF_BYTES
 from .core.smt import verify as verify_smt
-from .state import State
+from .core.state import State
 
 
 def header_to_list(h: Header) -> list:
@@ -49,7 +49,7 @@ def tx_proof(block: Block, tx_id: bytes) -> dict:
 def entry_proof(parent_state: State, header: Header, table: str, key: bytes) -> dict:
     """Proof of entry ``key`` of state table ``table`` (``"accounts"``, ``"receipts"``, ...) in
     ``parent_state``, the state ``header.state_root`` commits to: the entry's stored bytes (``leaf``) and the
-    sparse Merkle siblings from the root down (``path``, b"" for an empty subtree; :mod:`node.ledger.tree`).
+    sparse Merkle siblings from the root down (``path``, b"" for an empty subtree; :mod:`node.ledger.core.tree`).
 
     Raises:
         ValueError: ``parent_state`` is not the state committed by ``header``. KeyError: no such entry.

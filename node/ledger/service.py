@@ -1,6 +1,6 @@
 """The ledger at the edge: store, mempool, block production (validator), block gossip and sync.
 
-Runs on the node's trio loop. The state transition itself is pure (:mod:`node.ledger.state`); this module only
+Runs on the node's trio loop. The state transition itself is pure (:mod:`node.ledger.core.state`); this module only
 moves bytes: transactions from gossip, from the direct-submit protocol and from local callers into the mempool
 (:mod:`node.ledger.mempool`: admission rules, caps, priority, the reason of every refusal), blocks from the
 validator to the followers (``tally/<chain>/consensus`` gossip plus a pull-based sync protocol for late or
@@ -19,13 +19,13 @@ import trio
 from ..encoding import DecodeError, pack, unpack
 from ..identity import Identity, account_to_str
 from ..p2p.framing import error_reply, read_msg, write_msg
-from .block import Block, InvalidBlock, decode_block
-from .chain import check_and_apply
+from .core.block import Block, InvalidBlock, decode_block
+from .core.chain import check_and_apply
 from .genesis import Genesis
 from .mempool import Limits, Mempool
-from .state import State
+from .core.state import State
 from .store import LedgerStore
-from .tx import InvalidTx, Tx, decode_tx
+from .core.tx import InvalidTx, Tx, decode_tx
 
 log = logging.getLogger("tally.ledger")
 

@@ -8,7 +8,7 @@ entry counts, the state root, and the ids of its chunks — plus the chunks them
 * a chunk is accepted only if its bytes hash to an id the manifest lists (an altered chunk is refused, and can
   be fetched from another peer);
 * the manifest is accepted only if, after every chunk is in, the sparse Merkle root of the entries it produced
-  (:mod:`node.ledger.tree`) equals the ``state_root`` of header ``h + 1`` — which commits to the state after
+  (:mod:`node.ledger.core.tree`) equals the ``state_root`` of header ``h + 1`` — which commits to the state after
   block ``h`` — and that header carries precommits of more than 2/3 of the validators (:func:`verify_header`).
 
 Restoring writes the entries, the tree and the meta in one batch, and records ``h`` as the store's *base*: blocks
@@ -23,12 +23,12 @@ from typing import Any, Iterator
 
 from ..encoding import DecodeError, H, pack, unpack
 from . import statedb
-from .block import Header
-from . import tree as tr
+from .core.block import Header
+from .core import tree as tr
 from .core.smt import EMPTY_ROOT, Root
 from .proofs import verify_header
-from .records import MAPS, SETS
-from .state import State
+from .core.records import MAPS, SETS
+from .core.state import State
 
 CHUNK_BYTES = 1 << 20  # bytes per chunk at most (one chunk may hold one larger entry alone)
 CHUNK_TAG = b"tally/snapshot-chunk/v1"

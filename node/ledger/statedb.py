@@ -1,13 +1,13 @@
 """The ledger state in LevelDB: flat keys per table, committed in the block's own ``WriteBatch``.
 
-Keys (values msgpack, see :mod:`node.ledger.records`):
+Keys (values msgpack, see :mod:`node.ledger.core.records`):
   ``S/m``                  ``[FORMAT, height, last block hash, sequence counter, {table: entries}, state root
                            (:meth:`node.ledger.core.smt.Root.to_bytes`)]``
   ``S/u``                  the undo record of the head block: ``[height - 1, its hash, its counter,
                            {table: [[key, value before or None], ...]}, its state root]`` (what the head
                            header commits to)
   ``S/<t>/`` + key         one entry of table ``<t>`` (:data:`PREFIX`)
-  ``T/n/``, ``T/x/``       the state tree's nodes and stale-node index (:mod:`node.ledger.tree`)
+  ``T/n/``, ``T/x/``       the state tree's nodes and stale-node index (:mod:`node.ledger.core.tree`)
 
 A node opens the state it last committed (:func:`open_state`) instead of replaying the chain: start time does not
 grow with the chain's length. Each block's changes, the new ``S/m`` and ``S/u`` are written with the block in one
@@ -21,11 +21,11 @@ from typing import Any
 
 from ..encoding import pack, unpack
 from .genesis import Genesis
-from . import tree as tr
+from .core import tree as tr
 from .core.smt import Root
-from .kv import _DEL, Batch, StoreRoot, Table
-from .records import CODECS, MAPS, SETS
-from .state import State
+from .core.kv import _DEL, Batch, StoreRoot, Table
+from .core.records import CODECS, MAPS, SETS
+from .core.state import State
 
 FORMAT = 2  # 1: no state root in S/m (read as no stored state: replayed once)
 META = b"S/m"

@@ -25,8 +25,8 @@ import trio
 
 from ..p2p.framing import RemoteError, error_reply, read_msg, write_msg
 from . import snapshot as snap
-from .block import InvalidBlock, decode_block
-from .state import State
+from .core.block import InvalidBlock, decode_block
+from .core.state import State
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Keys (all values msgpack):
   ``G``                    genesis hash (a store belongs to one chain)
   ``H``                    head height, 8 bytes big-endian
-  ``B`` + height (8 BE)    the block and its commit, :mod:`node.ledger.blockcodec` format 2 (older stores:
+  ``B`` + height (8 BE)    the block and its commit, :mod:`node.ledger.core.blockcodec` format 2 (older stores:
                            ``{"b": block wire, "c": commit}``); :meth:`LedgerStore.get_block_raw` reads both
   ``S/...``                the state after the head block, flat keys per table (:mod:`node.ledger.statedb`):
                            accounts, receipt records (summary, status, committee, votes, payouts — never
@@ -22,7 +22,7 @@ crash at any point each block is whole or absent, and the stored state is the st
 open the node reads that state (:meth:`LedgerStore.replay` replays nothing then, however long the chain); a
 store without one (written by an older version) is replayed from genesis once and its state written.
 :meth:`LedgerStore.verify` re-checks every block from genesis through the same checks as a block from the
-network (:func:`node.ledger.chain.check_and_apply`) and compares the result with the stored state.
+network (:func:`node.ledger.core.chain.check_and_apply`) and compares the result with the stored state.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ from typing import Any
 import plyvel
 
 from ..encoding import pack, unpack
-from . import blockcodec, statedb
-from .block import Block, decode_block
-from .chain import check_and_apply
+from . import statedb
+from .core import blockcodec
+from .core.block import Block, decode_block
+from .core.chain import check_and_apply
 from .genesis import Genesis
-from .state import FINAL, State, genesis_state
+from .core.state import FINAL, State, genesis_state
 
 
 class StoreLocked(RuntimeError):

@@ -15,8 +15,8 @@ from pathlib import Path
 from ..compute.train import Trainer, encode_text, split_tokens
 from ..encoding import format_amount
 from ..identity import account_to_str
-from ..ledger.jobs import ACCEPTED, STATUS_TEXT
-from ..ledger.jobtx import JobPost
+from ..ledger.core.jobs import ACCEPTED, STATUS_TEXT
+from ..ledger.core.jobtx import JobPost
 from .data import dataset_bytes, dataset_tensors
 from ..blobs import fetch_blob
 from .worker import spec_of
@@ -53,8 +53,8 @@ async def post_job(node, *, title: str, text: bytes, steps: int, price_per_step:
     if st.account(me).balance < post.price:
         raise JobError(f"the job costs {format_amount(post.price)} credits; the balance is "
                        f"{format_amount(st.account(me).balance)}")
-    from ..ledger.state import apply_tx
-    from ..ledger.tx import InvalidTx
+    from ..ledger.core.state import apply_tx
+    from ..ledger.core.tx import InvalidTx
 
     post = post.signed(node.ident)
     try:  # the same checks the ledger will run, so a bad job is refused now with its reason

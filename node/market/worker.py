@@ -3,7 +3,7 @@ receipt each segment, deliver the adapter by content hash.
 
 Runs on the node's event loop; training runs in the node's torch worker thread. A worker holds at most
 ``capacity`` jobs at once (``node start --job-capacity N``; the ledger further bounds it by the bond, see
-:mod:`node.ledger.jobs`). It accepts a job only after it has fetched the dataset by content hash from the
+:mod:`node.ledger.core.jobs`). It accepts a job only after it has fetched the dataset by content hash from the
 requester and checked that it decodes and holds at least one training window, so a requester that went offline
 or never had its dataset cannot make it accept a job it could not start: such a job is skipped and retried with
 exponential backoff (logged once). An accepted job it cannot start — its dataset gone after all, or training
@@ -23,9 +23,9 @@ from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..compute.train import TrainSpec, Trainer, encode_text, mean_loss_ppm, split_tokens
 from ..encoding import H, commitments_root
 from ..identity import Identity
-from ..ledger.jobs import ACCEPTED, OPEN
-from ..ledger.jobtx import JobAccept, JobDeliver, JobPost, JobRelease, TrainReceipt, parse_targets
-from ..ledger.tx import InvalidTx, Tx
+from ..ledger.core.jobs import ACCEPTED, OPEN
+from ..ledger.core.jobtx import JobAccept, JobDeliver, JobPost, JobRelease, TrainReceipt, parse_targets
+from ..ledger.core.tx import InvalidTx, Tx
 from .data import dataset_bytes
 
 log = logging.getLogger("tally.market")

@@ -23,14 +23,14 @@ from pathlib import Path
 from ..encoding import format_amount, parse_amount
 from ..identity import KEY_FILE, KeyFileError, account_from_str, account_to_str, load_or_create
 from ..ledger.genesis import Genesis, GenesisError, Params, check_bootstrap_addr, load_genesis, parse_genesis
-from ..verify.sampling import PPM
+from ..ledger.core.sampling import PPM
 
 DEVNET_CHAIN = "tally-devnet"
 PARAM_SOURCES = ("production", "devnet")
 # ``heartbeat_ms`` of a new genesis from ``--params production`` when neither --heartbeat nor the parameters set
 # it (``--params devnet`` and files without it keep 0: a block every block time, as the devnet). An idle chain makes a
 # block this often only to show it is alive: beacons, challenge windows and every other timeout get their blocks
-# at block_time_ms anyway (node.ledger.liveness), so nothing waits on the heartbeat. 30 s lets a follower tell a
+# at block_time_ms anyway (node.ledger.core.liveness), so nothing waits on the heartbeat. 30 s lets a follower tell a
 # quiet chain from a halted one within a minute (two missed heartbeats) and costs 2,880 empty blocks a day, about
 # 200 B each stored (bench/ledger.py --idle): under 0.6 MB a day, against 172,800 blocks at a 500 ms block time.
 DEFAULT_HEARTBEAT_MS = 30_000

@@ -3,7 +3,7 @@
 The run's training tokens are cut into non-overlapping windows of ``seq_len + 1`` tokens (:func:`make_windows`,
 the same windows as ``Trainer.eval_loss``). In round r the windows are permuted by a seed
 ``H(b"tally/run-batches/v1" ‖ beacon ‖ run_id ‖ round)`` that no worker can predict or choose (the beacon is a
-block hash finalized after the round opened, as for receipt sampling, ``node.verify.sampling``): windows are
+block hash finalized after the round opened, as for receipt sampling, ``node.ledger.core.sampling``): windows are
 sorted by ``H(seed ‖ index)``. Worker j (workers sorted by account bytes) takes the j-th consecutive chunk of
 ``inner_steps · batch_size + screen_windows`` windows: its H training batches, then its held-out screen windows
 (``node.training.screen``). Chunks are disjoint, so no two workers train on the same window in a round, and a

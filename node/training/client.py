@@ -2,13 +2,13 @@
 
 * :func:`post_run` — compute θ_0 (:class:`~node.training.inner.InnerTrainer`'s seeded init on the node's model),
   store the dataset and θ_0 as blobs (workers fetch both by content hash from the sponsor) and submit a
-  :class:`~node.ledger.runtx.RunPost` escrowing the run's budget.
+  :class:`~node.ledger.core.runtx.RunPost` escrowing the run's budget.
 * :func:`run_action` — a :class:`RunJoin`, :class:`RunLeave` or :class:`RunCancel` of this node's account.
 * :func:`fetch_params` — the run's current (final, once finished) parameters θ by content hash, checked against
   the ledger's id, written as a standard peft adapter (``adapter_model.safetensors`` + ``adapter_config.json``)
   for LoRA runs or as a Hugging Face model dir (``model.safetensors`` + ``config.json``) for ``all`` runs.
 
-Every request is checked against the run rules (:func:`node.ledger.runs.apply_run_tx` on a copy of the state)
+Every request is checked against the run rules (:func:`node.ledger.core.runs.apply_run_tx` on a copy of the state)
 before anything is stored or submitted, so a refused one changes nothing and says why.
 """
 
@@ -24,9 +24,9 @@ import torch
 from ..blobs import BlobUnavailable, fetch_blob
 from ..compute.train import encode_text, split_tokens
 from ..encoding import commitments_root, format_amount
-from ..ledger import runs as runs_mod
-from ..ledger.runtx import RunCancel, RunJoin, RunLeave, RunPost
-from ..ledger.tx import InvalidTx
+from ..ledger.core import runs as runs_mod
+from ..ledger.core.runtx import RunCancel, RunJoin, RunLeave, RunPost
+from ..ledger.core.tx import InvalidTx
 from ..market.data import dataset_bytes, dataset_tensors
 from .assign import make_windows
 from . import rounds as rd
@@ -77,7 +77,7 @@ async def post_run(node, *, title: str, text: bytes, settings: dict, deadline_bl
 
     Raises:
         RunError: empty or too small dataset, bad targets, too little balance, or a rule of
-            :func:`node.ledger.runs.check_post` (its message). Nothing is stored or submitted then.
+            :func:`node.ledger.core.runs.check_post` (its message). Nothing is stored or submitted then.
     """
     if not text:
         raise RunError("the dataset is empty")

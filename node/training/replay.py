@@ -1,12 +1,12 @@
 """Committee checks of training-run receipts (DESIGN.md "Collaborative training runs", Checks).
 
-* A sampled :class:`~node.ledger.runtx.RoundReceipt` is replayed: the member fetches θ_r, the committed inner
+* A sampled :class:`~node.ledger.core.runtx.RoundReceipt` is replayed: the member fetches θ_r, the committed inner
   states, θ_worker and Δ from the worker (served only once the commit phase closed), rebuilds the worker's
   assigned batches from the dataset and the attempt's beacon, and runs
   :func:`node.training.rounds.replay_round`. A worker that never revealed in a reveal phase that ended broke
   its commitment: INVALID (the ledger shows it; it cannot stall a round by withholding). Anything this member
   cannot fetch in time is ABSTAIN, which never penalises the worker.
-* A :class:`~node.ledger.runtx.RoundAggregate` is re-computed bit for bit from θ_r, the momentum and the
+* A :class:`~node.ledger.core.runtx.RoundAggregate` is re-computed bit for bit from θ_r, the momentum and the
   accepted workers' Δs (:func:`node.training.rounds.recompute_outer`); any difference in either id is INVALID.
 """
 
@@ -18,9 +18,9 @@ import math
 import trio
 
 from ..blobs import BlobUnavailable, fetch_blob
-from ..ledger.runs import Phase, attempt_of
-from ..ledger.runtx import RoundAggregate, RoundReceipt
-from ..ledger.tx import ABSTAIN, INVALID, VALID
+from ..ledger.core.runs import Phase, attempt_of
+from ..ledger.core.runtx import RoundAggregate, RoundReceipt
+from ..ledger.core.tx import ABSTAIN, INVALID, VALID
 from . import rounds as rd
 from .assign import batch_tensors
 from .worker import FETCH_TIMEOUT, RunCache, load_run, recompute_aggregate, theta_holders

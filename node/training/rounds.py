@@ -1,7 +1,7 @@
 """One round of a run in torch: train it (a worker), replay it (a committee), aggregate it (the aggregator).
 
 Blocking functions for the node's torch executor (never the event loop). Everything a replay needs is named by
-the ledger (:mod:`node.ledger.runs`) and fetched by content hash; these functions take the tensors themselves.
+the ledger (:mod:`node.ledger.core.runs`) and fetched by content hash; these functions take the tensors themselves.
 
 * :func:`train_round` — load θ_r and the inner state, train the H assigned batches, encode
   Δ = θ_r − θ_worker with the run's codec (:mod:`node.training.codec`), return what the receipt commits to.
@@ -25,8 +25,8 @@ import torch
 
 from ..compute.train import encode_text, mean_loss_ppm, split_tokens, state_distance
 from ..encoding import H, commitments_root
-from ..ledger.runtx import RunPost
-from ..ledger.tx import INVALID, VALID
+from ..ledger.core.runtx import RunPost
+from ..ledger.core.tx import INVALID, VALID
 from .assign import Assignment, assign_round, make_windows
 from .codec import Codec, decode, encode, payload_bytes
 from .inner import InnerTrainer
@@ -61,7 +61,7 @@ def make_trainer(model_dir: Path, post, device: str = "cpu") -> InnerTrainer:
     """The run's :class:`InnerTrainer` (θ_0 of a LoRA run is its seeded init; of an ``all`` run the model's).
 
     ``post``: a :class:`RunPost`, or a mapping of its fields (a sponsor's settings before the post exists).
-    Target names are stripped as :func:`node.ledger.jobtx.parse_targets` reads them on the ledger."""
+    Target names are stripped as :func:`node.ledger.core.jobtx.parse_targets` reads them on the ledger."""
     get = post.__getitem__ if isinstance(post, dict) else post.__getattribute__
     trainable = get("trainable")
     targets = tuple(t.strip() for t in get("targets").split(",") if t.strip()) if trainable == "lora" else ()

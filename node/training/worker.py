@@ -1,19 +1,19 @@
 """A node's part in collaborative training runs: train the rounds of runs it joined, reveal, aggregate when drawn.
 
 Runs on the node's event loop; torch work goes through the node's executor (:mod:`node.compute.executor`).
-Every block it looks at the open runs (:mod:`node.ledger.runs`) in which this node is a participant of the open
+Every block it looks at the open runs (:mod:`node.ledger.core.runs`) in which this node is a participant of the open
 round and does what the phase asks:
 
 * **COMMIT** — fetch θ_r by content hash (from the last aggregator, the last round's workers or the sponsor) and
   check it: for r > 0 re-compute the last outer step from the accepted Δs and refuse to train on a θ whose id
   differs (:func:`node.training.rounds.recompute_outer`). Train the H batches the beacon assigned, encode Δ and
-  submit a :class:`~node.ledger.runtx.RoundReceipt`. The committed tensors (θ_worker, inner states, Δ) are
+  submit a :class:`~node.ledger.core.runtx.RoundReceipt`. The committed tensors (θ_worker, inner states, Δ) are
   **sealed**: kept in memory, not in the blob store that peers can read, so nobody can copy them in time.
 * **REVEAL** (or the attempt failed and its receipts are being replayed) — unseal into the blob store and submit
-  a :class:`~node.ledger.runtx.RoundReveal`.
+  a :class:`~node.ledger.core.runtx.RoundReveal`.
 * **AGGREGATE**, when the beacon drew this node — fetch every revealed Δ, screen and aggregate it
   (:func:`node.training.rounds.aggregate_round`), store θ_{r+1} and the momentum, submit a
-  :class:`~node.ledger.runtx.RoundAggregate`.
+  :class:`~node.ledger.core.runtx.RoundAggregate`.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import trio
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..encoding import commitments_root
 from ..identity import Identity
-from ..ledger.runs import Phase, attempt_of
-from ..ledger.runtx import NO_MOMENTUM, RoundAggregate, RoundReceipt, RoundReveal
-from ..ledger.status import INVALID_S, SAMPLED
-from ..ledger.tx import InvalidTx
+from ..ledger.core.runs import Phase, attempt_of
+from ..ledger.core.runtx import NO_MOMENTUM, RoundAggregate, RoundReceipt, RoundReveal
+from ..ledger.core.status import INVALID_S, SAMPLED
+from ..ledger.core.tx import InvalidTx
 from ..market.data import dataset_bytes
 from . import rounds as rd
 from .assign import batch_tensors, screen_tensor

@@ -1,9 +1,9 @@
 """A committee member at work: fetch a sampled session's tensors, re-execute it as one prefill, vote.
 
-When a block makes this node a member of a receipt's committee (:mod:`node.ledger.state`), the member fetches
+When a block makes this node a member of a receipt's committee (:mod:`node.ledger.core.state`), the member fetches
 the session's step inputs and committed outputs by their Merkle roots — from the worker, or from the requester
 if the worker does not answer; both must match the roots in the receipt — runs the span once over the
-concatenated inputs, measures :func:`node.verify.compare.distance`, and signs a :class:`~node.ledger.tx.Vote`.
+concatenated inputs, measures :func:`node.verify.compare.distance`, and signs a :class:`~node.ledger.core.tx.Vote`.
 A member that cannot re-execute (blob unavailable, out of memory, unknown model) votes ABSTAIN, which never
 penalises the worker.
 """
@@ -19,8 +19,8 @@ import trio
 
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..identity import Identity
-from ..ledger.state import SAMPLED, State
-from ..ledger.tx import ABSTAIN, INVALID, VALID, InvalidTx, Receipt, Vote
+from ..ledger.core.state import SAMPLED, State
+from ..ledger.core.tx import ABSTAIN, INVALID, VALID, InvalidTx, Receipt, Vote
 from .compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
 
 log = logging.getLogger("tally.verify")
@@ -59,8 +59,8 @@ class CommitteeMember:
                     log.warning("committee queue full; dropping %s", rid.hex()[:16])
 
     async def run(self) -> None:
-        from ..ledger.jobtx import TrainReceipt
-        from ..ledger.runtx import RoundAggregate, RoundReceipt
+        from ..ledger.core.jobtx import TrainReceipt
+        from ..ledger.core.runtx import RoundAggregate, RoundReceipt
         from ..training.replay import check_aggregate, check_round_receipt
         from .training import check_training
 

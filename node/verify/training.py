@@ -21,8 +21,8 @@ import math
 
 from ..compute.train import Trainer, batch_for_step, encode_text, split_tokens, state_distance
 from ..encoding import commitments_root
-from ..ledger.jobtx import TrainReceipt
-from ..ledger.tx import ABSTAIN, INVALID, VALID
+from ..ledger.core.jobtx import TrainReceipt
+from ..ledger.core.tx import ABSTAIN, INVALID, VALID
 from ..market.data import dataset_bytes
 from ..blobs import fetch_blob
 from ..market.worker import spec_of

@@ -3,10 +3,10 @@ with each block and rebuilt identically from the blocks when missing or partial.
 
 from __future__ import annotations
 
-from node.ledger.chain import commit_block, propose
-from node.ledger.state import VALID
+from node.ledger.core.chain import commit_block, propose
+from node.ledger.core.state import VALID
 from node.ledger.store import LedgerStore
-from node.ledger.tx import Transfer
+from node.ledger.core.tx import Transfer
 
 from tests.ledger.helpers import C, CLIENT, KEYS, VALIDATOR, W1, make_genesis, make_receipt, vote
 

@@ -17,8 +17,8 @@ import torch
 from node.api.pages import environment
 from node.api.runs import run_view
 from node.encoding import commitments_root
-from node.ledger.runs import RunStatus
-from node.ledger.tx import INVALID
+from node.ledger.core.runs import RunStatus
+from node.ledger.core.tx import INVALID
 from node.market.data import dataset_bytes
 from node.training.inner import InnerTrainer
 

@@ -60,7 +60,7 @@ async def swarm(tmp: Path, model_dir: Path, spans, genesis: Genesis | None = Non
 
 
 async def wait_final(node: Node, rids, timeout: float = 30.0) -> dict:
-    from node.ledger.state import FINAL
+    from node.ledger.core.state import FINAL
 
     with trio.fail_after(timeout):
         while True:

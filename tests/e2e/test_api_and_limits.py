@@ -82,7 +82,7 @@ def test_api_reads_generate_and_refusals(tmp_path, tiny):
 def test_light_client_checks_proofs_against_headers_alone(tmp_path, tiny):
     """Proofs from the API verify with nothing but the genesis validator set; tampered ones do not."""
     from node.api.app import proof_from_json
-    from node.ledger.block import InvalidBlock
+    from node.ledger.core.block import InvalidBlock
     from node.ledger.proofs import header_from_list, verify_account_proof, verify_header, verify_tx_proof
 
     async def main():
@@ -101,7 +101,7 @@ def test_light_client_checks_proofs_against_headers_alone(tmp_path, tiny):
     verify_header(header, commit, validators)
     tx = verify_tx_proof(proof, header)
     assert tx is not None and tx["t"] == "receipt"
-    from node.ledger.tx import decode_tx
+    from node.ledger.core.tx import decode_tx
     assert decode_tx(tx).id == rid
     bad = dict(proof, leaf=proof["leaf"][:-1] + bytes([proof["leaf"][-1] ^ 1]))
     assert verify_tx_proof(bad, header) is None

@@ -33,7 +33,7 @@ import trio
 from node.compute.model import make_tiny
 from node.identity import Identity, dev_seed
 from node.ledger.mempool import Limits
-from node.ledger.state import VALID_S
+from node.ledger.core.state import VALID_S
 
 from .swarm import C, swarm, tiny_genesis, wait_final
 
@@ -58,7 +58,7 @@ def flood_txs(chain: str, seed: int, funded: bool, n: int) -> list:
     """``n`` signed transfers from ``dev_seed(seed)``: every other one unpayable at the next nonce (0), the
     rest far ahead of it; a funded key's ``DIRECT`` + 1st to ``DIRECT + WINDOW_OK``-th are payable ones just ahead
     of its next nonce (inside the window: these are queued)."""
-    from node.ledger.tx import Transfer
+    from node.ledger.core.tx import Transfer
 
     me, to = Identity.from_seed(dev_seed(seed)), Identity.from_seed(dev_seed(1)).account
     bad = [Transfer(chain, me.account, to, 10 * C + i, 0) if i % 2 else  # more than the key holds
@@ -308,7 +308,7 @@ async def phase(v, name: str, proc, blocks, admitted, included, refusals, http_p
 def _vote_ids(v, rec) -> list[bytes]:
     """Ids of the votes on ``rec`` that are on the ledger (rebuilt from its record: voter, round, verdict, ppm;
     an id does not cover the signature)."""
-    from node.ledger.tx import Vote
+    from node.ledger.core.tx import Vote
 
     return [Vote(v.ledger.chain_id, rec.receipt.id, voter, round_, verdict, ppm).id
             for voter, round_, verdict, ppm in rec.votes]

@@ -7,7 +7,7 @@ import trio
 
 from node.compute.model import make_tiny
 from node.compute.reference import local_generate
-from node.ledger.state import INVALID_S, VALID_S
+from node.ledger.core.state import INVALID_S, VALID_S
 
 from .swarm import swarm, wait_final
 

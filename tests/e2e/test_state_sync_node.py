@@ -10,7 +10,7 @@ import trio
 
 from node.compute.model import make_tiny
 from node.identity import Identity, dev_seed
-from node.ledger.tx import Transfer
+from node.ledger.core.tx import Transfer
 from node.runtime import Node
 
 from .swarm import node_config, tiny_genesis

@@ -86,8 +86,8 @@ def test_double_signing_validator_is_slashed_once(tmp_path, tiny):
             # resubmitting the same evidence is refused and changes nothing
             ev = next(tx for h in range(1, nodes[0].store.head + 1) for tx in nodes[0].store.get_block(h)[0].txs
                       if tx.KIND == "evidence")
-            from node.ledger.state import apply_tx
-            from node.ledger.tx import InvalidTx
+            from node.ledger.core.state import apply_tx
+            from node.ledger.core.tx import InvalidTx
 
             trial = st.copy()
             with pytest.raises(InvalidTx, match="once"):

@@ -209,7 +209,7 @@ def metric(info: dict, name: str) -> float:
 def wait_final_api(info: dict, rids: list[str], timeout: float = 120.0) -> dict[str, dict]:
     """Until every receipt of ``rids`` (hex ids) is on the node's ledger with a final status (valid, invalid,
     settled, unverified); returns id -> the API's receipt JSON."""
-    from node.ledger.status import FINAL
+    from node.ledger.core.status import FINAL
 
     deadline = time.monotonic() + timeout
     recs: dict[str, dict | None] = {}

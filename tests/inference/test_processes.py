@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from node.compute.reference import local_generate
-from node.ledger.state import VALID_S
+from node.ledger.core.state import VALID_S
 
 from ..e2e.swarm import wait_final
 from .procs import (balance, config, free_port, kill, light_client, light_server, metric, peer, spawn, spawn_client,

@@ -22,7 +22,7 @@ from node.compute.model import ensure_smollm2
 from node.compute.reference import local_generate
 from node.identity import account_from_str
 from node.ledger.genesis import load_genesis
-from node.ledger.state import VALID_S
+from node.ledger.core.state import VALID_S
 
 from .procs import (balance, free_port, kill, peer, spawn, spawn_client, stop_all, tail, validator_addr, wait_exit,
                     wait_final_api, wait_info, write_genesis)

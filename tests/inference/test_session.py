@@ -95,7 +95,7 @@ def test_failover_replays_and_bills_no_position_twice(tiny, tmp_path):
 
 @pytest.mark.parametrize("codec", ["none", "fp16", "zstd", "fp16+zstd"])
 def test_compression_is_recorded_and_committees_verify_it(tiny, tmp_path, codec):
-    from node.ledger.tx import VALID
+    from node.ledger.core.tx import VALID
 
     async def main():
         async with trio.open_nursery() as n:

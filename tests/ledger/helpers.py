@@ -6,7 +6,7 @@ import os
 
 from node.identity import Identity, dev_seed
 from node.ledger.genesis import Genesis, Params
-from node.ledger.tx import Receipt, Vote
+from node.ledger.core.tx import Receipt, Vote
 
 C = 10**9
 KEYS = [Identity.from_seed(dev_seed(i)) for i in range(8)]

@@ -10,7 +10,7 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from node.ledger.consensus import (PRECOMMIT, PREVOTE, Broadcast, Decide, Proposal, Schedule, Tendermint,
+from node.ledger.core.consensus import (PRECOMMIT, PREVOTE, Broadcast, Decide, Proposal, Schedule, Tendermint,
                                    Timeout, Timeouts, Vote)
 
 VALS = tuple(bytes([i]) * 32 for i in range(4))

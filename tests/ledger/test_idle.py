@@ -1,5 +1,5 @@
 """Quiet when idle: validators make an empty block only every ``heartbeat_ms`` unless a transaction waits or the
-state needs a height (node.ledger.liveness), and an empty block is stored small (node.ledger.blockcodec).
+state needs a height (node.ledger.core.liveness), and an empty block is stored small (node.ledger.core.blockcodec).
 
 Chains run real validators (:class:`LedgerService` with its consensus driver over real libp2p hosts on
 127.0.0.1, LevelDB in a tmp dir). Counts of blocks are bounded, never wall times.
@@ -19,16 +19,16 @@ import trio
 
 from node.encoding import pack, unpack
 from node.identity import Identity, dev_seed
-from node.ledger import blockcodec
-from node.ledger.block import Block, Header, sign_commit, tx_root
-from node.ledger.chain import commit_block, propose
+from node.ledger.core import blockcodec
+from node.ledger.core.block import Block, Header, sign_commit, tx_root
+from node.ledger.core.chain import commit_block, propose
 from node.ledger.genesis import Genesis, GenesisError, Params, load_genesis, parse_genesis
-from node.ledger.jobtx import JobCancel
-from node.ledger.liveness import Need, block_due, height_need, needs_height, needs_proof
+from node.ledger.core.jobtx import JobCancel
+from node.ledger.core.liveness import Need, block_due, height_need, needs_height, needs_proof
 from node.ledger.service import LedgerService
-from node.ledger.state import FINAL, SAMPLED, VALID, apply_block_body, genesis_state
+from node.ledger.core.state import FINAL, SAMPLED, VALID, apply_block_body, genesis_state
 from node.ledger.store import LedgerStore
-from node.ledger.tx import Transfer
+from node.ledger.core.tx import Transfer
 from node.net.genesis_cli import DEFAULT_HEARTBEAT_MS, FlagError, apply_heartbeat, parse_duration_ms
 from node.p2p.host import P2PHost
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from node.ledger.chain import check_and_apply, commit_block, propose
-from node.ledger.state import genesis_state
-from node.ledger.jobtx import JobAccept, JobCancel, JobDeliver, JobPost, TrainReceipt
-from node.ledger.tx import ABSTAIN, INVALID, VALID, Bond, Transfer, Unbond
+from node.ledger.core.chain import check_and_apply, commit_block, propose
+from node.ledger.core.state import genesis_state
+from node.ledger.core.jobtx import JobAccept, JobCancel, JobDeliver, JobPost, TrainReceipt
+from node.ledger.core.tx import ABSTAIN, INVALID, VALID, Bond, Transfer, Unbond
 
 from .helpers import C, KEYS, VALIDATOR, make_genesis, make_receipt, vote
 

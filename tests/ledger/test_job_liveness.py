@@ -9,12 +9,12 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from node.ledger.chain import check_and_apply, commit_block, propose
+from node.ledger.core.chain import check_and_apply, commit_block, propose
 from node.ledger.genesis import TREASURY, GenesisError, Params
-from node.ledger.jobs import ACCEPTED, CANCELLED, OPEN, RELEASED, START_TIMEOUT
-from node.ledger.jobtx import JobAccept, JobCancel, JobPost, JobRelease, TrainReceipt
-from node.ledger.state import apply_tx, genesis_state
-from node.ledger.tx import InvalidTx, Unbond, decode_tx
+from node.ledger.core.jobs import ACCEPTED, CANCELLED, OPEN, RELEASED, START_TIMEOUT
+from node.ledger.core.jobtx import JobAccept, JobCancel, JobPost, JobRelease, TrainReceipt
+from node.ledger.core.state import apply_tx, genesis_state
+from node.ledger.core.tx import InvalidTx, Unbond, decode_tx
 
 from .helpers import C, CLIENT, KEYS, VALIDATOR, W1, W2, make_genesis
 

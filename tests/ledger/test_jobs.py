@@ -7,11 +7,11 @@ import os
 
 import pytest
 
-from node.ledger.chain import propose
-from node.ledger.jobs import ACCEPTED, CANCELLED, DIVERGED, EXPIRED, FAILED, OPEN, SETTLED
-from node.ledger.jobtx import JobAccept, JobCancel, JobDeliver, JobPost, TrainReceipt
-from node.ledger.state import apply_tx, genesis_state
-from node.ledger.tx import INVALID, VALID, InvalidTx
+from node.ledger.core.chain import propose
+from node.ledger.core.jobs import ACCEPTED, CANCELLED, DIVERGED, EXPIRED, FAILED, OPEN, SETTLED
+from node.ledger.core.jobtx import JobAccept, JobCancel, JobDeliver, JobPost, TrainReceipt
+from node.ledger.core.state import apply_tx, genesis_state
+from node.ledger.core.tx import INVALID, VALID, InvalidTx
 
 from .helpers import CLIENT, KEYS, VALIDATOR, W1, make_genesis, vote
 

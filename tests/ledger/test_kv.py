@@ -1,4 +1,4 @@
-"""Copy-on-write tables (node.ledger.kv) against a plain dict model, over a real LevelDB and in memory: reads,
+"""Copy-on-write tables (node.ledger.core.kv) against a plain dict model, over a real LevelDB and in memory: reads,
 deletes, lengths, sorted iteration; a commit leaves every older state readable exactly as it was; insertion
 order of the open sets; the stored state after a commit equals the model."""
 
@@ -9,7 +9,7 @@ import random
 import plyvel
 import pytest
 
-from node.ledger.kv import Codec, OrderedSet, StoreRoot, Table
+from node.ledger.core.kv import Codec, OrderedSet, StoreRoot, Table
 
 INT = Codec(lambda v: v, int)
 

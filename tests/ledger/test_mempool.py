@@ -12,17 +12,17 @@ from dataclasses import replace
 import pytest
 import trio
 
-import node.identity
-import node.ledger.tx
+import node.keys
+import node.ledger.core.tx
 from node.encoding import pack
 from node.identity import Identity, dev_seed
-from node.ledger.block import Block, Header, InvalidBlock, tx_root
-from node.ledger.chain import check_and_apply, commit_block, propose
+from node.ledger.core.block import Block, Header, InvalidBlock, tx_root
+from node.ledger.core.chain import check_and_apply, commit_block, propose
 from node.ledger.mempool import Limits, Mempool, Priority
 from node.ledger.service import LedgerService
-from node.ledger.state import SAMPLED, genesis_state
+from node.ledger.core.state import SAMPLED, genesis_state
 from node.ledger.store import LedgerStore
-from node.ledger.tx import Bond, InvalidTx, Transfer, Unbond
+from node.ledger.core.tx import Bond, InvalidTx, Transfer, Unbond
 
 from .helpers import CLIENT, KEYS, VALIDATOR, W1, W2, W3, W4, C, make_genesis, make_receipt, vote
 
@@ -213,14 +213,14 @@ def test_memory_is_bounded_in_bytes(make_svc):
 
 def test_signatures_are_checked_once_per_transaction_not_per_block(make_svc, monkeypatch):
     calls = []
-    real = node.identity.verify
+    real = node.keys.verify
 
     def counting(*args):
         calls.append(args)
         return real(*args)
 
-    monkeypatch.setattr(node.identity, "verify", counting)  # what verify_many (block building) calls
-    monkeypatch.setattr(node.ledger.tx, "verify", counting)  # what Tx.check_signatures calls
+    monkeypatch.setattr(node.keys, "verify", counting)  # what verify_many (block building) calls
+    monkeypatch.setattr(node.ledger.core.tx, "verify", counting)  # what Tx.check_signatures calls
     svc = make_svc()
     g = svc.genesis
     s0 = genesis_state(g)  # the state before block 1 (svc.state is replaced by each committed block)

@@ -1,4 +1,4 @@
-"""The training run state machine (node.ledger.runs) driven block by block on the pure ledger state."""
+"""The training run state machine (node.ledger.core.runs) driven block by block on the pure ledger state."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 
 from node.encoding import H
 from node.ledger.genesis import TREASURY
-from node.ledger.runs import Phase, RunStatus
-from node.ledger.runtx import NO_MOMENTUM, RoundAggregate, RoundReceipt, RoundReveal, RunCancel, RunJoin, RunLeave, RunPost
-from node.ledger.state import INVALID_S, SAMPLED, apply_block_body, apply_tx, genesis_state
-from node.ledger.tx import INVALID, VALID, InvalidTx, Vote, decode_tx
+from node.ledger.core.runs import Phase, RunStatus
+from node.ledger.core.runtx import NO_MOMENTUM, RoundAggregate, RoundReceipt, RoundReveal, RunCancel, RunJoin, RunLeave, RunPost
+from node.ledger.core.state import INVALID_S, SAMPLED, apply_block_body, apply_tx, genesis_state
+from node.ledger.core.tx import INVALID, VALID, InvalidTx, Vote, decode_tx
 
 from .helpers import C, KEYS, make_genesis
 

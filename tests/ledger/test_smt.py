@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from node.encoding import H, pack, unpack
-from node.ledger.block import Header
+from node.ledger.core.block import Header
 from node.ledger.core import smt
 from node.ledger.core.smt import (EMPTY_HASH, EMPTY_ROOT, MAX_PROOF_BYTES, CorruptNodeError, MemoryNodeStore,
                                   MissingNodeError, OverlayNodeStore, Proof, Root, StaleNode, internal_hash,

@@ -8,8 +8,8 @@ import pytest
 
 from node.encoding import pack, unpack
 from node.ledger import snapshot as snap
-from node.ledger.block import InvalidBlock
-from node.ledger.chain import check_and_apply, commit_block, propose
+from node.ledger.core.block import InvalidBlock
+from node.ledger.core.chain import check_and_apply, commit_block, propose
 from node.ledger.store import LedgerStore, StoreCorrupt
 
 from .helpers import KEYS, VALIDATOR, make_genesis

@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from node.ledger.block import InvalidBlock
-from node.ledger.chain import check_and_apply, commit_block, propose
+from node.ledger.core.block import InvalidBlock
+from node.ledger.core.chain import check_and_apply, commit_block, propose
 from node.ledger.genesis import TREASURY
-from node.ledger.state import INVALID_S, SAMPLED, SETTLED, VALID_S, apply_tx, genesis_state
-from node.ledger.tx import ABSTAIN, INVALID, VALID, InvalidTx, Transfer
+from node.ledger.core.state import INVALID_S, SAMPLED, SETTLED, VALID_S, apply_tx, genesis_state
+from node.ledger.core.tx import ABSTAIN, INVALID, VALID, InvalidTx, Transfer
 
 from .helpers import C, CLIENT, KEYS, VALIDATOR, W1, make_genesis, make_receipt, vote
 
@@ -148,7 +148,7 @@ def test_followers_check_blocks_and_commits():
 
 
 def test_unbond_waits_for_pending_receipts():
-    from node.ledger.tx import Unbond
+    from node.ledger.core.tx import Unbond
 
     g = make_genesis(sample_base_ppm=1, sample_floor_ppm=1, slash_amount=10**18)
     s0 = genesis_state(g)

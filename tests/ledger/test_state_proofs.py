@@ -1,12 +1,12 @@
-"""The state root is the sparse Merkle root over every state entry (node.ledger.tree): built incrementally it
+"""The state root is the sparse Merkle root over every state entry (node.ledger.core.tree): built incrementally it
 equals a build from scratch; every account and receipt record proves against its header, before and after a
 restart; one changed byte fails; a proof for another key fails; stale tree nodes are pruned."""
 
 from __future__ import annotations
 
-from node.ledger import tree as tr
+from node.ledger.core import tree as tr
 from node.ledger.proofs import entry_proof, verify_account_proof, verify_entry_proof, verify_record_proof
-from node.ledger.state import State, VALID
+from node.ledger.core.state import State, VALID
 from node.ledger.store import LedgerStore
 
 from .helpers import KEYS, W1, make_genesis, make_receipt, vote
@@ -54,7 +54,7 @@ def test_roots_proofs_and_restart(tmp_path):
     store = LedgerStore(tmp_path / "db", g)
     state = grow(store, store.replay(), g, 7)
     # a sampled receipt and its votes, so records change after inclusion
-    from node.ledger.chain import commit_block, propose
+    from node.ledger.core.chain import commit_block, propose
 
     rec = make_receipt(g, W1, height=state.height)
     for txs in ([rec], []):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from node.ledger.chain import commit_block, propose
+from node.ledger.core.chain import commit_block, propose
 from node.encoding import pack
 from node.ledger import statedb
 from node.ledger.store import LedgerStore, StoreCorrupt, StoreLocked
@@ -177,7 +177,7 @@ def test_no_block_may_be_older_than_the_genesis(tmp_path):
     """Before the first block the parent time is the genesis time, so a proposal stamped earlier is refused."""
     from dataclasses import replace
 
-    from node.ledger.chain import check_time
+    from node.ledger.core.chain import check_time
 
     g = replace(make_genesis(), genesis_time_ms=5_000)
     store = LedgerStore(tmp_path / "db", g)

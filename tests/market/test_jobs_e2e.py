@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from node.compute.model import make_tiny
-from node.ledger.jobs import ACCEPTED, DELIVERED, DIVERGED, FAILED, SETTLED
-from node.ledger.state import FINAL
+from node.ledger.core.jobs import ACCEPTED, DELIVERED, DIVERGED, FAILED, SETTLED
+from node.ledger.core.state import FINAL
 from node.market.client import fetch_adapter, job_json, post_job
 
 from ..e2e.swarm import swarm

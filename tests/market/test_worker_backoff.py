@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 from node.identity import Identity
-from node.ledger.jobs import ACCEPTED
+from node.ledger.core.jobs import ACCEPTED
 from node.market.worker import JobWorker
 
 

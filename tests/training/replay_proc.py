@@ -15,8 +15,8 @@ from safetensors.torch import load_file, save_file
 
 from node.compute.model import make_tiny
 from node.encoding import H, commitments_root
-from node.ledger.runtx import RunPost
-from node.ledger.tx import VALID
+from node.ledger.core.runtx import RunPost
+from node.ledger.core.tx import VALID
 from node.training import rounds as rd
 from node.training.assign import batch_tensors
 

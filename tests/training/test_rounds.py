@@ -12,8 +12,8 @@ import torch
 
 from node.compute.model import make_tiny
 from node.encoding import H, commitments_root
-from node.ledger.runtx import RunPost
-from node.ledger.tx import INVALID, VALID
+from node.ledger.core.runtx import RunPost
+from node.ledger.core.tx import INVALID, VALID
 from node.training import rounds as rd
 from node.training.assign import batch_tensors, screen_tensor
 

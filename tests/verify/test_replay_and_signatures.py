@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from node.identity import verify
-from node.ledger.chain import propose
-from node.ledger.state import apply_tx, genesis_state
-from node.ledger.tx import InvalidTx
+from node.ledger.core.chain import propose
+from node.ledger.core.state import apply_tx, genesis_state
+from node.ledger.core.tx import InvalidTx
 
 from ..ledger.helpers import CLIENT, VALIDATOR, W1, make_genesis, make_receipt
 
@@ -53,7 +53,7 @@ def test_receipt_replays_are_refused_with_balances_unchanged():
 
 
 def test_block_timestamps_outside_the_allowed_skew_are_refused():
-    from node.ledger.chain import check_time
+    from node.ledger.core.chain import check_time
 
     now = 1_800_000_000_000
     check_time(now + 1000, now, parent_ms=now - 500)

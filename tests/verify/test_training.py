@@ -12,8 +12,8 @@ import torch
 from node.compute.model import make_tiny
 from node.compute.train import Trainer, encode_text, split_tokens, state_distance
 from node.encoding import commitments_root
-from node.ledger.jobtx import JobPost, TrainReceipt
-from node.ledger.tx import INVALID, VALID
+from node.ledger.core.jobtx import JobPost, TrainReceipt
+from node.ledger.core.tx import INVALID, VALID
 from node.verify.training import TRAIN_TOLERANCE, replay_segment
 
 TEXT = (Path(__file__).resolve().parents[2] / "docs" / "DESIGN.md").read_bytes()

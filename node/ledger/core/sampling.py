@@ -12,7 +12,7 @@ Probabilities are integers in parts per million (ppm) so the rule is exact and d
 
 from __future__ import annotations
 
-from ..encoding import H
+from ...encoding import H
 
 PPM = 1_000_000
 

@@ -3,7 +3,7 @@
 Each entry ``key -> value`` of table ``t`` is the tree leaf ``tree_key(TAG[t], key) -> H(value bytes)``, the
 value bytes being exactly what the store writes (:data:`node.ledger.statedb.CODECS`); the open sets' counter
 is the leaf ``tree_key(b"meta", b"seq")``. The root after block ``h`` is version ``h`` of the tree, so
-:meth:`node.ledger.state.State.state_root` costs O(changes · log n) per block, whatever the state's size, and
+:meth:`node.ledger.core.state.State.state_root` costs O(changes · log n) per block, whatever the state's size, and
 any retained version proves any entry (:func:`prove_entry`, checked by :func:`node.ledger.proofs.
 verify_entry_proof`).
 
@@ -18,10 +18,11 @@ Where the nodes live (a :class:`StateTree` per state):
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any
+from collections.abc import Callable, Iterator
 
-from ..encoding import H
-from .core.smt import EMPTY_ROOT, Root, StaleNode, UpdateResult, prove, prune_bound, tree_key, update
+from ...encoding import H
+from .smt import EMPTY_ROOT, Root, StaleNode, UpdateResult, prove, prune_bound, tree_key, update
 
 TAG = {"accounts": b"a", "receipts": b"r", "evidence": b"e", "sessions": b"s", "jobs": b"j", "runs": b"n",
        "open_receipts": b"o", "open_jobs": b"p", "open_runs": b"q"}
@@ -72,7 +73,7 @@ class StateTree:
         root: the root when already known (a committed state), else None until :meth:`compute`.
     """
 
-    def __init__(self, parent: "StateTree | None", base: Any, root: Root | None = None):
+    def __init__(self, parent: StateTree | None, base: Any, root: Root | None = None):
         self.parent, self.base, self.root = parent, base, root
         self.pending: dict[bytes, bytes] = {}
         self.stale: tuple[StaleNode, ...] = ()
@@ -86,7 +87,7 @@ class StateTree:
             t = t.parent
         return self.base.get(node_key)
 
-    def child(self) -> "StateTree":
+    def child(self) -> StateTree:
         """The tree of a state built on this one (whose root is then needed: it is computed here)."""
         if self.root is None:
             raise ValueError("the parent's root is computed first (State.state_root)")
@@ -147,5 +148,16 @@ def settled(db: Any, root: Root) -> StateTree:
     return StateTree(None, LevelNodes(db), root)
 
 
-__all__ = ["TAG", "SEQ_KEY", "RETAIN", "entry_key", "leaf_value", "StateTree", "LevelNodes", "memory_tree",
-           "stage", "settled", "EMPTY_ROOT"]
+__all__ = [
+    "EMPTY_ROOT",
+    "RETAIN",
+    "SEQ_KEY",
+    "TAG",
+    "LevelNodes",
+    "StateTree",
+    "entry_key",
+    "leaf_value",
+    "memory_tree",
+    "settled",
+    "stage",
+]

@@ -1,4 +1,4 @@
-"""Building and checking blocks on top of a :class:`~node.ledger.state.State` (pure).
+"""Building and checking blocks on top of a :class:`~node.ledger.core.state.State` (pure).
 
 ``propose`` is what a validator does with its mempool; ``check_and_apply`` is what every node does with a
 block and its commit, whether it came over gossip, from sync, or from its own store during replay.
@@ -6,9 +6,9 @@ block and its commit, whether it came over gossip, from sync, or from its own st
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from ..identity import Identity
+from ...keys import Identity
 from .block import Block, Header, InvalidBlock, check_commit, sign_commit, tx_root
 from .state import State, apply_block_body, apply_txs
 from .tx import InvalidTx, Tx

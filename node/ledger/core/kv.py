@@ -2,7 +2,7 @@
 
 A :class:`Table` is a mutable mapping with the interface of the ``dict`` it replaces. It is a stack of layers:
 zero or more overlays (each a dict of writes and deletions) on top of one root. :meth:`Table.child` pushes an
-empty overlay: that is how :meth:`node.ledger.state.State.copy` makes the working copy a block is applied to,
+empty overlay: that is how :meth:`node.ledger.core.state.State.copy` makes the working copy a block is applied to,
 in O(1) instead of copying every account and receipt. Two kinds of root:
 
 * :class:`DictRoot` — decoded values in a dict (tests, genesis, ``node ledger verify``'s replay). A stack that
@@ -16,16 +16,17 @@ Iteration is in sorted key order in every layout (a proposer and a validator tha
 different stacks iterate it identically; consensus depends on that). An :class:`OrderedSet` keeps insertion
 order instead, with a sequence number per member drawn from a counter in the state.
 
-Complexity: a read is O(depth) dict lookups then one cache or backend lookup; a write is one dict store (and one read, for the counts); a
-commit is O(changes); iteration is O(n log n) (a backend prefix scan merged with the overlays).
+Complexity: a read is O(depth) dict lookups then one cache or backend lookup; a write is one dict store (and one
+read, for the counts); a commit is O(changes); iteration is O(n log n) (a backend prefix scan merged with the overlays).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable, Generic, Iterator, MutableMapping, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Callable, Iterator, MutableMapping
 
-from ..encoding import pack, unpack
+from ...encoding import pack, unpack
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -122,7 +123,7 @@ class Table(MutableMapping[K, V]):
         KeyError: reading or deleting a missing key with ``[]`` / ``del`` (as a dict does).
     """
 
-    def __init__(self, root: DictRoot | StoreRoot, parent: "Table[K, V] | None" = None):
+    def __init__(self, root: DictRoot | StoreRoot, parent: Table[K, V] | None = None):
         self.root = root
         self.parent = parent
         self.depth = 0 if parent is None else parent.depth + 1
@@ -130,11 +131,11 @@ class Table(MutableMapping[K, V]):
         self.delta = 0  # entries added minus entries removed by this overlay
 
     @classmethod
-    def memory(cls, values: dict[K, V] | None = None) -> "Table[K, V]":
+    def memory(cls, values: dict[K, V] | None = None) -> Table[K, V]:
         """A table over a fresh in-memory root holding ``values``."""
         return cls(DictRoot(values))
 
-    def child(self) -> "Table[K, V]":
+    def child(self) -> Table[K, V]:
         """A copy-on-write child: writes to it leave this table unchanged."""
         if isinstance(self.root, DictRoot) and self.depth >= MAX_DEPTH:
             return Table(DictRoot(dict(self.items())))
@@ -193,7 +194,7 @@ class Table(MutableMapping[K, V]):
             t = t.parent
         return out
 
-    def _bottom(self) -> "Table[K, V]":
+    def _bottom(self) -> Table[K, V]:
         t = self
         while t.parent is not None:
             t = t.parent
@@ -201,7 +202,7 @@ class Table(MutableMapping[K, V]):
 
     def __iter__(self) -> Iterator[K]:
         ch = self.changes()
-        keys = set(k for k in self.root.keys() if k not in ch)
+        keys = {k for k in self.root.keys() if k not in ch}
         keys.update(k for k, v in ch.items() if v is not _DEL)
         return iter(sorted(keys))  # type: ignore[type-var]
 
@@ -276,7 +277,7 @@ class Table(MutableMapping[K, V]):
             bottom.parent, bottom.depth = self, 1
             bottom.delta += d
 
-    def undo_view(self, before: dict[K, Any]) -> "Table[K, V]":
+    def undo_view(self, before: dict[K, Any]) -> Table[K, V]:
         """A read view of this table with the values in ``before`` instead (``_DEL``: absent): the previous
         state, rebuilt from a stored undo record. It stays exact after later commits (it reads through this
         table, which :meth:`stage` turns into a view of itself)."""

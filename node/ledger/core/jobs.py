@@ -1,4 +1,4 @@
-"""The fine-tune job marketplace's state transition (pure; called from :mod:`node.ledger.state`).
+"""The fine-tune job marketplace's state transition (pure; called from :mod:`node.ledger.core.state`).
 
 Money (base units): posting moves ``steps × price_per_step`` from the requester's balance into escrow
 (``Job.escrow_left``). Each training receipt reserves its price from ``escrow_left``; the reserved amount stays in
@@ -86,7 +86,7 @@ class Job:
                 "final_height": self.final_height, "dropped": [list(d) for d in self.dropped]}
 
 
-def _refund_left(s: "State", job: Job, status: str, height: int) -> Job:
+def _refund_left(s: State, job: Job, status: str, height: int) -> Job:
     left = job.escrow_left
     if left:
         req = s.account(job.post.sender)
@@ -94,7 +94,7 @@ def _refund_left(s: "State", job: Job, status: str, height: int) -> Job:
     return replace(job, status=status, escrow_left=0, refunded=job.refunded + left, final_height=height)
 
 
-def _set(s: "State", job: Job) -> None:
+def _set(s: State, job: Job) -> None:
     jid = job.post.job_id
     s.jobs[jid] = job
     if job.status in TERMINAL:
@@ -103,13 +103,13 @@ def _set(s: "State", job: Job) -> None:
         s.open_jobs[jid] = None
 
 
-def unstarted_held(s: "State", worker: bytes) -> int:
+def unstarted_held(s: State, worker: bytes) -> int:
     """How many jobs ``worker`` holds accepted without a first segment (each backed by ``job_start_penalty``)."""
     return sum(1 for jid in s.open_jobs
                if (j := s.jobs[jid]).status == ACCEPTED and j.worker == worker and not j.segments)
 
 
-def _reopen(s: "State", job: Job, reason: str, penalty: int, height: int) -> Job:
+def _reopen(s: State, job: Job, reason: str, penalty: int, height: int) -> Job:
     """Take ``job`` from its worker (before its first segment): back to open; ``min(bond, penalty)`` base units
     move from the worker's bond to the treasury."""
     acc = s.account(job.worker)
@@ -121,12 +121,12 @@ def _reopen(s: "State", job: Job, reason: str, penalty: int, height: int) -> Job
                    dropped=job.dropped + ((job.worker, reason, height, paid),))
 
 
-def apply_job_tx(s: "State", tx) -> None:
+def apply_job_tx(s: State, tx) -> None:
     """Apply a marketplace transaction to ``s`` in place (checks first; a refused tx changes nothing). The
-    caller, :func:`node.ledger.state.apply_tx`, checks and advances the sender's nonce.
+    caller, :func:`node.ledger.core.state.apply_tx`, checks and advances the sender's nonce.
 
     Raises:
-        InvalidTx: as documented per kind in :mod:`node.ledger.jobtx`.
+        InvalidTx: as documented per kind in :mod:`node.ledger.core.jobtx`.
     """
     height = s.height + 1
     if isinstance(tx, JobPost):
@@ -188,7 +188,7 @@ def apply_job_tx(s: "State", tx) -> None:
         _set(s, _reopen(s, job, RELEASED, s.params.job_release_penalty, height))
 
 
-def check_train_receipt(s: "State", r: TrainReceipt) -> Job:
+def check_train_receipt(s: State, r: TrainReceipt) -> Job:
     """Checks of a training receipt against its job (before anything moves). Returns the job."""
     job = s.jobs.get(r.job_id)
     _check(job is not None, "training receipt for an unknown job")
@@ -205,7 +205,7 @@ def check_train_receipt(s: "State", r: TrainReceipt) -> Job:
     return job
 
 
-def record_train_receipt(s: "State", r: TrainReceipt, job: Job) -> None:
+def record_train_receipt(s: State, r: TrainReceipt, job: Job) -> None:
     """Reserve the segment's price and advance the job (after :func:`check_train_receipt`)."""
     height = s.height + 1
     job = replace(job, escrow_left=job.escrow_left - r.price, segments=job.segments + (r.id,),
@@ -215,7 +215,7 @@ def record_train_receipt(s: "State", r: TrainReceipt, job: Job) -> None:
     _set(s, job)
 
 
-def on_final(s: "State", r: TrainReceipt, valid: bool, height: int) -> None:
+def on_final(s: State, r: TrainReceipt, valid: bool, height: int) -> None:
     """A training receipt reached a final status: an invalid one fails its job and refunds unspent escrow."""
     job = s.jobs[r.job_id]
     if not valid and job.status not in (FAILED,):
@@ -223,7 +223,7 @@ def on_final(s: "State", r: TrainReceipt, valid: bool, height: int) -> None:
         _set(s, job)
 
 
-def end_block_jobs(s: "State", height: int, final_status: set[str]) -> None:
+def end_block_jobs(s: State, height: int, final_status: set[str]) -> None:
     """Expire undelivered jobs past their deadline; return to open (the worker paying ``job_start_penalty``)
     accepted jobs with no segment by the end of block ``accepted_height + job_start_window``; settle delivered
     jobs whose segments are all final."""

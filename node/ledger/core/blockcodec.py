@@ -9,10 +9,10 @@ value. Format 2 (a msgpack array, where the legacy record is a map, so both read
 * the chain id (a store belongs to one genesis);
 * ``tx_root`` when the block has no transaction (it is then the constant ``merkle_root([])``);
 * ``last_commit`` when it equals the commit stored with the parent (always so for the block a validator built on
-  its own head; the block hash does not cover it, :class:`node.ledger.block.Header`), read back from the parent;
+  its own head; the block hash does not cover it, :class:`node.ledger.core.block.Header`), read back from the parent;
 * in commits and for the proposer, a validator's 32-byte account when it is in the genesis validator set: its
   index there instead; and the round, shared by every precommit of a commit, once per commit
-  (:func:`node.ledger.block.check_commit` refuses commits that mix rounds; one that does is kept in full).
+  (:func:`node.ledger.core.block.check_commit` refuses commits that mix rounds; one that does is kept in full).
 
 Record: ``[2, [height, prev, time, proposer, tx_root | nil, state_root], txs, last_commit | nil, commit]``, a
 commit being ``[round, ref, sig, ref, sig, ...]`` (``ref``: validator index or account bytes) or, when it cannot be
@@ -22,9 +22,10 @@ written so, the wire list. An empty one-validator block becomes 157 B of value (
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
-from ..encoding import merkle_root, pack, unpack
+from ...encoding import merkle_root, pack, unpack
 
 FORMAT = 2
 EMPTY_TX_ROOT = merkle_root([])
@@ -136,5 +137,13 @@ def decode_record(raw: bytes, chain_id: str, validators: Sequence[bytes],
     return {"b": {"h": header, "txs": txs, "lc": last}, "c": decode_commit(c, validators)}
 
 
-__all__ = ["FORMAT", "EMPTY_TX_ROOT", "RecordError", "encode_commit", "decode_commit", "encode_record",
-           "record_commit", "decode_record"]
+__all__ = [
+    "EMPTY_TX_ROOT",
+    "FORMAT",
+    "RecordError",
+    "decode_commit",
+    "decode_record",
+    "encode_commit",
+    "encode_record",
+    "record_commit",
+]

@@ -15,7 +15,7 @@ is the same when n = 3f + 1).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from collections.abc import Callable
 
 PROPOSE, PREVOTE, PRECOMMIT = "propose", "prevote", "precommit"
 
@@ -34,7 +34,7 @@ class Vote:
     kind: str  # PREVOTE or PRECOMMIT
     height: int
     round: int
-    value: Optional[bytes]  # None is nil
+    value: bytes | None  # None is nil
     sender: bytes
 
 
@@ -80,7 +80,7 @@ class Timeouts:
 @dataclass
 class _Tally:
     proposals: dict[int, Proposal] = field(default_factory=dict)  # round -> first proposal from the proposer
-    votes: dict[tuple[str, int], dict[bytes, Optional[bytes]]] = field(default_factory=dict)  # (kind, r) -> sender -> v
+    votes: dict[tuple[str, int], dict[bytes, bytes | None]] = field(default_factory=dict)  # (kind, r) -> sender -> v
 
     def add(self, v: Vote) -> bool:
         box = self.votes.setdefault((v.kind, v.round), {})
@@ -89,13 +89,13 @@ class _Tally:
         box[v.sender] = v.value
         return True
 
-    def count(self, kind: str, round_: int, value: Optional[bytes] = None, any_value: bool = False) -> int:
+    def count(self, kind: str, round_: int, value: bytes | None = None, any_value: bool = False) -> int:
         box = self.votes.get((kind, round_), {})
         return len(box) if any_value else sum(1 for x in box.values() if x == value)
 
     def senders_in_round(self, round_: int) -> set[bytes]:
         s = {p.sender for r, p in self.proposals.items() if r == round_}
-        for (kind, r), box in self.votes.items():
+        for (_kind, r), box in self.votes.items():
             if r == round_:
                 s |= set(box)
         return s
@@ -113,7 +113,7 @@ class Tendermint:
         timeouts: :class:`Timeouts`.
     """
 
-    def __init__(self, me: Optional[bytes], validators: tuple[bytes, ...], height: int,
+    def __init__(self, me: bytes | None, validators: tuple[bytes, ...], height: int,
                  get_value: Callable[[int], bytes], valid: Callable[[bytes], bool], timeouts: Timeouts | None = None):
         self.me, self.validators = me, tuple(validators)
         self.n = len(self.validators)
@@ -127,13 +127,13 @@ class Tendermint:
     def _reset(self) -> None:
         self.round = 0
         self.step = PROPOSE
-        self.locked_value: Optional[bytes] = None
+        self.locked_value: bytes | None = None
         self.locked_round = -1
-        self.valid_value: Optional[bytes] = None
+        self.valid_value: bytes | None = None
         self.valid_round = -1
         self.tally = _Tally()
         self._once: set[tuple] = set()
-        self.decided: Optional[bytes] = None
+        self.decided: bytes | None = None
         self.sent: list = []  # our own messages at this height, for re-broadcast
 
     def proposer(self, height: int, round_: int) -> bytes:
@@ -181,7 +181,7 @@ class Tendermint:
         self.step = step
         return actions
 
-    def _vote(self, kind: str, value: Optional[bytes]) -> list:
+    def _vote(self, kind: str, value: bytes | None) -> list:
         if self.me is None or self.me not in self.validators:
             return []
         msg = Vote(kind, self.height, self.round, value, self.me)
@@ -218,7 +218,7 @@ class Tendermint:
                 return out
             out += step
 
-    def _fire(self, r_msg: int) -> Optional[list]:
+    def _fire(self, r_msg: int) -> list | None:
         h, r, t = self.height, self.round, self.tally
         q = self.quorum
         if self.decided is not None:
@@ -259,7 +259,7 @@ class Tendermint:
     def next_height(self, height: int, start: bool = True) -> list:
         """Move to ``height`` after a decision was committed (line 54) and start round 0. With ``start`` False
         the machine waits at ``height`` without proposing or scheduling anything until :meth:`start` (a quiet
-        chain, :mod:`node.ledger.liveness`: Tendermint's ``create_empty_blocks_interval`` waits the same way
+        chain, :mod:`node.ledger.core.liveness`: Tendermint's ``create_empty_blocks_interval`` waits the same way
         before round 0's propose step); the driver must call :meth:`start` before feeding it messages."""
         self.height = height
         self._reset()

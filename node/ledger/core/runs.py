@@ -1,6 +1,6 @@
-"""Collaborative training runs on the ledger: a pure state machine (called from :mod:`node.ledger.state`).
+"""Collaborative training runs on the ledger: a pure state machine (called from :mod:`node.ledger.core.state`).
 
-A run (:class:`~node.ledger.runtx.RunPost`) goes through rounds; each round through phases (:class:`Phase`):
+A run (:class:`~node.ledger.core.runtx.RunPost`) goes through rounds; each round through phases (:class:`Phase`):
 
 1. **COMMIT** — opened in ``end_block`` of height h when at least ``min_workers`` have joined: the round's
    participants (the first ``max_workers`` joined workers, in join order, then sorted) and its beacon (the hash
@@ -17,7 +17,8 @@ A run (:class:`~node.ledger.runtx.RunPost`) goes through rounds; each round thro
    at the next outer step, cannot undo what Nesterov momentum carried forward — see the session notes for the
    measured cost). An aggregate may accept only revealed workers whose receipts are not invalid; the aggregator
    drops more by the loss screen and non-finite checks. If none arrives within ``round_timeout`` blocks another
-   aggregator is drawn.
+   aggregator is drawn; so is one at once if the verdicts slashed the drawn one below ``min_bond`` (it could not
+   post).
 4. **CHECK** — the aggregate is a receipt sampled with probability 1: a committee re-computes the outer step
    bit for bit. Valid: θ_{r+1} and the momentum are the run's, the aggregator is paid ``aggregator_fee`` (less
    the committee's fee), and round r+1 opens in the next ``end_block``. Invalid: the aggregator is slashed like
@@ -39,9 +40,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..encoding import H
-from ..verify import committee as cm
-from ..verify.sampling import PPM, is_sampled, sampling_ppm
+from ...encoding import H
+from . import committee as cm
+from .sampling import PPM, is_sampled, sampling_ppm
 from .jobtx import parse_targets
 from .status import INVALID_S, SAMPLED
 from .runstate import (MAX_JOINED, TERMINAL, Outcome, Phase, RoundState, RoundSummary, Run, RunStatus,
@@ -53,7 +54,7 @@ from .tx import InvalidTx, _check
 if TYPE_CHECKING:
     from .state import State
 
-def _set(s: "State", run: Run) -> None:
+def _set(s: State, run: Run) -> None:
     rid = run.post.run_id
     s.runs[rid] = run
     if run.status in TERMINAL and run.final_height:  # an expired run stays open until its escrow is returned
@@ -62,7 +63,7 @@ def _set(s: "State", run: Run) -> None:
         s.open_runs[rid] = None
 
 
-def _sponsor_pays(s: "State", run: Run, to: bytes, amount: int) -> None:
+def _sponsor_pays(s: State, run: Run, to: bytes, amount: int) -> None:
     """``amount`` leaves the sponsor's escrow for ``to``'s balance."""
     if amount:
         sp = s.account(run.post.sender)
@@ -75,14 +76,14 @@ def _round_key(run_id: bytes, round_: int, attempt: int) -> bytes:
     return H(b"tally/run-round/v1", run_id, round_.to_bytes(4, "big"), attempt.to_bytes(4, "big"))
 
 
-def _active(s: "State", run: Run) -> tuple[bytes, ...]:
+def _active(s: State, run: Run) -> tuple[bytes, ...]:
     """The next round's participants: joined workers still bonded, the first ``max_workers`` by join order,
     sorted by account (the canonical order of assignments and of the outer step)."""
     ok = [w for w in run.workers if s.account(w).bond >= s.params.min_bond][: run.post.max_workers]
     return tuple(sorted(ok))
 
 
-def _open_round(s: "State", run: Run, height: int, beacon: bytes, attempt: int) -> Run:
+def _open_round(s: State, run: Run, height: int, beacon: bytes, attempt: int) -> Run:
     parts = _active(s, run)
     if len(parts) < run.post.min_workers:
         return replace(run, status=RunStatus.WAITING, cur=None)
@@ -92,7 +93,7 @@ def _open_round(s: "State", run: Run, height: int, beacon: bytes, attempt: int) 
                    attempts=run.attempts + ((run.round, attempt, beacon, parts),))
 
 
-def _resolve(s: "State", run: Run, rid: bytes, pay: bool) -> Run:
+def _resolve(s: State, run: Run, rid: bytes, pay: bool) -> Run:
     """Apply the round's decision ``pay`` to receipt ``rid``: now if it is final (held), else remember it."""
     for i, (hid, worker, amount) in enumerate(run.held):
         if hid == rid:
@@ -104,7 +105,7 @@ def _resolve(s: "State", run: Run, rid: bytes, pay: bool) -> Run:
     return replace(run, decided=run.decided + ((rid, pay),))
 
 
-def _fail_attempt(s: "State", run: Run, height: int, beacon: bytes, reason: str) -> Run:
+def _fail_attempt(s: State, run: Run, height: int, beacon: bytes, reason: str) -> Run:
     """Too few workers committed or revealed: pay the revealed/committed work on its verdict (it was done as
     asked), refund what was withheld, and re-open the round with a fresh beacon."""
     cur = run.cur
@@ -115,7 +116,7 @@ def _fail_attempt(s: "State", run: Run, height: int, beacon: bytes, reason: str)
     return _open_round(s, run, height, beacon, cur.attempt + 1)
 
 
-def _sample_commits(s: "State", run: Run, height: int, beacon: bytes) -> None:
+def _sample_commits(s: State, run: Run, height: int, beacon: bytes) -> None:
     """Draw which of the round's receipts a committee replays (beacon: the block that closed the commits)."""
     p = s.params
     assert run.cur is not None
@@ -132,7 +133,7 @@ def _sample_commits(s: "State", run: Run, height: int, beacon: bytes) -> None:
         s.receipts[rid] = replace(rec, p_ppm=ppm)
 
 
-def _draw_aggregator(s: "State", run: Run, beacon: bytes) -> bytes:
+def _draw_aggregator(s: State, run: Run, beacon: bytes) -> bytes:
     cur = run.cur
     assert cur is not None
     key = _round_key(run.post.run_id, cur.round, cur.attempt)
@@ -145,7 +146,7 @@ def _draw_aggregator(s: "State", run: Run, beacon: bytes) -> bytes:
 
 # ------------------------------------------------------------------ transactions
 
-def check_post(s: "State", tx: RunPost) -> None:
+def check_post(s: State, tx: RunPost) -> None:
     """Every rule of a run post (raises :class:`InvalidTx`; changes nothing)."""
     height = s.height + 1
     p = s.params
@@ -182,12 +183,12 @@ def check_post(s: "State", tx: RunPost) -> None:
            f"balance cannot cover the run's budget of {tx.budget} base units")
 
 
-def apply_run_tx(s: "State", tx) -> None:
+def apply_run_tx(s: State, tx) -> None:
     """Apply a run transaction (post, join, leave, cancel, reveal) in place; checks first, so a refused one
     changes nothing. The caller checks and advances nonces.
 
     Raises:
-        InvalidTx: as documented per kind in :mod:`node.ledger.runtx`.
+        InvalidTx: as documented per kind in :mod:`node.ledger.core.runtx`.
     """
     height = s.height + 1
     if isinstance(tx, RunPost):
@@ -229,7 +230,7 @@ def apply_run_tx(s: "State", tx) -> None:
         raise InvalidTx("unknown run transaction")
 
 
-def check_round_receipt(s: "State", r: RoundReceipt) -> Run:
+def check_round_receipt(s: State, r: RoundReceipt) -> Run:
     """Rules of a round receipt against its run (raises :class:`InvalidTx`; changes nothing). Returns the run."""
     run = s.runs.get(r.run_id)
     _check(run is not None, "round receipt for an unknown run")
@@ -251,7 +252,7 @@ def check_round_receipt(s: "State", r: RoundReceipt) -> Run:
     return run
 
 
-def record_round_receipt(s: "State", r: RoundReceipt, run: Run) -> None:
+def record_round_receipt(s: State, r: RoundReceipt, run: Run) -> None:
     """Reserve the receipt's price and record the commitment (after :func:`check_round_receipt`)."""
     cur = run.cur
     assert cur is not None
@@ -262,7 +263,7 @@ def record_round_receipt(s: "State", r: RoundReceipt, run: Run) -> None:
                     receipts=run.receipts + (r.id,)))
 
 
-def check_aggregate(s: "State", a: RoundAggregate) -> Run:
+def check_aggregate(s: State, a: RoundAggregate) -> Run:
     """Rules of an aggregate (raises :class:`InvalidTx`; changes nothing). Returns the run."""
     run = s.runs.get(a.run_id)
     _check(run is not None, "aggregate for an unknown run")
@@ -283,7 +284,7 @@ def check_aggregate(s: "State", a: RoundAggregate) -> Run:
     return run
 
 
-def record_aggregate(s: "State", a: RoundAggregate, run: Run) -> None:
+def record_aggregate(s: State, a: RoundAggregate, run: Run) -> None:
     cur = run.cur
     assert cur is not None
     _set(s, replace(run, escrow_left=run.escrow_left - a.price, receipts=run.receipts + (a.id,),
@@ -292,7 +293,7 @@ def record_aggregate(s: "State", a: RoundAggregate, run: Run) -> None:
 
 # ------------------------------------------------------------------ verdicts
 
-def on_final(s: "State", r, outcome: Outcome, amount: int, height: int) -> None:
+def on_final(s: State, r, outcome: Outcome, amount: int, height: int) -> None:
     """A round receipt or aggregate became final. ``amount``: what is owed to its worker (the price less the
     committee's fee; 0 when invalid), still in the sponsor's escrow. The caller paid the committee / slashed."""
     run = s.runs[r.run_id]
@@ -358,7 +359,7 @@ def on_final(s: "State", r, outcome: Outcome, amount: int, height: int) -> None:
 
 # ------------------------------------------------------------------ per block
 
-def end_block_runs(s: "State", height: int, block_hash: bytes, final_status: set[str]) -> None:
+def end_block_runs(s: State, height: int, block_hash: bytes, final_status: set[str]) -> None:
     """Open rounds, close phases at their ends or timeouts, sample closed commitments, draw aggregators, expire
     runs past their deadline, and return the unspent escrow of ended runs once all their receipts are final."""
     for rid in list(s.open_runs):
@@ -372,9 +373,8 @@ def end_block_runs(s: "State", height: int, block_hash: bytes, final_status: set
                     if s.receipts[crid].status not in final_status or any(h[0] == crid for h in run.held):
                         run = _resolve(s, run, crid, True)
             run = replace(run, status=RunStatus.EXPIRED, cur=None)
-        if run.status == RunStatus.WAITING and run.round < p.rounds:
-            run = _open_round(s, run, height, block_hash, 0)
-        elif run.status == RunStatus.TRAINING and run.cur is None:
+        if ((run.status == RunStatus.WAITING and run.round < p.rounds)
+                or (run.status == RunStatus.TRAINING and run.cur is None)):
             run = _open_round(s, run, height, block_hash, 0)
         elif run.status == RunStatus.TRAINING and run.cur is not None:
             run = _advance(s, run, height, block_hash)
@@ -388,7 +388,7 @@ def end_block_runs(s: "State", height: int, block_hash: bytes, final_status: set
         _set(s, run)
 
 
-def _advance(s: "State", run: Run, height: int, beacon: bytes) -> Run:
+def _advance(s: State, run: Run, height: int, beacon: bytes) -> Run:
     cur = run.cur
     assert cur is not None
     p = run.post
@@ -411,6 +411,11 @@ def _advance(s: "State", run: Run, height: int, beacon: bytes) -> Run:
             agg = _draw_aggregator(s, run, beacon)
             return replace(run, cur=replace(cur, aggregator=agg, phase_height=height, ready_height=0))
         if all(s.receipts[x].status != SAMPLED for _, x, _ in cur.commits):
+            if s.account(cur.aggregator).bond < s.params.min_bond:
+                # slashed below the minimum bond since it was drawn (a cheater voted invalid): the ledger refuses
+                # its aggregate ("worker is not bonded"), so draw another now instead of after round_timeout
+                cur = replace(cur, tried=cur.tried + (cur.aggregator,), aggregator=b"", ready_height=0)
+                return replace(run, cur=replace(cur, aggregator=_draw_aggregator(s, replace(run, cur=cur), beacon)))
             if not cur.ready_height:
                 return replace(run, cur=replace(cur, ready_height=height))
             if height >= cur.ready_height + p.round_timeout:  # the aggregator did not post: draw another
@@ -420,6 +425,21 @@ def _advance(s: "State", run: Run, height: int, beacon: bytes) -> Run:
     return run
 
 
-__all__ = ["Run", "RunStatus", "Phase", "RoundState", "RoundSummary", "Outcome", "apply_run_tx",
-           "check_round_receipt", "record_round_receipt", "check_aggregate", "record_aggregate", "on_final",
-           "end_block_runs", "attempt_of", "MAX_JOINED", "TERMINAL"]
+__all__ = [
+    "MAX_JOINED",
+    "TERMINAL",
+    "Outcome",
+    "Phase",
+    "RoundState",
+    "RoundSummary",
+    "Run",
+    "RunStatus",
+    "apply_run_tx",
+    "attempt_of",
+    "check_aggregate",
+    "check_round_receipt",
+    "end_block_runs",
+    "on_final",
+    "record_aggregate",
+    "record_round_receipt",
+]

@@ -1,15 +1,15 @@
-"""Transactions of the fine-tune job marketplace (see :mod:`node.ledger.jobs` for their state transition).
+"""Transactions of the fine-tune job marketplace (see :mod:`node.ledger.core.jobs` for their state transition).
 
 Lifecycle: :class:`JobPost` (the requester escrows ``steps × price_per_step``) → :class:`JobAccept` by a bonded
 worker → one :class:`TrainReceipt` per segment of at most ``segment_steps`` steps, sampled and re-executed like
 inference receipts → :class:`JobDeliver` of the final training state's id → settlement. :class:`JobCancel` before
 acceptance refunds everything; past ``deadline`` (a ledger height) an undelivered job expires. An accepted job
 whose first segment is not on the ledger within the genesis ``job_start_window`` returns to open, and so does one
-its worker gives up with :class:`JobRelease` before its first segment (penalties in :mod:`node.ledger.jobs`).
+its worker gives up with :class:`JobRelease` before its first segment (penalties in :mod:`node.ledger.core.jobs`).
 Posts, accepts, deliveries and cancellations carry a per-account nonce; a training receipt is replay-protected by
 its id and by the contiguity of its step range with the job's previous receipt. Account fields (``sender``,
 ``worker``, ``requester``) must be valid Ed25519 public keys, checked when a transaction is decoded
-(:func:`node.ledger.tx.decode_tx`).
+(:func:`node.ledger.core.tx.decode_tx`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from ..identity import Identity
+from ...keys import Identity
 from .tx import TX_KINDS, SingleSigned, Tx
 
 # The linear layers of a Llama-architecture decoder block that LoRA may adapt (peft ``target_modules`` names):
@@ -173,7 +173,7 @@ class TrainReceipt(Tx):
         "state_before": "bytes32", "state_after": "bytes32", "batches_root": "bytes32", "loss_ppm": "sint",
         "price": "int"}
 
-    def signed(self, ident: Identity) -> "TrainReceipt":
+    def signed(self, ident: Identity) -> TrainReceipt:
         return replace(self, sig=ident.sign(self.id))
 
     def signature_checks(self) -> list[tuple[bytes, bytes, bytes, str]]:

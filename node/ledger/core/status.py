@@ -1,4 +1,4 @@
-"""Verification status of a receipt on the ledger (:class:`node.ledger.state.ReceiptRecord`).
+"""Verification status of a receipt on the ledger (:class:`node.ledger.core.state.ReceiptRecord`).
 
 ``pending`` (included; not sampled, or sampling not drawn yet) → ``sampled`` (a committee is replaying it) →
 one of the final statuses: ``valid`` / ``invalid`` (a committee quorum), ``settled`` (not sampled: paid after the

@@ -1,4 +1,5 @@
-"""Transactions of collaborative training runs (DiLoCo with receipts; the state machine is :mod:`node.ledger.runs`).
+"""Transactions of collaborative training runs (DiLoCo with receipts; the state machine is
+:mod:`node.ledger.core.runs`).
 
 Lifecycle of a run (DESIGN.md "Collaborative training runs"; DiLoCo, arXiv 2311.08105):
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from ..identity import Identity
+from ...keys import Identity
 from .tx import TX_KINDS, SingleSigned, Tx
 
 TRAINABLE = ("lora", "all")
@@ -190,7 +191,7 @@ class RoundReceipt(Tx):
     def sender(self) -> bytes:
         return self.worker
 
-    def signed(self, ident: Identity) -> "RoundReceipt":
+    def signed(self, ident: Identity) -> RoundReceipt:
         return replace(self, sig=ident.sign(self.id))
 
     def signature_checks(self) -> list[tuple[bytes, bytes, bytes, str]]:
@@ -220,7 +221,7 @@ class RoundReveal(Tx):
     def sender(self) -> bytes:
         return self.worker
 
-    def signed(self, ident: Identity) -> "RoundReveal":
+    def signed(self, ident: Identity) -> RoundReveal:
         return replace(self, sig=ident.sign(self.id))
 
     def signature_checks(self) -> list[tuple[bytes, bytes, bytes, str]]:
@@ -272,7 +273,7 @@ class RoundAggregate(Tx):
     def sender(self) -> bytes:
         return self.aggregator
 
-    def signed(self, ident: Identity) -> "RoundAggregate":
+    def signed(self, ident: Identity) -> RoundAggregate:
         return replace(self, sig=ident.sign(self.id))
 
     def signature_checks(self) -> list[tuple[bytes, bytes, bytes, str]]:

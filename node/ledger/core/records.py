@@ -1,7 +1,7 @@
-"""Plain (msgpack-able) forms of the ledger's state records, for the tables of :mod:`node.ledger.kv`.
+"""Plain (msgpack-able) forms of the ledger's state records, for the tables of :mod:`node.ledger.core.kv`.
 
 A frozen dataclass becomes the list of its fields in declaration order, recursively; a transaction its wire map
-(:meth:`node.ledger.tx.Tx.to_wire`, decoded again with :func:`node.ledger.tx.decode_tx`'s checks); an enum its
+(:meth:`node.ledger.core.tx.Tx.to_wire`, decoded again with :func:`node.ledger.core.tx.decode_tx`'s checks); an enum its
 value; a tuple a list. Decoding is driven by the dataclass's type hints, so the stored form carries no field
 names and no type tags (an Account is six integers). Only this node's own LevelDB is ever decoded here.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import enum
 import types
 import typing
-from functools import lru_cache
+from functools import cache
 from typing import Any, Union
 
 from .jobs import Job
@@ -85,7 +85,7 @@ def to_plain(v: Any) -> Any:
     return v
 
 
-@lru_cache(maxsize=None)
+@cache
 def _hints(cls: type) -> tuple[tuple[str, Any], ...]:
     hints = typing.get_type_hints(cls)
     return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
@@ -111,7 +111,7 @@ def from_plain(x: Any, hint: Any) -> Any:
             return tuple(from_plain(i, args[0]) for i in x)
         if len(args) != len(x):
             raise ValueError(f"expected {len(args)} items for {hint}, got {len(x)}")
-        return tuple(from_plain(i, a) for i, a in zip(x, args))
+        return tuple(from_plain(i, a) for i, a in zip(x, args, strict=True))
     if hint is Any:
         return x
     if isinstance(hint, type):
@@ -123,7 +123,7 @@ def from_plain(x: Any, hint: Any) -> Any:
             fields = _hints(hint)
             if not isinstance(x, list) or len(x) != len(fields):
                 raise ValueError(f"expected {len(fields)} fields for {hint.__name__}")
-            return hint(**{name: from_plain(v, h) for (name, h), v in zip(fields, x)})
+            return hint(**{name: from_plain(v, h) for (name, h), v in zip(fields, x, strict=True)})
         if hint is bytes:
             return bytes(x)
         if hint in (int, str, bool):
@@ -138,7 +138,7 @@ def _ident(x: Any) -> Any:
 
 
 # How each state table's values are stored (LevelDB, node.ledger.statedb) and hashed into the state root
-# (node.ledger.tree): the same bytes for both.
+# (node.ledger.core.tree): the same bytes for both.
 CODECS: dict[str, Codec] = {
     "accounts": Codec(lambda a: a.to_list(), lambda x: Account(*x)),
     "receipts": Codec(to_plain, lambda x: from_plain(x, ReceiptRecord)),

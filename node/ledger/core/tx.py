@@ -28,12 +28,13 @@ enters a mempool or a valid block, from gossip, a block or the API alike. The le
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, fields as dc_fields, replace
 from functools import cached_property
 from typing import Any, ClassVar
 
-from ..encoding import MAX_AMOUNT, object_id
-from ..identity import Identity, is_valid_account, verify
+from ...encoding import MAX_AMOUNT, object_id
+from ...keys import Identity, is_valid_account, verify
 
 VALID, INVALID, ABSTAIN = 0, 1, 2
 VERDICT_NAMES = {VALID: "valid", INVALID: "invalid", ABSTAIN: "abstain"}
@@ -189,11 +190,11 @@ class Receipt(Tx):
         """Committed work measure in token-blocks: ``tokens × (span_end − span_start)``."""
         return self.tokens * (self.span_end - self.span_start)
 
-    def sign_worker(self, ident: Identity) -> "Receipt":
+    def sign_worker(self, ident: Identity) -> Receipt:
         _check(ident.account == self.worker, "only the worker signs as worker")
         return replace(self, worker_sig=ident.sign(self.id))
 
-    def countersign(self, ident: Identity) -> "Receipt":
+    def countersign(self, ident: Identity) -> Receipt:
         _check(ident.account == self.requester, "only the requester countersigns")
         return replace(self, requester_sig=ident.sign(self.id))
 
@@ -235,7 +236,7 @@ class Vote(SingleSigned):
 class Evidence(Tx):
     """Proof that ``validator`` signed two different consensus votes of one ``kind`` at one height and round
     (double signing). Self-authenticating: it carries both signed votes and needs no other signature. Applied
-    once per (validator, kind, height, round); the validator's bond is slashed (:mod:`node.ledger.state`)."""
+    once per (validator, kind, height, round); the validator's bond is slashed (:mod:`node.ledger.core.state`)."""
 
     chain_id: str
     validator: bytes
@@ -284,7 +285,7 @@ def _check_field(name: str, kind: str, v: Any) -> None:
         "sint": lambda: _is_int(v, -1),
         # a set of accounts in canonical order: at most 256, strictly ascending (so each at most once)
         "accounts": lambda: (isinstance(v, (list, tuple)) and len(v) <= 256 and all(is_valid_account(a) for a in v)
-                             and all(a < b for a, b in zip(v, v[1:]))),
+                             and all(a < b for a, b in itertools.pairwise(v))),
     }[kind]()
     if not ok and kind == "account":
         raise InvalidTx(f"field {name!r} is not a valid Ed25519 public key (no key could spend from it)")
@@ -307,7 +308,7 @@ def decode_tx(obj: Any) -> Tx:
     _check(isinstance(chain_id, str) and 0 < len(chain_id) <= 64, "bad chain id")
     _check(isinstance(f, list) and len(f) == len(cls.SCHEMA), "wrong number of fields")
     _check(isinstance(s, list) and len(s) == len(cls.SIGS), "wrong number of signatures")
-    for (name, kind), v in zip(cls.SCHEMA.items(), f):
+    for (name, kind), v in zip(cls.SCHEMA.items(), f, strict=True):
         _check_field(name, kind, v)
     for sig in s:
         _check(_is_bytes(sig, 64) or sig == b"", "a signature is 64 bytes (or empty while unsigned)")

@@ -1,4 +1,4 @@
-"""The ledger records of training runs (values only; the state machine is :mod:`node.ledger.runs`)."""
+"""The ledger records of training runs (values only; the state machine is :mod:`node.ledger.core.runs`)."""
 
 from __future__ import annotations
 

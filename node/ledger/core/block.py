@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..encoding import merkle_root, object_id, pack
-from ..identity import Identity, verify
+from ...encoding import merkle_root, object_id, pack
+from ...keys import Identity, verify
 from .tx import InvalidTx, Tx, decode_tx
 
 BLOCK_TAG = b"tally/block/v1"

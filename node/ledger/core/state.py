@@ -5,7 +5,7 @@ No I/O, no clock, no randomness: the only entropy is the block hash used as the 
 Credit flow for one receipt (all amounts in base units):
   1. inclusion at height h: ``price`` moves from the requester's balance into escrow;
   2. at height h + 1 the block hash is the beacon: the receipt is sampled with probability ``p(worker)``
-     (:mod:`node.verify.sampling`) and, if sampled, a committee is drawn (:mod:`node.verify.committee`);
+     (:mod:`node.ledger.core.sampling`) and, if sampled, a committee is drawn (:mod:`node.ledger.core.committee`);
   3. unsampled: after ``challenge_window`` blocks the worker is paid ``price`` from escrow;
   4. sampled: votes arrive; on a > 2/3 **valid** quorum the worker is paid ``price − fee`` and the members who
      voted valid share ``fee = price · committee_fee_bps / 10^4``; on an **invalid** quorum the requester is
@@ -21,12 +21,12 @@ a verdict and a slash each count once.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from collections.abc import Callable
 
-from ..encoding import H, pack
-from ..identity import verify_many
-from ..verify import committee as cm
-from ..verify.sampling import PPM, is_sampled, sampling_ppm
+from ...encoding import H, pack
+from ...keys import verify_many
+from . import committee as cm
+from .sampling import PPM, is_sampled, sampling_ppm
 from .genesis import TREASURY, Genesis, Params
 from .kv import _DEL, OrderedSet, Table
 from .records import MAPS, SETS
@@ -46,13 +46,13 @@ from .tx import ABSTAIN, INVALID, VALID, Bond, Evidence, InvalidTx, Receipt, Tra
 class State:
     """Ledger state after ``height`` blocks. Treat as immutable outside :func:`apply_block`.
 
-    Its maps are :class:`node.ledger.kv.Table` s (dict-like, iterated in sorted key order): in memory here, over
+    Its maps are :class:`node.ledger.core.kv.Table` s (dict-like, iterated in sorted key order): in memory here, over
     LevelDB once :class:`node.ledger.store.LedgerStore` opens them. :meth:`copy` is O(1) (a copy-on-write
     overlay). The ``open_*`` sets iterate in insertion order (sequence numbers drawn from :attr:`seq`).
 
     Maps (keys bytes): ``accounts`` -> :class:`Account`; ``receipts`` -> :class:`ReceiptRecord`; ``evidence``:
     evidence key -> ``(height, slashed)``; ``sessions``: ``H(worker ‖ session_id)`` -> receipt id; ``jobs`` ->
-    :class:`node.ledger.jobs.Job`; ``runs`` -> :class:`node.ledger.runs.Run`. Sets: ids of receipts, jobs and
+    :class:`node.ledger.core.jobs.Job`; ``runs`` -> :class:`node.ledger.core.runs.Run`. Sets: ids of receipts, jobs and
     runs not yet final.
     """
 
@@ -61,7 +61,7 @@ class State:
                  tree: StateTree | None = None, **initial: dict):
         self.chain_id, self.params, self.validators = chain_id, params, validators
         self.height, self.last_hash, self.seq = height, last_hash, seq
-        self.tree = tree  # None: computed from every entry at the first state_root() (node.ledger.tree)
+        self.tree = tree  # None: computed from every entry at the first state_root() (node.ledger.core.tree)
         self._parent: tuple | None = None  # (root, counter) of the state this one was copied from
         self.tables: dict[str, Table] = dict(tables) if tables else {}
         for name in MAPS + SETS:
@@ -88,7 +88,7 @@ class State:
     open_jobs = property(lambda self: OrderedSet(self.tables["open_jobs"], self._next_seq))
     open_runs = property(lambda self: OrderedSet(self.tables["open_runs"], self._next_seq))
 
-    def copy(self) -> "State":
+    def copy(self) -> State:
         """A working copy: writes to it leave this state unchanged (O(1): overlays on every table; this
         state's root is computed first, the copy's is computed from its own writes alone)."""
         self.state_root()
@@ -105,7 +105,7 @@ class State:
         """Total base units held as balance, bond or escrow by all accounts (the treasury included)."""
         return sum(x.balance + x.bond + x.escrow for x in self.accounts.values())
 
-    def detach(self) -> "State":
+    def detach(self) -> State:
         """A copy held in memory (O(n)): it stays readable after the store it was read from is closed."""
         self.state_root()
         assert self.tree is not None and self.tree.root is not None
@@ -114,10 +114,10 @@ class State:
                      tree=StateTree(None, memory_tree().base, self.tree.root))
 
     def state_root(self) -> bytes:
-        """The sparse Merkle root (:mod:`node.ledger.tree`) over every entry of every table and the counter:
+        """The sparse Merkle root (:mod:`node.ledger.core.tree`) over every entry of every table and the counter:
         O(changes · log n) for a copy (computed once, from its own writes: a state is not changed after its
         root is read), O(n) for a state built without a parent (genesis)."""
-        if self.tree is None or self._parent is None and self.tree.root is None:
+        if self.tree is None or (self._parent is None and self.tree.root is None):
             self.tree = self.tree or memory_tree()
             ch: dict[bytes, bytes | None] = {
                 entry_key(n, k): leaf_value(CODECS[n].dumps(v)) for n in MAPS + SETS for k, v in self.tables[n].items()}
@@ -168,7 +168,7 @@ def presign_check(txs: list[Tx], verified: Callable[[Tx], bool] | None = None) -
     checks = [(i, c) for i, tx in enumerate(txs) if verified is None or not verified(tx)
               for c in tx.signature_checks()]
     ok = verify_many([(a, d, sig) for _, (a, d, sig, _w) in checks])
-    bad = {i for (i, _), good in zip(checks, ok) if not good}
+    bad = {i for (i, _), good in zip(checks, ok, strict=True) if not good}
     return set(range(len(txs))) - bad
 
 
@@ -340,7 +340,7 @@ def _finalize(s: State, rec: ReceiptRecord, verdict: int, height: int) -> None:
 
 def _settle_unchecked(s: State, rec: ReceiptRecord, status: str, height: int) -> None:
     r = rec.receipt
-    if isinstance(r, RUN_RECEIPTS):  # paid by the run once its round decides (node.ledger.runs)
+    if isinstance(r, RUN_RECEIPTS):  # paid by the run once its round decides (node.ledger.core.runs)
         s.receipts[r.id] = replace(rec, status=status, final_height=height)
         s.open_receipts.pop(r.id, None)
         runs_mod.on_final(s, r, Outcome.UNCHECKED if status == SETTLED else Outcome.UNVERIFIED, r.price, height)
@@ -359,7 +359,7 @@ def end_block(s: State, height: int, block_hash: bytes) -> None:
     for rid in list(s.open_receipts):
         rec = s.receipts[rid]
         if isinstance(rec.receipt, RoundReceipt) and rec.status == PENDING and not rec.p_ppm:
-            continue  # sampled when its round's commit phase closes (node.ledger.runs)
+            continue  # sampled when its round's commit phase closes (node.ledger.core.runs)
         if rec.status == PENDING and rec.height == height - 1:
             worker = s.account(rec.receipt.worker)
             ppm = sampling_ppm(p.sample_base_ppm, p.sample_floor_ppm, worker.valid_run, p.adapt_step)
@@ -437,5 +437,17 @@ def apply_block_body(s: State, height: int, block_hash: bytes, txs: list[Tx],
     return w
 
 
-__all__ = ["Account", "ReceiptRecord", "State", "genesis_state", "apply_tx", "apply_txs", "apply_block_body",
-           "end_block", "VALID", "INVALID", "ABSTAIN", "FINAL"]
+__all__ = [
+    "ABSTAIN",
+    "FINAL",
+    "INVALID",
+    "VALID",
+    "Account",
+    "ReceiptRecord",
+    "State",
+    "apply_block_body",
+    "apply_tx",
+    "apply_txs",
+    "end_block",
+    "genesis_state",
+]

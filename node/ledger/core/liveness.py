@@ -14,8 +14,8 @@ moves on only with heights. A validator starts round 0 of the next height when :
   changed accounts proves the new balances to light clients (Tendermint's proof block);
 * ``heartbeat_ms`` (genesis) has passed since the head block's header time.
 
-What in :mod:`node.ledger.state`, :mod:`node.ledger.jobs` and :mod:`node.ledger.runs` advances only with heights
-(``end_block``), read from their code:
+What in :mod:`node.ledger.core.state`, :mod:`node.ledger.core.jobs` and :mod:`node.ledger.core.runs` advances only
+with heights (``end_block``), read from their code:
 
 * receipts (``end_block``): a PENDING receipt included at the head draws its sample from the next block's hash
   (the beacon); a PENDING unsampled one settles ``challenge_window`` blocks after inclusion; a SAMPLED one
@@ -40,7 +40,7 @@ vote for that height arrives (a validator that saw a transaction first pulls the
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from .genesis import Params
 from .jobs import ACCEPTED, DELIVERED, OPEN
@@ -63,7 +63,7 @@ class Need(str, enum.Enum):
     PROOF = "proof"  # the state root after the head is in no header yet (also the first block of a chain)
 
 
-def height_need(state: "State") -> Optional[Need]:
+def height_need(state: State) -> Need | None:
     """The first reason found why ``state`` needs another block to move on, or None when nothing in it advances
     with heights (only a transaction can change it). O(open receipts + open jobs + open runs), stopping at the
     first reason; reads ``state`` only.
@@ -94,13 +94,13 @@ def height_need(state: "State") -> Optional[Need]:
     return None
 
 
-def needs_height(state: "State") -> bool:
+def needs_height(state: State) -> bool:
     """True when something in ``state`` advances only with heights (see the module docstring): a receipt's
     beacon, challenge window or verdict timeout, a job's or a run's deadline, timeouts or settlement."""
     return height_need(state) is not None
 
 
-def needs_proof(state: "State", head_state_root: bytes | None) -> bool:
+def needs_proof(state: State, head_state_root: bytes | None) -> bool:
     """True when the state root after the head differs from ``head_state_root``, the root the head header
     carries (None before the first block: a chain's first block is always made, as Tendermint's initial proof
     block). The next header would carry the new root, proving the last block's balances to light clients."""
@@ -128,4 +128,4 @@ def block_due(params: Params, now_ms: int, head_time_ms: int, txs_ready: bool, n
     return txs_ready or need or gap >= params.heartbeat()
 
 
-__all__ = ["Need", "height_need", "needs_height", "needs_proof", "block_due"]
+__all__ = ["Need", "block_due", "height_need", "needs_height", "needs_proof"]

@@ -10,10 +10,10 @@ quorum rule, arXiv:1807.04938 §2). Abstentions count toward nobody.
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
-from ..encoding import H
-from ..ledger.tx import ABSTAIN, INVALID, VALID
+from ...encoding import H
+from .tx import ABSTAIN, INVALID, VALID
 
 
 def committee_size(k: int, round_: int) -> int:
@@ -50,4 +50,4 @@ def deadlocked(votes: Mapping[bytes, int], size: int) -> bool:
     return len(votes) >= size and tally(votes, size) is None
 
 
-__all__ = ["committee_size", "select_committee", "tally", "deadlocked", "VALID", "INVALID", "ABSTAIN"]
+__all__ = ["ABSTAIN", "INVALID", "VALID", "committee_size", "deadlocked", "select_committee", "tally"]

@@ -1,0 +1,240 @@
+"""Genesis documents: chain id, validator set, initial accounts and the parameters they fix.
+
+The devnet genesis is embedded (``genesis/devnet.json``) and uses the well-known devnet keys
+(:func:`node.identity.dev_seed`). A node refuses a genesis whose parameters make cheating profitable:
+with sampling floor ``p`` and slash ``S``, a cheater's expected loss ``p · S`` must exceed its expected gain
+``(1 − p) · G`` on a receipt worth at most ``G = max_receipt_price`` (DESIGN.md, Verification §4).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ...encoding import AMOUNT_FORM, H, format_amount, pack, parse_amount
+from ...keys import account_from_str, account_to_str
+from .sampling import PPM
+
+TREASURY = H(b"tally/treasury/v1")  # unspendable account that receives slashed bonds beyond rewards
+MAX_HEARTBEAT_MS = 3_600_000  # the longest heartbeat_ms a genesis may set (1 hour)
+
+
+class GenesisError(ValueError):
+    """A genesis file that is malformed or whose parameters are unsafe."""
+
+
+@dataclass(frozen=True)
+class Params:
+    """Chain parameters. Amounts in base units; probabilities in ppm; windows in blocks. In a genesis file's
+    ``params`` every one is a JSON integer in those units (not the decimal-credit strings of account balances);
+    booleans, floats and strings are refused (:meth:`check`)."""
+
+    block_time_ms: int = 500
+    price_per_token_block: int = 1_000_000
+    max_receipt_price: int = 5_000_000_000
+    sample_base_ppm: int = PPM
+    sample_floor_ppm: int = PPM
+    adapt_step: int = 10
+    committee_size: int = 2
+    max_rounds: int = 3
+    committee_fee_bps: int = 1000
+    slash_amount: int = 100_000_000_000
+    min_bond: int = 10_000_000_000
+    challenge_window: int = 4
+    verdict_timeout: int = 120
+    receipt_max_age: int = 10_000
+    # the job marketplace's liveness (node.ledger.core.jobs): an accepted job shows its first segment within
+    # job_start_window blocks or returns to open, the worker's bond paying job_start_penalty (base units); a worker
+    # that gives a job back before its first segment pays job_release_penalty; a post's deadline is at most
+    # max_job_deadline blocks after its inclusion
+    job_start_window: int = 600
+    job_start_penalty: int = 2_000_000_000
+    job_release_penalty: int = 500_000_000
+    max_job_deadline: int = 100_000
+    # quiet when idle (node.ledger.core.liveness): with nothing to include and nothing in the state that moves on with
+    # heights, the next block comes heartbeat_ms after the last one instead of block_time_ms (Tendermint's
+    # create_empty_blocks_interval). 0, the value of every genesis written before it existed: a block every
+    # block_time_ms, as before; 0 is left out of the genesis hash and document, so those chains keep their hash.
+    heartbeat_ms: int = 0
+
+    def heartbeat(self) -> int:
+        """The longest gap between two blocks in milliseconds: ``heartbeat_ms``, or ``block_time_ms`` when 0."""
+        return self.heartbeat_ms or self.block_time_ms
+
+    def consensus_fields(self) -> dict[str, int]:
+        """The parameters as the genesis document and hash carry them: every one, but ``heartbeat_ms`` only when
+        set (a genesis from before it existed keeps its document and hash)."""
+        return {k: v for k, v in self.__dict__.items() if not (k == "heartbeat_ms" and v == 0)}
+
+    def check(self) -> None:
+        """Raise :class:`GenesisError` for unsafe or nonsensical parameters."""
+        for name, v in self.__dict__.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise GenesisError(f"parameter {name} must be a non-negative integer")
+        if not 0 < self.sample_floor_ppm <= self.sample_base_ppm <= PPM:
+            raise GenesisError("need 0 < sample_floor_ppm <= sample_base_ppm <= 1e6")
+        if self.committee_size < 1 or self.committee_fee_bps > 10_000 or self.block_time_ms < 10:
+            raise GenesisError("committee_size >= 1, committee_fee_bps <= 10000, block_time_ms >= 10")
+        p, s, g = self.sample_floor_ppm, self.slash_amount, self.max_receipt_price
+        if p * s <= (PPM - p) * g:
+            raise GenesisError(
+                f"cheating is profitable: p·S = {p * s / PPM:.0f} <= (1-p)·G = {(PPM - p) * g / PPM:.0f} "
+                "base units; raise slash_amount or sample_floor_ppm, or lower max_receipt_price")
+        if self.min_bond < 1:
+            raise GenesisError("min_bond must be positive")
+        if not 0 <= self.job_release_penalty < self.job_start_penalty <= self.min_bond:
+            raise GenesisError("need 0 <= job_release_penalty < job_start_penalty <= min_bond (a bonded worker can "
+                               "always pay the start penalty of one job, and releasing costs less than holding)")
+        if not 1 <= self.job_start_window <= self.max_job_deadline:
+            raise GenesisError("need 1 <= job_start_window <= max_job_deadline (a job can start before its deadline)")
+        if self.heartbeat_ms and not self.block_time_ms <= self.heartbeat_ms <= MAX_HEARTBEAT_MS:
+            raise GenesisError(f"heartbeat_ms must be 0 (a block every block_time_ms) or between block_time_ms "
+                               f"({self.block_time_ms}) and {MAX_HEARTBEAT_MS} (1 h: a follower that sees no header "
+                               "for longer cannot tell a quiet chain from a halted one)")
+
+
+@dataclass(frozen=True)
+class Genesis:
+    """A chain's starting point. ``balances`` are ``(account, balance, bond)`` in base units; ``genesis_time_ms``
+    is milliseconds since the Unix epoch; ``bootstrap`` lists multiaddrs (each ending in ``/p2p/<peer ID>``) that
+    a node dials at start when ``node start`` is given no ``--bootstrap``.
+
+    :attr:`hash` covers the chain id, genesis time, validators, balances and parameters — the chain's consensus
+    identity — and **not** ``bootstrap``: bootstrap addresses are hints for finding peers, which change as
+    machines come and go, so a genesis file with an updated bootstrap list names the same chain.
+    """
+
+    chain_id: str
+    genesis_time_ms: int
+    validators: tuple[bytes, ...]
+    balances: tuple[tuple[bytes, int, int], ...]  # (account, balance, bond)
+    params: Params = field(default_factory=Params)
+    bootstrap: tuple[str, ...] = ()  # not part of the hash (see the class docstring)
+
+    def to_doc(self) -> dict:
+        """The JSON document that :func:`parse_genesis` reads back into an equal :class:`Genesis` (same hash)."""
+        return {"chain_id": self.chain_id, "genesis_time_ms": self.genesis_time_ms,
+                "validators": [account_to_str(v) for v in self.validators],
+                "accounts": [{"account": account_to_str(a), "balance": _amount_doc(bal), "bond": _amount_doc(bond)}
+                             for a, bal, bond in self.balances],
+                "params": self.params.consensus_fields(), "bootstrap": list(self.bootstrap)}
+
+    @property
+    def hash(self) -> bytes:
+        return H(b"tally/genesis/v1", pack([self.chain_id, self.genesis_time_ms, list(self.validators),
+                                            [list(b) for b in self.balances],
+                                            list(self.params.consensus_fields().values())]))
+
+    @property
+    def supply(self) -> int:
+        return sum(b + bo for _, b, bo in self.balances)
+
+
+def _amount_doc(units: int) -> str:
+    """An account amount as :func:`parse_genesis` reads it: decimal credits (``1_500_000_000`` -> ``"1.5"``)."""
+    return format_amount(units)
+
+
+ACCOUNT_KEYS = ("account", "balance", "bond", "note")
+
+
+def _genesis_account(entry) -> tuple[bytes, int, int]:
+    """One entry of a genesis file's ``accounts``: ``{"account": peer ID, "balance": "1000", "bond": "200",
+    "note": "..."}``. ``balance`` and ``bond`` are decimal credits in the one amount syntax of the API and CLI
+    (:data:`node.encoding.AMOUNT_GRAMMAR`, absent means 0); a JSON number is refused, so that no reader has to
+    guess whether ``1000`` meant credits or base units. Returns ``(account, balance, bond)`` in base units.
+
+    Raises:
+        GenesisError: not an object, an unknown key, a bad account, or a bad amount (the message shows the form).
+    """
+    if not isinstance(entry, dict) or "account" not in entry:
+        raise GenesisError("an account entry is an object with \"account\", \"balance\" and \"bond\", got "
+                           f"{json.dumps(entry)[:80]}")
+    unknown = sorted(set(entry) - set(ACCOUNT_KEYS))
+    if unknown:
+        raise GenesisError(f"account {entry['account']}: unknown key(s) {unknown} (known: {', '.join(ACCOUNT_KEYS)})")
+    try:
+        account = account_from_str(entry["account"])
+    except ValueError as e:
+        raise GenesisError(f"bad account in accounts: {e}") from None
+    amounts = []
+    for key in ("balance", "bond"):
+        v = entry.get(key, "0")
+        if not isinstance(v, str):
+            raise GenesisError(f"account {entry['account']}: {key} must be a JSON string of decimal credits such "
+                               f"as \"1000\", not {json.dumps(v)[:40]}; write {AMOUNT_FORM}")
+        try:
+            amounts.append(parse_amount(v, allow_zero=True))
+        except ValueError as e:
+            raise GenesisError(f"account {entry['account']}: {key}: {e}") from None
+    return account, amounts[0], amounts[1]
+
+
+def check_bootstrap_addr(text: str) -> str:
+    """Return ``text`` if it is a multiaddr that ends in ``/p2p/<Ed25519 peer ID>`` (the peer to dial, as every
+    Tally node's ID is) and has a transport address before it, e.g. ``/ip4/203.0.113.7/tcp/4001/p2p/12D3KooW...``
+    or ``/dns4/boot.example.org/tcp/4001/p2p/12D3KooW...``.
+
+    Raises:
+        GenesisError: not such a multiaddr, or a wildcard address (``0.0.0.0``, ``::``) nobody can dial.
+    """
+    from multiaddr import Multiaddr
+
+    example = "e.g. /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW..."
+    try:
+        if not isinstance(text, str) or not text.startswith("/"):
+            raise ValueError
+        ma = Multiaddr(text)
+        protos = [p.name for p in ma.protocols()]
+        peer = text.rsplit("/p2p/", 1)[1] if "/p2p/" in text else ""
+        account_from_str(peer)
+    except Exception:  # noqa: BLE001  (multiaddr raises many kinds; every one means: not an address)
+        raise GenesisError(f"bootstrap address {text!r} is not a multiaddr ending in /p2p/<peer ID>, "
+                           f"{example}") from None
+    if len(protos) < 2 or protos[-1] != "p2p":
+        raise GenesisError(f"bootstrap address {text!r} must be a transport address followed by /p2p/<peer ID>, "
+                           f"{example}")
+    for proto in ("ip4", "ip6"):
+        if proto in protos and ma.value_for_protocol(proto) in ("0.0.0.0", "::"):
+            raise GenesisError(f"bootstrap address {text!r} is a wildcard address that nobody can dial")
+    return text
+
+
+def parse_genesis(doc: dict) -> Genesis:
+    """Build and check a :class:`Genesis` from its JSON document.
+
+    Raises:
+        GenesisError: missing fields, bad accounts, unsafe parameters.
+    """
+    if not isinstance(doc, dict):
+        raise GenesisError("a genesis file is a JSON object")
+    missing = [k for k in ("chain_id", "validators", "accounts") if k not in doc]
+    if missing:
+        raise GenesisError(f"missing field(s): {', '.join(missing)}")
+    try:
+        chain_id = doc["chain_id"]
+        if not isinstance(chain_id, str) or not 0 < len(chain_id) <= 64:
+            raise GenesisError("chain_id must be a string of 1..64 characters")
+        validators = tuple(account_from_str(v) for v in doc["validators"])
+        if not validators:
+            raise GenesisError("the validator set is empty")
+        balances = []
+        if not isinstance(doc["accounts"], list):
+            raise GenesisError("accounts must be a list of {\"account\", \"balance\", \"bond\"} objects")
+        for a in doc["accounts"]:
+            balances.append(_genesis_account(a))
+        known = set(Params.__dataclass_fields__)
+        unknown = set(doc.get("params", {})) - known
+        if unknown:
+            raise GenesisError(f"unknown parameters: {sorted(unknown)}")
+        params = Params(**doc.get("params", {}))
+        boot = doc.get("bootstrap", [])
+        if not isinstance(boot, list):
+            raise GenesisError("bootstrap must be a list of multiaddrs")
+        bootstrap = tuple(check_bootstrap_addr(b) for b in boot)
+    except (KeyError, TypeError, ValueError) as e:
+        if isinstance(e, GenesisError):
+            raise
+        raise GenesisError(f"malformed genesis: {e}") from None
+    params.check()
+    return Genesis(chain_id, int(doc.get("genesis_time_ms", 0)), validators, tuple(balances), params, bootstrap)
