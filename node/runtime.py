@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import secrets
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import trio
 
 from .blobs import BlobStore
 from .compute.cheats import FAULTS as CHEATS
+from .compute.head import ClientHead
 from .identity import Identity, load_or_create
 from .ledger.genesis import Genesis
 from .ledger.service import LedgerService
@@ -76,6 +78,33 @@ def ensure_api_token(data_dir: Path) -> str:
     return token
 
 
+class LazyHead:
+    """The :class:`~node.compute.head.ClientHead` of ``model_dir``, built on first use of any attribute.
+
+    Building a head imports transformers (its config and norm classes: about 4 CPU-seconds, measured with
+    ``python -X importtime``), and a node that never generates (a validator, a server) never needs one, so the
+    node starts without it. The first use builds it once (thread-safe; it is first used on the executor thread
+    or an API thread, never the event loop) and raises what ``ClientHead`` raises (``FileNotFoundError``,
+    ``ValueError``) at that use."""
+
+    def __init__(self, model_dir: Path, device: str = "cpu"):
+        self._args = (model_dir, device)
+        self._head = None
+        self._lock = threading.Lock()
+
+    def built(self):
+        """The ClientHead (built now if it is not yet)."""
+        with self._lock:
+            if self._head is None:
+                self._head = ClientHead(*self._args)
+            return self._head
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # never build for private lookups (copy, pickle probes, repr internals)
+            raise AttributeError(name)
+        return getattr(self.built(), name)
+
+
 class Node:
     """Composes the services of one node; :meth:`run` runs them until cancelled."""
 
@@ -113,7 +142,6 @@ class Node:
         return SpanModel(self.cfg.model_dir, start, end, device=self.cfg.device, fault=fault)
 
     def _build_services(self) -> None:
-        from .compute.head import ClientHead
         from .inference.client import RouteClient, SwarmTable
         from .verify.member import CommitteeMember
 
@@ -121,7 +149,7 @@ class Node:
         if cfg.span is not None and cfg.span != "auto":
             self.server = self._make_server(*cfg.span)
         self.swarm = SwarmTable()
-        head = ClientHead(cfg.model_dir, device=cfg.device)
+        head = LazyHead(cfg.model_dir, device=cfg.device)  # built at the first generation
         self.client = RouteClient(self.ident, self.host, head, self.manifest, self.ledger, self.executor,
                                   self.blobs, self.swarm, step_timeout=cfg.step_timeout, compression=cfg.compression)
         self.member = CommitteeMember(self.ident, self.ledger, self.host, self.blobs, self.executor,

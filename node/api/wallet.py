@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import trio
 from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import JSONResponse
 
@@ -224,7 +225,9 @@ def wallet_router(node, q, require_token) -> APIRouter:
         if (req.prompt is None) == (req.prompt_ids is None):
             raise ApiError(400, "bad_request", "give exactly one of prompt or prompt_ids")
         try:
-            ids = node.encode_prompt(req.prompt) if req.prompt is not None else list(req.prompt_ids)
+            # off the event loop: the first prompt loads the tokenizer and the client head (seconds)
+            ids = (await trio.to_thread.run_sync(node.encode_prompt, req.prompt) if req.prompt is not None
+                   else list(req.prompt_ids))
             if not ids:
                 raise ApiError(400, "bad_request", "the prompt is empty")
             if any(not 0 <= i < node.manifest.vocab_size for i in ids):

@@ -28,7 +28,6 @@ from enum import Enum
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, get_peft_model
 
 from ..compute.model import save_model_dir
 from ..compute.reference import load_causal_lm
@@ -87,6 +86,10 @@ class InnerTrainer:
         if self.trainable is Trainable.LORA:
             if rank < 1 or not targets:
                 raise ValueError("a LoRA run needs rank >= 1 and at least one target module")
+            # imported here, not at the top: peft pulls in transformers (~4 CPU-s), and every node imports this
+            # module at start (node.training.worker) though few ever train a run
+            from peft import LoraConfig, get_peft_model
+
             model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets),
                                                      lora_dropout=0.0))
         else:

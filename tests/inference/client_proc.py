@@ -103,7 +103,9 @@ def main(argv: list[str]) -> int:
             if waiting.cancelled_caught:
                 sys.exit(f"client_proc: heard {len(node.swarm.live(node.manifest.model_id))} of {a.servers} "
                          f"servers within {WAIT_SERVERS:.0f} s")
-            prompt = a.prompt_ids if a.prompt_ids else node.encode_prompt(a.prompt_text)
+            # the tokenizer (and the head, built at first use) load off the event loop: loading them on it held
+            # the loop for tens of seconds on loaded cores, and the servers' announcements expired meanwhile
+            prompt = a.prompt_ids or await trio.to_thread.run_sync(node.encode_prompt, a.prompt_text)
             print("PROMPT", json.dumps(prompt), flush=True)
 
             async def on_token(i, tok, route):

@@ -34,35 +34,46 @@ CLIENT = 7  # dev key of the client; dev key 0 is the validator
 
 
 @pytest.mark.slow  # minutes: eight processes, six of them load the real model, on shared cores
-@pytest.mark.quarantine  # processes now (was: in-process validator starving); not yet passed: of 3 runs at load
-# 8-15 on 2 cores, one client never joined gossip (py-libp2p gave up a timed-out /meshsub negotiation: fixed in
-# node.p2p.gossip.retry_pubsub_streams), two failed opening the route (stream negotiation > 10 s, then the other
-# server's announcement had expired: NoRouteError); see the H2 report
+@pytest.mark.quarantine  # not yet passed: 0 of 3 at load 14-17 on 2 cores (other helpers' tests running; each of
+# the eight processes got ~8 % of a core, and every process's trio thread used all of it once up, idle). Seen: stream
+# negotiations to the validator and between servers time out (py-libp2p's 10 s), so ledger sync and the first hop
+# open fail ("hop ... failed at token 0"), or the client's announcements expire (NoRouteError). Fixed on the way:
+# the start is sequenced (validator, then servers, then the client), idle blocks are quiet (heartbeat 5 s), and the
+# client loads its tokenizer/head off the event loop (it held the loop for tens of seconds). S19-H1 report
 def test_smollm2_server_process_killed_after_token_17_of_48_over_libp2p(tmp_path):
     model = ensure_smollm2()
-    # six processes load the real model for a minute or more: blocks of 500 ms keep the ledger they sync small.
     # Committees are drawn from the six bonded servers, the dead one included: a round it sits on cannot reach a
     # quorum and escalates after verdict_timeout; members re-execute real spans one at a time on shared cores, so
-    # a round gets 60 s (120 blocks)
-    gfile = write_genesis(tmp_path, servers=list(SERVERS), clients=[CLIENT], block_time_ms=500, verdict_timeout=120)
+    # a round gets 60 s (120 blocks of 500 ms). Quiet when idle (heartbeat 5 s): measured with every process
+    # started, eight idle nodes at a block per 500 ms kept every trio loop busy relaying blocks and presence
+    # (each process used all the CPU it got on the loaded cores), so protocol negotiations waited > 10 s and
+    # announcements (15 s ttl) expired; while a receipt is pending the chain keeps its 500 ms blocks
+    gfile = write_genesis(tmp_path, servers=list(SERVERS), clients=[CLIENT], block_time_ms=500, verdict_timeout=120,
+                          heartbeat_ms=5000)
     procs: dict[int, subprocess.Popen] = {}
     key_of = {peer(k): k for k in SERVERS}
     times: dict[str, float] = {}
     client = None
     try:
         t0 = time.monotonic()
-        port = free_port()  # every process starts at once: each spends a minute importing and loading on shared cores
+        port = free_port()
         boot = validator_addr(port)
+        # one after another, as an operator brings up a network: the validator listening before any server dials
+        # it (a bootstrap dial to a process still importing times out and backs off), every server up before the
+        # client looks for them
         procs[0] = spawn(tmp_path, 0, gfile, model.parent, "--port", str(port), model="smollm2")
-        for k, (s, e) in SERVERS.items():
+        validator = wait_info(tmp_path, 0, procs[0], timeout=300)
+        for k, (s, e) in SERVERS.items():  # the six load the model at once (each is its own process)
             procs[k] = spawn(tmp_path, k, gfile, model.parent, "--span", f"{s}:{e}", "--bootstrap", boot,
                              model="smollm2")
+        for k in SERVERS:
+            wait_info(tmp_path, k, procs[k], timeout=600)
+        times["servers up"] = time.monotonic() - t0
         client, out = spawn_client(tmp_path, CLIENT, gfile, model, boot, len(SERVERS), 48, "--prompt-text", PROMPT,
                                    "--pause-at", "17")
-        validator = wait_info(tmp_path, 0, procs[0], timeout=420)
         # the client's balance in genesis: it only ever pays receipts
         (bal0,) = [b for a, b, _ in load_genesis(gfile).balances if a == account_from_str(peer(CLIENT))]
-        prompt = json.loads(out.expect("PROMPT ", timeout=420).split(" ", 1)[1])
+        prompt = json.loads(out.expect("PROMPT ", timeout=360).split(" ", 1)[1])
         times["start"] = time.monotonic() - t0
         t1 = time.monotonic()
         route = json.loads(out.expect("PAUSE ", timeout=300).split(" ", 1)[1])
