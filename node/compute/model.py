@@ -1,6 +1,6 @@
 """Model conversion and the on-disk model format shared by servers, clients and verifiers.
 
-A *model dir* holds one Llama-architecture causal LM split into independently hashed pieces::
+A *model dir* holds one Llama-family causal LM (architectures: :mod:`node.models.arch`) split into independently hashed pieces::
 
     config.json              transformers config (``config.save_pretrained``), without any quantization_config
     tokenizer.json, ...      tokenizer files, when the model has a tokenizer (the tiny test model has none)
@@ -237,7 +237,7 @@ def load_checked(model_dir: Path, file_name: str, expected: bytes, what: str) ->
 
 
 def load_span_config(model_dir: Path):
-    """``LlamaConfig`` read from ``model_dir/config.json``."""
+    """The transformers config (``LlamaConfig``, ``Qwen2Config``, ...) read from ``model_dir/config.json``."""
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(str(model_dir))
@@ -246,7 +246,7 @@ def load_span_config(model_dir: Path):
 # ---------------------------------------------------------------- writing
 
 def save_model_dir(model, tokenizer, out_dir: Path, *, name: str | None = None) -> Manifest:
-    """Write ``model`` (a ``LlamaForCausalLM``) and optional ``tokenizer`` into ``out_dir`` in the Tally format.
+    """Write ``model`` (a ``LlamaForCausalLM`` or another :mod:`node.models.arch` architecture) and optional ``tokenizer`` into ``out_dir`` in the Tally format.
 
     ``manifest.json`` is written last. ``name`` defaults to ``out_dir.name``. Returns the manifest.
 

@@ -1,7 +1,8 @@
 """Single-process reference run of a model dir, to compare a distributed route against.
 
 It deliberately does not reuse :class:`SpanModel` / :class:`ClientHead`: it rebuilds one ordinary
-``LlamaForCausalLM`` from ``config.json``, ``head.safetensors`` and every ``block_NNN.safetensors`` (each checked
+``<X>ForCausalLM`` (:mod:`node.models.arch`) from ``config.json``, ``head.safetensors`` and every
+``block_NNN.safetensors`` (each checked
 against the manifest) and decodes greedily with transformers' own forward and ``DynamicCache``.
 """
 
@@ -11,17 +12,18 @@ from pathlib import Path
 
 import torch
 
+from node.models.arch import architecture, materialize_buffers
+
 from .model import HEAD_FILE, block_file, load_checked, load_manifest, load_span_config
 
 
 def load_causal_lm(model_dir: Path):
-    """The full model of ``model_dir`` as one float32 CPU ``LlamaForCausalLM`` in eval mode.
+    """The full model of ``model_dir`` as one float32 CPU ``<X>ForCausalLM`` (its architecture's class) in eval mode.
 
     Raises:
         FileNotFoundError: a file is missing.  ValueError: a file does not match the manifest.
+        node.models.arch.UnsupportedArchitecture: config.json names an architecture Tally does not run.
     """
-    from transformers import LlamaForCausalLM
-
     model_dir = Path(model_dir)
     manifest = load_manifest(model_dir)
     cfg = load_span_config(model_dir)
@@ -36,11 +38,9 @@ def load_causal_lm(model_dir: Path):
         block = load_checked(model_dir, block_file(i), manifest.block_hashes[i], f"block {i}")
         sd.update({f"model.layers.{i}.{k}": v for k, v in block.items()})
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
+        model = architecture(cfg).causal_cls(cfg)
     model.load_state_dict(sd, strict=True, assign=True)
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    model.model.rotary_emb = LlamaRotaryEmbedding(config=cfg)  # real buffers instead of meta
+    materialize_buffers(model, cfg)  # rotary and embedding-scale buffers: real instead of meta
     return model.eval().requires_grad_(False)
 
 

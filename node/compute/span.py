@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from node.encoding import pack
+from node.models.arch import architecture, materialize_buffers
 
 from .cheats import FAULTS, apply_output_fault, cheat_net
 from .model import block_file, load_checked, load_manifest, load_span_config
@@ -22,7 +23,8 @@ class SpanModel:
     """Decoder blocks ``[start, end)`` of the model in ``model_dir``, ready for inference.
 
     Attributes: ``start``, ``end``, ``model_id`` (32 bytes), ``hidden_size``, ``max_length`` (tokens a session may
-    hold), ``manifest``, ``device``, ``fault``.
+    hold), ``manifest``, ``device``, ``fault``, ``arch`` (:class:`node.models.arch.Arch`), ``batchable`` (False
+    when a block attends through a sliding window: its steps are not batched across sessions).
 
     ``fault`` makes a cheating server for devnet/tests (see :mod:`node.compute.cheats`): it changes
     :meth:`forward`, never :meth:`prefill`.
@@ -34,8 +36,6 @@ class SpanModel:
     """
 
     def __init__(self, model_dir: Path, start: int, end: int, device: str = "cpu", fault: str | None = None):
-        from transformers.models.llama.modeling_llama import LlamaModel, LlamaRotaryEmbedding
-
         if fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; expected one of {FAULTS}")
         self.model_dir = Path(model_dir)
@@ -58,15 +58,23 @@ class SpanModel:
             cfg.layer_types = list(cfg.layer_types[start:end])
         self.config = cfg
 
+        self.arch = architecture(cfg)  # Llama, Mistral, Qwen2/3, Gemma2/3: see node.models.arch
         with torch.device("meta"):  # no allocation or random init; real weights are assigned below
-            net = LlamaModel(cfg)
+            net = self.arch.base_cls(cfg)
         net.embed_tokens = torch.nn.Identity()
         net.norm = torch.nn.Identity()
-        net.rotary_emb = LlamaRotaryEmbedding(config=cfg)  # its buffers must be real, not meta
         for i in range(end - start):
             idx = start + i
             sd = load_checked(self.model_dir, block_file(idx), self.manifest.block_hashes[idx], f"block {idx}")
             net.layers[i].load_state_dict(sd, strict=True, assign=True)
+        materialize_buffers(net, cfg)  # rotary buffers must be real, not meta
+        # server-side batching pads every layer's cache to one length; a sliding-window layer keeps only its
+        # window, so spans with such layers run their steps one session at a time
+        layer_types = getattr(cfg, "layer_types", None)
+        if layer_types:
+            self.batchable = all(t == "full_attention" for t in layer_types)
+        else:  # Mistral: one sliding_window for every layer, or None
+            self.batchable = getattr(cfg, "sliding_window", None) is None
         self.net = net.to(self.device).eval().requires_grad_(False)
         self._seed = pack([self.model_id, start, end])
         self._cheat_net = cheat_net(self.net, fault, self._seed) if fault else None

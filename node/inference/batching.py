@@ -55,7 +55,8 @@ class StepBatcher:
         self.batched_steps = 0
 
     def _batchable(self, r: _Req) -> bool:
-        return (self.max_batch > 1 and self.span.fault is None and r.hidden.shape[0] == 1
+        return (self.max_batch > 1 and self.span.fault is None and getattr(self.span, "batchable", True)
+                and r.hidden.shape[0] == 1
                 and r.hidden.shape[1] == 1 and 0 < r.cache.get_seq_length() <= self.max_len)
 
     async def forward(self, hidden: torch.Tensor, cache) -> torch.Tensor:

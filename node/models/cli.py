@@ -1,0 +1,90 @@
+"""``node model add|list|remove``: the models this machine can serve besides the built-in ``smollm2`` and ``tiny``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .arch import SUPPORTED
+
+_EPILOG = (f"Architectures: {', '.join(sorted(SUPPORTED.values()))}. Serve an added model with "
+           "'node start --model NAME' (or its id). Pickled checkpoints (pytorch_model.bin, *.pt) are refused.")
+
+
+def add_model_parser(sub) -> None:
+    """Register the ``model`` subcommand on the ``node`` parser's subparsers ``sub``."""
+    m = sub.add_parser("model", help="add, list or remove the models this node can serve",
+                       description="Convert a Hugging Face checkpoint directory (config.json, *.safetensors, "
+                                   "tokenizer) or a GGUF file once into the model cache's per-block format, with "
+                                   "a model id (Merkle root of the block, head and config hashes) and a name.",
+                       epilog=_EPILOG)
+    msub = m.add_subparsers(dest="model_cmd", required=True)
+    cache_help = "model cache dir (default: $TALLY_MODEL_CACHE or ~/.cache/tally/models)"
+    a = msub.add_parser("add", help="convert a checkpoint dir or GGUF file and register it", epilog=_EPILOG)
+    a.add_argument("path", type=Path, help="checkpoint directory or .gguf file")
+    a.add_argument("--name", help="name to serve it under (default: the directory or file name)")
+    a.add_argument("--model-cache", type=Path, help=cache_help)
+    ls = msub.add_parser("list", help="the added models: name, id, architecture, blocks, hidden size, bytes")
+    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ls.add_argument("--model-cache", type=Path, help=cache_help)
+    r = msub.add_parser("remove", help="unregister an added model and delete its converted files")
+    r.add_argument("ref", metavar="NAME|ID", help="model name, or its id (at least 8 leading hex digits)")
+    r.add_argument("--model-cache", type=Path, help=cache_help)
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def run_model_command(args) -> int:
+    """Run ``node model ...``; returns the exit code (0 ok, 1 refused or failed: the message is on stderr)."""
+    from node.compute.model import default_cache_dir
+
+    from .convert import CheckpointError, add_model, list_models, remove_model
+    from .registry import RegistryError
+
+    cache = args.model_cache or default_cache_dir()
+    try:
+        if args.model_cmd == "add":
+            e = add_model(args.path, cache, name=args.name, progress=True)
+            print(f"added {e.name}: {e.architecture}, {e.num_blocks} blocks, hidden {e.hidden_size}, "
+                  f"{_human(e.bytes)}\nmodel id {e.model_id}\nserve it with: node start --model {e.name}")
+            return 0
+        if args.model_cmd == "list":
+            entries = list_models(cache)
+            if args.json:
+                print(json.dumps([e.__dict__ for e in entries], indent=1))
+                return 0
+            if not entries:
+                print(f"no added models in {cache} (built-in: smollm2, tiny); add one with: node model add PATH")
+                return 0
+            rows = [("NAME", "ID", "ARCHITECTURE", "BLOCKS", "HIDDEN", "SIZE")]
+            rows += [(e.name, e.model_id[:16], e.architecture, str(e.num_blocks), str(e.hidden_size),
+                      _human(e.bytes)) for e in entries]
+            widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+            for r in rows:
+                print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+            return 0
+        e = remove_model(args.ref, cache)
+        print(f"removed {e.name} ({e.model_id[:16]}…)")
+        return 0
+    except (CheckpointError, RegistryError, FileNotFoundError) as err:
+        print(f"node model {args.model_cmd}: {err}", file=sys.stderr)
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m node.models.cli add PATH`` (same as ``node model add PATH``)."""
+    p = argparse.ArgumentParser(prog="node")
+    add_model_parser(p.add_subparsers(dest="cmd", required=True))
+    return run_model_command(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,468 @@
+"""``node model add``: a Hugging Face checkpoint dir or a GGUF file, converted once into the per-block cache.
+
+A **checkpoint dir** holds ``config.json``, its tokenizer (``tokenizer.json`` or ``tokenizer.model``, with
+``tokenizer_config.json``) and the weights as ``*.safetensors`` (one file, or shards listed by
+``model.safetensors.index.json``). Conversion streams: each decoder block's tensors are read from the shards
+(:func:`safetensors.safe_open`, nothing else), cast to float32, checked against the shapes transformers' own
+decoder layer of that architecture expects (built on the ``meta`` device, no allocation), checked finite, and
+written as ``block_NNN.safetensors``; then ``head.safetensors`` (embedding, final norm, LM head — the embedding
+when ``tie_word_embeddings``). Memory stays around one block plus the head.
+
+A **GGUF file** is dequantized by transformers' GGUF loader (the same path as the bundled SmolLM2) and its
+tokenizer taken from the file.
+
+Refused, with nothing written: a pickled checkpoint (``pytorch_model.bin``, ``*.pt``, ``*.pth``, ``*.ckpt`` or a
+"safetensors" file that is really a zip/pickle — recognised by name and magic bytes and never opened by a
+loader; there is no ``torch.load`` here), an architecture outside :data:`node.models.arch.SUPPORTED`, a missing
+tokenizer, a truncated or corrupt safetensors file (bad header, data not covering the header's offsets, a tensor
+of the wrong shape, missing or unexpected tensors, NaN/inf weights), a quantized HF checkpoint
+(``quantization_config``).
+
+Everything is written into a temp dir ``<cache>/.add-tmp-*`` and renamed to ``<cache>/<model id hex>/`` only
+when complete; the registry entry (:mod:`node.models.registry`) is added after that, under its lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from collections.abc import Iterable
+
+import torch
+
+from node.compute.model import (HEAD_FILE, MANIFEST, Manifest, block_file, compute_model_id, config_dict,
+                                config_hash, default_cache_dir, load_manifest, save_model_dir, tensors_hash)
+
+from . import registry
+from .arch import SUPPORTED, architecture, check_model_type
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+INDEX = "model.safetensors.index.json"
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")  # old checkpoints stored this buffer; it is recomputed
+
+
+class CheckpointError(ValueError):
+    """The checkpoint cannot be added; the message says why and what to do. Nothing was written."""
+
+
+# ---------------------------------------------------------------- progress
+
+def progress_iter(items: Iterable, total: int, desc: str, enabled: bool) -> Iterable:
+    """``items`` with a tqdm bar on stdout when it is a terminal, else a plain ``desc i/total`` line per item."""
+    if not enabled:
+        yield from items
+        return
+    if sys.stdout.isatty():
+        from tqdm import tqdm
+
+        yield from tqdm(items, total=total, desc=desc, unit="block", file=sys.stdout)
+        return
+    for i, x in enumerate(items, start=1):
+        yield x
+        print(f"{desc} {i}/{total}", flush=True)
+
+
+# ---------------------------------------------------------------- refusals
+
+def _magic(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(8)
+
+
+def _is_pickle_bytes(head: bytes) -> bool:
+    """Zip (``torch.save`` since 1.6) or a raw pickle stream (protocol 2-5 opcode ``\\x80``)."""
+    return head.startswith(b"PK\x03\x04") or (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5)
+
+
+def _pickles(src: Path) -> list[str]:
+    return sorted(p.name for p in src.iterdir() if p.is_file() and p.name.lower().endswith(PICKLE_SUFFIXES))
+
+
+def _refuse_pickle(what: str) -> CheckpointError:
+    return CheckpointError(
+        f"{what} is a pickled PyTorch checkpoint; Tally refuses pickles (loading one can run arbitrary code) and "
+        "never opens it. Use the model's safetensors release, or convert it yourself in a sandbox you trust "
+        "(e.g. transformers' save_pretrained(..., safe_serialization=True)) and add that directory")
+
+
+# ---------------------------------------------------------------- HF checkpoint dirs
+
+def _weight_files(src: Path) -> list[Path]:
+    index = src / INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise CheckpointError(f"{index} is not a safetensors index (no weight_map)") from None
+        missing = [f for f in files if not (src / f).is_file()]
+        if missing:
+            raise CheckpointError(f"{index} lists shards that are missing: {', '.join(missing[:5])}")
+        return [src / f for f in files]
+    files = sorted(src.glob("*.safetensors"))
+    if not files:
+        pickles = _pickles(src)
+        if pickles:
+            raise _refuse_pickle(f"{src}/{pickles[0]}")
+        raise CheckpointError(f"{src} has no *.safetensors weights")
+    return files
+
+
+def _open_all(files: list[Path]) -> dict[str, tuple[object, str]]:
+    """``{tensor name: (open safetensors handle, file name)}``; raises CheckpointError for a bad file."""
+    from safetensors import SafetensorError, safe_open
+
+    where: dict[str, tuple[object, str]] = {}
+    for path in files:
+        if _is_pickle_bytes(_magic(path)):
+            raise _refuse_pickle(str(path))
+        try:
+            handle = safe_open(str(path), framework="pt")
+            names = list(handle.keys())
+        except (SafetensorError, OSError, ValueError) as e:
+            raise CheckpointError(f"{path} is not a valid safetensors file (truncated or corrupt?): {e}") from None
+        for n in names:
+            if n in where:
+                raise CheckpointError(f"tensor {n} appears in both {where[n][1]} and {path.name}")
+            where[n] = (handle, path.name)
+    return where
+
+
+def _read(where: dict, name: str) -> torch.Tensor:
+    from safetensors import SafetensorError
+
+    handle, fname = where[name]
+    try:
+        t = handle.get_tensor(name)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise CheckpointError(f"{fname}: tensor {name} is unreadable (corrupt file?): {e}") from None
+    t = t.to(torch.float32).contiguous()
+    if not torch.isfinite(t).all():
+        raise CheckpointError(f"{fname}: tensor {name} holds NaN or inf values (corrupt file?)")
+    return t
+
+
+_FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+
+
+def _check_shapes(where: dict, names: dict[str, str], want: dict[str, tuple], what: str) -> None:
+    """``names`` maps the Tally key to the checkpoint key; shapes and dtypes come from the safetensors headers."""
+    missing, extra = sorted(set(want) - set(names)), sorted(set(names) - set(want))
+    if missing or extra:
+        raise CheckpointError(f"{what}: tensors missing {missing[:4]} / unexpected {extra[:4]} for this "
+                              "architecture (is config.json the checkpoint's own?)")
+    for k, shape in want.items():
+        handle, fname = where[names[k]]
+        sl = handle.get_slice(names[k])
+        got, dtype = tuple(sl.get_shape()), sl.get_dtype()
+        if got != tuple(shape):
+            raise CheckpointError(f"{what}: tensor {names[k]} in {fname} has shape {got}, the architecture "
+                                  f"expects {tuple(shape)}")
+        if dtype not in _FLOAT_DTYPES:
+            raise CheckpointError(f"{what}: tensor {names[k]} in {fname} has dtype {dtype}; quantized or integer "
+                                  "weights are not supported")
+
+
+def load_hf_config(src: Path):
+    """The transformers config of checkpoint dir ``src``, checked: supported ``model_type``, not quantized.
+
+    Raises:
+        CheckpointError: no/invalid config.json, unsupported architecture, quantized checkpoint.
+    """
+    from transformers import AutoConfig
+
+    path = src / "config.json"
+    if not path.is_file():
+        raise CheckpointError(f"{src} has no config.json; not a Hugging Face checkpoint directory")
+    try:
+        raw = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{path} is not a JSON object")
+    try:
+        check_model_type(raw.get("model_type"))
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    quant = raw.get("quantization_config")
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        raise CheckpointError(f"{path} describes a quantized checkpoint ({method}); add the float release")
+    try:
+        cfg = AutoConfig.from_pretrained(str(src), trust_remote_code=False)
+    except (ValueError, OSError, TypeError, KeyError) as e:
+        raise CheckpointError(f"{path}: transformers cannot read this config: {e}") from None
+    return cfg
+
+
+def load_tokenizer(src: Path):
+    """The checkpoint's tokenizer (``AutoTokenizer``, no remote code).
+
+    Raises:
+        CheckpointError: no tokenizer files, or transformers cannot load them.
+    """
+    from transformers import AutoTokenizer
+
+    if not any((src / f).is_file() for f in TOKENIZER_FILES):
+        raise CheckpointError(f"{src} has no tokenizer (tokenizer.json or tokenizer.model): clients could not "
+                              "turn text into tokens; copy the model's tokenizer files into the directory")
+    try:
+        return AutoTokenizer.from_pretrained(str(src), trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001 -- tokenizer back ends raise many types; all mean "cannot load"
+        raise CheckpointError(f"{src}: the tokenizer cannot be loaded: {type(e).__name__}: {e}") from None
+
+
+class HFPlan:
+    """A checked checkpoint dir, ready to write: every refusal that needs only headers happened in the
+    constructor (config, architecture, tokenizer, safetensors headers, tensor names, shapes and dtypes), before
+    anything is written anywhere.
+
+    Raises (constructor):
+        CheckpointError: see the module docstring.
+    """
+
+    def __init__(self, src: Path):
+        self.src = src
+        self.cfg = cfg = load_hf_config(src)
+        self.arch = architecture(cfg)
+        files = _weight_files(src)
+        self.tokenizer = load_tokenizer(src)
+        self.where = where = _open_all(files)
+        self.num_blocks = L = int(cfg.num_hidden_layers)
+        with torch.device("meta"):
+            skeleton = self.arch.causal_cls(cfg)
+        self.blocks: list[dict[str, str]] = [{} for _ in range(L)]
+        top: dict[str, str] = {}
+        for n in where:
+            if _IGNORED.search(n):
+                continue
+            m = _LAYER.match(n)
+            if m and int(m.group(1)) < L:
+                self.blocks[int(m.group(1))][m.group(2)] = n
+            else:
+                top[n] = n
+        allowed_top = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
+        if set(top) - allowed_top:
+            raise CheckpointError(f"unexpected tensors for a {self.arch.name} checkpoint with {L} layers: "
+                                  f"{sorted(set(top) - allowed_top)[:4]}")
+        self.tied = bool(getattr(cfg, "tie_word_embeddings", False))
+        if not self.tied and "lm_head.weight" not in top:
+            raise CheckpointError("the checkpoint lacks lm_head.weight and does not tie it to the embedding")
+        self.head = {"embed_tokens.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
+        if not self.tied:
+            self.head["lm_head.weight"] = "lm_head.weight"
+        want_head = {"embed_tokens.weight": skeleton.model.embed_tokens.weight.shape,
+                     "norm.weight": skeleton.model.norm.weight.shape}
+        if not self.tied:
+            want_head["lm_head.weight"] = skeleton.lm_head.weight.shape
+        _check_shapes(where, {k: v for k, v in self.head.items() if v in where}, want_head, "head")
+        for i in range(L):
+            want = {k: tuple(v.shape) for k, v in skeleton.model.layers[i].state_dict().items()}
+            _check_shapes(where, self.blocks[i], want, f"block {i}")
+
+    def write(self, out: Path, name: str, progress: bool = False) -> Manifest:
+        """Write the model into the existing empty dir ``out``; returns its manifest.
+
+        Raises:
+            CheckpointError: a tensor is unreadable or not finite (the caller deletes ``out``).
+        """
+        from safetensors.torch import save_file
+
+        block_hashes = []
+        for i in progress_iter(range(self.num_blocks), self.num_blocks, "converting blocks", progress):
+            sd = {k: _read(self.where, full) for k, full in self.blocks[i].items()}
+            save_file(sd, str(out / block_file(i)))
+            block_hashes.append(tensors_hash(sd))
+        head = {k: _read(self.where, full) for k, full in self.head.items()}
+        if self.tied:
+            head["lm_head.weight"] = head["embed_tokens.weight"].clone()
+        save_file(head, str(out / HEAD_FILE))
+        cfg = self.cfg
+        cfg.dtype = torch.float32
+        cfg.save_pretrained(str(out))
+        self.tokenizer.save_pretrained(str(out))
+        head_h, cfg_h = tensors_hash(head), config_hash(config_dict(out))
+        manifest = Manifest(name=name, num_blocks=self.num_blocks, hidden_size=int(cfg.hidden_size),
+                            vocab_size=int(cfg.vocab_size), max_length=int(cfg.max_position_embeddings),
+                            block_hashes=tuple(block_hashes), head_hash=head_h, config_hash=cfg_h,
+                            model_id=compute_model_id(head_h, block_hashes, cfg_h))
+        (out / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=1) + "\n")
+        return manifest
+
+
+# ---------------------------------------------------------------- GGUF files
+
+class GGUFPlan:
+    """A checked GGUF file (magic bytes, readable metadata, supported architecture); nothing written yet.
+
+    Raises (constructor):
+        CheckpointError: not a GGUF file, unreadable, or an unsupported architecture.
+    """
+
+    def __init__(self, path: Path):
+        from transformers import AutoConfig
+
+        self.src = path
+        if _magic(path)[:4] != b"GGUF":
+            raise CheckpointError(f"{path} is not a GGUF file (no GGUF magic bytes)")
+        try:
+            self.cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        except Exception as e:  # noqa: BLE001 -- the GGUF reader raises many types for bad files
+            raise CheckpointError(f"{path}: transformers cannot read this GGUF file: {type(e).__name__}: {e}") \
+                from None
+        try:
+            check_model_type(self.cfg.model_type)
+        except ValueError as e:
+            raise CheckpointError(str(e)) from None
+
+    def write(self, out: Path, name: str, progress: bool = False) -> Manifest:
+        """Dequantize to float32 and write into ``out`` (:func:`node.compute.model.save_model_dir`).
+
+        Raises:
+            CheckpointError: transformers cannot dequantize the file or read its tokenizer.
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = self.src
+        if progress:
+            print(f"dequantizing {path.name} ({path.stat().st_size / 1e6:.0f} MB) to float32", flush=True)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                         dtype=torch.float32)
+            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointError(f"{path}: cannot be dequantized: {type(e).__name__}: {e}") from None
+        if progress:
+            print("writing per-block safetensors", flush=True)
+        return save_model_dir(model, tok, out, name=name)
+
+
+def plan(source: Path) -> HFPlan | GGUFPlan:
+    """Check ``source`` (checkpoint dir or GGUF file) without writing anything.
+
+    Raises:
+        CheckpointError: refused (pickle, unsupported architecture, no tokenizer, corrupt safetensors, ...).
+        FileNotFoundError: ``source`` does not exist.
+    """
+    src = Path(source).expanduser()
+    if not src.exists():
+        raise FileNotFoundError(f"{src} does not exist")
+    if src.is_dir():
+        return HFPlan(src)
+    if src.name.lower().endswith(PICKLE_SUFFIXES) or _is_pickle_bytes(_magic(src)):
+        raise _refuse_pickle(str(src))
+    if src.suffix.lower() != ".gguf" and _magic(src)[:4] != b"GGUF":
+        raise CheckpointError(f"{src} is neither a checkpoint directory nor a .gguf file")
+    return GGUFPlan(src)
+
+
+# ---------------------------------------------------------------- add / list / remove
+
+def _dir_bytes(d: Path) -> int:
+    return sum(p.stat().st_size for p in d.iterdir() if p.is_file())
+
+
+def _clean_stale(cache: Path) -> None:
+    for stale in [*cache.glob(".add-tmp-*"), *cache.glob(".trash-*")]:  # from a killed process; we hold the lock
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def add_model(source: Path, cache_dir: Path | None = None, name: str | None = None,
+              progress: bool = False) -> registry.Entry:
+    """Convert ``source`` (checkpoint dir or ``.gguf`` file) into ``cache_dir`` and register it as ``name``.
+
+    ``name`` defaults to the dir / file name (:func:`node.models.registry.default_name`). Holds the registry
+    lock for the whole conversion (one ``add``/``remove`` at a time per cache). Returns the new entry.
+
+    Raises:
+        CheckpointError: the checkpoint is refused (see module docstring).
+        node.models.registry.RegistryError: bad or taken name, model already added, unreadable registry.
+        FileNotFoundError: ``source`` does not exist.
+    """
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    src = Path(source).expanduser()
+    name = registry.check_name(name if name is not None else registry.default_name(src))
+    if any(e.name == name for e in registry.load(cache)):  # checked again under the lock below
+        raise registry.RegistryError(f"a model named {name!r} is already added; remove it first or choose "
+                                     "another --name")
+    checked = plan(src)  # every refusal that needs no writing happens here, before the cache is touched
+    cache.mkdir(parents=True, exist_ok=True)
+    with registry.locked(cache):
+        entries = registry.load(cache)
+        if any(e.name == name for e in entries):
+            raise registry.RegistryError(f"a model named {name!r} is already added; remove it first or choose "
+                                         "another --name")
+        _clean_stale(cache)
+        tmp = Path(tempfile.mkdtemp(prefix=".add-tmp-", dir=cache))
+        try:
+            manifest = checked.write(tmp, name, progress)
+            mid = manifest.model_id.hex()
+            target = cache / mid
+            cfg = config_dict(tmp)
+            entry = registry.Entry(name=name, model_id=mid, dir=mid, model_type=cfg["model_type"],
+                                   architecture=SUPPORTED[cfg["model_type"]],
+                                   num_blocks=manifest.num_blocks, hidden_size=manifest.hidden_size,
+                                   vocab_size=manifest.vocab_size, bytes=_dir_bytes(tmp), source=str(src.resolve()))
+            for e in entries:
+                if e.model_id == mid:
+                    raise registry.RegistryError(f"this model (id {mid[:16]}…) is already added as {e.name!r}")
+            if target.exists():  # converted before but never registered (a crash in between): replace it
+                shutil.rmtree(target)
+            os.chmod(tmp, 0o755)
+            os.rename(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        try:
+            registry.add(cache, entry)
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+    return entry
+
+
+def list_models(cache_dir: Path | None = None) -> list[registry.Entry]:
+    """The added models of ``cache_dir`` in the order they were added."""
+    return registry.load(Path(cache_dir) if cache_dir is not None else default_cache_dir())
+
+
+def remove_model(ref: str, cache_dir: Path | None = None) -> registry.Entry:
+    """Unregister model ``ref`` (name or id) and delete its dir; returns the removed entry.
+
+    The registry entry goes first (atomic), then the dir is renamed to ``.trash-*`` and deleted, so a crash never
+    leaves a registered model with missing files.
+
+    Raises:
+        node.models.registry.RegistryError: unknown name/id.
+    """
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    with registry.locked(cache):
+        entry = registry.remove(cache, ref)
+        d = cache / entry.dir
+        if d.exists():
+            trash = cache / f".trash-{entry.dir}"
+            shutil.rmtree(trash, ignore_errors=True)
+            os.rename(d, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+    return entry
+
+
+def model_dir_of(ref: str, cache_dir: Path | None = None) -> Path:
+    """The model dir of added model ``ref`` (name or id), checked to hold a manifest.
+
+    Raises:
+        node.models.registry.RegistryError: unknown name/id.  FileNotFoundError / ManifestError: its dir is gone
+            or damaged.
+    """
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    entry = registry.resolve(registry.load(cache), ref)
+    d = cache / entry.dir
+    load_manifest(d)
+    return d
