@@ -106,6 +106,8 @@ async def check_theta(cache: RunCache, executor, host, blobs: BlobStore, state, 
     if params_id != run.params or mom_id != h.momentum_next:
         raise ValueError(f"θ of round {h.round + 1} re-computed from the accepted Δs differs from the ledger's")
     cache.verified.add(run.params)
+    log.info("run %s round %d: θ %s fetched by hash and re-computed from round %d's %d accepted Δs: matches the "
+             "ledger", run.post.run_id.hex()[:12], run.round, run.params.hex(), h.round, len(h.accepted))
     return theta
 
 

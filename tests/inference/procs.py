@@ -288,3 +288,22 @@ def free_port() -> int:
 def validator_addr(port: int) -> str:
     """The multiaddr of dev key 0 listening on 127.0.0.1 ``port`` (``node start --port``)."""
     return f"/ip4/127.0.0.1/tcp/{port}/p2p/{peer(0)}"
+
+
+def api_call(tmp: Path, key: int, method: str, path: str, **kw) -> dict:
+    """``method path`` on the ``spawn``-ed node of dev key ``key`` with its own API token (read from its data dir;
+    the node signs with its own key); the JSON reply. Fails with the node's answer on an HTTP error."""
+    import httpx
+
+    d = tmp / f"p{key}"
+    info = json.loads((d / "node.json").read_text())
+    token = (d / "api_token").read_text().strip()
+    r = httpx.request(method, info["api"] + path, timeout=120.0, headers={"Authorization": f"Bearer {token}"}, **kw)
+    assert r.status_code < 400, f"{method} {path} on node {key}: {r.status_code} {r.text[:500]}"
+    return r.json()
+
+
+def genesis_supply(genesis_file: Path) -> int:
+    """Balances + bonds of the genesis file, base units (every ledger state of the chain must sum to this)."""
+    g = load_genesis(genesis_file)
+    return sum(balance + bond for _, balance, bond in g.balances)

@@ -1,6 +1,7 @@
 """Collaborative training runs end to end on real nodes (libp2p on 127.0.0.1, LevelDB, torch, peft; tiny model):
-four workers train a LoRA run DiLoCo-style, every sampled round receipt is replayed by a committee, every
-aggregate is re-computed, and a cheating worker is caught by the replay or excluded by the screen."""
+four workers train a LoRA run DiLoCo-style, every sampled round receipt is replayed by a committee and every
+aggregate is re-computed. Cheating workers over whole runs: test_run_cheats.py; a killed worker and a late
+joiner, as processes: test_runs_processes.py."""
 
 from __future__ import annotations
 
@@ -105,71 +106,5 @@ def test_four_workers_train_a_run_and_every_contribution_is_paid_once(tmp_path, 
     assert all(a.status == "valid" and len(a.committee) == 2 for a in aggs)
 
 
-async def _killed_and_late(tmp_path, tiny):
-    """Workers 1–3 join; a spare 4th trains from round 0 and is killed in round 1's commit phase; worker 5
-    joins during round 1 and must contribute in round 2 from θ_2 fetched by hash and checked."""
-    from node.runtime import Node
-
-    from ..e2e.swarm import node_config
-
-    # a dead worker stays bonded and may be drawn into committees: its seat times out after 60 blocks (24 s)
-    g = tiny_genesis(5, sample_base_ppm=400_000, sample_floor_ppm=400_000, block_time_ms=400, verdict_timeout=60)
-    settings = {**RUN, "rounds": 3, "round_timeout": 100}
-    async with trio.open_nursery() as n:
-        scopes, nodes = [], []
-
-        async def run_node(nd, scope):
-            with scope:
-                await nd.run()
-
-        for i in range(6):
-            cfg = node_config(tmp_path, i, g, tiny, span=[None, (0, 2), (2, 4), (4, 6), (0, 6), (0, 3)][i])
-            if nodes:
-                cfg.bootstrap = nodes[0].host.addrs
-            nd = Node(cfg)
-            scope = trio.CancelScope()
-            nodes.append(nd)
-            scopes.append(scope)
-            n.start_soon(run_node, nd, scope)
-            await nd.started.wait()
-        for i, nd in enumerate(nodes):
-            for other in nodes[i + 1:]:
-                await nd.host.connect(other.host.addrs)
-        sponsor, victim, late = nodes[0], nodes[4], nodes[5]
-        post = await post_run(sponsor, title="kill", text=TEXT, settings=settings, deadline_blocks=20_000)
-
-        async def join(nd):
-            with trio.fail_after(60):
-                while post.run_id not in nd.ledger.state.runs:
-                    await nd.ledger.new_block.wait()
-            me = nd.ident.account
-            await nd.ledger.submit(RunJoin(g.chain_id, me, post.run_id, nd.ledger.next_nonce(me)).signed(nd.ident))
-
-        for nd in nodes[1:5]:
-            await join(nd)
-        with trio.fail_after(400):  # round 1 open: kill the 4th worker before it commits, let the 5th join
-            while True:
-                run = sponsor.ledger.state.runs[post.run_id]
-                if run.round == 1 and run.cur is not None and victim.ident.account in run.cur.participants:
-                    break
-                await sponsor.ledger.new_block.wait()
-        scopes[4].cancel()
-        await join(late)
-        run = await wait_run(sponsor, post.run_id, {RunStatus.FINISHED, RunStatus.EXPIRED}, timeout=600)
-        st = sponsor.ledger.state.detach()  # read after the nodes (and their stores) are closed
-        n.cancel_scope.cancel()
-        return run, st, victim.ident.account, late.ident.account, sponsor.ledger.state.supply()
-
-
-@pytest.mark.slow  # 6+ minutes on 2 cores: six nodes in one process, three rounds, one waiting for its timeout
-@pytest.mark.quarantine  # never passed yet: with six in-process nodes round 1 did not open within 400 s (session note)
-def test_a_killed_worker_and_a_late_joiner(tmp_path, tiny):
-    run, st, victim, late, supply = trio.run(_killed_and_late, tmp_path, tiny)
-    assert run.status == RunStatus.FINISHED, run.status
-    r1 = run.history[1]
-    assert victim in {w for a in run.attempts if a[0] == 1 for w in a[3]}  # it was a participant of round 1
-    assert victim not in r1.accepted and len(r1.accepted) >= 3  # the round completed without it
-    r2 = run.history[2]
-    assert late in r2.accepted, r2.excluded  # joined in round 1, contributed a valid Δ in round 2
-    rid = next(r for w, r, _ in r2.commits if w == late)
-    assert st.receipts[rid].status in ("valid", "settled")
+# Check 4 (a worker killed mid-round, a late joiner) runs as separate `node start` processes in
+# test_runs_processes.py: with six nodes in this one trio loop, round 1 never opened within 400 s on 2 cores.
