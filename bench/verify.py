@@ -13,7 +13,14 @@ Part B — committee compute ÷ worker compute over N real sessions through a sp
 decoding by the worker, one prefill per committee member for sampled sessions) at the genesis sampling rate,
 and the count of false-invalid verdicts among honest sessions.
 
-Usage: ``.venv/bin/python bench/verify.py [--model tiny|smollm2] [--trials N] [--sessions N]``
+Part C (``--batch``, issue 14 check 3) — a colluding pair among five workers of a batch job with k = 3, q = 2:
+a real batch posted to the real state transition, its items drawn by the beacon (``node.ledger.core.batch``);
+printed: the share of items whose three workers include both colluders (so that their shared wrong result would
+be the majority), beside the exact hypergeometric probability C(2,2)·C(3,1)/C(5,3) = 0.3 and the binomial
+estimate (each replica a colluder with probability 2/5, independently) for comparison.
+
+Usage: ``.venv/bin/python bench/verify.py [--model tiny|smollm2] [--trials N] [--sessions N]``;
+``.venv/bin/python bench/verify.py --batch [--items N]`` runs part C alone.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from node.ledger.genesis import Genesis, Params  # noqa: E402
 from node.ledger.core.state import apply_block_body, genesis_state  # noqa: E402
 from node.ledger.core.tx import INVALID, VALID, Receipt, Vote  # noqa: E402
 from node.ledger.core.sampling import PPM, is_sampled, sampling_ppm  # noqa: E402
+from node.ledger.core.batchstate import item_key  # noqa: E402
+from node.ledger.core.batchtx import BatchPost, items_root  # noqa: E402
 
 C = 10**9
 PARAMS = Params(**json.loads((ROOT / "genesis" / "production-params.json").read_text())["params"])
@@ -175,12 +184,52 @@ def part_b(model: str, sessions: int) -> None:
     print(f"   false-invalid verdicts among honest sessions: {false_invalid}")
 
 
+def part_c(items: int, workers: int = 5, colluders: int = 2, k: int = 3, q: int = 2) -> dict[str, float]:
+    """Share of ``items`` beacon-drawn items (k of ``workers``) in which the ``colluders`` hold a quorum ``q``.
+    Returns the measured share, the hypergeometric and binomial estimates and the 95 % binomial half-width."""
+    from math import comb
+
+    keys = [Identity.from_seed(dev_seed(i)) for i in range(workers + 1)]
+    req, ws = keys[0], keys[1:]
+    p = Params(block_time_ms=100, max_receipt_price=C, slash_amount=100 * C)
+    bal = ((req.account, 10**6 * C, 0),) + tuple((w.account, 0, 100 * C) for w in ws)
+    g = Genesis("batch-bench", 0, (req.account,), bal, p)
+    s = genesis_state(g)
+    post = BatchPost(g.chain_id, req.account, b"\x01" * 16, items_root([b"%d" % i for i in range(items)]), items,
+                     "generate", 16, k, q, 1, 0, 10_000, 10_000, 0).signed(req)
+    s = apply_block_body(s, 1, H(b"bench-beacon", b"1"), [post])
+    h = 1
+    while s.tables["batches"][post.batch_id].assigned < items:
+        h += 1
+        s = apply_block_body(s, h, H(b"bench-beacon", str(h).encode()), [])
+    bad = {w.account for w in ws[:colluders]}
+    hits = sum(1 for i in range(items)
+               if len(bad & set(s.tables["batch_items"][item_key(post.batch_id, i)].workers)) >= q)
+    share = hits / items
+    hyper = sum(comb(colluders, j) * comb(workers - colluders, k - j) for j in range(q, min(k, colluders) + 1)) \
+        / comb(workers, k)
+    r = colluders / workers
+    binom = sum(comb(k, j) * r**j * (1 - r) ** (k - j) for j in range(q, k + 1))
+    half = 1.96 * (hyper * (1 - hyper) / items) ** 0.5
+    print(f"== C. colluding pair: {colluders} of {workers} workers, k = {k}, q = {q}, {items} beacon-drawn items "
+          f"({h - 1} blocks)")
+    print(f"   share of items where the colluders form the majority: {share:.4f}")
+    print(f"   hypergeometric (exact for this draw): {hyper:.4f} ± {half:.4f} (95 %)   "
+          f"binomial (independent replicas, p = {r:g}): {binom:.4f}")
+    return {"share": share, "hypergeometric": hyper, "binomial": binom, "half_width": half}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny", choices=["tiny", "smollm2"])
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--sessions", type=int, default=400)
+    ap.add_argument("--batch", action="store_true", help="run part C alone: a colluding pair in a k = 3 batch job")
+    ap.add_argument("--items", type=int, default=2000, help="items of part C's batch (default 2000)")
     args = ap.parse_args()
+    if args.batch:
+        part_c(args.items)
+        return
     part_a(args.trials)
     part_b(args.model, args.sessions)
 

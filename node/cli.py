@@ -181,11 +181,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "before its first segment")
     s.add_argument("--snapshot-every", type=_count, default=0, metavar="N",
                    help="make a snapshot of the ledger state every N blocks and serve it to peers that start with "
-                        "--state-sync (held in memory: about 265 bytes per account, receipt, job or run; "
+                        "--state-sync (written as files under DATA_DIR/snapshots, the last 2 kept and served "
+                        "again after a restart; about 265 bytes per account, receipt, job or run; "
                         "default: %(default)s, never)")
+    s.add_argument("--prune-bodies", type=_count, default=0, metavar="N",
+                   help="keep the transactions of the last N blocks only; older block bodies are deleted as new "
+                        "blocks come (headers and commits are kept forever, so light clients and proofs still "
+                        "work). A pruning node cannot run `node ledger verify` from genesis nor serve the older "
+                        "blocks to peers that sync (default: %(default)s, keep every block)")
     s.add_argument("--state-sync", action="store_true",
                    help="on an empty ledger, start from the newest snapshot a bootstrap peer offers, checked "
-                        "against a header signed by more than 2/3 of the genesis validators, instead of replaying "
+                        "against a header signed by more than 2/3 of the validators (the genesis set, or on a chain "
+                        "whose validators change the set reached by following the peer's headers), instead of replaying "
                         "the chain from genesis; the blocks before it are not fetched")
     s.add_argument("--log-level", default="INFO", type=str.upper,
                    choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="logging level (default: %(default)s)")
@@ -336,7 +343,7 @@ def cmd_start(args) -> int:
                      bootstrap=bootstrap, listen=listen, announce=args.announce, relay=args.relay,
                      p2p_port=args.port or 0, api_port=args.api_port, api_host=args.api_host,
                      device=device, threads=args.threads, fault=args.fault, accept_jobs=args.accept_jobs, job_capacity=args.job_capacity,
-                     snapshot_every=args.snapshot_every, state_sync=args.state_sync,
+                     snapshot_every=args.snapshot_every, state_sync=args.state_sync, prune_bodies=args.prune_bodies,
                      compression=args.compression, step_timeout=args.step_timeout,
                      auto_blocks=auto_blocks,
                      seed=dev_seed(dev_account) if dev_account is not None else None)

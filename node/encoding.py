@@ -50,7 +50,8 @@ def H(*parts: bytes) -> bytes:
 
 def pack(obj: Any) -> bytes:
     """Deterministic msgpack encoding (bin type for bytes, no floats reordered, maps as given)."""
-    return msgpack.packb(obj, use_bin_type=True)
+    out: bytes = msgpack.packb(obj, use_bin_type=True)
+    return out
 
 
 def unpack(data: bytes, *, max_size: int = MAX_MESSAGE) -> Any:
@@ -171,7 +172,7 @@ def verify_inclusion(leaf: bytes, index: int, size: int, proof: Sequence[bytes],
 
 # ---------------------------------------------------------------- tensors
 
-def tensor_to_wire(t) -> dict:
+def tensor_to_wire(t: Any) -> dict[str, Any]:
     """Encode a torch tensor or numpy array as ``{"dtype", "shape", "data"}`` (little-endian, contiguous)."""
     import torch
 
@@ -192,7 +193,7 @@ def tensor_to_wire(t) -> dict:
     return {"dtype": name, "shape": list(arr.shape), "data": arr.tobytes()}
 
 
-def tensor_from_wire(obj: Any, *, max_elems: int = 1 << 26):
+def tensor_from_wire(obj: Any, *, max_elems: int = 1 << 26) -> Any:
     """Decode a wire tensor into a torch tensor, checking dtype code, shape and buffer length.
 
     Raises:
@@ -226,13 +227,13 @@ def tensor_from_wire(obj: Any, *, max_elems: int = 1 << 26):
     return t
 
 
-def tensor_commitment(t) -> bytes:
+def tensor_commitment(t: Any) -> bytes:
     """``H(dtype ‖ shape ‖ contiguous little-endian bytes)`` of a tensor; 32 bytes."""
     w = tensor_to_wire(t)
     return H(w["dtype"].encode(), pack(w["shape"]), w["data"])
 
 
-def commitments_root(tensors: Iterable) -> bytes:
+def commitments_root(tensors: Iterable[Any]) -> bytes:
     """Merkle root (RFC 9162) over the commitments of an ordered sequence of tensors (e.g. session steps)."""
     return merkle_root([tensor_commitment(t) for t in tensors])
 
@@ -240,7 +241,7 @@ def commitments_root(tensors: Iterable) -> bytes:
 # ---------------------------------------------------------------- credits
 
 AMOUNT_DECIMALS = 9  # 1 credit = 10^9 base units: an amount has at most 9 decimals
-BASE_UNITS = 10**AMOUNT_DECIMALS
+BASE_UNITS: int = 10**AMOUNT_DECIMALS
 MAX_AMOUNT = 2**63 - 1  # the ledger's largest amount in base units (signed 64-bit integers on the wire)
 MAX_CREDITS = MAX_AMOUNT // BASE_UNITS  # the largest whole number of credits
 # The one spelling of an amount, wherever one enters (API bodies, CLI flags, genesis files): ASCII decimal digits

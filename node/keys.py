@@ -49,14 +49,6 @@ class Identity:
             raise ValueError("sign 32-byte digests only")
         return nacl.bindings.crypto_sign(digest, self._secret)[:64]  # = self._sk.sign(digest).signature
 
-    def libp2p_keypair(self):
-        """The libp2p ``KeyPair`` for this key, so peer ID and account are one key."""
-        from libp2p.crypto.ed25519 import Ed25519PrivateKey
-        from libp2p.crypto.keys import KeyPair
-
-        priv = Ed25519PrivateKey(self._sk)
-        return KeyPair(priv, priv.get_public_key())
-
     @property
     def peer_id(self) -> str:
         return account_to_str(self.account)

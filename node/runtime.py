@@ -64,6 +64,7 @@ class NodeConfig:
     job_capacity: int = 1  # fine-tune jobs held at once (node.market.worker)
     snapshot_every: int = 0  # make and serve a state snapshot every N blocks (0: never; node.ledger.statesync)
     state_sync: bool = False  # on an empty ledger, start from a peer's snapshot instead of replaying the chain
+    prune_bodies: int = 0  # keep the bodies of the last N blocks only (0: every one; headers and commits stay)
 
 
 def ensure_api_token(data_dir: Path) -> str:
@@ -121,13 +122,19 @@ class Node:
         self.manifest = load_manifest(cfg.model_dir)
         self.executor = TorchExecutor(cfg.threads)
         self.blobs = BlobStore(cfg.data_dir)
-        self.store = LedgerStore(cfg.data_dir / "ledger", cfg.genesis)
+        self.store = LedgerStore(cfg.data_dir / "ledger", cfg.genesis, prune_bodies=cfg.prune_bodies)
+        if cfg.prune_bodies:
+            log.info("pruning block bodies: keeping the last %d (headers and commits kept); bodies held from "
+                     "height %d; this node cannot re-verify from genesis nor serve older blocks",
+                     cfg.prune_bodies, max(self.store.pruned_below, 1))
         self.host = P2PHost(self.ident, cfg.p2p_port, cfg.genesis.chain_id, listen=cfg.listen,
                             announce=cfg.announce, genesis_hash=cfg.genesis.hash, limits=cfg.limits)
         self.net = NetworkService(self.host, cfg.genesis.hash, cfg.bootstrap, cfg.data_dir, RelayMode(cfg.relay))
         self.ledger = LedgerService(self.store, cfg.genesis, self.ident, self.host,
                                     consensus_fault="equivocate" if cfg.fault == "equivocate" else None)
-        self.snapshots = SnapshotServer(self.store, cfg.snapshot_every)
+        snapdir = cfg.data_dir / "snapshots"  # files: kept and served again after a restart (node.ledger.snapstore)
+        self.snapshots = SnapshotServer(self.store, cfg.snapshot_every,
+                                        directory=snapdir if cfg.snapshot_every or snapdir.exists() else None)
         log.info("ledger opened: head %d (%s)", self.ledger.state.height,
                  self.ledger.state.last_hash.hex()[:16])
         self.server = None
@@ -281,6 +288,9 @@ class Node:
         await self.swarm.on_announcement(data, from_peer)
 
     async def _presence_loop(self) -> None:
+        """Every ``announce_period``: publish this node's addresses on ``tally/<chain>/shards`` (unless it serves a
+        span: its announcements carry them, and twice the messages cost an idle server about a tenth of its CPU,
+        bench/idle.py) and rewrite ``node.json`` when they changed."""
         from .encoding import pack
 
         seq = 0
@@ -291,8 +301,9 @@ class Node:
                 written = self.host.addrs
                 log.info("announcing %s", ", ".join(written))
                 self._write_info()
-            await self.host.publish(self.host.topic("shards"),
-                                    pack({"presence": self.ident.peer_id, "addrs": self.host.addrs, "seq": seq}))
+            if self.server is None:  # a server's span announcements carry the same peer and addresses
+                await self.host.publish(self.host.topic("shards"),
+                                        pack({"presence": self.ident.peer_id, "addrs": self.host.addrs, "seq": seq}))
             await trio.sleep(self.cfg.announce_period)
 
     def _write_info(self) -> None:

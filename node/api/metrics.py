@@ -4,11 +4,14 @@ Each node has its own registry (several nodes may share a process in tests). Fam
 
 * ledger: ``block_height``, ``blocks_total``, ``transactions_total``, ``ledger_block_bytes_total`` (bytes of
   stored blocks), ``mempool_transactions``, ``validators``, ``supply_base_units``;
-* verification: ``receipts_total``, ``receipts{status}``, ``receipts_sampled_total``, ``votes_total{verdict}``,
+* verification: ``receipts_total`` (archived ones included), ``receipts_archived``, ``receipts{status}``,
+  ``receipts_sampled_total``, ``votes_total{verdict}``,
   ``verdicts_total{verdict}`` (valid/invalid quorums), ``slashes_total``, ``slashed_base_units_total``;
 * sessions: ``sessions_served_total`` and ``sessions_active`` (this node as a server), ``tokens_served_total``,
   ``ledger_sessions_total`` (inference sessions receipted on the ledger);
 * network: ``p2p_stream_bytes_total{direction}`` (framed protocol bytes of this process), ``peers``,
+  ``gossip_sent_total{kind}`` (``publish:consensus``, ``ihave:shards``, ...), ``gossip_received_total{topic}``,
+  ``gossip_published_total{topic}`` (:class:`node.p2p.gossip.GossipCounts`),
   ``swarm_servers``, ``swarm_blocks_covered``.
 """
 
@@ -16,6 +19,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from ..ledger.core.history import read_head
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -56,7 +61,9 @@ class NodeCollector:
         yield gauge("mempool_transactions", "Transactions waiting for a block", len(n.ledger.mempool))
         yield gauge("validators", "Size of the validator set", len(st.validators))
         yield gauge("supply_base_units", "Total balance + bond + escrow", st.supply())
-        yield counter("receipts", "Receipts on the ledger", ver["receipts"])
+        archived = read_head(st).size  # receipts that left the hot state (node.ledger.core.history)
+        yield counter("receipts", "Receipts on the ledger (in the state or archived)", ver["receipts"] + archived)
+        yield gauge("receipts_archived", "Receipts that left the hot state into the history log", archived)
         yield gauge("receipts_by_status", "Receipts on the ledger by verification status",
                     {k: ver[k] for k in ("pending", "valid", "invalid", "settled", "unverified")}, ["status"])
         yield counter("receipts_sampled", "Receipts sampled for re-execution by a committee", ver["sampled"])
@@ -76,6 +83,12 @@ class NodeCollector:
         yield counter("p2p_stream_bytes", "Bytes of framed protocol messages (this process)",
                       {"sent": STATS["sent"], "received": STATS["received"]}, ["direction"])
         yield gauge("peers", "Connected libp2p peers", len(n.host.connected_peers()))
+        gc = n.host.gossip_counts()
+        yield counter("gossip_sent", "Gossip RPC items sent to peers (publish: per receiving peer; ihave/iwant: "
+                      "message ids)", {f"{k}:{t}" if t else k: x for (k, t), x in sorted(gc.sent.items())}, ["kind"])
+        yield counter("gossip_received", "Published gossip messages received from peers, duplicates included",
+                      dict(gc.received), ["topic"])
+        yield counter("gossip_published", "Gossip messages this node originated", dict(gc.published), ["topic"])
         sw = self.q.swarm()
         yield gauge("swarm_servers", "Live servers of this node's model",
                     sum(1 for x in sw["servers"] if x["model_id"] == sw["model_id"]))

@@ -90,6 +90,10 @@ class StatusOut(BaseModel):
     supply: Amount
     genesis_hash: str = Field("", description="hex; peers of another genesis are refused at connection time")
     network: NetworkOut | None = None
+    pruned_below: int = Field(0, description="block bodies below this height are not held here (node start "
+                              "--prune-bodies, or a state-synced start); 0: every body from genesis")
+    history_size: int = Field(0, description="receipts that left the hot state into the history log")
+    history_root: str | None = Field(None, description="hex RFC 9162 root of the history log (null: empty)")
 
 
 class AccountOut(BaseModel):
@@ -159,6 +163,10 @@ class ReceiptOut(BaseModel):
     payouts: list[PayoutOut]
     slashed: Amount
     fields: dict[str, Any] = Field(default_factory=dict, description="every other field of the receipt")
+    archived_height: int | None = Field(None, description="the height at whose end the receipt left the hot state "
+                                        "into the history log (its committee and votes are not kept then; "
+                                        "proof: /v1/proofs/history/{id})")
+    history_index: int | None = Field(None, description="its leaf index in the history log, when archived")
 
 
 class ReceiptsOut(BaseModel):
@@ -216,6 +224,9 @@ class BlockOut(BaseModel):
     txs: list[TxSummary]
     commit: list[CommitSig] = Field(..., description="precommits that finalized this block")
     last_commit: list[CommitSig] = Field(..., description="precommits for the parent, carried in this block")
+    validators_hash: str = Field("", description="hash of the validator set that signs this block (empty on a "
+                                                 "chain whose set is fixed in genesis)")
+    next_validators_hash: str = Field("", description="hash of the set that signs the next block")
 
 
 class BlockSummary(BaseModel):
@@ -250,12 +261,32 @@ class ValidatorOut(BaseModel):
     slashed: Amount = Field(..., description="bond slashed so far (double signing, invalid work)")
     proposed: int = Field(..., description="blocks it proposed among the last `window` blocks")
     signed: int = Field(..., description="blocks among the last `window` whose commit it signed")
+    power: str = Field("1", description="voting power (base units of bond; 1 each on a genesis-fixed set)")
+
+
+class ValidatorChangeOut(BaseModel):
+    account: str
+    power: str = Field(..., description="voting power from effective_height (0: leaves the set)")
+    from_power: str = Field(..., description="voting power until then")
+    effective_height: int
+
+
+class ValidatorTxRequest(BaseModel):
+    action: str = Field(..., description="join (bond at least min_validator_bond first) or leave")
 
 
 class ValidatorsOut(BaseModel):
     window: int
     height: int
-    validators: list[ValidatorOut]
+    validators: list[ValidatorOut] = Field(..., description="the set that signs the next block")
+    total_power: str = "0"
+    quorum_power: str = Field("0", description="power a commit needs: more than 2/3 of total_power")
+    validators_hash: str = ""
+    next_validators_hash: str = ""
+    changes: bool = Field(False, description="false: the set is fixed in genesis (min_validator_bond 0)")
+    min_validator_bond: Amount | None = None
+    pending: list[ValidatorChangeOut] = Field(default_factory=list,
+                                              description="decided changes and the heights they take effect")
 
 
 class SwarmServerOut(BaseModel):
@@ -318,6 +349,19 @@ class ProofOut(BaseModel):
     commit: list[list[Any]]
     tree: str = Field("rfc9162", description="rfc9162 (a transaction in a block) or smt (a state entry)")
     table: str | None = Field(None, description="smt: the state table of the entry (accounts, receipts)")
+
+
+class HistoryProofOut(BaseModel):
+    receipt_id: str
+    archived_height: int = Field(..., description="the height at whose end the receipt left the hot state")
+    header: list[Any]
+    commit: list[list[Any]]
+    leaf: str = Field(description="hex summary of the receipt (msgpack, node.ledger.core.history.summary)")
+    index: int = Field(description="its leaf index in the history log")
+    size: int = Field(description="the log's size in the state the header commits to")
+    path: list[str] = Field(description="RFC 9162 audit path from the leaf to the log root, bottom-up")
+    head: ProofOut = Field(description="smt proof of the log head entry (size, root) under the header's state root")
+    summary: dict[str, Any] = Field(default_factory=dict, description="the summary, decoded")
 
 
 class GenerateRequest(BaseModel):

@@ -14,6 +14,7 @@ from collections import OrderedDict, Counter
 from ..identity import account_from_str
 from ..ledger.core.block import Header, decode_block
 from ..ledger.genesis import TREASURY
+from ..ledger.core.history import read_head
 from ..ledger.core.state import FINAL
 from ..ledger.core.tx import ABSTAIN
 from . import views as v
@@ -45,6 +46,14 @@ def _cursor(text: str | None, n: int | None = None) -> bytes | None:
     if not b or (n is not None and len(b) != n) or len(b) > 64:
         raise ApiError(400, "bad_cursor", "cursor must be the `next` value of a previous page")
     return b
+
+
+def _pruned(store, height: int) -> None:
+    """Raise a clear 404 for a block whose body this node no longer holds (``node start --prune-bodies``)."""
+    low = store.pruned_below
+    if height < low:
+        raise ApiError(404, "not_found", f"the body of block {height} is pruned on this node (it keeps block "
+                                         f"bodies from height {low}; headers and commits are kept)")
 
 
 class Queries:
@@ -84,7 +93,13 @@ class Queries:
             "swarm": [{"peer": p, "span": [s, e]} for p, s, e in n.swarm.live(n.manifest.model_id)],
             "supply": v.amount(st.supply()), "genesis_hash": n.genesis.hash.hex(),
             "network": n.net.status() if getattr(n, "net", None) is not None else None,
+            "pruned_below": n.store.pruned_below, **self._history_status(st),
         }
+
+    @staticmethod
+    def _history_status(st) -> dict:
+        head = read_head(st)
+        return {"history_size": head.size, "history_root": head.root.hex() if head.size else None}
 
     def account(self, a: bytes) -> dict:
         st = self.state
@@ -125,6 +140,7 @@ class Queries:
         raw = self.node.store.db.get(b"B" + height.to_bytes(8, "big")) if 1 <= height < 2**63 else None
         if raw is None:
             raise ApiError(404, "not_found", f"no block at height {height}")
+        _pruned(self.node.store, height)
         d = self.node.store.expand_record(height, raw)  # either stored format (node.ledger.core.blockcodec)
         return self._blocks.put(height, v.block_json(decode_block(d["b"]), d["c"], len(raw)))
 
@@ -135,12 +151,12 @@ class Queries:
         hit = self._summaries.get(height)
         if hit is not None:
             return hit
-        raw = self.node.store.get_block_raw(height)
+        raw = self.node.store.get_header_raw(height)  # a pruned block's header still has a summary (no txs)
         if raw is None:
             raise ApiError(404, "not_found", f"no block at height {height}")
-        chain, h, prev, t, proposer, troot, sroot = raw["b"]["h"]
+        _chain, h, _prev, t, proposer = raw["b"]["h"][:5]  # then the roots and the validator hashes, if any
         kinds = Counter(tx.get("t", "?") for tx in raw["b"]["txs"])
-        s = {"height": h, "hash": Header(chain, h, prev, t, proposer, troot, sroot).hash.hex(), "time_ms": t,
+        s = {"height": h, "hash": Header(*raw["b"]["h"]).hash.hex(), "time_ms": t,
              "proposer": v.acct(proposer), "txs": sum(kinds.values()), "kinds": dict(kinds)}
         return self._summaries.put(height, (s, {bytes(x[0]) for x in raw["c"]}))
 
@@ -155,6 +171,7 @@ class Queries:
         if loc is None:
             raise ApiError(404, "not_found", "no such transaction in a stored block")
         height, index, _ = loc
+        _pruned(self.node.store, height)
         block, _ = self.node.store.get_block(height)
         return v.tx_json(block.txs[index], height, index, block.hash)
 
@@ -163,6 +180,9 @@ class Queries:
     def receipt(self, rid: bytes) -> dict:
         rec = self.state.receipts.get(rid)
         if rec is None:
+            archived = self.node.store.history_entry(rid)  # left the hot state (node.ledger.core.history)
+            if archived is not None:
+                return v.archived_receipt_json(*archived)
             raise ApiError(404, "not_found", "no such receipt on the ledger")
         return v.receipt_json(rec)
 
@@ -182,11 +202,15 @@ class Queries:
             txs = got[0].txs
             for i in range(min(len(txs), pos if h == height else len(txs)) - 1, -1, -1):
                 rec = st.receipts.get(txs[i].id)
-                if rec is None or (status and rec.status != status):
+                archived = store.history_entry(txs[i].id) if rec is None and txs[i].KIND == "receipt" else None
+                if rec is None and archived is None:
+                    continue
+                row = v.receipt_json(rec) if rec is not None else v.archived_receipt_json(*archived)
+                if status and row["status"] != status:
                     continue
                 if len(out) == want:
                     return {"receipts": out, "next": (h.to_bytes(8, "big") + (i + 1).to_bytes(4, "big")).hex()}
-                out.append(v.receipt_json(rec))
+                out.append(row)
         low = max(0, height - SCAN_BLOCKS)
         return {"receipts": out, "next": (low.to_bytes(8, "big") + (2**31).to_bytes(4, "big")).hex() if low else None}
 
@@ -248,12 +272,23 @@ class Queries:
             for a in signers:
                 signed[a] += 1
         rows = []
-        for a in st.validators:
+        now, nxt = st.valset(), st.next_valset()
+        for a in now.accounts:
             x = st.account(a)
             name = v.acct(a)
             rows.append({"account": name, "balance": v.amount(x.balance), "bond": v.amount(x.bond),
-                         "slashed": v.amount(x.slashed), "proposed": proposed[name], "signed": signed[a]})
-        return {"window": st.height - lo + 1 if st.height else 0, "height": st.height, "validators": rows}
+                         "slashed": v.amount(x.slashed), "proposed": proposed[name], "signed": signed[a],
+                         "power": str(now.power(a))})
+        # changes already decided (node.ledger.core.valset: a block's joins, leaves, bonds and slashes take effect
+        # two heights later, so the state holds the set of height + 2): from the next block's set to that one
+        pending = [{"account": v.acct(a), "power": str(nxt.power(a)), "from_power": str(now.power(a)),
+                    "effective_height": st.height + 2} for a in sorted(set(now.accounts) | set(nxt.accounts))
+                   if now.power(a) != nxt.power(a)]
+        return {"window": st.height - lo + 1 if st.height else 0, "height": st.height, "validators": rows,
+                "total_power": str(now.total), "quorum_power": str(now.total - (now.total - 1) // 3),
+                "validators_hash": now.hash.hex(), "next_validators_hash": nxt.hash.hex(),
+                "changes": bool(st.params.min_validator_bond),
+                "min_validator_bond": v.amount(st.params.min_validator_bond), "pending": pending}
 
     def swarm(self) -> dict:
         n = self.node

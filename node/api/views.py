@@ -10,8 +10,9 @@ from dataclasses import fields as dc_fields
 from functools import lru_cache
 from typing import Any
 
-from ..encoding import format_amount
+from ..encoding import format_amount, unpack
 from ..identity import account_from_str, account_to_str
+from ..ledger.core.history import SUMMARY_FIELDS
 from ..ledger.genesis import TREASURY
 from ..ledger.core.tx import VERDICT_NAMES
 from .security import ApiError
@@ -140,7 +141,8 @@ def block_json(block, commit, size: int) -> dict:
     return {"height": h.height, "hash": block.hash.hex(), "prev_hash": h.prev_hash.hex(), "time_ms": h.time_ms,
             "proposer": acct(h.proposer), "tx_root": h.tx_root.hex(), "state_root": h.state_root.hex(),
             "size_bytes": size, "txs": [{"id": t.id.hex(), "kind": t.KIND} for t in block.txs],
-            "commit": commit_json(commit), "last_commit": commit_json(block.last_commit)}
+            "commit": commit_json(commit), "last_commit": commit_json(block.last_commit),
+            "validators_hash": h.validators_hash.hex(), "next_validators_hash": h.next_validators_hash.hex()}
 
 
 def tx_json(tx, height: int, index: int, block_hash: bytes) -> dict:
@@ -161,6 +163,44 @@ def job_json(job) -> dict:
             "escrow_left": amount(job.escrow_left), "refunded": amount(job.refunded), "losses": losses,
             "segments": [s.hex() for s in job.segments], "adapter": hexid(job.adapter) or None,
             "fields": tx_fields(p, {"title", "job_id", "sender", "deadline", "steps", "nonce"})}
+
+
+def archived_receipt_json(index: int, left_height: int, data: bytes) -> dict:
+    """A receipt that left the hot state (:func:`node.ledger.core.history.summary` bytes ``data``, leaf ``index``
+    of the history log, left at the end of block ``left_height``) in the shape of :func:`receipt_json`."""
+    s = dict(zip(SUMMARY_FIELDS, unpack(data), strict=True))
+    start, end, tokens = s["span_start"], s["span_end"], s["tokens"]
+    return {
+        "id": s["id"].hex(), "kind": "inference", "status": s["status"], "height": s["height"],
+        "session_id": s["session_id"].hex(), "job_id": None, "worker": acct(s["worker"]),
+        "requester": acct(s["requester"]), "model_id": s["model_id"].hex(), "span": [start, end], "tokens": tokens,
+        "work": tokens * (end - start), "price": amount(s["price"]), "opened_height": s["opened_height"],
+        "sampling_probability_ppm": 0, "round": 0, "committee": [], "votes": [],
+        "final_height": s["final_height"] or None,
+        "payouts": [{"account": acct(a), "amount": amount(x)} for a, x in s["payouts"]],
+        "slashed": amount(s["slashed"]), "fields": {}, "archived_height": left_height, "history_index": index,
+    }
+
+
+def history_proof_json(proof: dict, commit, left_height: int) -> dict:
+    """:func:`node.ledger.proofs.history_proof` with bytes as hex (``head`` as :func:`proof_json`)."""
+    s = dict(zip(SUMMARY_FIELDS, unpack(proof["leaf"]), strict=True))
+    return {"receipt_id": proof["receipt_id"].hex(), "archived_height": left_height,
+            "header": [x.hex() if isinstance(x, bytes) else x for x in proof["header"]],
+            "commit": [[v.hex(), r, sg.hex()] for v, r, sg in commit], "leaf": proof["leaf"].hex(),
+            "index": proof["index"], "size": proof["size"], "path": [p.hex() for p in proof["path"]],
+            "head": proof_json(proof["head"], commit),
+            "summary": {k: (x.hex() if isinstance(x, bytes) else x) for k, x in s.items() if k != "tag"}
+            | {"payouts": [[a.hex(), x] for a, x in s["payouts"]]}}
+
+
+def history_proof_from_json(d: dict) -> tuple[dict, list]:
+    """Inverse of :func:`history_proof_json`: ``(proof, commit)`` with bytes, for
+    :func:`node.ledger.proofs.verify_history_proof`."""
+    head, commit = proof_from_json(d["head"])
+    proof = {"header": head["header"], "leaf": bytes.fromhex(d["leaf"]), "index": d["index"], "size": d["size"],
+             "path": [bytes.fromhex(p) for p in d["path"]], "head": head}
+    return proof, commit
 
 
 def proof_json(proof: dict, commit) -> dict:

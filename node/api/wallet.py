@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from ..encoding import parse_amount
 from ..ledger.genesis import TREASURY
 from ..ledger.core.tx import Bond, InvalidTx, Transfer, Unbond
+from ..ledger.core.valset import ValidatorJoin, ValidatorLeave
 from . import models as m
 from . import views as v
 from .security import ApiError
@@ -143,6 +144,20 @@ def wallet_router(node, q, require_token) -> APIRouter:
     async def search(q_: str = Query(..., alias="q", min_length=1, max_length=128)):
         return JSON(q.search(q_))
 
+    @r.get("/light/{height}", summary="What a light client needs of a height: header, commit, signing validator set")
+    async def light(height: int = Path(..., ge=1, le=2**62)):
+        """``{"height", "light_block": hex of msgpack {"header", "commit", "validators"}}``: verify with
+        :class:`node.ledger.proofs.LightClient` (:func:`~node.ledger.proofs.parse_light_block` reads it), which
+        checks the set against the previous header's ``next_validators_hash``."""
+        from ..encoding import pack
+        from ..ledger.proofs import light_block
+
+        try:
+            lb = light_block(node.store, height)
+        except KeyError as e:
+            raise ApiError(404, "not_found", str(e).strip("'\"")) from None
+        return JSON({"height": height, "light_block": pack(lb).hex()})
+
     @r.get("/proofs/receipts/{receipt_id}", response_model=m.ProofOut,
            summary="Inclusion proof of a receipt in its block, with the block's commit")
     async def receipt_proof(receipt_id: str = Id()):
@@ -153,7 +168,11 @@ def wallet_router(node, q, require_token) -> APIRouter:
         rec = node.ledger.state.receipts.get(rid)
         if rec is None:
             raise ApiError(404, "not_found", "no such receipt on the ledger")
-        block, commit = node.store.get_block(rec.height)
+        got = node.store.get_block(rec.height)
+        if got is None:
+            raise ApiError(404, "not_found", f"the body of block {rec.height} is pruned on this node (it keeps "
+                                             f"bodies from height {node.store.pruned_below}); ask a full node")
+        block, commit = got
         return JSON(v.proof_json(tx_proof(block, rid), commit))
 
     @r.get("/proofs/accounts/{account}", response_model=m.ProofOut,
@@ -181,6 +200,32 @@ def wallet_router(node, q, require_token) -> APIRouter:
             raise ApiError(404, "not_found", "no block yet, or no such receipt in the committed state")
         block, commit = got
         return JSON(v.proof_json(entry_proof(node.ledger.parent_state, block.header, "receipts", rid), commit))
+
+    @r.get("/proofs/history/{receipt_id}", response_model=m.HistoryProofOut,
+           summary="Proof of a receipt that left the hot state: its summary in the history log, the log's RFC 9162 "
+                   "audit path, and the log head under the head header's state root")
+    async def history_proof(receipt_id: str = Id()):
+        """Light client: :func:`node.ledger.proofs.verify_header`, then
+        :func:`~node.ledger.proofs.verify_history_proof`."""
+        from ..ledger.core.history import HistoryMissing
+        from ..ledger.proofs import history_proof as make
+
+        rid = v.parse_id(receipt_id, "receipt id")
+        archived = node.store.history_entry(rid)
+        if archived is None:
+            where = ("it is still in the hot state: use /v1/proofs/records/" + receipt_id
+                     if rid in node.ledger.state.receipts else "no such receipt in this node's history")
+            raise ApiError(404, "not_found", f"receipt not archived: {where}")
+        index, left, data = archived
+        block, commit = node.store.get_block(node.store.head)
+        try:
+            proof = make(node.ledger.parent_state, block.header, node.store, rid, index, data)
+        except KeyError:
+            raise ApiError(404, "not_found", f"archived at height {left}, in the head block: the next header "
+                           "commits to it; ask again after the next block") from None
+        except HistoryMissing as e:
+            raise ApiError(404, "not_found", str(e)) from None
+        return JSON(v.history_proof_json(proof, commit, left))
 
     auth = [Depends(require_token)]
 
@@ -214,6 +259,22 @@ def wallet_router(node, q, require_token) -> APIRouter:
     async def unbond(req: m.BondRequest):
         me = node.ident.account
         return await _submit(Unbond(node.genesis.chain_id, me, _amount(req.amount), _next_nonce(node, me)), "unbond")
+
+    @r.post("/validator", dependencies=auth, response_model=m.SubmittedOut, responses=E_POST,
+            summary="Join the validator set (bonded with at least min_validator_bond) or leave it; effective two "
+                    "heights after the block that includes it (needs the API token)")
+    async def validator(req: m.ValidatorTxRequest):
+        kinds = {"join": ValidatorJoin, "leave": ValidatorLeave}
+        if req.action not in kinds:
+            raise ApiError(400, "bad_request", "action is join or leave")
+        me = node.ident.account
+        tx = kinds[req.action](node.genesis.chain_id, me, _next_nonce(node, me)).signed(node.ident)
+        dry_run(node, tx)
+        try:
+            tid = await node.ledger.submit(tx)
+        except InvalidTx as e:
+            raise ApiError(400, "invalid_tx", str(e)) from None
+        return JSON({"id": tid.hex(), "kind": tx.KIND, "amount": v.amount(0), "nonce": tx.nonce})
 
     @r.post("/generate", dependencies=auth, response_model=m.GenerateOut,
             responses={**E_POST, **{c: {"model": m.ErrorOut} for c in (413, 502, 503)}},

@@ -19,7 +19,7 @@ from . import statedb
 from .genesis import GenesisError, load_genesis
 from .store import LedgerStore, StoreCorrupt, StoreLocked
 
-KINDS = {b"B": "blocks", b"S/": "state", b"i/": "explorer index"}
+KINDS = {b"B": "blocks", b"S/": "state", b"i/": "explorer index", b"X/": "history log", b"T/": "state tree"}
 
 
 def add_ledger_parser(sub, default_data_dir: Path) -> None:

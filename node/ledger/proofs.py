@@ -1,7 +1,7 @@
 """Inclusion proofs and a light client (RFC 9162 §2.1.3 audit paths).
 
-A light client trusts only the genesis validator set. Given a header and its commit it checks the > 2/3
-precommits (:func:`verify_header`); given a header and a proof it checks that a transaction (a receipt) is in
+A light client trusts only the genesis and follows validator changes header by header (:class:`LightClient`).
+Given a header, its commit and the set that signed it, it checks the > 2/3 precommits (:func:`verify_header`); given a header and a proof it checks that a transaction (a receipt) is in
 that block (:func:`verify_tx_proof`), or that an account held a balance, or a receipt had a status and payouts, in
 the state that the header commits to — the state after the parent block, as in Tendermint's ``AppHash``
 (:func:`verify_account_proof`, :func:`verify_record_proof`: sparse Merkle proofs, :mod:`node.ledger.core.tree`). Nothing else
@@ -15,10 +15,12 @@ from typing import Any
 from ..encoding import DecodeError, H, inclusion_proof, pack, unpack, verify_inclusion
 from .core.block import Block, Header, InvalidBlock, check_commit
 from .core.records import CODECS
+from .core.history import HEAD_KEY, SUMMARY_FIELDS, LogHead, NodeReader, inclusion_path, read_head
 from .core.tree import entry_key, leaf_value
 from .core.smt import MAX_PROOF_BYTES
 from .core.smt import verify as verify_smt
-from .core.state import State
+from .core.state import State, genesis_state
+from .core.valset import ValidatorSet, ValidatorSetError
 
 
 def header_to_list(h: Header) -> list:
@@ -27,7 +29,10 @@ def header_to_list(h: Header) -> list:
 
 def header_from_list(x: Any) -> Header:
     """Raises: InvalidBlock for a malformed header."""
-    if not (isinstance(x, list) and len(x) == 7):
+    if not (isinstance(x, list) and len(x) in (7, 9)):  # 9: with validator hashes (node.ledger.core.valset)
+        raise InvalidBlock("malformed header")
+    if not (isinstance(x[0], str) and all(isinstance(v, int) for v in (x[1], x[3]))
+            and all(isinstance(v, bytes) and len(v) == 32 for v in (x[2], *x[4:]))):
         raise InvalidBlock("malformed header")
     return Header(*x)
 
@@ -67,9 +72,102 @@ def account_proof(parent_state: State, header: Header, account: bytes) -> dict:
     return entry_proof(parent_state, header, "accounts", account)
 
 
-def verify_header(header: Header, commit, validators: tuple[bytes, ...]) -> None:
-    """Check that > 2/3 of ``validators`` precommitted ``header``. Raises :class:`InvalidBlock` otherwise."""
-    check_commit(header.chain_id, header.height, header.hash, commit, validators)
+def verify_header(header: Header, commit: Any, validators: tuple[bytes, ...] | ValidatorSet) -> None:
+    """Check that more than 2/3 of the voting power of ``validators`` precommitted ``header``, and, for a header
+    that names its validator set (``validators_hash``), that ``validators`` is that set.
+
+    Raises:
+        InvalidBlock: another set, or not enough valid precommits.
+    """
+    vs = validators if isinstance(validators, ValidatorSet) else ValidatorSet.equal(validators)
+    if header.validators_hash and vs.hash != header.validators_hash:
+        raise InvalidBlock(f"the validator set supplied for header {header.height} is not the one it names")
+    check_commit(header.chain_id, header.height, header.hash, commit, vs)
+
+
+class LightClient:
+    """Follows a chain header by header from its genesis, trusting nothing but the genesis: CometBFT light
+    client *sequential verification* (spec/light-client/verification, "sequential"). The commit of header
+    ``h + 1`` is checked against the validator set supplied with it, and that set against the hash the trusted
+    header ``h`` names in ``next_validators_hash`` (and header ``h + 1`` in ``validators_hash``); header ``h + 1``
+    must also link to ``h`` by ``prev_hash``. On a chain whose set is fixed in genesis (headers without hashes)
+    every header is checked against the genesis validators.
+
+    Attributes: ``height`` and ``header`` (None at genesis) of the last verified header, ``next_hash`` the hash
+    of the set that signs the next height, ``valset`` the last set that verified a header.
+    """
+
+    def __init__(self, genesis: Any):
+        gs = genesis_state(genesis)
+        self.chain_id = genesis.chain_id
+        self.fixed = not genesis.params.min_validator_bond
+        self.height, self.hash = 0, genesis.hash
+        self.header: Header | None = None
+        self.valset = gs.valset()
+        self.next_hash = gs.valset().hash
+
+    def update(self, header: Header, commit: Any, valset: ValidatorSet | None) -> None:
+        """Verify ``header`` (height :attr:`height` + 1) with its ``commit`` and the set ``valset`` that signed
+        it (ignored on a genesis-fixed chain), and trust it.
+
+        Raises:
+            InvalidBlock: another chain, not the next height, not linked to the trusted header, the set is not
+                the one the trusted header named, or the commit lacks more than 2/3 of its power. Nothing
+                changes when raised.
+        """
+        if header.chain_id != self.chain_id:
+            raise InvalidBlock(f"header of chain {header.chain_id!r}")
+        if header.height != self.height + 1:
+            raise InvalidBlock(f"header {header.height} does not follow the trusted height {self.height}")
+        if header.prev_hash != self.hash:
+            raise InvalidBlock(f"header {header.height} does not link to the trusted header")
+        if self.fixed:
+            if header.validators_hash:
+                raise InvalidBlock("a header naming a validator set on a chain whose set is fixed in genesis")
+            vs = self.valset
+        else:
+            if valset is None or valset.hash != self.next_hash:
+                raise InvalidBlock(f"the validator set supplied for height {header.height} is not the one the "
+                                   f"trusted header {self.height} named")
+            if not header.next_validators_hash:
+                raise InvalidBlock(f"header {header.height} names no validator set")
+            vs = valset
+        verify_header(header, commit, vs)
+        self.height, self.hash, self.header, self.valset = header.height, header.hash, header, vs
+        if not self.fixed:
+            self.next_hash = header.next_validators_hash
+
+    def follow(self, items: Any) -> None:
+        """:meth:`update` with each ``(header, commit, valset)`` of ``items`` in order (the first bad one
+        raises, the ones before it stay trusted)."""
+        for header, commit, valset in items:
+            self.update(header, commit, valset)
+
+
+def light_block(store: Any, height: int) -> dict[str, Any]:
+    """What a light client needs of ``height`` (:class:`LightClient`): ``{"header": header list, "commit":
+    [[validator, round, sig], ...], "validators": [[account, power], ...]}``, from a
+    :class:`node.ledger.store.LedgerStore`.
+
+    Raises:
+        KeyError: the block is not stored here (pruned, below a state-sync base, or beyond the head).
+    """
+    raw = store.get_block_raw(height)
+    if raw is None:
+        raise KeyError(f"block {height} is not stored here")
+    return {"header": raw["b"]["h"], "commit": raw["c"], "validators": store.valset_at(height).to_wire()}
+
+
+def parse_light_block(x: Any) -> tuple[Header, Any, ValidatorSet]:
+    """A :func:`light_block` dict as :meth:`LightClient.update` takes it.
+
+    Raises:
+        InvalidBlock: malformed.
+    """
+    try:
+        return header_from_list(x["header"]), x["commit"], ValidatorSet.from_wire(x["validators"])
+    except (KeyError, TypeError, ValidatorSetError) as e:
+        raise InvalidBlock(f"malformed light block: {e}") from None
 
 
 def _check_path(proof: dict, root: bytes) -> bool:
@@ -143,3 +241,52 @@ def verify_state_proof(proof: Any, header: Header, key: bytes, value: bytes | No
         except DecodeError:
             return False
     return isinstance(header, Header) and verify_smt(proof, header.state_root, key, value)
+
+
+# ------------------------------------------------------------------ receipts that left the state (history log)
+
+def history_proof(parent_state: State, header: Header, nodes: NodeReader, receipt_id: bytes, index: int,
+                  data: bytes) -> dict:
+    """Proof that the summary ``data`` of ``receipt_id`` is leaf ``index`` of the history log
+    (:mod:`node.ledger.core.history`) whose head is in ``parent_state``, the state ``header.state_root`` commits
+    to: ``leaf`` (the summary), ``index``, ``size``, ``path`` (the RFC 9162 audit path to the log root, read from
+    ``nodes``) and ``head`` (the :func:`entry_proof` of the log head entry).
+
+    Raises:
+        ValueError: ``parent_state`` is not the state of ``header``. KeyError: the log of that state does not hold
+        ``index`` yet (the receipt left in a later block). HistoryMissing: a subtree hash is not held here.
+    """
+    head = read_head(parent_state)
+    if index >= head.size:
+        raise KeyError("the receipt left the state after the state this header commits to")
+    return {"header": header_to_list(header), "leaf": data, "index": index, "size": head.size,
+            "path": inclusion_path(nodes, index, head.size), "tree": "rfc9162", "table": "history",
+            "receipt_id": receipt_id, "head": entry_proof(parent_state, header, "history", HEAD_KEY)}
+
+
+def verify_history_proof(proof: dict, header: Header, receipt_id: bytes) -> dict | None:
+    """The summary of receipt ``receipt_id`` (``{"id", "worker", "requester", "price", "status", "final_height",
+    "payouts", ...}``, :data:`node.ledger.core.history.SUMMARY_FIELDS`) if ``proof`` (:func:`history_proof`) shows
+    it in the history log whose head (size and root) is an entry of the state under ``header.state_root``, else
+    None (malformed input included: never raises). Check the header itself with :func:`verify_header` first."""
+    try:
+        raw = verify_entry_proof(proof["head"], header, "history", HEAD_KEY)
+        if raw is None or header_from_list(proof.get("header")) != header:
+            return None
+        head = LogHead.from_plain(unpack(raw))
+        leaf, index, size, path = proof["leaf"], proof["index"], proof["size"], proof["path"]
+        if not (isinstance(leaf, bytes) and isinstance(index, int) and size == head.size
+                and isinstance(path, list) and all(isinstance(p, bytes) and len(p) == 32 for p in path)):
+            return None
+        if not verify_inclusion(leaf, index, size, path, head.root):
+            return None
+        fields = unpack(leaf)
+        if not (isinstance(fields, list) and len(fields) == len(SUMMARY_FIELDS) and fields[0] == b"tally/history/v1"
+                and fields[1] == receipt_id):
+            return None
+        out = dict(zip(SUMMARY_FIELDS[1:], fields[1:], strict=True))
+        out["payouts"] = [(bytes(a), int(x)) for a, x in out["payouts"]]
+        out["index"] = index
+        return out
+    except (InvalidBlock, DecodeError, KeyError, TypeError, ValueError, AttributeError):
+        return None

@@ -5,7 +5,7 @@ moves bytes: transactions from gossip, from the direct-submit protocol and from 
 (:mod:`node.ledger.mempool`: admission rules, caps, priority, the reason of every refusal), blocks from the
 validator to the followers (``tally/<chain>/consensus`` gossip plus a pull-based sync protocol for late or
 restarted nodes). Validators finalize blocks with Tendermint (:mod:`node.ledger.driver`); every node checks
-each block's commit against the genesis validator set before storing it.
+each block's commit against the validator set of its height (:mod:`node.ledger.core.valset`) before storing it.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ SYNC_PROTOCOL = "/tally/sync/1.0.0"
 SUBMIT_PROTOCOL = "/tally/submit/1.0.0"
 MAX_TX_WIRE = 1 << 16  # bytes of one transaction on the wire (gossip, submit)
 SYNC_BATCH = 64
+SYNC_POLL_MAX = 30.0  # seconds: the longest wait before a follower with no new block asks its validators
 
 
 class LedgerService:
@@ -47,15 +48,14 @@ class LedgerService:
         self.parent_state: State = store.parent_state  # the state the head header's state_root commits to
         self.mempool = Mempool(self.state, mempool_limits)
         self._mempool_limits = mempool_limits
-        self.is_validator = ident.account in genesis.validators
         self.new_block = trio.Event()
         self._lock = trio.Lock()
         self._listeners: list[Callable[[Block, State], None]] = []
         self._sync_requests, self._sync_requests_recv = trio.open_memory_channel(64)
         self.drop: Callable[[str], bool] | None = None  # test hook: ignore consensus traffic from these peers
         self.driver = None
-        if self.is_validator:
-            from .driver import ConsensusDriver
+        if self.is_validator or genesis.params.min_validator_bond:  # a node that may join the set later
+            from .driver import ConsensusDriver  # runs the machine too: it votes once it is a member
 
             self.driver = ConsensusDriver(self, fault=consensus_fault)
 
@@ -64,6 +64,12 @@ class LedgerService:
         with an empty mempool. Only before :meth:`run` starts."""
         self.state, self.parent_state = state, self.store.parent_state
         self.mempool = Mempool(state, self._mempool_limits)
+
+    @property
+    def is_validator(self) -> bool:
+        """This node's account is in the validator set of the next height (which changes with bonds on a chain
+        whose genesis sets ``min_validator_bond``, :mod:`node.ledger.core.valset`)."""
+        return self.ident.account in self.state.valset()
 
     @property
     def chain_id(self) -> str:
@@ -83,7 +89,10 @@ class LedgerService:
         Raises:
             InvalidTx: with the reason it is refused; nothing changes.
         """
-        return self.mempool.add(tx, peer)
+        tid = self.mempool.add(tx, peer)
+        if self.driver is not None:
+            self.driver.tx_added()  # a quiet height starts round 0 now rather than at its next look
+        return tid
 
     @property
     def rejected(self):
@@ -114,7 +123,7 @@ class LedgerService:
         data = pack(tx.to_wire())
         await self.host.publish(self.host.topic("tx"), data)
         if not self.is_validator:
-            for v in self.genesis.validators:
+            for v in self.state.valset().accounts:
                 peer = account_to_str(v)
                 if peer in self.host.connected_peers():
                     try:
@@ -231,6 +240,12 @@ class LedgerService:
         if not isinstance(start, int) or start < 1:
             await write_msg(stream, error_reply("bad_request", "from must be a height >= 1"))
             return
+        low = self.store.pruned_below
+        if start < low <= self.store.head:
+            await write_msg(stream, error_reply(
+                "pruned", f"block bodies below height {low} are not held by this node (pruned, or state-synced); "
+                          f"the lowest block it has is {low}: ask a node that keeps every block, or state-sync"))
+            return
         blocks = []
         for h in range(start, min(self.store.head, start + SYNC_BATCH - 1) + 1):
             blocks.append(self.store.get_block_raw(h))
@@ -250,21 +265,35 @@ class LedgerService:
                 return applied
 
     async def sync_loop(self) -> None:
-        """Pull missing blocks: from a peer that showed us a later height at once, and every few block times
-        from every connected validator (gossip may miss blocks; a restarted node starts behind)."""
-        period = max(1.0, 4 * self.genesis.params.block_time_ms / 1000)
+        """Pull missing blocks: from a peer that showed us a later height at once, and from every connected
+        validator after a period in which no block arrived (gossip may miss blocks; a restarted node starts
+        behind): 4 block times, at least 1 s, at start and while polls bring blocks; once a poll brought none, on
+        a quiet chain the heartbeat (at most ``SYNC_POLL_MAX`` s). While gossip delivers blocks nobody is polled:
+        an idle follower polling its validator every second was about a third of the validator's idle CPU
+        (bench/idle.py)."""
+        p = self.genesis.params
+        base = max(1.0, 4 * p.block_time_ms / 1000)
+        quiet = max(base, min(p.heartbeat() / 1000, SYNC_POLL_MAX))
+        period = base
         while True:
             targets: list[str] = []
+            height = self.state.height
             with trio.move_on_after(period):
                 targets.append(await self._sync_requests_recv.receive())
-            targets += [account_to_str(v) for v in self.genesis.validators if v != self.ident.account]
+            if not targets and self.state.height > height:
+                continue  # blocks arrived by gossip meanwhile: nothing to pull
+            vals = dict.fromkeys(self.genesis.validators + self.state.valset().accounts)
+            targets += [account_to_str(v) for v in vals if v != self.ident.account]
+            asked = False
             for peer in dict.fromkeys(targets):
                 if peer not in self.host.connected_peers() or (self.drop is not None and self.drop(peer)):
                     continue
+                asked = True
                 try:
                     await self.sync_from(peer)
                 except Exception as e:
                     log.info("sync from %s failed: %s", peer[:16], e)
+            period = quiet if asked and self.state.height == height else base  # behind or alone: ask again soon
 
     async def run(self) -> None:
         """Subscribe, serve sync and submit requests, run consensus (validators) and sync. Runs forever."""

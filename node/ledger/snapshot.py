@@ -19,6 +19,7 @@ below it are absent, the node follows the chain from block ``h + 1`` on (Cosmos'
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Iterator
 
 from ..encoding import DecodeError, H, pack, unpack
@@ -29,6 +30,7 @@ from .core.smt import EMPTY_ROOT, Root
 from .proofs import verify_header
 from .core.records import MAPS, SETS
 from .core.state import State
+from .core.valset import ValidatorSet
 
 CHUNK_BYTES = 1 << 20  # bytes per chunk at most (one chunk may hold one larger entry alone)
 CHUNK_TAG = b"tally/snapshot-chunk/v1"
@@ -91,12 +93,15 @@ def _entries(db: Any) -> Iterator[list]:
                 yield [i, k[len(prefix):], v]
 
 
-def make(db: Any, genesis_chain_id: str, chunk_bytes: int = CHUNK_BYTES) -> tuple[Manifest, dict[bytes, bytes]]:
+def make(db: Any, genesis_chain_id: str, chunk_bytes: int = CHUNK_BYTES,
+         put: Callable[[bytes, bytes], None] | None = None) -> tuple[Manifest, dict[bytes, bytes]]:
     """A snapshot of the state stored in ``db`` (read through one LevelDB snapshot, so blocks may be committed
-    meanwhile). Returns the manifest and ``{chunk id: chunk bytes}``.
+    meanwhile). Returns the manifest and ``{chunk id: chunk bytes}``; with ``put``, each chunk is given to
+    ``put(id, bytes)`` as it is made instead (the dict stays empty: memory stays at one chunk,
+    :class:`node.ledger.snapstore.SnapshotDir`).
 
     Raises:
-        SnapshotError: no state is stored.
+        SnapshotError: no state is stored. OSError: from ``put``.
     """
     snap = db.snapshot()
     try:
@@ -105,6 +110,7 @@ def make(db: Any, genesis_chain_id: str, chunk_bytes: int = CHUNK_BYTES) -> tupl
             raise SnapshotError("no stored state to snapshot")
         height, last_hash, seq, counts, root = meta
         chunks: dict[bytes, bytes] = {}
+        keep = put or chunks.__setitem__
         order: list[bytes] = []
         cur: list[list] = []
         size = 0
@@ -113,14 +119,14 @@ def make(db: Any, genesis_chain_id: str, chunk_bytes: int = CHUNK_BYTES) -> tupl
             if cur and size + n > chunk_bytes:
                 data = pack(cur)
                 order.append(chunk_id(data))
-                chunks[order[-1]] = data
+                keep(order[-1], data)
                 cur, size = [], 0
             cur.append(e)
             size += n
         if cur:
             data = pack(cur)
             order.append(chunk_id(data))
-            chunks[order[-1]] = data
+            keep(order[-1], data)
     finally:
         snap.close()
     m = Manifest(genesis_chain_id, height, last_hash, seq, tuple(counts.get(n, 0) for n in TABLES),
@@ -156,13 +162,15 @@ def check_chunk(manifest: Manifest, index: int, data: bytes) -> list[list]:
 
 
 def restore(store: Any, manifest: Manifest, chunks: list[bytes], header: Header, commit: Any,
-            validators: tuple[bytes, ...]) -> State:
+            validators: tuple[bytes, ...] | ValidatorSet) -> State:
     """Install a snapshot into an empty ``store`` (:class:`node.ledger.store.LedgerStore`) after checking it
     against ``header`` (height ``manifest.height + 1``) and its ``commit``; returns the restored state.
 
     Raises:
         SnapshotError: the store is not empty, a chunk or the manifest does not check out (nothing is written).
-        InvalidBlock: the header's commit is not > 2/3 of ``validators``.
+        InvalidBlock: the header's commit is not > 2/3 of ``validators`` (the set that signed it: the genesis
+            validators, or the set a :class:`node.ledger.proofs.LightClient` reached,
+            :mod:`node.ledger.core.valset`).
     """
     if store.head != 0 or store.base != 0:
         raise SnapshotError("state sync installs into an empty ledger only")
@@ -200,7 +208,9 @@ def restore(store: Any, manifest: Manifest, chunks: list[bytes], header: Header,
         raise SnapshotError("the manifest names another state root")
     store.install_snapshot(entries, tree, manifest.height, manifest.last_hash, manifest.seq,
                            dict(zip(TABLES, counts)))
-    return store.replay()
+    state = store.replay()
+    store.note_valsets(state)  # the sets of the heights around the base, whose blocks are absent
+    return state
 
 
 __all__ = ["Manifest", "SnapshotError", "make", "check_chunk", "restore", "chunk_id", "CHUNK_BYTES"]

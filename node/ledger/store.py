@@ -16,6 +16,13 @@ blocks whenever ``i/h`` does not name the head and the current index version):
   ``i/k`` + block hash                         height (8 BE)
   ``i/a`` + account + height (8) + seq (4)     one history event of the account (a map, see :func:`index_block`)
   ``i/r`` + account + height (8) + receipt id  the account's role in that receipt: worker, requester, committee
+  ``i/v`` + height (8)                         the validator set from that height on, written when it changes
+                                               (:mod:`node.ledger.core.valset`, :meth:`LedgerStore.valset_at`)
+
+History log (:mod:`node.ledger.core.history`; its head is in the state, these serve its proofs):
+  ``X/l`` + index (8 BE)                       the leaf data (summary) of a receipt that left the state
+  ``X/r`` + receipt id                         ``[index, height at whose end it left]``
+  ``X/n`` + level (1) + index (8 BE)           the hash of a perfect subtree of the log (level 0: leaf hashes)
 
 A block, every state key it changes and every index key are written in one ``WriteBatch(sync=True)``: after a
 crash at any point each block is whole or absent, and the stored state is the state after the stored head. On
@@ -36,9 +43,11 @@ from ..encoding import pack, unpack
 from . import statedb
 from .core import blockcodec
 from .core.block import Block, decode_block
+from .core.history import HEAD_KEY, LogHead
 from .core.chain import check_and_apply
 from .genesis import Genesis
 from .core.state import FINAL, State, genesis_state
+from .core.valset import ValidatorSet
 
 
 class StoreLocked(RuntimeError):
@@ -47,6 +56,13 @@ class StoreLocked(RuntimeError):
 
 class StoreCorrupt(RuntimeError):
     """The stored chain does not verify from genesis."""
+
+
+class BodiesPruned(StoreCorrupt):
+    """The block bodies needed (to replay or re-verify from genesis, or to serve) were pruned here."""
+
+
+PRUNE_PER_BLOCK = 64  # old bodies one append deletes at most (a store pruned for the first time catches up)
 
 
 def _h(height: int) -> bytes:
@@ -106,19 +122,42 @@ def index_block(block: Block, old: State, new: State) -> list[tuple[bytes, bytes
                 event(a, {"k": "refund" if a == r.requester else "payout", "receipt": rid, "amount": amt})
             if rec.slashed:
                 event(r.worker, {"k": "slash", "receipt": rid, "amount": rec.slashed})
+    out += valset_entries(old, new)
     return out
+
+
+VALSET_PREFIX = b"i/v"  # + height (8 bytes): the validator set from that height on (written when it changes)
+
+
+def valset_entries(old: State, new: State) -> list[tuple[bytes, bytes]]:
+    """The ``i/v`` entry of the block that took ``old`` to ``new``: the set of height ``new.height + 2`` when it
+    differs from ``old``'s set of that height (CometBFT's state DB keeps validator sets the same way, by the height
+    they last changed). None on a chain whose set is fixed in genesis."""
+    if not new.params.min_validator_bond:
+        return []
+    vs = new.next_valset()
+    return [] if vs == old.next_valset() else [(VALSET_PREFIX + _h(new.height + 2), vs.to_bytes())]
 
 
 class LedgerStore:
     """Single-owner LevelDB ledger at ``path`` for chain ``genesis``.
 
+    ``prune_bodies``: keep the bodies (transactions) of the last N blocks only (0: every one). Older bodies are
+    deleted in the batch of a later block (at most :data:`PRUNE_PER_BLOCK` per block); every header and commit
+    stays, and ``P`` records :attr:`pruned_below`.
+
     Raises:
         StoreLocked: another process holds the database lock (never retried in-process: plyvel releases the
             lock of a failed second open).
         StoreCorrupt: the store belongs to another genesis.
+        ValueError: ``prune_bodies`` is negative.
     """
 
-    def __init__(self, path: Path, genesis: Genesis):
+    def __init__(self, path: Path, genesis: Genesis, prune_bodies: int = 0):
+        if not isinstance(prune_bodies, int) or prune_bodies < 0:
+            raise ValueError(f"prune_bodies must be a whole number of blocks >= 0 (0: keep every body), got "
+                             f"{prune_bodies!r}")
+        self.prune_bodies = prune_bodies
         path.mkdir(parents=True, exist_ok=True)
         try:
             self.db = plyvel.DB(str(path), create_if_missing=True)
@@ -148,6 +187,35 @@ class LedgerStore:
         v = self.db.get(b"base")
         return int.from_bytes(v, "big") if v else 0
 
+    @property
+    def pruned_below(self) -> int:
+        """The lowest height whose block body this store holds when some are not held (pruned with
+        ``prune_bodies``, or below a state-synced base); 0 when it holds every body from block 1."""
+        v = self.db.get(b"P")
+        pruned = int.from_bytes(v, "big") if v else 0
+        base = self.base
+        return max(pruned, base + 1 if base else 0)
+
+    def _prune(self, wb, height: int) -> None:
+        """Delete, in ``wb``, the bodies (transactions) of blocks older than the last ``prune_bodies`` as of block
+        ``height``: their records keep the header (with its tx root) and the commits."""
+        keep_from = height - self.prune_bodies + 1
+        low = max(self.pruned_below, 1)
+        if keep_from <= low:
+            return
+        stop = min(keep_from, low + PRUNE_PER_BLOCK)
+        for h in range(low, stop):
+            raw = self.db.get(b"B" + _h(h))
+            if raw is None:
+                continue
+            obj = unpack(raw)
+            if isinstance(obj, dict) and obj.get("b", {}).get("txs"):  # legacy record
+                obj["b"]["txs"] = []
+                wb.put(b"B" + _h(h), pack(obj))
+            elif isinstance(obj, list) and len(obj) == 5 and obj[2]:  # format 2: the tx root is stored explicitly
+                wb.put(b"B" + _h(h), pack([obj[0], obj[1], [], obj[3], obj[4]]))
+        wb.put(b"P", _h(stop))
+
     def install_snapshot(self, entries: list[tuple[str, bytes, bytes]], tree: Any, height: int, last_hash: bytes,
                          seq: int, counts: dict[str, int]) -> None:
         """Write a checked snapshot (:func:`node.ledger.snapshot.restore` checks it) into this empty store as
@@ -161,24 +229,40 @@ class LedgerStore:
             raise ValueError("a snapshot installs into an empty ledger only")
         with self.db.write_batch(sync=True) as wb:
             statedb.write_raw(self.db, wb, entries, tree, height, last_hash, seq, counts)
+            for name, k, raw in entries:
+                if name == "history" and k == HEAD_KEY:  # the log's frontier: later appends' proofs need it
+                    self._seed_history(wb, LogHead.from_plain(statedb.CODECS["history"].loads(raw)))
             wb.put(b"base", _h(height))
             wb.put(b"H", _h(height))
             wb.put(b"i/h", pack([height, INDEX_VERSION, 0, 0]))
 
     def get_block(self, height: int) -> tuple[Block, list] | None:
+        """The block at ``height`` and its commit, or None (absent, or its body pruned: :attr:`pruned_below`)."""
         d = self.get_block_raw(height)
         if d is None:
             return None
         return decode_block(d["b"]), d["c"]
 
     def get_block_raw(self, height: int) -> dict | None:
-        """The wire dict ``{"b": block wire, "c": commit}`` of the block at ``height``, or None.
+        """The wire dict ``{"b": block wire, "c": commit}`` of the block at ``height``, or None (absent, or its
+        body pruned: :meth:`get_header_raw` still reads its header and commit).
 
         Raises:
             blockcodec.RecordError: a malformed stored record.
         """
+        if height < self.pruned_below:
+            return None
         raw = self.db.get(b"B" + _h(height))
         return None if raw is None else self.expand_record(height, raw)
+
+    def get_header_raw(self, height: int) -> dict | None:
+        """As :meth:`get_block_raw`, also for a block whose body was pruned: then ``"b"`` has no ``txs`` (empty)
+        and the dict has ``"pruned": True`` (its header, tx root included, and commits are as stored)."""
+        raw = self.db.get(b"B" + _h(height))
+        if raw is None:
+            return None
+        d = self.expand_record(height, raw)
+        return {**d, "pruned": True} if height < self.pruned_below else d
 
     def expand_record(self, height: int, raw: bytes) -> dict:
         """The wire dict of ``raw``, the stored record of the block at ``height`` (either format).
@@ -193,6 +277,31 @@ class LedgerStore:
         """The commit stored with the block at ``height`` as wire lists (empty at 0 or when absent)."""
         raw = self.db.get(b"B" + _h(height)) if height >= 1 else None
         return [] if raw is None else blockcodec.record_commit(raw, self.genesis.validators)
+
+    def valset_at(self, height: int) -> ValidatorSet:
+        """The validator set that signs block ``height`` (>= 1): the last ``i/v`` entry at or below it, else the
+        genesis set (:func:`valset_entries`).
+
+        Raises:
+            KeyError: ``height`` is below this store's base (state-synced) and its set was never recorded here.
+        """
+        for _k, raw in self.db.iterator(start=VALSET_PREFIX, stop=VALSET_PREFIX + _h(height + 1), reverse=True):
+            return ValidatorSet.from_bytes(raw)
+        if self.base:
+            raise KeyError(f"the validator set of height {height} is below this ledger's base ({self.base})")
+        return genesis_state(self.genesis).valset()
+
+    def note_valsets(self, state: State) -> None:
+        """Record the validator sets of heights ``state.height`` .. ``state.height + 2`` (the three a state holds,
+        :mod:`node.ledger.core.valset`) for :meth:`valset_at`: after a snapshot install, whose blocks below are
+        absent. Nothing on a chain whose set is fixed in genesis."""
+        if not state.params.min_validator_bond:
+            return
+        sets = (state.prev_valset(), state.valset(), state.next_valset())
+        with self.db.write_batch(sync=True) as wb:
+            for i, vs in enumerate(sets):
+                if i == 0 or vs != sets[i - 1]:
+                    wb.put(VALSET_PREFIX + _h(max(1, state.height + i)), vs.to_bytes())
 
     def get_receipt(self, rid: bytes) -> dict | None:
         """The stored record of receipt ``rid`` (:meth:`ReceiptRecord.to_dict`), or None."""
@@ -224,9 +333,45 @@ class LedgerStore:
             wb.put(b"B" + _h(block.height), blob)
             self._write_index(wb, block, index, len(blob), meta)
             statedb.stage_state(wb, old, new)
+            self._write_history(wb, block.height, new.archived)
+            if self.prune_bodies:
+                self._prune(wb, block.height)
             wb.put(b"H", _h(block.height))
         statedb.settle_state(new)
         self.parent_state = old
+
+    @staticmethod
+    def _write_history(wb, height: int, archived: list) -> None:
+        """The leaves and subtree hashes of the receipts that left the state in block ``height``."""
+        for a in archived:
+            wb.put(b"X/l" + _h(a.index), a.data)
+            wb.put(b"X/r" + a.receipt_id, pack([a.index, height]))
+            for level, idx, hsh in a.nodes:
+                wb.put(b"X/n" + bytes([level]) + _h(idx), hsh)
+
+    @staticmethod
+    def _seed_history(wb, head: LogHead) -> None:
+        """Store the frontier of a restored log head as the perfect subtrees it is (largest first): the audit
+        paths of every receipt that leaves after the snapshot need only these and later nodes."""
+        start, hashes = 0, iter(head.frontier)
+        for level in range(head.size.bit_length() - 1, -1, -1):
+            if head.size >> level & 1:
+                wb.put(b"X/n" + bytes([level]) + _h(start >> level), next(hashes))
+                start += 1 << level
+
+    def history_node(self, level: int, index: int) -> bytes | None:
+        """A stored subtree hash of the history log (a :class:`node.ledger.core.history.NodeReader`)."""
+        return self.db.get(b"X/n" + bytes([level]) + _h(index))
+
+    def history_entry(self, rid: bytes) -> tuple[int, int, bytes] | None:
+        """``(log index, height it left at, summary bytes)`` of a receipt that left the state, or None (still in
+        the state, never on the ledger, or left before this node's snapshot base)."""
+        raw = self.db.get(b"X/r" + rid)
+        if raw is None:
+            return None
+        index, height = unpack(raw)
+        data = self.db.get(b"X/l" + _h(index))
+        return None if data is None else (int(index), int(height), data)
 
     def _write_index(self, wb, block: Block, index: list[tuple[bytes, bytes]], nbytes: int,
                      meta: list[int]) -> list[int]:
@@ -321,6 +466,10 @@ class LedgerStore:
         if self.base:
             raise StoreCorrupt(f"this ledger was state-synced from a snapshot at height {self.base}: the blocks "
                                "below it are absent, so it cannot be replayed from genesis")
+        if self.pruned_below > 1:
+            raise BodiesPruned(f"this ledger keeps block bodies from height {self.pruned_below} only (node start "
+                               "--prune-bodies): the older transactions are deleted, so it cannot be replayed or "
+                               "re-verified from genesis; verify a full node's ledger, or state-sync a new one")
         state = genesis_state(self.genesis)
         if reindex:  # rebuild the explorer indexes from the blocks (absent, stale or interrupted)
             with self.db.write_batch(sync=True) as wb:

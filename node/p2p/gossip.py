@@ -15,6 +15,8 @@ Semantics:
   handler directly (``from_peer`` = own peer ID) and the LRU drops py-libp2p's local echo. Publishing on a topic
   the node has not subscribed to delivers nothing locally.
 * ``from_peer`` is the originator's peer ID (the signed ``from`` field), not the forwarding neighbour.
+* Per RPC, a peer's signed peer record is checked once per ``RECORD_TTL`` while its bytes stay the same
+  (:func:`cache_signed_records`).
 * Gossipsub settings: protocols ``/meshsub/1.1.0`` and ``/meshsub/1.0.0``; spam protection off (py-libp2p's
   default drops above 10 messages/s per peer and topic); adaptive gossip off (it stretches the heartbeat to
   30-60 s when it judges the network unhealthy, as small networks are); eclipse protection off (all loopback
@@ -24,7 +26,8 @@ Semantics:
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+import time
+from collections import Counter, OrderedDict
 from typing import Awaitable, Callable
 
 import trio
@@ -41,6 +44,8 @@ DEDUP_SIZE = 65536  # content ids remembered per topic
 MAX_GOSSIP = 512 * 1024  # bytes of data per gossip message (py-libp2p caps one pubsub RPC at 1 MiB)
 OUTBOUND_QUEUE = 4096  # RPCs queued per peer by pubsub before it drops (py-libp2p default: 32)
 TOPIC_NAMES = ("tx", "consensus", "shards")
+RECORD_CACHE = 4096  # signed peer records remembered as already checked (cache_signed_records)
+RECORD_TTL = 600.0  # seconds a checked signed peer record is taken as checked
 
 
 def make_router(*, degree: int, degree_low: int, degree_high: int, heartbeat_interval: float):
@@ -104,6 +109,113 @@ def retry_pubsub_streams() -> None:
     Pubsub._handle_new_peer = _handle_new_peer
 
 
+class GossipCounts:
+    """What one node's pubsub sent and received, counted per kind and short topic name (``tx``, ``consensus``,
+    ``shards``; a foreign topic counts under ``other``), for ``/metrics`` and the idle-cost checks.
+
+    * ``sent[(kind, topic)]``: items in RPCs written to peers. ``kind`` is ``publish`` (a message this node
+      originated or forwarded, one per receiving peer), ``ihave`` / ``iwant`` (message ids announced / asked for),
+      ``graft`` / ``prune``, or ``subscribe`` (``topic`` ``""`` for id-only control items).
+    * ``received[topic]``: published messages pushed to this node by peers, duplicates included.
+    * ``published[topic]``: messages this node originated (:meth:`Gossip.publish`).
+    * ``delivered[topic]``: distinct messages from others handed to this node's handler (after de-duplication).
+    """
+
+    def __init__(self):
+        self.sent: Counter = Counter()
+        self.received: Counter = Counter()
+        self.published: Counter = Counter()
+        self.delivered: Counter = Counter()
+
+    def total_sent(self, kind: str | None = None) -> int:
+        """Items sent, all kinds or one ``kind``."""
+        return sum(n for (k, _t), n in self.sent.items() if kind is None or k == kind)
+
+
+def short_topic(topic: str) -> str:
+    """``tally/<chain>/[<genesis>/]<name>`` -> ``name`` for Tally's topics, else ``other``."""
+    name = topic.rsplit("/", 1)[-1]
+    return name if name in TOPIC_NAMES and topic.startswith("tally/") else "other"
+
+
+def count_pubsub_traffic() -> None:
+    """Count every RPC item py-libp2p 0.8.1's ``Pubsub`` writes (``Pubsub.write_msg``) and every published
+    message it receives (``Pubsub.push_msg``) into the ``GossipCounts`` at ``pubsub._tally_counts`` when one is
+    set (:class:`Gossip` sets it). Idempotent; the library class is patched once per process."""
+    from libp2p.pubsub.pubsub import Pubsub
+
+    if getattr(Pubsub.write_msg, "_tally", False):
+        return
+    write_msg, push_msg = Pubsub.write_msg, Pubsub.push_msg
+
+    async def counted_write(self, stream, rpc_msg) -> bool:
+        c = getattr(self, "_tally_counts", None)
+        if c is not None:
+            for m in rpc_msg.publish:
+                for t in m.topicIDs:
+                    c.sent[("publish", short_topic(t))] += 1
+            for s in rpc_msg.subscriptions:
+                c.sent[("subscribe", short_topic(s.topicid))] += 1
+            if rpc_msg.HasField("control"):
+                ctl = rpc_msg.control
+                for ih in ctl.ihave:
+                    c.sent[("ihave", short_topic(ih.topicID))] += len(ih.messageIDs)
+                for iw in ctl.iwant:
+                    c.sent[("iwant", "")] += len(iw.messageIDs)
+                for g in ctl.graft:
+                    c.sent[("graft", short_topic(g.topicID))] += 1
+                for pr in ctl.prune:
+                    c.sent[("prune", short_topic(pr.topicID))] += 1
+        return await write_msg(self, stream, rpc_msg)
+
+    async def counted_push(self, msg_forwarder, msg) -> None:
+        c = getattr(self, "_tally_counts", None)
+        if c is not None:
+            for t in msg.topicIDs:
+                c.received[short_topic(t)] += 1
+        await push_msg(self, msg_forwarder, msg)
+
+    counted_write._tally = True
+    Pubsub.write_msg, Pubsub.push_msg = counted_write, counted_push
+
+
+def cache_signed_records(size: int = RECORD_CACHE, ttl: float = RECORD_TTL) -> None:
+    """py-libp2p 0.8.1 attaches its signed peer record (an Envelope) to every pubsub RPC, and the receiver
+    parses it, checks its Ed25519 signature and stores it in the peerstore for every RPC
+    (``libp2p.pubsub.utils.maybe_consume_signed_record``), although a peer sends the same cached bytes until its
+    addresses change. Skip that work for bytes this host already accepted from that peer in the last ``ttl``
+    seconds (at most ``size`` entries, oldest forgotten; a changed record, or one past ``ttl``, which refreshes the
+    peerstore's 2 h TTL, is consumed as before). Patches the name in ``libp2p.pubsub.pubsub`` and
+    ``libp2p.pubsub.gossipsub`` (idempotent; the library function itself is unchanged)."""
+    from libp2p.pubsub import gossipsub as gossipsub_mod
+    from libp2p.pubsub import pubsub as pubsub_mod
+
+    original = pubsub_mod.maybe_consume_signed_record
+    if getattr(original, "_tally", False):
+        return
+    accepted: OrderedDict[tuple, float] = OrderedDict()  # (host id, peer id, record bytes) -> when
+
+    def consume(msg, host, peer_id) -> bool:
+        if not msg.HasField("senderRecord"):
+            return True
+        key = (host.get_id().to_bytes(), peer_id.to_bytes(), msg.senderRecord)
+        now = time.monotonic()
+        when = accepted.get(key)
+        if when is not None and now - when < ttl:
+            return True
+        ok = original(msg, host, peer_id)
+        if ok:
+            accepted[key] = now
+            accepted.move_to_end(key)
+            if len(accepted) > size:
+                accepted.popitem(last=False)
+        return ok
+
+    consume._tally = True
+    pubsub_mod.maybe_consume_signed_record = consume
+    gossipsub_mod.maybe_consume_signed_record = consume
+
+
 class _LRU:
     """A bounded set of recently seen ids (oldest evicted first)."""
 
@@ -130,6 +242,8 @@ class Gossip:
         self._nursery = nursery
         self._own = own_peer_id
         self._subs: dict[str, tuple[_LRU, trio.MemorySendChannel]] = {}
+        self.counts = GossipCounts()
+        pubsub._tally_counts = self.counts  # read by the count_pubsub_traffic patch
 
     async def subscribe(self, topic: str, handler: GossipHandler) -> None:
         """Deliver each distinct content on ``topic`` to ``await handler(data, from_peer)``; handler errors
@@ -150,12 +264,14 @@ class Gossip:
     async def _reader(self, topic: str, sub, seen: _LRU, send) -> None:
         from libp2p.peer.id import ID
 
+        counts, short = self.counts, short_topic(topic)
         async with send:
             while True:
                 msg = await sub.get()
                 data = bytes(msg.data)
                 if not seen.add(H(data)):
                     continue
+                counts.delivered[short] += 1
                 try:
                     origin = ID(msg.from_id).to_base58()
                 except Exception:
@@ -185,6 +301,7 @@ class Gossip:
         local = self._subs.get(topic)
         if local is not None and local[0].add(H(data)):
             _enqueue(local[1], topic, data, self._own)  # py-libp2p's local echo is then a duplicate
+        self.counts.published[short_topic(topic)] += 1
         await self._pubsub.publish(topic, data)
         # py-libp2p publishes without a checkpoint; let the readers drain its 32-slot subscription queues
         await trio.sleep(0)
@@ -267,6 +384,10 @@ class GossipMethods:
     def topic_peers(self, topic: str) -> list[str]:
         """Connected peers known to be subscribed to ``topic`` ([] when not running)."""
         return self._gossip.topic_peers(topic) if self._gossip else []
+
+    def gossip_counts(self) -> GossipCounts:
+        """This run's gossip traffic counters (:class:`GossipCounts`; empty when not running)."""
+        return self._gossip.counts if self._gossip else GossipCounts()
 
     def mesh_peers(self, topic: str) -> list[str]:
         """Peers in this node's gossipsub mesh for ``topic`` ([] when not running)."""

@@ -36,7 +36,8 @@ from ..net.addrs import Scope, announceable, parse_addr, scope
 from ..net.limits import ConnectionNotifee, Limits, PeerLimiter, StreamGate
 from .framing import (FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, error_reply,
                       read_msg, write_msg)
-from .gossip import Gossip, GossipMethods, make_router, raise_outbound_queue, retry_pubsub_streams
+from .gossip import (Gossip, GossipMethods, cache_signed_records, count_pubsub_traffic, make_router,
+                     raise_outbound_queue, retry_pubsub_streams)
 from .quirks import batch_yamux_window_updates, check_port_free, exception_leaves, route_libp2p_logging
 from .scoring import MALFORMED_FRAME, PeerScores
 
@@ -48,6 +49,17 @@ PARSED_CACHE = 1024  # /p2p/ multiaddrs whose parse :meth:`P2PHost.remember` kee
 StreamHandler = Callable[[Any, str], Awaitable[None]]
 RequestHandler = Callable[[dict, str], Awaitable[dict]]
 
+
+
+def libp2p_keypair(identity: Any) -> Any:
+    """The libp2p ``KeyPair`` of a node's :class:`node.identity.Identity`, so that peer ID and account are one
+    Ed25519 key. (py-libp2p is imported where the host starts, as in :meth:`P2PHost.running`.)"""
+    import nacl.signing
+    from libp2p.crypto.ed25519 import Ed25519PrivateKey
+    from libp2p.crypto.keys import KeyPair
+
+    priv = Ed25519PrivateKey(nacl.signing.SigningKey(identity.seed))
+    return KeyPair(priv, priv.get_public_key())
 
 class PeerUnreachable(Exception):
     """No stream could be opened to the peer: unknown address, dial failure, or protocol not supported."""
@@ -146,12 +158,14 @@ class P2PHost(GossipMethods):
         route_libp2p_logging()
         raise_outbound_queue()
         retry_pubsub_streams()
+        count_pubsub_traffic()
+        cache_signed_records()
         batch_yamux_window_updates()
         for a in self.listen:
             parts = a.split("/")
             if parts[4] != "0":
                 check_port_free(parts[2], int(parts[4]))
-        kp = self.identity.libp2p_keypair()
+        kp = libp2p_keypair(self.identity)
         listen = [multiaddr.Multiaddr(a) for a in self.listen]
         host = new_host(
             key_pair=kp,

@@ -1,4 +1,4 @@
-"""``node wallet balance | history | transfer | bond | unbond``: the HTTP wallet (:mod:`node.api.wallet`) from the
+"""``node wallet balance | history | transfer | bond | unbond | validator join|leave | validators``: the HTTP wallet (:mod:`node.api.wallet`) from the
 command line, against the node whose data dir is given (like ``node job``), so a user never needs curl.
 
 Amounts are decimal credit strings checked on this side with the canonical parser
@@ -100,6 +100,14 @@ def add_wallet_parser(sub, default_data_dir: Path) -> None:
                        ("unbond", "release bond back to the balance (once no receipt of the node is pending)")):
         x = ws.add_parser(name, parents=[common, sends], help=what)
         x.add_argument("amount", help="credits, a decimal string (e.g. 100)")
+    val = ws.add_parser("validator", parents=[common, sends],
+                        help="join or leave the validator set (effective two blocks after inclusion)",
+                        description="join: ask to validate (the node must be bonded with at least the genesis "
+                                    "min_validator_bond; its voting power is its bond). leave: stop validating, "
+                                    "keeping the bond. Either takes effect at the height two after the block "
+                                    "that includes it; `node wallet validators` shows the set and pending changes.")
+    val.add_argument("action", choices=("join", "leave"))
+    ws.add_parser("validators", parents=[common], help="the validator set, voting power and pending changes")
 
 
 # ------------------------------------------------------------------ text output
@@ -157,7 +165,28 @@ def _history(api: NodeApi, args) -> None:
               + (f" {account}" if args.account else ""), file=sys.stderr)
 
 
+def format_validators(vals: dict) -> str:
+    lines = [f"height   {vals['height']}", f"power    {vals.get('total_power', '-')} (a commit needs "
+             f"{vals.get('quorum_power', '-')})",
+             "changes  " + ("by bond (min_validator_bond "
+                            f"{_cr(vals.get('min_validator_bond'))})" if vals.get("changes") else "no (fixed in genesis)")]
+    lines += [f"  {x['account']}  power {x.get('power', '1')}  signed {x['signed']}/{vals['window']}"
+              for x in vals["validators"]]
+    lines += [f"pending  {c['account']}  power {c['from_power']} -> {c['power']} from height {c['effective_height']}"
+              for c in vals.get("pending", [])]
+    return "\n".join(lines)
+
+
 def _send(api: NodeApi, args) -> None:
+    if args.wallet_cmd == "validator":
+        sub = api.post("/v1/validator", {"action": args.action})
+        tx = None if args.no_wait else api.wait_included(sub, args.timeout)
+        if args.json:
+            print(json.dumps({**sub, **({"height": tx["height"]} if tx else {})}, indent=2))
+        else:
+            print("\n".join([f"txid    {sub['id']}", f"kind    {sub['kind']}",
+                             f"height  {tx['height']}" if tx else "height  (pending: not waited for)"]))
+        return
     amount = check_amount(args.amount)
     if args.wallet_cmd == "transfer":
         sub = api.post("/v1/transfer", {"to": check_account(args.to), "amount": amount})
@@ -193,6 +222,9 @@ def run_wallet_command(args) -> int:
                 print(json.dumps(acc, indent=2) if args.json else format_balance(acc))
             elif args.wallet_cmd == "history":
                 _history(api, args)
+            elif args.wallet_cmd == "validators":
+                vals = api.get("/v1/validators")
+                print(json.dumps(vals, indent=2) if args.json else format_validators(vals))
             else:
                 _send(api, args)
         finally:

@@ -112,6 +112,27 @@ def test_abstentions_escalate_and_never_penalise():
     assert s.supply() == g.supply
 
 
+def test_a_member_who_never_votes_is_left_out_of_the_next_committee():
+    """A bonded account that is offline sat on every escalated committee: with three eligible accounts, a round-1
+    committee of all three needs all three votes and never reached a quorum (seen in a training run with a
+    killed worker). The member who did not vote in the round that timed out is not drawn again."""
+    g = make_genesis(verdict_timeout=3, max_rounds=3)
+    s0 = genesis_state(g)
+    r = make_receipt(g, W1)
+    s = run_blocks(s0, [r], [])
+    members = {k.account: k for k in KEYS}
+    com = s.receipts[r.id].committee
+    assert len(com) == 2
+    voter, silent = com
+    s = run_blocks(s, [vote(g, r.id, members[voter], VALID)], *([[]] * g.params.verdict_timeout))
+    rec = s.receipts[r.id]
+    assert rec.round == 1 and rec.status == SAMPLED
+    assert silent not in rec.committee and voter in rec.committee and len(rec.committee) == 2
+    s = run_blocks(s, [vote(g, r.id, members[m], VALID, 1) for m in rec.committee])
+    assert s.receipts[r.id].status == VALID_S
+    assert s.supply() == g.supply
+
+
 def test_unsampled_receipt_settles_after_challenge_window():
     g = make_genesis(sample_base_ppm=1, sample_floor_ppm=1, slash_amount=10**18)
     s0 = genesis_state(g)

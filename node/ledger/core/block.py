@@ -16,6 +16,7 @@ from typing import Any
 from ...encoding import merkle_root, object_id, pack
 from ...keys import Identity, verify
 from .tx import InvalidTx, Tx, decode_tx
+from .valset import ValidatorSet
 
 BLOCK_TAG = b"tally/block/v1"
 PRECOMMIT_TAG = b"tally/precommit/v1"
@@ -35,9 +36,15 @@ class Header:
     proposer: bytes
     tx_root: bytes
     state_root: bytes
+    # CometBFT's ValidatorsHash / NextValidatorsHash (node.ledger.core.valset): the set that signs this block and
+    # the one that signs the next. Empty on a chain whose set is fixed in genesis: such a header has the six
+    # fields (and the hash) it always had.
+    validators_hash: bytes = b""
+    next_validators_hash: bytes = b""
 
     def fields(self) -> list[Any]:
-        return [self.height, self.prev_hash, self.time_ms, self.proposer, self.tx_root, self.state_root]
+        base = [self.height, self.prev_hash, self.time_ms, self.proposer, self.tx_root, self.state_root]
+        return base + [self.validators_hash, self.next_validators_hash] if self.validators_hash else base
 
     @property
     def hash(self) -> bytes:
@@ -58,7 +65,7 @@ class Block:
     def height(self) -> int:
         return self.header.height
 
-    def to_wire(self) -> dict:
+    def to_wire(self) -> dict[Any, Any]:
         return {"h": [self.header.chain_id, *self.header.fields()],
                 "txs": [t.to_wire() for t in self.txs],
                 "lc": [list(x) for x in self.last_commit]}
@@ -86,14 +93,18 @@ def precommit_digest(chain_id: str, height: int, round_: int, block_hash: bytes)
     return vote_digest("precommit", chain_id, height, round_, block_hash)
 
 
-def sign_commit(ident: Identity, chain_id: str, height: int, block_hash: bytes, round_: int = 0):
+def sign_commit(ident: Identity, chain_id: str, height: int, block_hash: bytes,
+                round_: int = 0) -> tuple[bytes, int, bytes]:
     """One validator's precommit entry ``(validator, round, signature)`` for ``block_hash``."""
     return ident.account, round_, ident.sign(precommit_digest(chain_id, height, round_, block_hash))
 
 
-def check_commit(chain_id: str, height: int, block_hash: bytes, commit, validators: tuple[bytes, ...]) -> None:
-    """Raise :class:`InvalidBlock` unless ``commit`` holds valid precommits of > 2/3 of ``validators`` for
-    ``block_hash`` at ``height``, all from one round."""
+def check_commit(chain_id: str, height: int, block_hash: bytes, commit: Any,
+                 validators: tuple[bytes, ...] | ValidatorSet) -> None:
+    """Raise :class:`InvalidBlock` unless ``commit`` holds valid precommits of more than 2/3 of the voting power
+    of ``validators`` (a :class:`~node.ledger.core.valset.ValidatorSet`, or a tuple of accounts with one vote
+    each) for ``block_hash`` at ``height``, all from one round."""
+    vs = validators if isinstance(validators, ValidatorSet) else ValidatorSet.equal(validators)
     signers = set()
     rounds = set()
     for item in commit:
@@ -103,10 +114,12 @@ def check_commit(chain_id: str, height: int, block_hash: bytes, commit, validato
         rounds.add(r)
         if len(rounds) > 1:
             raise InvalidBlock("commit mixes rounds")
-        if v in validators and v not in signers and verify(v, precommit_digest(chain_id, height, r, block_hash), sig):
+        if v in vs and v not in signers and verify(v, precommit_digest(chain_id, height, r, block_hash), sig):
             signers.add(v)
-    if 3 * len(signers) <= 2 * len(validators):
-        raise InvalidBlock(f"commit for height {height} has {len(signers)}/{len(validators)} valid signatures")
+    power = vs.power_of(signers)
+    if not vs.has_quorum(power):
+        raise InvalidBlock(f"commit for height {height} has {len(signers)}/{len(vs)} valid signatures "
+                           f"({power} of {vs.total} voting power; more than 2/3 needed)")
 
 
 def decode_block(obj: Any) -> Block:
@@ -119,15 +132,16 @@ def decode_block(obj: Any) -> Block:
         if not isinstance(obj, dict):
             raise InvalidBlock("a block is a map")
         h, txs, lc = obj.get("h"), obj.get("txs"), obj.get("lc")
-        if not (isinstance(h, list) and len(h) == 7 and isinstance(txs, list) and isinstance(lc, list)):
+        if not (isinstance(h, list) and len(h) in (7, 9) and isinstance(txs, list) and isinstance(lc, list)):
             raise InvalidBlock("malformed block")
         if len(txs) > MAX_TXS_PER_BLOCK:
             raise InvalidBlock("too many transactions")
-        chain_id, height, prev, t, proposer, troot, sroot = h
+        chain_id, height, prev, t, proposer, troot, sroot = h[:7]
+        vals = tuple(h[7:])  # (validators_hash, next_validators_hash), or none on a genesis-fixed set
         if not (isinstance(chain_id, str) and isinstance(height, int) and height >= 1 and isinstance(t, int)
-                and all(isinstance(x, bytes) and len(x) == 32 for x in (prev, proposer, troot, sroot))):
+                and all(isinstance(x, bytes) and len(x) == 32 for x in (prev, proposer, troot, sroot, *vals))):
             raise InvalidBlock("malformed header")
-        header = Header(chain_id, height, prev, t, proposer, troot, sroot)
+        header = Header(chain_id, height, prev, t, proposer, troot, sroot, *vals)
         decoded = tuple(decode_tx(x) for x in txs)
         commit = tuple((bytes(v), int(r), bytes(s)) for v, r, s in lc)
     except InvalidTx as e:

@@ -14,7 +14,11 @@ value. Format 2 (a msgpack array, where the legacy record is a map, so both read
   index there instead; and the round, shared by every precommit of a commit, once per commit
   (:func:`node.ledger.core.block.check_commit` refuses commits that mix rounds; one that does is kept in full).
 
-Record: ``[2, [height, prev, time, proposer, tx_root | nil, state_root], txs, last_commit | nil, commit]``, a
+A header with validator hashes (a chain with changing validators, :mod:`node.ledger.core.valset`) stores them
+after ``state_root``, ``next_validators_hash`` as nil when it equals ``validators_hash`` (the set does not change).
+
+Record: ``[2, [height, prev, time, proposer, tx_root | nil, state_root(, vals_hash, next_vals_hash | nil)], txs,
+last_commit | nil, commit]``, a
 commit being ``[round, ref, sig, ref, sig, ...]`` (``ref``: validator index or account bytes) or, when it cannot be
 written so, the wire list. An empty one-validator block becomes 157 B of value (chain id ``test-chain``).
 :func:`decode_record` gives back exactly the wire dict, so readers (sync, the explorer, replay) see no change.
@@ -49,7 +53,7 @@ def _unref(ref: Any, validators: Sequence[bytes]) -> bytes:
     raise RecordError("malformed validator reference")
 
 
-def encode_commit(commit: Sequence[Sequence[Any]], validators: Sequence[bytes]) -> list:
+def encode_commit(commit: Sequence[Sequence[Any]], validators: Sequence[bytes]) -> list[Any]:
     """``[(validator, round, sig), ...]`` as ``[round, ref, sig, ...]``; the wire list unchanged when its entries
     are not all ``(bytes, int, bytes)`` of one round (or it is empty)."""
     entries = [list(x) for x in commit]
@@ -57,13 +61,13 @@ def encode_commit(commit: Sequence[Sequence[Any]], validators: Sequence[bytes]) 
                          and isinstance(e[1], int) and not isinstance(e[1], bool) for e in entries)
     if not ok or len({e[1] for e in entries}) != 1:
         return entries
-    out: list = [entries[0][1]]
+    out: list[Any] = [entries[0][1]]
     for v, _, sig in entries:
         out += [_ref(v, validators), sig]
     return out
 
 
-def decode_commit(obj: Any, validators: Sequence[bytes]) -> list[list]:
+def decode_commit(obj: Any, validators: Sequence[bytes]) -> list[list[Any]]:
     """The wire list ``[[validator, round, sig], ...]`` of a commit :func:`encode_commit` wrote.
 
     Raises:
@@ -79,24 +83,27 @@ def decode_commit(obj: Any, validators: Sequence[bytes]) -> list[list]:
     return [[_unref(rest[i], validators), round_, rest[i + 1]] for i in range(0, len(rest), 2)]
 
 
-def encode_record(wire: dict, commit: Sequence[Sequence[Any]], parent_commit: Sequence[Sequence[Any]],
+def encode_record(wire: dict[Any, Any], commit: Sequence[Sequence[Any]], parent_commit: Sequence[Sequence[Any]],
                   chain_id: str, validators: Sequence[bytes]) -> bytes:
     """The stored bytes of a block (``wire``: :meth:`Block.to_wire`) and its ``commit``. ``parent_commit``: the
     commit stored with the parent block (empty for block 1), as :func:`record_commit` reads it. A block of
     another chain is written in the legacy form (never expected: the store checks blocks first)."""
     c = [list(x) for x in commit]
-    chain, height, prev, time_ms, proposer, troot, sroot = wire["h"]
+    chain, height, prev, time_ms, proposer, troot, sroot = wire["h"][:7]
+    vals = list(wire["h"][7:])  # validators_hash, next_validators_hash (node.ledger.core.valset), if any
+    if vals and vals[1] == vals[0]:
+        vals[1] = None  # the set does not change at the next height: stored once
     if chain != chain_id:
         return pack({"b": wire, "c": c})
     txs, lc = wire["txs"], wire["lc"]
     header = [height, prev, time_ms, _ref(proposer, validators),
-              None if not txs and troot == EMPTY_TX_ROOT else troot, sroot]
+              None if not txs and troot == EMPTY_TX_ROOT else troot, sroot, *vals]
     same = pack([list(x) for x in lc]) == pack([list(x) for x in parent_commit])
     return pack([FORMAT, header, txs, None if same else encode_commit(lc, validators),
                  encode_commit(c, validators)])
 
 
-def record_commit(raw: bytes, validators: Sequence[bytes]) -> list[list]:
+def record_commit(raw: bytes, validators: Sequence[bytes]) -> list[list[Any]]:
     """The commit ``[[validator, round, sig], ...]`` stored in record ``raw`` (either format), without reading
     the rest of the block.
 
@@ -105,19 +112,20 @@ def record_commit(raw: bytes, validators: Sequence[bytes]) -> list[list]:
     """
     obj = unpack(raw)
     if isinstance(obj, dict):
-        return obj["c"]
+        legacy: list[list[Any]] = obj["c"]
+        return legacy
     _check(obj)
     return decode_commit(obj[4], validators)
 
 
 def _check(obj: Any) -> None:
     if not (isinstance(obj, list) and len(obj) == 5 and obj[0] == FORMAT and isinstance(obj[1], list)
-            and len(obj[1]) == 6 and isinstance(obj[2], list)):
+            and len(obj[1]) in (6, 8) and isinstance(obj[2], list)):
         raise RecordError("not a block record of a known format")
 
 
 def decode_record(raw: bytes, chain_id: str, validators: Sequence[bytes],
-                  parent_commit: Callable[[], list]) -> dict:
+                  parent_commit: Callable[[], list[Any]]) -> dict[Any, Any]:
     """The wire dict ``{"b": block wire, "c": commit}`` of a stored record (legacy or format 2).
     ``parent_commit()``: the commit stored with the parent block (called only when the record omits its
     ``last_commit``).
@@ -130,9 +138,11 @@ def decode_record(raw: bytes, chain_id: str, validators: Sequence[bytes],
         return obj
     _check(obj)
     _, h, txs, lc, c = obj
-    height, prev, time_ms, proposer, troot, sroot = h
+    height, prev, time_ms, proposer, troot, sroot = h[:6]
     header = [chain_id, height, prev, time_ms, _unref(proposer, validators),
               EMPTY_TX_ROOT if troot is None else troot, sroot]
+    if len(h) == 8:  # validators_hash, next_validators_hash (None: the same)
+        header += [h[6], h[6] if h[7] is None else h[7]]
     last = parent_commit() if lc is None else decode_commit(lc, validators)
     return {"b": {"h": header, "txs": txs, "lc": last}, "c": decode_commit(c, validators)}
 

@@ -6,6 +6,8 @@ block and its commit, whether it came over gossip, from sync, or from its own st
 
 from __future__ import annotations
 
+from typing import Any
+
 from collections.abc import Callable
 
 from ...keys import Identity
@@ -15,7 +17,7 @@ from .tx import InvalidTx, Tx
 
 
 def propose(state: State, candidates: list[Tx], ident: Identity, time_ms: int,
-            last_commit: tuple, verified: Callable[[Tx], bool] | None = None
+            last_commit: tuple[Any, ...], verified: Callable[[Tx], bool] | None = None
             ) -> tuple[Block, State, list[tuple[Tx, str]]]:
     """Build block ``state.height + 1`` from the applicable ``candidates``. ``verified``: true for candidates
     whose exact signatures were already verified (the mempool's admission check); they are not verified again.
@@ -24,10 +26,19 @@ def propose(state: State, candidates: list[Tx], ident: Identity, time_ms: int,
     """
     _, accepted, rejected = apply_txs(state, candidates, verified)
     header = Header(state.chain_id, state.height + 1, state.last_hash, time_ms, ident.account,
-                    tx_root(accepted), state.state_root())
+                    tx_root(accepted), state.state_root(), *validator_hashes(state))
     block = Block(header, tuple(accepted), last_commit)
     new_state = apply_block_body(state, header.height, header.hash, accepted, verified)
     return block, new_state, rejected
+
+
+def validator_hashes(state: State) -> tuple[bytes, ...]:
+    """``(validators_hash, next_validators_hash)`` for block ``state.height + 1`` — the hashes of the sets that
+    sign it and the next one (:mod:`node.ledger.core.valset`) — or ``()`` on a chain whose set is fixed in
+    genesis (its headers carry neither)."""
+    if not state.params.min_validator_bond:
+        return ()
+    return state.valset().hash, state.next_valset().hash
 
 
 MAX_CLOCK_SKEW_MS = 30_000  # a proposal's timestamp may differ from a validator's clock by at most this
@@ -46,19 +57,19 @@ def check_time(time_ms: int, now_ms: int, parent_ms: int | None = None, skew_ms:
         raise ValueError("block time goes backwards")
 
 
-def commit_block(ident: Identity, block: Block, round_: int = 0) -> tuple:
+def commit_block(ident: Identity, block: Block, round_: int = 0) -> tuple[Any, ...]:
     """A single validator's commit (its precommit) for ``block``: enough alone on a one-validator chain."""
     return (sign_commit(ident, block.header.chain_id, block.height, block.hash, round_),)
 
 
-def check_and_apply(state: State, block: Block, commit) -> State:
+def check_and_apply(state: State, block: Block, commit: Any) -> State:
     """Verify ``block`` against ``state`` and its ``commit`` against the validator set; return the new state.
 
     Raises:
         InvalidBlock: wrong chain, height, parent, state root, proposer, last commit or commit, or a
             transaction that does not apply.
     """
-    check_commit(block.header.chain_id, block.height, block.hash, commit, state.validators)
+    check_commit(block.header.chain_id, block.height, block.hash, commit, state.valset())
     return check_block(state, block)
 
 
@@ -77,10 +88,13 @@ def check_block(state: State, block: Block) -> State:
         raise InvalidBlock("block does not link to our head")
     if h.state_root != state.state_root():
         raise InvalidBlock("state root differs from our state")
-    if h.proposer not in state.validators:
+    vs = state.valset()
+    if (h.validators_hash, h.next_validators_hash) != (validator_hashes(state) or (b"", b"")):
+        raise InvalidBlock("validators_hash / next_validators_hash differ from our state's validator sets")
+    if h.proposer not in vs:
         raise InvalidBlock("proposer is not a validator")
     if h.height > 1:
-        check_commit(h.chain_id, h.height - 1, state.last_hash, block.last_commit, state.validators)
+        check_commit(h.chain_id, h.height - 1, state.last_hash, block.last_commit, state.prev_valset())
     try:
         return apply_block_body(state, h.height, block.hash, list(block.txs))
     except InvalidTx as e:

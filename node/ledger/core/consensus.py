@@ -7,15 +7,21 @@ feeding messages in, signs what the machine broadcasts, runs the timers, and fee
 to it like anyone else's. Line numbers in comments refer to Algorithm 1 of the paper.
 
 Values are opaque 32-byte ids (block hashes); the driver supplies ``get_value(height)`` for the proposer and
-``valid(value_id)`` for everyone. ``None`` is nil. Every validator has one vote (equal power); with ``n``
-validators ``f = (n − 1) // 3`` faults are tolerated and a quorum is ``2f + 1`` votes (``n − f`` in general, which
-is the same when n = 3f + 1).
+``valid(value_id)`` for everyone. ``None`` is nil. Votes are weighed by voting power
+(:class:`~node.ledger.core.valset.ValidatorSet`; one vote each on a genesis-fixed set): with total power ``T``,
+``f = (T − 1) // 3`` faulty power is tolerated, a quorum is ``T − f`` (``2f + 1`` when T = 3f + 1: more than 2/3
+of the power) and "f + 1" (line 55) is ``f + 1`` of power. The set may change from one height to the next
+(:meth:`Tendermint.next_height`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import dataclass, field
 from collections.abc import Callable
+
+from .valset import ValidatorSet
 
 PROPOSE, PREVOTE, PRECOMMIT = "propose", "prevote", "precommit"
 
@@ -81,6 +87,7 @@ class Timeouts:
 class _Tally:
     proposals: dict[int, Proposal] = field(default_factory=dict)  # round -> first proposal from the proposer
     votes: dict[tuple[str, int], dict[bytes, bytes | None]] = field(default_factory=dict)  # (kind, r) -> sender -> v
+    powers: dict[bytes, int] = field(default_factory=dict)  # sender -> voting power
 
     def add(self, v: Vote) -> bool:
         box = self.votes.setdefault((v.kind, v.round), {})
@@ -90,8 +97,9 @@ class _Tally:
         return True
 
     def count(self, kind: str, round_: int, value: bytes | None = None, any_value: bool = False) -> int:
+        """Voting power of the senders of ``kind`` votes in ``round_`` (for ``value``, or for any value)."""
         box = self.votes.get((kind, round_), {})
-        return len(box) if any_value else sum(1 for x in box.values() if x == value)
+        return sum(self.powers.get(s, 0) for s, x in box.items() if any_value or x == value)
 
     def senders_in_round(self, round_: int) -> set[bytes]:
         s = {p.sender for r, p in self.proposals.items() if r == round_}
@@ -106,23 +114,31 @@ class Tendermint:
 
     Args:
         me: this validator's account (None for a non-validator that only watches decisions).
-        validators: the validator set (accounts), fixed in genesis.
+        validators: the validator set of ``height``: a :class:`ValidatorSet` or accounts with one vote each.
         height: the first height to decide.
         get_value: ``get_value(height) -> value id`` for a proposal (the driver builds the block).
         valid: ``valid(value_id) -> bool``; False also when the value's content is unknown.
         timeouts: :class:`Timeouts`.
     """
 
-    def __init__(self, me: bytes | None, validators: tuple[bytes, ...], height: int,
+    def __init__(self, me: bytes | None, validators: tuple[bytes, ...] | ValidatorSet, height: int,
                  get_value: Callable[[int], bytes], valid: Callable[[bytes], bool], timeouts: Timeouts | None = None):
-        self.me, self.validators = me, tuple(validators)
-        self.n = len(self.validators)
-        self.f = (self.n - 1) // 3
-        self.quorum = self.n - self.f  # 2f + 1 when n = 3f + 1
+        self.me = me
+        self._use(validators)
         self.get_value, self.valid = get_value, valid
         self.timeouts = timeouts or Timeouts()
         self.height = height
         self._reset()
+
+    def _use(self, validators: tuple[bytes, ...] | ValidatorSet) -> None:
+        vs = validators if isinstance(validators, ValidatorSet) else ValidatorSet.equal(validators)
+        self.valset = vs
+        self.validators = vs.accounts
+        self.powers = vs.powers
+        self.n = len(vs)
+        self.total = vs.total
+        self.f = (self.total - 1) // 3  # faulty power tolerated
+        self.quorum = self.total - self.f  # 2f + 1 when total = 3f + 1: more than 2/3 of the power
 
     def _reset(self) -> None:
         self.round = 0
@@ -131,36 +147,35 @@ class Tendermint:
         self.locked_round = -1
         self.valid_value: bytes | None = None
         self.valid_round = -1
-        self.tally = _Tally()
-        self._once: set[tuple] = set()
+        self.tally = _Tally(powers=self.powers)
+        self._once: set[tuple[Any, ...]] = set()
         self.decided: bytes | None = None
-        self.sent: list = []  # our own messages at this height, for re-broadcast
+        self.sent: list[Any] = []  # our own messages at this height, for re-broadcast
 
     def proposer(self, height: int, round_: int) -> bytes:
-        """Round-robin proposer selection over the sorted validator set."""
-        order = sorted(self.validators)
-        return order[(height + round_) % self.n]
+        """Round-robin proposer selection over the sorted validator set (:meth:`ValidatorSet.proposer`)."""
+        return self.valset.proposer(height, round_)
 
     # ------------------------------------------------------------------ entry points
 
-    def start(self) -> list:
+    def start(self) -> list[Any]:
         """Start round 0 of the current height."""
         return self._start_round(0)
 
-    def on_proposal(self, p: Proposal) -> list:
+    def on_proposal(self, p: Proposal) -> list[Any]:
         if p.height != self.height or p.sender != self.proposer(p.height, p.round) or p.round in self.tally.proposals:
             return []
         self.tally.proposals[p.round] = p
         return self._progress(p.round)
 
-    def on_vote(self, v: Vote) -> list:
+    def on_vote(self, v: Vote) -> list[Any]:
         if v.height != self.height or v.sender not in self.validators or v.kind not in (PREVOTE, PRECOMMIT):
             return []
         if not self.tally.add(v):
             return []
         return self._progress(v.round)
 
-    def on_timeout(self, t: Timeout) -> list:
+    def on_timeout(self, t: Timeout) -> list[Any]:
         if t.height != self.height or t.round != self.round:
             return []
         if t.kind == PROPOSE and self.step == PROPOSE:  # line 57
@@ -171,30 +186,30 @@ class Tendermint:
             return self._start_round(self.round + 1)
         return []
 
-    def on_value_ready(self) -> list:
+    def on_value_ready(self) -> list[Any]:
         """Call when a value that was unknown (``valid`` returned False for lack of content) may now be valid."""
         return self._progress(self.round)
 
     # ------------------------------------------------------------------ internals
 
-    def _set_step(self, step: str, actions: list) -> list:
+    def _set_step(self, step: str, actions: list[Any]) -> list[Any]:
         self.step = step
         return actions
 
-    def _vote(self, kind: str, value: bytes | None) -> list:
+    def _vote(self, kind: str, value: bytes | None) -> list[Any]:
         if self.me is None or self.me not in self.validators:
             return []
         msg = Vote(kind, self.height, self.round, value, self.me)
         self.sent.append(msg)
         return [Broadcast(msg)]
 
-    def resend(self) -> list:
+    def resend(self) -> list[Any]:
         """Our messages of the current height again. The paper assumes every message of a correct process
         eventually reaches every correct process; after a partition heals, lost messages arrive only if they
         are sent again, so the driver calls this periodically (receivers ignore duplicates)."""
         return [Broadcast(m) for m in self.sent if m.round >= self.round - 1]
 
-    def _start_round(self, r: int) -> list:  # line 11
+    def _start_round(self, r: int) -> list[Any]:  # line 11
         self.round, self.step = r, PROPOSE
         if self.me is not None and self.proposer(self.height, r) == self.me:
             value = self.valid_value if self.valid_value is not None else self.get_value(self.height)
@@ -203,31 +218,31 @@ class Tendermint:
             return [Broadcast(msg)]
         return [Schedule(Timeout(PROPOSE, self.height, r), self.timeouts.of(PROPOSE, r))]
 
-    def _first(self, key: tuple) -> bool:
+    def _first(self, key: tuple[Any, ...]) -> bool:
         if key in self._once:
             return False
         self._once.add(key)
         return True
 
-    def _progress(self, r_msg: int) -> list:
+    def _progress(self, r_msg: int) -> list[Any]:
         """Apply every rule of Algorithm 1 whose condition holds, until none fires."""
-        out: list = []
+        out: list[Any] = []
         while True:
             step = self._fire(r_msg)
             if step is None:
                 return out
             out += step
 
-    def _fire(self, r_msg: int) -> list | None:
+    def _fire(self, r_msg: int) -> list[Any] | None:
         h, r, t = self.height, self.round, self.tally
         q = self.quorum
         if self.decided is not None:
             return None
         # line 49: decide on a proposal with a precommit quorum in any round
-        for rr, p in sorted(t.proposals.items()):
-            if t.count(PRECOMMIT, rr, p.value) >= q and self.valid(p.value):
-                self.decided = p.value
-                return [Decide(h, rr, p.value)]
+        for rr, pr in sorted(t.proposals.items()):
+            if t.count(PRECOMMIT, rr, pr.value) >= q and self.valid(pr.value):
+                self.decided = pr.value
+                return [Decide(h, rr, pr.value)]
         p = t.proposals.get(r)
         if p is not None and self.step == PROPOSE:
             if p.valid_round == -1:  # line 22
@@ -240,7 +255,7 @@ class Tendermint:
             return [Schedule(Timeout(PREVOTE, h, r), self.timeouts.of(PREVOTE, r))]  # line 34
         if p is not None and self.step in (PREVOTE, PRECOMMIT) and t.count(PREVOTE, r, p.value) >= q \
                 and self.valid(p.value) and self._first(("l36", h, r)):  # line 36
-            out: list = []
+            out: list[Any] = []
             if self.step == PREVOTE:
                 self.locked_value, self.locked_round = p.value, r
                 out = self._set_step(PRECOMMIT, self._vote(PRECOMMIT, p.value))
@@ -252,15 +267,19 @@ class Tendermint:
             return [Schedule(Timeout(PRECOMMIT, h, r), self.timeouts.of(PRECOMMIT, r))]
         # line 55: f + 1 validators are already in a higher round: skip ahead
         for rr in sorted({k[1] for k in t.votes} | set(t.proposals)):
-            if rr > r and len(t.senders_in_round(rr) & set(self.validators)) >= self.f + 1:
+            if rr > r and sum(self.powers.get(a, 0) for a in t.senders_in_round(rr)) >= self.f + 1:
                 return self._start_round(rr)
         return None
 
-    def next_height(self, height: int, start: bool = True) -> list:
+    def next_height(self, height: int, start: bool = True,
+                    validators: tuple[bytes, ...] | ValidatorSet | None = None) -> list[Any]:
         """Move to ``height`` after a decision was committed (line 54) and start round 0. With ``start`` False
         the machine waits at ``height`` without proposing or scheduling anything until :meth:`start` (a quiet
         chain, :mod:`node.ledger.core.liveness`: Tendermint's ``create_empty_blocks_interval`` waits the same way
-        before round 0's propose step); the driver must call :meth:`start` before feeding it messages."""
+        before round 0's propose step); the driver must call :meth:`start` before feeding it messages.
+        ``validators``: the set of ``height`` when it differs from the last one's."""
         self.height = height
+        if validators is not None:
+            self._use(validators)
         self._reset()
         return self._start_round(0) if start else []

@@ -8,15 +8,22 @@ with sampling floor ``p`` and slash ``S``, a cheater's expected loss ``p · S`` 
 
 from __future__ import annotations
 
+from typing import Any
+
 import json
 from dataclasses import dataclass, field
 
 from ...encoding import AMOUNT_FORM, H, format_amount, pack, parse_amount
 from ...keys import account_from_str, account_to_str
 from .sampling import PPM
+from .valset import check_genesis as check_genesis_validators
 
 TREASURY = H(b"tally/treasury/v1")  # unspendable account that receives slashed bonds beyond rewards
 MAX_HEARTBEAT_MS = 3_600_000  # the longest heartbeat_ms a genesis may set (1 hour)
+OPTIONAL_PARAMS = ("heartbeat_ms", "retention_blocks",
+                   "min_validator_bond",
+                   "batch_slash", "batch_absent_penalty",
+                   "min_replication")  # left out of the genesis hash and document when 0
 
 
 class GenesisError(ValueError):
@@ -56,15 +63,34 @@ class Params:
     # create_empty_blocks_interval). 0, the value of every genesis written before it existed: a block every
     # block_time_ms, as before; 0 is left out of the genesis hash and document, so those chains keep their hash.
     heartbeat_ms: int = 0
+    # history that ends (node.ledger.core.history): a final inference receipt leaves the state retention_blocks
+    # blocks after it became final (and not before it is too old to be replayed), its summary kept in the
+    # state's RFC 9162 history log. 0: receipts stay forever, as before; 0 is left out of the genesis hash and
+    # document, as heartbeat_ms is.
+    retention_blocks: int = 0
+    # validators that change (node.ledger.core.valset): a bonded account with at least min_validator_bond base units
+    # of bond may join the validator set by a transaction, effective two heights later; voting power is the bond.
+    # 0: the validator set is fixed in genesis with one vote each, as before; 0 is left out of the genesis hash and
+    # document, as heartbeat_ms is.
+    min_validator_bond: int = 0
+    # batch jobs checked by majority vote (node.ledger.core.batch): a worker whose revealed result differs from the
+    # quorum's loses min(bond, batch_slash), 0 meaning slash_amount; one that never committed or never revealed loses
+    # min(bond, batch_absent_penalty), 0 meaning job_start_penalty (at most half the slash); with min_replication
+    # > 0, workers with a run of adapt_step quorum agreements lower an item's replication toward min_replication
+    # (BOINC adaptive replication), 0 meaning never. All three are left out of the genesis hash and document when 0, as
+    # heartbeat_ms is.
+    batch_slash: int = 0
+    batch_absent_penalty: int = 0
+    min_replication: int = 0
 
     def heartbeat(self) -> int:
         """The longest gap between two blocks in milliseconds: ``heartbeat_ms``, or ``block_time_ms`` when 0."""
         return self.heartbeat_ms or self.block_time_ms
 
     def consensus_fields(self) -> dict[str, int]:
-        """The parameters as the genesis document and hash carry them: every one, but ``heartbeat_ms`` only when
-        set (a genesis from before it existed keeps its document and hash)."""
-        return {k: v for k, v in self.__dict__.items() if not (k == "heartbeat_ms" and v == 0)}
+        """The parameters as the genesis document and hash carry them: every one, but ``heartbeat_ms`` and
+        ``retention_blocks`` only when set (a genesis from before they existed keeps its document and hash)."""
+        return {k: v for k, v in self.__dict__.items() if not (k in OPTIONAL_PARAMS and v == 0)}
 
     def check(self) -> None:
         """Raise :class:`GenesisError` for unsafe or nonsensical parameters."""
@@ -91,6 +117,11 @@ class Params:
             raise GenesisError(f"heartbeat_ms must be 0 (a block every block_time_ms) or between block_time_ms "
                                f"({self.block_time_ms}) and {MAX_HEARTBEAT_MS} (1 h: a follower that sees no header "
                                "for longer cannot tell a quiet chain from a halted one)")
+        if self.batch_absent_penalty and not self.batch_absent_penalty < (self.batch_slash or self.slash_amount):
+            raise GenesisError("need batch_absent_penalty < batch_slash (0 meaning slash_amount): an absent "
+                               "batch worker must lose less than an out-voted one")
+        if self.min_replication > 16:
+            raise GenesisError("min_replication must be 0 (no adaptive replication) or in 1..16")
 
 
 @dataclass(frozen=True)
@@ -111,7 +142,7 @@ class Genesis:
     params: Params = field(default_factory=Params)
     bootstrap: tuple[str, ...] = ()  # not part of the hash (see the class docstring)
 
-    def to_doc(self) -> dict:
+    def to_doc(self) -> dict[Any, Any]:
         """The JSON document that :func:`parse_genesis` reads back into an equal :class:`Genesis` (same hash)."""
         return {"chain_id": self.chain_id, "genesis_time_ms": self.genesis_time_ms,
                 "validators": [account_to_str(v) for v in self.validators],
@@ -138,7 +169,7 @@ def _amount_doc(units: int) -> str:
 ACCOUNT_KEYS = ("account", "balance", "bond", "note")
 
 
-def _genesis_account(entry) -> tuple[bytes, int, int]:
+def _genesis_account(entry: Any) -> tuple[bytes, int, int]:
     """One entry of a genesis file's ``accounts``: ``{"account": peer ID, "balance": "1000", "bond": "200",
     "note": "..."}``. ``balance`` and ``bond`` are decimal credits in the one amount syntax of the API and CLI
     (:data:`node.encoding.AMOUNT_GRAMMAR`, absent means 0); a JSON number is refused, so that no reader has to
@@ -200,7 +231,7 @@ def check_bootstrap_addr(text: str) -> str:
     return text
 
 
-def parse_genesis(doc: dict) -> Genesis:
+def parse_genesis(doc: dict[Any, Any]) -> Genesis:
     """Build and check a :class:`Genesis` from its JSON document.
 
     Raises:
@@ -237,4 +268,11 @@ def parse_genesis(doc: dict) -> Genesis:
             raise
         raise GenesisError(f"malformed genesis: {e}") from None
     params.check()
+    if params.min_validator_bond:
+        bonds: dict[bytes, int] = {}
+        for a, _bal, bond in balances:
+            bonds[a] = bonds.get(a, 0) + bond
+        why = check_genesis_validators(validators, bonds, params.min_validator_bond)
+        if why:
+            raise GenesisError(why)
     return Genesis(chain_id, int(doc.get("genesis_time_ms", 0)), validators, tuple(balances), params, bootstrap)

@@ -33,11 +33,12 @@ base units from a bond to the treasury's balance, so the supply (balances + bond
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING, Any
 
 from .genesis import TREASURY
 from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, JobRelease, TrainReceipt, parse_targets
-from .tx import InvalidTx, _check
+from .tx import InvalidTx, Tx, _check
 
 if TYPE_CHECKING:
     from .state import State
@@ -77,7 +78,7 @@ class Job:
     final_height: int = 0
     dropped: tuple[tuple[bytes, str, int, int], ...] = ()
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[Any, Any]:
         p = self.post
         return {"job_id": p.job_id, "post": p.to_wire(), "height": self.height, "status": self.status,
                 "worker": self.worker, "accepted_height": self.accepted_height, "segments": list(self.segments),
@@ -121,7 +122,7 @@ def _reopen(s: State, job: Job, reason: str, penalty: int, height: int) -> Job:
                    dropped=job.dropped + ((job.worker, reason, height, paid),))
 
 
-def apply_job_tx(s: State, tx) -> None:
+def apply_job_tx(s: State, tx: Tx) -> None:
     """Apply a marketplace transaction to ``s`` in place (checks first; a refused tx changes nothing). The
     caller, :func:`node.ledger.core.state.apply_tx`, checks and advances the sender's nonce.
 
@@ -190,7 +191,7 @@ def apply_job_tx(s: State, tx) -> None:
 
 def check_train_receipt(s: State, r: TrainReceipt) -> Job:
     """Checks of a training receipt against its job (before anything moves). Returns the job."""
-    job = s.jobs.get(r.job_id)
+    job: Job = s.jobs.get(r.job_id)
     _check(job is not None, "training receipt for an unknown job")
     _check(job.status == ACCEPTED, f"job is {job.status}: no more training receipts are paid")
     p = job.post
@@ -223,7 +224,7 @@ def on_final(s: State, r: TrainReceipt, valid: bool, height: int) -> None:
         _set(s, job)
 
 
-def end_block_jobs(s: State, height: int, final_status: set[str]) -> None:
+def end_block_jobs(s: State, height: int, final_status: AbstractSet[str]) -> None:
     """Expire undelivered jobs past their deadline; return to open (the worker paying ``job_start_penalty``)
     accepted jobs with no segment by the end of block ``accepted_height + job_start_window``; settle delivered
     jobs whose segments are all final."""

@@ -92,7 +92,7 @@ class StoreRoot(Generic[V]):
         self._cache: OrderedDict[bytes, Any] = OrderedDict()
         self.count = sum(1 for _ in self.keys()) if count is None else count  # entries stored
 
-    def get(self, k: bytes) -> Any:
+    def get(self, k: object) -> Any:
         if not isinstance(k, bytes):  # a dict would say "absent" too (keys here are bytes)
             return _DEL
         v = self._cache.get(k, None)
@@ -104,13 +104,13 @@ class StoreRoot(Generic[V]):
         self._remember(k, v)
         return v
 
-    def _remember(self, k: bytes, v: Any) -> None:
+    def _remember(self, k: Any, v: Any) -> None:
         self._cache[k] = v
         self._cache.move_to_end(k)
         while len(self._cache) > self.cache_items:
             self._cache.popitem(last=False)
 
-    def keys(self) -> Iterator[bytes]:
+    def keys(self) -> Iterator[Any]:  # bytes: a Table over a StoreRoot has K = bytes
         n = len(self.prefix)
         with self.backend.iterator(prefix=self.prefix, include_value=False) as it:
             return iter([k[n:] for k in it])
@@ -123,10 +123,10 @@ class Table(MutableMapping[K, V]):
         KeyError: reading or deleting a missing key with ``[]`` / ``del`` (as a dict does).
     """
 
-    def __init__(self, root: DictRoot | StoreRoot, parent: Table[K, V] | None = None):
+    def __init__(self, root: DictRoot[K, V] | StoreRoot[V], parent: Table[K, V] | None = None):
         self.root = root
         self.parent = parent
-        self.depth = 0 if parent is None else parent.depth + 1
+        self.depth: int = 0 if parent is None else parent.depth + 1
         self.writes: dict[K, Any] = {}
         self.delta = 0  # entries added minus entries removed by this overlay
 
@@ -154,7 +154,8 @@ class Table(MutableMapping[K, V]):
         v = self._lookup(k)
         if v is _DEL:
             raise KeyError(k)
-        return v
+        out: V = v
+        return out
 
     def get(self, k: K, default: Any = None) -> Any:
         v = self._lookup(k)
@@ -174,7 +175,7 @@ class Table(MutableMapping[K, V]):
         self.writes[k] = _DEL
         self.delta -= 1
 
-    def pop(self, k: K, *default: Any) -> Any:  # type: ignore[override]
+    def pop(self, k: K, *default: Any) -> Any:
         v = self._lookup(k)
         if v is _DEL:
             if default:
@@ -202,7 +203,7 @@ class Table(MutableMapping[K, V]):
 
     def __iter__(self) -> Iterator[K]:
         ch = self.changes()
-        keys = {k for k in self.root.keys() if k not in ch}
+        keys = {k for k in self.root.keys() if k not in ch}  # noqa: SIM118  (a root is no dict: no __iter__)
         keys.update(k for k, v in ch.items() if v is not _DEL)
         return iter(sorted(keys))  # type: ignore[type-var]
 
@@ -262,7 +263,7 @@ class Table(MutableMapping[K, V]):
         n = self._staged_len
         if isinstance(self.root, StoreRoot):
             for k, v in ch.items():
-                self.root._remember(k, v)  # type: ignore[arg-type]
+                self.root._remember(k, v)
             self.root.count = n
         else:
             vals = self.root.values
@@ -315,7 +316,7 @@ class OrderedSet(Generic[K]):
         return default
 
     def __iter__(self) -> Iterator[K]:
-        return iter([k for _, k in sorted((s, k) for k, s in self.table.items())])  # type: ignore[misc]
+        return iter([k for _, k in sorted((s, k) for k, s in self.table.items())])
 
     def __len__(self) -> int:
         return len(self.table)

@@ -60,6 +60,7 @@ class Need(str, enum.Enum):
     VERDICT = "verdict_timeout"  # a sampled receipt's round escalates after verdict_timeout blocks
     JOB = "job"  # a job's deadline, start window, or settlement once its segments are final
     RUN = "run"  # a run's rounds, phase timeouts and deadline, or its escrow return once all is final
+    BATCH = "batch"  # an open batch's items are assigned, decided and re-issued by heights (node.ledger.core.batch)
     PROOF = "proof"  # the state root after the head is in no header yet (also the first block of a chain)
 
 
@@ -91,6 +92,8 @@ def height_need(state: State) -> Need | None:
         if (run.status in (RunStatus.FINISHING, RunStatus.EXPIRED) and not run.final_height and not run.held
                 and not run.decided and all(state.receipts[x].status in FINAL for x in run.receipts)):
             return Need.RUN
+    if state.open_batches:
+        return Need.BATCH
     return None
 
 

@@ -16,14 +16,18 @@ import typing
 from functools import cache
 from typing import Any, Union
 
+from .batchstate import Batch, Item, WorkerRecord
 from .jobs import Job
 from .kv import Codec
 from .runs import Run
 from .status import PENDING
 from .tx import Receipt, Tx, decode_tx
 
-MAPS = ("accounts", "receipts", "evidence", "sessions", "jobs", "runs")
-SETS = ("open_receipts", "open_jobs", "open_runs")
+MAPS = ("accounts", "receipts", "evidence", "sessions", "jobs", "runs", "history", "retire",
+        "validators",  # validators: node.ledger.core.valset (empty while min_validator_bond is 0); history, retire:
+        # node.ledger.core.history (empty, so absent from the root, while genesis retention_blocks is 0)
+        "batches", "batch_items", "batch_due", "batch_workers")  # node.ledger.core.batch (empty until a batch post)
+SETS = ("open_receipts", "open_jobs", "open_runs", "open_batches")
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,7 @@ class ReceiptRecord:
     def round_votes(self) -> dict[bytes, int]:
         return {v: verdict for v, r, verdict, _ in self.votes if r == self.round}
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[Any, Any]:
         r = self.receipt
         return {"id": r.id, "receipt": r.to_wire(), "height": self.height, "status": self.status,
                 "p_ppm": self.p_ppm, "round": self.round, "committee": list(self.committee),
@@ -104,14 +108,14 @@ def from_plain(x: Any, hint: Any) -> Any:
             return None
         return from_plain(x, args[0])
     if origin is tuple:
-        args = typing.get_args(hint)
+        targs = typing.get_args(hint)
         if not isinstance(x, list):
             raise ValueError(f"expected a list for {hint}, got {type(x).__name__}")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(from_plain(i, args[0]) for i in x)
-        if len(args) != len(x):
-            raise ValueError(f"expected {len(args)} items for {hint}, got {len(x)}")
-        return tuple(from_plain(i, a) for i, a in zip(x, args, strict=True))
+        if len(targs) == 2 and targs[1] is Ellipsis:
+            return tuple(from_plain(i, targs[0]) for i in x)
+        if len(targs) != len(x):
+            raise ValueError(f"expected {len(targs)} items for {hint}, got {len(x)}")
+        return tuple(from_plain(i, a) for i, a in zip(x, targs, strict=True))
     if hint is Any:
         return x
     if isinstance(hint, type):
@@ -139,12 +143,21 @@ def _ident(x: Any) -> Any:
 
 # How each state table's values are stored (LevelDB, node.ledger.statedb) and hashed into the state root
 # (node.ledger.core.tree): the same bytes for both.
-CODECS: dict[str, Codec] = {
+CODECS: dict[str, Codec[Any]] = {
     "accounts": Codec(lambda a: a.to_list(), lambda x: Account(*x)),
     "receipts": Codec(to_plain, lambda x: from_plain(x, ReceiptRecord)),
     "evidence": Codec(list, lambda x: (int(x[0]), int(x[1]))),
     "sessions": Codec(_ident, bytes),
     "jobs": Codec(to_plain, lambda x: from_plain(x, Job)),
     "runs": Codec(to_plain, lambda x: from_plain(x, Run)),
+    # node.ledger.core.valset: account -> (power at height, height+1, height+2, member)
+    "validators": Codec(list, lambda x: (int(x[0]), int(x[1]), int(x[2]), int(x[3]))),
+    "history": Codec(_ident, _ident),  # b"head" -> [size, root, frontier] (node.ledger.core.history.LogHead)
+    "retire": Codec(list, lambda x: tuple(bytes(i) for i in x)),  # leave height -> receipt ids
+    # node.ledger.core.batch (records in node.ledger.core.batchstate)
+    "batches": Codec(to_plain, lambda x: from_plain(x, Batch)),
+    "batch_items": Codec(to_plain, lambda x: from_plain(x, Item)),  # batch id ‖ item (4 bytes) -> Item
+    "batch_due": Codec(_ident, int),  # decision height (8 bytes) ‖ batch id ‖ item -> 0
+    "batch_workers": Codec(to_plain, lambda x: from_plain(x, WorkerRecord)),
     **{name: Codec(_ident, int) for name in SETS},
 }

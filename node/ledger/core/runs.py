@@ -38,6 +38,7 @@ every contribution is paid at most once and the run never pays more than its bud
 from __future__ import annotations
 
 from dataclasses import replace
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
 
 from ...encoding import H
@@ -49,7 +50,7 @@ from .runstate import (MAX_JOINED, TERMINAL, Outcome, Phase, RoundState, RoundSu
                        attempt_of)
 from .runtx import (CODECS, INNER_STATE, TRAINABLE, RoundAggregate, RoundReceipt, RoundReveal,
                     RunCancel, RunJoin, RunLeave, RunPost)
-from .tx import InvalidTx, _check
+from .tx import InvalidTx, Tx, _check
 
 if TYPE_CHECKING:
     from .state import State
@@ -183,7 +184,7 @@ def check_post(s: State, tx: RunPost) -> None:
            f"balance cannot cover the run's budget of {tx.budget} base units")
 
 
-def apply_run_tx(s: State, tx) -> None:
+def apply_run_tx(s: State, tx: Tx) -> None:
     """Apply a run transaction (post, join, leave, cancel, reveal) in place; checks first, so a refused one
     changes nothing. The caller checks and advances nonces.
 
@@ -197,7 +198,7 @@ def apply_run_tx(s: State, tx) -> None:
         s.accounts[tx.sender] = replace(acc, balance=acc.balance - tx.budget, escrow=acc.escrow + tx.budget)
         _set(s, Run(post=tx, height=height, params=tx.params0, escrow_left=tx.budget))
         return
-    run = s.runs.get(tx.run_id)
+    run: Run = s.runs.get(getattr(tx, "run_id", None))  # every run transaction but the post names its run
     _check(run is not None, "unknown run")
     if isinstance(tx, RunJoin):
         _check(run.status in (RunStatus.WAITING, RunStatus.TRAINING), f"run is {run.status.value}")
@@ -219,7 +220,8 @@ def apply_run_tx(s: State, tx) -> None:
                         final_height=height))
     elif isinstance(tx, RoundReveal):
         cur = run.cur
-        _check(cur is not None and cur.phase == Phase.REVEAL, "the run has no round in its reveal phase")
+        if cur is None or cur.phase != Phase.REVEAL:
+            raise InvalidTx("the run has no round in its reveal phase")
         _check((tx.round, tx.attempt) == (cur.round, cur.attempt), "reveal for another round or attempt")
         rid = cur.receipt_of(tx.worker)
         _check(rid is not None, "no commitment of this worker in this round")
@@ -232,11 +234,11 @@ def apply_run_tx(s: State, tx) -> None:
 
 def check_round_receipt(s: State, r: RoundReceipt) -> Run:
     """Rules of a round receipt against its run (raises :class:`InvalidTx`; changes nothing). Returns the run."""
-    run = s.runs.get(r.run_id)
+    run: Run = s.runs.get(r.run_id)
     _check(run is not None, "round receipt for an unknown run")
     cur = run.cur
-    _check(run.status == RunStatus.TRAINING and cur is not None and cur.phase == Phase.COMMIT,
-           "the run has no round in its commit phase")
+    if not (run.status == RunStatus.TRAINING and cur is not None and cur.phase == Phase.COMMIT):
+        raise InvalidTx("the run has no round in its commit phase")
     _check((r.round, r.attempt) == (cur.round, cur.attempt),
            f"receipt for round {r.round} attempt {r.attempt}; the open one is {cur.round} attempt {cur.attempt}")
     _check(r.worker in cur.participants, "worker is not a participant of this round")
@@ -265,10 +267,11 @@ def record_round_receipt(s: State, r: RoundReceipt, run: Run) -> None:
 
 def check_aggregate(s: State, a: RoundAggregate) -> Run:
     """Rules of an aggregate (raises :class:`InvalidTx`; changes nothing). Returns the run."""
-    run = s.runs.get(a.run_id)
+    run: Run = s.runs.get(a.run_id)
     _check(run is not None, "aggregate for an unknown run")
     cur = run.cur
-    _check(cur is not None and cur.phase == Phase.AGGREGATE, "the run has no round waiting for its aggregate")
+    if cur is None or cur.phase != Phase.AGGREGATE:
+        raise InvalidTx("the run has no round waiting for its aggregate")
     _check((a.round, a.attempt) == (cur.round, cur.attempt), "aggregate for another round or attempt")
     _check(a.aggregator == cur.aggregator, "not the aggregator drawn for this round")
     _check(a.sponsor == run.post.sender, "sponsor does not match the run")
@@ -293,7 +296,7 @@ def record_aggregate(s: State, a: RoundAggregate, run: Run) -> None:
 
 # ------------------------------------------------------------------ verdicts
 
-def on_final(s: State, r, outcome: Outcome, amount: int, height: int) -> None:
+def on_final(s: State, r: RoundReceipt | RoundAggregate, outcome: Outcome, amount: int, height: int) -> None:
     """A round receipt or aggregate became final. ``amount``: what is owed to its worker (the price less the
     committee's fee; 0 when invalid), still in the sponsor's escrow. The caller paid the committee / slashed."""
     run = s.runs[r.run_id]
@@ -359,7 +362,7 @@ def on_final(s: State, r, outcome: Outcome, amount: int, height: int) -> None:
 
 # ------------------------------------------------------------------ per block
 
-def end_block_runs(s: State, height: int, block_hash: bytes, final_status: set[str]) -> None:
+def end_block_runs(s: State, height: int, block_hash: bytes, final_status: AbstractSet[str]) -> None:
     """Open rounds, close phases at their ends or timeouts, sample closed commitments, draw aggregators, expire
     runs past their deadline, and return the unspent escrow of ended runs once all their receipts are final."""
     for rid in list(s.open_runs):
@@ -378,13 +381,13 @@ def end_block_runs(s: State, height: int, block_hash: bytes, final_status: set[s
             run = _open_round(s, run, height, block_hash, 0)
         elif run.status == RunStatus.TRAINING and run.cur is not None:
             run = _advance(s, run, height, block_hash)
-        if run.status in (RunStatus.FINISHING, RunStatus.EXPIRED) and not run.final_height:
-            if not run.held and not run.decided and all(s.receipts[x].status in final_status for x in run.receipts):
-                left = run.escrow_left
-                sp = s.account(p.sender)
-                s.accounts[p.sender] = replace(sp, balance=sp.balance + left, escrow=sp.escrow - left)
-                status = RunStatus.FINISHED if run.status == RunStatus.FINISHING else RunStatus.EXPIRED
-                run = replace(run, status=status, escrow_left=0, refunded=run.refunded + left, final_height=height)
+        if (run.status in (RunStatus.FINISHING, RunStatus.EXPIRED) and not run.final_height and not run.held
+                and not run.decided and all(s.receipts[x].status in final_status for x in run.receipts)):
+            left = run.escrow_left
+            sp = s.account(p.sender)
+            s.accounts[p.sender] = replace(sp, balance=sp.balance + left, escrow=sp.escrow - left)
+            status = RunStatus.FINISHED if run.status == RunStatus.FINISHING else RunStatus.EXPIRED
+            run = replace(run, status=status, escrow_left=0, refunded=run.refunded + left, final_height=height)
         _set(s, run)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import enum
 from dataclasses import dataclass
 
@@ -61,7 +63,7 @@ class RoundState:
         """The id of ``worker``'s round receipt in this attempt, or None."""
         return next((rid for w, rid, _ in self.commits if w == worker), None)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[Any, Any]:
         return {"round": self.round, "attempt": self.attempt, "opened": self.opened, "beacon": self.beacon,
                 "phase": self.phase.value, "phase_height": self.phase_height,
                 "participants": list(self.participants),
@@ -89,7 +91,7 @@ class RoundSummary:
     delta_bytes: int
     height: int
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[Any, Any]:
         return {"round": self.round, "attempt": self.attempt, "params_before": self.params_before,
                 "params_next": self.params_next, "momentum_next": self.momentum_next,
                 "aggregator": self.aggregator, "aggregate": self.aggregate,
@@ -128,7 +130,7 @@ class Run:
     refunded: int = 0
     final_height: int = 0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[Any, Any]:
         p = self.post
         return {"run_id": p.run_id, "post": p.to_wire(), "height": self.height, "status": self.status.value,
                 "params": self.params, "momentum": self.momentum, "round": self.round, "rounds": p.rounds,

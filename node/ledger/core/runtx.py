@@ -245,7 +245,7 @@ class RoundAggregate(Tx):
     momentum_before: bytes
     params_next: bytes
     momentum_next: bytes
-    accepted: tuple
+    accepted: tuple[bytes, ...]
     price: int
     sig: bytes = b""
 

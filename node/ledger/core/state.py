@@ -20,6 +20,8 @@ a verdict and a slash each count once.
 
 from __future__ import annotations
 
+from typing import Any, Protocol, cast
+
 from dataclasses import replace
 from collections.abc import Callable
 
@@ -32,15 +34,28 @@ from .kv import _DEL, OrderedSet, Table
 from .records import MAPS, SETS
 from .records import CODECS, Account, ReceiptRecord
 from .tree import EMPTY_ROOT, SEQ_KEY, StateTree, entry_key, leaf_value, memory_tree
+from . import history as history_mod
 from . import jobs as jobs_mod
+from . import valset as valset_mod
+from .valset import VALIDATOR_TXS, ValidatorSet
 from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, JobRelease, TrainReceipt
 from . import runs as runs_mod
+from . import batch as batch_mod
+from .batchtx import BATCH_TXS
 from .runs import Outcome
 from .runtx import RoundAggregate, RoundReceipt, RoundReveal, RunCancel, RunJoin, RunLeave, RunPost
 from .status import FINAL, INVALID_S, PENDING, SAMPLED, SETTLED, UNVERIFIED, VALID_S
 from .tx import ABSTAIN, INVALID, VALID, Bond, Evidence, InvalidTx, Receipt, Transfer, Tx, Unbond, Vote, _check
 
 
+
+
+
+class Nonced(Protocol):
+    """A transaction ordered by its sender's account nonce: transfers, bonds, unbonds, job and run messages."""
+
+    sender: bytes
+    nonce: int
 
 
 class State:
@@ -57,13 +72,14 @@ class State:
     """
 
     def __init__(self, chain_id: str, params: Params, validators: tuple[bytes, ...], height: int = 0,
-                 last_hash: bytes = b"\x00" * 32, seq: int = 0, tables: dict[str, Table] | None = None,
-                 tree: StateTree | None = None, **initial: dict):
+                 last_hash: bytes = b"\x00" * 32, seq: int = 0, tables: dict[str, Table[Any, Any]] | None = None,
+                 tree: StateTree | None = None, **initial: dict[Any, Any]):
         self.chain_id, self.params, self.validators = chain_id, params, validators
         self.height, self.last_hash, self.seq = height, last_hash, seq
         self.tree = tree  # None: computed from every entry at the first state_root() (node.ledger.core.tree)
-        self._parent: tuple | None = None  # (root, counter) of the state this one was copied from
-        self.tables: dict[str, Table] = dict(tables) if tables else {}
+        self.archived: list[Any] = []  # history.Append s of the block applied to this copy (stored by the edge)
+        self._parent: tuple[Any, ...] | None = None  # (root, counter) of the state this one was copied from
+        self.tables: dict[str, Table[Any, Any]] = dict(tables) if tables else {}
         for name in MAPS + SETS:
             if name not in self.tables:
                 vals = initial.pop(name, None) or {}
@@ -87,6 +103,7 @@ class State:
     open_receipts = property(lambda self: OrderedSet(self.tables["open_receipts"], self._next_seq))
     open_jobs = property(lambda self: OrderedSet(self.tables["open_jobs"], self._next_seq))
     open_runs = property(lambda self: OrderedSet(self.tables["open_runs"], self._next_seq))
+    open_batches = property(lambda self: OrderedSet(self.tables["open_batches"], self._next_seq))
 
     def copy(self) -> State:
         """A working copy: writes to it leave this state unchanged (O(1): overlays on every table; this
@@ -99,7 +116,8 @@ class State:
         return child
 
     def account(self, a: bytes) -> Account:
-        return self.accounts.get(a, Account())
+        acc: Account = self.accounts.get(a, Account())
+        return acc
 
     def supply(self) -> int:
         """Total base units held as balance, bond or escrow by all accounts (the treasury included)."""
@@ -137,6 +155,34 @@ class State:
         assert self.tree.root is not None
         return self.tree.root.hash
 
+    def prev_valset(self) -> ValidatorSet:
+        """The validator set that signed block ``height`` (whose commit block ``height + 1`` repeats)."""
+        if not self.params.min_validator_bond:
+            return ValidatorSet.equal(self.validators)
+        return valset_mod.set_at(self.tables["validators"], 0)
+
+    def valset(self) -> ValidatorSet:
+        """The validator set that signs block ``height + 1`` (:mod:`node.ledger.core.valset`): from the
+        ``validators`` table, or the genesis validators with one vote each when genesis ``min_validator_bond``
+        is 0. (:attr:`validators` is always the genesis list.)"""
+        if not self.params.min_validator_bond:
+            return ValidatorSet.equal(self.validators)
+        return valset_mod.set_at(self.tables["validators"], 1)
+
+    def next_valset(self) -> ValidatorSet:
+        """The validator set that signs block ``height + 2`` (a header's ``next_validators_hash``)."""
+        if not self.params.min_validator_bond:
+            return ValidatorSet.equal(self.validators)
+        return valset_mod.set_at(self.tables["validators"], 2)
+
+    def bond_of(self, account: bytes) -> int:
+        """``account``'s bond in base units (its voting power as a validator)."""
+        return self.account(account).bond
+
+    @property
+    def min_validator_bond(self) -> int:
+        return self.params.min_validator_bond
+
     def eligible(self) -> list[bytes]:
         """Accounts bonded with at least ``min_bond``: workers and committee members."""
         return [a for a, x in self.accounts.items() if x.bond >= self.params.min_bond and a != TREASURY]
@@ -147,6 +193,9 @@ def genesis_state(g: Genesis) -> State:
     for a, bal, bond in g.balances:
         prev = s.account(a)
         s.accounts[a] = replace(prev, balance=prev.balance + bal, bond=prev.bond + bond)
+    if g.params.min_validator_bond:
+        for a, row in valset_mod.genesis_rows(g.validators, {a: s.bond_of(a) for a in g.validators}).items():
+            s.tables["validators"][a] = row
     return s
 
 
@@ -184,10 +233,11 @@ def apply_tx(s: State, tx: Tx, signatures_checked: bool = False) -> None:
     _check(tx.chain_id == s.chain_id, f"transaction for chain {tx.chain_id!r}, this is {s.chain_id!r}")
     if not signatures_checked:
         tx.check_signatures()
-    nonced = hasattr(tx, "nonce")  # transfers, bonds, unbonds and job messages: one per account nonce
-    if nonced:
-        expected = s.account(tx.sender).nonce
-        _check(tx.nonce == expected, f"bad nonce {tx.nonce}, expected {expected}")
+    # transfers, bonds, unbonds and job messages: one per account nonce
+    nonced = cast(Nonced, tx) if hasattr(tx, "nonce") else None
+    if nonced is not None:
+        expected = s.account(nonced.sender).nonce
+        _check(nonced.nonce == expected, f"bad nonce {nonced.nonce}, expected {expected}")
     if isinstance(tx, Transfer):
         sender = s.account(tx.sender)
         _check(sender.balance >= tx.amount, "insufficient balance")
@@ -206,6 +256,10 @@ def apply_tx(s: State, tx: Tx, signatures_checked: bool = False) -> None:
         held = jobs_mod.unstarted_held(s, tx.sender)
         _check(acc.bond - tx.amount >= s.params.job_start_penalty * held,
                f"the bond must keep covering the start penalty of the {held} job(s) this worker holds unstarted")
+        _check(not valset_mod.leaves_none(s, tx.sender, acc.bond - tx.amount),
+               "unbonding below min_validator_bond would leave the chain without validators")
+        _check(batch_mod.held(s, tx.sender) == 0,
+               "batch items assigned to this worker are undecided; unbond after they are decided")
         s.accounts[tx.sender] = replace(acc, balance=acc.balance + tx.amount, bond=acc.bond - tx.amount)
     elif isinstance(tx, Receipt):
         _apply_receipt(s, tx)
@@ -231,15 +285,19 @@ def apply_tx(s: State, tx: Tx, signatures_checked: bool = False) -> None:
             runs_mod.record_aggregate(s, tx, run)
     elif isinstance(tx, (RunPost, RunJoin, RunLeave, RunCancel, RoundReveal)):
         runs_mod.apply_run_tx(s, tx)
+    elif isinstance(tx, BATCH_TXS):
+        batch_mod.apply_batch_tx(s, tx)
+    elif isinstance(tx, VALIDATOR_TXS):
+        valset_mod.apply_validator_tx(s, tx)
     elif isinstance(tx, Vote):
         _apply_vote(s, tx)
     elif isinstance(tx, Evidence):
         _apply_evidence(s, tx)
     else:  # pragma: no cover - decode_tx only builds the kinds above
         raise InvalidTx("unknown transaction")
-    if nonced:  # every branch checks before it changes anything, so we get here only when the tx applied
-        acc = s.account(tx.sender)
-        s.accounts[tx.sender] = replace(acc, nonce=acc.nonce + 1)
+    if nonced is not None:  # every branch checks before it changes anything: we get here only when tx applied
+        acc = s.account(nonced.sender)
+        s.accounts[nonced.sender] = replace(acc, nonce=acc.nonce + 1)
 
 
 def _apply_receipt(s: State, r: Receipt) -> None:
@@ -278,7 +336,7 @@ def _apply_vote(s: State, v: Vote) -> None:
 
 def _apply_evidence(s: State, e: Evidence) -> None:
     _check(e.value_a != e.value_b, "evidence needs two different values")
-    _check(e.validator in s.validators, "evidence against a non-validator")
+    _check(e.validator in s.validators or e.validator in s.tables["validators"], "evidence against a non-validator")
     _check(e.key not in s.evidence, "evidence already on the ledger (counted once)")
     _check(e.height <= s.height + 1, "evidence from a future height")
     acc = s.account(e.validator)
@@ -332,6 +390,7 @@ def _finalize(s: State, rec: ReceiptRecord, verdict: int, height: int) -> None:
         _credit(s, a, amt)
     s.receipts[r.id] = replace(rec, status=status, final_height=height, payouts=tuple(payouts), slashed=slashed)
     s.open_receipts.pop(r.id, None)
+    history_mod.schedule_leave(s, s.receipts[r.id])
     if isinstance(r, TrainReceipt):
         jobs_mod.on_final(s, r, verdict == VALID, height)
     elif isinstance(r, RUN_RECEIPTS):
@@ -349,6 +408,7 @@ def _settle_unchecked(s: State, rec: ReceiptRecord, status: str, height: int) ->
     _credit(s, r.worker, r.price)
     s.receipts[r.id] = replace(rec, status=status, final_height=height, payouts=((r.worker, r.price),))
     s.open_receipts.pop(r.id, None)
+    history_mod.schedule_leave(s, s.receipts[r.id])
 
 
 def end_block(s: State, height: int, block_hash: bytes) -> None:
@@ -380,14 +440,21 @@ def end_block(s: State, height: int, block_hash: bytes) -> None:
             size = len(rec.committee)
             if cm.deadlocked(rec.round_votes(), size) or height - rec.round_height >= p.verdict_timeout:
                 nxt = rec.round + 1
+                # a member who did not vote in the round that timed out is left out of the next one: an account
+                # that is bonded but offline (or withholds its vote) would otherwise sit on every larger committee
+                # and, with few eligible accounts, keep any quorum out of reach
+                silent = set(rec.committee) - set(rec.round_votes())
                 com = cm.select_committee(block_hash, rid, nxt, s.eligible(),
-                                          (rec.receipt.worker, rec.receipt.requester), p.committee_size)
+                                          (rec.receipt.worker, rec.receipt.requester, *silent), p.committee_size)
                 if nxt >= p.max_rounds or not com:
                     _settle_unchecked(s, rec, UNVERIFIED, height)
                 else:
                     s.receipts[rid] = replace(rec, round=nxt, committee=com, round_height=height)
     jobs_mod.end_block_jobs(s, height, FINAL)
     runs_mod.end_block_runs(s, height, block_hash, FINAL)
+    batch_mod.end_block_batches(s, height, block_hash)  # assign, decide, re-issue batch items (node.ledger.core.batch)
+    history_mod.retire(s, height)  # final receipts past the retention window leave (node.ledger.core.history)
+    valset_mod.end_block_validators(s)  # validator changes move one height on (node.ledger.core.valset)
 
 
 def apply_txs(s: State, txs: list[Tx], verified: Callable[[Tx], bool] | None = None

@@ -25,7 +25,9 @@ from ...encoding import H
 from .smt import EMPTY_ROOT, Root, StaleNode, UpdateResult, prove, prune_bound, tree_key, update
 
 TAG = {"accounts": b"a", "receipts": b"r", "evidence": b"e", "sessions": b"s", "jobs": b"j", "runs": b"n",
-       "open_receipts": b"o", "open_jobs": b"p", "open_runs": b"q"}
+       "open_receipts": b"o", "open_jobs": b"p", "open_runs": b"q", "history": b"h", "retire": b"t",
+       "validators": b"v", "batches": b"b", "batch_items": b"i", "batch_due": b"d", "batch_workers": b"w",
+       "open_batches": b"y"}
 SEQ_KEY = tree_key(b"meta", b"seq")
 NODES = b"T/n/"  # + smt node key -> node bytes
 STALE = b"T/x/"  # + StaleNode.index_key() -> b""
@@ -61,7 +63,8 @@ class LevelNodes:
         self.db = db
 
     def get(self, node_key: bytes) -> bytes | None:
-        return self.db.get(NODES + node_key)
+        raw: bytes | None = self.db.get(NODES + node_key)
+        return raw
 
 
 class StateTree:
@@ -85,7 +88,8 @@ class StateTree:
             if v is not None:
                 return v
             t = t.parent
-        return self.base.get(node_key)
+        raw: bytes | None = self.base.get(node_key)
+        return raw
 
     def child(self) -> StateTree:
         """The tree of a state built on this one (whose root is then needed: it is computed here)."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, fields as dc_fields, replace
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from ...encoding import MAX_AMOUNT, object_id
 from ...keys import Identity, is_valid_account, verify
@@ -66,6 +66,8 @@ class Tx:
     SIGS: ClassVar[tuple[str, ...]] = ()
     # name -> ("int" | "account" | "bytes32" | "bytes16" | "str", ...) used by decode_tx
     SCHEMA: ClassVar[dict[str, str]] = {}
+    if TYPE_CHECKING:  # every kind's first field, declared there so that each kind keeps its own field order
+        chain_id: str
 
     def unsigned(self) -> list[Any]:
         return [getattr(self, f.name) for f in dc_fields(self) if f.name not in self.SIGS and f.name != "chain_id"]
@@ -73,10 +75,10 @@ class Tx:
     @cached_property
     def id(self) -> bytes:
         """32-byte id: hash of the domain tag, chain id and unsigned fields (computed once per object)."""
-        return object_id(self.TAG, self.chain_id, self.unsigned())  # type: ignore[attr-defined]
+        return object_id(self.TAG, self.chain_id, self.unsigned())
 
-    def to_wire(self) -> dict:
-        return {"t": self.KIND, "c": self.chain_id, "f": self.unsigned(),  # type: ignore[attr-defined]
+    def to_wire(self) -> dict[Any, Any]:
+        return {"t": self.KIND, "c": self.chain_id, "f": self.unsigned(),
                 "s": [getattr(self, s) for s in self.SIGS]}
 
     def signature_checks(self) -> list[tuple[bytes, bytes, bytes, str]]:
@@ -95,8 +97,10 @@ class SingleSigned(Tx):
 
     SIGNER: ClassVar[str] = "sender"
 
-    def signed(self, ident: Identity):
-        return replace(self, sig=ident.sign(self.id))
+    def signed(self, ident: Identity) -> Self:
+        """A copy signed by ``ident`` (which must be the ``SIGNER`` account for the result to verify)."""
+        changes: dict[str, Any] = {"sig": ident.sign(self.id)}  # each kind declares ``sig`` (its last field)
+        return replace(self, **changes)
 
     def signature_checks(self) -> list[tuple[bytes, bytes, bytes, str]]:
         return [(getattr(self, self.SIGNER), self.id, self.sig, self.KIND)]  # type: ignore[attr-defined]
@@ -302,8 +306,9 @@ def decode_tx(obj: Any) -> Tx:
         InvalidTx: anything malformed, or an account field that no key could spend from.
     """
     _check(isinstance(obj, dict), "a transaction is a map")
-    cls = TX_KINDS.get(obj.get("t"))  # type: ignore[arg-type]
-    _check(cls is not None, f"unknown transaction kind {obj.get('t')!r}")
+    cls = TX_KINDS.get(obj.get("t"))
+    if cls is None:
+        raise InvalidTx(f"unknown transaction kind {obj.get('t')!r}")
     chain_id, f, s = obj.get("c"), obj.get("f"), obj.get("s")
     _check(isinstance(chain_id, str) and 0 < len(chain_id) <= 64, "bad chain id")
     _check(isinstance(f, list) and len(f) == len(cls.SCHEMA), "wrong number of fields")
@@ -312,8 +317,9 @@ def decode_tx(obj: Any) -> Tx:
         _check_field(name, kind, v)
     for sig in s:
         _check(_is_bytes(sig, 64) or sig == b"", "a signature is 64 bytes (or empty while unsigned)")
-    return cls(chain_id, *f, *s)  # type: ignore[arg-type]
+    return cls(chain_id, *f, *s)  # the kind's own fields, checked above
 
 
 from . import jobtx  # noqa: E402,F401  (registers the marketplace's transaction kinds in TX_KINDS)
 from . import runtx  # noqa: E402,F401  (registers the training runs' transaction kinds in TX_KINDS)
+from . import batchtx  # noqa: E402,F401  (registers the batch jobs' transaction kinds in TX_KINDS)

@@ -1,0 +1,370 @@
+"""Batch jobs checked by majority vote: the state transition (pure; called from :mod:`node.ledger.core.state`).
+
+BOINC's replication with a quorum (Anderson, "BOINC: A Platform for Volunteer Computing", J. Grid Computing 2020,
+§3.4 "Validation" and §5.3 "Adaptive replication"), applied to the seeds' "distributed pre-processing validated by
+simple majority voting" (issue 14). Records in :mod:`node.ledger.core.batchstate`, transactions in
+:mod:`node.ledger.core.batchtx`.
+
+**Money** (base units). A post moves :meth:`BatchPost.escrow` ``= N × k × price × (1 + max_reissues)`` from the
+requester's balance to its escrow; each item holds ``k × price × (1 + max_reissues)`` of it. When an item is decided
+for good (accepted, or refunded after its last attempt), every agreeing worker of the deciding attempt has been paid
+``price`` from escrow and the rest of the item's share returns to the requester's balance at once. A dissenting
+worker's bond pays ``min(bond, batch_slash)`` and an absent one's ``min(bond, batch_absent_penalty)``, both to the
+treasury (as in :mod:`node.ledger.core.jobs`: a requester paid for a worker's fault would gain from posting items
+built to fail). Balances + bonds + escrows are therefore constant.
+
+**Assignment.** Up to :data:`MAX_ASSIGN_PER_BLOCK` new items per block (over all batches, in posting order) are
+assigned in ``end_block`` of a block after the post's, with that block's hash as the beacon: the candidates are the
+bonded accounts (``bond >= min_bond``) other than the requester and the workers of the item's earlier attempts,
+ranked by ``H("tally/batch-assign/v1" ‖ beacon ‖ batch ‖ item ‖ attempt ‖ worker)``; the first ``k`` are drawn
+(independent draws per item and attempt, distinct within one). Nobody can choose the draw: the beacon is the hash of
+a block that did not exist when the post was signed. With fewer than ``k`` candidates the batch waits for workers
+(and may still be cancelled while no item is assigned); a re-issue with fewer than ``k`` fresh candidates refunds
+its item.
+
+**Adaptive replication** (BOINC §5.3: hosts with a run of valid results get fewer replicas). With genesis
+``min_replication`` > 0, each of the first ``k`` drawn whose :class:`WorkerRecord` ``run`` (consecutive quorum
+agreements) is at least ``adapt_step`` lowers the item's replication by one, not below ``min(min_replication, k)``;
+the first ``k'`` of the ranking are kept and the quorum becomes ``max(k' // 2 + 1, k' − (k − quorum))`` (the same
+number of tolerated dissenters, still a strict majority). ``min_replication`` 0 (every genesis before it existed):
+always ``k`` and the posted quorum.
+
+**What an observer learns.** The draw is public: every node must check it, so anyone with the state can compute who
+holds each item (:func:`assignments_of` is what a worker queries for its own items). The ledger cannot hide it
+without private randomness (VRFs). What commit–reveal guarantees is that knowing the others does not help copying:
+a commitment hides the result (32-byte random salt), is bound to its worker, batch, item and attempt
+(:func:`node.ledger.core.batchtx.commitment`, so a copied commitment cannot be opened by the copier), and reveals are
+refused until the item's commit phase is over (its ``commit_window`` blocks have passed, or every drawn worker has
+committed). So every commitment is fixed before any result is visible on the chain. What remains is collusion off
+the chain by workers who find each other; ``bench/verify.py --batch`` measures how often a colluding pair forms a
+majority, and committee sampling of single-replica work is what catches them in the long run.
+
+**Decision.** In ``end_block`` of height ``assigned + commit_window + reveal_window``, or of the block in which the
+last drawn worker revealed, the item is decided (at most :data:`MAX_DECIDE_PER_BLOCK` per block, earliest first;
+the rest wait for the next block): the result hash revealed by at least the item's quorum wins. Its revealers are
+paid ``price`` each and their ``agreed`` and ``run`` counts rise; another revealed result slashes its worker
+(``batch_slash``, default ``slash_amount``: a wrong result is the offence an invalid receipt verdict punishes);
+a worker that committed and did not reveal, or never committed, is not paid and pays ``batch_absent_penalty``
+(default ``job_start_penalty``, the ledger's price for holding work and not doing it, capped at half the slash).
+The absent penalty is smaller than the slash because a crashed honest worker must not lose like a liar, and not
+zero because a worker that sees the others' reveals could otherwise withhold a wrong one for free; withholding still
+saves the difference, which is why the slash's size is what deters cheating. An item without a quorum pays nobody
+and penalises only the absent; it is re-issued to fresh workers up to ``max_reissues`` times, and then refunded.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from ...encoding import MAX_AMOUNT, H
+from .batchstate import TERMINAL, Batch, BatchStatus, Fate, Item, ItemStatus, WorkerRecord, due_key, item_key
+from .batchtx import (GENERATE, MAX_GENERATE_TOKENS, MAX_ITEMS, MAX_REISSUES, MAX_REPLICATION, MAX_WINDOW,
+                      TASK_KINDS, BatchCancel, BatchCommit, BatchPost, BatchReveal, commitment)
+from .genesis import TREASURY, Params
+from .tx import Tx, _check
+
+if TYPE_CHECKING:
+    from .state import State
+
+MAX_ASSIGN_PER_BLOCK = 64  # new items drawn per block, over all batches
+MAX_DECIDE_PER_BLOCK = 64  # items decided (and possibly re-issued) per block, over all batches
+
+
+def slash_of(p: Params) -> int:
+    """Base units a dissenting result costs its worker's bond: genesis ``batch_slash``, or ``slash_amount`` if 0."""
+    return p.batch_slash or p.slash_amount
+
+
+def absent_penalty_of(p: Params) -> int:
+    """Base units an absent (never committed, or never revealed) worker's bond pays: genesis
+    ``batch_absent_penalty`` (checked below :func:`slash_of` by :meth:`Params.check`), or if 0
+    ``min(job_start_penalty, slash_of(p) // 2)`` (below the slash on every chain, whatever its ``slash_amount``)."""
+    return p.batch_absent_penalty or min(p.job_start_penalty, slash_of(p) // 2)
+
+
+def draw(beacon: bytes, batch_id: bytes, item: int, attempt: int, candidates: Iterable[bytes], k: int, quorum: int,
+         min_replication: int = 0, trusted: Callable[[bytes], bool] = lambda _w: False
+         ) -> tuple[tuple[bytes, ...], int]:
+    """The workers of one item's attempt and its quorum (the rule in the module docstring). Deterministic in its
+    arguments. Returns ``((), 0)`` when fewer than ``k`` candidates remain."""
+    ranked = sorted(set(candidates), key=lambda w: H(b"tally/batch-assign/v1", beacon, batch_id,
+                                                     item.to_bytes(4, "big"), attempt.to_bytes(4, "big"), w))
+    if len(ranked) < k:
+        return (), 0
+    first = ranked[:k]
+    kk = k
+    if min_replication:
+        kk = max(min(min_replication, k), k - sum(1 for w in first if trusted(w)))
+    return tuple(first[:kk]), max(kk // 2 + 1, kk - (k - quorum))
+
+
+def _worker(s: State, w: bytes) -> WorkerRecord:
+    rec: WorkerRecord = s.tables["batch_workers"].get(w, WorkerRecord())
+    return rec
+
+
+def _set_worker(s: State, w: bytes, rec: WorkerRecord) -> None:
+    if rec == WorkerRecord():
+        s.tables["batch_workers"].pop(w, None)
+    else:
+        s.tables["batch_workers"][w] = rec
+
+
+def held(s: State, worker: bytes) -> int:
+    """Assignments of ``worker`` not yet decided (its bond cannot be unbonded while any is)."""
+    return _worker(s, worker).held
+
+
+def reputation(s: State, worker: bytes) -> WorkerRecord:
+    """``worker``'s batch record: quorum agreements ever, consecutive ones, undecided assignments."""
+    return _worker(s, worker)
+
+
+def assignments_of(s: State, worker: bytes) -> list[tuple[bytes, int, int]]:
+    """``(batch id, item, attempt)`` of every undecided assignment of ``worker`` (what its worker loop queries).
+    O(undecided items of open batches)."""
+    out = []
+    for bid in s.open_batches:
+        b: Batch = s.tables["batches"][bid]
+        for i in range(b.assigned):
+            it: Item = s.tables["batch_items"][item_key(bid, i)]
+            if it.status == ItemStatus.ASSIGNED and worker in it.workers:
+                out.append((bid, i, it.attempt))
+    return out
+
+
+def _move_bond(s: State, w: bytes, amount: int, slash: bool) -> int:
+    acc = s.account(w)
+    took = min(acc.bond, amount)
+    s.accounts[w] = replace(acc, bond=acc.bond - took, slashed=acc.slashed + (took if slash else 0))
+    t = s.account(TREASURY)
+    s.accounts[TREASURY] = replace(t, balance=t.balance + took)
+    return took
+
+
+def _pay(s: State, batch: Batch, to: bytes, amount: int, refund: bool) -> Batch:
+    """Move ``amount`` from the requester's escrow to ``to``'s balance (to the requester itself for a refund)."""
+    req = batch.post.sender
+    acc = s.account(req)
+    s.accounts[req] = replace(acc, escrow=acc.escrow - amount)
+    dest = s.account(to)
+    s.accounts[to] = replace(dest, balance=dest.balance + amount)
+    if refund:
+        return replace(batch, escrow_left=batch.escrow_left - amount, refunded=batch.refunded + amount)
+    return replace(batch, escrow_left=batch.escrow_left - amount, paid=batch.paid + amount)
+
+
+def _set_batch(s: State, b: Batch) -> None:
+    bid = b.post.batch_id
+    s.tables["batches"][bid] = b
+    if b.status in TERMINAL:
+        s.open_batches.pop(bid, None)
+    else:
+        s.open_batches[bid] = None
+
+
+def _check_post(s: State, tx: BatchPost) -> None:
+    _check(tx.batch_id not in s.tables["batches"], "a batch with this id exists")
+    _check(1 <= tx.n_items <= MAX_ITEMS, f"n_items must be in 1..{MAX_ITEMS} (got {tx.n_items})")
+    _check(tx.kind in TASK_KINDS, f"kind must be one of {', '.join(TASK_KINDS)} (got {tx.kind!r})")
+    if tx.kind == GENERATE:
+        _check(1 <= tx.max_tokens <= MAX_GENERATE_TOKENS,
+               f"max_tokens must be in 1..{MAX_GENERATE_TOKENS} for generate (got {tx.max_tokens})")
+    else:
+        _check(tx.max_tokens == 0, f"max_tokens must be 0 for score (got {tx.max_tokens})")
+    k, q = tx.replication, tx.quorum
+    _check(2 <= k <= MAX_REPLICATION, f"replication k must be in 2..{MAX_REPLICATION} (got {k})")
+    _check(k < 2 * q and q <= k, f"quorum q must satisfy k/2 < q <= k (got k {k}, q {q})")
+    _check(tx.price >= 1, "price per item per replica must be at least 1 base unit")
+    _check(0 <= tx.max_reissues <= MAX_REISSUES, f"max_reissues must be in 0..{MAX_REISSUES}")
+    _check(1 <= tx.commit_window <= MAX_WINDOW and 1 <= tx.reveal_window <= MAX_WINDOW,
+           f"commit_window and reveal_window must be in 1..{MAX_WINDOW} blocks")
+    _check(tx.escrow() <= MAX_AMOUNT, "the batch's escrow (n_items × k × price × (1 + max_reissues)) is too large")
+    _check(s.account(tx.sender).balance >= tx.escrow(),
+           f"balance cannot cover the batch's escrow of {tx.escrow()} base units "
+           "(n_items × k × price × (1 + max_reissues))")
+
+
+def _open_item(s: State, tx: BatchCommit | BatchReveal) -> tuple[Batch, Item]:
+    b: Batch | None = s.tables["batches"].get(tx.batch_id)
+    _check(b is not None, "unknown batch")
+    assert b is not None
+    _check(0 <= tx.item < b.assigned, f"item {tx.item} of this batch is not assigned")
+    it: Item = s.tables["batch_items"][item_key(tx.batch_id, tx.item)]
+    _check(it.status == ItemStatus.ASSIGNED, f"item {tx.item} is already decided ({it.status.value})")
+    _check(tx.attempt == it.attempt, f"item {tx.item} is in attempt {it.attempt}, not {tx.attempt}")
+    _check(tx.sender in it.workers, "this worker is not assigned to this item")
+    return b, it
+
+
+def apply_batch_tx(s: State, tx: Tx) -> None:
+    """Apply a batch transaction to ``s`` in place (every check first: a refused tx changes nothing). The caller,
+    :func:`node.ledger.core.state.apply_tx`, checks signatures and the nonce of posts and cancels.
+
+    Raises:
+        InvalidTx: a bad post (amounts, k or q out of range, unknown kind, balance short), a cancel of a batch
+            that is not the sender's or has assigned items, a commit or reveal from a worker not assigned to the
+            item, outside its window, twice, or (reveal) not matching its commitment.
+    """
+    height = s.height + 1
+    if isinstance(tx, BatchPost):
+        _check_post(s, tx)
+        acc = s.account(tx.sender)
+        esc = tx.escrow()
+        s.accounts[tx.sender] = replace(acc, balance=acc.balance - esc, escrow=acc.escrow + esc)
+        _set_batch(s, Batch(post=tx, height=height, escrow_left=esc))
+    elif isinstance(tx, BatchCancel):
+        b: Batch | None = s.tables["batches"].get(tx.batch_id)
+        _check(b is not None and b.post.sender == tx.sender, "no such batch of yours")
+        assert b is not None
+        _check(b.status == BatchStatus.OPEN, f"only a batch with no item assigned can be cancelled; this one is "
+                                             f"{b.status.value}")
+        b = _pay(s, b, b.post.sender, b.escrow_left, refund=True)
+        _set_batch(s, replace(b, status=BatchStatus.CANCELLED, final_height=height))
+    elif isinstance(tx, BatchCommit):
+        b, it = _open_item(s, tx)
+        _check(it.commitment_of(tx.sender) is None, "this worker already committed to this item")
+        end = it.assigned_height + b.post.commit_window
+        _check(height <= end, f"the commit window of this item closed at height {end}")
+        s.tables["batch_items"][item_key(tx.batch_id, tx.item)] = replace(
+            it, commits=it.commits + ((tx.sender, tx.commitment),))
+    elif isinstance(tx, BatchReveal):
+        b, it = _open_item(s, tx)
+        c = it.commitment_of(tx.sender)
+        _check(c is not None, "this worker did not commit to this item")
+        _check(all(w != tx.sender for w, _ in it.reveals), "this worker already revealed this item")
+        cw_end = it.assigned_height + b.post.commit_window
+        _check(height > cw_end or len(it.commits) == len(it.workers),
+               f"reveals open after the commit window (height {cw_end}) or once every drawn worker committed")
+        _check(height <= it.due, f"the reveal window of this item closed at height {it.due}")
+        _check(commitment(tx.batch_id, tx.item, tx.attempt, tx.sender, tx.result_hash, tx.salt) == c,
+               "the reveal does not match its commitment")
+        it = replace(it, reveals=it.reveals + ((tx.sender, tx.result_hash),))
+        key = item_key(tx.batch_id, tx.item)
+        if len(it.reveals) == len(it.workers) and it.due != height:  # everyone revealed: decide in this block
+            s.tables["batch_due"].pop(due_key(it.due, tx.batch_id, tx.item), None)
+            s.tables["batch_due"][due_key(height, tx.batch_id, tx.item)] = 0
+            it = replace(it, due=height)
+        s.tables["batch_items"][key] = it
+
+
+def _assign(s: State, b: Batch, i: int, attempt: int, height: int, beacon: bytes, eligible: list[bytes],
+            exclude: tuple[bytes, ...]) -> tuple[tuple[bytes, ...], int]:
+    p, params = b.post, s.params
+    cands = [w for w in eligible if w != p.sender and w not in exclude]
+    return draw(beacon, p.batch_id, i, attempt, cands, p.replication, p.quorum, params.min_replication,
+                lambda w: params.adapt_step > 0 and _worker(s, w).run >= params.adapt_step)
+
+
+def _start(s: State, b: Batch, i: int, it: Item) -> None:
+    for w in it.workers:
+        r = _worker(s, w)
+        _set_worker(s, w, replace(r, held=r.held + 1))
+    s.tables["batch_items"][item_key(b.post.batch_id, i)] = it
+    s.tables["batch_due"][due_key(it.due, b.post.batch_id, i)] = 0
+
+
+def _decide(s: State, bid: bytes, i: int, height: int, beacon: bytes, eligible: list[bytes]) -> None:
+    b: Batch = s.tables["batches"][bid]
+    p = b.post
+    it: Item = s.tables["batch_items"][item_key(bid, i)]
+    counts = Counter(r for _, r in it.reveals)
+    winner = next((r for r, n in counts.items() if n >= it.quorum), None)
+    revealed, committed = dict(it.reveals), dict(it.commits)
+    history = list(it.history)
+    agreed: list[bytes] = []
+    for w in it.workers:
+        rec = _worker(s, w)
+        rec = replace(rec, held=rec.held - 1)
+        if winner is not None and revealed.get(w) == winner:
+            b = _pay(s, b, w, p.price, refund=False)
+            agreed.append(w)
+            rec = replace(rec, agreed=rec.agreed + 1, run=rec.run + 1)
+            history.append((it.attempt, w, Fate.AGREED, p.price))
+        elif w in revealed:
+            if winner is None:
+                history.append((it.attempt, w, Fate.NO_QUORUM, 0))
+            else:
+                took = _move_bond(s, w, slash_of(s.params), slash=True)
+                b = replace(b, slashed=b.slashed + took)
+                rec = replace(rec, run=0)
+                history.append((it.attempt, w, Fate.DISSENTED, took))
+        else:
+            took = _move_bond(s, w, absent_penalty_of(s.params), slash=False)
+            b = replace(b, slashed=b.slashed + took)
+            rec = replace(rec, run=0)
+            history.append((it.attempt, w, Fate.UNREVEALED if w in committed else Fate.ABSENT, took))
+        _set_worker(s, w, rec)
+    it = replace(it, history=tuple(history))
+    if winner is None and it.attempt < p.max_reissues:
+        tried = it.tried + it.workers
+        workers, quorum = _assign(s, b, i, it.attempt + 1, height, beacon, eligible, tried)
+        if workers:
+            s.tables["batches"][bid] = b
+            _start(s, b, i, replace(it, attempt=it.attempt + 1, assigned_height=height,
+                                    due=height + p.commit_window + p.reveal_window, workers=workers,
+                                    quorum=quorum, commits=(), reveals=(), tried=tried))
+            return
+    # decided for good: what this item's share of the escrow did not pay returns now
+    share = p.replication * p.price * (1 + p.max_reissues)
+    paid = sum(x for _, _, f, x in history if f == Fate.AGREED)
+    b = _pay(s, b, p.sender, share - paid, refund=True)
+    status = ItemStatus.ACCEPTED if winner is not None else ItemStatus.REFUNDED
+    s.tables["batch_items"][item_key(bid, i)] = replace(it, status=status, result=winner or b"",
+                                                        agreed=tuple(agreed), decided_height=height)
+    b = replace(b, decided=b.decided + 1, accepted=b.accepted + (winner is not None))
+    if b.decided == p.n_items:
+        if b.escrow_left:  # nothing should be left (each item returned its own share); kept exact regardless
+            b = _pay(s, b, p.sender, b.escrow_left, refund=True)
+        b = replace(b, status=BatchStatus.SETTLED, final_height=height)
+    _set_batch(s, b)
+
+
+def end_block_batches(s: State, height: int, beacon: bytes) -> None:
+    """Per-block batch work after the transactions, ``beacon`` being this block's hash: decide up to
+    :data:`MAX_DECIDE_PER_BLOCK` items due at or before ``height`` (re-issuing those without a quorum), then assign up
+    to :data:`MAX_ASSIGN_PER_BLOCK` new items of batches posted before this block."""
+    if not s.open_batches:
+        return
+    eligible = s.eligible()
+    due: list[bytes] = []
+    for k in s.tables["batch_due"]:
+        if int.from_bytes(k[:8], "big") > height or len(due) >= MAX_DECIDE_PER_BLOCK:
+            break
+        due.append(k)
+    for k in due:
+        s.tables["batch_due"].pop(k)
+        _decide(s, k[8:24], int.from_bytes(k[24:28], "big"), height, beacon, eligible)
+    budget = MAX_ASSIGN_PER_BLOCK
+    for bid in list(s.open_batches):
+        b: Batch = s.tables["batches"][bid]
+        p = b.post
+        if b.height >= height or b.assigned >= p.n_items:
+            continue
+        before = b.assigned
+        while budget and b.assigned < p.n_items:
+            workers, quorum = _assign(s, b, b.assigned, 0, height, beacon, eligible, ())
+            if not workers:
+                break  # too few bonded workers: this batch waits
+            _start(s, b, b.assigned, Item(attempt=0, assigned_height=height,
+                                          due=height + p.commit_window + p.reveal_window, workers=workers,
+                                          quorum=quorum))
+            b = replace(b, assigned=b.assigned + 1, status=BatchStatus.RUNNING)
+            budget -= 1
+        if b.assigned != before:
+            _set_batch(s, b)
+        if not budget:
+            break
+
+
+def needs_height(s: State) -> bool:
+    """True while a batch is open (its items are assigned, decided or re-issued by ``end_block``)."""
+    return bool(s.open_batches)
+
+
+__all__ = ["MAX_ASSIGN_PER_BLOCK", "MAX_DECIDE_PER_BLOCK", "BatchCancel", "BatchCommit", "BatchPost", "BatchReveal",
+           "absent_penalty_of", "apply_batch_tx", "assignments_of", "draw", "end_block_batches", "held",
+           "reputation", "slash_of"]

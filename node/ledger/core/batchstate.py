@@ -1,0 +1,124 @@
+"""The ledger records of batch jobs (values only; the state machine is :mod:`node.ledger.core.batch`).
+
+Tables (:mod:`node.ledger.core.records`): ``batches`` (batch id -> :class:`Batch`), ``batch_items``
+(:func:`item_key` -> :class:`Item`, created when an item is first assigned), ``batch_due`` (:func:`due_key` -> 0:
+the items to decide, in height order), ``batch_workers`` (account -> :class:`WorkerRecord`) and the set
+``open_batches``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from .batchtx import BatchPost
+
+
+class BatchStatus(str, enum.Enum):
+    OPEN = "open"  # posted; no item assigned yet (cancellable)
+    RUNNING = "running"  # some item assigned; not every item decided
+    SETTLED = "settled"  # every item decided; unspent escrow returned
+    CANCELLED = "cancelled"
+
+
+TERMINAL = {BatchStatus.SETTLED, BatchStatus.CANCELLED}
+
+
+class ItemStatus(str, enum.Enum):
+    ASSIGNED = "assigned"  # an attempt is in its commit or reveal window
+    ACCEPTED = "accepted"  # a quorum of equal results: ``Item.result``
+    REFUNDED = "refunded"  # no quorum after every re-issue (or no fresh worker left): its escrow returned
+
+
+class Fate(str, enum.Enum):
+    """What one assigned worker's attempt came to (``Item.history``)."""
+
+    AGREED = "agreed"  # revealed the quorum's result: paid ``price``
+    DISSENTED = "dissented"  # revealed another result than the quorum's: bond slashed
+    UNREVEALED = "unrevealed"  # committed, never revealed: absent penalty
+    ABSENT = "absent"  # never committed: absent penalty
+    NO_QUORUM = "no_quorum"  # revealed, but no result reached the quorum: neither paid nor penalised
+
+
+def item_key(batch_id: bytes, item: int) -> bytes:
+    """``batch_items`` key: the 16-byte batch id, then the item index as 4 big-endian bytes."""
+    return batch_id + item.to_bytes(4, "big")
+
+
+def due_key(height: int, batch_id: bytes, item: int) -> bytes:
+    """``batch_due`` key: the decision height as 8 big-endian bytes (so the table iterates in height order), then
+    :func:`item_key`."""
+    return height.to_bytes(8, "big") + item_key(batch_id, item)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Ledger state of one batch. ``assigned``: items ``0..assigned-1`` have an :class:`Item`; ``decided``,
+    ``accepted``: counts of decided and accepted items; ``escrow_left``: base units still in the requester's escrow
+    for this batch; ``paid``: paid to agreeing workers; ``slashed``: taken from dissenting and absent workers' bonds
+    (to the treasury); ``refunded``: returned to the requester."""
+
+    post: BatchPost
+    height: int
+    status: BatchStatus = BatchStatus.OPEN
+    assigned: int = 0
+    decided: int = 0
+    accepted: int = 0
+    escrow_left: int = 0
+    paid: int = 0
+    slashed: int = 0
+    refunded: int = 0
+    final_height: int = 0
+
+    def to_dict(self) -> dict[Any, Any]:
+        p = self.post
+        return {"batch_id": p.batch_id, "post": p.to_wire(), "height": self.height, "status": self.status.value,
+                "assigned": self.assigned, "decided": self.decided, "accepted": self.accepted,
+                "escrow_left": self.escrow_left, "paid": self.paid, "slashed": self.slashed,
+                "refunded": self.refunded, "final_height": self.final_height}
+
+
+@dataclass(frozen=True)
+class Item:
+    """One item's current attempt. ``workers``: drawn for this attempt (rank order); ``quorum``: equal reveals needed
+    (``quorum`` of the post, lowered with ``len(workers)`` by adaptive replication); ``assigned_height``: the block
+    whose ``end_block`` drew them (commits from the next block on); ``due``: the height whose ``end_block`` decides
+    it; ``commits``: ``(worker, commitment)``; ``reveals``: ``(worker, result hash)``; ``tried``: every worker of
+    earlier attempts (never drawn again for this item); ``history``: ``(attempt, worker, Fate, base units moved)``
+    of decided attempts (paid for AGREED, taken for DISSENTED / UNREVEALED / ABSENT); ``result``: the accepted
+    result hash; ``agreed``: the workers that revealed it."""
+
+    attempt: int
+    assigned_height: int
+    due: int
+    workers: tuple[bytes, ...]
+    quorum: int
+    status: ItemStatus = ItemStatus.ASSIGNED
+    commits: tuple[tuple[bytes, bytes], ...] = ()
+    reveals: tuple[tuple[bytes, bytes], ...] = ()
+    tried: tuple[bytes, ...] = ()
+    history: tuple[tuple[int, bytes, Fate, int], ...] = ()
+    result: bytes = b""
+    agreed: tuple[bytes, ...] = ()
+    decided_height: int = 0
+
+    def commitment_of(self, worker: bytes) -> bytes | None:
+        return next((c for w, c in self.commits if w == worker), None)
+
+    def to_dict(self) -> dict[Any, Any]:
+        return {"attempt": self.attempt, "assigned_height": self.assigned_height, "due": self.due,
+                "workers": list(self.workers), "quorum": self.quorum, "status": self.status.value,
+                "commits": [list(c) for c in self.commits], "reveals": [list(r) for r in self.reveals],
+                "tried": list(self.tried), "history": [[a, w, f.value, x] for a, w, f, x in self.history],
+                "result": self.result, "agreed": list(self.agreed), "decided_height": self.decided_height}
+
+
+@dataclass(frozen=True)
+class WorkerRecord:
+    """A worker's batch reputation: ``agreed``, results that matched a quorum (ever); ``run``, consecutive ones (reset
+    by a dissent or an absence); ``held``, assignments not yet decided (an unbond waits for them)."""
+
+    agreed: int = 0
+    run: int = 0
+    held: int = 0

@@ -1,0 +1,149 @@
+"""Transactions of batch jobs checked by majority vote (issue 14; the state machine is :mod:`node.ledger.core.batch`).
+
+Lifecycle: :class:`BatchPost` (the requester escrows :meth:`BatchPost.escrow` base units) → each item is assigned by
+a beacon to ``k`` distinct bonded workers → each worker sends a :class:`BatchCommit` of
+:func:`commitment` ``(batch, item, attempt, worker, result hash, salt)`` within the commit window → then a
+:class:`BatchReveal` of the result hash and salt within the reveal window → the item is decided by majority.
+:class:`BatchCancel` refunds everything while no item has been assigned. The result bytes live off-chain (the blob
+store, by content hash); the ledger holds hashes only.
+
+Replay: a post and a cancel carry the requester's account nonce; a commit and a reveal count once per (batch, item,
+attempt, worker) instead, so that a worker's many independent items never wait on each other's ordering (as
+receipts do, :mod:`node.ledger.core.tx`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ...encoding import H, merkle_root
+from .tx import TX_KINDS, SingleSigned
+
+GENERATE, SCORE = "generate", "score"
+TASK_KINDS = (GENERATE, SCORE)
+MAX_ITEMS = 100_000  # items per batch
+MAX_REPLICATION = 16
+MAX_REISSUES = 8
+MAX_WINDOW = 10_000  # blocks, for each of the commit and reveal windows
+MAX_GENERATE_TOKENS = 4096
+
+
+def items_root(lines: Sequence[bytes]) -> bytes:
+    """The ``items_root`` of a batch: the RFC 9162 Merkle root over ``H(line)`` for each JSONL line (its bytes
+    without the newline), in file order. The item index of a commit is a line's 0-based position."""
+    return merkle_root([H(b"tally/batch-item/v1", line) for line in lines])
+
+
+def commitment(batch_id: bytes, item: int, attempt: int, worker: bytes, result_hash: bytes, salt: bytes) -> bytes:
+    """``H(result ‖ salt)`` bound to its slot: the 32-byte hash a :class:`BatchCommit` carries. Binding the batch,
+    item, attempt and the worker's own account means a commitment copied from another worker's transaction cannot
+    be opened by the copier; the 32-byte random ``salt`` hides the result (a worker could otherwise try the few
+    likely results against the hash)."""
+    return H(b"tally/batch-commit/v1", batch_id, item.to_bytes(4, "big"), attempt.to_bytes(4, "big"), worker,
+             result_hash, salt)
+
+
+@dataclass(frozen=True)
+class BatchPost(SingleSigned):
+    """A batch of ``n_items`` items (a JSONL file whose :func:`items_root` is ``items_root``) of task ``kind``
+    (``generate``: greedy completion of at most ``max_tokens`` tokens; ``score``: per-token log-likelihoods,
+    ``max_tokens`` 0), each done by ``replication`` workers and decided by ``quorum`` equal results
+    (``replication / 2 < quorum <= replication``), paying ``price`` base units per item per agreeing replica,
+    re-issued at most ``max_reissues`` times, each attempt with a commit window of ``commit_window`` blocks and
+    then a reveal window of ``reveal_window`` blocks."""
+
+    chain_id: str
+    sender: bytes  # the requester
+    batch_id: bytes
+    items_root: bytes
+    n_items: int
+    kind: str
+    max_tokens: int
+    replication: int
+    quorum: int
+    price: int
+    max_reissues: int
+    commit_window: int
+    reveal_window: int
+    nonce: int
+    sig: bytes = b""
+
+    TAG: ClassVar[bytes] = b"tally/batch-post/v1"
+    KIND: ClassVar[str] = "batch_post"
+    SIGS: ClassVar[tuple[str, ...]] = ("sig",)
+    SCHEMA: ClassVar[dict[str, str]] = {
+        "sender": "account", "batch_id": "bytes16", "items_root": "bytes32", "n_items": "int", "kind": "str",
+        "max_tokens": "int", "replication": "int", "quorum": "int", "price": "int", "max_reissues": "int",
+        "commit_window": "int", "reveal_window": "int", "nonce": "int"}
+
+    def escrow(self) -> int:
+        """Base units moved from the requester's balance into escrow at the post:
+        ``n_items × replication × price × (1 + max_reissues)``, the most the batch can ever pay (every item paid
+        ``replication`` replicas in each of its ``1 + max_reissues`` attempts). Reissue headroom is held in full so
+        that a re-issue never waits on the requester's balance; what is not paid returns when the batch settles."""
+        return self.n_items * self.replication * self.price * (1 + self.max_reissues)
+
+
+@dataclass(frozen=True)
+class BatchCommit(SingleSigned):
+    """Worker ``sender`` commits to its result for ``item`` (0-based) of ``batch_id`` in ``attempt`` (0 for the first
+    assignment, +1 per re-issue): ``commitment`` is :func:`commitment` of the result's hash and a secret salt."""
+
+    chain_id: str
+    sender: bytes  # the worker
+    batch_id: bytes
+    item: int
+    attempt: int
+    commitment: bytes
+    sig: bytes = b""
+
+    TAG: ClassVar[bytes] = b"tally/batch-commit/v1"
+    KIND: ClassVar[str] = "batch_commit"
+    SIGS: ClassVar[tuple[str, ...]] = ("sig",)
+    SCHEMA: ClassVar[dict[str, str]] = {"sender": "account", "batch_id": "bytes16", "item": "int", "attempt": "int",
+                                        "commitment": "bytes32"}
+
+
+@dataclass(frozen=True)
+class BatchReveal(SingleSigned):
+    """Worker ``sender`` opens its commitment: ``result_hash`` (the content hash of the result bytes, stored off-chain)
+    and the ``salt`` it committed with."""
+
+    chain_id: str
+    sender: bytes  # the worker
+    batch_id: bytes
+    item: int
+    attempt: int
+    result_hash: bytes
+    salt: bytes
+    sig: bytes = b""
+
+    TAG: ClassVar[bytes] = b"tally/batch-reveal/v1"
+    KIND: ClassVar[str] = "batch_reveal"
+    SIGS: ClassVar[tuple[str, ...]] = ("sig",)
+    SCHEMA: ClassVar[dict[str, str]] = {"sender": "account", "batch_id": "bytes16", "item": "int", "attempt": "int",
+                                        "result_hash": "bytes32", "salt": "bytes32"}
+
+
+@dataclass(frozen=True)
+class BatchCancel(SingleSigned):
+    """The requester withdraws a batch none of whose items has been assigned: the whole escrow returns."""
+
+    chain_id: str
+    sender: bytes  # the requester
+    batch_id: bytes
+    nonce: int
+    sig: bytes = b""
+
+    TAG: ClassVar[bytes] = b"tally/batch-cancel/v1"
+    KIND: ClassVar[str] = "batch_cancel"
+    SIGS: ClassVar[tuple[str, ...]] = ("sig",)
+    SCHEMA: ClassVar[dict[str, str]] = {"sender": "account", "batch_id": "bytes16", "nonce": "int"}
+
+
+BATCH_TXS = (BatchPost, BatchCommit, BatchReveal, BatchCancel)
+
+for _cls in BATCH_TXS:
+    TX_KINDS[_cls.KIND] = _cls
