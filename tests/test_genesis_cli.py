@@ -98,6 +98,7 @@ def test_bad_bootstrap_is_refused(tmp_path, addr, says):
         parse_genesis(doc)
 
 
+@pytest.mark.slow  # 36 s on 2 cores: in CI's slow step, so the default suite stays within its 15 min
 def test_bad_flags_are_refused(tmp_path):
     out = tmp_path / "g.json"
     for extra, says in ((["--account", f"{DEV[0]}=1e3"], "not an amount"),

@@ -23,16 +23,9 @@ from typing import Any
 
 import torch
 
-#: ``model_type`` -> human architecture name. Only these are accepted by ``node model add``; each one is tested
-#: end to end (spans, KV cache, LoRA training, committee replay) in ``tests/models``.
-SUPPORTED = {
-    "llama": "Llama",
-    "mistral": "Mistral",
-    "qwen2": "Qwen2",
-    "qwen3": "Qwen3",
-    "gemma2": "Gemma2",
-    "gemma3_text": "Gemma3 (text)",
-}
+# SUPPORTED: ``model_type`` -> human architecture name. Only these are accepted by ``node model add``; each one is
+# tested end to end (spans, KV cache, LoRA training, committee replay) in ``tests/models``.
+from .families import SUPPORTED
 
 
 class UnsupportedArchitecture(ValueError):

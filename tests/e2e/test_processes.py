@@ -63,6 +63,7 @@ def wait_height(api: str, h: int, timeout: float = 60) -> int:
     raise TimeoutError(f"{api} did not reach height {h}")
 
 
+@pytest.mark.slow  # 27 s on 2 cores: in CI's slow step, so the default suite stays within its 15 min
 def test_killed_node_reopens_its_stored_state_and_rejoins(tmp_path):
     cache = tmp_path / "models"
     make_tiny(cache, 0)
@@ -98,6 +99,7 @@ def devnet(tmp_path: Path, *extra: str, timeout: float) -> subprocess.CompletedP
                           timeout=timeout, cwd=ROOT, env=env)
 
 
+@pytest.mark.slow  # 38 s on 2 cores: in CI's slow step, so the default suite stays within its 15 min
 def test_devnet_fault_switch_gets_slashed(tmp_path):
     cache = tmp_path / "models"
     r = devnet(tmp_path, "--model", "tiny", "--model-cache", str(cache), "--tokens", "6", "--fault-server", "2",
@@ -108,6 +110,7 @@ def test_devnet_fault_switch_gets_slashed(tmp_path):
     assert "committee fees" in r.stdout and ": true" in r.stdout
 
 
+@pytest.mark.slow  # 38 s on 2 cores: in CI's slow step, so the default suite stays within its 15 min
 def test_devnet_job_demo_settles_and_pays_exactly(tmp_path):
     """The README's `node devnet --job PLAY` path: the post is followed from submission (404 until its block) to
     settlement, the adapter is fetched and the requester pays exactly the price."""

@@ -25,6 +25,7 @@ from .procs import (balance, config, free_port, kill, light_client, light_server
 PROMPT = [5, 17, 42, 99]
 
 
+@pytest.mark.slow  # 35 s on 2 cores: in CI's slow step, so the default suite stays within its 15 min
 def test_server_killed_after_token_17_of_48_is_replaced(tmp_path, tiny):
     """Three servers per span position, three spans; the middle span's server in the route is SIGKILLed after
     token 17. Its receipt covers the steps of tokens 1-17, the replacement's the rest, the tokens equal an

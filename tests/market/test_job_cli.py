@@ -27,6 +27,7 @@ def job_cli(data_dir: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=180, cwd=ROOT)
 
 
+@pytest.mark.slow  # 30 s on 2 cores: in CI's slow step, so the default suite stays within its 15 min
 def test_job_cli_round_trip(tmp_path, tiny):
     text = tmp_path / "data.txt"
     text.write_text((ROOT / "docs" / "DESIGN.md").read_text() * 2)
