@@ -56,6 +56,7 @@ log = logging.getLogger("tally.inference")
 INFERENCE_PROTOCOL = "/tally/inference/2.0.0"
 ANNOUNCE_PERIOD = 5.0  # seconds between span announcements
 TTL_PERIODS = 3  # an announcement expires after this many periods (expiry strictly longer than the refresh)
+ADDR_CHECK = 0.5  # seconds between checks for a changed address, announced at once (node.net: relay reservations)
 CONTROL_MAX = 1 << 12  # bytes: open, ack and close messages
 VERIFY_EVERY = 32  # check a client's countersignature eagerly every this many acks (and always at the end)
 EWMA = 0.2
@@ -209,8 +210,12 @@ class SpanServer:
         seq = 0
         while True:
             seq = max(seq + 1, time.time_ns() // 1_000_000)  # grows across restarts too
-            await host.publish(host.topic("shards"), pack(self.announcement(host.addrs, seq, period, ttl)))
-            await trio.sleep(period)
+            sent = list(host.addrs)
+            await host.publish(host.topic("shards"), pack(self.announcement(sent, seq, period, ttl)))
+            due = trio.current_time() + period
+            # a changed address (a relay reservation made or lost) is announced at once, not a period later
+            while trio.current_time() < due and list(host.addrs) == sent:
+                await trio.sleep(min(ADDR_CHECK, max(due - trio.current_time(), 0)))
 
     # ------------------------------------------------------------------ session protocol
 

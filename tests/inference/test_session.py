@@ -265,3 +265,42 @@ def test_an_inline_ack_with_a_bad_countersignature_is_refused(tiny, tmp_path):
     assert first.reason == "error" and first.acked == 0 and first.receipt is None
     assert first.steps == VERIFY_EVERY  # step 33, carrying the ack of step 32, was refused before it ran
     assert (client_peer, BAD_SIGNATURE) in penalties and {p for p, _ in penalties} == {client_peer}
+
+
+def test_a_changed_address_is_announced_at_once_not_a_period_later(tiny, tmp_path):
+    """SpanServer.announce_loop: a relay reservation made mid-period reaches the swarm within ADDR_CHECK
+    seconds; unchanged addresses are re-announced once per period (trio's MockClock: no real waiting)."""
+    from trio.testing import MockClock
+
+    from node.encoding import unpack
+    from node.inference.server import ADDR_CHECK
+
+    from .fakenet import make_server
+
+    server = make_server(tiny, 1, (0, 2), tmp_path)
+    sent: list[tuple[float, list[str]]] = []
+
+    class Host:  # the two members announce_loop uses: addrs and publish
+        addrs = ["/ip4/10.0.0.3/tcp/4001/p2p/S"]
+
+        def topic(self, name):
+            return name
+
+        async def publish(self, topic, data):
+            sent.append((trio.current_time(), unpack(data)["addrs"]))
+
+    host = Host()
+
+    async def main():
+        async with trio.open_nursery() as n:
+            n.start_soon(server.announce_loop, host, 30.0)
+            await trio.sleep(65.0)  # announcements at 0, 30, 60
+            host.addrs = host.addrs + ["/ip4/10.0.0.9/tcp/4001/p2p/R/p2p-circuit/p2p/S"]
+            await trio.sleep(10.0)
+            n.cancel_scope.cancel()
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
+    times = [round(t, 3) for t, _ in sent]
+    assert times[:3] == [0.0, 30.0, 60.0], times
+    assert len(sent) == 4 and sent[3][1] == host.addrs, sent
+    assert 65.0 < sent[3][0] <= 65.0 + ADDR_CHECK + 1e-6, sent
