@@ -14,7 +14,10 @@ servers, prints ``PROMPT <json ids>``, then generates greedily and prints ``TOKE
 * ``--pause-at I``: after token ``I`` prints ``PAUSE <json route>`` (``[[peer, start, end], ...]``) and waits for
   one line on stdin (the test kills a server meanwhile), then goes on;
 * at the end prints ``RESULT <json>``: ``tokens``, ``failovers`` (``token``, ``dead``, ``span``, ``replayed``) and
-  ``receipts`` (``id`` hex, ``worker`` peer ID, ``span``, ``tokens``, ``price`` base units), and exits 0.
+  ``receipts`` (``id`` hex, ``worker`` peer ID, ``span``, ``tokens``, ``price`` base units), and exits 0 — with
+  ``--linger``, only after a line (or EOF) on stdin: until then the node stays up as a user's node does, serving
+  the blobs of the receipts it submitted for replaced hops (a killed server's inputs and outputs exist nowhere
+  else) to the committees that re-execute them.
 
 Exits 1 with a message on stderr when the servers are not heard within 300 s.
 """
@@ -51,6 +54,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     stop = p.add_mutually_exclusive_group()
     stop.add_argument("--hang-after", type=int, metavar="I")
     stop.add_argument("--pause-at", type=int, metavar="I")
+    p.add_argument("--linger", action="store_true", help="after RESULT, stay up until a line on stdin")
     return p.parse_args(argv)
 
 
@@ -120,6 +124,8 @@ def main(argv: list[str]) -> int:
 
             gen = await node.generate(prompt, a.tokens, on_token=on_token)
             print("RESULT", result_json(gen), flush=True)
+            if a.linger:
+                await trio.to_thread.run_sync(sys.stdin.readline)
             n.cancel_scope.cancel()
 
     trio.run(run)
