@@ -154,11 +154,18 @@ class LedgerService:
                       peer, e)
             raise InvalidTx(str(e)) from None
 
-    async def _on_tx_gossip(self, data: bytes, from_peer: str) -> None:
+    def _validate_tx_gossip(self, data: bytes, from_peer: str) -> bool:
+        """The tx topic's gossip validator: admit the transaction; only an admitted one is delivered and relayed
+        to other peers (a refused one stops here: a flood is not amplified by honest nodes). A transaction
+        already queued or in a recent block is a no-op admission (True); pubsub's seen-cache drops repeats."""
         try:
             self._admit_wire(lambda: decode_tx(unpack(data, max_size=MAX_TX_WIRE)), from_peer)
+            return True
         except InvalidTx:
-            pass  # logged with its reason; gossip has no one to answer
+            return False  # logged with its reason; gossip has no one to answer
+
+    async def _on_tx_gossip(self, data: bytes, from_peer: str) -> None:
+        """Admitted already, by :meth:`_validate_tx_gossip`."""
 
     async def _submit_handler(self, stream, peer: str) -> None:
         msg = await read_msg(stream, timeout=10, max_message=MAX_TX_WIRE)
@@ -299,7 +306,7 @@ class LedgerService:
         """Subscribe, serve sync and submit requests, run consensus (validators) and sync. Runs forever."""
         self.host.set_handler(SYNC_PROTOCOL, self._sync_handler)
         self.host.set_handler(SUBMIT_PROTOCOL, self._submit_handler)
-        await self.host.subscribe(self.host.topic("tx"), self._on_tx_gossip)
+        await self.host.subscribe(self.host.topic("tx"), self._on_tx_gossip, self._validate_tx_gossip)
         await self.host.subscribe(self.host.topic("consensus"), self._on_consensus_gossip)
         async with trio.open_nursery() as n:
             n.start_soon(self.sync_loop)

@@ -38,6 +38,7 @@ from .framing import RequestTimeout
 log = logging.getLogger(__name__)
 
 GossipHandler = Callable[[bytes, str], Awaitable[None]]
+GossipValidator = Callable[[bytes, str], bool]  # (data, origin peer id) -> deliver and relay it
 
 GOSSIP_QUEUE = 4096  # messages buffered per topic between the pubsub reader and the handler
 DEDUP_SIZE = 65536  # content ids remembered per topic
@@ -216,6 +217,24 @@ def cache_signed_records(size: int = RECORD_CACHE, ttl: float = RECORD_TTL) -> N
     gossipsub_mod.maybe_consume_signed_record = consume
 
 
+def _topic_validator(topic: str, validate: GossipValidator) -> Callable[[object, object], bool]:
+    """py-libp2p's synchronous topic validator ``(forwarder ID, rpc Message) -> bool`` around ``validate``."""
+    from libp2p.peer.id import ID
+
+    def check(forwarder, msg) -> bool:
+        try:
+            origin = ID(msg.from_id).to_base58()
+        except Exception:
+            return False
+        try:
+            return bool(validate(bytes(msg.data), origin))
+        except Exception:
+            log.exception("gossip validator for %s failed (message from %s)", topic, origin)
+            return False
+
+    return check
+
+
 class _LRU:
     """A bounded set of recently seen ids (oldest evicted first)."""
 
@@ -245,15 +264,21 @@ class Gossip:
         self.counts = GossipCounts()
         pubsub._tally_counts = self.counts  # read by the count_pubsub_traffic patch
 
-    async def subscribe(self, topic: str, handler: GossipHandler) -> None:
+    async def subscribe(self, topic: str, handler: GossipHandler, validate: GossipValidator | None = None) -> None:
         """Deliver each distinct content on ``topic`` to ``await handler(data, from_peer)``; handler errors
-        are logged.
+        are logged. With ``validate``, py-libp2p calls ``validate(data, origin)`` (synchronously, on the event
+        loop) before it delivers or relays a message: one it returns False for (or raises on) is neither delivered
+        nor forwarded to other peers, and counts against the forwarder in gossipsub's score (libp2p pubsub spec,
+        "Message Validation"). The ledger uses it so that a node relays only the transactions its mempool
+        admitted, as bitcoind relays only what it accepts: a flood is stopped at the first honest node.
 
         Raises:
             RuntimeError: already subscribed to ``topic``.
         """
         if topic in self._subs:
             raise RuntimeError(f"already subscribed to {topic}")
+        if validate is not None:
+            self._pubsub.set_topic_validator(topic, _topic_validator(topic, validate), False)
         seen = _LRU(DEDUP_SIZE)
         send, recv = trio.open_memory_channel(GOSSIP_QUEUE)
         self._subs[topic] = (seen, send)
@@ -356,15 +381,16 @@ class GossipMethods:
             return f"tally/{self.chain_id}/{self.genesis_hash[:8].hex()}/{name}"
         return f"tally/{self.chain_id}/{name}"
 
-    async def subscribe(self, topic: str, handler: GossipHandler) -> None:
+    async def subscribe(self, topic: str, handler: GossipHandler, validate: GossipValidator | None = None) -> None:
         """Subscribe to ``topic``: ``await handler(data: bytes, from_peer: str)`` runs once per distinct content,
-        in arrival order, own publications included (:mod:`node.p2p.gossip`). Handler errors are logged.
+        in arrival order, own publications included (:mod:`node.p2p.gossip`). Handler errors are logged. A message
+        ``validate(data, origin)`` refuses is neither delivered nor relayed (:meth:`Gossip.subscribe`).
 
         Raises:
             RuntimeError: not running, or already subscribed to ``topic``.
         """
         self._require()
-        await self._gossip.subscribe(topic, handler)
+        await self._gossip.subscribe(topic, handler, validate)
 
     async def publish(self, topic: str, data: bytes) -> None:
         """Sign and publish ``data`` (at most ``gossip.MAX_GOSSIP`` = 512 KiB) on ``topic``.

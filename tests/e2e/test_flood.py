@@ -147,7 +147,13 @@ class _Refusals(logging.Handler):
             self.by_peer.setdefault(str(record.args[1]), []).append(str(record.args[2]))
 
 
-@pytest.mark.parametrize("spans", [[], pytest.param(SPANS, marks=[pytest.mark.slow, pytest.mark.quarantine])], ids=["blocks", "swarm"])
+# ``swarm`` is quarantined: 1 of 6 runs passed (load 1-8, helpers' tests on the cores). Before nodes relayed only
+# admitted transactions, the four nodes of this one process each parsed and relayed the 1,000 gossip messages and
+# draining took > 30 s; since, it takes 7-18 s, and the failures are in the real work itself: a server's session
+# stream ends at token 1 ([2, 4) has one server: NoRouteError), or receipts miss their 60 s. The next step is
+# nodes as processes (tests/inference/test_processes.py), as the real-model failover test does.
+@pytest.mark.parametrize("spans", [[], pytest.param(SPANS, marks=[pytest.mark.slow, pytest.mark.quarantine])],
+                         ids=["blocks", "swarm"])
 def test_flood_is_refused_while_real_work_lands_on_time(tmp_path, tiny, spans):
     """``blocks``: a devnet node producing blocks, with API transfers as the real work. ``swarm``: the same node
     with 3 span servers, generating and verifying as well."""
@@ -225,6 +231,8 @@ def test_flood_is_refused_while_real_work_lands_on_time(tmp_path, tiny, spans):
         log.setLevel(old_level)
 
     idle = phases["idle"]
+    print("phases:", {k: {"median_interval": round(p["median_interval"], 3), "drain_s": p["drain_s"] and
+                          round(p["drain_s"], 1), "blocks": p["blocks"]} for k, p in phases.items()})
     for name, p in phases.items():
         # the real work landed within its usual blocks, and settled
         assert all(r.status == VALID_S and len(r.votes) == 2 for r in p["receipts"]), name
@@ -264,14 +272,18 @@ async def phase(v, name: str, proc, blocks, admitted, included, refusals, http_p
         reply = json.loads(await trio.to_thread.run_sync(proc.stdout.readline))
         assert reply["phase"] == name
         out["flood"] = reply["results"]
-        with trio.fail_after(30):  # until the validator has handled everything it was sent
+        # until the validator has handled everything it was sent. With the swarm, all four nodes of this one
+        # process receive and relay the 1,000 gossip messages on one trio loop (py-libp2p parses and checks each),
+        # so draining took longer than the 30 s this wait first had in 2 of 3 runs at load 1.5-2
+        with trio.fail_after(120):
             last = -1
             while True:
                 seen = sum(len(r) for r in refusals.values())
                 if seen == last:
                     break
                 last = seen
-                await trio.sleep(1.0)
+                await trio.sleep(2.0)
+        out["drain_s"] = time.monotonic() - start
 
     async def api():
         url = f"{v.api_url}/v1/transfer"
@@ -292,7 +304,12 @@ async def phase(v, name: str, proc, blocks, admitted, included, refusals, http_p
         out["receipts"] = []
         if len(v.swarm.live(v.manifest.model_id)):  # a swarm: generate, and wait for the verdicts
             gen = await v.generate([5, 17, 42, 99, 3], 8)
-            out["receipts"] = list((await wait_final(v, [r.id for r in gen.receipts], timeout=60)).values())
+            try:
+                out["receipts"] = list((await wait_final(v, [r.id for r in gen.receipts], timeout=60)).values())
+            except trio.TooSlowError:
+                raise AssertionError(f"phase {name}: receipts not final within 60 s: " + repr(
+                    [(r.status, r.round, r.votes) for r in (v.ledger.state.receipts.get(g.id) for g in gen.receipts)
+                     if r is not None])) from None
     await v.ledger.wait_for_height(max(v.ledger.state.height, h0 + 12) + 1, timeout=30)
     end = time.monotonic()
     real = [r.receipt.id for r in out["receipts"]] + [out["transfer"]]
@@ -302,7 +319,7 @@ async def phase(v, name: str, proc, blocks, admitted, included, refusals, http_p
     return {"receipts": out["receipts"], "lags": [included[t] - admitted[t] for t in real],
             "api_refused": out["api_refused"], "median_interval": statistics.median(intervals),
             "blocks": len(times), "max_pool": max(n for _, n, _ in times), "max_pool_bytes": max(b for *_, b in times),
-            "flood": out.get("flood", [])}
+            "flood": out.get("flood", []), "drain_s": out.get("drain_s")}
 
 
 def _vote_ids(v, rec) -> list[bytes]:

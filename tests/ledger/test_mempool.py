@@ -259,10 +259,12 @@ def test_refusals_reach_the_submitter_and_the_log_with_the_peer(make_svc, caplog
     svc = make_svc()
     peer = "12D3KooWFloodingPeerForThisTest"
     with caplog.at_level(logging.DEBUG, logger="tally.ledger"):
-        trio.run(svc._on_tx_gossip, pack(pay(NOBODY, 0).to_wire()), peer)
-        trio.run(svc._on_tx_gossip, pack(pay(CLIENT, 500).to_wire()), peer)
-        trio.run(svc._on_tx_gossip, b"\xc1not msgpack", peer)
-        trio.run(svc._on_tx_gossip, pack(pay(A, 0).to_wire()), peer)  # a good one is admitted
+        # the tx topic's gossip validator: False = neither delivered nor relayed to other peers
+        verdicts = [svc._validate_tx_gossip(pack(pay(NOBODY, 0).to_wire()), peer),
+                    svc._validate_tx_gossip(pack(pay(CLIENT, 500).to_wire()), peer),
+                    svc._validate_tx_gossip(b"\xc1not msgpack", peer),
+                    svc._validate_tx_gossip(pack(pay(A, 0).to_wire()), peer)]  # a good one is admitted
+    assert verdicts == [False, False, False, True]
     msgs = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG and "refused" in r.getMessage()]
     assert len(msgs) == 3 and all(peer in m for m in msgs)
     assert "insufficient balance" in msgs[0] and "too far ahead" in msgs[1]

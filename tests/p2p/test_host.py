@@ -275,3 +275,40 @@ def test_gossip_handler_errors_do_not_stop_subscription():
                 await a.publish(topic, b"x" * (600 * 1024))
 
     run(body)
+
+
+def test_a_message_the_validator_refuses_is_neither_delivered_nor_relayed():
+    """A-B-C in a line; B validates the topic (as a node's mempool does for transactions): what B refuses never
+    reaches C nor B's handler, what B accepts reaches both; a raising validator counts as a refusal."""
+    async def body():
+        async with running_hosts(3) as (a, b, c):
+            topic = a.topic("tx")
+            got = {h.peer_id: [] for h in (a, b, c)}
+            checked = []
+
+            def validate(data, origin):
+                checked.append((data, origin))
+                if data == b"boom":
+                    raise RuntimeError("validator bug")
+                return data.startswith(b"ok")
+
+            for h in (a, b, c):
+                async def handler(data, origin, h=h):
+                    got[h.peer_id].append(data)
+                await h.subscribe(topic, handler, validate if h is b else None)
+            assert await b.connect(a.addrs + c.addrs) == 2
+            await a.wait_for_topic_peers(topic, 1)
+            await c.wait_for_topic_peers(topic, 1)
+            msgs = [b"ok-1", b"bad-1", b"boom", b"ok-2", b"bad-2", b"ok-3"]
+            for m in msgs:
+                await a.publish(topic, m)
+            with trio.fail_after(5):
+                while len(got[c.peer_id]) < 3:
+                    await trio.sleep(0.01)
+            await trio.sleep(0.5)  # let anything refused arrive, if it would
+            ok = [m for m in msgs if m.startswith(b"ok")]
+            assert got[c.peer_id] == ok and got[b.peer_id] == ok
+            assert got[a.peer_id] == msgs  # the publisher's own handler (no validator there)
+            assert [d for d, _ in checked] == msgs and {o for _, o in checked} == {a.peer_id}
+
+    run(body)
