@@ -463,3 +463,30 @@ def test_state_sync_refuses_a_peer_whose_headers_name_forged_sets(tmp_path):
 
     run(main, timeout=60)
     src.close()
+
+
+def test_proposers_are_weighted_by_power_and_equal_powers_keep_round_robin():
+    from collections import Counter
+
+    from node.ledger.core.valset import MAX_SLOTS, proposer_schedule, slot_weights
+
+    accts = sorted(k.account for k in KEYS[:4])
+    equal = ValidatorSet(tuple((a, 200 * C) for a in accts))
+    assert [equal.proposer(h, r) for h in range(9) for r in range(2)] == [
+        accts[(h + r) % 4] for h in range(9) for r in range(2)]  # the genesis-fixed schedule, unchanged
+    # power 3:1:... -> proposals 3:1 over every cycle, interleaved (CometBFT's priority rule)
+    vs = ValidatorSet(((accts[0], 300 * C), (accts[1], 100 * C), (accts[2], 200 * C)))
+    sched = proposer_schedule(vs.members)
+    assert len(sched) == 6 and Counter(sched) == {0: 3, 1: 1, 2: 2}
+    assert sched == (0, 2, 0, 1, 2, 0)  # never the heaviest three times in a row
+    assert [vs.proposer(h, 0) for h in range(12)] == [vs.members[i][0] for i in sched * 2]
+    assert vs.proposer(5, 1) == vs.proposer(6, 0)  # a round moves one slot on
+    # powers without a small common divisor: scaled to MAX_SLOTS by largest remainder, shares kept
+    odd = [10**12 + 7, 3 * 10**12 + 1, 17]
+    w = slot_weights(odd)
+    assert MAX_SLOTS <= sum(w) <= MAX_SLOTS + len(odd) and w[2] == 1
+    assert abs(w[1] / w[0] - 3) < 0.02
+    with pytest.raises(ValueError):
+        slot_weights([])
+    with pytest.raises(ValueError):
+        slot_weights([5, 0])

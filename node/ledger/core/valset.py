@@ -24,7 +24,8 @@ the smallest power ``q`` with ``3q > 2T``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -32,6 +33,62 @@ from ...encoding import merkle_root, pack, unpack
 from .tx import TX_KINDS, SingleSigned, _check
 
 VALSET_TAG = b"tally/valset/v1"
+
+
+MAX_SLOTS = 1024  # the longest proposer cycle (powers are scaled down to at most this many slots)
+_SCHEDULES: dict[tuple[tuple[bytes, int], ...], tuple[int, ...]] = {}  # members -> schedule (a pure memo)
+
+
+def slot_weights(powers: Sequence[int], max_slots: int = MAX_SLOTS) -> list[int]:
+    """Proposal slots per validator in one cycle: ``powers`` divided by their gcd; if that sums to more than
+    ``max_slots``, scaled to ``max_slots`` by largest remainder (Hamilton's method: ties to the lower index)
+    with at least 1 slot each (so the cycle may exceed ``max_slots`` by up to ``len(powers)``).
+
+    Raises:
+        ValueError: an empty list or a power below 1.
+    """
+    if not powers or min(powers) < 1:
+        raise ValueError("powers must be a non-empty list of integers >= 1")
+    g = 0
+    for p in powers:
+        g = math.gcd(g, p)
+    w = [p // g for p in powers]
+    total = sum(w)
+    if total <= max_slots:
+        return w
+    quota = [p * max_slots for p in powers]
+    whole = [q // sum(powers) for q in quota]
+    rest = max_slots - sum(whole)
+    order = sorted(range(len(powers)), key=lambda i: (-(quota[i] % sum(powers)), i))
+    for i in order[:rest]:
+        whole[i] += 1
+    return [max(1, x) for x in whole]
+
+
+def proposer_schedule(members: tuple[tuple[bytes, int], ...]) -> tuple[int, ...]:
+    """One cycle of proposers (indexes into ``members``), each validator ``slot_weights`` times, interleaved by
+    CometBFT's proposer-priority rule (spec, consensus/proposer-selection.md: every step each priority grows by
+    its weight, the highest proposes and loses the total; ties to the lower index = the smaller account). Unlike
+    CometBFT the priorities start from zero for every set instead of carrying over a change: the schedule is a
+    pure function of the set, which every node and light client computes alike. Memoized per set."""
+    got = _SCHEDULES.get(members)
+    if got is not None:
+        return got
+    w = slot_weights([p for _, p in members])
+    total = sum(w)
+    prio = [0] * len(w)
+    out = []
+    for _ in range(total):
+        for i, x in enumerate(w):
+            prio[i] += x
+        best = max(range(len(w)), key=lambda i: (prio[i], -i))
+        prio[best] -= total
+        out.append(best)
+    schedule = tuple(out)
+    if len(_SCHEDULES) >= 64:  # a few sets are live at once (this height's, the next, a syncing peer's)
+        _SCHEDULES.clear()
+    _SCHEDULES[members] = schedule
+    return schedule
 
 
 class ValidatorSetError(ValueError):
@@ -103,10 +160,11 @@ class ValidatorSet:
         return sum(p.get(a, 0) for a in set(signers))
 
     def proposer(self, height: int, round_: int) -> bytes:
-        """Round-robin over the sorted accounts, ``(height + round) mod n`` — the schedule of the genesis-fixed
-        set, kept when the set changes. (CometBFT weights proposers by power with its priority queue; here power
-        weighs votes only, so a large bond does not buy more proposals. A stated simplification.)"""
-        return self.members[(height + round_) % len(self.members)][0]
+        """The proposer of ``(height, round)``: slot ``(height + round) mod len(schedule)`` of
+        :func:`proposer_schedule`, a cycle in which each validator proposes in proportion to its power. Equal
+        powers (every genesis-fixed set) give round-robin over the sorted accounts, ``(height + round) mod n``."""
+        schedule = proposer_schedule(self.members)
+        return self.members[schedule[(height + round_) % len(schedule)]][0]
 
     @property
     def hash(self) -> bytes:
