@@ -1,11 +1,12 @@
 """Inclusion proofs and a light client (RFC 9162 §2.1.3 audit paths).
 
-A light client trusts only the genesis and follows validator changes header by header (:class:`LightClient`).
-Given a header, its commit and the set that signed it, it checks the > 2/3 precommits (:func:`verify_header`); given a header and a proof it checks that a transaction (a receipt) is in
-that block (:func:`verify_tx_proof`), or that an account held a balance, or a receipt had a status and payouts, in
-the state that the header commits to — the state after the parent block, as in Tendermint's ``AppHash``
-(:func:`verify_account_proof`, :func:`verify_record_proof`: sparse Merkle proofs, :mod:`node.ledger.core.tree`). Nothing else
-is trusted: not the node that served the proof.
+A light client trusts only the genesis and follows validator changes header by header, or skips ahead by
+bisection (:class:`LightClient`). Given a header, its commit and the set that signed it, it checks the > 2/3
+precommits (:func:`verify_header`); given a header and a proof it checks that a transaction (a receipt) is in
+that block (:func:`verify_tx_proof`), or that an account held a balance, or a receipt had a status and payouts,
+in the state that the header commits to — the state after the parent block, as in Tendermint's ``AppHash``
+(:func:`verify_account_proof`, :func:`verify_record_proof`: sparse Merkle proofs, :mod:`node.ledger.core.tree`).
+Nothing else is trusted: not the node that served the proof.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..encoding import DecodeError, H, inclusion_proof, pack, unpack, verify_inclusion
-from .core.block import Block, Header, InvalidBlock, check_commit
+from ..keys import verify
+from .core.block import Block, Header, InvalidBlock, check_commit, precommit_digest
 from .core.records import CODECS
 from .core.history import HEAD_KEY, SUMMARY_FIELDS, LogHead, NodeReader, inclusion_path, read_head
 from .core.tree import entry_key, leaf_value
@@ -142,6 +144,97 @@ class LightClient:
         raises, the ones before it stay trusted)."""
         for header, commit, valset in items:
             self.update(header, commit, valset)
+
+    def skip(self, header: Header, commit: Any, valset: ValidatorSet | None) -> None:
+        """Trust ``header`` at any height above :attr:`height` without the headers between: CometBFT's
+        *skipping verification* (spec/light-client/verification, ``VerifyNonAdjacent``, trust level 1/3). The
+        commit must hold more than 2/3 of the power of the set the header names (``valset``), and signers with
+        more than 1/3 of the power of the trusted set (:attr:`valset`, the set that signed the trusted header:
+        under the light client's assumption that it has less than 1/3 faulty power, one honest validator of it
+        vouches for the header). Adjacent heights go to :meth:`update`. There is no trusting period (headers
+        carry proposer time, not a clock this client trusts): a light client should re-sync from a recent
+        header it trusts after long offline periods.
+
+        Raises:
+            NotEnoughTrust: the trusted set's signers have at most 1/3 of its power (verify a header between
+                first: :meth:`verify_to` does). Nothing changes.
+            InvalidBlock: another chain, a height not above the trusted one, time not after it, the set is not
+                the one the header names, the commit lacks more than 2/3 of its power. Nothing changes.
+        """
+        if header.chain_id != self.chain_id:
+            raise InvalidBlock(f"header of chain {header.chain_id!r}")
+        if header.height <= self.height:
+            raise InvalidBlock(f"header {header.height} is not above the trusted height {self.height}")
+        if header.height == self.height + 1:
+            self.update(header, commit, valset)
+            return
+        if self.header is not None and header.time_ms <= self.header.time_ms:
+            raise InvalidBlock(f"header {header.height} is not later than the trusted header")
+        if self.fixed:
+            vs = self.valset
+            verify_header(header, commit, vs)  # every header is signed by the genesis set
+        else:
+            if valset is None or not header.validators_hash or not header.next_validators_hash:
+                raise InvalidBlock(f"header {header.height} names no validator set")
+            vs = valset
+            verify_header(header, commit, vs)
+            trusted = self.valset
+            power = trusted.power_of(commit_signers(header, commit, trusted))
+            if 3 * power <= trusted.total:
+                raise NotEnoughTrust(f"signers of header {header.height} hold {power} of the trusted set's "
+                                     f"{trusted.total} power (more than 1/3 needed)")
+        self.height, self.hash, self.header, self.valset = header.height, header.hash, header, vs
+        if not self.fixed:
+            self.next_hash = header.next_validators_hash
+
+    def verify_to(self, height: int, fetch: Any, max_fetches: int = 256) -> int:
+        """Trust the header at ``height`` by bisection (CometBFT light client, "bisection"): :meth:`skip` to
+        it, and where the trusted set's signers are too few, to the height half way first, recursively.
+        ``fetch(h)`` returns ``(header, commit, valset)`` of height ``h`` (e.g. :func:`parse_light_block` of a
+        peer's ``/v1/light/{h}``). Returns the number of light blocks fetched: about log2 of the distance
+        when the set changes slowly, at most the distance.
+
+        Raises:
+            InvalidBlock: a fetched light block fails (nothing after the last verified one is trusted), or more
+                than ``max_fetches`` light blocks were needed.
+            ValueError: ``height`` not above the trusted height.
+        """
+        if height <= self.height:
+            raise ValueError(f"height {height} is not above the trusted height {self.height}")
+        fetched: dict[int, tuple[Header, Any, ValidatorSet | None]] = {}
+        pending = [height]
+        while pending:
+            target = pending[-1]
+            if target not in fetched:
+                if len(fetched) >= max_fetches:
+                    raise InvalidBlock(f"more than {max_fetches} light blocks needed to reach height {height}")
+                fetched[target] = fetch(target)
+                if fetched[target][0].height != target:
+                    raise InvalidBlock(f"asked for the light block of height {target}, got "
+                                       f"{fetched[target][0].height}")
+            try:
+                self.skip(*fetched[target])
+                pending.pop()
+            except NotEnoughTrust:
+                pending.append((self.height + target) // 2)  # > self.height + 1 here: adjacent never raises it
+        return len(fetched)
+
+
+class NotEnoughTrust(InvalidBlock):
+    """Skipping verification: the trusted set's signers of a header hold at most 1/3 of its power."""
+
+
+def commit_signers(header: Header, commit: Any, among: ValidatorSet) -> set[bytes]:
+    """Accounts of ``among`` with a valid precommit for ``header`` in ``commit`` (malformed entries ignored)."""
+    out: set[bytes] = set()
+    for item in commit if isinstance(commit, (list, tuple)) else ():
+        if not (isinstance(item, (list, tuple)) and len(item) == 3 and isinstance(item[1], int)):
+            continue
+        v, r, sig = item
+        if isinstance(v, bytes) and v in among and v not in out and isinstance(sig, bytes) and verify(
+                v, precommit_digest(header.chain_id, header.height, r, header.hash), sig):
+            out.add(v)
+    return out
 
 
 def light_block(store: Any, height: int) -> dict[str, Any]:

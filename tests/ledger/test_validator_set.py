@@ -490,3 +490,59 @@ def test_proposers_are_weighted_by_power_and_equal_powers_keep_round_robin():
         slot_weights([])
     with pytest.raises(ValueError):
         slot_weights([5, 0])
+
+
+def _changing_chain(g: Genesis, blocks: int = 24):
+    """Light blocks of a chain where KEYS[4] joins in block 2 and KEYS[0..2] leave in block 8: from height 10
+    the set is {KEYS[3], KEYS[4]}, whose genesis part holds 1/4 of the genesis power."""
+    s = genesis_state(g)
+    out = []
+    for i in range(blocks):
+        vs = s.valset()
+        txs = [join(s, KEYS[4])] if i == 1 else [
+            ValidatorLeave(s.chain_id, k.account, nonce(s, k)).signed(k) for k in KEYS[:3]] if i == 7 else []
+        block, s, rejected = step(s, txs)
+        assert not rejected
+        out.append((block.header, list(step.last_commit[block.hash]), vs))
+    return out
+
+
+def test_light_client_skips_by_bisection_where_the_set_changed_and_refuses_forgeries():
+    from node.ledger.proofs import NotEnoughTrust
+
+    g = valset_genesis()
+    items = _changing_chain(g)
+    assert len(items[-1][2]) == 2 and KEYS[3].account in items[-1][2] and KEYS[4].account in items[-1][2]
+    fetches = []
+
+    def fetch(h):
+        fetches.append(h)
+        return items[h - 1]
+
+    lc = LightClient(g)
+    lc.skip(*items[5])  # height 6: the genesis validators still sign: one step, no headers between
+    assert lc.height == 6 and len(lc.valset) == 5
+    lc = LightClient(g)
+    with pytest.raises(NotEnoughTrust):  # straight to the end: 1/4 of the trusted power signed
+        lc.skip(*items[-1])
+    assert lc.height == 0
+    n = lc.verify_to(len(items), fetch)
+    assert lc.height == len(items) and lc.hash == items[-1][0].hash and lc.valset == items[-1][2]
+    assert n == len(set(fetches)) and 2 <= n < len(items) // 2, fetches  # bisection, not every header
+    # the same end reached header by header
+    seq = LightClient(g)
+    seq.follow(items)
+    assert (seq.height, seq.hash, seq.valset) == (lc.height, lc.hash, lc.valset)
+    # forgeries: a set the header does not name, a commit short of 2/3, a peer answering another height
+    lc = LightClient(g)
+    header, commit, vs = items[6]
+    forged = ValidatorSet.of({KEYS[5].account: 10**15})
+    with pytest.raises(InvalidBlock, match="not the one it names"):
+        lc.skip(header, [sign_commit(KEYS[5], g.chain_id, header.height, header.hash)], forged)
+    with pytest.raises(InvalidBlock, match="more than 2/3"):
+        lc.skip(header, commit[:2], vs)
+    with pytest.raises(InvalidBlock, match="asked for the light block of height 20"):
+        lc.verify_to(20, lambda h: items[h - 2])
+    assert lc.height == 0
+    with pytest.raises(ValueError):
+        seq.verify_to(3, fetch)
