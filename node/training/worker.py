@@ -300,6 +300,6 @@ class RunWorker:
                             post.sender, run.params, run.momentum, params_id, mom_id, tuple(sorted(res.accepted)),
                             post.aggregator_fee).signed(self.ident)
         await self.ledger.submit(tx)
-        log.info("run %s round %d: aggregated %d Δs (excluded: %s)", post.run_id.hex()[:12], cur.round,
-                 len(res.accepted), {w.hex()[:8]: why for w, why in excluded.items()} or "none")
+        log.info("run %s round %d: aggregated %d Δs into θ %s (excluded: %s)", post.run_id.hex()[:12], cur.round,
+                 len(res.accepted), params_id.hex(), {w.hex()[:8]: why for w, why in excluded.items()} or "none")
         self.log.append(f"aggregated round {cur.round}: {len(res.accepted)} accepted, excluded {len(excluded)}")
