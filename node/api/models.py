@@ -368,6 +368,25 @@ class GenerateRequest(BaseModel):
     prompt: str | None = Field(None, max_length=100_000, description="text, tokenized by the model's tokenizer")
     prompt_ids: list[int] | None = Field(None, max_length=100_000, description="token ids instead of text")
     max_new_tokens: int = Field(32, ge=1, le=4096)
+    model: str | None = Field(None, max_length=128, description="the model to generate with: a name or id (at least "
+                              "8 hex digits) of a model in this node's model cache; default: the node's model. "
+                              "Only servers announcing that model id are routed through")
+    redundancy: int | None = Field(None, ge=1, le=2, description="2: run every step on two routes with no server in "
+                                   "common and compare them hop by hop; a mismatch is disputed (both hops' receipts "
+                                   "go to a committee) and the generation finishes on a third route. Both routes "
+                                   "are paid. Default: the node's --redundancy")
+
+
+class MismatchOut(BaseModel):
+    step: int = Field(..., description="the generation step (1-based) where the two routes disagreed")
+    span: list[int] = Field(..., description="[start, end) blocks of the differing hops")
+    hops_a: list[SpanOut]
+    hops_b: list[SpanOut]
+    distance_ppm: int = Field(..., description="relative L2 distance of their hidden states, parts per million")
+    tolerance_ppm: int
+    next_tokens: list[int] | None = Field(None, description="the two routes' next tokens, when those differed")
+    disputed: list[str] = Field(..., description="receipt ids sent to a committee")
+    finish: list[SpanOut] = Field(..., description="the third route the generation finished on")
 
 
 class GenerateOut(BaseModel):
@@ -377,6 +396,9 @@ class GenerateOut(BaseModel):
     route: list[SpanOut]
     receipts: list[str]
     seconds: float
+    redundancy: int = 1
+    routes: list[list[SpanOut]] | None = Field(None, description="with redundancy 2: the two compared routes")
+    mismatch: MismatchOut | None = None
 
 
 class TransferRequest(BaseModel):

@@ -3,7 +3,8 @@ a job title is text, never markup) with a small local script for live refresh (`
 
 Pages: ``/`` (head, finality, validators, peers, swarm coverage, latest blocks and receipts), ``/blocks``,
 ``/blocks/{height}``, ``/tx/{id}``, ``/receipts``, ``/receipts/{id}``, ``/accounts/{peer}``, ``/validators``,
-``/swarm``, ``/verification``, ``/jobs``, ``/jobs/{id}``, ``/runs``, ``/runs/{id}`` and ``/search?q=`` (303 to
+``/swarm``, ``/models``, ``/verification``, ``/jobs``, ``/jobs/{id}``, ``/runs``, ``/runs/{id}``,
+``/batches``, ``/batches/{id}`` and ``/search?q=`` (303 to
 the match). A missing object answers a 404 page; a malformed id a 400 page.
 """
 
@@ -112,6 +113,12 @@ def pages_router(node, q) -> APIRouter:
         mine = [s for s in sw["servers"] if s["model_id"] == sw["model_id"]]
         return page("swarm.html", swarm=sw, mine=mine, cov=charts.coverage(sw["num_blocks"], mine, sw["coverage"]))
 
+    @r.get("/models")
+    async def models():
+        from .modelsapi import models_view
+
+        return page("models.html", models=models_view(node)["models"])
+
     @r.get("/verification")
     async def verification():
         ver = q.verification(24)
@@ -144,6 +151,26 @@ def pages_router(node, q) -> APIRouter:
             raise ApiError(404, "not_found", "no such run on the ledger")
         x = run_view(st.runs[rid], st)
         return page("run.html", run=x, loss=charts.line(x["loss_per_round"]))
+
+    @r.get("/batches")
+    async def batches(offset: int = Query(0, ge=0, le=10**9)):
+        from ..batch.client import batch_json
+
+        st = node.ledger.state
+        bs = sorted(st.tables["batches"].values(), key=lambda b: (-b.height, b.post.id))
+        return page("batches.html", page={"batches": [batch_json(b, st) for b in bs[offset:offset + 50]],
+                                          "total": len(bs)})
+
+    @r.get("/batches/{batch_id}")
+    async def batch(batch_id: str = Path(..., max_length=32)):
+        from ..batch.client import batch_json
+
+        bid = v.parse_id(batch_id, "batch id", 16)
+        st = node.ledger.state
+        b = st.tables["batches"].get(bid)
+        if b is None:
+            raise ApiError(404, "not_found", "no such batch on the ledger")
+        return page("batch.html", b=batch_json(b, st, with_items=True))
 
     @r.get("/search")
     async def search(q_: str = Query("", alias="q", max_length=256)):

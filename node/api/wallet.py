@@ -276,24 +276,43 @@ def wallet_router(node, q, require_token) -> APIRouter:
             raise ApiError(400, "invalid_tx", str(e)) from None
         return JSON({"id": tid.hex(), "kind": tx.KIND, "amount": v.amount(0), "nonce": tx.nonce})
 
+    def redundancy_view(gen) -> dict:
+        """The redundancy fields of a generate reply (node.inference.redundant)."""
+        from ..verify.compare import to_ppm
+
+        if getattr(gen, "redundancy", 1) != 2:
+            return {"redundancy": 1}
+        hops = lambda route: [{"peer": p, "span": [s, e]} for p, s, e in route]  # noqa: E731
+        mm = gen.mismatch
+        return {"redundancy": 2, "routes": [hops(rt) for rt in gen.routes], "mismatch": None if mm is None else {
+            "step": mm.token, "span": list(mm.span), "hops_a": hops(mm.hops_a), "hops_b": hops(mm.hops_b),
+            "distance_ppm": to_ppm(mm.distance), "tolerance_ppm": to_ppm(mm.tolerance),
+            "next_tokens": list(mm.next_tokens) if mm.next_tokens else None,
+            "disputed": [x.hex() for x in mm.disputed], "finish": hops(mm.finish)}}
+
     @r.post("/generate", dependencies=auth, response_model=m.GenerateOut,
-            responses={**E_POST, **{c: {"model": m.ErrorOut} for c in (413, 502, 503)}},
+            responses={**E_POST, **{c: {"model": m.ErrorOut} for c in (404, 413, 502, 503)}},
             summary="Generate greedily through the swarm, paying for each span (needs the API token)")
     async def generate(req: m.GenerateRequest):
         from ..compute.shards import NoRouteError
         from ..inference.client import HopFailed, PromptTooLong
+        from ..runtime import UnknownModel
 
         if (req.prompt is None) == (req.prompt_ids is None):
             raise ApiError(400, "bad_request", "give exactly one of prompt or prompt_ids")
         try:
+            client = await trio.to_thread.run_sync(node.client_for, req.model)  # reads manifests from disk
+        except UnknownModel as e:
+            raise ApiError(404, "unknown_model", str(e)) from None
+        try:
             # off the event loop: the first prompt loads the tokenizer and the client head (seconds)
-            ids = (await trio.to_thread.run_sync(node.encode_prompt, req.prompt) if req.prompt is not None
-                   else list(req.prompt_ids))
+            ids = (await trio.to_thread.run_sync(node.encode_prompt, req.prompt, req.model)
+                   if req.prompt is not None else list(req.prompt_ids))
             if not ids:
                 raise ApiError(400, "bad_request", "the prompt is empty")
-            if any(not 0 <= i < node.manifest.vocab_size for i in ids):
+            if any(not 0 <= i < client.manifest.vocab_size for i in ids):
                 raise ApiError(400, "bad_request", "token id out of the vocabulary")
-            gen = await node.generate(ids, req.max_new_tokens)
+            gen = await node.generate(ids, req.max_new_tokens, model=req.model, redundancy=req.redundancy)
         except PromptTooLong as e:
             raise ApiError(413, "prompt_too_long", str(e)) from None
         except NoRouteError as e:
@@ -302,8 +321,9 @@ def wallet_router(node, q, require_token) -> APIRouter:
             raise ApiError(502, "route_failed", str(e)) from None
         except ValueError as e:
             raise ApiError(400, "bad_request", str(e)) from None
-        return JSON({"prompt_ids": gen.prompt_ids, "tokens": gen.tokens, "text": node.decode(gen.tokens),
+        return JSON({"prompt_ids": gen.prompt_ids, "tokens": gen.tokens, "text": node.decode(gen.tokens, req.model),
                      "route": [{"peer": p, "span": [s, e]} for p, s, e in gen.route],
-                     "receipts": [x.id.hex() for x in gen.receipts], "seconds": gen.seconds})
+                     "receipts": [x.id.hex() for x in gen.receipts], "seconds": gen.seconds,
+                     **redundancy_view(gen)})
 
     return r

@@ -10,9 +10,11 @@ A *model dir* holds one Llama-family causal LM (architectures: :mod:`node.models
     block_001.safetensors    ``mlp.down_proj.weight``, ``input_layernorm.weight``, ...)
     ...
     manifest.json            {"name", "num_blocks", "hidden_size", "vocab_size", "max_length",
-                              "block_hashes": [hex], "head_hash": hex, "config_hash": hex, "model_id": hex}
+                              "block_hashes": [hex], "head_hash": hex, "config_hash": hex, "model_id": hex,
+                              "quantization": "int8" -- only in an int8 model}
 
-All tensors are float32 and contiguous.
+All tensors are float32 and contiguous, except in an int8 model (:mod:`node.models.quantize`): its blocks' linear
+weights are int8 with a float32 ``*.weight_scale`` each, and ``config.json`` says ``"tally_quantization": "int8"``.
 
 Hashes (``H`` = BLAKE2b-256 from :mod:`node.encoding`):
 
@@ -138,9 +140,10 @@ class Manifest:
     head_hash: bytes
     config_hash: bytes
     model_id: bytes
+    quantization: str | None = None  # "int8" (node.models.quantize) or None for float32 weights
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "name": self.name,
             "num_blocks": self.num_blocks,
             "hidden_size": self.hidden_size,
@@ -151,6 +154,9 @@ class Manifest:
             "config_hash": self.config_hash.hex(),
             "model_id": self.model_id.hex(),
         }
+        if self.quantization is not None:  # float manifests keep their old form
+            out["quantization"] = self.quantization
+        return out
 
 
 def _hex32(value: Any, what: str) -> bytes:
@@ -204,16 +210,23 @@ def load_manifest(model_dir: Path) -> Manifest:
         head_hash=_hex32(head_h, "head_hash"),
         config_hash=_hex32(cfg_h, "config_hash"),
         model_id=_hex32(mid, "model_id"),
+        quantization=raw.get("quantization"),
     )
-    if config_hash(config_dict(model_dir)) != m.config_hash:
+    cfg = config_dict(model_dir)
+    if config_hash(cfg) != m.config_hash:
         raise ManifestError(f"{model_dir}/config.json does not match config_hash in the manifest")
+    if m.quantization not in (None, "int8") or cfg.get("tally_quantization") != m.quantization:
+        raise ManifestError(f"{path}: quantization {m.quantization!r} is not one Tally knows or differs from "
+                            f"config.json's tally_quantization {cfg.get('tally_quantization')!r}")
     if compute_model_id(m.head_hash, list(m.block_hashes), m.config_hash) != m.model_id:
         raise ManifestError(f"{path}: model_id is not the Merkle root of the listed hashes")
     return m
 
 
 def load_checked(model_dir: Path, file_name: str, expected: bytes, what: str) -> dict:
-    """Load a safetensors file as ``{name: float32 tensor}`` and check its :func:`tensors_hash`.
+    """Load a safetensors file as ``{name: tensor}`` (float32; int8 weights in an int8 model), check its hash.
+
+    The hash is :func:`tensors_hash`.
 
     Raises:
         FileNotFoundError: the file is missing.  ValueError: it is unreadable or its hash differs from ``expected``.

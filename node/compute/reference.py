@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from node.models.arch import architecture, materialize_buffers
+from node.models.quantize import dequantize_block
 
 from .model import HEAD_FILE, block_file, load_checked, load_manifest, load_span_config
 
@@ -36,6 +37,8 @@ def load_causal_lm(model_dir: Path):
     }
     for i in range(manifest.num_blocks):
         block = load_checked(model_dir, block_file(i), manifest.block_hashes[i], f"block {i}")
+        if manifest.quantization is not None:  # int8: the float weights it computes with, bit for bit
+            block = dequantize_block(block, f"block {i}")
         sd.update({f"model.layers.{i}.{k}": v for k, v in block.items()})
     with torch.device("meta"):
         model = architecture(cfg).causal_cls(cfg)

@@ -14,6 +14,7 @@ import torch
 
 from node.encoding import pack
 from node.models.arch import architecture, materialize_buffers
+from node.models.quantize import load_block
 
 from .cheats import FAULTS, apply_output_fault, cheat_net
 from .model import block_file, load_checked, load_manifest, load_span_config
@@ -29,13 +30,17 @@ class SpanModel:
     ``fault`` makes a cheating server for devnet/tests (see :mod:`node.compute.cheats`): it changes
     :meth:`forward`, never :meth:`prefill`.
 
+    An int8 model (``manifest.quantization``) keeps its int8 weights resident (``int8_resident``, the default;
+    False dequantizes them to float32 at load, for measurement) -- see :mod:`node.models.quantize`.
+
     Raises (constructor):
         FileNotFoundError: model dir, manifest or a block file is missing.
         ValueError: bad span bounds, unknown fault, or a block file whose hash differs from the manifest
             (``ManifestError`` for an inconsistent manifest).
     """
 
-    def __init__(self, model_dir: Path, start: int, end: int, device: str = "cpu", fault: str | None = None):
+    def __init__(self, model_dir: Path, start: int, end: int, device: str = "cpu", fault: str | None = None,
+                 int8_resident: bool = True):
         if fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; expected one of {FAULTS}")
         self.model_dir = Path(model_dir)
@@ -66,7 +71,8 @@ class SpanModel:
         for i in range(end - start):
             idx = start + i
             sd = load_checked(self.model_dir, block_file(idx), self.manifest.block_hashes[idx], f"block {idx}")
-            net.layers[i].load_state_dict(sd, strict=True, assign=True)
+            # int8 model: int8 weights stay resident, dequantized per matmul (node.models.quantize)
+            load_block(net.layers[i], sd, self.manifest.quantization, f"block {idx}", resident=int8_resident)
         materialize_buffers(net, cfg)  # rotary buffers must be real, not meta
         # server-side batching pads every layer's cache to one length; a sliding-window layer keeps only its
         # window, so spans with such layers run their steps one session at a time
@@ -105,7 +111,7 @@ class SpanModel:
         if past and cache.layers and cache.layers[0].keys is not None and cache.layers[0].keys.shape[0] != hidden.shape[0]:
             raise ValueError("batch size differs from the one this cache was started with")
         net = self.net if net is None else net
-        dtype = next(net.parameters()).dtype
+        dtype = next(p for p in net.parameters() if p.is_floating_point()).dtype
         with torch.inference_mode():
             out = net(inputs_embeds=hidden.to(self.device, dtype), cache=cache, use_cache=True).last_hidden_state
         # clone outside inference mode: callers get an ordinary tensor they may modify in place

@@ -26,7 +26,7 @@ within ``peer_window_s`` seconds, every further one is refused at once (without 
 slides past them. Memory: at most ``max_txs`` transactions and ``max_bytes`` bytes of their msgpack wire form.
 
 **Priority when full.** Two classes (:class:`Priority`): WORK (receipts, training receipts, votes, evidence, job
-accepts, deliveries and releases: the current work of the network) and ACCOUNT (transfers, bonds, unbonds, job posts and
+accepts, deliveries and releases, batch commits and reveals: the current work of the network) and ACCOUNT (transfers, bonds, unbonds, job posts and
 cancellations). ACCOUNT transactions never hold more than ``account_share_pct`` % of the pool's slots or bytes,
 so WORK always has the rest; a WORK transaction that finds the pool full evicts ACCOUNT transactions (gapped ones
 first, then the last queued transaction of a sender: the sender with the most queued transactions loses its
@@ -64,7 +64,8 @@ class Priority(enum.IntEnum):
 
 
 WORK_KINDS = frozenset({"receipt", "train_receipt", "vote", "evidence", "job_accept", "job_deliver", "job_release",
-                        "run_join", "run_leave", "round_receipt", "round_reveal", "round_aggregate"})
+                        "run_join", "run_leave", "round_receipt", "round_reveal", "round_aggregate",
+                        "dispute", "batch_commit", "batch_reveal"})
 
 
 @dataclass(frozen=True)

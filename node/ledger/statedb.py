@@ -34,7 +34,7 @@ PREFIX = {"accounts": b"S/a/", "receipts": b"S/r/", "evidence": b"S/e/", "sessio
           "runs": b"S/n/", "open_receipts": b"S/o/", "open_jobs": b"S/p/", "open_runs": b"S/q/",
           "history": b"S/h/", "retire": b"S/t/", "validators": b"S/v/",
           "batches": b"S/b/", "batch_items": b"S/i/", "batch_due": b"S/d/", "batch_workers": b"S/w/",
-          "open_batches": b"S/y/"}
+          "open_batches": b"S/y/", "disputes": b"S/z/"}
 CACHE_ITEMS = {"receipts": 16384, "jobs": 4096, "runs": 1024}  # decoded values kept (others: kv.CACHE_ITEMS)
 
 

@@ -23,7 +23,13 @@ def add_model_parser(sub) -> None:
     msub = m.add_subparsers(dest="model_cmd", required=True)
     cache_help = "model cache dir (default: $TALLY_MODEL_CACHE or ~/.cache/tally/models)"
     a = msub.add_parser("add", help="convert a checkpoint dir or GGUF file and register it", epilog=_EPILOG)
-    a.add_argument("path", type=Path, help="checkpoint directory or .gguf file")
+    a.add_argument("path", type=Path, metavar="SOURCE",
+                   help="checkpoint directory or .gguf file; with --quantize also an added model's name or id, or "
+                        "the built-in smollm2 / tiny")
+    a.add_argument("--quantize", choices=["int8"],
+                   help="register a weight-only int8 copy instead (per-output-channel symmetric int8 linear "
+                        "weights; embeddings, norms and LM head stay float32): a separate model with its own id; "
+                        "default name NAME-int8")
     a.add_argument("--name", help="name to serve it under (default: the directory or file name)")
     a.add_argument("--model-cache", type=Path, help=cache_help)
     ls = msub.add_parser("list", help="the added models: name, id, architecture, blocks, hidden size, bytes")
@@ -52,8 +58,9 @@ def run_model_command(args) -> int:
     cache = args.model_cache or default_cache_dir()
     try:
         if args.model_cmd == "add":
-            e = add_model(args.path, cache, name=args.name, progress=True)
-            print(f"added {e.name}: {e.architecture}, {e.num_blocks} blocks, hidden {e.hidden_size}, "
+            e = add_model(args.path, cache, name=args.name, progress=True, quantize=args.quantize)
+            q = f" {e.quantization}" if e.quantization else ""
+            print(f"added {e.name}: {e.architecture}{q}, {e.num_blocks} blocks, hidden {e.hidden_size}, "
                   f"{_human(e.bytes)}\nmodel id {e.model_id}\nserve it with: node start --model {e.name}")
             return 0
         if args.model_cmd == "list":
@@ -64,9 +71,9 @@ def run_model_command(args) -> int:
             if not entries:
                 print(f"no added models in {cache} (built-in: smollm2, tiny); add one with: node model add PATH")
                 return 0
-            rows = [("NAME", "ID", "ARCHITECTURE", "BLOCKS", "HIDDEN", "SIZE")]
-            rows += [(e.name, e.model_id[:16], e.architecture, str(e.num_blocks), str(e.hidden_size),
-                      _human(e.bytes)) for e in entries]
+            rows = [("NAME", "ID", "ARCHITECTURE", "QUANT", "BLOCKS", "HIDDEN", "SIZE")]
+            rows += [(e.name, e.model_id[:16], e.architecture, e.quantization or "-", str(e.num_blocks),
+                      str(e.hidden_size), _human(e.bytes)) for e in entries]
             widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
             for r in rows:
                 print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())

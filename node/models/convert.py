@@ -40,6 +40,7 @@ from node.compute.model import (HEAD_FILE, MANIFEST, Manifest, block_file, compu
 
 from . import registry
 from .arch import SUPPORTED, architecture, check_model_type
+from .quantize import QuantizePlan
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
@@ -375,11 +376,15 @@ def _clean_stale(cache: Path) -> None:
 
 
 def add_model(source: Path, cache_dir: Path | None = None, name: str | None = None,
-              progress: bool = False) -> registry.Entry:
+              progress: bool = False, quantize: str | None = None) -> registry.Entry:
     """Convert ``source`` (checkpoint dir or ``.gguf`` file) into ``cache_dir`` and register it as ``name``.
 
     ``name`` defaults to the dir / file name (:func:`node.models.registry.default_name`). Holds the registry
     lock for the whole conversion (one ``add``/``remove`` at a time per cache). Returns the new entry.
+
+    ``quantize="int8"`` registers only the int8 copy (:mod:`node.models.quantize`; default name ``<name>-int8``).
+    With it ``source`` may also be an added model's name or id, or the built-in ``smollm2`` / ``tiny``, when no
+    file or dir of that name exists: the copy is made from its converted float dir.
 
     Raises:
         CheckpointError: the checkpoint is refused (see module docstring).
@@ -388,11 +393,21 @@ def add_model(source: Path, cache_dir: Path | None = None, name: str | None = No
     """
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     src = Path(source).expanduser()
-    name = registry.check_name(name if name is not None else registry.default_name(src))
+    added_dir = _quantize_source(str(source), cache) if quantize is not None and not src.exists() else None
+    if name is None:
+        name = registry.default_name(src) if added_dir is None else added_dir[1]
+        name = f"{name}-{quantize}"[:64] if quantize is not None else name
+    name = registry.check_name(name)
     if any(e.name == name for e in registry.load(cache)):  # checked again under the lock below
         raise registry.RegistryError(f"a model named {name!r} is already added; remove it first or choose "
                                      "another --name")
-    checked = plan(src)  # every refusal that needs no writing happens here, before the cache is touched
+    # every refusal that needs no writing happens here, before the cache is touched
+    checked = plan(src) if added_dir is None else None
+    if quantize is not None:
+        try:
+            checked = QuantizePlan(quantize, inner=checked, model_dir=added_dir[0] if added_dir else None)
+        except ValueError as e:
+            raise CheckpointError(str(e)) from None
     cache.mkdir(parents=True, exist_ok=True)
     with registry.locked(cache):
         entries = registry.load(cache)
@@ -409,7 +424,9 @@ def add_model(source: Path, cache_dir: Path | None = None, name: str | None = No
             entry = registry.Entry(name=name, model_id=mid, dir=mid, model_type=cfg["model_type"],
                                    architecture=SUPPORTED[cfg["model_type"]],
                                    num_blocks=manifest.num_blocks, hidden_size=manifest.hidden_size,
-                                   vocab_size=manifest.vocab_size, bytes=_dir_bytes(tmp), source=str(src.resolve()))
+                                   vocab_size=manifest.vocab_size, bytes=_dir_bytes(tmp),
+                                   source=str(src.resolve()) if added_dir is None else str(added_dir[0]),
+                                   quantization=manifest.quantization)
             for e in entries:
                 if e.model_id == mid:
                     raise registry.RegistryError(f"this model (id {mid[:16]}…) is already added as {e.name!r}")
@@ -426,6 +443,24 @@ def add_model(source: Path, cache_dir: Path | None = None, name: str | None = No
             shutil.rmtree(target, ignore_errors=True)
             raise
     return entry
+
+
+def _quantize_source(ref: str, cache: Path) -> tuple[Path, str]:
+    """``(float model dir, name)`` of added model or built-in ``ref`` (converted first when built-in).
+
+    Raises:
+        node.models.registry.RegistryError: no such file, dir or model.
+    """
+    from node.compute.model import ensure_smollm2, make_tiny
+
+    if ref == "smollm2":
+        return ensure_smollm2(cache, progress=True), "smollm2"
+    if ref == "tiny":
+        return make_tiny(cache), "tiny"
+    try:
+        return model_dir_of(ref, cache), registry.resolve(registry.load(cache), ref).name
+    except registry.RegistryError as e:
+        raise registry.RegistryError(f"{ref} is neither a file or directory nor an added model: {e}") from None
 
 
 def list_models(cache_dir: Path | None = None) -> list[registry.Entry]:

@@ -45,6 +45,7 @@ class Entry:
     vocab_size: int
     bytes: int
     source: str
+    quantization: str | None = None  # "int8" for a copy made with --quantize int8 (node.models.quantize)
 
 
 def check_name(name: str) -> str:

@@ -108,13 +108,17 @@ async def run_action(node, run_id: bytes, action: str):
     cancel) for ``run_id`` after checking it against the run rules. Returns the submitted transaction.
 
     Raises:
-        RunError: unknown run, or the rule that refuses it (e.g. "worker is not bonded", "already joined",
-            "only a run whose first round never opened can be cancelled").
+        RunError: unknown run, a join of a run of another model than this node's, or the rule that refuses it
+            (e.g. "worker is not bonded", "already joined", "only a run whose first round never opened can be
+            cancelled").
     """
     st = node.ledger.state
     if run_id not in st.runs:
         raise RunError("no such run on the ledger")
     me = node.ident.account
+    if action == "join" and st.runs[run_id].post.model_id != node.manifest.model_id:  # its worker would never train
+        raise RunError(f"the run trains model {st.runs[run_id].post.model_id.hex()[:16]}, this node holds "
+                       f"{node.manifest.name} ({node.manifest.model_id.hex()[:16]}); start it with --model of the run")
     tx = ACTIONS[action](node.genesis.chain_id, me, run_id, node.ledger.next_nonce(me))
     try:
         runs_mod.apply_run_tx(st.copy(), tx)

@@ -6,6 +6,14 @@ if the worker does not answer; both must match the roots in the receipt — runs
 concatenated inputs, measures :func:`node.verify.compare.distance`, and signs a :class:`~node.ledger.core.tx.Vote`.
 A member that cannot re-execute (blob unavailable, out of memory, unknown model) votes ABSTAIN, which never
 penalises the worker.
+
+Several models share one swarm, but the committee is drawn from every bonded account (the ledger does not know
+which node holds which model). A member drawn for a receipt of another model than its own first fetches that
+span's blocks by content hash from the peers announcing them (:mod:`node.verify.blockfetch`, each block checked
+against the manifest whose Merkle root is the receipt's model id); when it cannot, it abstains. An abstention
+counts toward neither verdict (:func:`node.ledger.core.committee.tally`); a round where every member voted without
+a 2/3 quorum, or that ran ``verdict_timeout`` blocks, escalates to a committee twice as large, from which members
+that sent no vote at all are left out (:mod:`node.ledger.core.state`).
 """
 
 from __future__ import annotations
@@ -18,9 +26,12 @@ import torch
 import trio
 
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
+from ..compute.span import SpanModel
 from ..identity import Identity
 from ..ledger.core.state import SAMPLED, State
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID, InvalidTx, Receipt, Vote
+from ..identity import account_to_str
+from .blockfetch import BlockFetcher, BlockUnavailable
 from .compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
 
 log = logging.getLogger("tally.verify")
@@ -30,17 +41,20 @@ class CommitteeMember:
 
     Args:
         load_span: ``load_span(start, end) -> SpanModel`` for the receipt's model (an LRU of spans is kept here).
-        model_id: the model this node can re-execute; receipts for other models get ABSTAIN.
+        model_id: the model this node holds. A receipt of another model is re-executed on blocks ``fetcher``
+            brings from peers (checked against that model id), or gets ABSTAIN when there is no fetcher or the
+            blocks cannot be had.
+        fetcher: :class:`~node.verify.blockfetch.BlockFetcher`, or None (other models: ABSTAIN).
         tolerance: maximum honest distance (see :mod:`node.verify.compare`).
     """
 
     def __init__(self, ident: Identity, ledger, host, blobs: BlobStore, executor,
                  load_span: Callable, model_id: bytes, tolerance: float = DEFAULT_TOLERANCE, max_spans: int = 2,
-                 model_dir=None):
+                 model_dir=None, fetcher: BlockFetcher | None = None):
         self.ident, self.ledger, self.host, self.blobs, self.executor = ident, ledger, host, blobs, executor
-        self.model_dir = model_dir
+        self.model_dir, self.fetcher = model_dir, fetcher
         self.load_span, self.model_id, self.tolerance = load_span, model_id, tolerance
-        self._spans: OrderedDict[tuple[int, int], object] = OrderedDict()
+        self._spans: OrderedDict[tuple, object] = OrderedDict()
         self.max_spans = max_spans
         self._seen: set[tuple[bytes, int]] = set()
         self._send, self._recv = trio.open_memory_channel(1000)
@@ -96,12 +110,13 @@ class CommitteeMember:
         return await fetch_blob(self.host, self.blobs, root, [receipt.worker, receipt.requester], timeout=30,
                                 keep=False)
 
-    def _span(self, start: int, end: int):
-        key = (start, end)
+    def _span(self, start: int, end: int, model_dir=None):
+        """The span ``[start, end)`` of this node's model, or of the (fetched) model in ``model_dir`` (LRU)."""
+        key = (start, end) if model_dir is None else (str(model_dir), start, end)
         if key in self._spans:
             self._spans.move_to_end(key)
             return self._spans[key]
-        span = self.load_span(start, end)
+        span = self.load_span(start, end) if model_dir is None else SpanModel(model_dir, start, end)
         self._spans[key] = span
         while len(self._spans) > self.max_spans:
             self._spans.popitem(last=False)
@@ -116,8 +131,17 @@ class CommitteeMember:
         (float16 with ``fp16`` compression): the span runs in float32 on the committed inputs and its output is
         rounded to the committed dtype before the comparison, as the worker's was.
         """
+        other = None
         if receipt.model_id != self.model_id:
-            return ABSTAIN, float("inf")
+            if self.fetcher is None:
+                return ABSTAIN, float("inf")
+            try:
+                other = await self.fetcher.ensure(receipt.model_id, receipt.span_start, receipt.span_end,
+                                                  [account_to_str(receipt.worker)])
+            except (BlockUnavailable, ValueError) as e:
+                log.info("abstain on %s: blocks of model %s: %s", receipt.id.hex()[:16], receipt.model_id.hex()[:16],
+                         e)
+                return ABSTAIN, float("inf")
         try:
             inputs = await self.fetch(receipt, receipt.inputs_root)
             outputs = await self.fetch(receipt, receipt.outputs_root)
@@ -130,7 +154,7 @@ class CommitteeMember:
         y = torch.cat(outputs, dim=1)
         if not (x.is_floating_point() and y.is_floating_point()):
             return INVALID, float("inf")
-        span = await self.executor.run(self._span, receipt.span_start, receipt.span_end)
+        span = await self.executor.run(self._span, receipt.span_start, receipt.span_end, other)
         try:
             y_hat = await self.executor.run(span.prefill, x.float())
             y_hat = y_hat.to(y.dtype)

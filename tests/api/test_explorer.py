@@ -27,6 +27,7 @@ def test_every_page_renders_and_search_redirects(live):
                          (f"/receipts/{rid}", "Committee"), (f"/accounts/{me}", "History"),
                          ("/validators", me[:14]), ("/swarm", "6</strong> of them"),
                          ("/verification", "Verdicts, abstentions"), ("/jobs", "Fine-tune jobs"),
+                         ("/models", "6 / 6"),
                          (f"/tx/{rid}", "Committee")]:
         r = get(api + path, headers=HTML, follow_redirects=True)
         assert r.status_code == 200 and needle in r.text, (path, r.status_code)
@@ -45,6 +46,13 @@ def test_every_page_renders_and_search_redirects(live):
                          ("/no/such/page", 404), ("/jobs/" + "00" * 16, 404)]:
         r = get(api + path, headers=HTML)
         assert r.status_code == status and "<h1>" in r.text, path
+
+
+def test_v1_models_lists_the_model_and_its_servers(live):
+    body = get(f"{live.api}/v1/models").json()
+    mine = body["models"][0]
+    assert mine["this_node"] and mine["name"] == "tiny-0" and mine["quantization"] is None
+    assert mine["coverage"] == [1] * 6 and mine["num_blocks"] == 6 and len(mine["servers"]) == 3
 
 
 def test_gossiped_strings_are_text_on_the_swarm_page(live):

@@ -65,8 +65,8 @@ def test_add_list_remove_and_start_resolves_the_name(checkpoints, tmp_path, caps
     assert entry["bytes"] == sum(p.stat().st_size for p in model_dir.iterdir())
     assert main(["model", "list", "--model-cache", str(cache)]) == 0
     table = capsys.readouterr().out.splitlines()
-    assert table[0].split() == ["NAME", "ID", "ARCHITECTURE", "BLOCKS", "HIDDEN", "SIZE"]
-    assert table[1].split()[:5] == ["q3", entry["model_id"][:16], "Qwen3", "4", "64"]
+    assert table[0].split() == ["NAME", "ID", "ARCHITECTURE", "QUANT", "BLOCKS", "HIDDEN", "SIZE"]
+    assert table[1].split()[:6] == ["q3", entry["model_id"][:16], "Qwen3", "-", "4", "64"]
     # node start --model accepts the name and the id (or an 8-digit prefix); unknown names exit with a hint
     for ref in ("q3", entry["model_id"], entry["model_id"][:8]):
         args = build_parser().parse_args(["start", "--model", ref, "--model-cache", str(cache)])

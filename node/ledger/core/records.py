@@ -26,7 +26,8 @@ from .tx import Receipt, Tx, decode_tx
 MAPS = ("accounts", "receipts", "evidence", "sessions", "jobs", "runs", "history", "retire",
         "validators",  # validators: node.ledger.core.valset (empty while min_validator_bond is 0); history, retire:
         # node.ledger.core.history (empty, so absent from the root, while genesis retention_blocks is 0)
-        "batches", "batch_items", "batch_due", "batch_workers")  # node.ledger.core.batch (empty until a batch post)
+        "batches", "batch_items", "batch_due", "batch_workers",  # node.ledger.core.batch (empty until a batch post)
+        "disputes")  # node.ledger.core.dispute: receipt id -> height (empty, so absent from the root, until one)
 SETS = ("open_receipts", "open_jobs", "open_runs", "open_batches")
 
 
@@ -159,5 +160,6 @@ CODECS: dict[str, Codec[Any]] = {
     "batch_items": Codec(to_plain, lambda x: from_plain(x, Item)),  # batch id ‖ item (4 bytes) -> Item
     "batch_due": Codec(_ident, int),  # decision height (8 bytes) ‖ batch id ‖ item -> 0
     "batch_workers": Codec(to_plain, lambda x: from_plain(x, WorkerRecord)),
+    "disputes": Codec(_ident, int),  # node.ledger.core.dispute: receipt id -> height of the disputing block
     **{name: Codec(_ident, int) for name in SETS},
 }

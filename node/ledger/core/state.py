@@ -42,6 +42,7 @@ from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, JobRelease, TrainR
 from . import runs as runs_mod
 from . import batch as batch_mod
 from .batchtx import BATCH_TXS
+from .dispute import Dispute, apply_dispute, take_dispute
 from .runs import Outcome
 from .runtx import RoundAggregate, RoundReceipt, RoundReveal, RunCancel, RunJoin, RunLeave, RunPost
 from .status import FINAL, INVALID_S, PENDING, SAMPLED, SETTLED, UNVERIFIED, VALID_S
@@ -293,6 +294,8 @@ def apply_tx(s: State, tx: Tx, signatures_checked: bool = False) -> None:
         _apply_vote(s, tx)
     elif isinstance(tx, Evidence):
         _apply_evidence(s, tx)
+    elif isinstance(tx, Dispute):  # the requester forces a committee (node.ledger.core.dispute)
+        apply_dispute(s, tx)
     else:  # pragma: no cover - decode_tx only builds the kinds above
         raise InvalidTx("unknown transaction")
     if nonced is not None:  # every branch checks before it changes anything: we get here only when tx applied
@@ -427,6 +430,8 @@ def end_block(s: State, height: int, block_hash: bytes) -> None:
                 ppm = max(ppm, s.jobs[rec.receipt.job_id].post.sample_ppm)
             elif isinstance(rec.receipt, RoundAggregate):  # every aggregate is re-computed
                 ppm = PPM
+            if take_dispute(s, rid, height):  # disputed by its requester in an earlier block: always checked
+                ppm = PPM
             if is_sampled(block_hash, rid, ppm):
                 com = cm.select_committee(block_hash, rid, 0, s.eligible(),
                                           (rec.receipt.worker, rec.receipt.requester), p.committee_size)
@@ -434,6 +439,13 @@ def end_block(s: State, height: int, block_hash: bytes) -> None:
                     s.receipts[rid] = replace(rec, status=SAMPLED, p_ppm=ppm, committee=com, round_height=height)
                     continue
             s.receipts[rid] = replace(rec, p_ppm=ppm)
+        elif rec.status == PENDING and take_dispute(s, rid, height):  # node.ledger.core.dispute
+            com = cm.select_committee(block_hash, rid, 0, s.eligible(),
+                                      (rec.receipt.worker, rec.receipt.requester), p.committee_size)
+            if com:
+                s.receipts[rid] = replace(rec, status=SAMPLED, p_ppm=PPM, committee=com, round_height=height)
+            elif rec.height + p.challenge_window <= height:
+                _settle_unchecked(s, rec, SETTLED, height)
         elif rec.status == PENDING and rec.height + p.challenge_window <= height:
             _settle_unchecked(s, rec, SETTLED, height)
         elif rec.status == SAMPLED:

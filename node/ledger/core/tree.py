@@ -27,7 +27,7 @@ from .smt import EMPTY_ROOT, Root, StaleNode, UpdateResult, prove, prune_bound, 
 TAG = {"accounts": b"a", "receipts": b"r", "evidence": b"e", "sessions": b"s", "jobs": b"j", "runs": b"n",
        "open_receipts": b"o", "open_jobs": b"p", "open_runs": b"q", "history": b"h", "retire": b"t",
        "validators": b"v", "batches": b"b", "batch_items": b"i", "batch_due": b"d", "batch_workers": b"w",
-       "open_batches": b"y"}
+       "open_batches": b"y", "disputes": b"z"}
 SEQ_KEY = tree_key(b"meta", b"seq")
 NODES = b"T/n/"  # + smt node key -> node bytes
 STALE = b"T/x/"  # + StaleNode.index_key() -> b""

@@ -1,0 +1,304 @@
+"""The batch worker: a service every bonded node runs (:class:`BatchWorker`), and the libp2p protocol that serves
+item files and result bytes by content hash (:func:`content_handler`, :func:`fetch_content`).
+
+At each block the worker asks the ledger for its undecided assignments
+(:func:`node.ledger.core.batch.assignments_of`). For an assignment it has no result for yet, it fetches the batch's
+item file from the requester (checked against the post's ``items_root``), runs the item on the node's torch
+executor (:mod:`node.batch.tasks`), stores the result bytes (served to the requester later, by hash), draws a
+32-byte salt and **persists the salt with the result hash before sending the commit** (one JSON file per
+(batch, item, attempt) under ``<data dir>/batch/commits``, temp file + fsync + rename): a worker that restarts
+between its commit and its reveal still opens its commitment, and one that crashed before the file existed never
+sent a commit it could not open. Once the commit is on the ledger and the item's reveal phase is open (every drawn
+worker committed, or the commit window passed) it sends the reveal. A commit or reveal that has not reached the
+ledger after :data:`RESEND_BLOCKS` blocks is sent again (the ledger counts each once per slot). The file of a
+decided item is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import trio
+
+from ..encoding import DecodeError
+from ..identity import Identity, account_to_str
+from ..ledger.core.batch import assignments_of
+from ..ledger.core.batchstate import Batch, Item, ItemStatus, item_key
+from ..ledger.core.batchtx import BatchCommit, BatchReveal, commitment
+from ..ledger.core.tx import InvalidTx, Tx
+from ..p2p.framing import error_reply, read_msg, write_msg
+from .items import ContentStore, ItemFile, ItemsError, parse_items, result_hash
+
+log = logging.getLogger("tally.batch")
+
+BATCH_PROTOCOL = "/tally/batch/1.0.0"
+FETCH_TIMEOUT = 20.0  # seconds per holder for an item file or a result
+RESEND_BLOCKS = 5  # a commit or reveal not on the ledger after this many blocks is sent again
+PARALLEL = 2  # items fetched/run at once (the executor runs one torch call at a time anyway)
+
+
+class LedgerView(Protocol):
+    """What the worker needs of :class:`node.ledger.service.LedgerService`."""
+
+    state: Any
+    genesis: Any
+
+    @property
+    def chain_id(self) -> str: ...
+
+    def on_block(self, fn: Callable[[Any, Any], None]) -> None: ...
+
+    async def submit(self, tx: Tx) -> bytes: ...
+
+
+class Requester(Protocol):
+    """What the worker needs of :class:`node.p2p.host.P2PHost`."""
+
+    async def request(self, peer_id: str, protocol_id: str, msg: dict, timeout: float,
+                      max_message: int = ...) -> dict: ...
+
+
+class Executor(Protocol):
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+
+class Runner(Protocol):
+    """:class:`node.batch.tasks.ItemRunner`."""
+
+    def run(self, kind: str, item: dict, max_tokens: int) -> bytes: ...
+
+
+class Unavailable(LookupError):
+    """No holder returned bytes matching the requested hash."""
+
+
+async def content_handler(store: ContentStore, stream, peer: str) -> None:
+    """``{"type": "get", "key": 32 B}`` → ``{"status": "ok", "data": bytes}`` or ``not_found``."""
+    msg = await read_msg(stream, timeout=10, max_message=1 << 12)
+    data = store.get(msg.get("key")) if isinstance(msg, dict) else None
+    if data is None:
+        await write_msg(stream, error_reply("not_found", "no such item file or result"))
+    else:
+        await write_msg(stream, {"status": "ok", "data": data})
+
+
+async def fetch_content(host: Requester, store: ContentStore, key: bytes, holders: list[bytes],
+                        check: Callable[[bytes], bool], timeout: float = FETCH_TIMEOUT) -> bytes:
+    """The bytes stored under ``key``: locally, else from the first of ``holders`` (accounts) whose reply passes
+    ``check`` (which must recompute the key from the bytes); a fetched value is stored locally.
+
+    Raises:
+        Unavailable: nobody returned matching bytes (the message lists each holder's failure).
+    """
+    local = store.get(key)
+    if local is not None and check(local):
+        return local
+    errors = []
+    for holder in holders:
+        peer = account_to_str(holder)
+        try:
+            reply = await host.request(peer, BATCH_PROTOCOL, {"type": "get", "key": key}, timeout=timeout)
+            data = reply.get("data")
+            if not isinstance(data, bytes) or not check(data):
+                raise DecodeError("reply does not match the requested hash")
+        except Exception as e:  # unreachable, timeout, not found, mismatch: try the next holder
+            errors.append(f"{peer[:16]}: {type(e).__name__}: {e}")
+            continue
+        store.put(key, data)
+        return data
+    raise Unavailable(f"{key.hex()[:16]} unavailable: {'; '.join(errors) or 'no holder'}")
+
+
+def items_check(root: bytes) -> Callable[[bytes], bool]:
+    """A ``check`` for :func:`fetch_content`: the bytes' lines hash to ``root``."""
+    from ..ledger.core.batchtx import items_root
+
+    def ok(data: bytes) -> bool:
+        raw = data[:-1] if data.endswith(b"\n") else data
+        return items_root(raw.split(b"\n")) == root
+    return ok
+
+
+def result_check(key: bytes) -> Callable[[bytes], bool]:
+    return lambda data: result_hash(data) == key
+
+
+Slot = tuple[bytes, int, int]  # (batch id, item, attempt)
+
+
+class SaltBook:
+    """Salts and result hashes of this worker's commitments, one JSON file each under ``directory`` (atomic writes;
+    read back at start)."""
+
+    def __init__(self, directory: Path):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.entries: dict[Slot, tuple[bytes, bytes]] = {}
+        for p in self.dir.glob("*.json"):
+            try:
+                bid, i, a = p.stem.split("-")
+                rec = json.loads(p.read_text())
+                self.entries[(bytes.fromhex(bid), int(i), int(a))] = (bytes.fromhex(rec["result"]),
+                                                                      bytes.fromhex(rec["salt"]))
+            except (ValueError, KeyError, OSError) as e:
+                log.warning("ignoring unreadable batch commitment file %s: %s", p.name, e)
+
+    def _path(self, slot: Slot) -> Path:
+        return self.dir / f"{slot[0].hex()}-{slot[1]}-{slot[2]}.json"
+
+    def add(self, slot: Slot, result: bytes, salt: bytes) -> None:
+        """Persist (temp file, fsync, rename, fsync of the directory), then remember."""
+        path = self._path(slot)
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"result": result.hex(), "salt": salt.hex()}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.entries[slot] = (result, salt)
+
+    def drop(self, slot: Slot) -> None:
+        self.entries.pop(slot, None)
+        self._path(slot).unlink(missing_ok=True)
+
+
+class BatchWorker:
+    """Does this node's batch assignments: run, commit, reveal (module docstring).
+
+    Args:
+        ident: the worker's key. ledger, host, executor: the node's services. store: item files and results.
+        runner: executes one item (on the executor thread). data_dir: where :class:`SaltBook` keeps salts.
+    """
+
+    def __init__(self, ident: Identity, ledger: LedgerView, host: Requester, store: ContentStore,
+                 executor: Executor, runner: Runner, data_dir: Path):
+        self.ident, self.ledger, self.host, self.store = ident, ledger, host, store
+        self.executor, self.runner = executor, runner
+        self.book = SaltBook(Path(data_dir) / "batch" / "commits")
+        self.files: dict[bytes, ItemFile | None] = {}  # batch id -> parsed item file (None: unparsable)
+        self.working: set[Slot] = set()
+        self.sent: dict[tuple[str, Slot], int] = {}  # ("commit" | "reveal", slot) -> height sent at
+        self.retry_at: dict[bytes, float] = {}  # batch id -> trio time before which its file is not fetched again
+        self.done = 0  # results computed here (for the API and tests)
+        self._limit = trio.CapacityLimiter(PARALLEL)
+        self._wake = trio.Event()
+        ledger.on_block(lambda block, state: self._wake.set())
+
+    async def run(self) -> None:
+        """Forever: at each block, work on this node's assignments."""
+        async with trio.open_nursery() as nursery:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                await self._step(nursery)
+
+    def _prune(self, st) -> None:
+        for slot in list(self.book.entries):
+            bid, i, a = slot
+            it: Item | None = st.tables["batch_items"].get(item_key(bid, i))
+            if it is not None and (it.status != ItemStatus.ASSIGNED or it.attempt > a):
+                self.book.drop(slot)
+                self.sent.pop(("commit", slot), None)
+                self.sent.pop(("reveal", slot), None)
+
+    async def _step(self, nursery) -> None:
+        st = self.ledger.state
+        me = self.ident.account
+        self._prune(st)
+        nxt = st.height + 1  # the height a transaction sent now lands in, at the earliest
+        for slot in assignments_of(st, me):
+            bid, i, a = slot
+            b: Batch = st.tables["batches"][bid]
+            it: Item = st.tables["batch_items"][item_key(bid, i)]
+            cw_end = it.assigned_height + b.post.commit_window
+            rec = self.book.entries.get(slot)
+            if rec is None:
+                if nxt <= cw_end and slot not in self.working:
+                    self.working.add(slot)
+                    nursery.start_soon(self._work, slot)
+                continue
+            result, salt = rec
+            if it.commitment_of(me) is None:
+                if nxt <= cw_end and self._due(("commit", slot), st.height):
+                    c = commitment(bid, i, a, me, result, salt)
+                    self._send(nursery, BatchCommit(self.ledger.chain_id, me, bid, i, a, c), ("commit", slot), st)
+            elif all(w != me for w, _ in it.reveals):
+                if ((nxt > cw_end or len(it.commits) == len(it.workers)) and nxt <= it.due
+                        and self._due(("reveal", slot), st.height)):
+                    self._send(nursery, BatchReveal(self.ledger.chain_id, me, bid, i, a, result, salt),
+                                       ("reveal", slot), st)
+
+    def _due(self, key: tuple[str, Slot], height: int) -> bool:
+        sent = self.sent.get(key)
+        return sent is None or height - sent >= RESEND_BLOCKS
+
+    def _send(self, nursery, tx, key: tuple[str, Slot], st) -> None:
+        """Submit in the background: a submit waits on gossip and on direct sends to validators, and one slow
+        validator must not hold back this worker's other commits and reveals."""
+        self.sent[key] = st.height
+        nursery.start_soon(self._submit, tx)
+
+    async def _submit(self, tx) -> None:
+        try:
+            await self.ledger.submit(tx.signed(self.ident))
+        except InvalidTx as e:
+            log.info("%s of batch %s item %d refused by the local node (sent again in %d blocks): %s", tx.KIND,
+                     tx.batch_id.hex()[:12], tx.item, RESEND_BLOCKS, e)
+        except Exception as e:  # gossip or a validator failing: the resend after RESEND_BLOCKS tries again
+            log.info("%s of batch %s item %d not sent: %s: %s", tx.KIND, tx.batch_id.hex()[:12], tx.item,
+                     type(e).__name__, e)
+
+    async def _item_file(self, b: Batch) -> ItemFile | None:
+        bid = b.post.batch_id
+        if bid in self.files:
+            return self.files[bid]
+        p = b.post
+        data = await fetch_content(self.host, self.store, p.items_root, [p.sender], items_check(p.items_root))
+        try:
+            f: ItemFile | None = parse_items(data, p.kind)
+            if f is not None and len(f.items) != p.n_items:
+                raise ItemsError(f"{len(f.items)} items, the post says {p.n_items}")
+        except ItemsError as e:  # the file is fixed by its hash: every honest worker sees the same
+            log.warning("batch %s: its item file is malformed (%s); every item gets the error result",
+                        bid.hex()[:12], e)
+            f = None
+        self.files[bid] = f
+        return f
+
+    async def _work(self, slot: Slot) -> None:
+        from ..encoding import pack
+
+        bid, i, a = slot
+        try:
+            async with self._limit:
+                if trio.current_time() < self.retry_at.get(bid, 0.0):
+                    return
+                b: Batch = self.ledger.state.tables["batches"][bid]
+                try:
+                    f = await self._item_file(b)
+                except Unavailable as e:
+                    self.retry_at[bid] = trio.current_time() + 2.0
+                    log.info("batch %s: item file not fetched yet (%s); retrying", bid.hex()[:12], e)
+                    return
+                if f is None:
+                    data = pack({"error": "bad_item_file"})
+                else:
+                    data = await self.executor.run(self.runner.run, b.post.kind, f.items[i], b.post.max_tokens)
+                key = self.store.put_result(data)
+                self.book.add(slot, key, os.urandom(32))  # before the commit is ever sent
+                self.done += 1
+                self._wake.set()  # commit now rather than at the next block
+        except Exception:
+            log.exception("batch %s item %d failed here; retried at the next block", bid.hex()[:12], i)
+        finally:
+            self.working.discard(slot)

@@ -1,0 +1,271 @@
+"""Fetching the decoder blocks of a model this node lacks, by content hash, from peers that hold it.
+
+A committee member drawn for a receipt of another model than its own (several models share one swarm) needs that
+receipt's span: it asks peers over ``BLOCK_PROTOCOL`` (``/tally/block/1.0.0``, one request per stream) for
+
+* ``{"type": "manifest", "model_id": 32 B}`` → ``{"manifest": bytes, "config": bytes}``: the model's
+  ``manifest.json`` and ``config.json``. They are accepted only when :func:`node.compute.model.load_manifest`
+  passes on them (``config_hash`` is the hash of that config, ``model_id`` the Merkle root of the listed head,
+  block and config hashes) **and** the model id is the one asked for: a peer cannot substitute another model.
+* ``{"type": "block", "model_id": 32 B, "index": i}`` → ``{"data": bytes}``: ``block_<i>.safetensors``. The bytes
+  are parsed with ``safetensors`` (never pickle, never ``torch.load``) and accepted only when their
+  :func:`~node.compute.model.tensors_hash` is ``block_hashes[i]`` of the checked manifest.
+
+Errors: ``not_found`` (the peer does not hold that model or block), ``too_large`` (over :data:`MAX_FILE`),
+``bad_request``. A reply that fails a check is dropped and the next peer is asked; each request is bounded by a
+timeout (seconds) and a message size. Checked files go to ``<root>/<model id hex>/`` (temp file, then
+``os.replace``), a directory apart from the model cache: it may hold only some blocks, and nothing there is used
+without :class:`~node.compute.span.SpanModel` checking each block's hash again when it loads it.
+
+If no peer returns a checked copy, :meth:`BlockFetcher.ensure` raises :class:`BlockUnavailable` and the member
+abstains (:mod:`node.verify.member`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import trio
+
+from ..compute.model import MANIFEST, Manifest, ManifestError, block_file, load_manifest, tensors_hash
+from ..encoding import DecodeError
+from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed
+from ..p2p.host import PeerUnreachable
+
+log = logging.getLogger("tally.blockfetch")
+
+BLOCK_PROTOCOL = "/tally/block/1.0.0"
+MAX_FILE = 48 << 20  # bytes: the largest block file served or accepted (below the 64 MiB message limit)
+MAX_MANIFEST = 1 << 20  # bytes: manifest.json and config.json, each
+REQUEST_MAX = 1 << 12  # bytes: a request message
+FETCH_TIMEOUT = 60.0  # seconds per request (a 48 MiB block over a slow link)
+MAX_PEERS = 8  # peers asked per file before giving up
+PARALLEL = 4  # blocks fetched at once
+
+
+class BlockUnavailable(LookupError):
+    """No peer returned a copy of a model's manifest or block that matches its hash."""
+
+
+class HeldModels:
+    """The model dirs this node can serve blocks from: its own model and what it fetched.
+
+    Args:
+        own: the node's model dir (complete). fetched_root: ``<data dir>/models``, where :class:`BlockFetcher`
+            writes (each ``<model id hex>/`` may hold only some blocks).
+    """
+
+    def __init__(self, own: Path | None, fetched_root: Path):
+        self.fetched_root = Path(fetched_root)
+        self._own: dict[bytes, Path] = {}
+        if own is not None:
+            self.add(Path(own))
+
+    def add(self, model_dir: Path) -> Manifest:
+        """Serve ``model_dir`` (complete, or partly fetched) too; returns its manifest."""
+        m = load_manifest(model_dir)
+        self._own[m.model_id] = Path(model_dir)
+        return m
+
+    def dir_of(self, model_id: bytes) -> Path | None:
+        """The dir holding ``model_id``'s manifest, or None."""
+        if model_id in self._own:
+            return self._own[model_id]
+        d = self.fetched_root / model_id.hex()
+        return d if (d / MANIFEST).is_file() else None
+
+    async def handle(self, msg: dict, peer: str) -> dict:
+        """The ``BLOCK_PROTOCOL`` request handler (:meth:`node.p2p.host.P2PHost.set_request_handler`)."""
+        mid = msg.get("model_id")
+        if not (isinstance(mid, bytes) and len(mid) == 32):
+            raise RemoteError("bad_request", "model_id must be 32 bytes")
+        d = self.dir_of(mid)
+        if d is None:
+            raise RemoteError("not_found", f"model {mid.hex()[:16]} is not held here")
+        kind = msg.get("type")
+        if kind == "manifest":
+            return {"manifest": await _read(d / MANIFEST, MAX_MANIFEST), "config": await _read(d / "config.json",
+                                                                                              MAX_MANIFEST)}
+        if kind == "block":
+            i = msg.get("index")
+            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < 100_000:
+                raise RemoteError("bad_request", "index must be a block number")
+            return {"data": await _read(d / block_file(i), MAX_FILE)}
+        raise RemoteError("bad_request", "type is manifest or block")
+
+
+async def _read(path: Path, limit: int) -> bytes:
+    def read() -> bytes:
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise RemoteError("not_found", f"{path.name} is not held here") from None
+        if size > limit:
+            raise RemoteError("too_large", f"{path.name} is {size} bytes, over the {limit}-byte limit")
+        return path.read_bytes()
+
+    return await trio.to_thread.run_sync(read)
+
+
+def check_block(data: bytes, expected: bytes) -> None:
+    """Parse safetensors ``data`` and check its :func:`tensors_hash` is ``expected`` (32 bytes).
+
+    Raises:
+        ValueError: not a safetensors file, or another hash.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    try:
+        tensors = load(data)
+    except (SafetensorError, ValueError, OSError) as e:
+        raise ValueError(f"not a safetensors file: {e}") from None
+    got = tensors_hash(tensors)
+    if got != expected:
+        raise ValueError(f"hashes to {got.hex()[:16]}, the manifest says {expected.hex()[:16]}")
+
+
+class BlockFetcher:
+    """Brings the blocks of a span of another model into ``root/<model id hex>/``, checked against the model id.
+
+    Args:
+        host: :class:`~node.p2p.host.P2PHost`. root: the fetched-models dir (``<data dir>/models``).
+        holders: ``holders(model_id, block) -> [peer id, ...]``: peers that announce that block of that model
+            (``block`` -1: any block), e.g. from the swarm table.
+        timeout: seconds per request. max_peers: peers tried per file.
+    """
+
+    def __init__(self, host, root: Path, holders: Callable[[bytes, int], list[str]],
+                 timeout: float = FETCH_TIMEOUT, max_peers: int = MAX_PEERS):
+        self.host, self.root, self.holders = host, Path(root), holders
+        self.timeout, self.max_peers = timeout, max_peers
+        self.refused: list[tuple[str, str]] = []  # (peer, why) for every reply that failed a check
+        self._lock = trio.Lock()
+
+    def _candidates(self, model_id: bytes, block: int, extra: Iterable[str]) -> list[str]:
+        me = getattr(self.host, "peer_id", None)
+        out: list[str] = []
+        for p in [*self.holders(model_id, block), *extra]:
+            if p not in out and p != me:
+                out.append(p)
+        return out[:self.max_peers]
+
+    async def _ask(self, peers: list[str], msg: dict, accept, what: str):
+        """``accept(reply)`` of the first peer whose reply passes it; raises BlockUnavailable."""
+        errors = []
+        for peer in peers:
+            try:
+                reply = await self.host.request(peer, BLOCK_PROTOCOL, msg, timeout=self.timeout,
+                                                max_message=MAX_FILE + (1 << 16))
+            except (PeerUnreachable, RemoteError, StreamClosed, FrameError, RequestTimeout, DecodeError) as e:
+                # unreachable, timeout, not_found, too large, malformed: ask the next peer
+                errors.append(f"{peer[:16]}: {type(e).__name__}: {e}")
+                continue
+            try:
+                return await accept(reply)
+            except (ValueError, TypeError) as e:
+                log.warning("refused %s from %s: %s", what, peer[:16], e)
+                self.refused.append((peer, f"{what}: {e}"))
+                errors.append(f"{peer[:16]}: refused: {e}")
+        raise BlockUnavailable(f"{what} unavailable: {'; '.join(errors) or 'no peer holds it'}")
+
+    async def manifest(self, model_id: bytes, extra: Iterable[str] = ()) -> Manifest:
+        """The checked manifest of ``model_id`` (fetched once, then read from ``root``).
+
+        Raises:
+            BlockUnavailable: no peer sent a manifest and config that hash to ``model_id``.
+        """
+        d = self.root / model_id.hex()
+        if (d / MANIFEST).is_file():
+            m = load_manifest(d)
+            if m.model_id == model_id:
+                return m
+
+        async def accept(reply: dict) -> Manifest:
+            man, cfg = reply.get("manifest"), reply.get("config")
+            if not (isinstance(man, bytes) and isinstance(cfg, bytes)) or max(len(man), len(cfg)) > MAX_MANIFEST:
+                raise ValueError("manifest and config must be bytes under 1 MiB")
+            return await trio.to_thread.run_sync(self._install_manifest, model_id, man, cfg)
+
+        return await self._ask(self._candidates(model_id, -1, extra), {"type": "manifest", "model_id": model_id},
+                               accept, f"manifest of model {model_id.hex()[:16]}")
+
+    def _install_manifest(self, model_id: bytes, man: bytes, cfg: bytes) -> Manifest:
+        """Check ``manifest.json`` + ``config.json`` in a temp dir (load_manifest) and rename it into place."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{model_id.hex()[:16]}.tmp-", dir=self.root))
+        try:
+            try:
+                json.loads(man)
+                (tmp / "config.json").write_bytes(cfg)
+                (tmp / MANIFEST).write_bytes(man)
+                m = load_manifest(tmp)
+            except (ManifestError, ValueError, UnicodeDecodeError) as e:
+                raise ValueError(f"bad manifest: {e}") from None
+            if m.model_id != model_id:
+                raise ValueError(f"manifest of model {m.model_id.hex()[:16]}, not {model_id.hex()[:16]}")
+            target = self.root / model_id.hex()
+            if not (target / MANIFEST).is_file():
+                if target.exists():
+                    shutil.rmtree(target)
+                os.rename(tmp, target)
+            return load_manifest(target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    async def ensure(self, model_id: bytes, start: int, end: int, extra: Iterable[str] = ()) -> Path:
+        """The dir of ``model_id`` holding at least blocks ``[start, end)``, each checked against its hash.
+
+        Args:
+            extra: peers to ask after the announced holders (e.g. the receipt's worker).
+
+        Raises:
+            BlockUnavailable: the manifest or a block could not be had from any peer with the right hash.
+            ValueError: ``[start, end)`` is not a span of that model.
+        """
+        extra = list(extra)
+        async with self._lock:  # one fetch at a time: two receipts of one span fetch it once
+            m = await self.manifest(model_id, extra)
+            if not (0 <= start < end <= m.num_blocks):
+                raise ValueError(f"span [{start}, {end}) is not inside model {model_id.hex()[:16]} "
+                                 f"of {m.num_blocks} blocks")
+            d = self.root / model_id.hex()
+            missing = [i for i in range(start, end) if not (d / block_file(i)).is_file()]
+            errors: list[BlockUnavailable] = []
+            limit = trio.CapacityLimiter(PARALLEL)
+            async with trio.open_nursery() as n:
+                for i in missing:
+                    n.start_soon(self._block, m, d, i, extra, limit, errors)
+            if errors:
+                raise errors[0]
+            return d
+
+    async def _block(self, m: Manifest, d: Path, i: int, extra: list[str], limit: trio.CapacityLimiter,
+                     errors: list) -> None:
+        """Fetch block ``i`` into ``d`` (checked against ``m.block_hashes[i]``); a failure goes to ``errors``."""
+        path = d / block_file(i)
+
+        async def accept(reply: dict) -> None:
+            data = reply.get("data")
+            if not isinstance(data, bytes) or len(data) > MAX_FILE:
+                raise ValueError("a block is bytes under the size limit")
+            await trio.to_thread.run_sync(check_block, data, m.block_hashes[i])
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+
+        async with limit:
+            try:
+                await self._ask(self._candidates(m.model_id, i, extra),
+                                {"type": "block", "model_id": m.model_id, "index": i}, accept,
+                                f"block {i} of model {m.model_id.hex()[:16]}")
+            except BlockUnavailable as e:
+                errors.append(e)
+                return
+        log.info("fetched block %d of model %s (checked against its hash)", i, m.model_id.hex()[:16])
