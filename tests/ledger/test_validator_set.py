@@ -328,13 +328,16 @@ def test_store_records_the_sets_and_serves_light_blocks(tmp_path):
 # ------------------------------------------------------------------ the light client
 
 
-def _chain(g: Genesis, blocks: int = 6):
-    """Light blocks (header, commit, signing set) of a chain where KEYS[4] joins in block 2."""
+def _chain(g: Genesis, blocks: int = 6, txs_of=None):
+    """Light blocks (header, commit, signing set) of a chain where KEYS[4] joins in block 2; ``txs_of(i, state)``
+    gives block i + 1's transactions instead."""
     s = genesis_state(g)
     out = []
     for i in range(blocks):
         vs = s.valset()
-        block, s, _ = step(s, [join(s, KEYS[4])] if i == 1 else [])
+        txs = txs_of(i, s) if txs_of else [join(s, KEYS[4])] if i == 1 else []
+        block, s, rejected = step(s, txs)
+        assert not rejected
         out.append((block.header, list(step.last_commit[block.hash]), vs))
     return out
 
@@ -495,16 +498,12 @@ def test_proposers_are_weighted_by_power_and_equal_powers_keep_round_robin():
 def _changing_chain(g: Genesis, blocks: int = 24):
     """Light blocks of a chain where KEYS[4] joins in block 2 and KEYS[0..2] leave in block 8: from height 10
     the set is {KEYS[3], KEYS[4]}, whose genesis part holds 1/4 of the genesis power."""
-    s = genesis_state(g)
-    out = []
-    for i in range(blocks):
-        vs = s.valset()
-        txs = [join(s, KEYS[4])] if i == 1 else [
-            ValidatorLeave(s.chain_id, k.account, nonce(s, k)).signed(k) for k in KEYS[:3]] if i == 7 else []
-        block, s, rejected = step(s, txs)
-        assert not rejected
-        out.append((block.header, list(step.last_commit[block.hash]), vs))
-    return out
+    def txs_of(i, s):
+        if i == 1:
+            return [join(s, KEYS[4])]
+        return [ValidatorLeave(s.chain_id, k.account, nonce(s, k)).signed(k) for k in KEYS[:3]] if i == 7 else []
+
+    return _chain(g, blocks, txs_of)
 
 
 def test_light_client_skips_by_bisection_where_the_set_changed_and_refuses_forgeries():

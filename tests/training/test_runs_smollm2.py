@@ -7,6 +7,7 @@ exactly once and credits are conserved (live API and the validator's reopened Le
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -38,8 +39,7 @@ AGG_LINE = re.compile(r"run ([0-9a-f]{12}) round (\d+): aggregated \d+ Δs into 
 
 
 def procs_info(tmp, key: int) -> dict:
-    import json
-
+    """The ``node.json`` of the ``spawn``-ed node of dev key ``key`` (its API address)."""
     return json.loads((tmp / f"p{key}" / "node.json").read_text())
 
 

@@ -24,6 +24,7 @@ the smallest power ``q`` with ``3q > 2T``).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,7 +37,6 @@ VALSET_TAG = b"tally/valset/v1"
 
 
 MAX_SLOTS = 1024  # the longest proposer cycle (powers are scaled down to at most this many slots)
-_SCHEDULES: dict[tuple[tuple[bytes, int], ...], tuple[int, ...]] = {}  # members -> schedule (a pure memo)
 
 
 def slot_weights(powers: Sequence[int], max_slots: int = MAX_SLOTS) -> list[int]:
@@ -65,15 +65,13 @@ def slot_weights(powers: Sequence[int], max_slots: int = MAX_SLOTS) -> list[int]
     return [max(1, x) for x in whole]
 
 
+@functools.lru_cache(maxsize=64)  # a few sets are live at once (this height's, the next, a syncing peer's)
 def proposer_schedule(members: tuple[tuple[bytes, int], ...]) -> tuple[int, ...]:
     """One cycle of proposers (indexes into ``members``), each validator ``slot_weights`` times, interleaved by
     CometBFT's proposer-priority rule (spec, consensus/proposer-selection.md: every step each priority grows by
     its weight, the highest proposes and loses the total; ties to the lower index = the smaller account). Unlike
     CometBFT the priorities start from zero for every set instead of carrying over a change: the schedule is a
     pure function of the set, which every node and light client computes alike. Memoized per set."""
-    got = _SCHEDULES.get(members)
-    if got is not None:
-        return got
     w = slot_weights([p for _, p in members])
     total = sum(w)
     prio = [0] * len(w)
@@ -84,11 +82,7 @@ def proposer_schedule(members: tuple[tuple[bytes, int], ...]) -> tuple[int, ...]
         best = max(range(len(w)), key=lambda i: (prio[i], -i))
         prio[best] -= total
         out.append(best)
-    schedule = tuple(out)
-    if len(_SCHEDULES) >= 64:  # a few sets are live at once (this height's, the next, a syncing peer's)
-        _SCHEDULES.clear()
-    _SCHEDULES[members] = schedule
-    return schedule
+    return tuple(out)
 
 
 class ValidatorSetError(ValueError):
