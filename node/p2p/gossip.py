@@ -21,6 +21,9 @@ Semantics:
   default drops above 10 messages/s per peer and topic); adaptive gossip off (it stretches the heartbeat to
   30-60 s when it judges the network unhealthy, as small networks are); eclipse protection off (all loopback
   peers share one IP).
+* Messages held for peers whose subscriptions are not known yet (py-libp2p's "pending" queue for the identify
+  race) are capped at ``PENDING_PER_PEER`` per peer for ``PENDING_TTL`` seconds, pruned in O(1) and dropped
+  without a log line (:func:`make_router`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, OrderedDict
+from functools import cache
 from typing import Awaitable, Callable
 
 import trio
@@ -47,19 +51,53 @@ OUTBOUND_QUEUE = 4096  # RPCs queued per peer by pubsub before it drops (py-libp
 TOPIC_NAMES = ("tx", "consensus", "shards")
 RECORD_CACHE = 4096  # signed peer records remembered as already checked (cache_signed_records)
 RECORD_TTL = 600.0  # seconds a checked signed peer record is taken as checked
+PENDING_PER_PEER = 32  # publications held per peer until its subscriptions are known (py-libp2p default: 100)
+PENDING_TTL = 5.0  # seconds such a publication is held (py-libp2p default: 30 s)
+
+
+@cache
+def router_class() -> type:
+    """py-libp2p's ``GossipSub`` with a cheap pending queue. py-libp2p 0.8.1 queues every publication for each
+    connected peer that has not subscribed to the topic (in case its subscription is still on the way), and on
+    every publication rebuilds each such peer's queue in a list comprehension and, once the queue is at its cap,
+    logs a WARNING. A peer that connects and never subscribes to a topic thus costs every node O(cap) work and
+    a log record per publication on it, for as long as it stays connected. Measured on the validator of
+    ``tests/e2e/test_flood.py`` (swarm, six flooding peers subscribed only to ``tx``): 9,443 warnings and 12 s
+    of its event loop in _prune_pending_messages during a 2.5-minute test, block intervals 7-10 % longer than
+    idle. This subclass keeps the same queue (appended in time order) but drops expired entries from its head
+    only when the oldest has expired, trims the oldest beyond the cap without a log line, and uses
+    ``PENDING_PER_PEER`` / ``PENDING_TTL``."""
+    from libp2p.pubsub.gossipsub import GossipSub
+
+    class TallyGossipSub(GossipSub):  # type: ignore[misc, valid-type]
+        def _prune_pending_messages(self, peer_id) -> None:  # noqa: ANN001 (py-libp2p's ID)
+            queue = self._pending_messages.get(peer_id)
+            if queue is None:
+                return
+            cutoff = time.time() - self._pending_messages_ttl
+            if queue and queue[0][0] < cutoff:  # entries are appended with time.time(): oldest first
+                queue[:] = [(ts, m) for ts, m in queue if ts >= cutoff]
+            over = len(queue) - self._max_pending_messages_per_peer
+            if over > 0:
+                del queue[:over]
+            if not queue:
+                self._pending_messages.pop(peer_id, None)
+
+    return TallyGossipSub
 
 
 def make_router(*, degree: int, degree_low: int, degree_high: int, heartbeat_interval: float):
     """A ``GossipSub`` router with Tally's settings (see module docstring). ``heartbeat_interval`` in seconds."""
-    from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+    from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11
 
-    return GossipSub(
+    return router_class()(
         protocols=[PROTOCOL_ID_V11, PROTOCOL_ID],
         degree=degree, degree_low=degree_low, degree_high=degree_high,
         heartbeat_initial_delay=0.1, heartbeat_interval=heartbeat_interval,
         spam_protection_enabled=False, max_messages_per_topic_per_second=1e9,
         adaptive_gossip_enabled=False,
         eclipse_protection_enabled=False,
+        max_pending_messages_per_peer=PENDING_PER_PEER, pending_messages_ttl=PENDING_TTL,
     )
 
 

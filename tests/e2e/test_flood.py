@@ -1,7 +1,8 @@
 """Check 3 of issue 16: a flood of 1,000 unpayable and far-future transactions from one key, and of 1,000 from five
 keys at once (200 each), over gossip and the direct-submit protocol from real libp2p peers in another process (and
 unpayable transfers through the wallet API), while a devnet node produces blocks (``blocks``) — and, marked slow,
-while a tiny-model swarm also generates and verifies (``swarm``).
+while a tiny-model swarm also generates and verifies (``swarm``: the validator in this process, its three span
+servers ``node start`` processes).
 
 Three phases side by side in one test, each with the same real work (one API transfer; with the swarm also one
 generation through 3 spans, its 3 receipts and 6 committee votes): idle, flood from one key, flood from five
@@ -23,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -147,15 +149,12 @@ class _Refusals(logging.Handler):
             self.by_peer.setdefault(str(record.args[1]), []).append(str(record.args[2]))
 
 
-# ``swarm`` is quarantined: 1 of 6 runs passed (load 1-8, helpers' tests on the cores). Before nodes relayed only
-# admitted transactions, the four nodes of this one process each parsed and relayed the 1,000 gossip messages and
-# draining took > 30 s; since, it takes 7-18 s, and the failures are in the real work itself, in the idle phase
-# too (before any flood): new streams to the validator are not negotiated within 5-10 s ("multiselect handshake
-# read failed", "direct submit ... no reply within 5 s", sync streams fail) while its event loop lags < 1 s
-# (measured), so a server's session ends at its 10 s step timeout (one server per span: NoRouteError) or receipts
-# miss their 60 s. The same py-libp2p symptom as the quarantined check-4 run test; next step: nodes as processes.
-@pytest.mark.parametrize("spans", [[], pytest.param(SPANS, marks=[pytest.mark.slow, pytest.mark.quarantine])],
-                         ids=["blocks", "swarm"])
+# ``swarm`` runs the three span servers as ``node start`` processes. With all four nodes in this one process (as
+# before) 1 of 6 runs passed: new streams to the validator were not negotiated within 5-10 s ("multiselect
+# handshake read failed") while its event loop lagged < 1 s, in the idle phase too, before any flood - several
+# nodes sharing one trio loop, the py-libp2p symptom of the notes; not the flood. The validator stays in this
+# process because the test watches its mempool and blocks from inside.
+@pytest.mark.parametrize("spans", [[], pytest.param(SPANS, marks=pytest.mark.slow)], ids=["blocks", "swarm"])
 def test_flood_is_refused_while_real_work_lands_on_time(tmp_path, tiny, spans):
     """``blocks``: a devnet node producing blocks, with API transfers as the real work. ``swarm``: the same node
     with 3 span servers, generating and verifying as well."""
@@ -173,7 +172,7 @@ def test_flood_is_refused_while_real_work_lands_on_time(tmp_path, tiny, spans):
                                                                 headers={"Authorization": f"Bearer {token}"}))
 
     async def main():
-        async with swarm(tmp_path, tiny, spans, genesis=g) as nodes:
+        async with swarm(tmp_path, tiny, [], genesis=g) as nodes, span_servers(tmp_path, tiny, g, nodes[0], spans):
             v = nodes[0]  # the validator, also the client
             pool = v.ledger.mempool
             admitted: dict[bytes, int] = {}  # tx id -> validator height when it entered its mempool
@@ -261,6 +260,31 @@ def test_flood_is_refused_while_real_work_lands_on_time(tmp_path, tiny, spans):
         assert p["max_pool_bytes"] <= idle["max_pool_bytes"] + 200 * WINDOW_OK * len(keys)
     # the devnet produced blocks all along
     assert all(p["blocks"] >= 12 for p in phases.values()), {k: p["blocks"] for k, p in phases.items()}
+
+
+@asynccontextmanager
+async def span_servers(tmp: Path, tiny: Path, g, v, spans):
+    """One ``node start`` process per span (dev keys 1, 2, ...: the genesis's bonded servers), bootstrapped to the
+    in-process validator ``v``; until ``v`` has heard every span's announcement. Stops them (SIGKILL) after."""
+    from tests.inference.procs import spawn, stop_all, tail, wait_info
+
+    gfile = tmp / "genesis.json"
+    gfile.write_text(json.dumps(g.to_doc()))
+    procs = {k: spawn(tmp, k, gfile, tiny.parent, "--span", f"{s}:{e}", "--bootstrap", v.host.addrs[0],
+                      "--step-timeout", "10") for k, (s, e) in enumerate(spans, start=1)}
+    try:
+        for k, p in procs.items():
+            await trio.to_thread.run_sync(lambda: wait_info(tmp, k, p, 300))
+        with trio.fail_after(120):
+            while len(v.swarm.live(v.manifest.model_id)) < len(spans):
+                await trio.sleep(0.2)
+        yield procs
+    except BaseException:
+        for k in procs:
+            print(f"--- server {k} ---", tail(tmp, k), sep="\n")
+        raise
+    finally:
+        await trio.to_thread.run_sync(lambda: stop_all(procs.values()))
 
 
 async def phase(v, name: str, proc, blocks, admitted, included, refusals, http_post) -> dict:

@@ -312,3 +312,45 @@ def test_a_message_the_validator_refuses_is_neither_delivered_nor_relayed():
             assert [d for d, _ in checked] == msgs and {o for _, o in checked} == {a.peer_id}
 
     run(body)
+
+
+def test_a_peer_that_never_subscribes_costs_a_bounded_queue_and_no_log_lines(caplog):
+    """B subscribes to ``tx`` only. A publishes 300 messages on ``consensus``: py-libp2p holds each for B in case
+    B's subscription is on the way; A holds at most PENDING_PER_PEER (+ the newest) for B, none older than PENDING_TTL, and logs
+    nothing about it (py-libp2p 0.8.1 held 100 and logged a WARNING per publication once full)."""
+    import logging
+
+    from node.p2p.gossip import PENDING_PER_PEER, PENDING_TTL
+
+    async def body():
+        async with running_hosts(2) as (a, b):
+            async def handler(data, origin):
+                pass
+            await a.subscribe(a.topic("consensus"), handler)
+            await a.subscribe(a.topic("tx"), handler)
+            await b.subscribe(b.topic("tx"), handler)
+            assert await a.connect(b.addrs) == 1
+            await a.wait_for_topic_peers(a.topic("tx"), 1, mesh=False)
+            router = a._gossip._pubsub.router
+            with caplog.at_level(logging.WARNING, logger="libp2p.pubsub.gossipsub"):
+                for i in range(300):
+                    await a.publish(a.topic("consensus"), b"vote %d" % i)
+                await trio.sleep(0.2)
+            held = router._pending_messages.get(_libp2p_id(b.peer_id), [])
+            assert 0 < len(held) <= PENDING_PER_PEER + 1  # pruned to the cap, then the new one appended
+            assert not [r for r in caplog.records if "pending message queue" in r.getMessage()]
+            # expired entries leave at the next publication
+            old = time.time() - PENDING_TTL - 1
+            held[:] = [(old, m) for _, m in held]
+            await a.publish(a.topic("consensus"), b"late")
+            await trio.sleep(0.1)
+            after = router._pending_messages.get(_libp2p_id(b.peer_id), [])
+            assert len(after) == 1 and after[0][0] > old
+
+    run(body)
+
+
+def _libp2p_id(peer_id: str):
+    from libp2p.peer.id import ID
+
+    return ID.from_base58(peer_id)
