@@ -278,8 +278,13 @@ def measure(path: Path, n: int, empty: int = 30, full: int = 10, per_block: int 
         write_t.append(counting.last_write_s)
     phases["empty blocks"] = rss_split()
     full_t, full_w = [], []
+    full_prof = cProfile.Profile() if profile else None
     for j in range(full):
+        if full_prof:
+            full_prof.enable()
         state, dt = _block(store, state, pre[j * per_block:(j + 1) * per_block], val)
+        if full_prof:
+            full_prof.disable()
         full_t.append(dt)
         full_w.append(counting.last_write_s)
     rss_after = rss_mib()
@@ -312,6 +317,8 @@ def measure(path: Path, n: int, empty: int = 30, full: int = 10, per_block: int 
     if prof:
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(25)
+        s.write(f"--- the {full} blocks of {per_block} receipts ---\n")
+        pstats.Stats(full_prof, stream=s).sort_stats("tottime").print_stats(25)
         out["profile"] = s.getvalue()
     return out
 
@@ -465,7 +472,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
                     "subprocess (default %(default)s)")
     ap.add_argument("--empty", type=int, default=30, help="empty blocks timed per size (default %(default)s)")
     ap.add_argument("--full", type=int, default=10, help="100-receipt blocks timed per size (default %(default)s)")
-    ap.add_argument("--profile", action="store_true", help="cProfile the empty blocks; top functions to stderr")
+    ap.add_argument("--profile", action="store_true", help="cProfile the empty and the 100-receipt blocks; top functions to stderr")
     ap.add_argument("--keep", type=Path, default=None, help="build the stores under this directory and keep them")
 
 
