@@ -239,6 +239,28 @@ def test_round_closes_at_timeout_with_the_minimum_and_reopens_below_it():
     assert run.cur.beacon != cur.beacon
 
 
+def test_a_reopened_round_waits_longer_for_commits_each_attempt():
+    """Attempt a's commit phase lasts round_timeout × (a + 1) blocks (capped): a network slightly too slow for
+    round_timeout gets a window it can meet instead of failing every attempt alike."""
+    from node.ledger.core.runs import MAX_TIMEOUT_STEPS, phase_timeout
+
+    assert [phase_timeout(5, a) for a in (0, 1, 2, 50)] == [5, 10, 15, 5 * MAX_TIMEOUT_STEPS]
+    c = Chain()
+    post = start(c, min_workers=4)
+    lengths = []
+    for attempt in range(3):
+        cur = c.run(post).cur
+        assert cur.phase == Phase.COMMIT and cur.attempt == attempt
+        opened, n = cur.phase_height, 0
+        while c.run(post).cur.attempt == attempt:
+            c.block()
+            n += 1
+            assert n <= 10 * post.round_timeout
+        lengths.append(c.s.height - opened)
+    assert lengths == [post.round_timeout * (a + 1) for a in range(3)], lengths
+    assert [f[2] for f in c.run(post).failed] == ["0 committed"] * 3
+
+
 def test_late_joiner_and_leaver_take_effect_at_the_next_round():
     c = Chain()
     post = c.post(min_workers=2, max_workers=4)

@@ -23,7 +23,11 @@ A run (:class:`~node.ledger.core.runtx.RunPost`) goes through rounds; each round
    bit for bit. Valid: θ_{r+1} and the momentum are the run's, the aggregator is paid ``aggregator_fee`` (less
    the committee's fee), and round r+1 opens in the next ``end_block``. Invalid: the aggregator is slashed like
    any worker, the fee returns to the escrow, another aggregator is drawn. A round whose commit or reveal phase
-   ends with fewer than ``min_workers`` is re-opened (``attempt`` + 1) with a fresh beacon.
+   ends with fewer than ``min_workers`` is re-opened (``attempt`` + 1) with a fresh beacon, and its commit and
+   reveal phases then wait longer: ``round_timeout × min(attempt + 1, MAX_TIMEOUT_STEPS)`` blocks
+   (:func:`phase_timeout`; Tendermint likewise lengthens its timeouts with every round of a height). Without it, a
+   network whose workers need a little more than ``round_timeout`` to train H steps fails every attempt
+   forever (seen: 39 attempts of round 0 at load 14 on two cores, each missing the window by seconds).
 
 Money (base units; the whole budget sits in the sponsor's ``escrow`` from the post): a round receipt reserves
 ``H × price_per_step`` from ``Run.escrow_left``; when final, the committee's fee (valid) or the worker's slash
@@ -391,11 +395,20 @@ def end_block_runs(s: State, height: int, block_hash: bytes, final_status: Abstr
         _set(s, run)
 
 
+MAX_TIMEOUT_STEPS = 8  # the commit and reveal phases of a re-opened round wait at most 8 × round_timeout
+
+
+def phase_timeout(round_timeout: int, attempt: int) -> int:
+    """Blocks the commit or reveal phase of attempt ``attempt`` (0-based) of a round stays open for at most:
+    ``round_timeout × min(attempt + 1, MAX_TIMEOUT_STEPS)``."""
+    return round_timeout * min(attempt + 1, MAX_TIMEOUT_STEPS)
+
+
 def _advance(s: State, run: Run, height: int, beacon: bytes) -> Run:
     cur = run.cur
     assert cur is not None
     p = run.post
-    timed_out = height >= cur.phase_height + p.round_timeout
+    timed_out = height >= cur.phase_height + phase_timeout(p.round_timeout, cur.attempt)
     if cur.phase == Phase.COMMIT:
         if len(cur.commits) == len(cur.participants) or timed_out:
             if len(cur.commits) < p.min_workers:
@@ -430,6 +443,7 @@ def _advance(s: State, run: Run, height: int, beacon: bytes) -> Run:
 
 __all__ = [
     "MAX_JOINED",
+    "MAX_TIMEOUT_STEPS",
     "TERMINAL",
     "Outcome",
     "Phase",
@@ -443,6 +457,7 @@ __all__ = [
     "check_round_receipt",
     "end_block_runs",
     "on_final",
+    "phase_timeout",
     "record_aggregate",
     "record_round_receipt",
 ]
