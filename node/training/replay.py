@@ -18,10 +18,12 @@ import math
 import trio
 
 from ..blobs import BlobUnavailable, fetch_blob
+from ..encoding import commitments_root
 from ..ledger.core.runs import Phase, attempt_of
 from ..ledger.core.runtx import RoundAggregate, RoundReceipt
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID
 from . import rounds as rd
+from ..verify.blockfetch import model_dir_for, tokenizer_trusted
 from .assign import batch_tensors
 from .worker import FETCH_TIMEOUT, RunCache, load_run, recompute_aggregate, theta_holders
 
@@ -45,7 +47,10 @@ async def check_round_receipt(member, r: RoundReceipt) -> tuple[int, float]:
     """A committee member's ``(verdict, distance)`` on a sampled round receipt."""
     state = member.ledger.state
     run = state.runs.get(r.run_id)
-    if run is None or run.post.model_id != member.model_id:
+    if run is None:
+        return ABSTAIN, math.inf
+    model_dir = await model_dir_for(member, run.post.model_id, [r.worker, run.post.sender])
+    if model_dir is None:
         return ABSTAIN, math.inf
     holders = [r.worker]
     got = None
@@ -65,7 +70,7 @@ async def check_round_receipt(member, r: RoundReceipt) -> tuple[int, float]:
     opt_before, params_after, opt_after, payload = got
     try:
         cache = member.__dict__.setdefault("_run_cache", RunCache())
-        cache = await load_run(cache, member.executor, member.host, member.blobs, member.model_dir, run)
+        cache = await load_run(cache, member.executor, member.host, member.blobs, model_dir, run)
         theta = await fetch_blob(member.host, member.blobs, r.params_before, theta_holders(state, run) + [r.worker],
                                  timeout=FETCH_TIMEOUT)
         commit = next((c for c in _all_commits(run) if c[1] == r.id), None)
@@ -80,6 +85,10 @@ async def check_round_receipt(member, r: RoundReceipt) -> tuple[int, float]:
     except ValueError:
         return INVALID, math.inf
     batches = batch_tensors(cache.windows, a)
+    if not tokenizer_trusted(model_dir) and commitments_root(batches) != r.batches_root:
+        # our batches come from a tokenizer a peer sent (another model's dir): they, not the worker, may be wrong
+        log.info("abstain on round receipt %s: batches differ under a fetched tokenizer", r.id.hex()[:16])
+        return ABSTAIN, math.inf
 
     def replay():
         expected = rd.expected_opt_before(cache.trainer, run.post, prev)
@@ -107,12 +116,15 @@ async def check_aggregate(member, a: RoundAggregate) -> tuple[int, float]:
     """A committee member's ``(verdict, distance)`` on an aggregate: 0 and VALID iff both ids re-compute."""
     state = member.ledger.state
     run = state.runs.get(a.run_id)
-    if run is None or run.cur is None or run.post.model_id != member.model_id:
+    if run is None or run.cur is None:
+        return ABSTAIN, math.inf
+    model_dir = await model_dir_for(member, run.post.model_id, [a.aggregator, run.post.sender])
+    if model_dir is None:
         return ABSTAIN, math.inf
     holders = [a.aggregator] + theta_holders(state, run)
     try:
         cache = member.__dict__.setdefault("_run_cache", RunCache())
-        cache = await load_run(cache, member.executor, member.host, member.blobs, member.model_dir, run)
+        cache = await load_run(cache, member.executor, member.host, member.blobs, model_dir, run)
         res, params_id, mom_id = await recompute_aggregate(
             cache, member.executor, member.host, member.blobs, state, run.post, run.cur.commits, a.accepted,
             a.aggregator, a.params_before, a.momentum_before, holders)
@@ -126,4 +138,6 @@ async def check_aggregate(member, a: RoundAggregate) -> tuple[int, float]:
             member.blobs.put(res.momentum)
     log.info("aggregate %s of run %s round %d: %s", a.id.hex()[:16], a.run_id.hex()[:12], a.round,
              "valid" if ok else "invalid")
+    if not ok and not tokenizer_trusted(model_dir):  # the screen's windows came from a fetched tokenizer
+        return ABSTAIN, math.inf
     return (VALID, 0.0) if ok else (INVALID, math.inf)

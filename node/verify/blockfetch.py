@@ -11,6 +11,18 @@ receipt's span: it asks peers over ``BLOCK_PROTOCOL`` (``/tally/block/1.0.0``, o
   are parsed with ``safetensors`` (never pickle, never ``torch.load``) and accepted only when their
   :func:`~node.compute.model.tensors_hash` is ``block_hashes[i]`` of the checked manifest.
 
+* ``{"type": "head", "model_id": 32 B}`` → ``{"data": bytes}``: ``head.safetensors`` (embeddings, final norm, LM
+  head), accepted only when it hashes to the manifest's ``head_hash``.
+* ``{"type": "tokenizer", "model_id": 32 B}`` → ``{"files": {name: bytes}}``: the tokenizer files the peer holds
+  (:data:`TOKENIZER_FILES`). They are **not** covered by the model id, so a fetched tokenizer is only as good as
+  the peer that sent it: :meth:`BlockFetcher.ensure_model` marks such a dir (:data:`UNVERIFIED_TOKENIZER`), and
+  a committee member that replays training on it abstains instead of voting invalid when the worker's committed
+  batches do not match its tokenization (:func:`tokenizer_trusted`). A replay whose batches do match used the
+  committed token ids, whichever tokenizer produced them.
+
+:meth:`BlockFetcher.ensure` brings a span's blocks (inference receipts); :meth:`BlockFetcher.ensure_model` the whole
+model — every block, the head and the tokenizer — for replaying training receipts of jobs and runs.
+
 Errors: ``not_found`` (the peer does not hold that model or block), ``too_large`` (over :data:`MAX_FILE`),
 ``bad_request``. A reply that fails a check is dropped and the next peer is asked; each request is bounded by a
 timeout (seconds) and a message size. Checked files go to ``<root>/<model id hex>/`` (temp file, then
@@ -33,8 +45,9 @@ from pathlib import Path
 
 import trio
 
-from ..compute.model import MANIFEST, Manifest, ManifestError, block_file, load_manifest, tensors_hash
+from ..compute.model import HEAD_FILE, MANIFEST, Manifest, ManifestError, block_file, load_manifest, tensors_hash
 from ..encoding import DecodeError
+from ..identity import account_to_str
 from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed
 from ..p2p.host import PeerUnreachable
 
@@ -47,6 +60,32 @@ REQUEST_MAX = 1 << 12  # bytes: a request message
 FETCH_TIMEOUT = 60.0  # seconds per request (a 48 MiB block over a slow link)
 MAX_PEERS = 8  # peers asked per file before giving up
 PARALLEL = 4  # blocks fetched at once
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "tokenizer.model")
+MAX_TOKENIZER = 32 << 20  # bytes: all tokenizer files of a reply together
+UNVERIFIED_TOKENIZER = "tokenizer.unverified"  # marker file: this dir's tokenizer came from a peer, unchecked
+
+
+async def model_dir_for(member, model_id: bytes, holders: Iterable[bytes]) -> Path | None:
+    """The dir of ``model_id`` in which committee ``member`` (a :class:`~node.verify.member.CommitteeMember`:
+    ``model_id``, ``model_dir``, ``fetcher``) replays training: its own model, or the whole model fetched by content
+    hash (:meth:`BlockFetcher.ensure_model`, also asking ``holders``, accounts); None (the member abstains)
+    without a fetcher or when no peer has it."""
+    if model_id == member.model_id:
+        return member.model_dir
+    if member.fetcher is None:
+        return None
+    try:
+        return await member.fetcher.ensure_model(model_id, [account_to_str(a) for a in holders])
+    except (BlockUnavailable, ValueError) as e:
+        log.info("abstain: model %s: %s", model_id.hex()[:16], e)
+        return None
+
+
+def tokenizer_trusted(model_dir: Path) -> bool:
+    """False for a dir whose tokenizer files (or their absence) came from a peer (:meth:`BlockFetcher.ensure_model`):
+    nothing in the model id covers them."""
+    return not (Path(model_dir) / UNVERIFIED_TOKENIZER).exists()
 
 
 class BlockUnavailable(LookupError):
@@ -97,7 +136,25 @@ class HeldModels:
             if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < 100_000:
                 raise RemoteError("bad_request", "index must be a block number")
             return {"data": await _read(d / block_file(i), MAX_FILE)}
-        raise RemoteError("bad_request", "type is manifest or block")
+        if kind == "head":
+            return {"data": await _read(d / HEAD_FILE, MAX_FILE)}
+        if kind == "tokenizer":
+            files, total = {}, 0
+            for name in TOKENIZER_FILES:
+                if (d / name).is_file():
+                    files[name] = await _read(d / name, MAX_TOKENIZER)
+                    total += len(files[name])
+            if total > MAX_TOKENIZER:
+                raise RemoteError("too_large", f"tokenizer files are {total} bytes, over {MAX_TOKENIZER}")
+            return {"files": files}
+        raise RemoteError("bad_request", "type is manifest, block, head or tokenizer")
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """``data`` to ``path`` through a temp file and ``os.replace`` (a reader never sees half a file)."""
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 async def _read(path: Path, limit: int) -> bytes:
@@ -245,6 +302,56 @@ class BlockFetcher:
             if errors:
                 raise errors[0]
             return d
+
+    async def ensure_model(self, model_id: bytes, extra: Iterable[str] = ()) -> Path:
+        """The dir of ``model_id`` with every block and the head, each checked against the model id, and the
+        tokenizer files a holder sent (unchecked: the dir is marked, see :func:`tokenizer_trusted`).
+
+        Raises:
+            BlockUnavailable: the manifest, a block or the head could not be had from any peer with its hash.
+        """
+        extra = list(extra)
+        m = await self.manifest(model_id, extra)
+        d = await self.ensure(model_id, 0, m.num_blocks, extra)
+        async with self._lock:
+            if not (d / HEAD_FILE).is_file():
+                async def accept_head(reply: dict) -> None:
+                    data = reply.get("data")
+                    if not isinstance(data, bytes):
+                        raise ValueError("head data must be bytes")
+                    await trio.to_thread.run_sync(self._install_file, d, HEAD_FILE, data, m.head_hash)
+
+                await self._ask(self._candidates(model_id, -1, extra), {"type": "head", "model_id": model_id},
+                                accept_head, f"head of model {model_id.hex()[:16]}")
+            if not (d / UNVERIFIED_TOKENIZER).exists():
+                async def accept_tok(reply: dict) -> None:
+                    files = reply.get("files")
+                    if not (isinstance(files, dict) and set(files) <= set(TOKENIZER_FILES)
+                            and all(isinstance(v, bytes) for v in files.values())
+                            and sum(len(v) for v in files.values()) <= MAX_TOKENIZER):
+                        raise ValueError(f"tokenizer files must be bytes named among {TOKENIZER_FILES}")
+                    await trio.to_thread.run_sync(self._install_tokenizer, d, files)
+
+                try:
+                    await self._ask(self._candidates(model_id, -1, extra), {"type": "tokenizer",
+                                                                            "model_id": model_id},
+                                    accept_tok, f"tokenizer of model {model_id.hex()[:16]}")
+                except BlockUnavailable as e:  # replay then tokenizes bytes, and abstains on a mismatch
+                    log.info("%s; the dir stays without one", e)
+                    (d / UNVERIFIED_TOKENIZER).write_text("no peer sent a tokenizer\n")
+        return d
+
+    @staticmethod
+    def _install_file(d: Path, name: str, data: bytes, expected: bytes) -> None:
+        check_block(data, expected)
+        _atomic_write(d / name, data)
+
+    @staticmethod
+    def _install_tokenizer(d: Path, files: dict[str, bytes]) -> None:
+        # the marker first: a crash between the files and it must not leave peer files looking like our own
+        (d / UNVERIFIED_TOKENIZER).write_text("tokenizer files from a peer: not covered by the model id\n")
+        for name, data in files.items():
+            _atomic_write(d / name, data)
 
     async def _block(self, m: Manifest, d: Path, i: int, extra: list[str], limit: trio.CapacityLimiter,
                      errors: list) -> None:

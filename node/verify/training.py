@@ -26,6 +26,7 @@ from ..ledger.core.tx import ABSTAIN, INVALID, VALID
 from ..market.data import dataset_bytes
 from ..blobs import fetch_blob
 from ..market.worker import spec_of
+from .blockfetch import model_dir_for, tokenizer_trusted
 
 log = logging.getLogger("tally.verify")
 
@@ -46,7 +47,9 @@ def replay_segment(model_dir, post, text: bytes, r: TrainReceipt, before: list, 
     """Re-execute segment ``r`` of job ``post`` (blocking, torch): returns ``(verdict, distance)``.
 
     ``cache``: a dict owned by one caller (one thread at a time) in which the job's Trainer is kept between
-    segments, so the base model is loaded once per job rather than once per segment."""
+    segments, so the base model is loaded once per job rather than once per segment. On a ``model_dir`` whose
+    tokenizer came unchecked from a peer (:func:`node.verify.blockfetch.tokenizer_trusted`), batches that differ
+    from the receipt's give ABSTAIN, not INVALID: the tokenizer may be the wrong one."""
     spec = spec_of(post)
     trainer, initial = _trainer({} if cache is None else cache, model_dir, spec, device)
     if r.step_start == 0 and commitments_root(initial) != r.state_before:
@@ -59,8 +62,8 @@ def replay_segment(model_dir, post, text: bytes, r: TrainReceipt, before: list, 
         return INVALID, math.inf
     train_ids, _ = split_tokens(encode_text(model_dir, text))
     batches = [batch_for_step(train_ids, spec, s) for s in range(r.step_start, r.step_end)]
-    if commitments_root(batches) != r.batches_root:
-        return INVALID, math.inf  # committed batches are not the job's data
+    if commitments_root(batches) != r.batches_root:  # committed batches are not the job's data
+        return (INVALID if tokenizer_trusted(model_dir) else ABSTAIN), math.inf
     trainer.train_steps(train_ids, r.step_start, r.step_end)
     d = state_distance(after, trainer.state_tensors())
     return (VALID if d <= TRAIN_TOLERANCE else INVALID), d
@@ -69,9 +72,12 @@ def replay_segment(model_dir, post, text: bytes, r: TrainReceipt, before: list, 
 async def check_training(member, r: TrainReceipt) -> tuple[int, float]:
     """A committee member's verdict on a training receipt (ABSTAIN when it cannot fetch or replay)."""
     job = member.ledger.state.jobs.get(r.job_id)
-    if job is None or job.post.model_id != member.model_id:
+    if job is None:
         return ABSTAIN, math.inf
     holders = [r.worker, r.requester]
+    model_dir = await model_dir_for(member, job.post.model_id, holders)
+    if model_dir is None:
+        return ABSTAIN, math.inf
     try:
         text = dataset_bytes(await fetch_blob(member.host, member.blobs, job.post.dataset_root, holders))
         before = await fetch_blob(member.host, member.blobs, r.state_before, [r.worker])
@@ -81,8 +87,8 @@ async def check_training(member, r: TrainReceipt) -> tuple[int, float]:
         return ABSTAIN, math.inf
     try:
         cache = member.__dict__.setdefault("_train_cache", {})  # per member: its executor runs one task at a time
-        return await member.executor.run(replay_segment, member.model_dir, job.post, text, r, before, after,
-                                         "cpu", cache)
+        return await member.executor.run(replay_segment, model_dir, job.post, text, r, before, after, "cpu", cache)
     except (RuntimeError, MemoryError) as e:
         log.warning("abstain on training receipt %s: %s", r.id.hex()[:16], e)
         return ABSTAIN, math.inf
+

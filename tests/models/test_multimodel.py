@@ -21,7 +21,7 @@ from node.compute.reference import local_generate
 from node.compute.span import SpanModel
 from node.identity import Identity
 from node.ledger.core.status import VALID_S
-from node.ledger.core.tx import ABSTAIN, VALID, Receipt
+from node.ledger.core.tx import ABSTAIN, INVALID, VALID, Receipt
 from node.runtime import Node, UnknownModel
 from node.verify.blockfetch import BLOCK_PROTOCOL, REQUEST_MAX, BlockFetcher, BlockUnavailable, HeldModels
 from node.verify.member import CommitteeMember
@@ -219,3 +219,51 @@ def test_corrupted_block_is_refused_by_hash(tmp_path, models):
     assert out["verdict"][0] == ABSTAIN and out["unknown"][0] == ABSTAIN
     assert out["liar_refused"] and "manifest" in out["liar_refused"][0][1]
     assert not (tmp_path / "m3" / b.model_id.hex()).exists()
+
+
+def test_a_member_of_another_model_fetches_the_whole_model_and_replays_a_training_segment(tmp_path, models):
+    """Jobs and runs of model B verified by a node of model A: :meth:`BlockFetcher.ensure_model` brings every block
+    and the head of B over real libp2p (a peer whose head has other weights is refused by hash, the next one
+    asked) and marks the dir's tokenizer as a peer's. A training segment of a B job replayed there gets the
+    verdict and distance of a replay on B's own dir; batches that differ from the receipt's are INVALID on B's
+    own dir but only ABSTAIN on the fetched one (a peer's tokenizer may be the wrong one)."""
+    from dataclasses import replace
+
+    from node.compute.model import HEAD_FILE
+    from node.verify.blockfetch import UNVERIFIED_TOKENIZER, tokenizer_trusted
+    from node.verify.training import replay_segment
+    from tests.verify.test_training import TEXT, post, work
+
+    _, _, b_dir = models
+    b = load_manifest(b_dir)
+    bad_dir = tmp_path / "bad"
+    shutil.copytree(b_dir, bad_dir)
+    head = load_file(str(bad_dir / HEAD_FILE))
+    first = sorted(head)[0]
+    head[first] = head[first] + 1e-3
+    save_file(head, str(bad_dir / HEAD_FILE))
+
+    async def main():
+        with trio.fail_after(60):
+            async with running_hosts(3) as (bad, good, member_host):
+                for h, d in ((bad, bad_dir), (good, b_dir)):
+                    h.set_request_handler(BLOCK_PROTOCOL, HeldModels(d, tmp_path / f"{h.peer_id[-6:]}-f").handle,
+                                          max_message=REQUEST_MAX)
+                assert await member_host.connect(bad.addrs + good.addrs) == 2
+                f = BlockFetcher(member_host, tmp_path / "fetched", lambda mid, i: [bad.peer_id, good.peer_id],
+                                 timeout=10)
+                d = await f.ensure_model(b.model_id)
+                return d, list(f.refused)
+
+    d, refused = trio.run(main)
+    assert [why for _, why in refused] and all("head" in why for _, why in refused)
+    for name in [HEAD_FILE, *(block_file(i) for i in range(b.num_blocks))]:
+        assert (d / name).read_bytes() == (b_dir / name).read_bytes(), name
+    assert (d / UNVERIFIED_TOKENIZER).is_file() and not tokenizer_trusted(d) and tokenizer_trusted(b_dir)
+    p = post(model_id=b.model_id)
+    r, s0, s1 = work(b_dir, p)
+    own, fetched = replay_segment(b_dir, p, TEXT, r, s0, s1), replay_segment(d, p, TEXT, r, s0, s1)
+    assert own[0] == VALID and fetched == own
+    wrong = replace(r, batches_root=b"\x07" * 32)
+    assert replay_segment(b_dir, p, TEXT, wrong, s0, s1)[0] == INVALID
+    assert replay_segment(d, p, TEXT, wrong, s0, s1)[0] == ABSTAIN
