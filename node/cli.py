@@ -11,8 +11,8 @@ from pathlib import Path
 DEFAULT_DATA_DIR = Path(os.environ.get("TALLY_HOME", Path.home() / ".tally"))
 TEST_SWITCH_HELP = ("TEST SWITCH, devnet/test chains only: make this node cheat. 'corrupt': the server adds noise "
                     "to every output it returns, so committees must vote its receipts invalid and slash its bond "
-                    "(likewise random, zeros, nan, half-tokens, replay, skip-block, perturb, other-model, bf16: "
-                    "see node/compute/cheats.py). "
+                    "(likewise random, zeros, nan, half-tokens, replay, skip-block, perturb, other-model, bf16, "
+                    "int8: see node/compute/cheats.py). "
                     "'equivocate': the validator double-signs one prevote, so the others must submit evidence and "
                     "its bond is slashed once. Training (with --accept-jobs): 'skip-steps' trains one step fewer "
                     "per segment than claimed, 'other-data' trains on other batches than committed, "
@@ -22,8 +22,8 @@ TEST_SWITCH_HELP = ("TEST SWITCH, devnet/test chains only: make this node cheat.
                     "fewer, 'run-otherdata' other batches, 'run-stale' from an earlier round's parameters, "
                     "'run-replay' its previous round's pseudo-gradient.")
 FAULTS = ["corrupt", "random", "zeros", "nan", "half-tokens", "replay", "skip-block", "perturb", "other-model",
-          "bf16", "equivocate", "skip-steps", "other-data", "fake-adapter", "diverge", "run-zero", "run-scale",
-          "run-flip", "run-nan", "run-fewer", "run-otherdata", "run-stale", "run-replay"]
+          "bf16", "int8", "equivocate", "skip-steps", "other-data", "fake-adapter", "diverge", "run-zero",
+          "run-scale", "run-flip", "run-nan", "run-fewer", "run-otherdata", "run-stale", "run-replay"]
 
 
 def _port(text: str) -> int:

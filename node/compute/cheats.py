@@ -6,7 +6,8 @@ positions), ``half-tokens`` (only half the tokens processed: the first half of a
 single-token step; the rest passed through unchanged), ``replay`` (outputs recorded from an earlier session returned for the same positions).
 Weight cheats run :meth:`forward` on other weights than the committed model: ``skip-block`` (the span's last
 block skipped), ``perturb`` (every weight scaled by 1 + 1 % Gaussian noise), ``other-model`` (random weights of
-the same shapes), ``bf16`` (the span in bfloat16). :meth:`SpanModel.prefill` — what a committee runs — is never
+the same shapes), ``bf16`` (the span in bfloat16), ``int8`` (every linear weight quantized to int8 and back as
+``node model add --quantize int8`` does: the cheaper int8 copy served under the float model's id). :meth:`SpanModel.prefill` — what a committee runs — is never
 affected.
 """
 
@@ -18,9 +19,10 @@ import math
 import torch
 
 from ..encoding import H, pack
+from ..models.quantize import dequantize_weight, is_linear_weight, quantize_weight
 
 OUTPUT_FAULTS = ("corrupt", "random", "zeros", "nan", "half-tokens", "replay")
-WEIGHT_FAULTS = ("skip-block", "perturb", "other-model", "bf16")
+WEIGHT_FAULTS = ("skip-block", "perturb", "other-model", "bf16", "int8")
 FAULTS = (None, *OUTPUT_FAULTS, *WEIGHT_FAULTS)
 
 
@@ -51,6 +53,10 @@ def cheat_net(net: torch.nn.Module, fault: str, seed: bytes) -> torch.nn.Module 
                 p.copy_(noise * p.float().std().clamp_min(1e-3).to(p) + (1.0 if name.endswith("norm.weight") else 0.0))
     elif fault == "bf16":
         cheat = cheat.to(torch.bfloat16)
+    elif fault == "int8":
+        for name, p in cheat.named_parameters():
+            if is_linear_weight(name, p):
+                p.copy_(dequantize_weight(*quantize_weight(p)).to(p))
     return cheat.eval().requires_grad_(False)
 
 

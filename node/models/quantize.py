@@ -65,7 +65,8 @@ def dequantize_weight(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.to(torch.float32) * scale.to(torch.float32)[:, None]
 
 
-def _is_linear_weight(name: str, t: torch.Tensor) -> bool:
+def is_linear_weight(name: str, t: torch.Tensor) -> bool:
+    """Whether ``node model add --quantize int8`` quantizes tensor ``name`` of a block: a 2-D float ``*.weight``."""
     return name.endswith(".weight") and t.dim() == 2 and t.is_floating_point()
 
 
@@ -73,7 +74,7 @@ def quantize_block(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A float block state dict -> its int8 form (linear weights int8 plus ``*.weight_scale``; the rest as is)."""
     out: dict[str, torch.Tensor] = {}
     for name, t in sd.items():
-        if _is_linear_weight(name, t):
+        if is_linear_weight(name, t):
             out[name], out[name + SCALE_SUFFIX] = quantize_weight(t)
         else:
             out[name] = t.detach().to(torch.float32).contiguous()

@@ -201,3 +201,18 @@ def test_models_view_lists_float_and_int8_with_their_coverage(tiny):
     assert other["name"] is None and not other["local"] and other["num_blocks"] == 9
     html = environment().get_template("models.html").render(chain_id="t", head=1, now_ms=0, models=body["models"])
     assert "tiny-int8" in html and "int8" in html and "3 / 6" in html and "announced only" in html
+
+
+def test_the_int8_fault_computes_what_the_int8_copy_computes_under_the_float_id(tiny):
+    """``node start --fault int8`` (the test switch behind the real-model devnet check): its span's forward is the
+    int8 copy's output to within float rounding, far from the float model's, while it keeps the float model id and
+    its committee path (prefill) stays the float model's."""
+    _, fdir, qdir = tiny
+    x = _hidden(fdir)
+    liar = SpanModel(fdir, *SPANS[1], fault="int8")
+    honest, copy8 = SpanModel(fdir, *SPANS[1]), SpanModel(qdir, *SPANS[1])
+    assert liar.model_id == load_manifest(fdir).model_id != copy8.model_id
+    y_liar, y8, y = (m.forward(x, m.new_cache()) for m in (liar, copy8, honest))
+    rel = lambda a, b: float((a - b).norm() / b.norm())  # noqa: E731
+    assert rel(y_liar, y8) < DEFAULT_TOLERANCE / 10 and rel(y_liar, y) > 10 * DEFAULT_TOLERANCE
+    assert torch.equal(liar.prefill(x), honest.prefill(x))
