@@ -10,8 +10,11 @@ executor (:mod:`node.batch.tasks`), stores the result bytes (served to the reque
 between its commit and its reveal still opens its commitment, and one that crashed before the file existed never
 sent a commit it could not open. Once the commit is on the ledger and the item's reveal phase is open (every drawn
 worker committed, or the commit window passed) it sends the reveal. A commit or reveal that has not reached the
-ledger after :data:`RESEND_BLOCKS` blocks is sent again (the ledger counts each once per slot). The file of a
-decided item is removed.
+ledger after :data:`RESEND_BLOCKS` blocks is sent again (the ledger counts each once per slot). At most
+:data:`MAX_OUTSTANDING` commits and reveals are out (sent, not on the ledger yet) at a time, earliest deadline
+first, and :data:`SUBMITS` of them in a submit at once: a worker with hundreds of results ready paces itself by
+the blocks instead of flooding its validator (see :meth:`BatchWorker._send`). The file of a decided item is
+removed.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ BATCH_PROTOCOL = "/tally/batch/1.0.0"
 FETCH_TIMEOUT = 20.0  # seconds per holder for an item file or a result
 RESEND_BLOCKS = 5  # a commit or reveal not on the ledger after this many blocks is sent again
 PARALLEL = 2  # items fetched/run at once (the executor runs one torch call at a time anyway)
+SUBMITS = 4  # commits and reveals being submitted at once (each opens a stream to every connected validator)
+MAX_OUTSTANDING = 32  # commits and reveals sent and not yet on the ledger (nor due for a resend), at most
 
 
 class LedgerView(Protocol):
@@ -191,6 +196,8 @@ class BatchWorker:
         self.retry_at: dict[bytes, float] = {}  # batch id -> trio time before which its file is not fetched again
         self.done = 0  # results computed here (for the API and tests)
         self._limit = trio.CapacityLimiter(PARALLEL)
+        self._submits = trio.CapacityLimiter(SUBMITS)
+        self._inflight: set[tuple[str, Slot]] = set()  # commits and reveals queued for or in a submit
         self._wake = trio.Event()
         ledger.on_block(lambda block, state: self._wake.set())
 
@@ -216,6 +223,8 @@ class BatchWorker:
         me = self.ident.account
         self._prune(st)
         nxt = st.height + 1  # the height a transaction sent now lands in, at the earliest
+        ready: list[tuple[int, int, Any, tuple[str, Slot]]] = []  # (deadline height, n, tx, key)
+        outstanding = len(self._inflight)  # sent, not on the ledger yet, not due for a resend
         for slot in assignments_of(st, me):
             bid, i, a = slot
             b: Batch = st.tables["batches"][bid]
@@ -229,34 +238,61 @@ class BatchWorker:
                 continue
             result, salt = rec
             if it.commitment_of(me) is None:
-                if nxt <= cw_end and self._due(("commit", slot), st.height):
+                key = ("commit", slot)
+                if nxt <= cw_end and self._due(key, st.height):
                     c = commitment(bid, i, a, me, result, salt)
-                    self._send(nursery, BatchCommit(self.ledger.chain_id, me, bid, i, a, c), ("commit", slot), st)
+                    ready.append((cw_end, len(ready), BatchCommit(self.ledger.chain_id, me, bid, i, a, c), key))
+                elif self._recent(key, st.height):
+                    outstanding += 1
             elif all(w != me for w, _ in it.reveals):
+                key = ("reveal", slot)
                 if ((nxt > cw_end or len(it.commits) == len(it.workers)) and nxt <= it.due
-                        and self._due(("reveal", slot), st.height)):
-                    self._send(nursery, BatchReveal(self.ledger.chain_id, me, bid, i, a, result, salt),
-                                       ("reveal", slot), st)
+                        and self._due(key, st.height)):
+                    ready.append((it.due, len(ready), BatchReveal(self.ledger.chain_id, me, bid, i, a, result, salt),
+                                  key))
+                elif self._recent(key, st.height):
+                    outstanding += 1
+        # earliest deadline first (a commit's is its commit window's end, a reveal's its item's due height)
+        ready.sort(key=lambda r: r[:2])
+        for _deadline, _n, tx, key in ready[:max(0, MAX_OUTSTANDING - outstanding)]:
+            self._send(nursery, tx, key, st)
+
+    def _recent(self, key: tuple[str, Slot], height: int) -> bool:
+        """Sent (the submit over) less than :data:`RESEND_BLOCKS` blocks ago: it may still land."""
+        sent = self.sent.get(key)
+        return key not in self._inflight and sent is not None and height - sent < RESEND_BLOCKS
 
     def _due(self, key: tuple[str, Slot], height: int) -> bool:
+        if key in self._inflight:
+            return False
         sent = self.sent.get(key)
         return sent is None or height - sent >= RESEND_BLOCKS
 
     def _send(self, nursery, tx, key: tuple[str, Slot], st) -> None:
         """Submit in the background: a submit waits on gossip and on direct sends to validators, and one slow
-        validator must not hold back this worker's other commits and reveals."""
+        validator must not hold back this worker's other commits and reveals. At most :data:`SUBMITS` run at
+        once, and :meth:`_step` keeps at most :data:`MAX_OUTSTANDING` out: seen without either, five workers with
+        ~120 results each sent them all at once, hit the mempool's per-account cap, and the validator's gossip
+        queues to them overflowed and dropped blocks, leaving them minutes behind and syncing. The resend clock
+        starts when the submit ends."""
         self.sent[key] = st.height
-        nursery.start_soon(self._submit, tx)
+        self._inflight.add(key)
+        nursery.start_soon(self._submit, tx, key)
 
-    async def _submit(self, tx) -> None:
+    async def _submit(self, tx, key: tuple[str, Slot]) -> None:
         try:
-            await self.ledger.submit(tx.signed(self.ident))
+            async with self._submits:
+                await self.ledger.submit(tx.signed(self.ident))
         except InvalidTx as e:
             log.info("%s of batch %s item %d refused by the local node (sent again in %d blocks): %s", tx.KIND,
                      tx.batch_id.hex()[:12], tx.item, RESEND_BLOCKS, e)
         except Exception as e:  # gossip or a validator failing: the resend after RESEND_BLOCKS tries again
             log.info("%s of batch %s item %d not sent: %s: %s", tx.KIND, tx.batch_id.hex()[:12], tx.item,
                      type(e).__name__, e)
+        finally:
+            self._inflight.discard(key)
+            if key[1] in self.book.entries:  # not pruned meanwhile (decided)
+                self.sent[key] = self.ledger.state.height
 
     async def _item_file(self, b: Batch) -> ItemFile | None:
         bid = b.post.batch_id
