@@ -22,8 +22,8 @@ from ..encoding import commitments_root
 from ..ledger.core.runs import Phase, attempt_of
 from ..ledger.core.runtx import RoundAggregate, RoundReceipt
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID
-from . import rounds as rd
 from ..verify.blockfetch import model_dir_for, tokenizer_trusted
+from . import rounds as rd
 from .assign import batch_tensors
 from .worker import FETCH_TIMEOUT, RunCache, load_run, recompute_aggregate, theta_holders
 
@@ -136,8 +136,8 @@ async def check_aggregate(member, a: RoundAggregate) -> tuple[int, float]:
         member.blobs.put(res.params)  # a verified θ_{r+1}: serve it to the next round's workers
         if res.momentum is not None:
             member.blobs.put(res.momentum)
+    # a mismatch on a fetched tokenizer (another model's dir) may be the screen's windows, not the aggregator
+    verdict = VALID if ok else INVALID if tokenizer_trusted(model_dir) else ABSTAIN
     log.info("aggregate %s of run %s round %d: %s", a.id.hex()[:16], a.run_id.hex()[:12], a.round,
-             "valid" if ok else "invalid")
-    if not ok and not tokenizer_trusted(model_dir):  # the screen's windows came from a fetched tokenizer
-        return ABSTAIN, math.inf
-    return (VALID, 0.0) if ok else (INVALID, math.inf)
+             {VALID: "valid", INVALID: "invalid", ABSTAIN: "abstain (fetched tokenizer)"}[verdict])
+    return verdict, (0.0 if ok else math.inf)

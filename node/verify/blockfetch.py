@@ -317,8 +317,8 @@ class BlockFetcher:
             if not (d / HEAD_FILE).is_file():
                 async def accept_head(reply: dict) -> None:
                     data = reply.get("data")
-                    if not isinstance(data, bytes):
-                        raise ValueError("head data must be bytes")
+                    if not isinstance(data, bytes) or len(data) > MAX_FILE:
+                        raise ValueError("the head is bytes under the size limit")
                     await trio.to_thread.run_sync(self._install_file, d, HEAD_FILE, data, m.head_hash)
 
                 await self._ask(self._candidates(model_id, -1, extra), {"type": "head", "model_id": model_id},
@@ -343,6 +343,8 @@ class BlockFetcher:
 
     @staticmethod
     def _install_file(d: Path, name: str, data: bytes, expected: bytes) -> None:
+        """Check safetensors ``data`` against ``expected`` (:func:`check_block`; raises ValueError) and write it to
+        ``d/name`` atomically."""
         check_block(data, expected)
         _atomic_write(d / name, data)
 
@@ -362,10 +364,7 @@ class BlockFetcher:
             data = reply.get("data")
             if not isinstance(data, bytes) or len(data) > MAX_FILE:
                 raise ValueError("a block is bytes under the size limit")
-            await trio.to_thread.run_sync(check_block, data, m.block_hashes[i])
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
+            await trio.to_thread.run_sync(self._install_file, d, path.name, data, m.block_hashes[i])
 
         async with limit:
             try:
