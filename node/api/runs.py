@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..encoding import AMOUNT_FORM, parse_amount
 from ..ledger.core.runs import RunStatus
+from ..ledger.core.runtx import RoundReceipt
 from ..ledger.core.tx import VERDICT_NAMES
 from .models import AmountText
 from .views import acct, amount, hexid
@@ -125,6 +126,18 @@ def _commit(state, worker: bytes, rid: bytes) -> dict:
             "committee": [acct(m) for m in rec.committee] if rec else [], "verdicts": _verdicts(rec)}
 
 
+def _attempt_commits(state, run, round_: int, attempt: int) -> list[dict]:
+    """The round receipts committed in one attempt of a run (for a failed attempt: the work it paid on its
+    verdict, see :mod:`node.ledger.core.runs`)."""
+    out = []
+    for rid in run.receipts:
+        rec = state.receipts.get(rid)
+        r = rec.receipt if rec is not None else None
+        if isinstance(r, RoundReceipt) and (r.round, r.attempt) == (round_, attempt):
+            out.append(_commit(state, r.worker, rid))
+    return out
+
+
 def _aggregate(state, aid: bytes) -> dict | None:
     if not aid:
         return None
@@ -198,7 +211,8 @@ def run_view(run, state) -> dict:
         "loss_per_round": [r["loss"] for r in rounds], "bytes_per_round": [r["delta_bytes"] for r in rounds],
         "delta_bytes_total": sum(r["delta_bytes"] for r in rounds),
         "rounds_detail": rounds, "current": cur,
-        "failed": [{"round": r, "attempt": a, "reason": why} for r, a, why in run.failed],
+        "failed": [{"round": r, "attempt": a, "reason": why, "workers": _attempt_commits(state, run, r, a)}
+                   for r, a, why in run.failed],
         "ledger": _jsonable(run.to_dict()),
     }
 

@@ -10,6 +10,9 @@ from node.encoding import H
 from node.ledger.genesis import TREASURY
 from node.ledger.core.runs import Phase, RunStatus
 from node.ledger.core.runtx import NO_MOMENTUM, RoundAggregate, RoundReceipt, RoundReveal, RunCancel, RunJoin, RunLeave, RunPost
+from node.api.runs import run_view
+from node.api.views import acct
+from node.ledger.core.status import FINAL, VALID_S
 from node.ledger.core.state import INVALID_S, SAMPLED, apply_block_body, apply_tx, genesis_state
 from node.ledger.core.tx import INVALID, VALID, InvalidTx, Vote, decode_tx
 
@@ -237,6 +240,21 @@ def test_round_closes_at_timeout_with_the_minimum_and_reopens_below_it():
     run = c2.run(post2)
     assert run.cur.phase == Phase.COMMIT and run.cur.attempt == 1 and run.failed == ((0, 0, "3 committed"),)
     assert run.cur.beacon != cur.beacon
+    # the failed attempt's three receipts are paid once final (the work was done as asked), and the run's view
+    # lists them under the failed attempt, so an explorer (and a test) can account for every credit paid
+    view = run_view(run, c2.s)
+    assert [f["round"] for f in view["failed"]] == [0]
+    assert sorted(w["worker"] for w in view["failed"][0]["workers"]) == sorted(
+        acct(w) for w in cur.participants[:3])
+    for _ in range(200):
+        if not c2.run(post2).held and all(c2.s.receipts[r].status in FINAL for r in c2.run(post2).receipts):
+            break
+        c2.block()
+    run = c2.run(post2)
+    assert all(c2.s.receipts[r].status in FINAL for r in run.receipts)
+    owed = sum(post2.receipt_price - (c2.s.params.committee_fee_bps * post2.receipt_price // 10_000
+                                      if c2.s.receipts[r].status == VALID_S else 0) for r in run.receipts)
+    assert run.paid_workers == owed > 0 and not run.held
 
 
 def test_a_reopened_round_waits_longer_for_commits_each_attempt():
