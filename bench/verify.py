@@ -17,7 +17,9 @@ Part C (``--batch``, issue 14 check 3) — a colluding pair among five workers o
 a real batch posted to the real state transition, its items drawn by the beacon (``node.ledger.core.batch``);
 printed: the share of items whose three workers include both colluders (so that their shared wrong result would
 be the majority), beside the exact hypergeometric probability C(2,2)·C(3,1)/C(5,3) = 0.3 and the binomial
-estimate (each replica a colluder with probability 2/5, independently) for comparison.
+estimate (each replica a colluder with probability 2/5, independently) for comparison. Then (``--audit-ppm``) the
+pair plays its cheat through commits, reveals and committee audits: the share of its won items that audits
+overturn, beside the sampling rate, and its mean net gain per won item (negative: cheating does not pay).
 
 Usage: ``.venv/bin/python bench/verify.py [--model tiny|smollm2] [--trials N] [--sessions N]``;
 ``.venv/bin/python bench/verify.py --batch [--items N]`` runs part C alone.
@@ -219,6 +221,64 @@ def part_c(items: int, workers: int = 5, colluders: int = 2, k: int = 3, q: int 
     return {"share": share, "hypergeometric": hyper, "binomial": binom, "half_width": half}
 
 
+def part_c_audits(items: int, audit_ppm: int, workers: int = 5, colluders: int = 2, k: int = 3,
+                  q: int = 2) -> dict[str, float]:
+    """The same pair, now playing its cheat through the real state transition: every drawn worker commits and
+    reveals (the pair a shared wrong hash, the rest the right one) and every audit committee member votes likewise
+    (``node.ledger.core.batchaudit``, genesis ``batch_audit_ppm`` = ``audit_ppm``). Returns the items the pair won,
+    the share of those overturned, and the pair's mean net gain per item it won (price paid, less the slashes of
+    overturned ones), in base units."""
+    from node.ledger.core.batchstate import AuditStatus, BatchStatus, ItemStatus
+    from node.ledger.core.batchtx import BatchAuditVote, BatchCommit, BatchReveal, commitment
+
+    keys = [Identity.from_seed(dev_seed(i)) for i in range(workers + 1)]
+    req, ws = keys[0], keys[1:]
+    by = {w.account: w for w in ws}
+    price, slash = 10**6, 10 * C
+    p = Params(block_time_ms=100, max_receipt_price=C, slash_amount=100 * C, batch_slash=slash,
+               batch_audit_ppm=audit_ppm)
+    bal = ((req.account, 10**6 * C, 0),) + tuple((w.account, 0, 10**4 * C) for w in ws)
+    g = Genesis("batch-bench", 0, (req.account,), bal, p)
+    s = genesis_state(g)
+    post = BatchPost(g.chain_id, req.account, b"\x02" * 16, items_root([b"%d" % i for i in range(items)]), items,
+                     "generate", 16, k, q, price, 0, 2, 2, 0).signed(req)
+    s = apply_block_body(s, 1, H(b"bench-beacon", b"1"), [post])
+    bad = {w.account for w in ws[:colluders]}
+    right, wrong, salt = H(b"right"), H(b"wrong"), b"s" * 32
+    h, t0 = 1, time.perf_counter()
+    while s.tables["batches"][post.batch_id].status != BatchStatus.SETTLED:
+        b, txs, h = s.tables["batches"][post.batch_id], [], h + 1
+        for i in range(b.assigned):
+            it = s.tables["batch_items"][item_key(post.batch_id, i)]
+            if it.status == ItemStatus.ASSIGNED:
+                for w in it.workers:
+                    r = wrong if w in bad else right
+                    if it.commitment_of(w) is None:
+                        c = commitment(post.batch_id, i, it.attempt, w, r, salt)
+                        txs.append(BatchCommit(g.chain_id, w, post.batch_id, i, it.attempt, c).signed(by[w]))
+                    elif all(x != w for x, _ in it.reveals) and len(it.commits) == len(it.workers):
+                        txs.append(BatchReveal(g.chain_id, w, post.batch_id, i, it.attempt, r, salt).signed(by[w]))
+            elif it.audit == AuditStatus.OPEN:
+                for m in it.audit_committee:
+                    if all(x != m for x, _ in it.audit_votes):
+                        txs.append(BatchAuditVote(g.chain_id, m, post.batch_id, i, wrong if m in bad else right)
+                                   .signed(by[m]))
+        s = apply_block_body(s, h, H(b"bench-beacon", str(h).encode()), txs)
+    won = [s.tables["batch_items"][item_key(post.batch_id, i)] for i in range(items)]
+    won = [it for it in won if bad <= set(it.workers)]
+    caught = sum(1 for it in won if it.audit == AuditStatus.OVERTURNED)
+    gain = (len(won) * colluders * price - caught * colluders * slash) / max(1, len(won))
+    rate = audit_ppm / PPM
+    half = 1.96 * (rate * (1 - rate) / max(1, len(won))) ** 0.5
+    print(f"   with audits at {rate:g} ({items} items played through the state transition, {h - 1} blocks, "
+          f"{time.perf_counter() - t0:.0f} s):")
+    print(f"   items the pair won: {len(won)}; overturned by an audit: {caught} ({caught / max(1, len(won)):.3f}; "
+          f"sampling rate {rate:g} ± {half:.3f} (95 %))")
+    print(f"   the pair's mean net gain per item it won: {gain / C:+.4f} credits (price {price / C:g} each, "
+          f"slash {slash / C:g} each when overturned; expected {colluders * (price - rate * slash) / C:+.4f})")
+    return {"won": len(won), "caught": caught, "gain": gain}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny", choices=["tiny", "smollm2"])
@@ -226,9 +286,15 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=400)
     ap.add_argument("--batch", action="store_true", help="run part C alone: a colluding pair in a k = 3 batch job")
     ap.add_argument("--items", type=int, default=2000, help="items of part C's batch (default 2000)")
+    ap.add_argument("--audit-ppm", type=int, default=50_000,
+                    help="part C, second half: the pair plays its cheat with genesis batch_audit_ppm at this rate "
+                         "(default 50000 = 5 %%; 0 skips it)")
+    ap.add_argument("--audit-items", type=int, default=1000, help="items of that batch (default 1000)")
     args = ap.parse_args()
     if args.batch:
         part_c(args.items)
+        if args.audit_ppm:
+            part_c_audits(args.audit_items, args.audit_ppm)
         return
     part_a(args.trials)
     part_b(args.model, args.sessions)

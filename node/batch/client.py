@@ -11,7 +11,7 @@ import trio
 
 from ..encoding import DecodeError, format_amount, unpack
 from ..identity import account_to_str
-from ..ledger.core.batchstate import Batch, Fate, Item, ItemStatus, item_key
+from ..ledger.core.batchstate import AuditStatus, Batch, Fate, Item, ItemStatus, item_key
 from ..ledger.core.batchtx import GENERATE, BatchPost
 from .items import ContentStore, ItemsError, parse_items
 from .tasks import dequantize
@@ -108,6 +108,8 @@ def batch_json(b: Batch, state, with_items: bool = False) -> dict[str, Any]:
             fates[fate] += 1
             if fate == Fate.AGREED:
                 paid[w] += x
+            elif fate == Fate.VINDICATED:  # its slash came back
+                taken[w] -= x
             elif x:
                 taken[w] += x
     revealed = fates[Fate.AGREED] + fates[Fate.DISSENTED] + fates[Fate.NO_QUORUM]
@@ -122,6 +124,7 @@ def batch_json(b: Batch, state, with_items: bool = False) -> dict[str, Any]:
         "progress": b.decided / p.n_items,
         "agreement_rate": fates[Fate.AGREED] / revealed if revealed else None,
         "fates": {f.value: fates[f] for f in Fate},
+        "audits": {a.value: sum(1 for it in items if it.audit == a) for a in AuditStatus if a != AuditStatus.NONE},
         "escrow": _amt(p.escrow()), "escrow_left": _amt(b.escrow_left), "paid": _amt(b.paid),
         "slashed": _amt(b.slashed), "refunded": _amt(b.refunded), "height": b.height,
         "final_height": b.final_height or None,
@@ -132,7 +135,9 @@ def batch_json(b: Batch, state, with_items: bool = False) -> dict[str, Any]:
         out["items"] = [{"item": i, "status": it.status.value, "attempt": it.attempt,
                          "workers": [account_to_str(w) for w in it.workers], "quorum": it.quorum,
                          "committed": len(it.commits), "revealed": len(it.reveals),
-                         "result": it.result.hex() or None, "agreed": [account_to_str(w) for w in it.agreed]}
+                         "result": it.result.hex() or None, "agreed": [account_to_str(w) for w in it.agreed],
+                         "audit": it.audit.value, "audit_committee": [account_to_str(w) for w in it.audit_committee],
+                         "audit_votes": len(it.audit_votes)}
                         for i, it in enumerate(items)]
     return out
 

@@ -15,6 +15,10 @@ ledger after :data:`RESEND_BLOCKS` blocks is sent again (the ledger counts each 
 first, and :data:`SUBMITS` of them in a submit at once: a worker with hundreds of results ready paces itself by
 the blocks instead of flooding its validator (see :meth:`BatchWorker._send`). The file of a decided item is
 removed.
+
+A node drawn for an item's audit committee (:mod:`node.ledger.core.batchaudit`) runs the item the same way, keeps
+the result bytes (the requester may fetch them from it if the audit overturns the accepted result) and sends a
+:class:`~node.ledger.core.batchtx.BatchAuditVote` of their hash, paced with the commits and reveals.
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ import trio
 from ..encoding import DecodeError
 from ..identity import Identity, account_to_str
 from ..ledger.core.batch import assignments_of
-from ..ledger.core.batchstate import Batch, Item, ItemStatus, item_key
-from ..ledger.core.batchtx import BatchCommit, BatchReveal, commitment
+from ..ledger.core.batchaudit import audits_of
+from ..ledger.core.batchstate import AuditStatus, Batch, Item, ItemStatus, item_key
+from ..ledger.core.batchtx import BatchAuditVote, BatchCommit, BatchReveal, commitment
 from ..ledger.core.tx import InvalidTx, Tx
 from ..p2p.framing import error_reply, read_msg, write_msg
 from .items import ContentStore, ItemFile, ItemsError, parse_items, result_hash
@@ -133,7 +138,8 @@ def result_check(key: bytes) -> Callable[[bytes], bool]:
     return lambda data: result_hash(data) == key
 
 
-Slot = tuple[bytes, int, int]  # (batch id, item, attempt)
+Slot = tuple[bytes, int, int]  # (batch id, item, attempt); attempt AUDIT: this node's audit of the decided item
+AUDIT = -1
 
 
 class SaltBook:
@@ -192,6 +198,7 @@ class BatchWorker:
         self.book = SaltBook(Path(data_dir) / "batch" / "commits")
         self.files: dict[bytes, ItemFile | None] = {}  # batch id -> parsed item file (None: unparsable)
         self.working: set[Slot] = set()
+        self.audits: dict[tuple[bytes, int], bytes] = {}  # (batch id, item) -> result hash, for open audits
         self.sent: dict[tuple[str, Slot], int] = {}  # ("commit" | "reveal", slot) -> height sent at
         self.retry_at: dict[bytes, float] = {}  # batch id -> trio time before which its file is not fetched again
         self.done = 0  # results computed here (for the API and tests)
@@ -217,6 +224,11 @@ class BatchWorker:
                 self.book.drop(slot)
                 self.sent.pop(("commit", slot), None)
                 self.sent.pop(("reveal", slot), None)
+        for bid, i in list(self.audits):
+            it = st.tables["batch_items"].get(item_key(bid, i))
+            if it is None or it.audit != AuditStatus.OPEN:
+                del self.audits[(bid, i)]
+                self.sent.pop(("audit", (bid, i, AUDIT)), None)
 
     async def _step(self, nursery) -> None:
         st = self.ledger.state
@@ -252,7 +264,22 @@ class BatchWorker:
                                   key))
                 elif self._recent(key, st.height):
                     outstanding += 1
-        # earliest deadline first (a commit's is its commit window's end, a reveal's its item's due height)
+        for bid, i in audits_of(st, me):
+            slot = (bid, i, AUDIT)
+            it = st.tables["batch_items"][item_key(bid, i)]
+            found = self.audits.get((bid, i))
+            if found is None:
+                if slot not in self.working:
+                    self.working.add(slot)
+                    nursery.start_soon(self._work, slot)
+                continue
+            key = ("audit", slot)
+            if nxt <= it.audit_due and self._due(key, st.height):
+                ready.append((it.audit_due, len(ready), BatchAuditVote(self.ledger.chain_id, me, bid, i, found), key))
+            elif self._recent(key, st.height):
+                outstanding += 1
+        # earliest deadline first (a commit's is its commit window's end, a reveal's its item's due height, an
+        # audit vote's its audit's due height)
         ready.sort(key=lambda r: r[:2])
         for _deadline, _n, tx, key in ready[:max(0, MAX_OUTSTANDING - outstanding)]:
             self._send(nursery, tx, key, st)
@@ -291,7 +318,7 @@ class BatchWorker:
                      type(e).__name__, e)
         finally:
             self._inflight.discard(key)
-            if key[1] in self.book.entries:  # not pruned meanwhile (decided)
+            if key[1] in self.book.entries or key[1][:2] in self.audits:  # not pruned meanwhile (decided)
                 self.sent[key] = self.ledger.state.height
 
     async def _item_file(self, b: Batch) -> ItemFile | None:
@@ -331,7 +358,10 @@ class BatchWorker:
                 else:
                     data = await self.executor.run(self.runner.run, b.post.kind, f.items[i], b.post.max_tokens)
                 key = self.store.put_result(data)
-                self.book.add(slot, key, os.urandom(32))  # before the commit is ever sent
+                if a == AUDIT:
+                    self.audits[(bid, i)] = key
+                else:
+                    self.book.add(slot, key, os.urandom(32))  # before the commit is ever sent
                 self.done += 1
                 self._wake.set()  # commit now rather than at the next block
         except Exception:

@@ -65,7 +65,7 @@ class Priority(enum.IntEnum):
 
 WORK_KINDS = frozenset({"receipt", "train_receipt", "vote", "evidence", "job_accept", "job_deliver", "job_release",
                         "run_join", "run_leave", "round_receipt", "round_reveal", "round_aggregate",
-                        "dispute", "batch_commit", "batch_reveal"})
+                        "dispute", "batch_commit", "batch_reveal", "batch_audit_vote"})
 
 
 @dataclass(frozen=True)

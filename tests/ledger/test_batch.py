@@ -442,7 +442,7 @@ def test_any_behaviour_conserves_credits_and_pays_only_the_quorum(plans):
     assert b.paid == want_paid and b.paid + b.refunded == p.escrow()
 
 
-def test_bench_verify_batch_prints_the_colluders_share_beside_the_estimates():
+def test_bench_verify_batch_prints_the_colluders_share_beside_the_estimates_and_audits_catching_them():
     """``bench/verify.py --batch`` (issue 14 check 3) through its command line: the measured share of items where two
     colluders of five hold the k = 3 majority lies within the 95 % interval of the exact hypergeometric 0.3 (the draw
     is deterministic given its beacons, so this cannot flake), and the binomial estimate is printed beside it."""
@@ -452,9 +452,221 @@ def test_bench_verify_batch_prints_the_colluders_share_beside_the_estimates():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    r = subprocess.run([sys.executable, str(root / "bench" / "verify.py"), "--batch", "--items", "800"],
+    r = subprocess.run([sys.executable, str(root / "bench" / "verify.py"), "--batch", "--items", "800",
+                        "--audit-items", "300", "--audit-ppm", "200000"],
                        capture_output=True, text=True, timeout=120, check=True)
     share = float(re.search(r"form the majority: ([0-9.]+)", r.stdout).group(1))
     hyper, half = (float(x) for x in re.search(r"hypergeometric .*?: ([0-9.]+) ± ([0-9.]+)", r.stdout).groups())
     assert hyper == 0.3 and abs(share - hyper) <= half
     assert "binomial (independent replicas, p = 0.4): 0.3520" in r.stdout
+    # then the pair plays its cheat against audits at 20 %: the share of its won items overturned is the sampling
+    # rate within the printed 95 % interval, and cheating loses credits on average
+    m = re.search(r"items the pair won: (\d+); overturned by an audit: (\d+) \(([0-9.]+); sampling rate ([0-9.]+) "
+                  r"± ([0-9.]+)", r.stdout)
+    won, caught, share, rate, half = int(m[1]), int(m[2]), float(m[3]), float(m[4]), float(m[5])
+    assert won > 50 and caught > 0 and rate == 0.2 and abs(share - rate) <= half
+    gain = float(re.search(r"mean net gain per item it won: ([-+0-9.]+) credits", r.stdout).group(1))
+    assert gain < 0
+
+
+def test_a_worker_holds_at_most_batch_max_held_undecided_items_and_a_dead_one_is_drawn_for_ever_fewer():
+    """With genesis ``batch_max_held`` = 2, items are drawn as workers finish others (never more than 2 undecided per
+    worker), so every item's window need only hold two items' work; a worker that never commits has its limit
+    halved per absence, to 1, and the batch still settles with every item accepted through the others, each agreeing
+    worker paid exactly once per item, credits conserved after every block."""
+    g = genesis(batch_max_held=2)
+    dead = WORKERS[0].account
+    s0 = genesis_state(g)
+    p = post(s0, g, n=12, k=3, q=2, reissues=1, cw=3, rw=3)
+    s = blocks(s0, [p], [], g=g)
+    assert 3 <= s.tables["batches"][p.batch_id].assigned <= 4  # 6 workers × 2 slots / 3 replicas, not all 12
+    limits, seen_held = [], 0
+    for _ in range(200):
+        b = s.tables["batches"][p.batch_id]
+        if b.status == BatchStatus.SETTLED:
+            break
+        assert all(bm.held(s, w.account) <= 2 for w in WORKERS)  # no re-issue here (the others always agree)
+        seen_held = max(seen_held, max(bm.held(s, w.account) for w in WORKERS if w.account != dead))
+        limits.append(bm.held_limit(g.params, bm.reputation(s, dead)))
+        txs = []
+        for i in range(b.assigned):
+            it = item(s, p.batch_id, i)
+            if it.status != ItemStatus.ASSIGNED:
+                continue
+            for w in it.workers:
+                if w == dead:
+                    continue
+                if it.commitment_of(w) is None:
+                    txs.append(commit(s, p.batch_id, i, BY_ACCOUNT[w], A, g=g))
+                elif all(x != w for x, _ in it.reveals) and (
+                        len(it.commits) == len(it.workers) or s.height + 1 > it.assigned_height + p.commit_window):
+                    txs.append(reveal(s, p.batch_id, i, BY_ACCOUNT[w], A))
+        s = blocks(s, txs, g=g)
+    b = s.tables["batches"][p.batch_id]
+    assert b.status == BatchStatus.SETTLED and b.accepted == 12, b
+    assert seen_held == 2
+    assert limits[0] == 2 and limits[-1] == 1 and bm.reputation(s, dead).missed >= 1
+    # every item paid its agreeing workers once; the dead worker paid nothing and lost its absent penalties
+    paid = 0
+    for i in range(12):
+        it = item(s, p.batch_id, i)
+        agreed = [(a, w) for a, w, f, _ in it.history if f == Fate.AGREED]
+        assert len(agreed) == len(set(agreed)) == len(it.agreed) >= it.quorum and dead not in it.agreed
+        paid += sum(x for _, _, f, x in it.history if f == Fate.AGREED)
+    assert b.paid == paid and s.supply() == g.supply
+    assert all(bm.held(s, w.account) == 0 for w in WORKERS)
+
+
+def test_batch_max_held_is_optional_in_the_genesis_hash_and_checked():
+    assert genesis().hash == genesis(batch_max_held=0).hash != genesis(batch_max_held=4).hash
+    from node.ledger.core.genesis import GenesisError
+    with pytest.raises(GenesisError, match="batch_max_held"):
+        genesis(batch_max_held=2_000_000)
+
+
+# ------------------------------------------------------------------ committee audits (node.ledger.core.batchaudit)
+
+def drive(s, g, p, cheat: set, limit: int = 400):
+    """Run batch ``p`` to settlement on the real state transition: every drawn worker commits and reveals (result
+    ``X`` if it is in ``cheat``, else ``A``), every audit committee member votes the same way. Returns the state and
+    the audit committees seen open."""
+    from node.ledger.core.batchstate import AuditStatus
+    from node.ledger.core.batchtx import BatchAuditVote
+
+    committees = {}
+    for _ in range(limit):
+        b = s.tables["batches"][p.batch_id]
+        if b.status == BatchStatus.SETTLED:
+            return s, committees
+        txs, nxt = [], s.height + 1
+        for i in range(b.assigned):
+            it = item(s, p.batch_id, i)
+            if it.status == ItemStatus.ASSIGNED:
+                for w in it.workers:
+                    res = X if w in cheat else A
+                    if it.commitment_of(w) is None:
+                        txs.append(commit(s, p.batch_id, i, BY_ACCOUNT[w], res, g=g))
+                    elif all(x != w for x, _ in it.reveals) and (
+                            len(it.commits) == len(it.workers) or nxt > it.assigned_height + p.commit_window):
+                        txs.append(reveal(s, p.batch_id, i, BY_ACCOUNT[w], res, g=g))
+            elif it.audit == AuditStatus.OPEN:
+                committees[i] = it.audit_committee
+                for m in it.audit_committee:
+                    if all(x != m for x, _ in it.audit_votes):
+                        txs.append(BatchAuditVote(g.chain_id, m, p.batch_id, i, X if m in cheat else A)
+                                   .signed(BY_ACCOUNT[m]))
+        s = blocks(s, txs, g=g)
+    raise AssertionError("batch not settled")
+
+
+def test_an_audit_overturns_a_colluding_majority_slashes_it_and_vindicates_the_honest_dissenter():
+    """Two of six workers share a wrong result X. With every accepted item audited (batch_audit_ppm = 10^6), each
+    item where both were drawn (their X won 2 to 1 and the honest worker was slashed) is re-run by a committee of
+    two others, who compute A: the audit overturns it (both colluders slashed, the honest dissenter's slash
+    returned, the result becomes A, held by the dissenter and the committee). Items where one colluder was drawn
+    are upheld or, if the other colluder sits on the committee, left undecided. Every item ends with A; credits
+    are conserved after every block; votes from outside the committee, twice, or late are refused."""
+    from node.ledger.core.batchstate import AuditStatus
+
+    g = genesis(batch_audit_ppm=1_000_000)
+    cheat = {WORKERS[0].account, WORKERS[1].account}
+    s0 = genesis_state(g)
+    p = post(s0, g, n=12, batch_id=b"\x07" * 16)
+    s1 = blocks(s0, [p], [], g=g)
+    bonds0 = {w.account: s1.account(w.account).bond for w in WORKERS}
+    s, committees = drive(s1, g, p, cheat)
+    b = s.tables["batches"][p.batch_id]
+    assert b.status == BatchStatus.SETTLED and b.accepted == 12 and b.auditing == 0
+    majority = [i for i in range(12) if cheat <= set(item(s, p.batch_id, i).workers)]
+    assert majority and b.overturned == len(majority), (majority, b.overturned)
+    slashed = {w: 0 for w in bonds0}
+    for i in range(12):
+        it = item(s, p.batch_id, i)
+        assert it.result == A and it.audit != AuditStatus.OPEN, (i, it.audit)
+        assert not set(committees[i]) & (set(it.workers) | {REQ.account})  # nobody audits its own item
+        fates = {w: f for _a, w, f, _x in it.history}
+        if i in majority:
+            assert it.audit == AuditStatus.OVERTURNED
+            (honest,) = set(it.workers) - cheat
+            assert fates[honest] == Fate.VINDICATED and all(fates[c] == Fate.OVERRULED for c in cheat)
+            assert set(it.agreed) == {honest, *committees[i]}
+        else:
+            assert it.audit == (AuditStatus.UNDECIDED if set(committees[i]) & cheat else AuditStatus.UPHELD)
+        for _a, w, f, x in it.history:
+            slashed[w] += x if f in (Fate.DISSENTED, Fate.OVERRULED) else -x if f == Fate.VINDICATED else 0
+    for w, b0 in bonds0.items():  # honest workers end with their whole bond; colluders lost a slash per wrong item
+        assert s.account(w).bond == b0 - slashed[w]
+        assert (slashed[w] > 0) == (w in cheat), (w in cheat, slashed[w])
+    assert s.supply() == g.supply
+
+
+
+def test_audit_votes_count_once_from_the_committee_within_the_verdict_timeout():
+    from node.ledger.core.batchstate import AuditStatus
+    from node.ledger.core.batchtx import BatchAuditVote
+
+    g = genesis(batch_audit_ppm=1_000_000)
+    s0 = genesis_state(g)
+    p = post(s0, g, n=1, batch_id=b"\x09" * 16)
+    s = blocks(s0, [p], [], g=g)
+    ws = item(s, p.batch_id, 0).workers
+    s = blocks(s, [commit(s, p.batch_id, 0, BY_ACCOUNT[w], A, g=g) for w in ws])
+    s = blocks(s, [reveal(s, p.batch_id, 0, BY_ACCOUNT[w], A, g=g) for w in ws])
+    it = item(s, p.batch_id, 0)
+    assert it.status == ItemStatus.ACCEPTED and it.audit == AuditStatus.OPEN and len(it.audit_committee) == 2
+    assert s.tables["batches"][p.batch_id].status == BatchStatus.RUNNING  # the audit keeps the batch open
+    m0, m1 = (BY_ACCOUNT[m] for m in it.audit_committee)
+    worker = BY_ACCOUNT[ws[0]]
+
+    def vote(k, r=A, bid=p.batch_id):
+        return BatchAuditVote(g.chain_id, k.account, bid, 0, r).signed(k)
+
+    refused(s, vote(worker), "not on the item's audit committee")
+    refused(s, vote(m0, bid=b"\x0a" * 16), "unknown batch item")
+    s = blocks(s, [vote(m0)])
+    refused(s, vote(m0, X), "already voted")
+    late = s
+    for _ in range(g.params.verdict_timeout):
+        late = blocks(late, [])
+    it = item(late, p.batch_id, 0)
+    assert it.audit == AuditStatus.UNDECIDED  # one vote of two is not > 2/3 of the committee
+    refused(late, vote(m1), "no open audit")
+    assert late.tables["batches"][p.batch_id].status == BatchStatus.SETTLED
+    s = blocks(s, [vote(m1)])  # the last vote closes the audit in its own block
+    assert item(s, p.batch_id, 0).audit == AuditStatus.UPHELD
+    assert s.tables["batches"][p.batch_id].status == BatchStatus.SETTLED
+
+
+def test_audits_catch_a_colluding_pair_in_the_long_run_at_the_sampled_rate():
+    """At batch_audit_ppm = 25 %, of the items where the colluding pair formed the majority, the share overturned
+    is the sampling rate within a 4-sigma binomial band, and at least one is (so a colluder's expected gain per
+    wrong item, the price, is set against 25 % of the slash; node.ledger.core.batchaudit). Audits of all accepted
+    items are drawn at that rate too."""
+    from node.ledger.core.batchstate import AuditStatus
+
+    rate = 0.25
+    g = genesis(batch_audit_ppm=int(rate * 1_000_000))
+    cheat = {WORKERS[0].account, WORKERS[1].account}
+    s0 = genesis_state(g)
+    n = 80
+    p = post(s0, g, n=n, batch_id=b"\x08" * 16, cw=2, rw=2)
+    s, _ = drive(blocks(s0, [p], [], g=g), g, p, cheat, limit=600)
+    items = [item(s, p.batch_id, i) for i in range(n)]
+    majority = [it for it in items if cheat <= set(it.workers)]
+    audited = [it for it in items if it.audit != AuditStatus.NONE]
+    caught = [it for it in majority if it.audit == AuditStatus.OVERTURNED]
+    # an audited item the pair won is overturned when its honest committee outnumbers the pair with the dissenter (a
+    # committee of 2); with 1 member left eligible (dissents slashed honest bonds below min_bond) it ties, 2 to 2
+    for it in majority:
+        if it.audit != AuditStatus.NONE:
+            assert it.audit == (AuditStatus.OVERTURNED if len(it.audit_committee) >= 2 else AuditStatus.UNDECIDED)
+    assert all(it.audit != AuditStatus.OVERTURNED for it in items if not cheat <= set(it.workers))
+    assert caught, "no colluding item audited"
+
+    def band(k, m):
+        sd = (rate * (1 - rate) / m) ** 0.5
+        return abs(k / m - rate) <= 4 * sd
+
+    assert band(len(audited), n), (len(audited), n)
+    assert band(len(caught), len(majority)), (len(caught), len(majority))
+    assert s.supply() == g.supply

@@ -39,6 +39,12 @@ committed). So every commitment is fixed before any result is visible on the cha
 the chain by workers who find each other; ``bench/verify.py --batch`` measures how often a colluding pair forms a
 majority, and committee sampling of single-replica work is what catches them in the long run.
 
+**Audits** (:mod:`node.ledger.core.batchaudit`): with genesis ``batch_audit_ppm``, a sampled accepted item is re-run
+by a committee; an overturning verdict slashes the workers that agreed on it and returns the slash of the dissenters
+that were right. **Limits**: with genesis ``batch_max_held``, a worker holding that many undecided assignments
+(halved per consecutive absence, :func:`held_limit`) is not drawn for more; a re-issue falls back to every fresh
+worker rather than refund an item for lack of their capacity.
+
 **Decision.** In ``end_block`` of height ``assigned + commit_window + reveal_window``, or of the block in which the
 last drawn worker revealed, the item is decided (at most :data:`MAX_DECIDE_PER_BLOCK` per block, earliest first;
 the rest wait for the next block): the result hash revealed by at least the item's quorum wins. Its revealers are
@@ -60,9 +66,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ...encoding import MAX_AMOUNT, H
-from .batchstate import TERMINAL, Batch, BatchStatus, Fate, Item, ItemStatus, WorkerRecord, due_key, item_key
+from . import batchaudit as audit
+from .batchstate import (TERMINAL, AuditStatus, Batch, BatchStatus, Fate, Item, ItemStatus, WorkerRecord, due_key,
+                         item_key)
 from .batchtx import (GENERATE, MAX_GENERATE_TOKENS, MAX_ITEMS, MAX_REISSUES, MAX_REPLICATION, MAX_WINDOW,
-                      TASK_KINDS, BatchCancel, BatchCommit, BatchPost, BatchReveal, commitment)
+                      TASK_KINDS, BatchAuditVote, BatchCancel, BatchCommit, BatchPost, BatchReveal, commitment)
 from .genesis import TREASURY, Params
 from .tx import Tx, _check
 
@@ -116,6 +124,19 @@ def _set_worker(s: State, w: bytes, rec: WorkerRecord) -> None:
 def held(s: State, worker: bytes) -> int:
     """Assignments of ``worker`` not yet decided (its bond cannot be unbonded while any is)."""
     return _worker(s, worker).held
+
+
+MAX_MISSED_SHIFT = 16  # a limit halves with each consecutive absence, at most 16 times (then 1)
+
+
+def held_limit(p: Params, rec: WorkerRecord) -> int:
+    """How many undecided assignments a worker may hold before it is drawn for no more: genesis ``batch_max_held``
+    halved per consecutive absence (``rec.missed``), at least 1; 0 means no limit. After BOINC's per-host limit of
+    jobs in progress (``max_wus_in_progress``) and its quota cut for hosts whose results miss their deadline
+    (Anderson, "BOINC: A Platform for Volunteer Computing", J. Grid Computing 2020, §6)."""
+    if not p.batch_max_held:
+        return 0
+    return max(1, p.batch_max_held >> min(rec.missed, MAX_MISSED_SHIFT))
 
 
 def reputation(s: State, worker: bytes) -> WorkerRecord:
@@ -210,7 +231,9 @@ def apply_batch_tx(s: State, tx: Tx) -> None:
             item, outside its window, twice, or (reveal) not matching its commitment.
     """
     height = s.height + 1
-    if isinstance(tx, BatchPost):
+    if isinstance(tx, BatchAuditVote):
+        audit.apply_audit_vote(s, tx)
+    elif isinstance(tx, BatchPost):
         _check_post(s, tx)
         acc = s.account(tx.sender)
         esc = tx.escrow()
@@ -252,9 +275,13 @@ def apply_batch_tx(s: State, tx: Tx) -> None:
 
 
 def _assign(s: State, b: Batch, i: int, attempt: int, height: int, beacon: bytes, eligible: list[bytes],
-            exclude: tuple[bytes, ...]) -> tuple[tuple[bytes, ...], int]:
+            exclude: tuple[bytes, ...], limit: bool = True) -> tuple[tuple[bytes, ...], int]:
+    """Draw an item's workers among the eligible accounts but the requester and ``exclude``; with ``limit`` (and
+    genesis ``batch_max_held``), only among those below their :func:`held_limit`."""
     p, params = b.post, s.params
     cands = [w for w in eligible if w != p.sender and w not in exclude]
+    if limit and params.batch_max_held:
+        cands = [w for w in cands if (r := _worker(s, w)).held < held_limit(params, r)]
     return draw(beacon, p.batch_id, i, attempt, cands, p.replication, p.quorum, params.min_replication,
                 lambda w: params.adapt_step > 0 and _worker(s, w).run >= params.adapt_step)
 
@@ -282,9 +309,10 @@ def _decide(s: State, bid: bytes, i: int, height: int, beacon: bytes, eligible: 
         if winner is not None and revealed.get(w) == winner:
             b = _pay(s, b, w, p.price, refund=False)
             agreed.append(w)
-            rec = replace(rec, agreed=rec.agreed + 1, run=rec.run + 1)
+            rec = replace(rec, agreed=rec.agreed + 1, run=rec.run + 1, missed=0)
             history.append((it.attempt, w, Fate.AGREED, p.price))
         elif w in revealed:
+            rec = replace(rec, missed=0)
             if winner is None:
                 history.append((it.attempt, w, Fate.NO_QUORUM, 0))
             else:
@@ -295,13 +323,15 @@ def _decide(s: State, bid: bytes, i: int, height: int, beacon: bytes, eligible: 
         else:
             took = _move_bond(s, w, absent_penalty_of(s.params), slash=False)
             b = replace(b, slashed=b.slashed + took)
-            rec = replace(rec, run=0)
+            rec = replace(rec, run=0, missed=rec.missed + 1)
             history.append((it.attempt, w, Fate.UNREVEALED if w in committed else Fate.ABSENT, took))
         _set_worker(s, w, rec)
     it = replace(it, history=tuple(history))
     if winner is None and it.attempt < p.max_reissues:
         tried = it.tried + it.workers
         workers, quorum = _assign(s, b, i, it.attempt + 1, height, beacon, eligible, tried)
+        if not workers:  # a re-issue is refunded only for lack of fresh workers, not of their capacity
+            workers, quorum = _assign(s, b, i, it.attempt + 1, height, beacon, eligible, tried, limit=False)
         if workers:
             s.tables["batches"][bid] = b
             _start(s, b, i, replace(it, attempt=it.attempt + 1, assigned_height=height,
@@ -313,14 +343,59 @@ def _decide(s: State, bid: bytes, i: int, height: int, beacon: bytes, eligible: 
     paid = sum(x for _, _, f, x in history if f == Fate.AGREED)
     b = _pay(s, b, p.sender, share - paid, refund=True)
     status = ItemStatus.ACCEPTED if winner is not None else ItemStatus.REFUNDED
-    s.tables["batch_items"][item_key(bid, i)] = replace(it, status=status, result=winner or b"",
-                                                        agreed=tuple(agreed), decided_height=height)
+    it = replace(it, status=status, result=winner or b"", agreed=tuple(agreed), decided_height=height)
+    if winner is not None:
+        it = audit.draw_audit(s.params, beacon, bid, i, it, p.sender, eligible, height)
+        if it.audit == AuditStatus.OPEN:
+            s.tables["batch_due"][due_key(it.audit_due, bid, i)] = 0
+            b = replace(b, auditing=b.auditing + 1)
+    s.tables["batch_items"][item_key(bid, i)] = it
     b = replace(b, decided=b.decided + 1, accepted=b.accepted + (winner is not None))
-    if b.decided == p.n_items:
+    _set_batch(s, _maybe_settle(s, b, height))
+
+
+def _maybe_settle(s: State, b: Batch, height: int) -> Batch:
+    """Settle ``b`` once every item is decided and no audit is open."""
+    if b.decided == b.post.n_items and not b.auditing and b.status not in TERMINAL:
         if b.escrow_left:  # nothing should be left (each item returned its own share); kept exact regardless
-            b = _pay(s, b, p.sender, b.escrow_left, refund=True)
+            b = _pay(s, b, b.post.sender, b.escrow_left, refund=True)
         b = replace(b, status=BatchStatus.SETTLED, final_height=height)
-    _set_batch(s, b)
+    return b
+
+
+def _close_audit(s: State, bid: bytes, i: int, height: int) -> None:
+    """An audit's voting is over: apply its verdict (:mod:`node.ledger.core.batchaudit`)."""
+    b: Batch = s.tables["batches"][bid]
+    it: Item = s.tables["batch_items"][item_key(bid, i)]
+    outcome, found = audit.verdict(it)
+    if outcome != AuditStatus.OVERTURNED or found is None:
+        it = replace(it, audit=outcome)
+    else:
+        history = list(it.history)
+        for w in it.agreed:  # they agreed on a wrong result: slashed as a dissenter would be
+            took = _move_bond(s, w, slash_of(s.params), slash=True)
+            b = replace(b, slashed=b.slashed + took)
+            _set_worker(s, w, replace(_worker(s, w), run=0))
+            history.append((it.attempt, w, Fate.OVERRULED, took))
+        revealed = dict(it.reveals)
+        vindicated = []
+        for a, w, f, took in it.history:
+            if a == it.attempt and f == Fate.DISSENTED and revealed.get(w) == found:
+                back = min(took, s.account(TREASURY).balance)
+                t = s.account(TREASURY)
+                s.accounts[TREASURY] = replace(t, balance=t.balance - back)
+                acc = s.account(w)
+                s.accounts[w] = replace(acc, bond=acc.bond + back, slashed=acc.slashed - back)
+                b = replace(b, slashed=b.slashed - back)
+                history.append((it.attempt, w, Fate.VINDICATED, back))
+                vindicated.append(w)
+        members = [m for m, r in it.audit_votes if r == found]
+        it = replace(it, audit=AuditStatus.OVERTURNED, result=found, agreed=tuple(vindicated + members),
+                     history=tuple(history))
+        b = replace(b, overturned=b.overturned + 1)
+    s.tables["batch_items"][item_key(bid, i)] = it
+    b = replace(b, auditing=b.auditing - 1)
+    _set_batch(s, _maybe_settle(s, b, height))
 
 
 def end_block_batches(s: State, height: int, beacon: bytes) -> None:
@@ -337,7 +412,12 @@ def end_block_batches(s: State, height: int, beacon: bytes) -> None:
         due.append(k)
     for k in due:
         s.tables["batch_due"].pop(k)
-        _decide(s, k[8:24], int.from_bytes(k[24:28], "big"), height, beacon, eligible)
+        bid, i = k[8:24], int.from_bytes(k[24:28], "big")
+        it: Item = s.tables["batch_items"][item_key(bid, i)]
+        if it.status == ItemStatus.ASSIGNED:
+            _decide(s, bid, i, height, beacon, eligible)
+        elif it.audit == AuditStatus.OPEN:  # an accepted item's audit is due
+            _close_audit(s, bid, i, height)
     budget = MAX_ASSIGN_PER_BLOCK
     for bid in list(s.open_batches):
         b: Batch = s.tables["batches"][bid]
@@ -367,4 +447,5 @@ def needs_height(s: State) -> bool:
 
 __all__ = ["MAX_ASSIGN_PER_BLOCK", "MAX_DECIDE_PER_BLOCK", "BatchCancel", "BatchCommit", "BatchPost", "BatchReveal",
            "absent_penalty_of", "apply_batch_tx", "assignments_of", "draw", "end_block_batches", "held",
+           "held_limit",
            "reputation", "slash_of"]

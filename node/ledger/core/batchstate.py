@@ -31,6 +31,16 @@ class ItemStatus(str, enum.Enum):
     REFUNDED = "refunded"  # no quorum after every re-issue (or no fresh worker left): its escrow returned
 
 
+class AuditStatus(str, enum.Enum):
+    """A decided item's committee audit (:mod:`node.ledger.core.batchaudit`)."""
+
+    NONE = "none"  # not sampled (or no committee could be drawn)
+    OPEN = "open"  # the committee is re-running it
+    UPHELD = "upheld"  # the committee's quorum computed the accepted result
+    OVERTURNED = "overturned"  # it computed another: the agreeing workers were slashed, its result replaced
+    UNDECIDED = "undecided"  # no quorum of the committee: nothing moved
+
+
 class Fate(str, enum.Enum):
     """What one assigned worker's attempt came to (``Item.history``)."""
 
@@ -39,6 +49,8 @@ class Fate(str, enum.Enum):
     UNREVEALED = "unrevealed"  # committed, never revealed: absent penalty
     ABSENT = "absent"  # never committed: absent penalty
     NO_QUORUM = "no_quorum"  # revealed, but no result reached the quorum: neither paid nor penalised
+    OVERRULED = "overruled"  # agreed on a result an audit overturned: bond slashed (it keeps the price)
+    VINDICATED = "vindicated"  # dissented with the result an audit found: its slash returned from the treasury
 
 
 def item_key(batch_id: bytes, item: int) -> bytes:
@@ -56,8 +68,9 @@ def due_key(height: int, batch_id: bytes, item: int) -> bytes:
 class Batch:
     """Ledger state of one batch. ``assigned``: items ``0..assigned-1`` have an :class:`Item`; ``decided``,
     ``accepted``: counts of decided and accepted items; ``escrow_left``: base units still in the requester's escrow
-    for this batch; ``paid``: paid to agreeing workers; ``slashed``: taken from dissenting and absent workers' bonds
-    (to the treasury); ``refunded``: returned to the requester."""
+    for this batch; ``paid``: paid to agreeing workers; ``slashed``: taken from dissenting, absent and overruled
+    workers' bonds (to the treasury; less what vindicated dissenters got back); ``refunded``: returned to the
+    requester; ``auditing``: items whose committee audit is open; ``overturned``: items an audit overturned."""
 
     post: BatchPost
     height: int
@@ -70,13 +83,16 @@ class Batch:
     slashed: int = 0
     refunded: int = 0
     final_height: int = 0
+    auditing: int = 0
+    overturned: int = 0
 
     def to_dict(self) -> dict[Any, Any]:
         p = self.post
         return {"batch_id": p.batch_id, "post": p.to_wire(), "height": self.height, "status": self.status.value,
                 "assigned": self.assigned, "decided": self.decided, "accepted": self.accepted,
                 "escrow_left": self.escrow_left, "paid": self.paid, "slashed": self.slashed,
-                "refunded": self.refunded, "final_height": self.final_height}
+                "refunded": self.refunded, "final_height": self.final_height, "auditing": self.auditing,
+                "overturned": self.overturned}
 
 
 @dataclass(frozen=True)
@@ -87,7 +103,9 @@ class Item:
     it; ``commits``: ``(worker, commitment)``; ``reveals``: ``(worker, result hash)``; ``tried``: every worker of
     earlier attempts (never drawn again for this item); ``history``: ``(attempt, worker, Fate, base units moved)``
     of decided attempts (paid for AGREED, taken for DISSENTED / UNREVEALED / ABSENT); ``result``: the accepted
-    result hash; ``agreed``: the workers that revealed it."""
+    result hash; ``agreed``: the workers that revealed it (after an overturning audit: the vindicated dissenters and
+    the committee members that computed it); ``audit``, ``audit_committee``, ``audit_votes`` (``(member, result
+    hash)``), ``audit_due``: its committee audit (:mod:`node.ledger.core.batchaudit`)."""
 
     attempt: int
     assigned_height: int
@@ -102,6 +120,10 @@ class Item:
     result: bytes = b""
     agreed: tuple[bytes, ...] = ()
     decided_height: int = 0
+    audit: AuditStatus = AuditStatus.NONE
+    audit_committee: tuple[bytes, ...] = ()
+    audit_votes: tuple[tuple[bytes, bytes], ...] = ()
+    audit_due: int = 0
 
     def commitment_of(self, worker: bytes) -> bytes | None:
         return next((c for w, c in self.commits if w == worker), None)
@@ -111,14 +133,19 @@ class Item:
                 "workers": list(self.workers), "quorum": self.quorum, "status": self.status.value,
                 "commits": [list(c) for c in self.commits], "reveals": [list(r) for r in self.reveals],
                 "tried": list(self.tried), "history": [[a, w, f.value, x] for a, w, f, x in self.history],
-                "result": self.result, "agreed": list(self.agreed), "decided_height": self.decided_height}
+                "result": self.result, "agreed": list(self.agreed), "decided_height": self.decided_height,
+                "audit": self.audit.value, "audit_committee": list(self.audit_committee),
+                "audit_votes": [list(v) for v in self.audit_votes], "audit_due": self.audit_due}
 
 
 @dataclass(frozen=True)
 class WorkerRecord:
     """A worker's batch reputation: ``agreed``, results that matched a quorum (ever); ``run``, consecutive ones (reset
-    by a dissent or an absence); ``held``, assignments not yet decided (an unbond waits for them)."""
+    by a dissent or an absence); ``held``, assignments not yet decided (an unbond waits for them); ``missed``,
+    consecutive absences (never committed or never revealed; reset by any reveal), which shrink the worker's limit
+    of undecided assignments (:func:`node.ledger.core.batch.held_limit`)."""
 
     agreed: int = 0
     run: int = 0
     held: int = 0
+    missed: int = 0

@@ -143,7 +143,26 @@ class BatchCancel(SingleSigned):
     SCHEMA: ClassVar[dict[str, str]] = {"sender": "account", "batch_id": "bytes16", "nonce": "int"}
 
 
-BATCH_TXS = (BatchPost, BatchCommit, BatchReveal, BatchCancel)
+@dataclass(frozen=True)
+class BatchAuditVote(SingleSigned):
+    """A member of a decided item's audit committee (:mod:`node.ledger.core.batchaudit`) states the result hash it
+    computed for the item. Counted once per (batch, item, member)."""
+
+    chain_id: str
+    sender: bytes  # the committee member
+    batch_id: bytes
+    item: int
+    result_hash: bytes
+    sig: bytes = b""
+
+    TAG: ClassVar[bytes] = b"tally/batch-audit-vote/v1"
+    KIND: ClassVar[str] = "batch_audit_vote"
+    SIGS: ClassVar[tuple[str, ...]] = ("sig",)
+    SCHEMA: ClassVar[dict[str, str]] = {"sender": "account", "batch_id": "bytes16", "item": "int",
+                                        "result_hash": "bytes32"}
+
+
+BATCH_TXS = (BatchPost, BatchCommit, BatchReveal, BatchCancel, BatchAuditVote)
 
 for _cls in BATCH_TXS:
     TX_KINDS[_cls.KIND] = _cls

@@ -23,7 +23,8 @@ MAX_HEARTBEAT_MS = 3_600_000  # the longest heartbeat_ms a genesis may set (1 ho
 OPTIONAL_PARAMS = ("heartbeat_ms", "retention_blocks",
                    "min_validator_bond",
                    "batch_slash", "batch_absent_penalty",
-                   "min_replication")  # left out of the genesis hash and document when 0
+                   "min_replication", "batch_max_held",
+                   "batch_audit_ppm")  # left out of the genesis hash and document when 0
 
 
 class GenesisError(ValueError):
@@ -82,6 +83,15 @@ class Params:
     batch_slash: int = 0
     batch_absent_penalty: int = 0
     min_replication: int = 0
+    # a worker holding batch_max_held undecided batch assignments is not drawn for more (BOINC's max_wus_in_progress):
+    # items are then drawn as workers finish others, so an item's commit window need only hold a worker's share of
+    # batch_max_held items, not the whole job, and a worker that dies strands at most that many. Each consecutive
+    # absence halves the worker's limit (to 1; BOINC's quota cut for hosts that miss deadlines). 0: no limit (every
+    # item is drawn within N / 64 blocks of the post); left out of the genesis hash and document when 0.
+    batch_max_held: int = 0
+    # the probability (ppm) that an accepted batch item is re-run by a committee (node.ledger.core.batchaudit): what
+    # catches a colluding majority in the long run. 0: never; left out of the genesis hash and document when 0.
+    batch_audit_ppm: int = 0
 
     def heartbeat(self) -> int:
         """The longest gap between two blocks in milliseconds: ``heartbeat_ms``, or ``block_time_ms`` when 0."""
@@ -122,6 +132,10 @@ class Params:
                                "batch worker must lose less than an out-voted one")
         if self.min_replication > 16:
             raise GenesisError("min_replication must be 0 (no adaptive replication) or in 1..16")
+        if self.batch_audit_ppm > PPM:
+            raise GenesisError("batch_audit_ppm must be in 0..1000000 (a probability in parts per million)")
+        if self.batch_max_held > 1_000_000:
+            raise GenesisError("batch_max_held must be 0 (no limit) or in 1..1000000 undecided assignments")
 
 
 @dataclass(frozen=True)
