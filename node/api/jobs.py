@@ -61,14 +61,14 @@ def make_router(node, require_token, ApiError) -> APIRouter:
         jobs = [j for j in sorted(st.jobs.values(), key=lambda j: (-j.height, j.post.id))  # newest first
                 if status is None or j.status == status]
         limit = max(1, min(limit, 500))
-        return {"total": len(jobs), "jobs": [job_json(j, st) for j in jobs[max(0, offset):max(0, offset) + limit]]}
+        return {"total": len(jobs), "jobs": [job_json(j, st, node.store.archived_summary) for j in jobs[max(0, offset):max(0, offset) + limit]]}
 
     @r.get("/v1/jobs/{job_id}")
     async def get_job(job_id: str) -> dict:
         from ..market.client import job_json
 
         _, job = _job(job_id)
-        out = job_json(job, node.ledger.state)
+        out = job_json(job, node.ledger.state, node.store.archived_summary)
         if node.jobs is not None and job.worker == node.ident.account:
             prog = node.jobs.progress.get(job.post.job_id)
             if prog:

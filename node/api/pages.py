@@ -149,7 +149,7 @@ def pages_router(node, q) -> APIRouter:
         st = node.ledger.state
         if rid not in st.runs:
             raise ApiError(404, "not_found", "no such run on the ledger")
-        x = run_view(st.runs[rid], st)
+        x = run_view(st.runs[rid], st, node.store.archived_summary)
         return page("run.html", run=x, loss=charts.line(x["loss_per_round"]))
 
     @r.get("/batches")

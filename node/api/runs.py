@@ -116,9 +116,14 @@ def _verdicts(rec) -> list[dict]:
             for v, rd, x, d in rec.votes] if rec is not None else []
 
 
-def _commit(state, worker: bytes, rid: bytes) -> dict:
+def _commit(state, worker: bytes, rid: bytes, archived=None) -> dict:
+    """A round receipt for the view; one that left the hot state after its run ended (``archived(rid)``: its
+    history summary, :meth:`node.ledger.store.LedgerStore.archived_summary`) keeps its status, not its details."""
     rec = state.receipts.get(rid)
     r = rec.receipt if rec is not None else None
+    if rec is None and archived is not None and (s := archived(rid)) is not None:
+        return {"worker": acct(worker), "receipt": rid.hex(), "status": s["status"], "loss": None,
+                "delta_bytes": None, "delta": None, "committee": [], "verdicts": [], "archived": True}
     return {"worker": acct(worker), "receipt": rid.hex(), "status": rec.status if rec else "unknown",
             "loss": None if r is None or r.loss_ppm < 0 else r.loss_ppm / 1e6,
             "delta_bytes": r.delta_bytes if r is not None else None,
@@ -155,7 +160,7 @@ def _jsonable(x):
     return x
 
 
-def run_view(run, state) -> dict:
+def run_view(run, state, archived=None) -> dict:
     """A :class:`~node.ledger.core.runs.Run` for the API and the explorer: settings in user units, amounts as
     ``{"base_units", "credits"}``, accounts as peer IDs, ids as hex; ``rounds``: every finished round with its
     workers (each receipt's status, verdicts, loss in nats/token, Δ bytes; accepted or excluded and why), mean
@@ -166,7 +171,7 @@ def run_view(run, state) -> dict:
         excluded = dict(h.excluded)
         workers = []
         for w, rid, _ in h.commits:
-            c = _commit(state, w, rid)
+            c = _commit(state, w, rid, archived)
             c["accepted"] = w in h.accepted
             c["reason"] = excluded.get(w)
             workers.append(c)
@@ -263,7 +268,7 @@ def make_router(node, require_token, ApiError) -> APIRouter:
         """One run: settings, money, every finished round (workers, receipts' verdicts, loss, Δ bytes), the open
         round and the raw ledger record."""
         _, run = _run(run_id)
-        return run_view(run, node.ledger.state)
+        return run_view(run, node.ledger.state, node.store.archived_summary)
 
     @r.post("/v1/runs", dependencies=[Depends(require_token)])
     async def post(req: RunRequest) -> dict:

@@ -170,11 +170,15 @@ def archived_receipt_json(index: int, left_height: int, data: bytes) -> dict:
     of the history log, left at the end of block ``left_height``) in the shape of :func:`receipt_json`."""
     s = dict(zip(SUMMARY_FIELDS, unpack(data), strict=True))
     start, end, tokens = s["span_start"], s["span_end"], s["tokens"]
+    inference = s["kind"] == "receipt"
     return {
-        "id": s["id"].hex(), "kind": "inference", "status": s["status"], "height": s["height"],
-        "session_id": s["session_id"].hex(), "job_id": None, "worker": acct(s["worker"]),
-        "requester": acct(s["requester"]), "model_id": s["model_id"].hex(), "span": [start, end], "tokens": tokens,
-        "work": tokens * (end - start), "price": amount(s["price"]), "opened_height": s["opened_height"],
+        "id": s["id"].hex(), "kind": "inference" if inference else "training", "status": s["status"],
+        "height": s["height"], "session_id": s["session_id"].hex() if inference else None,
+        "job_id": s["session_id"].hex() if s["kind"] == "train_receipt" else None,
+        "worker": acct(s["worker"]), "requester": acct(s["requester"]),
+        "model_id": s["model_id"].hex() if inference else None, "span": [start, end] if inference else None,
+        "tokens": tokens if inference else None, "work": tokens * (end - start) if inference else None,
+        "price": amount(s["price"]), "opened_height": s["opened_height"] if inference else None,
         "sampling_probability_ppm": 0, "round": 0, "committee": [], "votes": [],
         "final_height": s["final_height"] or None,
         "payouts": [{"account": acct(a), "amount": amount(x)} for a, x in s["payouts"]],

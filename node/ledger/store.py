@@ -43,7 +43,7 @@ from ..encoding import pack, unpack
 from . import statedb
 from .core import blockcodec
 from .core.block import Block, decode_block
-from .core.history import HEAD_KEY, LogHead
+from .core.history import HEAD_KEY, SUMMARY_FIELDS, LogHead
 from .core.chain import check_and_apply
 from .genesis import Genesis
 from .core.state import FINAL, State, genesis_state
@@ -372,6 +372,12 @@ class LedgerStore:
         index, height = unpack(raw)
         data = self.db.get(b"X/l" + _h(index))
         return None if data is None else (int(index), int(height), data)
+
+    def archived_summary(self, rid: bytes) -> dict[str, Any] | None:
+        """The :data:`node.ledger.core.history.SUMMARY_FIELDS` of a receipt that left the state, as a dict, or
+        None (see :meth:`history_entry`)."""
+        entry = self.history_entry(rid)
+        return None if entry is None else dict(zip(SUMMARY_FIELDS, unpack(entry[2]), strict=True))
 
     def _write_index(self, wb, block: Block, index: list[tuple[bytes, bytes]], nbytes: int,
                      meta: list[int]) -> list[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from ..compute.train import Trainer, encode_text, split_tokens
@@ -66,21 +67,31 @@ async def post_job(node, *, title: str, text: bytes, steps: int, price_per_step:
     return post
 
 
-def job_json(job, state) -> dict:
-    """A job for the API: amounts as base-unit strings with decimals, losses in nats/token (null when NaN)."""
+def job_json(job, state, archived: Callable[[bytes], dict | None] | None = None) -> dict:
+    """A job for the API: amounts as base-unit strings with decimals, losses in nats/token (null when NaN).
+    ``archived(receipt id)``: the :data:`node.ledger.core.history.SUMMARY_FIELDS` of a segment that left the hot
+    state (:meth:`node.ledger.store.LedgerStore.history_entry`), or None; without it such a segment shows only
+    its id and status ``archived``."""
     p = job.post
 
     def amt(x: int) -> dict:
         return {"base_units": str(x), "credits": format_amount(x)}
 
-    segments = []
+    segments, paid = [], 0
     for rid in job.segments:
-        rec = state.receipts[rid]
+        rec = state.receipts.get(rid)
+        if rec is None:  # left the hot state after the job ended (node.ledger.core.history)
+            s = archived(rid) if archived is not None else None
+            segments.append({"receipt": rid.hex(), "steps": [s["span_start"], s["span_end"]] if s else None,
+                             "status": s["status"] if s else "archived", "loss": None,
+                             "price": amt(s["price"]) if s else None, "committee": [], "archived": True})
+            paid += sum(a for acc, a in (s["payouts"] if s else ()) if acc != p.sender)
+            continue
         r = rec.receipt
         segments.append({"receipt": rid.hex(), "steps": [r.step_start, r.step_end], "status": rec.status,
                          "loss": None if r.loss_ppm < 0 else r.loss_ppm / 1e6, "price": amt(r.price),
                          "committee": [account_to_str(m) for m in rec.committee]})
-    paid = sum(a for rid in job.segments for acc, a in state.receipts[rid].payouts if acc != p.sender)
+        paid += sum(a for acc, a in rec.payouts if acc != p.sender)
     return {
         "job_id": p.job_id.hex(), "title": p.title, "status": job.status, "status_text": STATUS_TEXT[job.status],
         "requester": account_to_str(p.sender), "worker": account_to_str(job.worker) if job.worker else None,

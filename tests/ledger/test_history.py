@@ -254,3 +254,62 @@ def test_a_state_synced_node_proves_receipts_that_leave_after_its_snapshot(tmp_p
     assert _check_proofs(a, early + late) == 7
     a.close()
     b.close()
+
+
+def test_a_jobs_receipts_leave_after_the_job_ended_and_its_view_reads_them_from_the_log(tmp_path):
+    """With retention_blocks set, a fine-tune job's training receipts stay while the job is open (it reads them),
+    then leave ``retention_blocks`` after the job settled, into the same log: the job's API view shows them
+    archived with their status, steps and payouts (the paid total unchanged), each proves against a header, a
+    replay of one is refused (the job ended), and a restart reopens the same state."""
+    import os
+
+    from node.ledger.core.jobs import SETTLED
+    from node.ledger.core.jobtx import JobAccept, JobDeliver, JobPost, TrainReceipt
+    from node.market.client import job_json
+
+    from .helpers import CLIENT, W1
+
+    g = make_genesis(retention_blocks=3, committee_size=2)
+    store = LedgerStore(tmp_path / "db", g)
+    state = store.replay()
+    pps = 1_000_000
+    post = JobPost(g.chain_id, CLIENT.account, b"\x05" * 16, "t", b"m" * 32, b"d" * 32, 4, "q_proj,v_proj", 4, 2,
+                   16, 1000, 7, 2, pps, 400, 0, state.account(CLIENT.account).nonce).signed(CLIENT)
+    t = iter(range(1000, 10_000))
+    state = _step(store, state, [post], next(t))
+    state = _step(store, state, [JobAccept(g.chain_id, W1.account, post.job_id, 0).signed(W1)], next(t))
+    states = [bytes([i]) * 32 for i in range(3)]
+    segs = [TrainReceipt(g.chain_id, post.job_id, W1.account, CLIENT.account, 2 * i, 2 * i + 2, states[i],
+                         states[i + 1], bytes([9 + i]) * 32, 2_000_000, 2 * pps).signed(W1) for i in range(2)]
+    for r in segs:
+        state = _step(store, state, [r], next(t))
+    state = _step(store, state, [JobDeliver(g.chain_id, W1.account, post.job_id, states[2], 1).signed(W1)], next(t))
+    for _ in range(40):  # verdicts (this node's keys vote valid), settlement, then the retention window
+        if state.jobs[post.job_id].status == SETTLED:
+            break
+        state = _step(store, state, [], next(t))
+    job = state.jobs[post.job_id]
+    assert job.status == SETTLED and all(r.id in state.receipts for r in segs)
+    before = job_json(job, state, store.archived_summary)
+    for _ in range(g.params.retention_blocks + 2):
+        state = _step(store, state, [], next(t))
+    assert all(r.id not in state.receipts for r in segs), "the ended job's receipts left the hot state"
+    assert all(store.history_entry(r.id) is not None for r in segs)
+    after = job_json(state.jobs[post.job_id], state, store.archived_summary)
+    assert after["paid"] == before["paid"] and int(after["paid"]["base_units"]) > 0
+    assert [x["status"] for x in after["segments"]] == [x["status"] for x in before["segments"]]
+    assert [x["steps"] for x in after["segments"]] == [[0, 2], [2, 4]] and all(x["archived"] for x in after["segments"])
+    assert job_json(state.jobs[post.job_id], state)["segments"][0]["status"] == "archived"  # no store at hand
+    summary = store.archived_summary(segs[0].id)
+    assert summary["kind"] == "train_receipt" and summary["session_id"] == post.job_id and summary["tokens"] == 2
+    _, _, rejected = propose(state, [segs[0]], KEYS[0], next(t), store.last_commit())
+    assert rejected  # the job ended: its receipt cannot come back
+    state = _step(store, state, [], next(t))
+    assert _check_proofs(store, [r.id for r in segs]) == len(segs)
+    root = state.state_root()
+    store.close()
+    store = LedgerStore(tmp_path / "db", g)
+    try:
+        assert store.replay().state_root() == root and store.verify() == []
+    finally:
+        store.close()

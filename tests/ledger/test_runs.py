@@ -336,3 +336,32 @@ def test_wire_round_trip_of_every_run_transaction():
     with pytest.raises(InvalidTx, match="accepted"):
         decode_tx(wire)
     assert NO_MOMENTUM == c.run(post).momentum
+
+
+def test_a_finished_runs_receipts_leave_the_hot_state_after_the_retention_window():
+    """With retention_blocks set, every round receipt and aggregate of a run stays while the run is open, and all
+    leave into the history log ``retention_blocks`` after the run finished (its view then shows them archived);
+    with retention 0 they stay."""
+    from node.ledger.core import history as hist
+
+    for retention in (0, 4):
+        c = Chain(retention_blocks=retention)
+        post = start(c)
+        for _ in range(post.rounds):
+            c.settle_round(post)
+        for _ in range(20):
+            if c.run(post).status == RunStatus.FINISHED:
+                break
+            c.block()
+        run = c.run(post)
+        assert run.status == RunStatus.FINISHED and all(r in c.s.receipts for r in run.receipts)
+        n = len(run.receipts)
+        for _ in range(retention + 2):
+            c.block()
+        left = [r for r in run.receipts if r not in c.s.receipts]
+        if not retention:
+            assert not left and hist.read_head(c.s).size == 0
+            continue
+        assert len(left) == n and hist.read_head(c.s).size == n  # every one, into the log
+        view = run_view(c.run(post), c.s)
+        assert all(w["status"] == "unknown" for r in view["rounds_detail"] for w in r["workers"])

@@ -5,8 +5,10 @@ at height ``leave = max(f + retention_blocks, opened_height + receipt_max_age + 
 longer be replayed: inclusion needs ``opened_height + receipt_max_age >= parent height``). Its summary
 (:func:`summary`: id, worker, requester, price, status, inclusion and final height, payouts, slash) is appended to
 the log and its ``receipts`` and ``sessions`` entries are deleted. At most :data:`MAX_RETIRE_PER_BLOCK` leave in one
-block, oldest first; the rest move to the next height, ahead of those scheduled there. Job and run receipts stay
-(their jobs and runs read them).
+block, oldest first; the rest move to the next height, ahead of those scheduled there. A job's or a run's receipts
+(training receipts; round receipts and aggregates) leave ``retention_blocks`` after both they and their job or run
+are final (:func:`schedule_owner_leave`, called when the job or run ends): until then the job or run reads them,
+and afterwards nothing can replay them (a job or run that ended accepts no receipt).
 
 The log is RFC 9162 §2.1 (leaf hash ``H(0x00 ‖ d)``, node ``H(0x01 ‖ l ‖ r)``, :func:`node.encoding.leaf_hash`).
 Its head (:class:`LogHead`: size, root, frontier) is the entry ``history/head`` of the state, so the sparse Merkle
@@ -144,16 +146,33 @@ def inclusion_path(store: NodeReader, index: int, size: int) -> list[bytes]:
 def summary(rec: Any) -> bytes:
     """The leaf data of a receipt record leaving the state: msgpack of ``[b"tally/history/v1", id, kind, worker,
     requester, price (base units), status, inclusion height, final height, [[account, base units]...] payouts,
-    slashed (base units), session id, opened height, model id, span start, span end, tokens]``."""
+    slashed (base units), session id, opened height, model id, span start, span end, tokens]``. For a job's or a
+    run's receipt (kind ``train_receipt``, ``round_receipt``, ``round_aggregate``) the session id is the job or run
+    id, the opened height the round (0 for a job), the model id empty, the span the steps ``[step_start,
+    step_end)`` of a training receipt (``[0, steps)`` of a round receipt, ``[0, 0)`` of an aggregate), and tokens
+    the number of steps."""
     r = rec.receipt
-    return pack([b"tally/history/v1", r.id, r.KIND, r.worker, r.requester, r.price, rec.status, rec.height,
-                 rec.final_height, [list(p) for p in rec.payouts], rec.slashed, r.session_id, r.opened_height,
-                 r.model_id, r.span_start, r.span_end, r.tokens])
+    head = [b"tally/history/v1", r.id, r.KIND, r.worker, r.requester, r.price, rec.status, rec.height,
+            rec.final_height, [list(p) for p in rec.payouts], rec.slashed]
+    if r.KIND == "receipt":
+        return pack([*head, r.session_id, r.opened_height, r.model_id, r.span_start, r.span_end, r.tokens])
+    job_id = getattr(r, "job_id", None)
+    if job_id is not None:
+        return pack([*head, job_id, 0, b"", r.step_start, r.step_end, r.step_end - r.step_start])
+    steps = getattr(r, "steps", 0)
+    return pack([*head, r.run_id, r.round, b"", 0, steps, steps])
 
 
 SUMMARY_FIELDS = ("tag", "id", "kind", "worker", "requester", "price", "status", "height", "final_height",
                   "payouts", "slashed", "session_id", "opened_height", "model_id", "span_start", "span_end",
                   "tokens")
+
+
+def _owner_final(s: Any, r: Any) -> int:
+    """The final height of the job or run receipt ``r`` belongs to (0 while it is open)."""
+    job_id = getattr(r, "job_id", None)
+    owner = s.jobs.get(job_id) if job_id is not None else s.runs.get(r.run_id)
+    return int(getattr(owner, "final_height", 0) or 0)
 
 
 def leave_height(final_height: int, opened_height: int, retention_blocks: int, receipt_max_age: int) -> int:
@@ -176,10 +195,31 @@ def schedule_leave(s: Any, rec: Any) -> None:
     schedule a plain inference receipt to leave at :func:`leave_height` when ``retention_blocks`` is set."""
     p = s.params
     r = rec.receipt
-    if not p.retention_blocks or getattr(r, "KIND", None) != "receipt":
+    if not p.retention_blocks:
         return
-    k = height_key(leave_height(rec.final_height, r.opened_height, p.retention_blocks, p.receipt_max_age))
+    if getattr(r, "KIND", None) == "receipt":
+        k = height_key(leave_height(rec.final_height, r.opened_height, p.retention_blocks, p.receipt_max_age))
+    else:
+        owner = _owner_final(s, r)
+        if not owner:  # its job or run is open: scheduled by schedule_owner_leave when it ends
+            return
+        k = height_key(max(rec.final_height, owner) + p.retention_blocks)
     s.tables["retire"][k] = (*s.tables["retire"].get(k, ()), r.id)
+
+
+def schedule_owner_leave(s: Any, receipt_ids: Any, final_height: int, final_status: Any) -> None:
+    """A job or run ended at ``final_height`` in working state ``s``: schedule its receipts that are already final
+    (status in ``final_status``) to leave ``retention_blocks`` after the later of the two (its other receipts are
+    scheduled by :func:`schedule_leave` when they become final)."""
+    p = s.params
+    if not p.retention_blocks:
+        return
+    t = s.tables["retire"]
+    for rid in receipt_ids:
+        rec = s.receipts.get(rid)
+        if rec is not None and rec.status in final_status:
+            k = height_key(max(rec.final_height, final_height) + p.retention_blocks)
+            t[k] = (*t.get(k, ()), rid)
 
 
 def retire(s: Any, height: int) -> list[Append]:
@@ -203,7 +243,8 @@ def retire(s: Any, height: int) -> list[Append]:
         rec = s.tables["receipts"].pop(rid, None)
         if rec is None:  # pragma: no cover - scheduled once, when final; nothing else deletes a receipt
             continue
-        s.tables["sessions"].pop(H(rec.receipt.worker, rec.receipt.session_id), None)
+        if rec.receipt.KIND == "receipt":
+            s.tables["sessions"].pop(H(rec.receipt.worker, rec.receipt.session_id), None)
         head, a = append(head, rid, summary(rec))
         out.append(a)
     s.tables["history"][HEAD_KEY] = head.to_plain()
@@ -228,6 +269,7 @@ __all__ = [
     "retire",
     "root_of",
     "schedule_leave",
+    "schedule_owner_leave",
     "subtree_hash",
     "summary",
 ]

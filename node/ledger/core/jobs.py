@@ -36,8 +36,10 @@ from dataclasses import dataclass, replace
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
+from . import history
 from .genesis import TREASURY
 from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, JobRelease, TrainReceipt, parse_targets
+from .status import FINAL
 from .tx import InvalidTx, Tx, _check
 
 if TYPE_CHECKING:
@@ -92,6 +94,7 @@ def _refund_left(s: State, job: Job, status: str, height: int) -> Job:
     if left:
         req = s.account(job.post.sender)
         s.accounts[job.post.sender] = replace(req, balance=req.balance + left, escrow=req.escrow - left)
+    history.schedule_owner_leave(s, job.segments, height, FINAL)
     return replace(job, status=status, escrow_left=0, refunded=job.refunded + left, final_height=height)
 
 

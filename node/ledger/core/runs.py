@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING
 
 from ...encoding import H
 from . import committee as cm
+from . import history
 from .sampling import PPM, is_sampled, sampling_ppm
 from .jobtx import parse_targets
 from .status import INVALID_S, SAMPLED
@@ -392,6 +393,7 @@ def end_block_runs(s: State, height: int, block_hash: bytes, final_status: Abstr
             s.accounts[p.sender] = replace(sp, balance=sp.balance + left, escrow=sp.escrow - left)
             status = RunStatus.FINISHED if run.status == RunStatus.FINISHING else RunStatus.EXPIRED
             run = replace(run, status=status, escrow_left=0, refunded=run.refunded + left, final_height=height)
+            history.schedule_owner_leave(s, run.receipts, height, final_status)
         _set(s, run)
 
 
