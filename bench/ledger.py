@@ -247,7 +247,7 @@ def main() -> None:
     ledger_scale.add_args(ap)
     args = ap.parse_args()
     if args.scale:
-        ledger_scale.run_scale(args.sizes, args.timeout, args.empty, args.full, args.profile, args.keep)
+        ledger_scale.run_scale(args.sizes, args.timeout, args.empty, args.full, args.profile, args.keep, args.cap)
         return
     if args.idle:
         print(idle_line(args.idle, args.heartbeat_ms))

@@ -341,19 +341,65 @@ def _child(args: list[str], timeout: float) -> dict[str, Any]:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+
+
+def capped_measure(d: Path, n: int, cap_mib: float, timeout: float, empty: int, full: int) -> dict[str, Any]:
+    """:func:`measure` of the store at ``d`` in a child confined to a memory cgroup (v1) of ``cap_mib`` MiB, after
+    the store's files are written back and dropped from the OS page cache (so that the pages the child reads are
+    charged to its cgroup): what the ledger does when the kernel holds it to that much memory, page cache
+    included. The result has ``cap_mib``, ``cap_max_usage_mib`` (the cgroup's peak), ``cap_failcnt`` (times the
+    limit was hit) and ``cap_major_faults``.
+
+    Raises:
+        RuntimeError: no writable cgroup v1 memory controller here (needs root), or the child failed (an OOM kill
+            included).
+    """
+    if not (CGROUP_V1 / "cgroup.procs").exists() or not os.access(CGROUP_V1, os.W_OK):
+        raise RuntimeError(f"--cap-mib needs a writable cgroup v1 memory controller at {CGROUP_V1} (root)")
+    for f in d.iterdir():
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    cg = CGROUP_V1 / f"tally-bench-{os.getpid()}"
+    cg.mkdir()
+    try:
+        (cg / "memory.limit_in_bytes").write_text(str(int(cap_mib * 2**20)))
+        args = [sys.executable, str(Path(__file__).resolve()), "--child", "measure", "--n", str(n), "--dir", str(d),
+                "--empty", str(empty), "--full", str(full)]
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
+                           preexec_fn=lambda: (cg / "cgroup.procs").write_text(str(os.getpid())))
+        if r.returncode != 0 or not r.stdout.strip():
+            raise RuntimeError(f"the capped measurement failed (exit {r.returncode}; -9 is an OOM kill): "
+                               f"{r.stderr.strip()[-800:]}")
+        out: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+        stat = dict(line.split() for line in (cg / "memory.stat").read_text().splitlines())
+        out.update(cap_mib=cap_mib, cap_max_usage_mib=int((cg / "memory.max_usage_in_bytes").read_text()) / 2**20,
+                   cap_failcnt=int((cg / "memory.failcnt").read_text()),
+                   cap_major_faults=int(stat.get("total_pgmajfault", 0)))
+        return out
+    finally:
+        cg.rmdir()
+
+
 def _size(n: int) -> str:
     e = len(str(n)) - 1
     return f"10^{e}" if n == 10**e else str(n)
 
 
 def run_scale(sizes: list[int], timeout: float = 1800, empty: int = 30, full: int = 10, profile: bool = False,
-              keep: Path | None = None) -> list[dict[str, Any]]:
+              keep: Path | None = None, cap: float | None = None) -> list[dict[str, Any]]:
     """Build and measure each size in fresh subprocesses, print the table and the targets; returns the rows.
 
     Args:
         sizes: receipts held, ascending.
         timeout: seconds allowed to each child (build, then measure).
         keep: a directory to build the stores in and leave them (default: a temporary one, removed).
+        cap: also measure the largest size again in a memory cgroup of ``cap`` times the smallest size's resident
+            memory after blocks (:func:`capped_measure`).
 
     Raises:
         ValueError: no sizes, or a size below 1.
@@ -377,6 +423,11 @@ def run_scale(sizes: list[int], timeout: float = 1800, empty: int = 30, full: in
                   file=sys.stderr, flush=True)
             if profile:
                 print(m.get("profile", ""), file=sys.stderr)
+        if cap:
+            lo, hi = rows[0], rows[-1]
+            c = capped_measure(base / f"ledger-{hi['n']}", hi["items"]["receipts"], cap * lo["rss_after_mib"],
+                               timeout, empty, full)
+            hi["capped"] = c
     print(report(rows, empty, full))
     return rows
 
@@ -439,6 +490,14 @@ def report(rows: list[dict[str, Any]], empty: int = 30, full: int = 10) -> str:
     big = max(rows, key=lambda r: r["empty_b"])
     checks.append((f"an empty block <= {TARGET_EMPTY_B} B stored", all(r["empty_b"] <= TARGET_EMPTY_B for r in rows),
                    f"largest median {big['empty_b']:.0f} B at {_size(big['n'])}, max {big['empty_b_max']} B"))
+    c = hi.get("capped")
+    if c:
+        lines += ["", f"held to {c['cap_mib']:.0f} MiB (a memory cgroup of {c['cap_mib'] / lo['rss_after_mib']:.1f}x the "
+                  f"{_size(lo['n'])} resident memory, page cache included; the store's pages dropped first), "
+                  f"{_size(hi['n'])}: peak {c['cap_max_usage_mib']:.0f} MiB, limit hit {c['cap_failcnt']} times, "
+                  f"{c['cap_major_faults']} major faults; empty block {c['empty_ms']:.2f} ms, 100-receipt block "
+                  f"{c['full_ms']:.1f} ms ({c['full_ms'] / lo['full_ms']:.2f}x the {_size(lo['n'])} one, "
+                  f"{c['full_ms'] / hi['full_ms']:.2f}x uncapped); start {c['start_s']:.3f} s"]
     if len(rows) == 1:
         lines.append("(one size only: the ratios compare it with itself)")
     lines.append("")
@@ -474,6 +533,9 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--full", type=int, default=10, help="100-receipt blocks timed per size (default %(default)s)")
     ap.add_argument("--profile", action="store_true", help="cProfile the empty and the 100-receipt blocks; top functions to stderr")
     ap.add_argument("--keep", type=Path, default=None, help="build the stores under this directory and keep them")
+    ap.add_argument("--cap", type=float, default=None, metavar="X",
+                    help="also measure the largest size in a memory cgroup of X times the smallest size's resident "
+                         "memory (page cache included; needs root and cgroup v1), e.g. --cap 2")
 
 
 def main() -> None:
@@ -488,7 +550,7 @@ def main() -> None:
     elif args.child == "measure":
         print(json.dumps(measure(args.dir, args.n, args.empty, args.full, profile=args.profile)))
     else:
-        run_scale(args.sizes, args.timeout, args.empty, args.full, args.profile, args.keep)
+        run_scale(args.sizes, args.timeout, args.empty, args.full, args.profile, args.keep, args.cap)
 
 
 if __name__ == "__main__":

@@ -670,3 +670,27 @@ def test_audits_catch_a_colluding_pair_in_the_long_run_at_the_sampled_rate():
     assert band(len(audited), n), (len(audited), n)
     assert band(len(caught), len(majority)), (len(caught), len(majority))
     assert s.supply() == g.supply
+
+
+def test_single_replica_items_are_audited_at_the_sampling_floor_and_a_lone_cheat_is_overturned():
+    """Adaptive replication (min_replication 1, adapt_step 1) lets a batch of trusted workers be done by one replica
+    per item; such an item is audited at least at sample_floor_ppm (here 1: every one) even with batch_audit_ppm 0,
+    and a single replica's wrong result is overturned by its committee (2 votes against 1), its worker slashed."""
+    from node.ledger.core.batchstate import AuditStatus
+
+    g = genesis(min_replication=1, adapt_step=1, sample_base_ppm=1_000_000, sample_floor_ppm=1_000_000)
+    s = genesis_state(g)
+    pa = post(s, g, n=6, k=2, q=2, batch_id=b"\x0b" * 16)
+    s, _ = drive(blocks(s, [pa], [], g=g), g, pa, set())  # every worker agrees: all become trusted
+    assert all(item(s, pa.batch_id, i).audit == AuditStatus.NONE for i in range(6))  # two replicas: not sampled
+    cheat = WORKERS[0].account
+    pb = post(s, g, n=12, k=2, q=2, batch_id=b"\x0e" * 16)
+    s, _ = drive(blocks(s, [pb], [], g=g), g, pb, {cheat})
+    items = [item(s, pb.batch_id, i) for i in range(12)]
+    assert all(len(it.workers) == 1 and it.quorum == 1 and it.result == A for it in items)
+    mine = [it for it in items if it.workers == (cheat,)]
+    assert mine and all(it.audit == AuditStatus.OVERTURNED for it in mine)
+    for it in items:  # the cheat on a committee splits it (no 2/3 quorum of 2): nothing moves
+        if it.workers != (cheat,):
+            assert it.audit == (AuditStatus.UNDECIDED if cheat in it.audit_committee else AuditStatus.UPHELD)
+    assert s.account(cheat).bond < 200 * C and s.supply() == g.supply

@@ -5,7 +5,9 @@ majority, their shared wrong result is accepted and the honest third is slashed 
 re-execution, which Tally applies to single-replica work (:mod:`node.ledger.core.state`), closes that gap here too.
 
 **Draw.** With genesis ``batch_audit_ppm`` > 0, every item accepted in ``end_block`` of height h is audited with
-probability ``batch_audit_ppm`` / 10^6, drawn by :func:`node.ledger.core.sampling.is_sampled` on that block's hash
+probability ``batch_audit_ppm`` / 10^6 (an item decided by a single replica, which adaptive replication allows,
+with at least the receipts' floor ``sample_floor_ppm``: "sampled committee re-execution remains for single-replica
+work"), drawn by :func:`node.ledger.core.sampling.is_sampled` on that block's hash
 (unknown to every worker when it revealed) and the item's :func:`audit_id`. Its committee is
 :func:`node.ledger.core.committee.select_committee` on the same beacon, ``committee_size`` members among the eligible
 accounts other than the requester and every worker of any of the item's attempts (they have a stake in the
@@ -63,7 +65,10 @@ def draw_audit(p: Params, beacon: bytes, batch_id: bytes, i: int, it: Item, requ
                eligible: Iterable[bytes], height: int) -> Item:
     """``it`` (just accepted at ``height``) with an open audit if the beacon samples it and a committee can be drawn;
     else ``it`` unchanged."""
-    if not p.batch_audit_ppm or not is_sampled(beacon, audit_id(batch_id, i), p.batch_audit_ppm):
+    ppm = p.batch_audit_ppm
+    if len(it.workers) == 1:  # single-replica work (adaptive replication): sampled like any receipt, at least
+        ppm = max(ppm, p.sample_floor_ppm)
+    if not ppm or not is_sampled(beacon, audit_id(batch_id, i), ppm):
         return it
     com = cm.select_committee(beacon, audit_id(batch_id, i), 0, eligible, (requester, *it.tried, *it.workers),
                               p.committee_size)
