@@ -61,7 +61,8 @@ def make_router(node, require_token, ApiError) -> APIRouter:
         jobs = [j for j in sorted(st.jobs.values(), key=lambda j: (-j.height, j.post.id))  # newest first
                 if status is None or j.status == status]
         limit = max(1, min(limit, 500))
-        return {"total": len(jobs), "jobs": [job_json(j, st, node.store.archived_summary) for j in jobs[max(0, offset):max(0, offset) + limit]]}
+        page = jobs[max(0, offset):max(0, offset) + limit]
+        return {"total": len(jobs), "jobs": [job_json(j, st, node.store.archived_summary) for j in page]}
 
     @r.get("/v1/jobs/{job_id}")
     async def get_job(job_id: str) -> dict:
