@@ -46,8 +46,12 @@ from .core.block import Block, decode_block
 from .core.history import HEAD_KEY, SUMMARY_FIELDS, LogHead
 from .core.chain import check_and_apply
 from .genesis import Genesis
+from .leveldb_reads import prefer_pread
 from .core.state import FINAL, State, genesis_state
 from .core.valset import ValidatorSet
+
+
+READ_MODE = prefer_pread()  # at import, so before any database of this process opens (node/ledger/leveldb_reads.py)
 
 
 class StoreLocked(RuntimeError):
@@ -159,6 +163,7 @@ class LedgerStore:
                              f"{prune_bodies!r}")
         self.prune_bodies = prune_bodies
         path.mkdir(parents=True, exist_ok=True)
+        self.read_mode = prefer_pread()  # READ_MODE: the first call's outcome
         try:
             self.db = plyvel.DB(str(path), create_if_missing=True)
         except plyvel.IOError as e:
