@@ -247,7 +247,8 @@ def main() -> None:
     ledger_scale.add_args(ap)
     args = ap.parse_args()
     if args.scale:
-        ledger_scale.run_scale(args.sizes, args.timeout, args.empty, args.full, args.profile, args.keep, args.cap)
+        ledger_scale.run_scale(args.sizes, args.timeout, args.empty, args.full, args.profile, args.keep, args.cap,
+                               not args.no_mmap)
         return
     if args.idle:
         print(idle_line(args.idle, args.heartbeat_ms))

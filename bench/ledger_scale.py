@@ -8,16 +8,24 @@ For each size n, in fresh subprocesses (so resident memory is per size):
    :data:`~node.ledger.statedb.CODECS`) in write batches, the counts in ``S/m`` are fixed, and LevelDB is compacted.
    Not n signed blocks: 10^6 receipts through blocks would take hours here. Each record is a real receipt with two
    real Ed25519 signatures (worker and requester), status ``settled``, paid to its worker; the account balances do
-   not reflect those payouts (no block moved them), which nothing measured here reads.
+   not reflect those payouts (no block moved them), which nothing measured here reads. The compaction is over an
+   explicit key range and checked to leave level 0 empty (plyvel 1.5's ``compact_range()`` without a range compacted
+   nothing here, so the measurements before 2026-12-02 ran beside background compactions).
 2. **measure** (a second process): start time (``LedgerStore(path, g)`` + ``replay()``, warm OS page cache: the
    store was just written), VmRSS after start and after the blocks, time per empty block (``propose`` +
-   ``commit_block`` + ``append``: fsynced write batch included; median of ``--empty``), time per block of 100
+   ``commit_block`` + ``append``: fsynced write batch included, the bench's own byte-counting reads left out;
+   median of ``--empty``), time per block of 100
    pre-signed real receipts (same steps, the proposer verifies every signature twice as ``propose`` does without a
    mempool; median of ``--full``), stored bytes per live state item (keys + values under ``S/`` over the entries of
-   every table: it stands in for snapshot bytes per live item until snapshots exist) and stored bytes per empty
+   every table), snapshot bytes per live item (the chunks :func:`node.ledger.snapshot.make` writes, over the items
+   its manifest counts) and stored bytes per empty
    block (net bytes of keys + values the block adds to LevelDB, counted on its write batch against the values it
    replaces; the counter is checked once per size against a full key dump before and after one more, untimed,
    block at the end).
+
+LevelDB reads its table files as the node does, with pread into its block cache
+(:mod:`node.ledger.leveldb_reads`); unless ``--no-mmap``, a copy of each store, made before the first measurement,
+is measured the same way with LevelDB's memory-mapped reads (``TALLY_LEVELDB_MMAP=1``), side by side.
 
 Chain parameters: block time 200 ms, sampling 1 % (``sample_base_ppm`` = ``sample_floor_ppm`` = 10 000), challenge
 window 4 blocks, 4 bonded workers and 20 requesters: accounts stay few (25 with the validator), so the per-block
@@ -35,6 +43,7 @@ import io
 import json
 import os
 import pstats
+import shutil
 import statistics
 import subprocess
 import sys
@@ -47,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from node.encoding import H, pack, unpack  # noqa: E402
 from node.identity import Identity, dev_seed  # noqa: E402
-from node.ledger import statedb  # noqa: E402
+from node.ledger import leveldb_reads, snapshot, statedb  # noqa: E402
 from node.ledger.core import tree as tr  # noqa: E402
 from node.ledger.core import smt  # noqa: E402
 from node.ledger.core.chain import commit_block, propose  # noqa: E402
@@ -165,7 +174,13 @@ def build(path: Path, n: int, chunk: int = 10_000) -> dict[str, Any]:
                 wb.put(tr.NODES + k, v)
     db.put(statedb.META, pack([statedb.FORMAT, height, last, seq, counts, res.root.to_bytes()]), sync=True)
     t1 = time.perf_counter()
-    db.compact_range()  # a long-lived node's tables are compacted; no compaction runs during the measurement
+    # a long-lived node's tables are compacted; no compaction runs during the measurement. An explicit range:
+    # plyvel 1.5's compact_range() without one compacted nothing here (the measurements before 2026-12-02 ran with
+    # background compactions of 8 level-0 files under way)
+    db.compact_range(start=b"\x00", stop=b"\xff" * 64)
+    levels = [db.get_property(b"leveldb.num-files-at-level%d" % i) for i in range(3)]
+    if levels[0] != b"0":
+        raise RuntimeError(f"level 0 still holds {levels[0]!r} files after the compaction")
     t2 = time.perf_counter()
     store.close()
     return {"write_s": t1 - t0, "compact_s": t2 - t1}
@@ -193,11 +208,13 @@ class _CountingBatch:
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
         if et is not None:
             return
+        t0 = time.perf_counter()
         net = 0
         for k, v in self.ops.items():
             old = self.db.get(k)
             net += (0 if v is None else len(k) + len(v)) - (0 if old is None else len(k) + len(old))
         t = time.perf_counter()
+        self.owner.last_count_s = t - t0  # the bench's own reads, not the block's: left out of its time
         with self.db.write_batch(**self.kw) as wb:
             for k, v in self.ops.items():
                 if v is None:
@@ -216,6 +233,7 @@ class _CountingDB:
         self._db = db
         self.last_net = 0
         self.last_write_s = 0.0  # seconds the last batch took to write (fsync included)
+        self.last_count_s = 0.0  # seconds the last batch spent reading the values it replaces (to count bytes)
 
     def write_batch(self, **kw: Any) -> _CountingBatch:
         return _CountingBatch(self._db, self, **kw)
@@ -234,7 +252,8 @@ def _block(store: LedgerStore, state: Any, txs: list, val: Identity) -> tuple[An
     if rejected:
         raise RuntimeError(f"{len(rejected)} receipts refused, first: {rejected[0][1]}")
     store.append(block, commit_block(val, block), state, new)
-    return new, time.perf_counter() - t
+    counted = store.db.last_count_s if isinstance(store.db, _CountingDB) else 0.0
+    return new, time.perf_counter() - t - counted
 
 
 def measure(path: Path, n: int, empty: int = 30, full: int = 10, per_block: int = 100,
@@ -302,15 +321,19 @@ def measure(path: Path, n: int, empty: int = 30, full: int = 10, per_block: int 
         s_bytes += len(k) + len(v)
         if k.startswith(statedb.PREFIX["receipts"]):
             r_bytes += len(k) + len(v)
+    snap_bytes = [0]  # the chunks node.ledger.snapshot.make writes (counted one at a time, not kept)
+    manifest, _ = snapshot.make(store.db, g.chain_id, put=lambda _id, data: snap_bytes.__setitem__(
+        0, snap_bytes[0] + len(data)))
     out = {
-        "n": n, "start_s": start_s, "rss_base_mib": rss_base, "rss_start_mib": rss_start, "rss_after_mib": rss_after,
+        "n": n, "read_mode": store.read_mode.value, "start_s": start_s, "rss_base_mib": rss_base, "rss_start_mib": rss_start, "rss_after_mib": rss_after,
         "empty_ms": statistics.median(empty_t) * 1e3, "empty_p90_ms": sorted(empty_t)[int(0.9 * (len(empty_t) - 1))] * 1e3,
         "full_ms": statistics.median(full_t) * 1e3, "per_block": per_block, "rss_phases_mib": {"start": phases_start, **phases},
         "empty_cpu_ms": statistics.median(a - b for a, b in zip(empty_t, write_t)) * 1e3,
         "full_cpu_ms": statistics.median(a - b for a, b in zip(full_t, full_w)) * 1e3,
         "empty_write_ms": statistics.median(write_t) * 1e3, "full_write_ms": statistics.median(full_w) * 1e3,
         "empty_b": statistics.median(empty_b), "empty_b_max": max(empty_b[1:] or empty_b), "check_b": dumped,
-        "bytes_per_item": s_bytes / max(1, sum(items.values())), "bytes_per_receipt": r_bytes / max(1, items["receipts"]),
+        "bytes_per_item": s_bytes / max(1, sum(items.values())),
+        "snapshot_bytes": snap_bytes[0], "snapshot_per_item": snap_bytes[0] / max(1, sum(manifest.counts)), "bytes_per_receipt": r_bytes / max(1, items["receipts"]),
         "items": items, "accounts": items["accounts"], "open_receipts": items["open_receipts"], "height": state.height,
     }
     store.close()
@@ -325,15 +348,16 @@ def measure(path: Path, n: int, empty: int = 30, full: int = 10, per_block: int 
 
 # ------------------------------------------------------------------ parent: one size per subprocess pair
 
-def _child(args: list[str], timeout: float) -> dict[str, Any]:
-    """Run this file as a child with ``args``; its result (the JSON on its last stdout line).
+def _child(args: list[str], timeout: float, mmap: bool = False) -> dict[str, Any]:
+    """Run this file as a child with ``args`` (``mmap``: with ``TALLY_LEVELDB_MMAP=1``, LevelDB's memory-mapped
+    table reads); its result (the JSON on its last stdout line).
 
     Raises:
         RuntimeError: the child failed or ran past ``timeout`` seconds (it is killed then).
     """
     try:
         r = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args], capture_output=True, text=True,
-                           timeout=timeout)
+                           timeout=timeout, env=_env(mmap))
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"{' '.join(args[:2])} ran past {timeout:.0f} s and was killed") from None
     if r.returncode != 0 or not r.stdout.strip():
@@ -341,10 +365,18 @@ def _child(args: list[str], timeout: float) -> dict[str, Any]:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def _env(mmap: bool) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != leveldb_reads.ENV_KEEP_MMAP}
+    if mmap:
+        env[leveldb_reads.ENV_KEEP_MMAP] = "1"
+    return env
+
+
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 
 
-def capped_measure(d: Path, n: int, cap_mib: float, timeout: float, empty: int, full: int) -> dict[str, Any]:
+def capped_measure(d: Path, n: int, cap_mib: float, timeout: float, empty: int, full: int,
+                   mmap: bool = False) -> dict[str, Any]:
     """:func:`measure` of the store at ``d`` in a child confined to a memory cgroup (v1) of ``cap_mib`` MiB, after
     the store's files are written back and dropped from the OS page cache (so that the pages the child reads are
     charged to its cgroup): what the ledger does when the kernel holds it to that much memory, page cache
@@ -370,7 +402,7 @@ def capped_measure(d: Path, n: int, cap_mib: float, timeout: float, empty: int, 
         (cg / "memory.limit_in_bytes").write_text(str(int(cap_mib * 2**20)))
         args = [sys.executable, str(Path(__file__).resolve()), "--child", "measure", "--n", str(n), "--dir", str(d),
                 "--empty", str(empty), "--full", str(full)]
-        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=_env(mmap),
                            preexec_fn=lambda: (cg / "cgroup.procs").write_text(str(os.getpid())))
         if r.returncode != 0 or not r.stdout.strip():
             raise RuntimeError(f"the capped measurement failed (exit {r.returncode}; -9 is an OOM kill): "
@@ -391,7 +423,7 @@ def _size(n: int) -> str:
 
 
 def run_scale(sizes: list[int], timeout: float = 1800, empty: int = 30, full: int = 10, profile: bool = False,
-              keep: Path | None = None, cap: float | None = None) -> list[dict[str, Any]]:
+              keep: Path | None = None, cap: float | None = None, mmap_too: bool = True) -> list[dict[str, Any]]:
     """Build and measure each size in fresh subprocesses, print the table and the targets; returns the rows.
 
     Args:
@@ -400,6 +432,9 @@ def run_scale(sizes: list[int], timeout: float = 1800, empty: int = 30, full: in
         keep: a directory to build the stores in and leave them (default: a temporary one, removed).
         cap: also measure the largest size again in a memory cgroup of ``cap`` times the smallest size's resident
             memory after blocks (:func:`capped_measure`).
+        mmap_too: also measure a copy of each store (made before the first measurement) with LevelDB's
+            memory-mapped reads (``TALLY_LEVELDB_MMAP=1``; the node reads with pread:
+            :mod:`node.ledger.leveldb_reads`), side by side; under ``cap`` too.
 
     Raises:
         ValueError: no sizes, or a size below 1.
@@ -414,8 +449,14 @@ def run_scale(sizes: list[int], timeout: float = 1800, empty: int = 30, full: in
         for n in sizes:
             d = base / f"ledger-{n}"
             b = _child(["--child", "build", "--n", str(n), "--dir", str(d)], timeout)
-            m = _child(["--child", "measure", "--n", str(n), "--dir", str(d), "--empty", str(empty),
-                        "--full", str(full), *(["--profile"] if profile else [])], timeout)
+            dm = base / f"ledger-{n}-mmap"
+            if mmap_too:
+                shutil.copytree(d, dm)
+                os.sync()  # the copy's dirty pages would otherwise be written back during the measurements
+            args = ["--empty", str(empty), "--full", str(full), *(["--profile"] if profile else [])]
+            m = _child(["--child", "measure", "--n", str(n), "--dir", str(d), *args], timeout)
+            if mmap_too:
+                m["mmap"] = _child(["--child", "measure", "--n", str(n), "--dir", str(dm), *args], timeout, mmap=True)
             m.update(b)
             m["disk_mib"] = sum(f.stat().st_size for f in d.iterdir()) / 2**20
             rows.append(m)
@@ -425,9 +466,14 @@ def run_scale(sizes: list[int], timeout: float = 1800, empty: int = 30, full: in
                 print(m.get("profile", ""), file=sys.stderr)
         if cap:
             lo, hi = rows[0], rows[-1]
-            c = capped_measure(base / f"ledger-{hi['n']}", hi["items"]["receipts"], cap * lo["rss_after_mib"],
-                               timeout, empty, full)
-            hi["capped"] = c
+            hi["capped"] = capped_measure(base / f"ledger-{hi['n']}", hi["items"]["receipts"],
+                                          cap * lo["rss_after_mib"], timeout, empty, full)
+            if mmap_too:
+                hi["capped_mmap"] = capped_measure(base / f"ledger-{hi['n']}-mmap", hi["mmap"]["items"]["receipts"],
+                                                   cap * lo["rss_after_mib"], timeout, empty, full, mmap=True)
+        if mmap_too and keep is None:
+            for n in sizes:
+                shutil.rmtree(base / f"ledger-{n}-mmap", ignore_errors=True)
     print(report(rows, empty, full))
     return rows
 
@@ -438,10 +484,11 @@ def report(rows: list[dict[str, Any]], empty: int = 30, full: int = 10) -> str:
         "ledger at scale (bench/ledger_scale.py): each size's store holds n synthetic FINAL receipts (+ their sessions)",
         "written straight into the state tables, NOT through n signed blocks; each size built and measured in fresh",
         f"processes. One validator, {rows[0]['accounts']} accounts, 1 % sampling, challenge window 4, fsynced blocks.",
+        f"LevelDB reads its tables with {rows[0]['read_mode']} (the node's setting: node/ledger/leveldb_reads.py).",
         "",
         f"{'receipts':>9} {'start s':>8} {'RSS base':>9} {'RSS start':>10} {'RSS after':>10} {'anon after':>11} {'ldb after':>10} "
         f"{'empty blk':>10} "
-        f"{'(cpu)':>7} {'100-rcpt blk':>13} {'(cpu)':>8} {'B/live item':>12} {'B/receipt':>10} {'B/empty blk':>12} {'disk MiB':>9} {'build s':>8}",
+        f"{'(cpu)':>7} {'100-rcpt blk':>13} {'(cpu)':>8} {'B/live item':>12} {'B/receipt':>10} {'snap B/item':>12} {'B/empty blk':>12} {'disk MiB':>9} {'build s':>8}",
     ]
     for r in rows:
         lines.append(
@@ -449,19 +496,21 @@ def report(rows: list[dict[str, Any]], empty: int = 30, full: int = 10) -> str:
             f"{r['rss_after_mib']:8.1f}Mi {r['rss_phases_mib']['after']['RssAnon']:9.1f}Mi "
             f"{r['rss_phases_mib']['after']['ldb']:8.1f}Mi {r['empty_ms']:8.2f}ms {r['empty_cpu_ms']:5.2f}ms {r['full_ms']:11.1f}ms "
             f"{r['full_cpu_ms']:6.1f}ms {r['bytes_per_item']:12.0f} "
-            f"{r['bytes_per_receipt']:10.0f} {r['empty_b']:12.0f} {r['disk_mib']:9.1f} "
+            f"{r['bytes_per_receipt']:10.0f} {r['snapshot_per_item']:12.0f} {r['empty_b']:12.0f} {r['disk_mib']:9.1f} "
             f"{r['write_s'] + r['compact_s']:8.0f}")
     lines += [
         "",
         f"RSS base: the interpreter and imports before the store opens; RSS after: after {empty} empty blocks and "
         f"{full} blocks of {rows[0]['per_block']} receipts (VmRSS); anon after: its RssAnon (heap: LevelDB's 8 MiB "
-        "block cache included); the rest is RssFile, almost all of it pages of LevelDB's memory-mapped table files "
-        "that lookups touched (ldb after: clean page-cache pages, reclaimable).",
+        "block cache included); the rest is RssFile: the interpreter's and libraries' code and, with memory-mapped "
+        "reads, the pages of LevelDB's table files that lookups touched (ldb after: clean page-cache pages that the "
+        "process holds mapped; 0 with pread).",
         f"empty blk / 100-rcpt blk: median of {empty} / {full} (propose + commit_block + append, fsync included; "
         "propose verifies each receipt's 2 signatures twice); (cpu): the same less the batch write + fsync, which "
         "on this shared disk is most of an empty block and noisy.",
-        "B/live item: keys + values under S/ over every state table's entries (stands in for snapshot bytes per live "
-        "item: no snapshots exist yet); B/receipt: the S/r/ records alone.",
+        "B/live item: keys + values under S/ over every state table's entries; B/receipt: the S/r/ records alone; "
+        "snap B/item: a state snapshot's chunks (node.ledger.snapshot.make, what state sync fetches) over the live "
+        "items its manifest counts.",
         "B/empty blk: median net bytes (keys + values) an empty block adds to LevelDB (block record, explorer index, "
         "state meta and undo record), counted on its write batch (the count equals a full key dump's diff on one "
         f"more block at every size: {', '.join(str(r['check_b']) for r in rows)} B; that block settles "
@@ -469,6 +518,18 @@ def report(rows: list[dict[str, Any]], empty: int = 30, full: int = 10) -> str:
         "disk MiB: the LevelDB directory (compressed tables + log); start is with a warm OS page cache.",
         "",
     ]
+    if all("mmap" in r for r in rows):
+        lines += [
+            "the same stores (a copy of each, made before the first measurement) with LevelDB's memory-mapped reads "
+            "(TALLY_LEVELDB_MMAP=1, LevelDB's default), measured in the same run:",
+            f"{'receipts':>9} {'RSS after':>10} {'anon after':>11} {'ldb after':>10} {'empty blk':>10} "
+            f"{'100-rcpt blk':>13}",
+        ]
+        for r in rows:
+            mm = r["mmap"]
+            lines.append(f"{_size(r['n']):>9} {mm['rss_after_mib']:8.1f}Mi {mm['rss_phases_mib']['after']['RssAnon']:9.1f}Mi "
+                         f"{mm['rss_phases_mib']['after']['ldb']:8.1f}Mi {mm['empty_ms']:8.2f}ms {mm['full_ms']:11.1f}ms")
+        lines.append("")
     lo, hi = rows[0], rows[-1]
     name = f"{_size(hi['n'])} / {_size(lo['n'])}"
     checks: list[tuple[str, bool, str]] = []
@@ -480,6 +541,12 @@ def report(rows: list[dict[str, Any]], empty: int = 30, full: int = 10) -> str:
     for key, what in (("empty_cpu_ms", "time per empty block less write + fsync"),
                       ("full_cpu_ms", "time per 100-receipt block less write + fsync")):
         lines.append(f"ratio {name}, {what}: {hi[key] / lo[key]:.2f}x (shown, not a target)")
+    if "mmap" in lo and "mmap" in hi:
+        for key, what in (("rss_after_mib", "resident memory (after blocks)"), ("full_ms", "time per 100-receipt block")):
+            lines.append(f"ratio {name}, {what}, memory-mapped reads: {hi['mmap'][key] / lo['mmap'][key]:.2f}x "
+                         "(shown, not a target)")
+        lines.append(f"pread / memory-mapped, 100-receipt block: {lo['full_ms'] / lo['mmap']['full_ms']:.2f}x at "
+                     f"{_size(lo['n'])}, {hi['full_ms'] / hi['mmap']['full_ms']:.2f}x at {_size(hi['n'])} (shown)")
     anon = hi["rss_phases_mib"]["after"]["RssAnon"] / lo["rss_phases_mib"]["after"]["RssAnon"]
     lines.append(f"ratio {name}, resident anonymous memory (RssAnon) after blocks: {anon:.2f}x (shown, not a target)")
     lines.append(f"ratio {name}, resident memory after start: {hi['rss_start_mib'] / lo['rss_start_mib']:.2f}x "
@@ -490,14 +557,16 @@ def report(rows: list[dict[str, Any]], empty: int = 30, full: int = 10) -> str:
     big = max(rows, key=lambda r: r["empty_b"])
     checks.append((f"an empty block <= {TARGET_EMPTY_B} B stored", all(r["empty_b"] <= TARGET_EMPTY_B for r in rows),
                    f"largest median {big['empty_b']:.0f} B at {_size(big['n'])}, max {big['empty_b_max']} B"))
-    c = hi.get("capped")
-    if c:
-        lines += ["", f"held to {c['cap_mib']:.0f} MiB (a memory cgroup of {c['cap_mib'] / lo['rss_after_mib']:.1f}x the "
+    for c, how, unc in ((hi.get("capped"), lo["read_mode"], hi), (hi.get("capped_mmap"), "memory-mapped reads",
+                                                                  hi.get("mmap"))):
+        if not c or not unc:
+            continue
+        lines += ["", f"{how}, held to {c['cap_mib']:.0f} MiB (a memory cgroup of {c['cap_mib'] / lo['rss_after_mib']:.1f}x the "
                   f"{_size(lo['n'])} resident memory, page cache included; the store's pages dropped first), "
                   f"{_size(hi['n'])}: peak {c['cap_max_usage_mib']:.0f} MiB, limit hit {c['cap_failcnt']} times, "
                   f"{c['cap_major_faults']} major faults; empty block {c['empty_ms']:.2f} ms, 100-receipt block "
                   f"{c['full_ms']:.1f} ms ({c['full_ms'] / lo['full_ms']:.2f}x the {_size(lo['n'])} one, "
-                  f"{c['full_ms'] / hi['full_ms']:.2f}x uncapped); start {c['start_s']:.3f} s"]
+                  f"{c['full_ms'] / unc['full_ms']:.2f}x uncapped); start {c['start_s']:.3f} s"]
     if len(rows) == 1:
         lines.append("(one size only: the ratios compare it with itself)")
     lines.append("")
@@ -536,6 +605,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--cap", type=float, default=None, metavar="X",
                     help="also measure the largest size in a memory cgroup of X times the smallest size's resident "
                          "memory (page cache included; needs root and cgroup v1), e.g. --cap 2")
+    ap.add_argument("--no-mmap", action="store_true",
+                    help="skip the side-by-side measurement with LevelDB's memory-mapped reads (TALLY_LEVELDB_MMAP=1)")
 
 
 def main() -> None:
@@ -550,7 +621,8 @@ def main() -> None:
     elif args.child == "measure":
         print(json.dumps(measure(args.dir, args.n, args.empty, args.full, profile=args.profile)))
     else:
-        run_scale(args.sizes, args.timeout, args.empty, args.full, args.profile, args.keep, args.cap)
+        run_scale(args.sizes, args.timeout, args.empty, args.full, args.profile, args.keep, args.cap,
+                  not args.no_mmap)
 
 
 if __name__ == "__main__":

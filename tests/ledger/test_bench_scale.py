@@ -48,9 +48,15 @@ def test_scale_mode_prints_every_size_and_every_target(tmp_path):
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout
-    assert "NOT through n signed blocks" in out and "stands in for snapshot bytes per live item" in out
-    rows = {ln.split()[0]: ln.split() for ln in out.splitlines() if re.match(r"\s+(300|600)\s", ln)}
-    assert set(rows) == {"300", "600"}
+    assert "NOT through n signed blocks" in out and "snap B/item" in out
+    assert "LevelDB reads its tables with pread" in out
+    main, _, side = out.partition("with LevelDB's memory-mapped reads (TALLY_LEVELDB_MMAP=1")
+    rows = {ln.split()[0]: ln.split() for ln in main.splitlines() if re.match(r"\s+(300|600)\s", ln)}
+    mmap_rows = {ln.split()[0]: ln.split() for ln in side.splitlines() if re.match(r"\s+(300|600)\s", ln)}
+    assert set(rows) == set(mmap_rows) == {"300", "600"}
+    assert all(rows[n][6] == "0.0Mi" for n in rows)  # pread: no table page mapped into the process
+    assert all(float(mmap_rows[n][3].removesuffix("Mi")) > 0 for n in mmap_rows)  # memory-mapped: some are
+    assert all(float(rows[n][13]) > 0 for n in rows)  # snapshot bytes per live item
     targets = [ln for ln in out.splitlines() if re.match(r"  (MET    |NOT MET) ", ln)]
     assert len(targets) == 5, out
     # each target line is what its numbers say
@@ -58,7 +64,7 @@ def test_scale_mode_prints_every_size_and_every_target(tmp_path):
         m = re.search(r"within 2x: ([0-9.]+)x$", ln)
         if m:
             assert ln.startswith("  MET ") == (float(m.group(1)) <= 2.0), ln
-    empty_b = [float(rows[n][13]) for n in ("300", "600")]  # the B/empty blk column
+    empty_b = [float(rows[n][14]) for n in ("300", "600")]  # the B/empty blk column
     assert all(0 < b < 2000 for b in empty_b)  # an empty block writes its header and commit, not the state
     line = next(ln for ln in targets if "empty block <=" in ln)
     assert line.startswith("  MET ") == (max(empty_b) <= 250), line
