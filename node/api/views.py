@@ -120,7 +120,7 @@ _EFFECT = {  # (kind, role) -> what the event did to the account; role None: any
 
 
 def event_json(height: int, seq: int, ev: dict) -> dict:
-    """One history event from the store's index (see :func:`node.ledger.store.index_block`). ``effect`` says in
+    """One history event from the store's index (see :func:`node.ledger.explorer_index.index_block`). ``effect`` says in
     words what it did to the account: a receipt's price appears twice for its requester, once when the receipt
     is included (moved into escrow) and once as ``paid`` when it is final (the escrow released); it is spent
     once."""

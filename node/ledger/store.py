@@ -14,7 +14,7 @@ blocks whenever ``i/h`` does not name the head and the current index version):
   ``i/h``                                      ``[indexed height, version, stored block bytes, txs]``
   ``i/t`` + tx id                              ``[height, position in the block, kind]``
   ``i/k`` + block hash                         height (8 BE)
-  ``i/a`` + account + height (8) + seq (4)     one history event of the account (a map, see :func:`index_block`)
+  ``i/a`` + account + height (8) + seq (4)     one history event of the account (a map, see :func:`~node.ledger.explorer_index.index_block`)
   ``i/r`` + account + height (8) + receipt id  the account's role in that receipt: worker, requester, committee
   ``i/v`` + height (8)                         the validator set from that height on, written when it changes
                                                (:mod:`node.ledger.core.valset`, :meth:`LedgerStore.valset_at`)
@@ -45,9 +45,10 @@ from .core import blockcodec
 from .core.block import Block, decode_block
 from .core.history import HEAD_KEY, SUMMARY_FIELDS, LogHead
 from .core.chain import check_and_apply
+from .explorer_index import INDEX_VERSION, VALSET_PREFIX, index_block, valset_entries  # noqa: F401 (re-exported)
 from .genesis import Genesis
 from .leveldb_reads import prefer_pread
-from .core.state import FINAL, State, genesis_state
+from .core.state import State, genesis_state
 from .core.valset import ValidatorSet
 
 
@@ -71,76 +72,6 @@ PRUNE_PER_BLOCK = 64  # old bodies one append deletes at most (a store pruned fo
 
 def _h(height: int) -> bytes:
     return height.to_bytes(8, "big")
-
-
-INDEX_VERSION = 1
-# tx fields naming accounts (a run's aggregator and worker before the ``sender`` property that aliases them)
-_PARTIES = ("aggregator", "worker", "sponsor", "sender", "recipient", "requester", "voter", "validator")
-
-
-def index_block(block: Block, old: State, new: State) -> list[tuple[bytes, bytes]]:
-    """The ``i/`` index entries of ``block`` (applied to ``old`` giving ``new``), as ``(key, value)`` pairs.
-
-    History events (maps with bytes values): ``{"k": tx kind, "tx": id, "role": field, "amount"?}`` for every
-    account a transaction names; ``{"k": "payout" | "refund" | "paid" | "slash", "receipt": id, "amount"}`` when a
-    receipt becomes final in this block (``paid``: the requester's escrow spent on it).
-    """
-    hb = _h(block.height)
-    out: list[tuple[bytes, bytes]] = [(b"i/k" + block.hash, hb)]
-    seq = 0
-
-    def event(account: bytes, ev: dict) -> None:
-        nonlocal seq
-        out.append((b"i/a" + account + hb + seq.to_bytes(4, "big"), pack(ev)))
-        seq += 1
-
-    changed = list(old.open_receipts)
-    for i, tx in enumerate(block.txs):
-        out.append((b"i/t" + tx.id, pack([block.height, i, tx.KIND])))
-        amount = getattr(tx, "amount", None) or getattr(tx, "price", None)
-        if getattr(tx, "key", None) in new.evidence:
-            amount = new.evidence[tx.key][1]
-        parties: dict[bytes, str] = {}
-        for f in _PARTIES:
-            a = getattr(tx, f, None)
-            if isinstance(a, bytes) and len(a) == 32:
-                parties.setdefault(a, f)
-        for a, role in parties.items():
-            event(a, {"k": tx.KIND, "tx": tx.id, "role": role, **({"amount": amount} if amount else {})})
-        if tx.id in new.receipts and tx.id not in old.receipts:
-            changed.append(tx.id)
-    for rid in changed:
-        rec, prev = new.receipts.get(rid), old.receipts.get(rid)
-        if rec is None or rec is prev:
-            continue
-        r = rec.receipt
-        roles = {} if prev is not None else {r.worker: "worker", r.requester: "requester"}
-        for m in rec.committee:
-            if prev is None or m not in prev.committee:
-                roles[m] = "committee"
-        for a, role in roles.items():
-            out.append((b"i/r" + a + _h(rec.height) + rid, pack(role)))
-        if rec.status in FINAL and (prev is None or prev.status not in FINAL):
-            event(r.requester, {"k": "paid", "receipt": rid, "amount": r.price})
-            for a, amt in rec.payouts:
-                event(a, {"k": "refund" if a == r.requester else "payout", "receipt": rid, "amount": amt})
-            if rec.slashed:
-                event(r.worker, {"k": "slash", "receipt": rid, "amount": rec.slashed})
-    out += valset_entries(old, new)
-    return out
-
-
-VALSET_PREFIX = b"i/v"  # + height (8 bytes): the validator set from that height on (written when it changes)
-
-
-def valset_entries(old: State, new: State) -> list[tuple[bytes, bytes]]:
-    """The ``i/v`` entry of the block that took ``old`` to ``new``: the set of height ``new.height + 2`` when it
-    differs from ``old``'s set of that height (CometBFT's state DB keeps validator sets the same way, by the height
-    they last changed). None on a chain whose set is fixed in genesis."""
-    if not new.params.min_validator_bond:
-        return []
-    vs = new.next_valset()
-    return [] if vs == old.next_valset() else [(VALSET_PREFIX + _h(new.height + 2), vs.to_bytes())]
 
 
 class LedgerStore:
@@ -285,7 +216,7 @@ class LedgerStore:
 
     def valset_at(self, height: int) -> ValidatorSet:
         """The validator set that signs block ``height`` (>= 1): the last ``i/v`` entry at or below it, else the
-        genesis set (:func:`valset_entries`).
+        genesis set (:func:`~node.ledger.explorer_index.valset_entries`).
 
         Raises:
             KeyError: ``height`` is below this store's base (state-synced) and its set was never recorded here.

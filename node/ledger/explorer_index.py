@@ -1,0 +1,84 @@
+"""The explorer's index entries of a block (``i/`` keys of :mod:`node.ledger.store`): what each block writes
+beside itself so that an account's history, a transaction's place and a block's height are one lookup away.
+Derived data: :meth:`node.ledger.store.LedgerStore.replay` rebuilds it from the blocks when ``INDEX_VERSION``
+changes."""
+
+from __future__ import annotations
+
+from ..encoding import pack
+from .core.block import Block
+from .core.state import FINAL, State
+
+
+def _h(height: int) -> bytes:
+    return height.to_bytes(8, "big")
+
+
+INDEX_VERSION = 1
+# tx fields naming accounts (a run's aggregator and worker before the ``sender`` property that aliases them)
+_PARTIES = ("aggregator", "worker", "sponsor", "sender", "recipient", "requester", "voter", "validator")
+
+
+def index_block(block: Block, old: State, new: State) -> list[tuple[bytes, bytes]]:
+    """The ``i/`` index entries of ``block`` (applied to ``old`` giving ``new``), as ``(key, value)`` pairs.
+
+    History events (maps with bytes values): ``{"k": tx kind, "tx": id, "role": field, "amount"?}`` for every
+    account a transaction names; ``{"k": "payout" | "refund" | "paid" | "slash", "receipt": id, "amount"}`` when a
+    receipt becomes final in this block (``paid``: the requester's escrow spent on it).
+    """
+    hb = _h(block.height)
+    out: list[tuple[bytes, bytes]] = [(b"i/k" + block.hash, hb)]
+    seq = 0
+
+    def event(account: bytes, ev: dict) -> None:
+        nonlocal seq
+        out.append((b"i/a" + account + hb + seq.to_bytes(4, "big"), pack(ev)))
+        seq += 1
+
+    changed = list(old.open_receipts)
+    for i, tx in enumerate(block.txs):
+        out.append((b"i/t" + tx.id, pack([block.height, i, tx.KIND])))
+        amount = getattr(tx, "amount", None) or getattr(tx, "price", None)
+        if getattr(tx, "key", None) in new.evidence:
+            amount = new.evidence[tx.key][1]
+        parties: dict[bytes, str] = {}
+        for f in _PARTIES:
+            a = getattr(tx, f, None)
+            if isinstance(a, bytes) and len(a) == 32:
+                parties.setdefault(a, f)
+        for a, role in parties.items():
+            event(a, {"k": tx.KIND, "tx": tx.id, "role": role, **({"amount": amount} if amount else {})})
+        if tx.id in new.receipts and tx.id not in old.receipts:
+            changed.append(tx.id)
+    for rid in changed:
+        rec, prev = new.receipts.get(rid), old.receipts.get(rid)
+        if rec is None or rec is prev:
+            continue
+        r = rec.receipt
+        roles = {} if prev is not None else {r.worker: "worker", r.requester: "requester"}
+        for m in rec.committee:
+            if prev is None or m not in prev.committee:
+                roles[m] = "committee"
+        for a, role in roles.items():
+            out.append((b"i/r" + a + _h(rec.height) + rid, pack(role)))
+        if rec.status in FINAL and (prev is None or prev.status not in FINAL):
+            event(r.requester, {"k": "paid", "receipt": rid, "amount": r.price})
+            for a, amt in rec.payouts:
+                event(a, {"k": "refund" if a == r.requester else "payout", "receipt": rid, "amount": amt})
+            if rec.slashed:
+                event(r.worker, {"k": "slash", "receipt": rid, "amount": rec.slashed})
+    out += valset_entries(old, new)
+    return out
+
+
+VALSET_PREFIX = b"i/v"  # + height (8 bytes): the validator set from that height on (written when it changes)
+
+
+def valset_entries(old: State, new: State) -> list[tuple[bytes, bytes]]:
+    """The ``i/v`` entry of the block that took ``old`` to ``new``: the set of height ``new.height + 2`` when it
+    differs from ``old``'s set of that height (CometBFT's state DB keeps validator sets the same way, by the height
+    they last changed). None on a chain whose set is fixed in genesis."""
+    if not new.params.min_validator_bond:
+        return []
+    vs = new.next_valset()
+    return [] if vs == old.next_valset() else [(VALSET_PREFIX + _h(new.height + 2), vs.to_bytes())]
