@@ -166,6 +166,17 @@ def _move_bond(s: State, w: bytes, amount: int, slash: bool) -> int:
     return took
 
 
+def _return_bond(s: State, w: bytes, amount: int) -> int:
+    """The reverse of a slash by :func:`_move_bond`: up to ``amount`` base units go back from the treasury to
+    ``w``'s bond (and off its slashed total). Returns what was returned (less if the treasury holds less)."""
+    t = s.account(TREASURY)
+    back = min(amount, t.balance)
+    s.accounts[TREASURY] = replace(t, balance=t.balance - back)
+    acc = s.account(w)
+    s.accounts[w] = replace(acc, bond=acc.bond + back, slashed=acc.slashed - back)
+    return back
+
+
 def _pay(s: State, batch: Batch, to: bytes, amount: int, refund: bool) -> Batch:
     """Move ``amount`` from the requester's escrow to ``to``'s balance (to the requester itself for a refund)."""
     req = batch.post.sender
@@ -381,11 +392,7 @@ def _close_audit(s: State, bid: bytes, i: int, height: int) -> None:
         vindicated = []
         for a, w, f, took in it.history:
             if a == it.attempt and f == Fate.DISSENTED and revealed.get(w) == found:
-                back = min(took, s.account(TREASURY).balance)
-                t = s.account(TREASURY)
-                s.accounts[TREASURY] = replace(t, balance=t.balance - back)
-                acc = s.account(w)
-                s.accounts[w] = replace(acc, bond=acc.bond + back, slashed=acc.slashed - back)
+                back = _return_bond(s, w, took)
                 b = replace(b, slashed=b.slashed - back)
                 history.append((it.attempt, w, Fate.VINDICATED, back))
                 vindicated.append(w)
