@@ -14,7 +14,7 @@ blocks whenever ``i/h`` does not name the head and the current index version):
   ``i/h``                                      ``[indexed height, version, stored block bytes, txs]``
   ``i/t`` + tx id                              ``[height, position in the block, kind]``
   ``i/k`` + block hash                         height (8 BE)
-  ``i/a`` + account + height (8) + seq (4)     one history event of the account (a map, see :func:`~node.ledger.explorer_index.index_block`)
+  ``i/a`` + account + height (8) + seq (4)     one history event of the account (a map: :mod:`node.ledger.explorer_index`)
   ``i/r`` + account + height (8) + receipt id  the account's role in that receipt: worker, requester, committee
   ``i/v`` + height (8)                         the validator set from that height on, written when it changes
                                                (:mod:`node.ledger.core.valset`, :meth:`LedgerStore.valset_at`)
@@ -45,7 +45,9 @@ from .core import blockcodec
 from .core.block import Block, decode_block
 from .core.history import HEAD_KEY, SUMMARY_FIELDS, LogHead
 from .core.chain import check_and_apply
-from .explorer_index import INDEX_VERSION, VALSET_PREFIX, index_block, valset_entries  # noqa: F401 (re-exported)
+from .explorer_index import (  # noqa: F401 (re-exported)
+    INDEX_VERSION, VALSET_PREFIX, _h, index_block, valset_entries,
+)
 from .genesis import Genesis
 from .leveldb_reads import prefer_pread
 from .core.state import State, genesis_state
@@ -70,10 +72,6 @@ class BodiesPruned(StoreCorrupt):
 PRUNE_PER_BLOCK = 64  # old bodies one append deletes at most (a store pruned for the first time catches up)
 
 
-def _h(height: int) -> bytes:
-    return height.to_bytes(8, "big")
-
-
 class LedgerStore:
     """Single-owner LevelDB ledger at ``path`` for chain ``genesis``.
 
@@ -94,7 +92,7 @@ class LedgerStore:
                              f"{prune_bodies!r}")
         self.prune_bodies = prune_bodies
         path.mkdir(parents=True, exist_ok=True)
-        self.read_mode = prefer_pread()  # READ_MODE: the first call's outcome
+        self.read_mode = READ_MODE
         try:
             self.db = plyvel.DB(str(path), create_if_missing=True)
         except plyvel.IOError as e:
