@@ -2,11 +2,17 @@
 "Budgets for bulk replies").
 
 A handler that is about to send a large reply (a model block, a batch item file, a snapshot chunk) first reserves
-the reply's size::
+the bytes that reply will hold in memory while it is written::
 
-    budget = ReplyBudget()                         # one per node, shared by every bulk protocol
-    async with budget.reserve(peer, nbytes):       # waits at most budget.wait seconds, else raises Busy
-        await write_file_reply(stream, ...)         # node.p2p.filesend, under a write timeout
+    budget = ReplyBudget()                          # one per node, shared by every bulk protocol
+    async with budget.reserve(peer, nbytes):        # waits at most budget.wait seconds, else raises Busy
+        await write_msg(stream, reply, timeout=...)  # always under a write deadline
+
+What to reserve: a reply built in memory holds its payload, the packed message and its frames, about 3x the
+payload (reserve that *before* reading the payload); a file streamed from disk with
+:func:`node.p2p.filesend.serve_file` holds one frame at a time and reserves
+:data:`node.p2p.filesend.STREAM_HOLD` (2 MiB) whatever the file's size. So the caps bound the memory that replies
+can pin, and with write deadlines, for how long.
 
 While the block runs, ``nbytes`` count against ``peer`` and against the node. A reservation that does not fit
 waits up to :attr:`ReplyBudget.wait` seconds for others to end, then raises :class:`Busy` (a
@@ -15,8 +21,8 @@ waits up to :attr:`ReplyBudget.wait` seconds for others to end, then raises :cla
 "busy"}`` by itself; a stream handler sends :func:`busy_reply`). The bytes come back when the block exits, by
 return, error or cancellation (the release is synchronous, so no cancellation can skip it).
 
-A reply larger than a cap reserves the whole cap instead (a 48 MiB block with a 32 MiB per-peer cap): it is
-served only while its peer (or the node) has nothing else in flight, never refused outright for its size alone.
+A reservation larger than the per-peer cap holds the whole cap instead: it is served only while its peer has
+nothing else in flight (and the node has room for a cap), never refused outright for its size alone.
 
 The counters (:meth:`ReplyBudget.stats`) are for ``/metrics`` and the node's status: bytes in flight, replies in
 flight, replies granted, and refusals split by the cap that refused them.
