@@ -40,7 +40,7 @@ from ..ledger.core.batchstate import AuditStatus, Batch, Item, ItemStatus, item_
 from ..ledger.core.batchtx import BatchAuditVote, BatchCommit, BatchReveal, commitment
 from ..ledger.core.tx import InvalidTx, Tx
 from ..p2p.framing import error_reply, read_msg, write_msg
-from .items import ContentStore, ItemFile, ItemsError, parse_items, result_hash
+from .items import ContentStore, ItemFile, parse_posted, result_hash
 
 log = logging.getLogger("tally.batch")
 
@@ -197,6 +197,7 @@ class BatchWorker:
         self.executor, self.runner = executor, runner
         self.book = SaltBook(Path(data_dir) / "batch" / "commits")
         self.files: dict[bytes, ItemFile | None] = {}  # batch id -> parsed item file (None: unparsable)
+        self._parsing: dict[bytes, trio.Event] = {}  # batch id -> set when its file's fetch and parse end
         self.working: set[Slot] = set()
         self.audits: dict[tuple[bytes, int], bytes] = {}  # (batch id, item) -> result hash, for open audits
         self.sent: dict[tuple[str, Slot], int] = {}  # ("commit" | "reveal", slot) -> height sent at
@@ -229,6 +230,9 @@ class BatchWorker:
             if it is None or it.audit != AuditStatus.OPEN:
                 del self.audits[(bid, i)]
                 self.sent.pop(("audit", (bid, i, AUDIT)), None)
+        busy = {slot[0] for slot in self.working} | {bid for bid, _ in self.audits}
+        for bid in [bid for bid in self.files if bid not in st.open_batches and bid not in busy]:
+            del self.files[bid]  # closed: its items are decided (an audit drawn later fetches it again)
 
     async def _step(self, nursery) -> None:
         st = self.ledger.state
@@ -322,21 +326,32 @@ class BatchWorker:
                 self.sent[key] = self.ledger.state.height
 
     async def _item_file(self, b: Batch) -> ItemFile | None:
+        """The batch's parsed item file, or ``None`` when it cannot be worked (every item then gets the
+        ``bad_item_file`` result). Fetched once and parsed once per batch, on a worker thread
+        (:func:`node.batch.items.parse_posted`, which never raises): concurrent callers for the same batch wait
+        for the first, and the answer (``None`` included) is cached until the batch closes (:meth:`_prune`).
+
+        Raises:
+            Unavailable: the file could not be fetched (nothing is cached; the caller retries later).
+        """
         bid = b.post.batch_id
+        while bid in self._parsing:  # another item of this batch is fetching/parsing it: wait for its answer
+            await self._parsing[bid].wait()
         if bid in self.files:
             return self.files[bid]
-        p = b.post
-        data = await fetch_content(self.host, self.store, p.items_root, [p.sender], items_check(p.items_root))
+        done = self._parsing[bid] = trio.Event()
         try:
-            f: ItemFile | None = parse_items(data, p.kind)
-            if f is not None and len(f.items) != p.n_items:
-                raise ItemsError(f"{len(f.items)} items, the post says {p.n_items}")
-        except ItemsError as e:  # the file is fixed by its hash: every honest worker sees the same
-            log.warning("batch %s: its item file is malformed (%s); every item gets the error result",
-                        bid.hex()[:12], e)
-            f = None
-        self.files[bid] = f
-        return f
+            p = b.post
+            data = await fetch_content(self.host, self.store, p.items_root, [p.sender], items_check(p.items_root))
+            f, why = await trio.to_thread.run_sync(parse_posted, data, p.kind, p.n_items)
+            if f is None:  # the file is fixed by its hash: every honest worker reaches the same answer
+                log.warning("batch %s: its item file is malformed (%s); every item gets the error result",
+                            bid.hex()[:12], why)
+            self.files[bid] = f
+            return f
+        finally:
+            del self._parsing[bid]
+            done.set()
 
     async def _work(self, slot: Slot) -> None:
         from ..encoding import pack
