@@ -18,7 +18,7 @@ from .batch.items import ContentStore
 from .blobs import BlobStore
 from .compute.cheats import FAULTS as CHEATS
 from .compute.head import ClientHead
-from .identity import Identity, load_or_create
+from .identity import Identity, KeyFileError, load_or_create, read_secret, write_secret
 from .ledger.genesis import Genesis
 from .ledger.service import LedgerService
 from .ledger.statesync import SnapshotServer, state_sync
@@ -26,7 +26,7 @@ from .ledger.store import LedgerStore
 from .net.limits import Limits
 from .net.service import NetworkService, RelayMode
 from .p2p.host import P2PHost
-from .verify.blockfetch import BLOCK_PROTOCOL, FETCH_TIMEOUT, REQUEST_MAX, BlockFetcher, HeldModels
+from .verify.blockfetch import BLOCK_PROTOCOL, BlockFetcher, HeldModels
 
 log = logging.getLogger("tally.node")
 
@@ -109,15 +109,26 @@ def find_model_dir(ref: str, cache: Path) -> Path:
 
 
 def ensure_api_token(data_dir: Path) -> str:
-    """The node's API token (created once, mode 0600), like Bitcoin Core's cookie file."""
+    """The node's API token (created once, mode 0600, like Bitcoin Core's cookie file; written and read by
+    :func:`node.identity.write_secret` and :func:`node.identity.read_secret`).
+
+    Raises:
+        KeyFileError: the token file is readable by group or others (the message has the ``chmod 600`` command),
+            not a regular file, not ASCII, or empty.
+    """
     path = data_dir / TOKEN_FILE
-    if path.exists():
-        return path.read_text().strip()
-    token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token)
-    return token
+    for _ in range(2):  # a second read only if another process created the file between our read and write
+        raw = read_secret(path)
+        if raw is not None:
+            try:
+                token = raw.decode("ascii").strip()
+            except UnicodeDecodeError:
+                raise KeyFileError(f"{path} is not an ASCII token; delete it and a new one is made") from None
+            if not token:
+                raise KeyFileError(f"{path} is empty; delete it and a new one is made")
+            return token
+        write_secret(path, secrets.token_urlsafe(32).encode())  # then read back (ours, or a racing process's)
+    raise KeyFileError(f"{path}: could not be read or created")
 
 
 class LazyHead:
@@ -262,7 +273,13 @@ class Node:
         """Install a snapshot that a connected peer offers (checked against a finalised header); the ledger then
         follows the chain from the block after it. Without a usable offer, the node replays from genesis."""
         peers = self.host.connected_peers()
-        synced = await state_sync(self.store, self.host, peers) if peers else None
+        try:  # state_sync penalises and skips whatever a peer does; this guards the node against the rest
+            synced = await state_sync(self.store, self.host, peers, spool_dir=self.cfg.data_dir) if peers else None
+        except Exception:
+            if self.store.head or self.store.base:  # a snapshot was installed, then something local failed
+                raise
+            log.exception("state sync failed; following the chain from genesis")
+            synced = None
         if synced is None:
             log.info("state sync: no usable snapshot from %d peer(s); following the chain from genesis", len(peers))
             return
@@ -281,7 +298,8 @@ class Node:
         from functools import partial
 
         from .api.serve import serve_api
-        from .batch.worker import BATCH_PROTOCOL, content_handler
+        from .batch.worker import BATCH_PROTOCOL, ContentAccess, content_handler
+        from .p2p.budget import ReplyBudget
         from .blobs import BLOB_PROTOCOL
         from .inference.server import INFERENCE_PROTOCOL, blob_handler
 
@@ -291,9 +309,11 @@ class Node:
                 if self.server is not None:
                     self.host.set_handler(INFERENCE_PROTOCOL, self.server.handle)
                 self.host.set_handler(BLOB_PROTOCOL, partial(blob_handler, self.blobs))
-                self.host.set_request_handler(BLOCK_PROTOCOL, self.held.handle, timeout=FETCH_TIMEOUT,
-                                              max_message=REQUEST_MAX)
-                self.host.set_handler(BATCH_PROTOCOL, partial(content_handler, self.batch_store))
+                # bulk replies: streamed from disk under one per-peer and node-wide budget (node.p2p.budget)
+                self.reply_budget = ReplyBudget()
+                self.host.set_handler(BLOCK_PROTOCOL, self.held.stream_handler(self.reply_budget))
+                self.host.set_handler(BATCH_PROTOCOL, partial(content_handler, self.batch_store,
+                                                              ContentAccess(self.ledger), self.reply_budget))
                 await self.host.subscribe(self.host.topic("shards"), self._on_shards)
                 await self.host.start_service(self.net.run)
                 self.snapshots.install(self.host)  # answers "no snapshot" while it has none

@@ -18,9 +18,9 @@ below it are absent, the node follows the chain from block ``h + 1`` on (Cosmos'
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from collections.abc import Callable
-from typing import Any, Iterator
+from typing import Any
 
 from ..encoding import DecodeError, H, pack, unpack
 from . import statedb
@@ -65,7 +65,7 @@ class Manifest:
                 list(self.chunks)]
 
     @classmethod
-    def from_wire(cls, x: Any) -> "Manifest":
+    def from_wire(cls, x: Any) -> Manifest:
         """Raises: SnapshotError for anything malformed."""
         try:
             chain, height, last, seq, counts, root, chunks = x
@@ -161,10 +161,42 @@ def check_chunk(manifest: Manifest, index: int, data: bytes) -> list[list]:
     return rows
 
 
-def restore(store: Any, manifest: Manifest, chunks: list[bytes], header: Header, commit: Any,
+def check_manifest(manifest: Manifest, header: Header, chain_id: str, max_chunks: int = MAX_CHUNKS) -> None:
+    """Check, before any chunk is fetched, everything that binds ``manifest`` to ``header`` (header ``h + 1``,
+    whose commit the caller checks with :func:`verify_header`): the chain, the height (``h + 1``), the parent
+    (the header's ``prev_hash`` is the manifest's ``last_hash``) and the state root (the manifest's ``root``
+    names the header's ``state_root``, which :func:`restore` recomputes from the entries). What no header binds
+    — the chunk ids and the entry counts — is bounded instead: 1 to ``max_chunks`` distinct ids, and no more
+    chunks than entries (each chunk holds at least one). Pure: costs O(chunks), reads nothing.
+
+    Raises:
+        SnapshotError: any of these does not hold (the message says which).
+    """
+    if manifest.chain_id != chain_id or header.chain_id != chain_id:
+        raise SnapshotError("snapshot of another chain")
+    if header.height != manifest.height + 1:
+        raise SnapshotError(f"header {header.height} does not commit to the state after block {manifest.height}")
+    if header.prev_hash != manifest.last_hash:
+        raise SnapshotError("the header's parent is not the snapshot's block")
+    if Root.from_bytes(manifest.root).hash != header.state_root:  # 40 bytes: checked by Manifest.from_wire
+        raise SnapshotError("the manifest names another state root than its header")
+    n = len(manifest.chunks)
+    if not 1 <= n <= max_chunks:
+        raise SnapshotError(f"a manifest of {n} chunks (1 to {max_chunks} accepted)")
+    if n > sum(manifest.counts):
+        raise SnapshotError(f"{n} chunks for {sum(manifest.counts)} entries")
+    if len(set(manifest.chunks)) != n:
+        raise SnapshotError("a chunk id is listed twice (no two chunks of a snapshot are alike)")
+
+
+def restore(store: Any, manifest: Manifest, chunks: Sequence[bytes], header: Header, commit: Any,
             validators: tuple[bytes, ...] | ValidatorSet) -> State:
     """Install a snapshot into an empty ``store`` (:class:`node.ledger.store.LedgerStore`) after checking it
-    against ``header`` (height ``manifest.height + 1``) and its ``commit``; returns the restored state.
+    against ``header`` (height ``manifest.height + 1``, :func:`check_manifest`) and its ``commit``; returns the
+    restored state. ``chunks``: the chunks' bytes in manifest order, a list or anything indexable that reads
+    them on demand (:class:`node.ledger.snapstore.ChunkSpool`: one chunk in memory at a time). The entries and
+    the tree are built in memory before the root check: memory ~ 2x the snapshot's bytes, which callers bound
+    (:class:`node.ledger.statesync.SyncLimits`).
 
     Raises:
         SnapshotError: the store is not empty, a chunk or the manifest does not check out (nothing is written).
@@ -174,12 +206,7 @@ def restore(store: Any, manifest: Manifest, chunks: list[bytes], header: Header,
     """
     if store.head != 0 or store.base != 0:
         raise SnapshotError("state sync installs into an empty ledger only")
-    if manifest.chain_id != store.genesis.chain_id or header.chain_id != manifest.chain_id:
-        raise SnapshotError("snapshot of another chain")
-    if header.height != manifest.height + 1:
-        raise SnapshotError(f"header {header.height} does not commit to the state after block {manifest.height}")
-    if header.prev_hash != manifest.last_hash:
-        raise SnapshotError("the header's parent is not the snapshot's block")
+    check_manifest(manifest, header, store.genesis.chain_id)
     verify_header(header, commit, validators)
     if len(chunks) != len(manifest.chunks):
         raise SnapshotError(f"{len(chunks)} chunks for a manifest of {len(manifest.chunks)}")
@@ -204,13 +231,20 @@ def restore(store: Any, manifest: Manifest, chunks: list[bytes], header: Header,
     root = tree.compute(EMPTY_ROOT, manifest.height, changes)
     if root.hash != header.state_root:
         raise SnapshotError("the snapshot's entries do not give the header's state root: refused")
-    if Root.from_bytes(manifest.root).hash != header.state_root:
-        raise SnapshotError("the manifest names another state root")
     store.install_snapshot(entries, tree, manifest.height, manifest.last_hash, manifest.seq,
-                           dict(zip(TABLES, counts)))
+                           dict(zip(TABLES, counts, strict=True)))
     state = store.replay()
     store.note_valsets(state)  # the sets of the heights around the base, whose blocks are absent
     return state
 
 
-__all__ = ["Manifest", "SnapshotError", "make", "check_chunk", "restore", "chunk_id", "CHUNK_BYTES"]
+__all__ = [
+    "CHUNK_BYTES",
+    "Manifest",
+    "SnapshotError",
+    "check_chunk",
+    "check_manifest",
+    "chunk_id",
+    "make",
+    "restore",
+]

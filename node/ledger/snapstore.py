@@ -15,9 +15,14 @@ on disk is never served (:meth:`SnapshotDir.chunk` returns None and logs).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from ..encoding import DecodeError, pack, unpack
 from . import snapshot as snap
@@ -124,6 +129,17 @@ class SnapshotDir:
             return None
         return data
 
+    def open_chunk(self, cid: bytes) -> tuple[VerifyingReader, int]:
+        """Chunk ``cid``'s file opened for streaming (blocking: call in a worker thread), and its size in bytes.
+        The reader re-hashes the bytes as they are read (:class:`VerifyingReader`).
+
+        Raises:
+            OSError: not stored, or unreadable.
+        """
+        f = open(self._chunk_path(cid), "rb")  # noqa: SIM115 - the caller closes it
+        size = os.fstat(f.fileno()).st_size
+        return VerifyingReader(f, cid, size), size
+
     def _gc(self) -> None:
         paths = self._manifest_paths()
         for p in paths[:-self.keep]:
@@ -136,6 +152,32 @@ class SnapshotDir:
     def size_bytes(self) -> int:
         """Bytes of every file kept (manifests and chunks)."""
         return sum(p.stat().st_size for d in (self.root, self.chunk_dir) for p in d.iterdir() if p.is_file())
+
+
+class VerifyingReader:
+    """A chunk file read front to back (``read(n)``) while its bytes are hashed: the read that reaches the end
+    raises :class:`OSError` instead of returning them if they are not chunk ``cid`` (damaged on disk). A reply
+    streamed from it is cut before its last frame, never completed with altered bytes. ``size``: the file's
+    length in bytes."""
+
+    def __init__(self, f: BinaryIO, cid: bytes, size: int):
+        self.f, self.cid, self.size = f, cid, size
+        self._h = hashlib.blake2b(digest_size=32)  # as node.encoding.H(CHUNK_TAG, bytes), incrementally
+        self._h.update(snap.CHUNK_TAG)
+        self._read = 0
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes. Raises: OSError (the file's bytes are not its chunk, or it cannot be read)."""
+        data = self.f.read(n)
+        self._h.update(data)
+        self._read += len(data)
+        if self._read >= self.size and self._h.digest() != self.cid:
+            log.warning("snapshot chunk %s is damaged on disk; not served", self.cid.hex()[:16])
+            raise OSError(f"snapshot chunk {self.cid.hex()[:16]} is damaged on disk")
+        return data
+
+    def close(self) -> None:
+        self.f.close()
 
 
 class DiskChunks:
@@ -164,4 +206,64 @@ class DiskChunks:
         return sum(self.dir._chunk_path(c).stat().st_size for c in self.ids)
 
 
-__all__ = ["KEEP", "DiskChunks", "SnapshotDir"]
+class ChunkSpool:
+    """The chunks of one snapshot being downloaded by state sync (:func:`node.ledger.statesync.state_sync`), on
+    disk instead of in memory: one file per chunk, in order, in a fresh directory ``statesync-*`` under
+    ``parent`` (the node's data dir; None: the system's temporary directory). Indexable like the list of chunk
+    bytes :func:`node.ledger.snapshot.restore` takes, reading one chunk at a time. :meth:`close` (or leaving the
+    ``with`` block) removes the directory, after a restore or a failure alike; spools a crash left behind are
+    removed by :meth:`clean`. Files are not fsynced: a spool never outlives its process's use of it.
+
+    Raises:
+        OSError: the directory cannot be created.
+    """
+
+    PREFIX = "statesync-"
+
+    def __init__(self, parent: Path | None = None):
+        if parent is not None:
+            Path(parent).mkdir(parents=True, exist_ok=True)
+        self.root = Path(tempfile.mkdtemp(prefix=self.PREFIX, dir=parent))
+        self.nbytes = 0  # bytes of every chunk appended
+        self._n = 0
+
+    @classmethod
+    def clean(cls, parent: Path) -> None:
+        """Remove the spools a crashed process left under ``parent`` (none there, or no ``parent``: nothing)."""
+        if Path(parent).is_dir():
+            for d in Path(parent).glob(f"{cls.PREFIX}*"):
+                shutil.rmtree(d, ignore_errors=True)
+
+    def _path(self, i: int) -> Path:
+        return self.root / f"{i:08d}"
+
+    def append(self, data: bytes) -> None:
+        """Write the next chunk's bytes. Raises: OSError (a full or failing disk)."""
+        self._path(self._n).write_bytes(data)
+        self._n += 1
+        self.nbytes += len(data)
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int) -> bytes:
+        """Chunk ``i``'s bytes, read from its file. Raises: IndexError (no such chunk), OSError."""
+        if not 0 <= i < self._n:
+            raise IndexError(i)
+        return self._path(i).read_bytes()
+
+    def __iter__(self) -> Iterator[bytes]:
+        return (self[i] for i in range(self._n))
+
+    def close(self) -> None:
+        """Remove the spool's directory and every chunk in it (again: nothing)."""
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> ChunkSpool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["KEEP", "ChunkSpool", "DiskChunks", "SnapshotDir", "VerifyingReader"]

@@ -2,18 +2,37 @@
 
 Protocol ``/tally/snapshot/1.0.0``, one request and one reply per stream (msgpack maps):
 
-* ``{"op": "offer"}`` -> ``{"manifest": Manifest wire, "block": the stored record of block h + 1 (its header
-  commits to the snapshot's state; its commit certifies the header)}``, or the error ``no_snapshot``;
-* ``{"op": "chunk", "snapshot": manifest id, "index": i}`` -> ``{"data": chunk bytes}``.
+* ``{"op": "offer"}`` -> ``{"manifest": Manifest wire, "block": {"b": {"h": header list}, "c": commit}}`` (the
+  header of block h + 1, which commits to the snapshot's state, and the commit that certifies it), or the error
+  ``no_snapshot``;
+* ``{"op": "chunk", "snapshot": manifest id, "index": i}`` -> ``{"data": chunk bytes}``, or the error ``busy``
+  (the server's reply budget is full: ask again or ask another peer).
 
 A :class:`SnapshotServer` keeps the snapshot of the last height that is a multiple of ``every`` blocks (made in
 a worker thread from a LevelDB snapshot, so blocks keep being committed), as files under the data dir
 (:mod:`node.ledger.snapstore`: the last 2, served again after a restart) or, without a directory, in memory
-(bytes per live item: the stored value plus ~40 B). :func:`state_sync` asks every peer for an offer, takes the highest one whose header
-carries > 2/3 of the genesis validators' precommits, fetches its chunks, each from the next peer that offered
-the same manifest when one is refused (an altered chunk never matches its id; that peer is penalised), checks
-the entries against the header's state root and installs them (:func:`node.ledger.snapshot.restore`). The node
-then follows the chain from block h + 1 with ordinary block sync.
+(bytes per live item: the stored value plus ~40 B). It streams a chunk file from disk one frame at a time, under
+a write deadline per frame and per reply, while its bytes are reserved in a :class:`node.p2p.budget.ReplyBudget`
+(per peer and node-wide).
+
+:func:`state_sync` asks every peer for an offer (at once, each under a time budget) and checks each offer
+before it fetches a single chunk: its shape, the header's commit (> 2/3 of the validators' precommits) and
+everything that binds the manifest to that header (:func:`node.ledger.snapshot.check_manifest`: chain, height,
+parent hash, state root, and bounds on what no header binds). Any failure of one offer — malformed, uncertified,
+an error reply, a timeout, anything raised — costs that peer a penalty and nothing else. Offers are then tried
+in order of *certified* height (the header's), most sources first, fewest chunks first; the chunks of one are
+fetched from the peers that offered the same manifest, each source within a time budget (:class:`SyncLimits`),
+written to a spool on disk (:class:`node.ledger.snapstore.ChunkSpool`), then checked against the header's state
+root and installed (:func:`node.ledger.snapshot.restore`). The node then follows the chain from block h + 1 with
+ordinary block sync.
+
+What a lying peer can still cost. Nothing in a header binds a manifest's chunk ids: only the state root that
+:func:`~node.ledger.snapshot.restore` recomputes once every chunk is in. A peer holding a real certified header
+can therefore list chunks of invented entries under the real root. Such a manifest is fetched only if no
+manifest of a higher certified height, more sources or fewer chunks comes first, so it costs at most as many
+chunk fetches as the honest snapshot it undercuts (each at most 4 MiB) and never more than
+:attr:`SyncLimits.max_bytes`; it is then refused and its sources penalised and dropped. A manifest of a height
+no validator set certified costs one offer.
 
 Whose precommits certify the header: on a chain whose set is fixed in genesis, the genesis validators'. On one
 whose set changes (genesis ``min_validator_bond``, :mod:`node.ledger.core.valset`), the node first follows the
@@ -29,26 +48,105 @@ and takes the offer only if its header is the one the light client reached.
 
 from __future__ import annotations
 
+import enum
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import trio
 
-from ..p2p.framing import RemoteError, error_reply, read_msg, write_msg
+from ..encoding import pack
+from ..p2p.budget import Busy, ReplyBudget
+from ..p2p.filesend import MAX_PREFIX, STALL, STREAM_HOLD, reply_deadline, write_error, write_file_msg
+from ..p2p.framing import RemoteError, StreamClosed, read_msg, write_msg
 from . import snapshot as snap
 from .core.block import Header, InvalidBlock
 from .core.state import State
 from .core.valset import ValidatorSet
 from .proofs import LightClient, light_block, parse_light_block
-from .snapstore import KEEP, DiskChunks, SnapshotDir
+from .snapstore import KEEP, ChunkSpool, DiskChunks, SnapshotDir
 
 log = logging.getLogger(__name__)
 
 SNAPSHOT_PROTOCOL = "/tally/snapshot/1.0.0"
-BAD_CHUNK = 5.0  # penalty points for a chunk that does not match its manifest
-MAX_REPLY = 8 * snap.CHUNK_BYTES
+BAD_OFFER = 5.0  # penalty points: an offer that is malformed, uncertified, or does not match its header
+BAD_CHUNK = 5.0  # penalty points: a chunk that does not match its manifest
+LYING = 10.0  # penalty points: a manifest whose chunks do not give its certified header's state root
+SLOW = 2.0  # penalty points: a timeout, a reset, an error reply, a source past its time budget
+MAX_REPLY = 8 * snap.CHUNK_BYTES  # bytes: a "light" reply at most
+MAX_REQUEST = 1 << 12  # bytes: a request at most
+REQUEST_READ_S = 10.0  # seconds to read a request
 LIGHT_BATCH = 256  # light blocks per "light" request
+BUSY_ROUNDS = 5  # times every source of a chunk is asked while some answer "busy"
+BUSY_PAUSE_S = 1.0  # seconds between those rounds
+
+
+@dataclass(frozen=True)
+class SyncLimits:
+    """What :func:`state_sync` accepts of its peers and gives each of them. Stated here, never taken from a
+    peer's claim; an operator of a node with a larger state raises ``max_bytes`` and ``max_chunks``.
+
+    Attributes:
+        max_chunks: chunks in one manifest (refused above, before any fetch). 16,384 chunks of the default
+            1 MiB are 16 GiB, past ``max_bytes``; a manifest of 65,535 chunks is refused up front.
+        max_bytes: bytes of chunks fetched for one snapshot (1 GiB; the fetch stops above it). Restoring holds
+            the entries and the tree in memory, about twice this at most.
+        max_chunk_bytes: bytes of one chunk reply (a chunk decodes only up to 4 MiB:
+            :func:`node.ledger.snapshot.check_chunk`).
+        max_offer_bytes: bytes of one offer reply (a manifest of ``max_chunks`` ids is ~34 B each, plus one
+            header and its commit).
+        max_peers: peers asked for an offer, all at once.
+        offer_budget_s: seconds for one peer's offer, with its headers on a chain whose set changes.
+        grace_s: seconds a chunk source may take before it has delivered anything.
+        min_rate: bytes per second: each byte a source delivers adds ``1 / min_rate`` seconds to its allowance
+            (64 KiB/s: a 1 MiB chunk dripped over 29 s, ~36 KiB/s, runs a source out of time).
+        source_budget_s: seconds of requests one source is given in all, however fast it is.
+    """
+
+    max_chunks: int = 1 << 14
+    max_bytes: int = 1 << 30
+    max_chunk_bytes: int = 4 * snap.CHUNK_BYTES + 64
+    max_offer_bytes: int = 4 << 20
+    max_peers: int = 32
+    offer_budget_s: float = 120.0
+    grace_s: float = 10.0
+    min_rate: float = 64 * 1024
+    source_budget_s: float = 3600.0
+
+
+class SourceState(enum.Enum):
+    """A chunk source's standing during one state sync."""
+
+    SERVING = "serving"
+    DROPPED = "dropped"  # failed a request, sent a bad chunk, ran out of time, or lied: never asked again
+
+
+@dataclass
+class Source:
+    """A peer that chunks are fetched from: ``spent`` seconds of its requests so far, ``received`` bytes of
+    chunks it delivered."""
+
+    peer: str
+    state: SourceState = SourceState.SERVING
+    spent: float = 0.0
+    received: int = 0
+
+    def allowance(self, limits: SyncLimits) -> float:
+        """Seconds it may still take: ``min(source_budget_s, grace_s + received / min_rate) - spent``."""
+        return min(limits.source_budget_s, limits.grace_s + self.received / limits.min_rate) - self.spent
+
+
+@dataclass
+class Offer:
+    """A checked offer: the manifest, the certified header ``h + 1`` and its commit, the validator set that
+    signed it, and the peers that offered this manifest."""
+
+    manifest: snap.Manifest
+    header: Header
+    commit: Any
+    validators: tuple[bytes, ...] | ValidatorSet
+    sources: list[str] = field(default_factory=list)
 
 
 class SyncHost(Protocol):
@@ -71,17 +169,21 @@ class SnapshotServer:
         chunk_bytes: bytes per chunk at most.
         directory: keep the snapshots there as files (:class:`node.ledger.snapstore.SnapshotDir`: the last
             ``keep``, served from disk, the newest served again after a restart); None: the last one in memory.
+        budget: the node's :class:`node.p2p.budget.ReplyBudget`, shared with its other bulk protocols (None: one
+            of this server's own, with the default caps: 32 MiB per peer, 256 MiB node-wide).
 
     Raises:
         OSError: ``directory`` cannot be created.
     """
 
     def __init__(self, store: Any, every: int, chunk_bytes: int = snap.CHUNK_BYTES, directory: Path | None = None,
-                 keep: int = KEEP):
+                 keep: int = KEEP, budget: ReplyBudget | None = None):
         self.store, self.every, self.chunk_bytes = store, every, chunk_bytes
         self.manifest: snap.Manifest | None = None
         self.chunks: Any = {}  # chunk id -> bytes: a dict, or DiskChunks reading the directory
         self._making = False
+        self.budget = budget if budget is not None else ReplyBudget()
+        self.stall_s = STALL  # seconds one frame of a chunk reply may take to write (a reader that stops is cut)
         self.disk = SnapshotDir(directory, keep) if directory is not None else None
         if self.disk is not None:
             m = self.disk.latest()
@@ -117,43 +219,81 @@ class SnapshotServer:
         finally:
             self._making = False
 
-    async def _light(self, stream: Any, msg: dict[str, Any]) -> None:
-        await write_msg(stream, await _light_handler_reply(self.store, msg), max_message=MAX_REPLY)
+    async def _reply(self, stream: Any, peer: str, reply: dict[str, Any], limit: int) -> None:
+        """Write an in-memory reply while ~3x its packed size is reserved for ``peer`` (the map, its packed
+        bytes, its frames), under :func:`node.p2p.filesend.reply_deadline`; ``busy`` when the budget is full."""
+        size = len(pack(reply))
+        try:
+            async with self.budget.reserve(peer, 3 * size):
+                await write_msg(stream, reply, timeout=reply_deadline(size), max_message=limit)
+        except Busy as e:
+            await write_error(stream, e.code, e.message)
 
     async def handle(self, stream: Any, peer: str) -> None:
-        msg = await read_msg(stream, timeout=10, max_message=1 << 12)
-        if msg.get("op") == "light":
-            await self._light(stream, msg)
+        """Answer one request (module docstring). Every write is under a deadline; a reader that stops reading
+        is cut after :data:`node.p2p.filesend.STALL` seconds per frame, giving its reservation back.
+
+        Raises:
+            FrameError, StreamClosed, RequestTimeout: from the stream (the host resets it).
+        """
+        msg = await read_msg(stream, timeout=REQUEST_READ_S, max_message=MAX_REQUEST)
+        op = msg.get("op")
+        if op == "light":
+            await self._reply(stream, peer, await _light_handler_reply(self.store, msg), MAX_REPLY)
             return
         m = self.manifest
         if m is None:
-            await write_msg(stream, error_reply("no_snapshot", "this node has no snapshot yet"))
+            await write_error(stream, "no_snapshot", "this node has no snapshot yet")
             return
-        if msg.get("op") == "offer":
+        if op == "offer":
             block = self.store.get_header_raw(m.height + 1)  # its header and commit (its body may be pruned)
             if block is None:  # the next block is not stored yet: offer nothing rather than an unprovable state
-                await write_msg(stream, error_reply("no_snapshot", "the snapshot's next block is not stored yet"))
+                await write_error(stream, "no_snapshot", "the snapshot's next block is not stored yet")
                 return
-            await write_msg(stream, {"status": "ok", "manifest": m.to_wire(), "block": block})
+            slim = {"b": {"h": block["b"]["h"]}, "c": block["c"]}  # the body is not needed: only the header
+            await self._reply(stream, peer, {"status": "ok", "manifest": m.to_wire(), "block": slim}, 1 << 24)
             return
-        if msg.get("op") == "chunk":
+        if op == "chunk":
             i = msg.get("index")
             if msg.get("snapshot") != m.id or not isinstance(i, int) or not 0 <= i < len(m.chunks):
-                await write_msg(stream, error_reply("not_found", "no such snapshot or chunk here"))
+                await write_error(stream, "not_found", "no such snapshot or chunk here")
                 return
-            data = self.chunks.get(m.chunks[i])
-            if data is None:  # a chunk file damaged on disk (snapstore logs it)
-                await write_msg(stream, error_reply("not_found", "this chunk is not readable here"))
-                return
-            await write_msg(stream, {"status": "ok", "data": data}, max_message=MAX_REPLY)
+            await self._chunk(stream, peer, m, i)
             return
-        await write_msg(stream, error_reply("bad_request", "op is offer or chunk"))
+        await write_error(stream, "bad_request", "op is offer, chunk or light")
+
+    async def _chunk(self, stream: Any, peer: str, m: snap.Manifest, i: int) -> None:
+        cid = m.chunks[i]
+        if self.disk is None:  # in memory: the chunk's bytes are held anyway; reserve its packed copies
+            data = self.chunks.get(cid)
+            if data is None:
+                await write_error(stream, "not_found", "this chunk is not here")
+                return
+            await self._reply(stream, peer, {"status": "ok", "data": data}, len(data) + MAX_PREFIX)
+            return
+        try:
+            f, size = await trio.to_thread.run_sync(self.disk.open_chunk, cid)
+        except OSError:  # missing or unreadable
+            await write_error(stream, "not_found", "this chunk is not readable here")
+            return
+        try:
+            async with self.budget.reserve(peer, min(STREAM_HOLD, size + MAX_PREFIX)):
+                # the reader re-hashes the file as it is read and raises before the last frame if it is damaged:
+                # the peer's stream is reset, never given a whole message of altered bytes
+                await write_file_msg(stream, f, size, {"status": "ok"}, timeout=reply_deadline(size),
+                                     stall=self.stall_s)
+        except Busy as e:
+            await write_error(stream, e.code, e.message)
+        except OSError as e:  # damaged on disk (logged by the reader), or unreadable: cut the reply
+            raise StreamClosed(f"chunk {i} not served: {e}") from None
+        finally:
+            f.close()
 
 
 async def _light_handler_reply(store: Any, msg: dict[str, Any]) -> dict[str, Any]:
     lo, n = msg.get("from"), msg.get("count")
     if not (isinstance(lo, int) and isinstance(n, int) and lo >= 1 and 1 <= n <= LIGHT_BATCH):
-        return error_reply("bad_request", f"from >= 1 and 1 <= count <= {LIGHT_BATCH}")
+        return {"status": "error", "code": "bad_request", "message": f"from >= 1 and 1 <= count <= {LIGHT_BATCH}"}
     blocks = []
     for h in range(lo, min(store.head, lo + n - 1) + 1):
         try:
@@ -168,22 +308,23 @@ async def follow_headers(host: SyncHost, peer: str, genesis: Any, height: int,
     """A :class:`LightClient` that followed ``peer``'s headers from genesis to ``height``.
 
     Raises:
-        InvalidBlock: a header, commit or validator set that does not verify, or the peer ran out of headers.
+        InvalidBlock: a header, commit or validator set that does not verify, a malformed reply, or the peer ran
+            out of headers.
     """
     lc = LightClient(genesis)
     while lc.height < height:
         n = min(LIGHT_BATCH, height - lc.height)
         reply = await host.request(peer, SNAPSHOT_PROTOCOL, {"op": "light", "from": lc.height + 1, "count": n},
                                    timeout=timeout, max_message=MAX_REPLY)
-        blocks = reply.get("blocks") or []
-        if not blocks:
+        blocks = reply.get("blocks")
+        if not isinstance(blocks, list) or not blocks:
             raise InvalidBlock(f"{peer[:16]} has no headers after {lc.height}")
         lc.follow(parse_light_block(b) for b in blocks[:n])
     return lc
 
 
 def _header(h: Any) -> Header:
-    """The header of a block whose body is not sent (the offering node pruned it): its fields type-checked as
+    """The header of a block whose body is not sent: its fields type-checked as
     :func:`node.ledger.core.block.decode_block` checks them (the commit over its hash is checked by the caller).
 
     Raises:
@@ -196,95 +337,216 @@ def _header(h: Any) -> Header:
     return Header(*h)
 
 
-async def _offer(host: SyncHost, peer: str, timeout: float) -> tuple[snap.Manifest, Any, Any] | None:
-    try:
-        reply = await host.request(peer, SNAPSHOT_PROTOCOL, {"op": "offer"}, timeout=timeout)
-        m = snap.Manifest.from_wire(reply.get("manifest"))
-        wire = reply.get("block")
-        if not isinstance(wire, dict) or not isinstance(wire.get("b"), dict):
-            raise InvalidBlock("malformed block in the offer")
-        # only the header counts (its commit is checked next): a pruned body comes without its txs
-        return m, _header(wire["b"].get("h")), wire.get("c")
-    except (RemoteError, snap.SnapshotError, InvalidBlock, KeyError, TypeError) as e:
-        log.info("no usable snapshot offer from %s: %s", peer[:16], e)
-    except Exception as e:  # unreachable, timed out, reset
-        log.info("snapshot offer from %s failed: %s: %s", peer[:16], type(e).__name__, e)
+def parse_offer(reply: dict[str, Any]) -> tuple[snap.Manifest, Header, Any]:
+    """The manifest, header and commit of an offer reply, shapes checked (nothing verified yet).
+
+    Raises:
+        SnapshotError: a malformed manifest. InvalidBlock: a malformed block, header or commit.
+    """
+    m = snap.Manifest.from_wire(reply.get("manifest"))
+    wire = reply.get("block")
+    if not isinstance(wire, dict) or not isinstance(wire.get("b"), dict):
+        raise InvalidBlock("malformed block in the offer")
+    commit = wire.get("c")
+    if not isinstance(commit, list):
+        raise InvalidBlock("an offer's commit is a list")
+    return m, _header(wire["b"].get("h")), commit
+
+
+async def check_offer(host: SyncHost, peer: str, store: Any, reply: dict[str, Any], timeout: float,
+                      max_chunks: int) -> Offer:
+    """An :class:`Offer` of ``peer``'s offer ``reply`` once everything checkable before a chunk is fetched holds:
+    shapes, the header's commit (following ``peer``'s headers from genesis when the validator set changes) and
+    :func:`node.ledger.snapshot.check_manifest` against that header.
+
+    Raises:
+        SnapshotError, InvalidBlock: the offer is malformed or does not check out. Anything ``host.request``
+            raises while following headers.
+    """
+    m, header, commit = parse_offer(reply)
+    snap.check_manifest(m, header, store.genesis.chain_id, max_chunks)  # cheap checks before any signature
+    validators: tuple[bytes, ...] | ValidatorSet = store.genesis.validators
+    if store.genesis.params.min_validator_bond:  # follow the validator changes from genesis up to the header
+        lc = await follow_headers(host, peer, store.genesis, header.height, timeout)
+        if lc.header is None or lc.header.hash != header.hash:
+            raise InvalidBlock("the offered header is not the chain's header at its height")
+        validators = lc.valset
+    snap.verify_header(header, commit, validators)
+    return Offer(m, header, commit, validators, [peer])
+
+
+async def _offer(host: SyncHost, peer: str, store: Any, timeout: float, limits: SyncLimits) -> Offer | None:
+    """``peer``'s checked offer, or None: then the peer was penalised (unless it only has no snapshot)."""
+    why: str | None = None
+    weight = SLOW
+    with trio.move_on_after(limits.offer_budget_s) as scope:
+        try:
+            reply = await host.request(peer, SNAPSHOT_PROTOCOL, {"op": "offer"}, timeout=timeout,
+                                       max_message=limits.max_offer_bytes)
+            return await check_offer(host, peer, store, reply, timeout, limits.max_chunks)
+        except RemoteError as e:
+            if e.code == "no_snapshot":
+                log.info("%s has no snapshot to offer", peer[:16])
+                return None
+            why = f"error reply: {e}"
+        except (snap.SnapshotError, InvalidBlock) as e:
+            why, weight = str(e), BAD_OFFER
+        except Exception as e:  # noqa: BLE001 - whatever a peer's bytes raise must not end the node (finding 3)
+            why = f"{type(e).__name__}: {e}"
+    if scope.cancelled_caught:
+        why = f"no checked offer within {limits.offer_budget_s:.0f} s"
+    log.warning("snapshot offer from %s refused: %s", peer[:16], why)
+    host.penalize(peer, weight)
     return None
 
 
-async def state_sync(store: Any, host: SyncHost, peers: list[str], timeout: float = 30.0) -> State | None:
+async def gather_offers(host: SyncHost, store: Any, peers: list[str], timeout: float,
+                        limits: SyncLimits) -> list[Offer]:
+    """Ask the first ``limits.max_peers`` distinct ``peers`` for offers at once; the checked ones, one per
+    manifest (with every peer that offered it), in the order they are tried: highest certified height, then
+    most sources, then fewest chunks. Never raises for anything a peer does."""
+    asked = list(dict.fromkeys(peers))[:limits.max_peers]
+    got: list[Offer] = []
+
+    async def ask(peer: str) -> None:
+        o = await _offer(host, peer, store, timeout, limits)
+        if o is not None:
+            got.append(o)
+
+    async with trio.open_nursery() as nursery:
+        for p in asked:
+            nursery.start_soon(ask, p)
+    by_id: dict[bytes, Offer] = {}
+    for o in got:
+        if o.manifest.id in by_id:
+            by_id[o.manifest.id].sources += o.sources
+        else:
+            by_id[o.manifest.id] = o
+    return sorted(by_id.values(), key=lambda o: (-o.header.height, -len(o.sources), len(o.manifest.chunks)))
+
+
+async def state_sync(store: Any, host: SyncHost, peers: list[str], timeout: float = 30.0,
+                     limits: SyncLimits | None = None, spool_dir: Path | None = None) -> State | None:
     """Install the best snapshot offered by ``peers`` into the empty ``store``; None when none checks out.
 
+    Args:
+        timeout: seconds for one request at most (a source's own budget may cut it shorter).
+        limits: :class:`SyncLimits` (default: its defaults).
+        spool_dir: where the chunks are written while they are fetched (a ``statesync-*`` directory under it,
+            removed afterwards; spools a crash left there are removed first). None: the system's temp dir.
+
     Raises:
-        snapshot.SnapshotError: the store is not empty.
+        snapshot.SnapshotError: the store is not empty. OSError: the spool cannot be written (a local disk).
+        Nothing a peer sends or does raises here: a failed offer, source or snapshot is penalised and skipped.
     """
     if store.head or store.base:
         raise snap.SnapshotError("state sync installs into an empty ledger only")
-    fixed = not store.genesis.params.min_validator_bond
-    validators: tuple[bytes, ...] | ValidatorSet = store.genesis.validators
-    offers: list[tuple[str, snap.Manifest, Any, Any, Any]] = []
-    for peer in peers:
-        got = await _offer(host, peer, timeout)
-        if got is None:
-            continue
-        m, header, commit = got
-        try:
-            if not fixed:  # follow the validator changes from genesis up to the offer's header
-                try:
-                    lc = await follow_headers(host, peer, store.genesis, header.height, timeout)
-                except InvalidBlock:
+    limits = limits or SyncLimits()
+    if spool_dir is not None:
+        ChunkSpool.clean(spool_dir)
+    offers = await gather_offers(host, store, peers, timeout, limits)
+    sources: dict[str, Source] = {}
+    for o in offers:
+        with ChunkSpool(spool_dir) as spool:
+            if not await _fetch(host, o, sources, limits, timeout, spool):
+                continue
+            try:
+                state = snap.restore(store, o.manifest, spool, o.header, o.commit, o.validators)
+            except Exception as e:  # chunks that match a manifest whose entries are not the header's state
+                if store.head or store.base:  # installed, then failed: a local fault, not the peers'
                     raise
-                except Exception as e:  # unreachable, timed out, an error reply
-                    log.info("headers from %s failed: %s: %s", peer[:16], type(e).__name__, e)
-                    continue
-                if lc.header is None or lc.header.hash != header.hash:
-                    raise InvalidBlock("the offered header is not the chain's header at its height")
-                validators = lc.valset
-            snap.verify_header(header, commit, validators)
-        except InvalidBlock as e:
-            log.warning("snapshot offer from %s: its header is not certified: %s", peer[:16], e)
-            host.penalize(peer, BAD_CHUNK)
-            continue
-        offers.append((peer, m, header, commit, validators))
-    for _peer, m, header, commit, validators in sorted(offers, key=lambda o: -o[1].height):
-        sources = [p for p, m2, _h, _c, _v in offers if m2.id == m.id]
-        chunks: list[bytes] = []
-        for i in range(len(m.chunks)):
-            data = await _chunk(host, sources, m, i, timeout)
-            if data is None:
-                break
-            chunks.append(data)
-        if len(chunks) != len(m.chunks):
-            continue
-        try:
-            state = snap.restore(store, m, chunks, header, commit, validators)
-        except snap.SnapshotError as e:  # chunks that match a manifest whose entries are not the header's state
-            log.warning("snapshot of height %d refused: %s", m.height, e)
-            for p in sources:
-                host.penalize(p, BAD_CHUNK)
-            continue
-        log.info("state synced at height %d from %d peer(s): %d chunks", m.height, len(sources), len(chunks))
+                log.warning("snapshot of height %d refused: %s: %s", o.manifest.height, type(e).__name__, e)
+                for p in o.sources:
+                    _drop(host, sources.setdefault(p, Source(p)), LYING, "its snapshot is not the header's state")
+                continue
+        log.info("state synced at height %d from %d peer(s): %d chunks", o.manifest.height, len(o.sources),
+                 len(o.manifest.chunks))
         return state
     return None
 
 
-async def _chunk(host: SyncHost, sources: list[str], m: snap.Manifest, i: int, timeout: float) -> bytes | None:
-    """Chunk ``i`` from the first source that sends one matching the manifest, rotating the start by ``i``."""
-    order = sources[i % len(sources):] + sources[:i % len(sources)]
-    for peer in order:
-        try:
-            reply = await host.request(peer, SNAPSHOT_PROTOCOL, {"op": "chunk", "snapshot": m.id, "index": i},
-                                       timeout=timeout, max_message=MAX_REPLY)
-            data = reply.get("data")
-            if isinstance(data, bytes):
-                snap.check_chunk(m, i, data)
-                return data
-        except snap.SnapshotError as e:
-            log.warning("chunk %d from %s refused: %s", i, peer[:16], e)
-            host.penalize(peer, BAD_CHUNK)
-        except Exception as e:
-            log.info("chunk %d from %s failed: %s: %s", i, peer[:16], type(e).__name__, e)
+def _drop(host: SyncHost, src: Source, weight: float, why: str) -> None:
+    if src.state is SourceState.SERVING:
+        log.warning("snapshot source %s dropped: %s", src.peer[:16], why)
+    src.state = SourceState.DROPPED
+    host.penalize(src.peer, weight)
+
+
+async def _fetch(host: SyncHost, o: Offer, sources: dict[str, Source], limits: SyncLimits, timeout: float,
+                 spool: ChunkSpool) -> bool:
+    """Fetch every chunk of ``o`` into ``spool``; False when one could not be had or the bytes passed
+    ``limits.max_bytes``."""
+    m = o.manifest
+    for p in o.sources:
+        sources.setdefault(p, Source(p))
+    for i in range(len(m.chunks)):
+        data = await _chunk(host, o, i, sources, limits, timeout)
+        if data is None:
+            log.info("snapshot of height %d: chunk %d could not be fetched from any source", m.height, i)
+            return False
+        if spool.nbytes + len(data) > limits.max_bytes:
+            log.warning("snapshot of height %d passes %d bytes (SyncLimits.max_bytes): not fetched further",
+                        m.height, limits.max_bytes)
+            return False
+        await trio.to_thread.run_sync(spool.append, data)
+    return True
+
+
+async def _chunk(host: SyncHost, o: Offer, i: int, sources: dict[str, Source], limits: SyncLimits,
+                 timeout: float) -> bytes | None:
+    """Chunk ``i`` from the first serving source that sends one matching the manifest, rotating the start by
+    ``i``. A source that fails, sends a bad chunk or runs past its allowance (:meth:`Source.allowance`) is
+    dropped and penalised; one that answers ``busy`` is passed over, and asked again after
+    :data:`BUSY_PAUSE_S` (at most :data:`BUSY_ROUNDS` rounds: its time counts against its allowance)."""
+    for _ in range(BUSY_ROUNDS):
+        live = [sources[p] for p in o.sources if sources[p].state is SourceState.SERVING]
+        if not live:
+            return None
+        k = i % len(live)
+        busy = False
+        for src in live[k:] + live[:k]:
+            got = await _chunk_from(host, src, o.manifest, i, limits, timeout)
+            if isinstance(got, bytes):
+                return got
+            busy = busy or got
+        if not busy:
+            return None
+        await trio.sleep(BUSY_PAUSE_S)
     return None
 
 
-__all__ = ["SNAPSHOT_PROTOCOL", "SnapshotServer", "state_sync"]
+async def _chunk_from(host: SyncHost, src: Source, m: snap.Manifest, i: int, limits: SyncLimits,
+                      timeout: float) -> bytes | bool:
+    """Chunk ``i`` from ``src``; else True when it answered ``busy``, False when it failed (then dropped)."""
+    allowance = src.allowance(limits)
+    if allowance <= 0:
+        _drop(host, src, SLOW, "out of time")
+        return False
+    t0 = trio.current_time()
+    try:
+        reply = await host.request(src.peer, SNAPSHOT_PROTOCOL, {"op": "chunk", "snapshot": m.id, "index": i},
+                                   timeout=min(timeout, allowance), max_message=limits.max_chunk_bytes)
+        data = reply.get("data")
+        if not isinstance(data, bytes):
+            raise snap.SnapshotError(f"chunk {i}: a reply without bytes")
+        snap.check_chunk(m, i, data)
+    except RemoteError as e:
+        src.spent += trio.current_time() - t0
+        if e.code == "busy":
+            return True
+        _drop(host, src, SLOW, f"chunk {i}: {e}")
+    except snap.SnapshotError as e:
+        src.spent += trio.current_time() - t0
+        _drop(host, src, BAD_CHUNK, str(e))
+    except Exception as e:  # noqa: BLE001 - timed out (allowance or request), reset, broken framing: any
+        src.spent += trio.current_time() - t0
+        _drop(host, src, SLOW, f"chunk {i}: {type(e).__name__}: {e}")
+    else:
+        src.spent += trio.current_time() - t0
+        src.received += len(data)
+        return data
+    return False
+
+
+__all__ = ["SNAPSHOT_PROTOCOL", "Offer", "SnapshotServer", "Source", "SourceState", "SyncLimits", "check_offer",
+           "gather_offers", "parse_offer", "state_sync"]

@@ -103,18 +103,27 @@ def check_commit(chain_id: str, height: int, block_hash: bytes, commit: Any,
                  validators: tuple[bytes, ...] | ValidatorSet) -> None:
     """Raise :class:`InvalidBlock` unless ``commit`` holds valid precommits of more than 2/3 of the voting power
     of ``validators`` (a :class:`~node.ledger.core.valset.ValidatorSet`, or a tuple of accounts with one vote
-    each) for ``block_hash`` at ``height``, all from one round."""
+    each) for ``block_hash`` at ``height``, all from one round. ``commit`` may be anything a peer sent: a value
+    that is not a list of ``(bytes, int, bytes)`` raises InvalidBlock, never TypeError; each validator's
+    signature is checked once (at most ``len(validators)`` Ed25519 checks, however long the commit)."""
     vs = validators if isinstance(validators, ValidatorSet) else ValidatorSet.equal(validators)
-    signers = set()
+    if not isinstance(commit, (list, tuple)):  # a peer's commit may be any msgpack value: refuse, never raise
+        raise InvalidBlock("a commit is a list of (validator, round, signature)")
+    signers: set[bytes] = set()
+    tried: set[bytes] = set()  # one signature check per validator: a commit repeating one costs no more
     rounds = set()
     for item in commit:
-        if not (isinstance(item, (list, tuple)) and len(item) == 3 and isinstance(item[1], int)):
+        if not (isinstance(item, (list, tuple)) and len(item) == 3 and isinstance(item[0], bytes)
+                and isinstance(item[1], int) and isinstance(item[2], bytes)):
             raise InvalidBlock("malformed commit entry")
         v, r, sig = item
         rounds.add(r)
         if len(rounds) > 1:
             raise InvalidBlock("commit mixes rounds")
-        if v in vs and v not in signers and verify(v, precommit_digest(chain_id, height, r, block_hash), sig):
+        if v in tried or v not in vs:
+            continue
+        tried.add(v)
+        if verify(v, precommit_digest(chain_id, height, r, block_hash), sig):
             signers.add(v)
     power = vs.power_of(signers)
     if not vs.has_quorum(power):
