@@ -302,7 +302,7 @@ def is_dev_chain(chain_id: str) -> bool:
 def cmd_start(args) -> int:
     import trio
 
-    from .identity import dev_seed
+    from .identity import KeyFileError, dev_seed
     from .ledger.genesis import GenesisError, load_genesis
     from .ledger.store import StoreCorrupt, StoreLocked
     from .runtime import Node, NodeConfig
@@ -365,7 +365,7 @@ def cmd_start(args) -> int:
             "TEST SWITCH --fault %s is on: this node cheats on purpose and will be slashed", args.fault)
     try:
         node = Node(cfg)
-    except (StoreLocked, StoreCorrupt) as e:
+    except (StoreLocked, StoreCorrupt, KeyFileError) as e:  # a key or token others can read: say how to fix it
         sys.exit(f"node: {e}")
 
     async def main():
