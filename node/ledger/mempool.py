@@ -10,9 +10,9 @@ order it was admitted. A transaction is admitted when
   block will run) — it is then *ready*; or
 * it carries a nonce (transfers, bonds, unbonds, job messages) that is ahead of its sender's next nonce by less
   than ``Limits.nonce_window`` and its sender can pay for it: its balance in the pending state covers its cost
-  plus the cost of all its queued gapped transactions (cost: a transfer's or bond's amount, a job post's price,
-  0 otherwise), and it holds some balance or bond. Such a *gapped* transaction waits for its predecessors at
-  most ``Limits.future_ttl_blocks`` blocks and becomes ready when they arrive.
+  plus the cost of all its queued gapped transactions (:func:`cost`: every base unit the transaction moves out of
+  its sender's balance, escrows included), and it holds some balance or bond. Such a *gapped* transaction waits
+  for its predecessors at most ``Limits.future_ttl_blocks`` blocks and becomes ready when they arrive.
 
 Receipts, training receipts, votes and evidence carry no nonce and are admitted only when they apply now (their
 own rules: bonded worker, requester's balance, committee membership, not yet on the ledger...). Every
@@ -20,14 +20,20 @@ refusal raises :class:`~node.ledger.core.tx.InvalidTx` with its reason; nothing 
 
 **Caps.** At most ``max_per_sender`` queued transactions per account (the sender of a nonced transaction, the
 requester of a receipt, the worker of a training receipt, the voter of a vote, the accused validator of
-evidence). Per peer (the gossip originator or direct submitter; local callers are not capped): at most
-``max_queued_per_peer`` queued transactions, and once ``max_refusals_per_peer`` of its transactions were refused
-within ``peer_window_s`` seconds, every further one is refused at once (without decoding it) until the window
-slides past them. Memory: at most ``max_txs`` transactions and ``max_bytes`` bytes of their msgpack wire form.
+evidence); of those, at most ``max_free_per_sender`` that carry no work and move no credits (ACCOUNT class with
+:func:`cost` 0: run joins and leaves, cancellations, unbonds, validator joins and leaves), so an account cannot
+fill the pool with fee-free toggles. Per peer (the gossip originator or direct submitter; local callers are not
+capped): at most ``max_queued_per_peer`` queued transactions, and once ``max_refusals_per_peer`` of its
+transactions were refused within ``peer_window_s`` seconds, every further one is refused at once (without
+decoding it) until the window slides past them. Memory: at most ``max_txs`` transactions and ``max_bytes``
+bytes of their msgpack wire form.
 
 **Priority when full.** Two classes (:class:`Priority`): WORK (receipts, training receipts, votes, evidence, job
-accepts, deliveries and releases, batch commits and reveals: the current work of the network) and ACCOUNT (transfers, bonds, unbonds, job posts and
-cancellations). ACCOUNT transactions never hold more than ``account_share_pct`` % of the pool's slots or bytes,
+accepts, deliveries and releases, round receipts, reveals and aggregates, disputes, batch commits, reveals and
+audit votes: the current work of the network) and ACCOUNT (transfers, bonds, unbonds, posts of jobs, runs and
+batches, joining or leaving a run, cancellations, validator joins and leaves). A run join or leave is account
+business, not work: as WORK a bonded account could queue a toggle per nonce, fee-free, and evict transfers
+(issue 24 finding 6). ACCOUNT transactions never hold more than ``account_share_pct`` % of the pool's slots or bytes,
 so WORK always has the rest; a WORK transaction that finds the pool full evicts ACCOUNT transactions (gapped ones
 first, then the last queued transaction of a sender: the sender with the most queued transactions loses its
 highest nonce first, and nothing that a queued WORK transaction of the same sender follows). A ready ACCOUNT
@@ -47,13 +53,15 @@ import enum
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from ..encoding import H, pack
+from .core.batchtx import BatchPost
 from .core.jobtx import JobPost, TrainReceipt
 from .core.runtx import RunPost
 from .core.state import State, apply_tx
 from .core.tx import Bond, Evidence, InvalidTx, Receipt, Transfer, Tx, Vote
+from .txstatus import TxState, TxStatus
 
 
 class Priority(enum.IntEnum):
@@ -64,7 +72,7 @@ class Priority(enum.IntEnum):
 
 
 WORK_KINDS = frozenset({"receipt", "train_receipt", "vote", "evidence", "job_accept", "job_deliver", "job_release",
-                        "run_join", "run_leave", "round_receipt", "round_reveal", "round_aggregate",
+                        "round_receipt", "round_reveal", "round_aggregate",
                         "dispute", "batch_commit", "batch_reveal", "batch_audit_vote"})
 
 
@@ -76,6 +84,7 @@ class Limits:
     max_bytes: int = 8 << 20
     account_share_pct: int = 50  # ACCOUNT transactions use at most this share of max_txs and of max_bytes
     max_per_sender: int = 64
+    max_free_per_sender: int = 4  # of those, ACCOUNT transactions of cost 0 (joins, leaves, cancels, unbonds)
     nonce_window: int = 16  # a gapped nonce is at most next nonce + nonce_window - 1
     future_ttl_blocks: int = 20  # a gapped transaction waits at most this many blocks for its predecessors
     max_queued_per_peer: int = 512
@@ -104,15 +113,24 @@ def payer(tx: Tx) -> bytes:
 
 
 def cost(tx: Tx) -> int:
-    """Base units ``tx`` takes from its sender's balance when it applies (transfer, bond: amount; job post:
-    price; run post: budget; anything else 0)."""
+    """Base units ``tx`` takes from its payer's balance when it applies, escrows included (transfer, bond:
+    amount; receipt, job post: price, escrowed; run post: budget, escrowed; batch post:
+    :meth:`~node.ledger.core.batchtx.BatchPost.escrow`; anything else 0)."""
     if isinstance(tx, (Transfer, Bond)):
         return tx.amount
-    if isinstance(tx, JobPost):
+    if isinstance(tx, (Receipt, JobPost)):
         return tx.price
     if isinstance(tx, RunPost):
         return tx.budget
+    if isinstance(tx, BatchPost):
+        return tx.escrow()
     return 0
+
+
+def is_free(tx: Tx) -> bool:
+    """Whether ``tx`` carries no work and moves no credits (ACCOUNT class, :func:`cost` 0): what
+    ``Limits.max_free_per_sender`` caps."""
+    return priority(tx) is Priority.ACCOUNT and cost(tx) == 0
 
 
 def sig_key(tx: Tx) -> bytes:
@@ -130,6 +148,7 @@ class _Entry:
     height: int  # head height at admission
     key: bytes  # sig_key of the admitted object
     seq: int  # admission order
+    free: bool = False  # counted in the payer's max_free_per_sender
     ready: bool = False
 
 
@@ -151,6 +170,7 @@ class Mempool(Mapping[bytes, Tx]):
         self._ready: dict[bytes, None] = {}  # ids applied to the pending state, in order
         self._future: dict[bytes, dict[int, bytes]] = {}  # sender -> nonce -> id of gapped txs
         self._per_payer: Counter[bytes] = Counter()
+        self._free_per_payer: Counter[bytes] = Counter()
         self._per_peer: Counter[str] = Counter()
         self._refusals: dict[str, deque[float]] = {}
         self._count = [0, 0]  # per Priority
@@ -159,6 +179,7 @@ class Mempool(Mapping[bytes, Tx]):
         self.rejected: OrderedDict[bytes, str] = OrderedDict()  # tx id -> reason (refused, dropped, evicted)
         self._included: OrderedDict[bytes, None] = OrderedDict()  # ids in recent blocks (bounded by `remember`)
         self.stats: Counter[str] = Counter()  # admitted, refused, dropped, expired, evicted
+        self._since: dict[bytes, float] = {}  # id -> clock() at admission (queued ids; pruned at each reset)
 
     # ---------------------------------------------------------------- mapping
 
@@ -199,6 +220,30 @@ class Mempool(Mapping[bytes, Tx]):
         e = self._entries.get(tx.id)
         return e is not None and e.key == sig_key(tx)
 
+    def status(self, tid: bytes) -> TxStatus | None:
+        """What this pool knows of ``tid``: queued (ready, or waiting behind a nonce gap: which nonce is missing and
+        how many blocks it may still wait), or dropped or refused with the reason; None when neither (never seen
+        here, included in a block: ask the store, or forgotten: the reasons kept are bounded by
+        ``Limits.remember``)."""
+        e = self._entries.get(tid)
+        if e is not None:
+            age = max(0.0, self.clock() - self._since.get(tid, self.clock()))
+            if e.ready:
+                return TxStatus(TxState.PENDING, "applies on the head state; waiting for a block", age, e.height)
+            tx = e.tx
+            missing = self.view().account(tx.sender).nonce  # type: ignore[attr-defined]
+            left = max(0, self.limits.future_ttl_blocks - (self.state.height - e.height))
+            return TxStatus(TxState.PENDING, f"nonce gap: this is nonce {tx.nonce} of its sender and nonce "  # type: ignore[attr-defined]
+                                             f"{missing} has not reached this node; dropped unless it arrives "
+                                             f"within {left} blocks", age, e.height, missing, left)
+        why = self.rejected.get(tid)
+        return None if why is None else TxStatus(TxState.DROPPED, why)
+
+    def local(self) -> list[Tx]:
+        """The queued transactions that local callers submitted (not gossip or direct-submit peers), in admission
+        order: what this node re-sends while they wait (:meth:`node.ledger.service.LedgerService.resend_due`)."""
+        return [e.tx for e in sorted(self._entries.values(), key=lambda e: e.seq) if e.peer is None]
+
     # ---------------------------------------------------------------- admission
 
     def check_peer(self, peer: str) -> None:
@@ -236,10 +281,13 @@ class Mempool(Mapping[bytes, Tx]):
                 sender cannot pay, any state rule, a cap, or a full pool). Nothing changes then.
         """
         try:
-            return self._admit(tx, peer)
+            tid = self._admit(tx, peer)
         except InvalidTx as e:
             self.note_refusal(peer, tx.id, str(e))
             raise
+        if tid in self._entries and tid not in self._since:  # admission time, for status(); pruned in reset()
+            self._since[tid] = self.clock()
+        return tid
 
     def _admit(self, tx: Tx, peer: str | None) -> bytes:
         L = self.limits
@@ -257,6 +305,11 @@ class Mempool(Mapping[bytes, Tx]):
         if self._per_payer[who] >= L.max_per_sender:
             raise InvalidTx(f"account {who.hex()[:16]} has {self._per_payer[who]} transactions queued (at most "
                             f"{L.max_per_sender}); wait for the next block")
+        free = is_free(tx)
+        if free and self._free_per_payer[who] >= L.max_free_per_sender:
+            raise InvalidTx(f"account {who.hex()[:16]} has {self._free_per_payer[who]} queued transactions that "
+                            f"move no credits (joins, leaves, cancels, unbonds: at most {L.max_free_per_sender}); "
+                            "wait for the next block")
         gapped = False
         if hasattr(tx, "nonce"):
             gapped = self._check_nonced(tx)
@@ -269,7 +322,7 @@ class Mempool(Mapping[bytes, Tx]):
                 self._pending = self.state.copy()
             apply_tx(self._pending, tx, signatures_checked=True)  # raises with the ledger's reason, changes nothing
         self._seq += 1
-        e = _Entry(tx, size, cls, who, peer, self.state.height, key, self._seq, ready=not gapped)
+        e = _Entry(tx, size, cls, who, peer, self.state.height, key, self._seq, free=free, ready=not gapped)
         self._insert(e)
         if gapped:
             self._future.setdefault(tx.sender, {})[tx.nonce] = tid  # type: ignore[attr-defined]
@@ -369,6 +422,8 @@ class Mempool(Mapping[bytes, Tx]):
     def _insert(self, e: _Entry) -> None:
         self._entries[e.tx.id] = e
         self._per_payer[e.payer] += 1
+        if e.free:
+            self._free_per_payer[e.payer] += 1
         if e.peer is not None:
             self._per_peer[e.peer] += 1
         self._count[e.cls] += 1
@@ -385,7 +440,8 @@ class Mempool(Mapping[bytes, Tx]):
                 del fut[e.tx.nonce]  # type: ignore[attr-defined]
                 if not fut:
                     del self._future[e.tx.sender]  # type: ignore[attr-defined]
-        for counter, k in ((self._per_payer, e.payer), (self._per_peer, e.peer)):
+        for counter, k in ((self._per_payer, e.payer), (self._per_peer, e.peer),
+                           (self._free_per_payer, e.payer if e.free else None)):
             if k is not None:
                 counter[k] -= 1
                 if counter[k] <= 0:
@@ -448,6 +504,7 @@ class Mempool(Mapping[bytes, Tx]):
         while len(self._included) > self.limits.remember:
             self._included.popitem(last=False)
         self._rebuild()
+        self._since = {t: at for t, at in self._since.items() if t in self._entries}
 
     def _rebuild(self) -> None:
         L = self.limits
@@ -486,4 +543,4 @@ class Mempool(Mapping[bytes, Tx]):
                                     f"transactions, {acc.balance} available")
 
 
-__all__ = ["Limits", "Mempool", "Priority", "WORK_KINDS", "cost", "payer", "priority", "sig_key"]
+__all__ = ["WORK_KINDS", "Limits", "Mempool", "Priority", "cost", "is_free", "payer", "priority", "sig_key"]

@@ -18,7 +18,9 @@ from node.encoding import pack
 from node.identity import Identity, dev_seed
 from node.ledger.core.block import Block, Header, InvalidBlock, tx_root
 from node.ledger.core.chain import check_and_apply, commit_block, propose
-from node.ledger.mempool import Limits, Mempool, Priority
+from node.ledger.core.batchtx import BatchPost
+from node.ledger.core.runtx import RunJoin, RunLeave, RunPost
+from node.ledger.mempool import Limits, Mempool, Priority, cost, is_free, priority
 from node.ledger.service import LedgerService
 from node.ledger.core.state import SAMPLED, genesis_state
 from node.ledger.store import LedgerStore
@@ -332,3 +334,82 @@ def test_mempool_alone_on_a_stored_state(tmp_path):
     finally:
         store.close()
 
+
+
+# --- issue 24 finding 6, played as an attacker: fee-free toggles are account business, capped per account ---
+
+
+def _run_post(g, nonce: int):
+    f = dict(title="t", model_id=b"m" * 32, dataset_root=b"d" * 32, trainable="lora", rank=4,
+             targets="q_proj,v_proj", seed=1, params0=b"\x01" * 32, lr_micro=1000, batch_size=2, seq_len=16,
+             inner_steps=5, inner_state="reset", screen_windows=1, rounds=2, min_workers=3, max_workers=4,
+             outer_lr_ppm=700_000, outer_momentum_ppm=0, nesterov=1, clip_ppm=2_000_000, codec="int8",
+             topk_ppm=0, price_per_step=10_000_000, aggregator_fee=20_000_000, sample_ppm=0,
+             round_timeout=5, deadline=500)
+    return RunPost(g.chain_id, CLIENT.account, b"r" * 16, nonce=nonce, **f).signed(CLIENT)
+
+
+def test_run_join_leave_toggles_cannot_evict_transfers(tmp_path):
+    """Four bonded accounts each try 64 join/leave toggles (fee-free) against a small pool holding honest
+    transfers: toggles are ACCOUNT class (they never evict a ready transfer) and at most ``max_free_per_sender``
+    of them per account are queued; every honest transfer lands, and credits are conserved in the reopened
+    LevelDB."""
+    g = genesis()
+    store = LedgerStore(tmp_path / "db", g)
+    svc = LedgerService(store, g, VALIDATOR, host=None, mempool_limits=Limits(max_txs=48, account_share_pct=50))
+    post = _run_post(g, 0)
+    attackers = [W1, W2, W3, W4]
+
+    def toggle(w, n):
+        cls = RunJoin if n % 2 == 0 else RunLeave
+        return cls(g.chain_id, w.account, post.run_id, n).signed(w)
+
+    async def main():
+        svc.add_tx(post)
+        await produce(svc)
+        assert post.run_id in svc.state.runs
+        honest = [pay(A, 0), pay(B, 0), pay(D, 0), pay(A, 1), pay(B, 1)]
+        for t in honest:
+            svc.add_tx(t)
+        queued = refusals = 0
+        for w in attackers:
+            for n in range(64):
+                try:
+                    svc.add_tx(toggle(w, n))
+                    queued += 1
+                except InvalidTx as e:
+                    refusals += 1
+                    assert "move no credits" in str(e) or "mempool full for account" in str(e), str(e)
+        assert priority(toggle(W1, 0)) is Priority.ACCOUNT and priority(toggle(W1, 1)) is Priority.ACCOUNT
+        assert queued <= 4 * Limits().max_free_per_sender and refusals == 4 * 64 - queued
+        assert all(t.id in svc.mempool for t in honest)  # no transfer was evicted
+        assert svc.mempool.stats["evicted"] == 0
+        block = await produce(svc)
+        assert set(honest) <= set(block.txs)  # and every one lands
+        return queued
+
+    try:
+        queued = trio.run(main)
+        assert queued == 4 * Limits().max_free_per_sender  # the cap, not the pool, stopped them (24 - 5 slots free)
+        assert svc.state.account(A.account).nonce == 2 and svc.state.account(B.account).nonce == 2
+    finally:
+        store.close()
+    store = LedgerStore(tmp_path / "db", g)  # reopened: supply conserved on disk
+    try:
+        assert store.replay().supply() == g.supply
+    finally:
+        store.close()
+
+
+def test_cost_counts_every_escrow(make_svc):
+    """A gapped batch post is paid for with the sender's other queued transactions (its escrow was counted as 0:
+    a sender could queue posts it could never pay, holding slots until they expire)."""
+    svc = make_svc()
+    g = svc.genesis
+    post = BatchPost(g.chain_id, A.account, b"b" * 16, b"\x01" * 32, 10, "score", 0, 3, 2, C, 1, 20, 20, 2)
+    assert cost(post) == post.escrow() == 60 * C
+    assert cost(make_receipt(g, W1)) == make_receipt(g, W1).price
+    svc.add_tx(pay(A, 1, 50 * C))  # gapped: waits for nonce 0
+    why = refused(svc, post.signed(A), "insufficient balance")
+    assert f"{110 * C} base units needed" in why
+    assert is_free(Unbond(g.chain_id, A.account, C, 0)) and not is_free(post)
