@@ -208,11 +208,12 @@ class DiskChunks:
 
 class ChunkSpool:
     """The chunks of one snapshot being downloaded by state sync (:func:`node.ledger.statesync.state_sync`), on
-    disk instead of in memory: one file per chunk, in order, in a fresh directory ``statesync-*`` under
-    ``parent`` (the node's data dir; None: the system's temporary directory). Indexable like the list of chunk
-    bytes :func:`node.ledger.snapshot.restore` takes, reading one chunk at a time. :meth:`close` (or leaving the
-    ``with`` block) removes the directory, after a restore or a failure alike; spools a crash left behind are
-    removed by :meth:`clean`. Files are not fsynced: a spool never outlives its process's use of it.
+    disk instead of in memory: one file per chunk, put by index in any order, in a fresh directory
+    ``statesync-*`` under ``parent`` (the node's data dir; None: the system's temporary directory). Indexable
+    like the list of chunk bytes :func:`node.ledger.snapshot.restore` takes, reading one chunk at a time.
+    :meth:`close` (or leaving the ``with`` block) removes the directory, after a restore or a failure alike;
+    spools a crash left behind are removed by :meth:`clean`. Files are not fsynced: a spool never outlives its
+    process's use of it.
 
     Raises:
         OSError: the directory cannot be created.
@@ -224,8 +225,8 @@ class ChunkSpool:
         if parent is not None:
             Path(parent).mkdir(parents=True, exist_ok=True)
         self.root = Path(tempfile.mkdtemp(prefix=self.PREFIX, dir=parent))
-        self.nbytes = 0  # bytes of every chunk appended
-        self._n = 0
+        self.nbytes = 0  # bytes of every chunk stored
+        self._sizes: dict[int, int] = {}  # chunk index -> bytes
 
     @classmethod
     def clean(cls, parent: Path) -> None:
@@ -237,23 +238,38 @@ class ChunkSpool:
     def _path(self, i: int) -> Path:
         return self.root / f"{i:08d}"
 
-    def append(self, data: bytes) -> None:
-        """Write the next chunk's bytes. Raises: OSError (a full or failing disk)."""
-        self._path(self._n).write_bytes(data)
-        self._n += 1
-        self.nbytes += len(data)
+    def put(self, i: int, data: bytes) -> None:
+        """Write chunk ``i``'s bytes (chunks may come in any order; a second put of ``i`` replaces it).
+
+        Raises:
+            ValueError: ``i`` < 0. OSError: a full or failing disk.
+        """
+        if i < 0:
+            raise ValueError(f"no chunk {i}")
+        old = self._sizes.get(i)
+        self._path(i).write_bytes(data)
+        self._sizes[i] = len(data)
+        self.nbytes += len(data) - (old or 0)
+
+    def __contains__(self, i: object) -> bool:
+        return i in self._sizes
 
     def __len__(self) -> int:
-        return self._n
+        """Chunks stored."""
+        return len(self._sizes)
 
     def __getitem__(self, i: int) -> bytes:
-        """Chunk ``i``'s bytes, read from its file. Raises: IndexError (no such chunk), OSError."""
-        if not 0 <= i < self._n:
+        """Chunk ``i``'s bytes, read from its file. Raises: IndexError (not stored), OSError."""
+        if i not in self._sizes:
             raise IndexError(i)
         return self._path(i).read_bytes()
 
     def __iter__(self) -> Iterator[bytes]:
-        return (self[i] for i in range(self._n))
+        """Chunks 0, 1, ... in order, read one at a time (stops at the first one not stored)."""
+        i = 0
+        while i in self._sizes:
+            yield self[i]
+            i += 1
 
     def close(self) -> None:
         """Remove the spool's directory and every chunk in it (again: nothing)."""

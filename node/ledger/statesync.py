@@ -78,8 +78,8 @@ MAX_REPLY = 8 * snap.CHUNK_BYTES  # bytes: a "light" reply at most
 MAX_REQUEST = 1 << 12  # bytes: a request at most
 REQUEST_READ_S = 10.0  # seconds to read a request
 LIGHT_BATCH = 256  # light blocks per "light" request
-BUSY_ROUNDS = 5  # times every source of a chunk is asked while some answer "busy"
-BUSY_PAUSE_S = 1.0  # seconds between those rounds
+BUSY_PAUSE_S = 1.0  # seconds a source that answered "busy" waits before it is asked again
+HEDGE = 2  # sources asked for one chunk at once at most, once no chunk is left unasked (the endgame)
 
 
 @dataclass(frozen=True)
@@ -184,12 +184,22 @@ class SnapshotServer:
         self._making = False
         self.budget = budget if budget is not None else ReplyBudget()
         self.stall_s = STALL  # seconds one frame of a chunk reply may take to write (a reader that stops is cut)
+        self.kept: dict[bytes, snap.Manifest] = {}  # manifest id -> manifest: whose chunks are served
         self.disk = SnapshotDir(directory, keep) if directory is not None else None
         if self.disk is not None:
             m = self.disk.latest()
             if m is not None:
                 self.manifest, self.chunks = m, DiskChunks(self.disk, m)
+                self.kept = self._kept_on_disk(m)
                 log.info("serving the snapshot of height %d kept in %s", m.height, directory)
+
+    def _kept_on_disk(self, latest: snap.Manifest) -> dict[bytes, snap.Manifest]:
+        """The kept snapshots up to ``latest`` (their chunks stay on disk until a newer one replaces them):
+        a peer midway through fetching the previous one can finish it."""
+        assert self.disk is not None
+        kept = {m.id: m for m in self.disk.manifests() if m.height <= latest.height}
+        kept[latest.id] = latest
+        return kept
 
     def _make(self) -> tuple[snap.Manifest, Any, int]:
         """Make a snapshot (a worker thread): into the directory when there is one, else into memory."""
@@ -211,7 +221,8 @@ class SnapshotServer:
         self._making = True
         try:
             m, chunks, nbytes = await trio.to_thread.run_sync(self._make)
-            self.manifest, self.chunks = m, chunks
+            kept = await trio.to_thread.run_sync(self._kept_on_disk, m) if self.disk is not None else {m.id: m}
+            self.manifest, self.chunks, self.kept = m, chunks, kept
             log.info("snapshot of height %d: %d chunks, %d bytes%s", m.height, len(m.chunks), nbytes,
                      f" in {self.disk.root}" if self.disk is not None else "")
         except OSError as e:  # a full or failing disk: keep serving the previous snapshot
@@ -254,18 +265,19 @@ class SnapshotServer:
             await self._reply(stream, peer, {"status": "ok", "manifest": m.to_wire(), "block": slim}, 1 << 24)
             return
         if op == "chunk":
-            i = msg.get("index")
-            if msg.get("snapshot") != m.id or not isinstance(i, int) or not 0 <= i < len(m.chunks):
+            i, sid = msg.get("index"), msg.get("snapshot")
+            want = self.kept.get(sid) if isinstance(sid, bytes) else None
+            if want is None or not isinstance(i, int) or not 0 <= i < len(want.chunks):
                 await write_error(stream, "not_found", "no such snapshot or chunk here")
                 return
-            await self._chunk(stream, peer, m, i)
+            await self._chunk(stream, peer, want, i)
             return
         await write_error(stream, "bad_request", "op is offer, chunk or light")
 
     async def _chunk(self, stream: Any, peer: str, m: snap.Manifest, i: int) -> None:
         cid = m.chunks[i]
         if self.disk is None:  # in memory: the chunk's bytes are held anyway; reserve its packed copies
-            data = self.chunks.get(cid)
+            data = self.chunks.get(cid) if m is self.manifest else None
             if data is None:
                 await write_error(stream, "not_found", "this chunk is not here")
                 return
@@ -472,47 +484,91 @@ def _drop(host: SyncHost, src: Source, weight: float, why: str) -> None:
     host.penalize(src.peer, weight)
 
 
+class _Fetch:
+    """One snapshot's download: every serving source runs a worker that takes the next chunk not yet asked for;
+    when none is left, an idle worker asks for one already in flight elsewhere too (at most
+    :data:`HEDGE` sources per chunk: BitTorrent's endgame), and the first copy to arrive cancels the others. So
+    a slow source delays nothing that a faster one can fetch; a chunk whose source fails goes back to the queue."""
+
+    def __init__(self, host: SyncHost, o: Offer, sources: dict[str, Source], limits: SyncLimits,
+                 timeout: float, spool: ChunkSpool):
+        self.host, self.o, self.sources, self.limits = host, o, sources, limits
+        self.timeout, self.spool = timeout, spool
+        self.pending = list(range(len(o.manifest.chunks)))[::-1]  # pop() gives the lowest index
+        self.flying: dict[int, dict[str, trio.CancelScope]] = {}  # chunk index -> peer -> its request's scope
+        self.over = False  # the bytes passed limits.max_bytes
+        self._changed = trio.Event()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _pick(self, peer: str) -> int | None:
+        if self.pending:
+            return self.pending.pop()
+        for i, holders in sorted(self.flying.items()):
+            if peer not in holders and len(holders) < HEDGE and i not in self.spool:
+                return i
+        return None
+
+    async def run(self) -> bool:
+        """True when every chunk is in the spool."""
+        n = len(self.o.manifest.chunks)
+        async with trio.open_nursery() as nursery:
+            for p in dict.fromkeys(self.o.sources):
+                if self.sources[p].state is SourceState.SERVING:
+                    nursery.start_soon(self._worker, self.sources[p], nursery.cancel_scope)
+        return len(self.spool) == n and not self.over
+
+    async def _worker(self, src: Source, everyone: trio.CancelScope) -> None:
+        n = len(self.o.manifest.chunks)
+        while src.state is SourceState.SERVING and len(self.spool) < n:
+            i = self._pick(src.peer)
+            if i is None:
+                if not self.flying and not self.pending:
+                    return
+                await self._changed.wait()
+                continue
+            with trio.CancelScope() as scope:
+                self.flying.setdefault(i, {})[src.peer] = scope
+                try:
+                    got = await _chunk_from(self.host, src, self.o.manifest, i, self.limits, self.timeout)
+                finally:
+                    holders = self.flying.get(i, {})
+                    holders.pop(src.peer, None)
+                    if not holders:
+                        self.flying.pop(i, None)
+            if scope.cancelled_caught or i in self.spool:  # another source delivered it first
+                self._notify()
+                continue
+            if isinstance(got, bytes):
+                if self.spool.nbytes + len(got) > self.limits.max_bytes:
+                    log.warning("snapshot of height %d passes %d bytes (SyncLimits.max_bytes): not fetched further",
+                                self.o.manifest.height, self.limits.max_bytes)
+                    self.over = True
+                    everyone.cancel()
+                    return
+                await trio.to_thread.run_sync(self.spool.put, i, got)
+                for other in self.flying.get(i, {}).values():
+                    other.cancel()
+            elif i not in self.flying:  # busy, or this source failed: someone else takes it
+                self.pending.append(i)
+            self._notify()
+            if got is True:  # busy: its time counted; ask again after a pause
+                await trio.sleep(BUSY_PAUSE_S)
+
+
 async def _fetch(host: SyncHost, o: Offer, sources: dict[str, Source], limits: SyncLimits, timeout: float,
                  spool: ChunkSpool) -> bool:
-    """Fetch every chunk of ``o`` into ``spool``; False when one could not be had or the bytes passed
-    ``limits.max_bytes``."""
-    m = o.manifest
+    """Fetch every chunk of ``o`` into ``spool`` (:class:`_Fetch`); False when one could not be had from any
+    source or the bytes passed ``limits.max_bytes``."""
     for p in o.sources:
         sources.setdefault(p, Source(p))
-    for i in range(len(m.chunks)):
-        data = await _chunk(host, o, i, sources, limits, timeout)
-        if data is None:
-            log.info("snapshot of height %d: chunk %d could not be fetched from any source", m.height, i)
-            return False
-        if spool.nbytes + len(data) > limits.max_bytes:
-            log.warning("snapshot of height %d passes %d bytes (SyncLimits.max_bytes): not fetched further",
-                        m.height, limits.max_bytes)
-            return False
-        await trio.to_thread.run_sync(spool.append, data)
+    if not await _Fetch(host, o, sources, limits, timeout, spool).run():
+        log.info("snapshot of height %d: %d of %d chunks fetched; given up", o.manifest.height, len(spool),
+                 len(o.manifest.chunks))
+        return False
     return True
-
-
-async def _chunk(host: SyncHost, o: Offer, i: int, sources: dict[str, Source], limits: SyncLimits,
-                 timeout: float) -> bytes | None:
-    """Chunk ``i`` from the first serving source that sends one matching the manifest, rotating the start by
-    ``i``. A source that fails, sends a bad chunk or runs past its allowance (:meth:`Source.allowance`) is
-    dropped and penalised; one that answers ``busy`` is passed over, and asked again after
-    :data:`BUSY_PAUSE_S` (at most :data:`BUSY_ROUNDS` rounds: its time counts against its allowance)."""
-    for _ in range(BUSY_ROUNDS):
-        live = [sources[p] for p in o.sources if sources[p].state is SourceState.SERVING]
-        if not live:
-            return None
-        k = i % len(live)
-        busy = False
-        for src in live[k:] + live[:k]:
-            got = await _chunk_from(host, src, o.manifest, i, limits, timeout)
-            if isinstance(got, bytes):
-                return got
-            busy = busy or got
-        if not busy:
-            return None
-        await trio.sleep(BUSY_PAUSE_S)
-    return None
 
 
 async def _chunk_from(host: SyncHost, src: Source, m: snap.Manifest, i: int, limits: SyncLimits,

@@ -162,10 +162,9 @@ def test_no_offer_shape_escapes_and_none_is_fetched(source, tmp_path):
     assert "chunk" not in bad.ops and bad.ops.count("offer") == len(offers)
 
 
-def test_a_dripping_source_is_dropped_and_the_sync_goes_on(source, tmp_path):
-    """Finding 4: a peer that offers the honest manifest but sends each chunk 29 s late (just under the 30 s
-    request timeout) runs out of its time budget and is dropped; the honest peer serves the rest."""
-    g, src, server = source
+def dripping(src, server) -> Scripted:
+    """A peer that offers the honest manifest but sends each chunk 29 s late (just under the 30 s request
+    timeout): one chunk a request would stall a sync of n chunks for n x 29 s."""
     offer = honest_offer(src, server.manifest)
 
     def script(msg):
@@ -177,7 +176,14 @@ def test_a_dripping_source_is_dropped_and_the_sync_goes_on(source, tmp_path):
             await write_msg(stream, {"status": "ok", "data": server.chunks[server.manifest.chunks[msg["index"]]]})
         return drip
 
-    dripper = Scripted(script)
+    return Scripted(script)
+
+
+def test_a_dripping_source_delays_nothing_an_honest_one_can_fetch(source, tmp_path):
+    """Finding 4: beside the dripper, the honest source fetches every chunk (the dripper's one chunk too, in the
+    endgame), so the sync ends long before a single dripped chunk would have arrived."""
+    g, src, server = source
+    dripper = dripping(src, server)
 
     async def main():
         async with running_hosts(3) as (h_src, h_drip, h_dst):
@@ -185,20 +191,40 @@ def test_a_dripping_source_is_dropped_and_the_sync_goes_on(source, tmp_path):
             h_drip.set_handler(ss.SNAPSHOT_PROTOCOL, dripper.handle)
             for h in (h_src, h_drip):
                 assert await h_dst.connect(h.addrs) == 1
+            recorder(h_dst)
+            dst = LedgerStore(tmp_path / "dst", g)
+            try:
+                synced = await ss.state_sync(dst, h_dst, [h_drip.peer_id, h_src.peer_id], timeout=30)
+                assert synced is not None and dst.base == SNAP_HEIGHT
+            finally:
+                dst.close()
+
+    run(main, timeout=20)  # less than one dripped chunk
+    assert dripper.ops.count("chunk") == 1  # it was asked once, then the honest source had done everything
+
+
+def test_a_dripping_source_alone_runs_out_of_time(source, tmp_path):
+    """Finding 4: with no one else to fetch from, the dripper gets its grace, is dropped and penalised, and state
+    sync gives up (the node then follows the chain from genesis) instead of waiting n x 29 s."""
+    g, src, server = source
+    dripper = dripping(src, server)
+
+    async def main():
+        async with running_hosts(2) as (h_drip, h_dst):
+            h_drip.set_handler(ss.SNAPSHOT_PROTOCOL, dripper.handle)
+            assert await h_dst.connect(h_drip.addrs) == 1
             penalties = recorder(h_dst)
             dst = LedgerStore(tmp_path / "dst", g)
             try:
-                synced = await ss.state_sync(dst, h_dst, [h_drip.peer_id, h_src.peer_id], timeout=30,
+                synced = await ss.state_sync(dst, h_dst, [h_drip.peer_id], timeout=30,
                                              limits=ss.SyncLimits(grace_s=2.0))
-                assert synced is not None and dst.base == SNAP_HEIGHT
+                assert synced is None and dst.base == 0 and dst.head == 0
             finally:
                 dst.close()
             return penalties, h_drip.peer_id
 
-    # far less than one dripped chunk per chunk (each 29 s): the dripper got one try and its grace
-    penalties, drip_id = run(main, timeout=25)
-    assert penalties == [(drip_id, ss.SLOW)]
-    assert dripper.ops.count("chunk") == 1
+    penalties, drip_id = run(main, timeout=20)  # less than one dripped chunk
+    assert penalties == [(drip_id, ss.SLOW)] and dripper.ops.count("chunk") == 1
 
 
 def invented(src, m: snap.Manifest, n: int, size: int) -> tuple[snap.Manifest, dict[bytes, bytes]]:
