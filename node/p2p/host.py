@@ -181,6 +181,11 @@ class P2PHost(GossipMethods):
         StreamGate(self.limiter, self).install(host.get_network())
         gossipsub = make_router(**self._gossip_params)
         pubsub = Pubsub(host, gossipsub)
+        # py-libp2p numbers publications from int(time.time()) + 1, one per message: a validator publishes several a
+        # second, so after a restart its numbers repeat ones its peers saw in the last seen_ttl (120 s) and every
+        # message it publishes (transactions, votes, blocks) is dropped as a duplicate until the count catches up
+        # (issue 28). Nanoseconds, as go-libp2p does: a restart always starts above anything published before.
+        pubsub.counter = time.time_ns()
         for proto, fn in self._handlers.items():
             host.set_stream_handler(proto, fn)
         body_done = False
