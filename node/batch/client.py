@@ -180,7 +180,8 @@ async def fetch_results(node, batch_id: bytes) -> list[dict[str, Any]]:
             continue
         for tries in range(FETCH_ROUNDS):  # each round asks every agreeing worker
             try:
-                data = await fetch_content(node.host, store, it.result, list(it.agreed), result_check(it.result))
+                data = await fetch_content(node.host, store, it.result, list(it.agreed), result_check(it.result),
+                                           batch=batch_id)
                 res = decode_result(data, b.post.kind)
                 break
             except (LookupError, DecodeError, KeyError, TypeError) as e:

@@ -213,8 +213,8 @@ class ReplyBudget:
 
     def _why(self, cap: Cap, peer: str, nbytes: int) -> str:
         if cap is Cap.PEER:
-            return (f"busy: {self._by_peer.get(peer, 0)} bytes of replies to this peer in flight, a reply of "
+            return (f"{self._by_peer.get(peer, 0)} bytes of replies to this peer in flight, a reply of "
                     f"{nbytes} bytes would pass the per-peer cap of {self.per_peer}; try again later")
-        return (f"busy: {self._total} bytes of replies in flight, a reply of {nbytes} bytes would pass the "
+        return (f"{self._total} bytes of replies in flight, a reply of {nbytes} bytes would pass the "
                 f"node-wide cap of {self.node_wide}; try again later")
 

@@ -24,10 +24,20 @@ receipt's span: it asks peers over ``BLOCK_PROTOCOL`` (``/tally/block/1.0.0``, o
 model — every block, the head and the tokenizer — for replaying training receipts of jobs and runs.
 
 Errors: ``not_found`` (the peer does not hold that model or block), ``too_large`` (over :data:`MAX_FILE`),
-``bad_request``. A reply that fails a check is dropped and the next peer is asked; each request is bounded by a
-timeout (seconds) and a message size. Checked files go to ``<root>/<model id hex>/`` (temp file, then
-``os.replace``), a directory apart from the model cache: it may hold only some blocks, and nothing there is used
-without :class:`~node.compute.span.SpanModel` checking each block's hash again when it loads it.
+``bad_request``, ``busy`` (the server's reply budget is full: :mod:`node.p2p.budget`). A reply that fails a check
+is dropped and the next peer is asked; peers that were busy are asked again after a pause (:data:`BUSY_ROUNDS`);
+each request is bounded by a timeout (seconds) and a message size.
+
+Serving (:meth:`HeldModels.stream_handler`, what a node registers): block and head files are streamed from disk
+one 1 MiB frame at a time (:func:`node.p2p.filesend.serve_file`), never read whole into memory; the manifest,
+config and tokenizer replies are built in memory with 3x their size reserved first. Every reply reserves its
+memory from the node's :class:`~node.p2p.budget.ReplyBudget` (per peer and node-wide; ``busy`` when full) and is
+written under a deadline (10 s + 1 s per MiB for the whole reply, :data:`~node.p2p.filesend.STALL` per frame), so
+a requester that never reads is cut and gives its budget back.
+
+Checked files go to ``<root>/<model id hex>/`` (temp file, then ``os.replace``), a directory apart from the model
+cache: it may hold only some blocks, and nothing there is used without :class:`~node.compute.span.SpanModel`
+checking each block's hash again when it loads it.
 
 If no peer returns a checked copy, :meth:`BlockFetcher.ensure` raises :class:`BlockUnavailable` and the member
 abstains (:mod:`node.verify.member`).
@@ -40,15 +50,18 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from ..compute.model import HEAD_FILE, MANIFEST, Manifest, ManifestError, block_file, load_manifest, tensors_hash
 from ..encoding import DecodeError
 from ..identity import account_to_str
-from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed
+from ..p2p.budget import ReplyBudget
+from ..p2p.filesend import STALL, open_sized, reply_deadline, serve_file, write_error
+from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed, read_msg, write_msg
 from ..p2p.host import PeerUnreachable
 
 log = logging.getLogger("tally.blockfetch")
@@ -57,7 +70,10 @@ BLOCK_PROTOCOL = "/tally/block/1.0.0"
 MAX_FILE = 48 << 20  # bytes: the largest block file served or accepted (below the 64 MiB message limit)
 MAX_MANIFEST = 1 << 20  # bytes: manifest.json and config.json, each
 REQUEST_MAX = 1 << 12  # bytes: a request message
+REQUEST_TIMEOUT = 10.0  # seconds a server waits for the request after the stream opens
 FETCH_TIMEOUT = 60.0  # seconds per request (a 48 MiB block over a slow link)
+BUSY_ROUNDS = 3  # times the peers that answered ``busy`` are asked again, after BUSY_PAUSE, 2*BUSY_PAUSE, ...
+BUSY_PAUSE = 1.0  # seconds
 MAX_PEERS = 8  # peers asked per file before giving up
 PARALLEL = 4  # blocks fetched at once
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
@@ -119,35 +135,101 @@ class HeldModels:
         d = self.fetched_root / model_id.hex()
         return d if (d / MANIFEST).is_file() else None
 
-    async def handle(self, msg: dict, peer: str) -> dict:
-        """The ``BLOCK_PROTOCOL`` request handler (:meth:`node.p2p.host.P2PHost.set_request_handler`)."""
+    def _resolve(self, msg: dict) -> tuple[str, Path, Path | None]:
+        """``(type, model dir, file)`` of a request; ``file`` is the block or head file (None for the small
+        replies). Raises RemoteError: ``bad_request``, ``not_found``."""
         mid = msg.get("model_id")
         if not (isinstance(mid, bytes) and len(mid) == 32):
             raise RemoteError("bad_request", "model_id must be 32 bytes")
-        d = self.dir_of(mid)
-        if d is None:
-            raise RemoteError("not_found", f"model {mid.hex()[:16]} is not held here")
         kind = msg.get("type")
-        if kind == "manifest":
-            return {"manifest": await _read(d / MANIFEST, MAX_MANIFEST), "config": await _read(d / "config.json",
-                                                                                              MAX_MANIFEST)}
+        if kind not in ("manifest", "block", "head", "tokenizer"):
+            raise RemoteError("bad_request", "type is manifest, block, head or tokenizer")
+        path = None
         if kind == "block":
             i = msg.get("index")
             if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < 100_000:
                 raise RemoteError("bad_request", "index must be a block number")
-            return {"data": await _read(d / block_file(i), MAX_FILE)}
-        if kind == "head":
-            return {"data": await _read(d / HEAD_FILE, MAX_FILE)}
-        if kind == "tokenizer":
-            files, total = {}, 0
-            for name in TOKENIZER_FILES:
-                if (d / name).is_file():
-                    files[name] = await _read(d / name, MAX_TOKENIZER)
-                    total += len(files[name])
-            if total > MAX_TOKENIZER:
-                raise RemoteError("too_large", f"tokenizer files are {total} bytes, over {MAX_TOKENIZER}")
-            return {"files": files}
-        raise RemoteError("bad_request", "type is manifest, block, head or tokenizer")
+            path = Path(block_file(i))
+        elif kind == "head":
+            path = Path(HEAD_FILE)
+        d = self.dir_of(mid)
+        if d is None:
+            raise RemoteError("not_found", f"model {mid.hex()[:16]} is not held here")
+        return kind, d, None if path is None else d / path
+
+    def _small_size(self, kind: str, d: Path) -> int:
+        """Bytes of the files a manifest or tokenizer reply carries (blocking). Raises RemoteError ``too_large``."""
+        names = (MANIFEST, "config.json") if kind == "manifest" else TOKENIZER_FILES
+        total = 0
+        for name in names:
+            try:
+                total += (d / name).stat().st_size
+            except OSError:
+                continue
+        limit = 2 * MAX_MANIFEST if kind == "manifest" else MAX_TOKENIZER
+        if total > limit:
+            raise RemoteError("too_large", f"{kind} files are {total} bytes, over {limit}")
+        return total
+
+    async def _small(self, kind: str, d: Path) -> dict:
+        if kind == "manifest":
+            return {"manifest": await _read(d / MANIFEST, MAX_MANIFEST), "config": await _read(d / "config.json",
+                                                                                              MAX_MANIFEST)}
+        files, total = {}, 0
+        for name in TOKENIZER_FILES:
+            if (d / name).is_file():
+                files[name] = await _read(d / name, MAX_TOKENIZER)
+                total += len(files[name])
+        if total > MAX_TOKENIZER:
+            raise RemoteError("too_large", f"tokenizer files are {total} bytes, over {MAX_TOKENIZER}")
+        return {"files": files}
+
+    async def handle(self, msg: dict, peer: str) -> dict:
+        """The whole reply to one request, in memory: for :meth:`~node.p2p.host.P2PHost.set_request_handler` in
+        tests and tools. A node registers :meth:`stream_handler` instead, which streams block files from disk
+        under a budget and write deadlines.
+
+        Raises:
+            RemoteError: ``bad_request``, ``not_found``, ``too_large``.
+        """
+        kind, d, path = self._resolve(msg)
+        if path is not None:
+            return {"data": await _read(path, MAX_FILE)}
+        return await self._small(kind, d)
+
+    def stream_handler(self, budget: ReplyBudget, stall: float = STALL,
+                       request_timeout: float = REQUEST_TIMEOUT) -> Callable[[Any, str], Awaitable[None]]:
+        """The ``BLOCK_PROTOCOL`` stream handler (:meth:`node.p2p.host.P2PHost.set_handler`): reads one request
+        (at most :data:`REQUEST_MAX` bytes within ``request_timeout`` seconds) and writes one reply.
+
+        Block and head files are streamed from disk (:func:`~node.p2p.filesend.serve_file`: 2 MiB reserved from
+        ``budget``, ``stall`` seconds per frame, 10 s + 1 s per MiB in all); manifest and tokenizer replies
+        reserve 3x their size before they are read. ``busy``, ``not_found``, ``too_large`` and ``bad_request``
+        are error replies; a malformed request raises FrameError (the host answers ``bad_frame`` and penalises
+        the peer); a reply not written in time raises RequestTimeout (the host resets the stream).
+        """
+
+        async def serve(stream, peer: str) -> None:
+            msg = await read_msg(stream, request_timeout, REQUEST_MAX)
+            try:
+                kind, d, path = self._resolve(msg)
+                if path is None:
+                    size = await trio.to_thread.run_sync(self._small_size, kind, d)
+            except RemoteError as e:
+                await write_error(stream, e.code, e.message)
+                return
+            if path is not None:
+                await serve_file(stream, peer, path, limit=MAX_FILE, budget=budget, stall=stall)
+                return
+            try:
+                async with budget.reserve(peer, 3 * size + 1024):
+                    reply = {"status": "ok", **await self._small(kind, d)}
+                    await write_msg(stream, reply, timeout=reply_deadline(size),
+                                    max_message=MAX_TOKENIZER + (1 << 16))
+            except RemoteError as e:  # busy, or a file that grew past its limit meanwhile
+                await write_error(stream, e.code, e.message)
+
+        return serve
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -158,14 +240,15 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 
 async def _read(path: Path, limit: int) -> bytes:
+    """The bytes of ``path`` (read in a thread). Raises RemoteError: ``not_found``, ``too_large`` (over
+    ``limit`` bytes)."""
     def read() -> bytes:
-        try:
-            size = path.stat().st_size
-        except FileNotFoundError:
-            raise RemoteError("not_found", f"{path.name} is not held here") from None
-        if size > limit:
-            raise RemoteError("too_large", f"{path.name} is {size} bytes, over the {limit}-byte limit")
-        return path.read_bytes()
+        f, _size = open_sized(path, limit)
+        with f:
+            data = f.read(limit + 1)
+        if len(data) > limit:  # grew since it was sized
+            raise RemoteError("too_large", f"{path.name} is over the {limit}-byte limit")
+        return data
 
     return await trio.to_thread.run_sync(read)
 
@@ -214,23 +297,33 @@ class BlockFetcher:
         return out[:self.max_peers]
 
     async def _ask(self, peers: list[str], msg: dict, accept, what: str):
-        """``accept(reply)`` of the first peer whose reply passes it; raises BlockUnavailable."""
-        errors = []
-        for peer in peers:
-            try:
-                reply = await self.host.request(peer, BLOCK_PROTOCOL, msg, timeout=self.timeout,
-                                                max_message=MAX_FILE + (1 << 16))
-            except (PeerUnreachable, RemoteError, StreamClosed, FrameError, RequestTimeout, DecodeError) as e:
-                # unreachable, timeout, not_found, too large, malformed: ask the next peer
-                errors.append(f"{peer[:16]}: {type(e).__name__}: {e}")
-                continue
-            try:
-                return await accept(reply)
-            except (ValueError, TypeError) as e:
-                log.warning("refused %s from %s: %s", what, peer[:16], e)
-                self.refused.append((peer, f"{what}: {e}"))
-                errors.append(f"{peer[:16]}: refused: {e}")
-        raise BlockUnavailable(f"{what} unavailable: {'; '.join(errors) or 'no peer holds it'}")
+        """``accept(reply)`` of the first peer whose reply passes it. Peers that answer ``busy`` (their reply
+        budget is full) are asked again after the others, up to :data:`BUSY_ROUNDS` more times, pausing
+        :data:`BUSY_PAUSE` seconds, then twice that, and so on. Raises BlockUnavailable."""
+        errors: list[str] = []
+        for attempt in range(BUSY_ROUNDS + 1):
+            busy = []
+            for peer in peers:
+                try:
+                    reply = await self.host.request(peer, BLOCK_PROTOCOL, msg, timeout=self.timeout,
+                                                    max_message=MAX_FILE + (1 << 16))
+                except (PeerUnreachable, RemoteError, StreamClosed, FrameError, RequestTimeout, DecodeError) as e:
+                    # unreachable, timeout, not_found, too large, malformed: ask the next peer
+                    errors.append(f"{peer[:16]}: {type(e).__name__}: {e}")
+                    if isinstance(e, RemoteError) and e.code == "busy":
+                        busy.append(peer)
+                    continue
+                try:
+                    return await accept(reply)
+                except (ValueError, TypeError) as e:
+                    log.warning("refused %s from %s: %s", what, peer[:16], e)
+                    self.refused.append((peer, f"{what}: {e}"))
+                    errors.append(f"{peer[:16]}: refused: {e}")
+            if not busy or attempt == BUSY_ROUNDS:
+                break
+            await trio.sleep(BUSY_PAUSE * 2 ** attempt)
+            peers = busy
+        raise BlockUnavailable(f"{what} unavailable: {'; '.join(errors[-2 * MAX_PEERS:]) or 'no peer holds it'}")
 
     async def manifest(self, model_id: bytes, extra: Iterable[str] = ()) -> Manifest:
         """The checked manifest of ``model_id`` (fetched once, then read from ``root``).
