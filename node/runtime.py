@@ -299,7 +299,6 @@ class Node:
 
         from .api.serve import serve_api
         from .batch.worker import BATCH_PROTOCOL, ContentAccess, content_handler
-        from .p2p.budget import ReplyBudget
         from .blobs import BLOB_PROTOCOL
         from .inference.server import INFERENCE_PROTOCOL, blob_handler
 
@@ -310,7 +309,8 @@ class Node:
                     self.host.set_handler(INFERENCE_PROTOCOL, self.server.handle)
                 self.host.set_handler(BLOB_PROTOCOL, partial(blob_handler, self.blobs))
                 # bulk replies: streamed from disk under one per-peer and node-wide budget (node.p2p.budget)
-                self.reply_budget = ReplyBudget()
+                self.reply_budget = self.snapshots.budget  # shared by snapshot, block, batch and sync replies
+                self.ledger.reply_budget = self.reply_budget
                 self.host.set_handler(BLOCK_PROTOCOL, self.held.stream_handler(self.reply_budget))
                 self.host.set_handler(BATCH_PROTOCOL, partial(content_handler, self.batch_store,
                                                               ContentAccess(self.ledger), self.reply_budget))

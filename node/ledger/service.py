@@ -18,7 +18,9 @@ import trio
 
 from ..encoding import DecodeError, pack, unpack
 from ..identity import Identity, account_to_str
-from ..p2p.framing import error_reply, read_msg, write_msg
+from ..p2p.budget import Busy, Reservation, ReplyBudget
+from ..p2p.filesend import reply_deadline
+from ..p2p.framing import MAX_MESSAGE, error_reply, read_msg, write_msg
 from .core.block import Block, InvalidBlock, decode_block
 from .core.chain import check_and_apply
 from .genesis import Genesis
@@ -32,7 +34,9 @@ log = logging.getLogger("tally.ledger")
 SYNC_PROTOCOL = "/tally/sync/1.0.0"
 SUBMIT_PROTOCOL = "/tally/submit/1.0.0"
 MAX_TX_WIRE = 1 << 16  # bytes of one transaction on the wire (gossip, submit)
-SYNC_BATCH = 64
+SYNC_BATCH = 64  # blocks in one sync reply, at most
+SYNC_REPLY_BYTES = 16 << 20  # bytes of blocks in one sync reply, at most (always at least one block)
+REPLY_TIMEOUT = 5.0  # seconds to write a small reply (a submit's answer, an error)
 SYNC_POLL_MAX = 30.0  # seconds: the longest wait before a follower with no new block asks its validators
 
 
@@ -53,6 +57,7 @@ class LedgerService:
         self._listeners: list[Callable[[Block, State], None]] = []
         self._sync_requests, self._sync_requests_recv = trio.open_memory_channel(64)
         self.drop: Callable[[str], bool] | None = None  # test hook: ignore consensus traffic from these peers
+        self.reply_budget = ReplyBudget()  # sync replies' memory, per peer and node-wide (a node shares its own)
         self.driver = None
         if self.is_validator or genesis.params.min_validator_bond:  # a node that may join the set later
             from .driver import ConsensusDriver  # runs the machine too: it votes once it is a member
@@ -168,12 +173,15 @@ class LedgerService:
         """Admitted already, by :meth:`_validate_tx_gossip`."""
 
     async def _submit_handler(self, stream, peer: str) -> None:
+        """``SUBMIT_PROTOCOL``: ``{"tx": wire}`` → ``{"status": "ok", "id": 32 B}`` or ``invalid_tx``; the reply
+        is written within :data:`REPLY_TIMEOUT` seconds (a peer that does not read it is cut)."""
         msg = await read_msg(stream, timeout=10, max_message=MAX_TX_WIRE)
         try:
             tid = self._admit_wire(lambda: decode_tx(msg.get("tx")), peer)
-            await write_msg(stream, {"status": "ok", "id": tid})
+            reply = {"status": "ok", "id": tid}
         except InvalidTx as e:
-            await write_msg(stream, error_reply("invalid_tx", str(e)))
+            reply = error_reply("invalid_tx", str(e))
+        await write_msg(stream, reply, timeout=REPLY_TIMEOUT)
 
     # ---------------------------------------------------------------- blocks
 
@@ -242,27 +250,68 @@ class LedgerService:
             log.warning("bad block from %s: %s", from_peer, e)
 
     async def _sync_handler(self, stream, peer: str) -> None:
+        """``SYNC_PROTOCOL``: ``{"from": height}`` → ``{"status": "ok", "head": int, "blocks": [wire, ...]}``: the
+        blocks from that height on, at most :data:`SYNC_BATCH` of them and :data:`SYNC_REPLY_BYTES` bytes (at least
+        one); or ``bad_request``, ``pruned``, ``busy``.
+
+        Memory: each block's packed size is reserved 3x (it, the packed reply, its frames) from
+        :attr:`reply_budget` right after it is read, before the loop yields: the first with a wait (then read
+        again), the next ones without (the reply stops at the first that does not fit). The reply is written
+        within 10 s + 1 s per MiB (:func:`node.p2p.filesend.reply_deadline`); errors within
+        :data:`REPLY_TIMEOUT`."""
         msg = await read_msg(stream, timeout=10, max_message=1 << 12)
         start = msg.get("from")
-        if not isinstance(start, int) or start < 1:
-            await write_msg(stream, error_reply("bad_request", "from must be a height >= 1"))
+        if not isinstance(start, int) or isinstance(start, bool) or start < 1:
+            await write_msg(stream, error_reply("bad_request", "from must be a height >= 1"), timeout=REPLY_TIMEOUT)
             return
         low = self.store.pruned_below
         if start < low <= self.store.head:
             await write_msg(stream, error_reply(
                 "pruned", f"block bodies below height {low} are not held by this node (pruned, or state-synced); "
-                          f"the lowest block it has is {low}: ask a node that keeps every block, or state-sync"))
+                          f"the lowest block it has is {low}: ask a node that keeps every block, or state-sync"),
+                timeout=REPLY_TIMEOUT)
             return
-        blocks = []
-        for h in range(start, min(self.store.head, start + SYNC_BATCH - 1) + 1):
-            blocks.append(self.store.get_block_raw(h))
-        await write_msg(stream, {"status": "ok", "head": self.store.head, "blocks": blocks})
+        end = min(self.store.head, start + SYNC_BATCH - 1)
+        budget = self.reply_budget
+        first = self.store.get_block_raw(start) if start <= end else None
+        first_size = len(pack(first)) if first is not None else 0
+        del first  # not held while the reservation waits
+        held: list[Reservation] = []
+        try:
+            try:
+                async with budget.reserve(peer, 3 * first_size) as r0:
+                    blocks, size = [], 0
+                    for h in range(start, end + 1):
+                        wire = self.store.get_block_raw(h)
+                        if wire is None:
+                            break
+                        n = len(pack(wire))
+                        if h > start:
+                            if size + n > SYNC_REPLY_BYTES:
+                                break
+                            try:
+                                held.append(budget.try_reserve(peer, 3 * n))
+                            except Busy:
+                                break
+                        elif n > r0.nbytes // 3:  # grew since it was sized (cannot happen to a stored block)
+                            break
+                        blocks.append(wire)
+                        size += n
+                    reply = {"status": "ok", "head": self.store.head, "blocks": blocks}
+                    del blocks
+                    await write_msg(stream, reply, timeout=reply_deadline(size))
+            except Busy as e:
+                await write_msg(stream, error_reply(e.code, e.message), timeout=REPLY_TIMEOUT)
+        finally:
+            for r in held:
+                budget.release(r)
 
     async def sync_from(self, peer: str) -> int:
         """Fetch and apply blocks from ``peer`` until we reach its head. Returns blocks applied."""
         applied = 0
         while True:
-            reply = await self.host.request(peer, SYNC_PROTOCOL, {"from": self.state.height + 1}, timeout=20)
+            reply = await self.host.request(peer, SYNC_PROTOCOL, {"from": self.state.height + 1}, timeout=20,
+                                            max_message=MAX_MESSAGE)
             blocks = reply.get("blocks") or []
             for wire in blocks:
                 if not await self.apply_remote(wire):
