@@ -19,6 +19,7 @@ from .blobs import BlobStore
 from .compute.cheats import FAULTS as CHEATS
 from .compute.head import ClientHead
 from .identity import Identity, KeyFileError, load_or_create, read_secret, write_secret
+from .keys import account_to_str
 from .ledger.genesis import Genesis
 from .ledger.service import LedgerService
 from .ledger.statesync import SnapshotServer, state_sync
@@ -183,6 +184,7 @@ class Node:
                      cfg.prune_bodies, max(self.store.pruned_below, 1))
         self.host = P2PHost(self.ident, cfg.p2p_port, cfg.genesis.chain_id, listen=cfg.listen,
                             announce=cfg.announce, genesis_hash=cfg.genesis.hash, limits=cfg.limits)
+        self.host.reserve(peers=[account_to_str(v) for v in cfg.genesis.validators])  # validators keep their slots
         self.net = NetworkService(self.host, cfg.genesis.hash, cfg.bootstrap, cfg.data_dir, RelayMode(cfg.relay))
         self.ledger = LedgerService(self.store, cfg.genesis, self.ident, self.host,
                                     consensus_fault="equivocate" if cfg.fault == "equivocate" else None)

@@ -11,7 +11,9 @@ peer, and gossip topics carry the genesis hash, so blocks of another genesis nev
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Protocol
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import trio
 
@@ -22,6 +24,8 @@ log = logging.getLogger(__name__)
 HELLO_PROTOCOL = "/tally/hello/1.0.0"
 AGENT = "tally/0.1.0"
 WRONG_GENESIS = 1000.0  # penalty points: far past any disconnect threshold, so the peer is banned at once
+MAX_TRACKED = 4096  # peers whose agent, observed address, refusal or pending handshake is kept (LRU beyond)
+MAX_OBSERVED = 256  # observed addresses kept (the most recent): reachability needs a handful
 REFUSE_S = 600.0  # seconds a peer of another genesis stays banned (its connections closed as they open); then
 # its hello is checked again, so a peer that fixed its genesis file is back within ten minutes
 
@@ -38,8 +42,20 @@ class HelloHost(Protocol):
     def announced(self) -> list[str]: ...
 
 
+def _put(table: OrderedDict, key: str, value: Any, limit: int) -> None:
+    """``table[key] = value`` as the most recent entry; the oldest are dropped beyond ``limit``."""
+    table.pop(key, None)
+    table[key] = value
+    while len(table) > limit:
+        table.popitem(last=False)
+
+
 class Hello:
     """Runs the handshake for one node.
+
+    Per-peer state is bounded whatever the number of identities seen: verified peers are forgotten when their
+    last connection closes (:meth:`forget`), and the agent, observed-address, refusal and pending-handshake tables
+    keep the :data:`MAX_TRACKED` (observed: :data:`MAX_OBSERVED`) most recent peers.
 
     Args:
         chain_id: this node's chain id.
@@ -53,11 +69,12 @@ class Hello:
                  on_verified: Callable[[str, list[str]], None] | None = None):
         self.chain_id, self.genesis_hash, self.host, self.timeout = chain_id, genesis_hash, host, timeout
         self.on_verified = on_verified  # fn(peer, the addresses it announced)
-        self._verified: set[str] = set()
-        self._events: dict[str, trio.Event] = {}
-        self.refused: dict[str, str] = {}  # peer -> its genesis hash (hex), for peers of another genesis
-        self.observed: dict[str, str] = {}  # peer -> how it saw our connection, "/ip4/A/tcp/P"
-        self.agents: dict[str, str] = {}
+        self._verified: OrderedDict[str, None] = OrderedDict()  # bounded like the rest: a peer verified as it
+        # disconnected is never forgotten by forget()
+        self._events: OrderedDict[str, trio.Event] = OrderedDict()
+        self.refused: OrderedDict[str, str] = OrderedDict()  # peer -> its genesis hash (hex), another genesis
+        self.observed: OrderedDict[str, str] = OrderedDict()  # peer -> how it saw our connection, "/ip4/A/tcp/P"
+        self.agents: OrderedDict[str, str] = OrderedDict()
 
     def message(self) -> dict:
         """This node's hello (also its reply, plus ``observed``)."""
@@ -74,37 +91,42 @@ class Hello:
             return True
         if peer in self.refused:
             return False
-        ev = self._events.setdefault(peer, trio.Event())
+        ev = self._event(peer)
         with trio.move_on_after(self.timeout if timeout is None else timeout):
             await ev.wait()
         return peer in self._verified
 
+    def _event(self, peer: str) -> trio.Event:
+        ev = self._events.get(peer)
+        if ev is None:
+            ev = trio.Event()
+            _put(self._events, peer, ev, MAX_TRACKED)  # a dropped event's waiters time out as if unanswered
+        return ev
+
     def forget(self, peer: str) -> None:
         """Drop ``peer``'s verified state (its last connection closed)."""
-        self._verified.discard(peer)
+        self._verified.pop(peer, None)
         self._events.pop(peer, None)
 
     def _check(self, peer: str, msg: dict) -> bool:
         chain, genesis = msg.get("chain_id"), msg.get("genesis")
         agent = msg.get("agent")
         if isinstance(agent, str):
-            self.agents[peer] = agent[:64]
+            _put(self.agents, peer, agent[:64], MAX_TRACKED)
         if chain == self.chain_id and genesis == self.genesis_hash.hex():
-            self._verified.add(peer)
-            self._events.setdefault(peer, trio.Event()).set()
+            _put(self._verified, peer, None, MAX_TRACKED)
+            self._events.pop(peer, trio.Event()).set()  # wakes the waiters; verified peers need no event
             addrs = msg.get("addrs")
             if self.on_verified is not None and isinstance(addrs, list):
                 self.on_verified(peer, [a for a in addrs[:8] if isinstance(a, str) and len(a) < 256])
             return True
         theirs = genesis if isinstance(genesis, str) else repr(genesis)
-        self.refused[peer] = theirs[:64]
-        if len(self.refused) > 4096:
-            self.refused.pop(next(iter(self.refused)))
+        _put(self.refused, peer, theirs[:64], MAX_TRACKED)
         log.warning("refusing peer %s: it runs chain %r with genesis %s, this node runs chain %r with genesis %s",
                     peer, chain if isinstance(chain, str) else "?", theirs[:64], self.chain_id,
                     self.genesis_hash.hex())
         self.host.penalize(peer, WRONG_GENESIS, REFUSE_S)
-        ev = self._events.get(peer)
+        ev = self._events.pop(peer, None)
         if ev is not None:
             ev.set()
         return False
@@ -126,7 +148,7 @@ class Hello:
             return False
         obs = reply.get("observed")
         if isinstance(obs, str) and len(obs) < 128:
-            self.observed[peer] = obs
+            _put(self.observed, peer, obs, MAX_OBSERVED)
         return self._check(peer, reply)
 
     async def handle(self, msg: dict, remote: str, remote_addr: tuple[str, int] | None = None) -> dict:

@@ -9,7 +9,13 @@ and applies these limits instead:
   at most ``streams_per_peer`` open at once per peer, and new ones at most ``stream_rate`` per second per peer
   (a token bucket of ``stream_burst``). A stream over a limit is reset before protocol negotiation.
 * **Connections**: at most ``conns_per_peer`` open per peer (the newest extra one is closed), at most
-  ``conn_rate`` new connections per peer per minute, and ``max_conns`` in all.
+  ``conn_rate`` new connections per peer per minute, and ``max_conns`` in all. Connections this node dialled
+  and connections of reserved peers (validators, bootstrap peers: :attr:`PeerLimiter.reserved`) are not held
+  to ``max_conns``, so a flood of fresh identities cannot stop a validator from reaching the others.
+  Per-address limits, which identities cannot dodge, apply before the handshake (:mod:`node.net.admission`).
+
+Per-peer state is bounded: stream counts and buckets exist only while a peer has streams open, connection
+times are kept for at most :attr:`Limits.max_tracked` peers (least recently connected forgotten first).
 
 Each refusal costs the peer :data:`LIMIT_PENALTY` score points (:mod:`node.p2p.scoring`); a peer that keeps
 pushing is disconnected and banned, so its connections are then closed as soon as they open. Honest nodes open a
@@ -20,9 +26,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict, deque
+from collections import OrderedDict, defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
+
+import trio
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +52,12 @@ class Limits:
     conns_per_peer: int = 4
     conn_rate: int = 60  # new connections per peer per minute
     max_conns: int = 512
+    max_tracked: int = 4096  # peers whose recent connection times are kept (LRU)
+    hello_timeout: float = 30.0  # seconds a connection may stay open without its peer completing the hello
 
     def __post_init__(self) -> None:
         if min(self.streams_per_peer, self.stream_rate, self.stream_burst, self.conns_per_peer, self.conn_rate,
-               self.max_conns) < 1:
+               self.max_conns, self.max_tracked, self.hello_timeout) < 1:
             raise ValueError("every limit must be >= 1")
 
 
@@ -77,8 +88,9 @@ class PeerLimiter:
         self.clock = clock
         self.streams: dict[str, int] = defaultdict(int)
         self._buckets: dict[str, _Bucket] = {}
-        self._conn_times: dict[str, deque] = defaultdict(deque)
+        self._conn_times: OrderedDict[str, deque] = OrderedDict()  # LRU, at most limits.max_tracked
         self.conns: dict[str, int] = defaultdict(int)
+        self.reserved: set[str] = set()  # peers not held to max_conns (validators, bootstrap peers)
         self.refused_streams = 0
         self.refused_conns = 0
 
@@ -112,11 +124,16 @@ class PeerLimiter:
             if b is not None and b.tokens >= self.limits.stream_burst - 1:
                 self._buckets.pop(peer, None)  # bounded memory: idle, full buckets are forgotten
 
-    def conn_opened(self, peer: str) -> str | None:
-        """Account a new connection with ``peer``; returns the reason to close it, or None (then call
-        :meth:`conn_closed` when it closes)."""
+    def conn_opened(self, peer: str, outbound: bool = False) -> str | None:
+        """Account a new connection with ``peer`` (``outbound``: this node dialled it); returns the reason to
+        close it, or None (then call :meth:`conn_closed` when it closes)."""
         lim, now = self.limits, self.clock()
-        times = self._conn_times[peer]
+        times = self._conn_times.pop(peer, None)
+        if times is None:
+            times = deque(maxlen=lim.conn_rate + 1)
+        self._conn_times[peer] = times  # most recently connected last
+        while len(self._conn_times) > lim.max_tracked:
+            self._conn_times.popitem(last=False)
         while times and now - times[0] > 60.0:
             times.popleft()
         times.append(now)
@@ -125,7 +142,7 @@ class PeerLimiter:
             reason = f"{self.conns[peer]} connections open (limit {lim.conns_per_peer} per peer)"
         elif len(times) > lim.conn_rate:
             reason = f"{len(times)} connections in a minute (limit {lim.conn_rate})"
-        elif total >= lim.max_conns:
+        elif total >= lim.max_conns and not outbound and peer not in self.reserved:
             reason = f"{total} connections in all (limit {lim.max_conns})"
         else:
             self.conns[peer] += 1
@@ -140,8 +157,6 @@ class PeerLimiter:
             self.conns[peer] = n
         else:
             self.conns.pop(peer, None)
-            if not self._conn_times.get(peer):
-                self._conn_times.pop(peer, None)
 
 
 def _peer_of(obj: Any) -> str:
@@ -218,6 +233,11 @@ async def _reset(stream: Any) -> None:
         pass
 
 
+def _outbound(conn: Any) -> bool:
+    d = getattr(conn, "direction", None)
+    return str(getattr(d, "name", d)).upper() == "OUTBOUND"
+
+
 ConnHook = Callable[[str, Any], None]
 Spawn = Callable[..., None]
 
@@ -232,13 +252,19 @@ class ConnectionNotifee:
             connection path, so nothing slow may run inline).
         on_connected: ``fn(peer_id, conn)`` for each accepted connection (it must not block: spawn work).
         on_disconnected: ``fn(peer_id, conn)`` when an accepted connection closes.
+        may_stay: ``fn()`` returning the node's ``fn(peer_id) -> bool`` (or None): whether a peer may keep a
+            connection open (it completed the genesis handshake, or the relay serves it). A connection whose peer
+            may not stay :attr:`Limits.hello_timeout` seconds after it opened is closed. None: nothing is closed.
     """
 
     def __init__(self, limiter: PeerLimiter, host: Penalizer, spawn: Spawn, on_connected: ConnHook | None = None,
-                 on_disconnected: ConnHook | None = None):
+                 on_disconnected: ConnHook | None = None,
+                 may_stay: Callable[[], Callable[[str], bool] | None] | None = None):
         self.limiter, self.host, self.spawn = limiter, host, spawn
         self.on_connected, self.on_disconnected = on_connected, on_disconnected
+        self.may_stay = may_stay
         self._accepted: set[int] = set()
+        self.closed_without_hello = 0
 
     async def connected(self, network: Any, conn: Any) -> None:
         peer = _peer_of(conn)
@@ -246,7 +272,7 @@ class ConnectionNotifee:
             why = "banned"
             self.limiter.refused_conns += 1
         else:
-            why = self.limiter.conn_opened(peer)
+            why = self.limiter.conn_opened(peer, outbound=_outbound(conn))
         if why is not None:
             log.debug("closing a connection of %s: %s", peer, why)
             if why != "banned":
@@ -254,8 +280,25 @@ class ConnectionNotifee:
             self.spawn(_close, conn)
             return
         self._accepted.add(id(conn))
+        if self.may_stay is not None and self.may_stay() is not None:
+            self.spawn(self._hello_deadline, peer, conn)
         if self.on_connected is not None:
             self.on_connected(peer, conn)
+
+    async def _hello_deadline(self, peer: str, conn: Any) -> None:
+        """Close ``conn`` if its peer has not completed the hello :attr:`Limits.hello_timeout` s after it opened
+        (checked again at that interval while it stays open: a relay reservation may end)."""
+        while True:
+            await trio.sleep(self.limiter.limits.hello_timeout)
+            if id(conn) not in self._accepted:
+                return
+            check = self.may_stay() if self.may_stay is not None else None
+            if check is None or check(peer):
+                continue
+            self.closed_without_hello += 1
+            log.debug("closing a connection of %s: no hello within %.0f s", peer, self.limiter.limits.hello_timeout)
+            await _close(conn)
+            return
 
     async def disconnected(self, network: Any, conn: Any) -> None:
         if id(conn) not in self._accepted:

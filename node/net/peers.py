@@ -75,25 +75,32 @@ class PeerBook:
 
     def add(self, peer: str, addrs: list[str], now: float, bootstrap: bool = False) -> bool:
         """Learn (or refresh) ``peer`` at ``addrs`` (newest first, deduplicated). Returns True if it is new."""
-        e = self.peers.get(peer)
-        new = e is None
-        if new:
-            e = self.peers[peer] = PeerEntry()
+        new = peer not in self.peers
+        e = self._entry(peer)
         e.addrs = list(dict.fromkeys([*addrs, *e.addrs]))[:MAX_ADDRS]
         e.bootstrap = e.bootstrap or bootstrap
         e.last_seen = max(e.last_seen, now)
-        if len(self.peers) > MAX_PEERS:
-            self._evict(now)
         return new
 
-    def _evict(self, now: float) -> None:
-        victims = sorted((e.last_seen, p) for p, e in self.peers.items() if not e.bootstrap)
+    def _evict(self, now: float, keep: str | None = None) -> None:
+        victims = sorted((e.last_seen, p) for p, e in self.peers.items() if not e.bootstrap and p != keep)
         for _, p in victims[:len(self.peers) - MAX_PEERS]:
             del self.peers[p]
 
     def refuse(self, peer: str) -> None:
-        """Never dial ``peer`` again (another chain or genesis)."""
-        self.peers.setdefault(peer, PeerEntry()).refused = True
+        """Never dial ``peer`` again (another chain or genesis), as long as the book remembers it (the book is
+        bounded: :data:`MAX_PEERS`; a forgotten peer is refused again by its hello)."""
+        self._entry(peer).refused = True
+
+    def _entry(self, peer: str) -> PeerEntry:
+        """``peer``'s entry, created if new; the least recently seen non-bootstrap entries are evicted beyond
+        :data:`MAX_PEERS` (never the one returned)."""
+        e = self.peers.get(peer)
+        if e is None:
+            e = self.peers[peer] = PeerEntry()
+            if len(self.peers) > MAX_PEERS:
+                self._evict(0.0, keep=peer)
+        return e
 
     def connected(self, peer: str, now: float) -> None:
         """A connection to ``peer`` exists: reset its backoff."""
@@ -103,7 +110,7 @@ class PeerBook:
 
     def failed(self, peer: str, now: float) -> float:
         """A dial to ``peer`` failed; returns the seconds until the next try."""
-        e = self.peers.setdefault(peer, PeerEntry())
+        e = self._entry(peer)
         e.fails += 1
         delay = min(MAX_BACKOFF, 2.0 ** min(e.fails - 1, 16)) * _jitter(peer)
         e.next_try = now + delay

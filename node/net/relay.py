@@ -6,6 +6,10 @@
   circuits, bytes and seconds per circuit) and :class:`GuardedRelayProtocol`'s rules: a reservation is only ever
   for the stream's authenticated remote peer (one per peer), at most :data:`MAX_RESERVATIONS_PER_IP` per remote
   IP, and a reservation ends with its holder's connection.
+* **Full circuits for members only** (issue 23, finding 7): a circuit gets :data:`RELAY_LIMITS` (1 GiB, 1 hour)
+  only when both its ends completed this genesis' hello with the relay (``member``); any other circuit gets
+  circuit relay v2's defaults, :data:`OPEN_LIMITS` (2 minutes, 128 KiB: enough for DCUtR's hole punch, not for
+  traffic), and non-members hold at most :data:`OPEN_RESERVATIONS` reservations in all.
 * A node that is not publicly reachable (:class:`~node.net.reachability.Reachability` PRIVATE) reserves a slot on
   a connected relay and announces ``<relay addr>/p2p/<relay>/p2p-circuit``; the reservation is refreshed by the
   transport and re-made on another relay when the first one goes away.
@@ -15,7 +19,9 @@
 
 from __future__ import annotations
 
+import contextvars
 import logging
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -41,6 +47,19 @@ RELAY_LIMITS = RelayLimits(duration=3600, data=1 << 30, max_circuit_conns=32, ma
 # reservations held at once by peers connected from one IP address (one machine, or one NAT): a host minting peer
 # IDs cannot take more than this many of the RELAY_LIMITS.max_reservations slots
 MAX_RESERVATIONS_PER_IP = 4
+# circuits with an end that is not a member of this genesis: the circuit relay v2 defaults (specs/relay/circuit-v2.md,
+# go-libp2p p2p/protocol/circuitv2/relay DefaultResources: Limit{Duration: 2 min, Data: 128 KiB})
+OPEN_LIMITS = RelayLimits(duration=120, data=128 << 10, max_circuit_conns=RELAY_LIMITS.max_circuit_conns,
+                          max_reservations=RELAY_LIMITS.max_reservations)
+OPEN_RESERVATIONS = 4  # reservations held by non-members at once, of RELAY_LIMITS.max_reservations
+MEMBER_WAIT = 5.0  # seconds a relay request waits for its peer's hello to complete before judging it a non-member
+
+Member = Callable[[str], Awaitable[bool]]  # peer ID -> completed this genesis' hello (may wait briefly)
+
+# the limits of the circuit handled in the current task: py-libp2p reads ``self.limits`` several times per circuit,
+# across awaits, so a per-task value (a context variable) rather than a swapped attribute
+_CIRCUIT_LIMITS: contextvars.ContextVar[RelayLimits | None] = contextvars.ContextVar("tally_circuit_limits",
+                                                                                      default=None)
 
 
 class GuardedRelayProtocol(CircuitV2Protocol):
@@ -55,25 +74,78 @@ class GuardedRelayProtocol(CircuitV2Protocol):
       keyed by peer ID, so each peer holds at most one (a second RESERVE refreshes it);
     * at most ``per_ip`` reservations are held by peers connected from one IP address (RESOURCE_LIMIT_EXCEEDED);
     * before each decision, reservations of peers no longer connected are dropped (circuit relay v2 spec: a
-      reservation is valid only while its holder stays connected to the relay).
+      reservation is valid only while its holder stays connected to the relay);
+    * with ``member`` given, a circuit gets ``limits`` only when both ends are members, :data:`OPEN_LIMITS`
+      otherwise, and non-members hold at most ``open_reservations`` reservations.
 
     Args:
         host: the py-libp2p ``IHost``.
         limits: ``RelayLimits`` (slots in all, bytes and seconds per circuit).
         allow_hop: relay for others (registers the HOP protocol).
         per_ip: reservations per remote IP address, >= 1.
+        member: ``await member(peer_id)``: whether the peer completed this genesis' hello (None: everyone is
+            treated as a member, the behaviour before issue 23).
+        open_limits: a non-member circuit's limits.
+        open_reservations: reservations non-members may hold at once, >= 0.
 
     Raises:
-        ValueError: ``per_ip`` < 1.
+        ValueError: ``per_ip`` < 1 or ``open_reservations`` < 0.
     """
 
-    def __init__(self, host: Any, limits: RelayLimits, allow_hop: bool, per_ip: int = MAX_RESERVATIONS_PER_IP):
+    def __init__(self, host: Any, limits: RelayLimits, allow_hop: bool, per_ip: int = MAX_RESERVATIONS_PER_IP,
+                 member: Member | None = None, open_limits: RelayLimits = OPEN_LIMITS,
+                 open_reservations: int = OPEN_RESERVATIONS):
         if per_ip < 1:
             raise ValueError(f"per_ip must be >= 1, got {per_ip}")
+        if open_reservations < 0:
+            raise ValueError(f"open_reservations must be >= 0, got {open_reservations}")
         super().__init__(host, limits=limits, allow_hop=allow_hop)
         self.per_ip = per_ip
+        self.member, self.open_limits, self.open_reservations = member, open_limits, open_reservations
+        self._members_of: dict[ID, bool] = {}  # reservation holder -> was a member when it reserved
+        self.circuits = {"member": 0, "open": 0}  # circuits started, by kind
         self.refused_reservations = 0  # RESERVE requests answered with a refusal by the rules above
         self._ip_of: dict[ID, str | None] = {}  # reservation holder -> the IP it reserved from
+
+    @property
+    def limits(self) -> RelayLimits:  # type: ignore[override]
+        """The limits py-libp2p applies: the current circuit's (set in :meth:`_handle_connect`), else the
+        members' limits (reservations, and the relay resource manager's counts)."""
+        return _CIRCUIT_LIMITS.get() or self._member_limits
+
+    @limits.setter
+    def limits(self, value: RelayLimits) -> None:
+        self._member_limits = value
+
+    async def _is_member(self, peer: ID) -> bool:
+        if self.member is None:
+            return True
+        try:
+            return bool(await self.member(peer.to_base58()))
+        except Exception:  # noqa: BLE001 - whatever went wrong, the peer is not shown to be a member
+            return False
+
+    async def _handle_connect(self, stream: Any, msg: HopMessage) -> None:
+        src = stream.muxed_conn.peer_id
+        try:
+            dst = ID(bytes(msg.peer.id))
+        except Exception:  # noqa: BLE001 - a malformed peer ID: py-libp2p's handler refuses it
+            dst = None
+        full = dst is not None and await self._is_member(src) and await self._is_member(dst)
+        self.circuits["member" if full else "open"] += 1
+        token = _CIRCUIT_LIMITS.set(self._member_limits if full else self.open_limits)
+        try:
+            await super()._handle_connect(stream, msg)
+        finally:
+            _CIRCUIT_LIMITS.reset(token)
+
+    def serves(self, peer: str) -> bool:
+        """Whether ``peer`` holds a live reservation here or has a circuit through this relay."""
+        try:
+            pid = ID.from_base58(peer)
+        except Exception:  # noqa: BLE001 - not a peer ID
+            return False
+        return self.resource_manager.get_reservation(pid) is not None or pid in self._active_relays
 
     def reservations(self) -> dict[str, str | None]:
         """Live reservations: holder peer ID -> the remote IP it reserved from (connected holders only)."""
@@ -90,6 +162,9 @@ class GuardedRelayProtocol(CircuitV2Protocol):
         for pid in list(self._ip_of):
             if pid not in rm._reservations:
                 del self._ip_of[pid]
+        for pid in list(self._members_of):
+            if pid not in rm._reservations:
+                del self._members_of[pid]
 
     async def _refuse(self, stream: Any, code: StatusCode, why: str) -> None:
         self.refused_reservations += 1
@@ -113,13 +188,22 @@ class GuardedRelayProtocol(CircuitV2Protocol):
                 await self._refuse(stream, StatusCode.RESOURCE_LIMIT_EXCEEDED,
                                    f"{held} reservations already held from {ip} (limit {self.per_ip})")
                 return
+        member = await self._is_member(remote)
+        if not member and self.resource_manager.get_reservation(remote) is None:
+            held = sum(1 for p, m in self._members_of.items() if not m and p != remote)
+            if held >= self.open_reservations:
+                await self._refuse(stream, StatusCode.RESOURCE_LIMIT_EXCEEDED,
+                                   f"{held} reservations already held by non-members (limit {self.open_reservations})")
+                return
         msg.ClearField("peer")  # the stock handler then reserves for the stream's remote peer
         self._ip_of[remote] = ip  # before: the stock handler lingers 0.1 s after its reply
+        self._members_of[remote] = member
         try:
             await super()._handle_reserve(stream, msg)
         finally:
             if remote not in self.resource_manager._reservations:
                 self._ip_of.pop(remote, None)
+                self._members_of.pop(remote, None)
 
 
 def _remote_ip(stream: Any) -> str | None:
@@ -138,11 +222,14 @@ class Relay:
         hop: relay for others (public nodes).
         dcutr: run hole punching.
         per_ip: reservations this relay grants to peers of one remote IP (:class:`GuardedRelayProtocol`).
+        member: ``await member(peer_id)``: the peer completed this genesis' hello (full circuits); None: all are.
     """
 
-    def __init__(self, host: Any, hop: bool, dcutr: bool = True, per_ip: int = MAX_RESERVATIONS_PER_IP):
+    def __init__(self, host: Any, hop: bool, dcutr: bool = True, per_ip: int = MAX_RESERVATIONS_PER_IP,
+                 member: Member | None = None):
         self.host, self.hop, self.dcutr = host, hop, dcutr
-        self.protocol = GuardedRelayProtocol(host, limits=RELAY_LIMITS, allow_hop=hop, per_ip=per_ip)
+        self.protocol = GuardedRelayProtocol(host, limits=RELAY_LIMITS, allow_hop=hop, per_ip=per_ip,
+                                             member=member)
         self.transport = self.dialer = None
         self.reserved_on: str | None = None  # relay peer ID holding our reservation
         self.circuit_addrs: list[str] = []  # what we announce while reserved
@@ -161,6 +248,10 @@ class Relay:
             self.dialer = CircuitV2Transport(self.host, self.protocol, RelayConfig(roles=RelayRole.STOP))
             task_status.started()
             await trio.sleep_forever()
+
+    def serves(self, peer: str) -> bool:
+        """Whether this relay holds a reservation for ``peer`` or carries a circuit of it."""
+        return self.hop and self.protocol.serves(peer)
 
     def relays(self) -> list[str]:
         """Connected peers that offer the relay HOP protocol (identify has run)."""

@@ -29,7 +29,7 @@ from .addrs import Scope, scope, strip_peer, usable_from
 from .hello import HELLO_PROTOCOL, Hello
 from .peers import PeerBook
 from .reachability import DIALBACK_PROTOCOL, DialBackServer, Reachability, dial_fresh, probe
-from .relay import Relay
+from .relay import MEMBER_WAIT, Relay
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,9 @@ class NetworkService:
         for a in self.bootstrap:
             peer, addr = a.rsplit("/p2p/", 1)[1], strip_peer(a)
             self.book.add(peer, [addr], now, bootstrap=True)
+            ip = addr.split("/")[2] if addr.split("/")[1] in ("ip4", "ip6") else None
+            host.reserve(peers=[peer], ips=[ip] if ip else [])  # slots kept for bootstrap peers
+        host.is_member = self._may_stay  # connections of peers that never say hello are closed
         host.gate = self._gate
         host.open_gate.add(HELLO_PROTOCOL)
         host.set_handler(HELLO_PROTOCOL, self._handle_hello)
@@ -96,6 +99,10 @@ class NetworkService:
         host.on_disconnected.append(self._on_disconnected)
         host.circuit_dialer = self._dial_circuit
         host.dial_hint = self._dial_known
+
+    def _may_stay(self, peer: str) -> bool:
+        """Whether ``peer`` may keep its connections: it completed the hello, or the relay serves it."""
+        return self.hello.verified(peer) or (self.relay is not None and self.relay.serves(peer))
 
     # ------------------------------------------------------------------ handlers
 
@@ -324,7 +331,8 @@ class NetworkService:
                 "relaying": bool(self.relay and self.relay.hop),
                 "peers_known": len(self.book.peers), "peers_connected": len(self.host.connected_peers()),
                 "refused_streams": self.host.limiter.refused_streams,
-                "refused_connections": self.host.limiter.refused_conns}
+                "refused_connections": self.host.limiter.refused_conns,
+                **self.host.admission.stats()}
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled (inside ``host.running()``)."""
@@ -336,7 +344,8 @@ class NetworkService:
                                                           for a in self.host.bound_addrs()))
         loopback_only = all(scope(a) is Scope.LOOPBACK for a in self.host.bound_addrs())
         # a node bound to loopback alone needs no relay and no hole punching: every peer is on this machine
-        self.relay = None if loopback_only else Relay(lib, hop=bool(hop), dcutr=self.dcutr)
+        self.relay = None if loopback_only else Relay(lib, hop=bool(hop), dcutr=self.dcutr,
+                                                      member=lambda p: self.hello.wait_verified(p, MEMBER_WAIT))
         try:
             async with trio.open_nursery() as n:
                 if self.relay is not None:

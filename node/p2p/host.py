@@ -27,12 +27,15 @@ import logging
 import math
 import time
 from contextlib import asynccontextmanager
+from collections.abc import Iterable
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import trio
 
 from ..encoding import MAX_MESSAGE
 from ..net.addrs import Scope, announceable, parse_addr, scope
+from ..net.admission import Admission, AdmissionLimits
+from ..net.admission import install as install_admission
 from ..net.limits import ConnectionNotifee, Limits, PeerLimiter, StreamGate
 from .framing import (FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, error_reply,
                       read_msg, write_msg)
@@ -80,6 +83,8 @@ class P2PHost(GossipMethods):
         genesis_hash: the chain's genesis hash; gossip topics carry its first 8 bytes, so nodes of another
             genesis never share a topic (the connection-time check is :mod:`node.net.hello`).
         limits: per-peer connection and stream limits (:class:`node.net.limits.Limits`).
+        admission: limits on raw inbound connections per IP and subnet, before any handshake
+            (:class:`node.net.admission.AdmissionLimits`).
         heartbeat_interval: gossipsub heartbeat in seconds (mesh maintenance, gossip).
         degree, degree_low, degree_high: gossipsub mesh degree D, D_lo, D_hi.
         scores: per-peer misbehaviour scores (default: :class:`~node.p2p.scoring.PeerScores` defaults).
@@ -93,7 +98,8 @@ class P2PHost(GossipMethods):
                  listen_host: str = "127.0.0.1", heartbeat_interval: float = 0.5,
                  degree: int = 6, degree_low: int = 4, degree_high: int = 12, scores: PeerScores | None = None,
                  listen: list[str] | None = None, announce: list[str] | None = None,
-                 genesis_hash: bytes | None = None, limits: Limits | None = None):
+                 genesis_hash: bytes | None = None, limits: Limits | None = None,
+                 admission: AdmissionLimits | None = None):
         if not chain_id:
             raise ValueError("chain_id is required")
         self.identity = identity
@@ -108,6 +114,10 @@ class P2PHost(GossipMethods):
         self.confirmed_addrs: list[str] = []  # reached by a peer's dial-back (node.net.reachability)
         self.relay_addrs: list[str] = []  # .../p2p/<relay>/p2p-circuit while holding a reservation
         self.limiter = PeerLimiter(limits)
+        self.admission = Admission(admission)
+        # set by node.net.service: whether a peer completed the genesis handshake; a connection whose peer has
+        # not within Limits.hello_timeout seconds is closed (None: no handshake runs, nothing is closed)
+        self.is_member: Callable[[str], bool] | None = None
         self.gate: Callable[[str, str], Awaitable[bool]] | None = None  # (peer, protocol) -> serve it?
         self.open_gate: set[str] = set()  # protocols served before the gate (the handshake itself)
         self.on_connected: list[Callable[[str, Any], None]] = []
@@ -178,6 +188,9 @@ class P2PHost(GossipMethods):
         # py-libp2p's resource manager caps streams node-wide and leaks slots on refusals (node.net.limits):
         # Tally's per-peer limits replace it
         host.get_network().set_resource_manager(None)
+        # py-libp2p's accept path holds an inbound slot per connection until the swarm stops, and caps nothing
+        # per address: Tally's admission replaces it (node.net.admission)
+        install_admission(host.get_network(), self.admission)
         StreamGate(self.limiter, self).install(host.get_network())
         gossipsub = make_router(**self._gossip_params)
         pubsub = Pubsub(host, gossipsub)
@@ -224,7 +237,8 @@ class P2PHost(GossipMethods):
                         host.get_network().register_notifee(ConnectionNotifee(
                             self.limiter, self, nursery.start_soon,
                             lambda p, c: [f(p, c) for f in self.on_connected],
-                            lambda p, c: [f(p, c) for f in self.on_disconnected]))
+                            lambda p, c: [f(p, c) for f in self.on_disconnected],
+                            may_stay=lambda: self.is_member))
                         log.info("p2p host %s listening on %s", self._peer_id, self.addrs)
                         try:
                             yield
@@ -329,6 +343,17 @@ class P2PHost(GossipMethods):
         if strs != self._factory[0]:
             self._factory = (strs, [make(a) for a in strs])
         return list(self._factory[1])
+
+    def reserve(self, peers: Iterable[str] = (), ips: Iterable[str] = ()) -> None:
+        """Keep connection slots for ``peers`` (peer ID strings: validators, bootstrap peers) and for connections
+        from ``ips`` (their addresses): reserved peers are not held to ``Limits.max_conns`` and reserved IPs get
+        the admission's reserved slots (:mod:`node.net.admission`); once a reserved peer has connected, its IP
+        is reserved too. Callable before or while running."""
+        for p in peers:
+            self.limiter.reserved.add(p)
+            self.admission.reserved_peers.add(p)
+        for ip in ips:
+            self.admission.reserve_ip(ip)
 
     def banned(self, peer_id: str) -> bool:
         """Whether ``peer_id`` is banned now (its streams and connections are refused)."""

@@ -1,0 +1,335 @@
+"""Admission of raw inbound TCP connections, before any handshake (issue 23, "Limits before the handshake").
+
+What py-libp2p 0.8.1 does on its own (``libp2p/network/swarm.py``):
+
+* every accepted socket takes one of ``max_connections - min_connections`` = 300 - 50 = **250** inbound slots
+  (``Swarm._inbound_limiter``, :349-353, taken at :1982) before a byte is read, whoever sent it;
+* the Noise + Yamux upgrade may take ``inbound_upgrade_timeout`` = **10 s** (``network/config.py:26``, applied at
+  :2134-2161): 250 idle sockets from one process, no key and no byte sent, lock everyone else out for 10 s at a
+  time (finding 2);
+* once upgraded, the accept handler keeps its slot in ``await self.manager.wait_finished()`` (:2059-2060), i.e.
+  until the **swarm** stops, not until the connection closes. Each upgraded inbound connection in a node's life
+  costs one of the 250 slots for good: a banned peer reconnecting ~250 times (or honest churn over days) leaves
+  a node that no new peer can reach, while Tally's own limits (which count live connections) see nothing
+  (finding 6; reproduced by ``tests/net/test_admission.py``).
+
+:func:`install` replaces ``Swarm._handle_inbound_connection`` on one swarm with Tally's handler, which
+
+1. asks :class:`Admission` whether the remote IP may open one more connection, counting per IP address, per
+   subnet (/24 for IPv4, /56 for IPv6), pending (accepted, not yet upgraded) and open (pending + upgraded), a
+   token-bucket accept rate per IP, and totals of which :attr:`AdmissionLimits.reserved` slots are kept for
+   reserved addresses (bootstrap peers', validators', peers vouched for by the node: :meth:`Admission.reserve_ip`);
+   a refused socket is closed at once, before it costs a handshake;
+2. upgrades with ``inbound_upgrade_timeout`` = :attr:`AdmissionLimits.upgrade_timeout` (a few seconds);
+3. holds the connection's counts exactly while it is open: they are given back when its muxer shuts down.
+
+Everything here is keyed by IP address or subnet, never by peer ID (identities cost nothing to mint), and every
+table is bounded (:attr:`AdmissionLimits.max_tracked`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import ipaddress
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+log = logging.getLogger(__name__)
+
+
+class Refusal(enum.Enum):
+    """Why a raw inbound connection was closed before its handshake."""
+
+    RATE_IP = "accept_rate_per_ip"
+    PENDING_IP = "pending_per_ip"
+    PENDING_SUBNET = "pending_per_subnet"
+    PENDING_TOTAL = "pending_total"
+    OPEN_IP = "open_per_ip"
+    OPEN_SUBNET = "open_per_subnet"
+    OPEN_TOTAL = "open_total"
+    NO_ADDRESS = "no_address"
+    UPGRADE_FAILED = "upgrade_failed"  # counted after the fact: timeout, bad Noise, no common muxer
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    """Limits on inbound connections by remote address (counts; seconds; accepts per second).
+
+    ``open`` counts a connection from its accept until it closes (pending and upgraded alike), ``pending`` until
+    its upgrade ends. The ``reserved`` slots of ``open_total`` and ``pending_total`` are only for reserved IPs,
+    which also skip the per-IP, per-subnet and rate limits.
+
+    Raises:
+        ValueError: a limit below 1 (``reserved`` below 0 or not below both totals), or a non-positive timeout.
+    """
+
+    open_per_ip: int = 64
+    open_per_subnet: int = 256
+    open_total: int = 768
+    pending_per_ip: int = 8
+    pending_per_subnet: int = 32
+    pending_total: int = 128
+    reserved: int = 32
+    accept_rate: float = 20.0  # new connections per second per IP, sustained
+    accept_burst: int = 64
+    upgrade_timeout: float = 4.0  # seconds for Noise + Yamux negotiation of one inbound connection
+    max_tracked: int = 4096  # IPs and subnets whose state is kept (LRU beyond)
+
+    def __post_init__(self) -> None:
+        if min(self.open_per_ip, self.open_per_subnet, self.open_total, self.pending_per_ip,
+               self.pending_per_subnet, self.pending_total, self.accept_burst, self.max_tracked) < 1:
+            raise ValueError("every admission limit must be >= 1")
+        if not 0 <= self.reserved < min(self.open_total, self.pending_total):
+            raise ValueError("reserved must be >= 0 and below open_total and pending_total")
+        if self.accept_rate <= 0 or self.upgrade_timeout <= 0:
+            raise ValueError("accept_rate and upgrade_timeout must be > 0")
+
+
+def subnet_of(ip: str) -> str:
+    """The subnet ``ip`` is counted in: ``a.b.c.0/24`` for IPv4 (an IPv4-mapped IPv6 address counts as its
+    IPv4 address), ``/56`` for IPv6; an unparsable string is its own subnet."""
+    try:
+        a = ipaddress.ip_address(ip.split("%", 1)[0])
+    except ValueError:
+        return ip
+    if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped is not None:
+        a = a.ipv4_mapped
+    bits = 24 if a.version == 4 else 56
+    return str(ipaddress.ip_network(f"{a}/{bits}", strict=False))
+
+
+def normal_ip(ip: str) -> str:
+    """``ip`` in canonical form (IPv4-mapped IPv6 as IPv4); unparsable strings unchanged."""
+    try:
+        a = ipaddress.ip_address(ip.split("%", 1)[0])
+    except ValueError:
+        return ip
+    if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped is not None:
+        a = a.ipv4_mapped
+    return str(a)
+
+
+class _Counter:
+    """Counts per key; a key at zero is removed, so the table only holds keys with something open."""
+
+    def __init__(self) -> None:
+        self.n: dict[str, int] = {}
+
+    def get(self, key: str) -> int:
+        return self.n.get(key, 0)
+
+    def add(self, key: str, d: int) -> None:
+        v = self.n.get(key, 0) + d
+        if v > 0:
+            self.n[key] = v
+        else:
+            self.n.pop(key, None)
+
+
+class Ticket:
+    """One admitted inbound connection's share of the counts. :meth:`upgraded` once Noise + Yamux are done,
+    :meth:`close` when the connection has closed (idempotent; also after a failed upgrade)."""
+
+    __slots__ = ("adm", "ip", "open", "peer", "pending", "subnet")
+
+    def __init__(self, adm: Admission, ip: str, subnet: str):
+        self.adm, self.ip, self.subnet = adm, ip, subnet
+        self.pending = self.open = True
+        self.peer: str | None = None
+
+    def upgraded(self, peer: str) -> None:
+        """The handshake is done: the connection is no longer pending; ``peer`` is its authenticated ID."""
+        self.peer = peer
+        if self.pending:
+            self.pending = False
+            self.adm._unpend(self)
+        if peer in self.adm.reserved_peers:
+            self.adm.reserve_ip(self.ip)  # a validator's or bootstrap peer's next connection is reserved too
+
+    def close(self) -> None:
+        """Give every count back (the connection closed, or its upgrade failed)."""
+        if self.pending:
+            self.pending = False
+            self.adm._unpend(self)
+        if self.open:
+            self.open = False
+            self.adm._unopen(self)
+
+
+class Admission:
+    """Decides which raw inbound connections to accept (pure apart from the clock).
+
+    Args:
+        limits: :class:`AdmissionLimits`.
+        clock: monotonic seconds.
+    """
+
+    def __init__(self, limits: AdmissionLimits | None = None, clock: Callable[[], float] = time.monotonic):
+        self.limits = limits or AdmissionLimits()
+        self.clock = clock
+        self.pending_ip, self.pending_sub, self.open_ip, self.open_sub = _Counter(), _Counter(), _Counter(), _Counter()
+        self.pending = 0
+        self.open = 0
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # ip -> (tokens, at)
+        self.reserved_ips: OrderedDict[str, None] = OrderedDict()  # LRU, at most max_tracked
+        self.reserved_peers: set[str] = set()  # set by the node (validators, bootstrap peers): bounded by config
+        self.refused: dict[str, int] = {r.value: 0 for r in Refusal}
+        self.accepted = 0
+
+    def reserve_ip(self, ip: str) -> None:
+        """Treat connections from ``ip`` as reserved (bootstrap peers, validators, peers that did useful work).
+        The table keeps the :attr:`AdmissionLimits.max_tracked` most recently reserved."""
+        ip = normal_ip(ip)
+        self.reserved_ips[ip] = None
+        self.reserved_ips.move_to_end(ip)
+        while len(self.reserved_ips) > self.limits.max_tracked:
+            self.reserved_ips.popitem(last=False)
+
+    def _rate_ok(self, ip: str) -> bool:
+        lim, now = self.limits, self.clock()
+        tokens, at = self._buckets.pop(ip, (float(lim.accept_burst), now))
+        tokens = min(float(lim.accept_burst), tokens + (now - at) * lim.accept_rate)
+        ok = tokens >= 1.0
+        self._buckets[ip] = (tokens - 1.0 if ok else tokens, now)  # most recently used last
+        while len(self._buckets) > lim.max_tracked:
+            self._buckets.popitem(last=False)  # a forgotten IP starts again with a full bucket: bounded harm
+        return ok
+
+    def check(self, ip: str) -> Refusal | None:
+        """The reason ``ip`` may not open one more connection now, or None (no state changes but the rate)."""
+        lim = self.limits
+        sub = subnet_of(ip)
+        reserved = ip in self.reserved_ips
+        hold = 0 if reserved else lim.reserved
+        if not reserved:
+            if self.open_ip.get(ip) >= lim.open_per_ip:
+                return Refusal.OPEN_IP
+            if self.open_sub.get(sub) >= lim.open_per_subnet:
+                return Refusal.OPEN_SUBNET
+            if self.pending_ip.get(ip) >= lim.pending_per_ip:
+                return Refusal.PENDING_IP
+            if self.pending_sub.get(sub) >= lim.pending_per_subnet:
+                return Refusal.PENDING_SUBNET
+        if self.open >= lim.open_total - hold:
+            return Refusal.OPEN_TOTAL
+        if self.pending >= lim.pending_total - hold:
+            return Refusal.PENDING_TOTAL
+        if not reserved and not self._rate_ok(ip):
+            return Refusal.RATE_IP
+        return None
+
+    def accept(self, ip: str | None) -> Ticket | None:
+        """Admit a raw connection from ``ip`` (None: the address is unknown, refused). Returns its
+        :class:`Ticket`, or None when refused (counted in :attr:`refused` by reason)."""
+        if not ip:
+            self.refused[Refusal.NO_ADDRESS.value] += 1
+            return None
+        ip = normal_ip(ip)
+        why = self.check(ip)
+        if why is not None:
+            self.refused[why.value] += 1
+            return None
+        sub = subnet_of(ip)
+        self.pending_ip.add(ip, 1)
+        self.pending_sub.add(sub, 1)
+        self.open_ip.add(ip, 1)
+        self.open_sub.add(sub, 1)
+        self.pending += 1
+        self.open += 1
+        self.accepted += 1
+        return Ticket(self, ip, sub)
+
+    def _unpend(self, t: Ticket) -> None:
+        self.pending_ip.add(t.ip, -1)
+        self.pending_sub.add(t.subnet, -1)
+        self.pending -= 1
+
+    def _unopen(self, t: Ticket) -> None:
+        self.open_ip.add(t.ip, -1)
+        self.open_sub.add(t.subnet, -1)
+        self.open -= 1
+
+    def stats(self) -> dict:
+        """Counters for ``/v1/status``: open and pending inbound connections, accepted, refused by reason."""
+        return {"inbound_open": self.open, "inbound_pending": self.pending, "inbound_accepted": self.accepted,
+                "refused_before_handshake": {k: v for k, v in self.refused.items() if v}}
+
+
+def _remote_ip(rwc: Any) -> str | None:
+    try:
+        a = rwc.get_remote_address()
+        return str(a[0]) if a else None
+    except Exception:  # noqa: BLE001 - a socket already gone has no address: refused as such
+        return None
+
+
+async def _aclose(obj: Any) -> None:
+    with trio.CancelScope(shield=True), trio.move_on_after(2.0), contextlib.suppress(Exception):
+        await obj.close()
+
+
+async def _wait_closed(muxed: Any) -> None:
+    """Return once ``muxed`` (a py-libp2p muxed connection) has shut down."""
+    ev = getattr(muxed, "event_shutting_down", None)
+    if ev is None:
+        ev = getattr(muxed, "event_closed", None)
+    if ev is not None:
+        await ev.wait()
+        return
+    while not getattr(muxed, "is_closed", True):  # another muxer: poll
+        await trio.sleep(1.0)
+
+
+def install(network: Any, admission: Admission, outbound_headroom: int = 256) -> None:
+    """Put :class:`Admission` in front of a py-libp2p 0.8.1 ``Swarm``'s inbound path (see the module doc).
+
+    Also sets the swarm's ``inbound_upgrade_timeout`` to :attr:`AdmissionLimits.upgrade_timeout`, and its total
+    ``max_connections`` (and pruning high watermark) to ``open_total + outbound_headroom``, so py-libp2p's own
+    300-connection cap, outbound included, no longer lets an inbound flood stop the node from dialling its peers.
+    Idempotent per swarm.
+    """
+    if getattr(network, "_tally_admission", None) is not None:
+        network._tally_admission = admission
+        return
+    from libp2p.network.connection.raw_connection import RawConnection
+
+    cfg = network.connection_config
+    cfg.inbound_upgrade_timeout = admission.limits.upgrade_timeout
+    total = admission.limits.open_total + outbound_headroom
+    cfg.max_connections = max(cfg.max_connections, total)
+    cfg.high_watermark = max(cfg.high_watermark, total)
+    network._tally_admission = admission
+
+    async def handle_inbound(read_write_closer: Any, maddr: Any) -> None:
+        adm: Admission = network._tally_admission
+        ticket = adm.accept(_remote_ip(read_write_closer))
+        if ticket is None:
+            await _aclose(read_write_closer)
+            return
+        raw = None
+        try:
+            raw = RawConnection(read_write_closer, False)
+            try:
+                muxed = await network.upgrade_inbound_raw_conn(raw, maddr)
+            except Exception as e:  # noqa: BLE001 - timeout, Noise, muxer: py-libp2p closed what it opened
+                adm.refused[Refusal.UPGRADE_FAILED.value] += 1
+                log.debug("inbound upgrade from %s failed: %s: %s", ticket.ip, type(e).__name__, e)
+                return
+            ticket.upgraded(str(muxed.peer_id))
+            await _wait_closed(muxed)
+            await _aclose(muxed)
+        finally:
+            ticket.close()
+            if raw is not None:
+                await _aclose(raw)
+            else:
+                await _aclose(read_write_closer)
+
+    network._handle_inbound_connection = handle_inbound
