@@ -48,11 +48,9 @@ and takes the offer only if its header is the one the light client reached.
 
 from __future__ import annotations
 
-import enum
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
@@ -66,98 +64,15 @@ from .core.state import State
 from .core.valset import ValidatorSet
 from .proofs import LightClient, light_block, parse_light_block
 from .snapstore import KEEP, ChunkSpool, DiskChunks, SnapshotDir
+from .syncfetch import (BAD_CHUNK, BAD_OFFER, LYING, SLOW, SNAPSHOT_PROTOCOL, Offer, Source, SourceState, SyncHost,
+                        SyncLimits, drop, fetch)
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_PROTOCOL = "/tally/snapshot/1.0.0"
-BAD_OFFER = 5.0  # penalty points: an offer that is malformed, uncertified, or does not match its header
-BAD_CHUNK = 5.0  # penalty points: a chunk that does not match its manifest
-LYING = 10.0  # penalty points: a manifest whose chunks do not give its certified header's state root
-SLOW = 2.0  # penalty points: a timeout, a reset, an error reply, a source past its time budget
 MAX_REPLY = 8 * snap.CHUNK_BYTES  # bytes: a "light" reply at most
 MAX_REQUEST = 1 << 12  # bytes: a request at most
 REQUEST_READ_S = 10.0  # seconds to read a request
 LIGHT_BATCH = 256  # light blocks per "light" request
-BUSY_PAUSE_S = 1.0  # seconds a source that answered "busy" waits before it is asked again
-HEDGE = 2  # sources asked for one chunk at once at most, once no chunk is left unasked (the endgame)
-
-
-@dataclass(frozen=True)
-class SyncLimits:
-    """What :func:`state_sync` accepts of its peers and gives each of them. Stated here, never taken from a
-    peer's claim; an operator of a node with a larger state raises ``max_bytes`` and ``max_chunks``.
-
-    Attributes:
-        max_chunks: chunks in one manifest (refused above, before any fetch). 16,384 chunks of the default
-            1 MiB are 16 GiB, past ``max_bytes``; a manifest of 65,535 chunks is refused up front.
-        max_bytes: bytes of chunks fetched for one snapshot (1 GiB; the fetch stops above it). Restoring holds
-            the entries and the tree in memory, about twice this at most.
-        max_chunk_bytes: bytes of one chunk reply (a chunk decodes only up to 4 MiB:
-            :func:`node.ledger.snapshot.check_chunk`).
-        max_offer_bytes: bytes of one offer reply (a manifest of ``max_chunks`` ids is ~34 B each, plus one
-            header and its commit).
-        max_peers: peers asked for an offer, all at once.
-        offer_budget_s: seconds for one peer's offer, with its headers on a chain whose set changes.
-        grace_s: seconds a chunk source may take before it has delivered anything.
-        min_rate: bytes per second: each byte a source delivers adds ``1 / min_rate`` seconds to its allowance
-            (64 KiB/s: a 1 MiB chunk dripped over 29 s, ~36 KiB/s, runs a source out of time).
-        source_budget_s: seconds of requests one source is given in all, however fast it is.
-    """
-
-    max_chunks: int = 1 << 14
-    max_bytes: int = 1 << 30
-    max_chunk_bytes: int = 4 * snap.CHUNK_BYTES + 64
-    max_offer_bytes: int = 4 << 20
-    max_peers: int = 32
-    offer_budget_s: float = 120.0
-    grace_s: float = 10.0
-    min_rate: float = 64 * 1024
-    source_budget_s: float = 3600.0
-
-
-class SourceState(enum.Enum):
-    """A chunk source's standing during one state sync."""
-
-    SERVING = "serving"
-    DROPPED = "dropped"  # failed a request, sent a bad chunk, ran out of time, or lied: never asked again
-
-
-@dataclass
-class Source:
-    """A peer that chunks are fetched from: ``spent`` seconds of its requests so far, ``received`` bytes of
-    chunks it delivered."""
-
-    peer: str
-    state: SourceState = SourceState.SERVING
-    spent: float = 0.0
-    received: int = 0
-
-    def allowance(self, limits: SyncLimits) -> float:
-        """Seconds it may still take: ``min(source_budget_s, grace_s + received / min_rate) - spent``."""
-        return min(limits.source_budget_s, limits.grace_s + self.received / limits.min_rate) - self.spent
-
-
-@dataclass
-class Offer:
-    """A checked offer: the manifest, the certified header ``h + 1`` and its commit, the validator set that
-    signed it, and the peers that offered this manifest."""
-
-    manifest: snap.Manifest
-    header: Header
-    commit: Any
-    validators: tuple[bytes, ...] | ValidatorSet
-    sources: list[str] = field(default_factory=list)
-
-
-class SyncHost(Protocol):
-    """What state sync needs of the host (:class:`node.p2p.host.P2PHost`)."""
-
-    def set_handler(self, protocol_id: str, handler: Any) -> None: ...
-
-    async def request(self, peer_id: str, protocol_id: str, msg: dict, timeout: float,
-                      max_message: int = ...) -> dict: ...
-
-    def penalize(self, peer_id: str, weight: float, ban_s: float | None = None) -> bool: ...
 
 
 class SnapshotServer:
@@ -460,7 +375,7 @@ async def state_sync(store: Any, host: SyncHost, peers: list[str], timeout: floa
     sources: dict[str, Source] = {}
     for o in offers:
         with ChunkSpool(spool_dir) as spool:
-            if not await _fetch(host, o, sources, limits, timeout, spool):
+            if not await fetch(host, o, sources, limits, timeout, spool):
                 continue
             try:
                 state = snap.restore(store, o.manifest, spool, o.header, o.commit, o.validators)
@@ -469,7 +384,7 @@ async def state_sync(store: Any, host: SyncHost, peers: list[str], timeout: floa
                     raise
                 log.warning("snapshot of height %d refused: %s: %s", o.manifest.height, type(e).__name__, e)
                 for p in o.sources:
-                    _drop(host, sources.setdefault(p, Source(p)), LYING, "its snapshot is not the header's state")
+                    drop(host, sources.setdefault(p, Source(p)), LYING, "its snapshot is not the header's state")
                 continue
         log.info("state synced at height %d from %d peer(s): %d chunks", o.manifest.height, len(o.sources),
                  len(o.manifest.chunks))
@@ -477,132 +392,6 @@ async def state_sync(store: Any, host: SyncHost, peers: list[str], timeout: floa
     return None
 
 
-def _drop(host: SyncHost, src: Source, weight: float, why: str) -> None:
-    if src.state is SourceState.SERVING:
-        log.warning("snapshot source %s dropped: %s", src.peer[:16], why)
-    src.state = SourceState.DROPPED
-    host.penalize(src.peer, weight)
-
-
-class _Fetch:
-    """One snapshot's download: every serving source runs a worker that takes the next chunk not yet asked for;
-    when none is left, an idle worker asks for one already in flight elsewhere too (at most
-    :data:`HEDGE` sources per chunk: BitTorrent's endgame), and the first copy to arrive cancels the others. So
-    a slow source delays nothing that a faster one can fetch; a chunk whose source fails goes back to the queue."""
-
-    def __init__(self, host: SyncHost, o: Offer, sources: dict[str, Source], limits: SyncLimits,
-                 timeout: float, spool: ChunkSpool):
-        self.host, self.o, self.sources, self.limits = host, o, sources, limits
-        self.timeout, self.spool = timeout, spool
-        self.pending = list(range(len(o.manifest.chunks)))[::-1]  # pop() gives the lowest index
-        self.flying: dict[int, dict[str, trio.CancelScope]] = {}  # chunk index -> peer -> its request's scope
-        self.over = False  # the bytes passed limits.max_bytes
-        self._changed = trio.Event()
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    def _pick(self, peer: str) -> int | None:
-        if self.pending:
-            return self.pending.pop()
-        for i, holders in sorted(self.flying.items()):
-            if peer not in holders and len(holders) < HEDGE and i not in self.spool:
-                return i
-        return None
-
-    async def run(self) -> bool:
-        """True when every chunk is in the spool."""
-        n = len(self.o.manifest.chunks)
-        async with trio.open_nursery() as nursery:
-            for p in dict.fromkeys(self.o.sources):
-                if self.sources[p].state is SourceState.SERVING:
-                    nursery.start_soon(self._worker, self.sources[p], nursery.cancel_scope)
-        return len(self.spool) == n and not self.over
-
-    async def _worker(self, src: Source, everyone: trio.CancelScope) -> None:
-        n = len(self.o.manifest.chunks)
-        while src.state is SourceState.SERVING and len(self.spool) < n:
-            i = self._pick(src.peer)
-            if i is None:
-                if not self.flying and not self.pending:
-                    return
-                await self._changed.wait()
-                continue
-            with trio.CancelScope() as scope:
-                self.flying.setdefault(i, {})[src.peer] = scope
-                try:
-                    got = await _chunk_from(self.host, src, self.o.manifest, i, self.limits, self.timeout)
-                finally:
-                    holders = self.flying.get(i, {})
-                    holders.pop(src.peer, None)
-                    if not holders:
-                        self.flying.pop(i, None)
-            if scope.cancelled_caught or i in self.spool:  # another source delivered it first
-                self._notify()
-                continue
-            if isinstance(got, bytes):
-                if self.spool.nbytes + len(got) > self.limits.max_bytes:
-                    log.warning("snapshot of height %d passes %d bytes (SyncLimits.max_bytes): not fetched further",
-                                self.o.manifest.height, self.limits.max_bytes)
-                    self.over = True
-                    everyone.cancel()
-                    return
-                await trio.to_thread.run_sync(self.spool.put, i, got)
-                for other in self.flying.get(i, {}).values():
-                    other.cancel()
-            elif i not in self.flying:  # busy, or this source failed: someone else takes it
-                self.pending.append(i)
-            self._notify()
-            if got is True:  # busy: its time counted; ask again after a pause
-                await trio.sleep(BUSY_PAUSE_S)
-
-
-async def _fetch(host: SyncHost, o: Offer, sources: dict[str, Source], limits: SyncLimits, timeout: float,
-                 spool: ChunkSpool) -> bool:
-    """Fetch every chunk of ``o`` into ``spool`` (:class:`_Fetch`); False when one could not be had from any
-    source or the bytes passed ``limits.max_bytes``."""
-    for p in o.sources:
-        sources.setdefault(p, Source(p))
-    if not await _Fetch(host, o, sources, limits, timeout, spool).run():
-        log.info("snapshot of height %d: %d of %d chunks fetched; given up", o.manifest.height, len(spool),
-                 len(o.manifest.chunks))
-        return False
-    return True
-
-
-async def _chunk_from(host: SyncHost, src: Source, m: snap.Manifest, i: int, limits: SyncLimits,
-                      timeout: float) -> bytes | bool:
-    """Chunk ``i`` from ``src``; else True when it answered ``busy``, False when it failed (then dropped)."""
-    allowance = src.allowance(limits)
-    if allowance <= 0:
-        _drop(host, src, SLOW, "out of time")
-        return False
-    t0 = trio.current_time()
-    try:
-        reply = await host.request(src.peer, SNAPSHOT_PROTOCOL, {"op": "chunk", "snapshot": m.id, "index": i},
-                                   timeout=min(timeout, allowance), max_message=limits.max_chunk_bytes)
-        data = reply.get("data")
-        if not isinstance(data, bytes):
-            raise snap.SnapshotError(f"chunk {i}: a reply without bytes")
-        snap.check_chunk(m, i, data)
-    except RemoteError as e:
-        src.spent += trio.current_time() - t0
-        if e.code == "busy":
-            return True
-        _drop(host, src, SLOW, f"chunk {i}: {e}")
-    except snap.SnapshotError as e:
-        src.spent += trio.current_time() - t0
-        _drop(host, src, BAD_CHUNK, str(e))
-    except Exception as e:  # noqa: BLE001 - timed out (allowance or request), reset, broken framing: any
-        src.spent += trio.current_time() - t0
-        _drop(host, src, SLOW, f"chunk {i}: {type(e).__name__}: {e}")
-    else:
-        src.spent += trio.current_time() - t0
-        src.received += len(data)
-        return data
-    return False
-
-
-__all__ = ["SNAPSHOT_PROTOCOL", "Offer", "SnapshotServer", "Source", "SourceState", "SyncLimits", "check_offer",
-           "gather_offers", "parse_offer", "state_sync"]
+__all__ = ["BAD_CHUNK", "BAD_OFFER", "LYING", "SLOW", "SNAPSHOT_PROTOCOL", "Offer", "SnapshotServer", "Source",
+           "SourceState", "SyncHost", "SyncLimits", "check_offer", "follow_headers", "gather_offers", "parse_offer",
+           "state_sync"]

@@ -17,7 +17,7 @@ from node.ledger.snapstore import SnapshotDir
 from node.ledger.store import LedgerStore
 from node.p2p.budget import ReplyBudget
 from node.p2p.filesend import STREAM_HOLD
-from node.p2p.framing import RemoteError, StreamClosed, write_msg
+from node.p2p.framing import RemoteError, StreamClosed, read_msg, write_msg
 from tests.p2p.util import run, running_hosts
 
 from .helpers import make_genesis
@@ -64,39 +64,40 @@ def test_readers_that_never_read_are_cut_and_give_their_budget_back(served):
         async with running_hosts(2) as (a, b):
             server.install(a)
             assert await b.connect(a.addrs) == 1
-            held = await never_read(b, a, m, 4)
+            held = await never_read(b, a, m, 6)
             with trio.fail_after(30):  # each is cut after stall_s without progress, its reservation given back
-                while server.budget.granted < 4 or not server.budget.whole():
+                while server.budget.granted < 6 or not server.budget.whole():
                     await trio.sleep(0.05)
+            cut = 0
+            for st in held:  # what the peer finds when it reads at last: a whole reply, or a reset stream
+                try:
+                    await read_msg(st, timeout=10, max_message=BIG + 1024)
+                except StreamClosed:
+                    cut += 1
             reply = await b.request(a.peer_id, ss.SNAPSHOT_PROTOCOL, ask(m), timeout=20, max_message=BIG + 1024)
-            return len(held), reply["data"] == data
+            return cut, reply["data"] == data
 
-    assert run(main, timeout=60) == (4, True)
+    cut, served_whole = run(main, timeout=60)
+    assert cut >= 1 and served_whole  # transport buffers take a reply or two; the rest were cut, not held
 
 
 def test_a_peer_past_its_budget_is_answered_busy(served):
     server, m, data, _ = served
     server.budget = ReplyBudget(per_peer=STREAM_HOLD, node_wide=2 * STREAM_HOLD, wait=0.2)  # one reply a peer
-    server.stall_s = 3.0
 
     async def main():
         async with running_hosts(2) as (a, b):
             server.install(a)
             assert await b.connect(a.addrs) == 1
-            await never_read(b, a, m, 1)  # holds this peer's whole budget until it is cut
-            with trio.fail_after(10):
-                while server.budget.whole():
-                    await trio.sleep(0.02)
+            held = server.budget.try_reserve(b.peer_id, STREAM_HOLD)  # as if a reply to b were in flight
             with pytest.raises(RemoteError) as e:
                 await b.request(a.peer_id, ss.SNAPSHOT_PROTOCOL, ask(m), timeout=10, max_message=BIG + 1024)
-            with trio.fail_after(30):
-                while not server.budget.whole():
-                    await trio.sleep(0.05)
+            server.budget.release(held)
             reply = await b.request(a.peer_id, ss.SNAPSHOT_PROTOCOL, ask(m), timeout=20, max_message=BIG + 1024)
-            return e.value.code, reply["data"] == data, server.budget.refused
+            return e.value.code, reply["data"] == data, server.budget.refused, server.budget.whole()
 
-    code, whole, refused = run(main, timeout=60)
-    assert code == "busy" and whole and sum(refused.values()) == 1
+    code, got, refused, whole = run(main, timeout=60)
+    assert code == "busy" and got and sum(refused.values()) == 1 and whole
 
 
 def test_a_chunk_damaged_on_disk_is_never_sent_whole(served):
