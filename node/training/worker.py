@@ -42,12 +42,14 @@ DEV_CHAINS = ("tally-devnet", "tally-test")
 
 @dataclass
 class _Sealed:
-    """What a worker committed to and serves only after the commit phase (tensor lists)."""
+    """What a worker committed to and serves only after the commit phase (tensor lists), and the id of the round
+    receipt that commits to it (served only if that receipt is on the ledger)."""
 
     opt_before: list
     params_after: list
     opt_after: list
     payload: list
+    receipt: bytes = b""
 
 
 @dataclass
@@ -243,19 +245,28 @@ class RunWorker:
         now = self.ledger.state.runs[post.run_id].cur
         if now is None or (now.round, now.attempt, now.phase) != (cur.round, cur.attempt, Phase.COMMIT):
             raise ValueError("the commit phase closed while training (too slow for round_timeout)")
-        self.sealed[key] = _Sealed(opt_before, work.params_after, work.opt_after, work.payload)
         r = RoundReceipt(self.ledger.chain_id, post.run_id, cur.round, cur.attempt, me, post.sender, run.params,
                          commitments_root(opt_before), commitments_root(work.params_after),
                          commitments_root(work.opt_after), commitments_root(batches),
                          commitments_root(work.payload), work.delta_bytes, work.loss_ppm, post.inner_steps,
                          post.receipt_price).signed(self.ident)
+        self.sealed[key] = _Sealed(opt_before, work.params_after, work.opt_after, work.payload, r.id)
         self.committed.add(key)
         await self.ledger.submit(r)
         log.info("run %s round %d: committed (loss %.3f, Δ %d bytes)", post.run_id.hex()[:12], cur.round,
                  work.loss_ppm / 1e6, work.delta_bytes)
 
     async def _reveal(self, run, key) -> None:
+        """The commit phase of ``key``'s attempt closed: serve what we committed (and reveal it if the reveal
+        phase is open). What the ledger never took is never served: if another participant's receipt with our Δ
+        root landed first (a copy raced ahead of ours, refused as a duplicate root), serving the bytes would let
+        that copier reveal them and be paid for our work."""
         sealed = self.sealed.pop(key)
+        if self.ledger.state.receipts.get(sealed.receipt) is None:
+            log.warning("run %s round %d attempt %d: our round receipt is not on the ledger; its Δ stays unserved",
+                        key[0].hex()[:12], key[1], key[2])
+            self.log.append(f"not served: round {key[1]} attempt {key[2]}")
+            return
         for ts in (sealed.opt_before, sealed.params_after, sealed.opt_after, sealed.payload):
             self.blobs.put(ts)
         self.revealed.add(key)

@@ -365,3 +365,74 @@ def test_a_finished_runs_receipts_leave_the_hot_state_after_the_retention_window
         assert len(left) == n and hist.read_head(c.s).size == n  # every one, into the log
         view = run_view(c.run(post), c.s)
         assert all(w["status"] == "unknown" for r in view["rounds_detail"] for w in r["workers"])
+
+
+# --- issue 24 finding 3, played as an attacker: a Δ belongs to the worker that committed it ---
+
+
+def test_a_copied_delta_root_is_refused_and_the_round_pays_each_delta_once():
+    c = Chain()
+    post = start(c)
+    victim, copier = WORKERS[0], WORKERS[1]
+    r1 = c.receipt(post, victim)
+    c.block(r1)  # the victim's delta_root is public now
+    # the copier commits the victim's Δ root, with or without copying the rest of the receipt
+    c.refuse(c.receipt(post, copier, delta=r1.delta_root), "already committed this delta_root")
+    copy = c.receipt(post, copier, delta=r1.delta_root, params_after=r1.params_after, opt_after=r1.opt_after,
+                     batches_root=r1.batches_root, opt_before=r1.opt_before, loss_ppm=r1.loss_ppm)
+    c.refuse(copy, "already committed this delta_root")
+    # the copier's own Δ is fine; the round then runs as usual and pays each worker once
+    bal0 = {w.account: c.s.account(w.account).balance for w in WORKERS}
+    cur = c.run(post).cur
+    c.block(*[c.receipt(post, BY_ACCOUNT[w]) for w in cur.participants if w != victim.account])
+    c.block(*[c.reveal(post, BY_ACCOUNT[w]) for w in cur.participants])
+    cur = c.run(post).cur
+    votes = [v for _, rid, _ in cur.commits if c.s.receipts[rid].status == SAMPLED for v in c.votes(rid, VALID)]
+    if votes:
+        c.block(*votes)
+    everyone = list(cur.participants)
+    c.refuse(c.aggregate(post, everyone + [victim.account]), "each worker, and each Δ, once")
+    a = c.aggregate(post, everyone)
+    c.block(a)
+    c.block()
+    c.block(*c.votes(a.id, VALID))
+    h = c.run(post).history[-1]
+    roots = [c.s.receipts[rid].receipt.delta_root for _, rid, _ in h.commits]
+    assert len(set(roots)) == len(roots) == 4 and h.accepted == tuple(sorted(everyone))
+    for _ in range(8):  # unsampled receipts settle after the challenge window
+        c.block()
+    for w in WORKERS:  # each worker paid for its one receipt, no more
+        assert c.s.account(w.account).balance - bal0[w.account] <= post.receipt_price + post.aggregator_fee
+
+
+def test_a_duplicate_root_in_one_block_lands_once():
+    """The copy and its original proposed in one block: the block builder keeps the first, refuses the second."""
+    from node.ledger.core.chain import propose
+
+    c = Chain()
+    post = start(c)
+    r1 = c.receipt(post, WORKERS[0])
+    copy = c.receipt(post, WORKERS[1], delta=r1.delta_root)
+    block, _new, rejected = propose(c.s, [r1, copy], SPONSOR, 10**6, ())
+    assert list(block.txs) == [r1] and [t for t, _ in rejected] == [copy]
+    assert "already committed this delta_root" in rejected[0][1]
+
+
+def test_run_sampling_floor_makes_cheating_a_loss_for_a_thinly_bonded_worker():
+    from node.ledger.core.runs import run_floor_ppm
+
+    for price, slashable in [(1, 1), (5 * C, 100 * C), (C, 10 * C), (7, 3), (10**6, 10**12)]:
+        p = run_floor_ppm(price, slashable)
+        assert p * slashable > (10**6 - p) * price  # cheating loses in expectation at the floor...
+        assert not (p - 1) * slashable > (10**6 - p + 1) * price  # ...and the floor is the least such rate
+    assert run_floor_ppm(C, 0) == 10**6 and run_floor_ppm(0, C) == 0
+    # slash_amount 1000 C lets the genesis floor be 2 %, but these workers are bonded with 200 C: a receipt of
+    # 10 C needs 4.77 % to deter them, and that is what the run's receipts are sampled at
+    c = Chain(slash_amount=1000 * C, max_receipt_price=20 * C)
+    post = start(c, price_per_step=2 * C, inner_steps=5, aggregator_fee=C)
+    cur = c.run(post).cur
+    c.block(*[c.receipt(post, BY_ACCOUNT[w]) for w in cur.participants])
+    want = run_floor_ppm(post.receipt_price, 200 * C)
+    assert want > 20_000
+    for _, rid, _ in c.run(post).cur.commits:
+        assert c.s.receipts[rid].p_ppm == want

@@ -7,8 +7,9 @@ A run (:class:`~node.ledger.core.runtx.RunPost`) goes through rounds; each round
    of block h, which nobody knew when they joined) are fixed; the beacon draws each participant's batches
    (:func:`node.training.assign.assign_round`). Participants submit one :class:`RoundReceipt` each. The phase
    closes when all committed or ``round_timeout`` blocks passed.
-2. **REVEAL** — at the close, every commitment is sampled (probability ``max(p(worker), sample_ppm)``, beacon:
-   the closing block's hash) and sampled ones get a committee, exactly like other receipts. Only now do workers
+2. **REVEAL** — at the close, every commitment is sampled (probability ``max(p(worker), sample_ppm,
+   floor)``, :func:`run_floor_ppm`; beacon: the closing block's hash) and sampled ones get a committee, exactly
+   like other receipts. Only now do workers
    serve their Δ (and the committed states): :class:`RoundReveal`. Closes when all committed workers revealed
    or after ``round_timeout`` blocks.
 3. **AGGREGATE** — an aggregator is drawn by the beacon among the workers that revealed. The ledger refuses its
@@ -37,6 +38,21 @@ accepted: accepted → paid to the worker, excluded (not revealed, screened out,
 failed for lack of workers is paid on a valid verdict (the work was done as asked). At the end (all rounds, the
 deadline, or a cancel) and once every receipt of the run is final, ``escrow_left`` returns to the sponsor. So
 every contribution is paid at most once and the run never pays more than its budget; the supply is unchanged.
+
+**A Δ belongs to the worker that committed it first** (issue 24 finding 3). A receipt's ``delta_root`` is public
+once it is on the ledger, and the Δ bytes once the commit phase closes, so a participant could commit another's
+root, fetch the bytes after the close, reveal and be paid ``H × price`` for no work, and the aggregate would count
+that Δ twice. The ledger therefore refuses a round receipt whose ``delta_root`` another worker already committed
+in the same round attempt, and an aggregate that accepts one root (or one worker) twice. Of the issue's two
+options this one was chosen over committing ``H(worker ‖ Δ root)`` because it needs no change of the receipt, the
+reveal, the committee's replay or the aggregator (every one of them addresses the Δ blob by its root), and it
+closes the copy outright rather than making it worthless. What it leaves: a copier that sees a receipt in gossip
+before its block could race it into the block first (the mempool is first come, first served, and the honest
+receipt usually reaches the proposer before the copy made from it); the honest worker's receipt is then refused,
+and its node keeps its Δ unserved (:class:`node.training.worker.RunWorker` serves only what landed), so the copier
+can never reveal bytes for the root it took: it is not paid, and if sampled it is slashed for the missing reveal.
+A Δ revealed in an *earlier* attempt or round is a stale Δ, caught only by sampling, which has a floor per run
+(:func:`run_floor_ppm`).
 """
 
 from __future__ import annotations
@@ -122,6 +138,20 @@ def _fail_attempt(s: State, run: Run, height: int, beacon: bytes, reason: str) -
     return _open_round(s, run, height, beacon, cur.attempt + 1)
 
 
+def run_floor_ppm(price: int, slashable: int) -> int:
+    """The least sampling rate (ppm) of a round receipt at which a worker that is paid ``price`` base units for it
+    and loses ``slashable`` base units (``min(bond, slash_amount)``) when a committee finds it invalid loses in
+    expectation by cheating: the smallest ``p`` with ``p·slashable > (1 − p)·price`` (1e6 when nothing can be
+    slashed). The genesis floor ``sample_floor_ppm`` is checked against ``slash_amount`` and
+    ``max_receipt_price``; a worker bonded with less than ``slash_amount`` risks less, and a long run of valid
+    verdicts elsewhere lowers its adaptive rate to that floor, so a run's receipts never sample below this."""
+    if price <= 0:
+        return 0
+    if slashable <= 0:
+        return PPM
+    return min(PPM, PPM * price // (slashable + price) + 1)
+
+
 def _sample_commits(s: State, run: Run, height: int, beacon: bytes) -> None:
     """Draw which of the round's receipts a committee replays (beacon: the block that closed the commits)."""
     p = s.params
@@ -130,7 +160,7 @@ def _sample_commits(s: State, run: Run, height: int, beacon: bytes) -> None:
         rec = s.receipts[rid]
         worker = s.account(w)
         ppm = max(sampling_ppm(p.sample_base_ppm, p.sample_floor_ppm, worker.valid_run, p.adapt_step),
-                  run.post.sample_ppm)
+                  run.post.sample_ppm, run_floor_ppm(run.post.receipt_price, min(worker.bond, p.slash_amount)))
         if is_sampled(beacon, rid, ppm):
             com = cm.select_committee(beacon, rid, 0, s.eligible(), (w, run.post.sender), p.committee_size)
             if com:
@@ -248,6 +278,9 @@ def check_round_receipt(s: State, r: RoundReceipt) -> Run:
            f"receipt for round {r.round} attempt {r.attempt}; the open one is {cur.round} attempt {cur.attempt}")
     _check(r.worker in cur.participants, "worker is not a participant of this round")
     _check(cur.receipt_of(r.worker) is None, "this worker already committed in this round")
+    _check(all(s.receipts[rid].receipt.delta_root != r.delta_root for _, rid, _ in cur.commits),
+           "another worker already committed this delta_root in this round attempt (a Δ belongs to the worker "
+           "that computed it)")
     _check(r.sponsor == run.post.sender, "sponsor does not match the run")
     _check(r.params_before == run.params, "params_before is not the run's current parameters θ_r")
     _check(r.steps == run.post.inner_steps, f"steps must be the run's inner_steps = {run.post.inner_steps}")
@@ -284,9 +317,13 @@ def check_aggregate(s: State, a: RoundAggregate) -> Run:
            "params_before / momentum_before are not the run's current ones")
     _check(all(s.receipts[rid].status != SAMPLED for _, rid, _ in cur.commits),
            "sampled receipts of this round still await their verdicts")
+    roots = set()
     for w in a.accepted:
         _check(w in cur.reveals, "an accepted worker did not reveal its Δ")
-        _check(s.receipts[cur.receipt_of(w)].status != INVALID_S, "an accepted worker's receipt is invalid")
+        rec = s.receipts[cur.receipt_of(w)]
+        _check(rec.status != INVALID_S, "an accepted worker's receipt is invalid")
+        roots.add(rec.receipt.delta_root)
+    _check(len(roots) == len(a.accepted), "an aggregate counts each worker, and each Δ, once")
     _check(a.price == run.post.aggregator_fee, f"price must be the run's aggregator_fee = {run.post.aggregator_fee}")
     _check(a.price <= run.escrow_left, "the run's escrow cannot pay the aggregator")
     return run
@@ -462,4 +499,5 @@ __all__ = [
     "phase_timeout",
     "record_aggregate",
     "record_round_receipt",
+    "run_floor_ppm",
 ]
