@@ -254,6 +254,22 @@ class TxOut(BaseModel):
     signatures: list[str]
 
 
+class TxStatusOut(BaseModel):
+    id: str
+    status: str = Field(..., description="included (in a stored block), pending (queued in this node's mempool), "
+                                         "dropped (refused or dropped by this node: see reason) or unknown")
+    reason: str = Field("", description="pending: why not in a block yet (waiting for a block, or for a missing "
+                                        "nonce); dropped: why")
+    summary: str = Field(..., description="one line for a person, e.g. 'pending for 12 s: ...'")
+    height: int | None = Field(None, description="included: the block's height")
+    pending_s: float | None = Field(None, description="pending: seconds since this node queued it")
+    missing_nonce: int | None = Field(None, description="pending behind a nonce gap: the sender's nonce that has "
+                                                        "not reached this node")
+    expires_in_blocks: int | None = Field(None, description="pending behind a nonce gap: blocks it may still "
+                                                            "wait before it is dropped")
+    resent: int = Field(0, description="times this node re-sent it to its peers (its own transactions)")
+
+
 class ValidatorOut(BaseModel):
     account: str
     balance: Amount

@@ -10,6 +10,7 @@ anything is signed or queued, so a refused request changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import trio
@@ -20,6 +21,7 @@ from ..encoding import parse_amount
 from ..ledger.genesis import TREASURY
 from ..ledger.core.tx import Bond, InvalidTx, Transfer, Unbond
 from ..ledger.core.valset import ValidatorJoin, ValidatorLeave
+from ..ledger.txstatus import TxState, TxStatus
 from . import models as m
 from . import views as v
 from .security import ApiError
@@ -52,14 +54,21 @@ def dry_run(node, tx) -> None:
     mine = sorted((t for t in node.ledger.mempool.values() if getattr(t, "sender", None) == me
                    and hasattr(t, "nonce")), key=lambda t: t.nonce)
     for t in mine:
-        try:
+        with contextlib.suppress(InvalidTx):  # one the ledger would refuse is skipped, as a block would
             apply_tx(w, t)
-        except InvalidTx:
-            pass
     try:
         apply_tx(w, tx)
     except InvalidTx as e:
         raise ApiError(400, "invalid_tx", str(e)) from None
+
+
+def tx_status_json(tid: bytes, st: TxStatus) -> dict:
+    """The ``TxStatusOut`` of transaction ``tid`` with status ``st``."""
+    pending = st.state is TxState.PENDING
+    return {"id": tid.hex(), "status": st.state.value, "reason": st.reason, "summary": st.describe(),
+            "height": st.height if st.state is TxState.INCLUDED else None,
+            "pending_s": round(st.pending_s, 3) if pending else None,
+            "missing_nonce": st.missing_nonce, "expires_in_blocks": st.expires_in_blocks, "resent": st.resent}
 
 
 def _amount(text: str) -> int:
@@ -117,11 +126,32 @@ def wallet_router(node, q, require_token) -> APIRouter:
 
     @r.get("/txs/{tx_id}", response_model=m.TxOut, summary="A transaction in a stored block")
     async def tx(tx_id: str = Id()):
-        return JSON(q.tx(v.parse_id(tx_id, "transaction id")))
+        """404 while it is in no stored block: code ``pending`` (queued here; the message says for how long and
+        why, e.g. which nonce is missing), ``dropped`` (with the reason) or ``not_found``; ``/v1/txs/{id}/status``
+        answers the same as fields."""
+        tid = v.parse_id(tx_id, "transaction id")
+        try:
+            return JSON(q.tx(tid))
+        except ApiError as e:
+            if e.status != 404 or node.store.tx_location(tid) is not None:
+                raise  # pruned, or another error
+            st = node.ledger.tx_status(tid)
+            if st.state is TxState.PENDING:
+                raise ApiError(404, "pending", f"not in a block yet; {st.describe()}") from None
+            if st.state is TxState.DROPPED:
+                raise ApiError(404, "dropped", f"in no block: {st.describe()}") from None
+            raise
+
+    @r.get("/txs/{tx_id}/status", response_model=m.TxStatusOut,
+           summary="Where a transaction stands on this node: included, pending (why) or dropped (why)")
+    async def tx_status(tx_id: str = Id()):
+        tid = v.parse_id(tx_id, "transaction id")
+        return JSON(tx_status_json(tid, node.ledger.tx_status(tid)))
 
     @r.get("/receipts", response_model=m.ReceiptsOut, summary="Receipts, newest first")
     async def receipts(limit: int = Limit(), cursor: str | None = Cursor(),
-                       status: str | None = Query(None, pattern="^(pending|sampled|valid|invalid|settled|unverified)$")):
+                       status: str | None = Query(
+                           None, pattern="^(pending|sampled|valid|invalid|settled|unverified)$")):
         return JSON(q.receipts(limit, cursor, status))
 
     @r.get("/receipts/{receipt_id}", response_model=m.ReceiptOut, summary="A receipt, its committee, votes and verdict")

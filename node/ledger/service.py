@@ -10,8 +10,11 @@ each block's commit against the validator set of its height (:mod:`node.ledger.c
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import time
+from pathlib import Path
 from typing import Callable
 
 import trio
@@ -24,10 +27,11 @@ from ..p2p.framing import MAX_MESSAGE, error_reply, read_msg, write_msg
 from .core.block import Block, InvalidBlock, decode_block
 from .core.chain import check_and_apply
 from .genesis import Genesis
-from .mempool import Limits, Mempool
+from .mempool import Limits, Mempool, Priority, priority
 from .core.state import State
 from .store import LedgerStore
 from .core.tx import InvalidTx, Tx, decode_tx
+from .txstatus import TxState, TxStatus
 
 log = logging.getLogger("tally.ledger")
 
@@ -38,6 +42,31 @@ SYNC_BATCH = 64  # blocks in one sync reply, at most
 SYNC_REPLY_BYTES = 16 << 20  # bytes of blocks in one sync reply, at most (always at least one block)
 REPLY_TIMEOUT = 5.0  # seconds to write a small reply (a submit's answer, an error)
 SYNC_POLL_MAX = 30.0  # seconds: the longest wait before a follower with no new block asks its validators
+RESEND_FIRST = 2.0  # seconds from a local submission (or a reconnect, a catch-up, a restart) to its first re-send
+RESEND_MAX = 60.0  # seconds: the longest wait between two re-sends of a transaction still pending (doubling)
+RESEND_BATCH = 32  # transactions re-sent per look (the oldest due first)
+RESEND_LOOK = 1.0  # seconds between two looks at what is due
+OUTBOX_MAX_TXS = 1024  # local account transactions kept on disk while pending (beyond: not kept over a crash)
+OUTBOX_MAX_BYTES = 4 << 20  # bytes of the outbox file (msgpack list of transaction wire forms)
+
+
+def outbox_path(store: LedgerStore) -> Path | None:
+    """``<ledger dir>.outbox``: beside the store's LevelDB directory (None for a store without a path)."""
+    name = getattr(getattr(store, "db", None), "name", None)
+    if not name:
+        return None
+    p = Path(name.decode() if isinstance(name, bytes) else name)
+    return p.parent / (p.name + ".outbox")
+
+
+@dataclasses.dataclass
+class _Resend:
+    """When a local pending transaction is next re-sent (``time.monotonic`` seconds), the wait after that, and how
+    many times it was re-sent."""
+
+    at: float
+    delay: float = RESEND_FIRST
+    count: int = 0
 
 
 class LedgerService:
@@ -57,6 +86,11 @@ class LedgerService:
         self._listeners: list[Callable[[Block, State], None]] = []
         self._sync_requests, self._sync_requests_recv = trio.open_memory_channel(64)
         self.drop: Callable[[str], bool] | None = None  # test hook: ignore consensus traffic from these peers
+        self._resend: dict[bytes, _Resend] = {}  # local pending transactions: when each is next re-sent
+        self._outbox = outbox_path(store)  # local pending account transactions, kept over a crash
+        self._outbox_ids: frozenset[bytes] = frozenset()  # what the outbox file holds now
+        self._caught_up = False  # sync pulled blocks since the last resend look
+        self._known_peers: frozenset[str] = frozenset()  # connected validators at the last resend look
         self.reply_budget = ReplyBudget()  # sync replies' memory, per peer and node-wide (a node shares its own)
         self.driver = None
         if self.is_validator or genesis.params.min_validator_bond:  # a node that may join the set later
@@ -66,7 +100,8 @@ class LedgerService:
 
     def reset_to(self, state: State) -> None:
         """Take ``state`` (just installed by state sync, :func:`node.ledger.statesync.state_sync`) as the head,
-        with an empty mempool. Only before :meth:`run` starts."""
+        with an empty mempool (:meth:`run` then queues the outbox's transactions again). Only before :meth:`run`
+        starts."""
         self.state, self.parent_state = state, self.store.parent_state
         self.mempool = Mempool(state, self._mempool_limits)
 
@@ -123,19 +158,151 @@ class LedgerService:
         self.mempool.reset(self.state, included)
 
     async def submit(self, tx: Tx) -> bytes:
-        """Queue ``tx`` locally and broadcast it (gossip, and directly to validators we are connected to)."""
+        """Queue ``tx`` locally and broadcast it (gossip, and directly to validators we are connected to). An
+        account transaction (a wallet's) is written to the outbox file first, so that a crash does not lose what
+        the node accepted; every local transaction is then re-sent while it stays pending (:meth:`resend_loop`).
+
+        Raises:
+            InvalidTx: refused by the mempool (nothing is sent).
+        """
         tid = self.add_tx(tx)
-        data = pack(tx.to_wire())
-        await self.host.publish(self.host.topic("tx"), data)
-        if not self.is_validator:
-            for v in self.state.valset().accounts:
-                peer = account_to_str(v)
-                if peer in self.host.connected_peers():
-                    try:
-                        await self.host.request(peer, SUBMIT_PROTOCOL, {"tx": tx.to_wire()}, timeout=5)
-                    except Exception as e:  # gossip still carries it
-                        log.debug("direct submit to %s failed: %s", peer, e)
+        self._resend.setdefault(tid, _Resend(time.monotonic() + RESEND_FIRST))
+        if priority(tx) is Priority.ACCOUNT:
+            self._save_outbox()
+        await self._send_out(tx, direct=not self.is_validator)
         return tid
+
+    async def _send_out(self, tx: Tx, direct: bool) -> None:
+        """Gossip ``tx``; with ``direct``, also hand it to each connected validator (but us) over the submit
+        protocol (5 s each), which needs no gossip mesh."""
+        await self.host.publish(self.host.topic("tx"), pack(tx.to_wire()))
+        if not direct:
+            return
+        for v in self.state.valset().accounts:
+            peer = account_to_str(v)
+            if v != self.ident.account and peer in self.host.connected_peers():
+                try:
+                    await self.host.request(peer, SUBMIT_PROTOCOL, {"tx": tx.to_wire()}, timeout=5)
+                except Exception as e:  # gossip still carries it
+                    log.debug("direct submit to %s failed: %s", peer[:16], e)
+
+    # ---------------------------------------------------------------- pending transactions: status, re-send, outbox
+
+    def tx_status(self, tid: bytes) -> TxStatus:
+        """Where transaction ``tid`` stands on this node: in a stored block (its height), queued (for how long,
+        why: waiting for a block, or for a missing nonce), dropped or refused (why), or unknown."""
+        loc = self.store.tx_location(tid)
+        if loc is not None:
+            return TxStatus(TxState.INCLUDED, height=loc[0])
+        st = self.mempool.status(tid)
+        if st is None:
+            return TxStatus(TxState.UNKNOWN)
+        r = self._resend.get(tid)
+        return dataclasses.replace(st, resent=r.count) if r is not None else st
+
+    def resend_due(self, now: float) -> list[Tx]:
+        """The local pending transactions to re-send at ``now`` (``time.monotonic`` seconds), oldest first, at most
+        :data:`RESEND_BATCH`; each is rescheduled with its wait doubled (at most :data:`RESEND_MAX`). Forgets
+        those no longer queued (logging the reason of a dropped one) and rewrites the outbox when it changed.
+        After a catch-up by sync or a newly connected validator every pending one is due at once."""
+        peers = frozenset(p for p in (account_to_str(v) for v in self.state.valset().accounts)
+                          if self.host is not None and p in self.host.connected_peers())
+        fresh, self._known_peers = bool(peers - self._known_peers), peers
+        caught_up, self._caught_up = self._caught_up, False
+        local = self.mempool.local()
+        queued = {tx.id for tx in local}
+        for tid in [t for t in self._resend if t not in queued]:
+            r = self._resend.pop(tid)
+            st = self.tx_status(tid)
+            if st.state is TxState.DROPPED:
+                log.info("local transaction %s dropped after %d re-sends: %s", tid.hex()[:16], r.count, st.reason)
+        if self._outbox_ids - queued:
+            self._save_outbox()
+        out: list[Tx] = []
+        for tx in local:
+            r = self._resend.setdefault(tx.id, _Resend(now))
+            if fresh or caught_up:
+                r.at, r.delay = now, RESEND_FIRST
+            if r.at <= now and len(out) < RESEND_BATCH:
+                out.append(tx)
+                r.count += 1
+                r.at, r.delay = now + r.delay, min(RESEND_MAX, r.delay * 2)
+                if r.count in (3, 6) or r.count % 10 == 0:
+                    log.info("local transaction %s still %s; re-sent %d times", tx.id.hex()[:16],
+                             self.tx_status(tx.id).describe(), r.count)
+        return out
+
+    async def resend_loop(self) -> None:
+        """Every :data:`RESEND_LOOK` seconds, re-send the local transactions that are due (:meth:`resend_due`) by
+        gossip and directly to every connected validator: one published while this node had no gossip mesh (just
+        started or reconnected), or lost with a peer, still reaches a block, or is dropped with a reason."""
+        while True:
+            await trio.sleep(RESEND_LOOK)
+            for tx in self.resend_due(time.monotonic()):
+                with trio.move_on_after(10):
+                    try:
+                        await self._send_out(tx, direct=True)
+                    except Exception as e:  # noqa: BLE001  (whatever failed is retried at its next turn; the loop must live)
+                        log.debug("re-send of %s failed: %s", tx.id.hex()[:16], e)
+
+    def _save_outbox(self) -> None:
+        """Write the queued local account transactions to the outbox file (tmp file, fsync, rename), at most
+        :data:`OUTBOX_MAX_TXS` and :data:`OUTBOX_MAX_BYTES`."""
+        if self._outbox is None:
+            return
+        wires, ids, size = [], [], 0
+        for tx in self.mempool.local():
+            if priority(tx) is not Priority.ACCOUNT:
+                continue
+            w = tx.to_wire()
+            n = len(pack(w))
+            if len(wires) >= OUTBOX_MAX_TXS or size + n > OUTBOX_MAX_BYTES:
+                log.warning("outbox full: %d transactions, %d bytes; later ones are not kept over a crash",
+                            len(wires), size)
+                break
+            wires.append(w)
+            ids.append(tx.id)
+            size += n
+        tmp = self._outbox.with_name(self._outbox.name + ".tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(pack(wires))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._outbox)
+        except OSError as e:
+            log.warning("cannot write the outbox %s: %s", self._outbox, e)
+            return
+        self._outbox_ids = frozenset(ids)
+
+    def load_outbox(self) -> int:
+        """Re-admit the local transactions the outbox file kept (after a restart or a crash): each one is queued
+        again and re-sent, or refused with its reason (then ``tx_status`` says dropped, and why). A missing file
+        is no error; an unreadable one is logged and ignored. Returns how many were queued again."""
+        if self._outbox is None or not self._outbox.exists():
+            return 0
+        try:
+            with open(self._outbox, "rb") as f:
+                raw = f.read(OUTBOX_MAX_BYTES + 1)
+            wires = unpack(raw, max_size=OUTBOX_MAX_BYTES)
+            if not isinstance(wires, list):
+                raise DecodeError("the outbox is not a list")
+        except (OSError, DecodeError) as e:
+            log.warning("ignoring the outbox %s: %s", self._outbox, e)
+            return 0
+        n = 0
+        for w in wires[:OUTBOX_MAX_TXS]:
+            try:
+                tx = decode_tx(w)
+                self.add_tx(tx)
+            except (DecodeError, InvalidTx, ValueError, TypeError) as e:
+                log.info("outbox transaction not queued again: %s", e)
+                continue
+            self._resend.setdefault(tx.id, _Resend(time.monotonic()))
+            n += 1
+        log.info("outbox: %d of %d local transactions queued again", n, len(wires))
+        self._save_outbox()
+        return n
 
     def _admit_wire(self, decode: Callable[[], Tx], peer: str) -> bytes:
         """Admit the transaction ``decode()`` builds, from ``peer``; a refused one (undecodable included) counts
@@ -317,6 +484,7 @@ class LedgerService:
                 if not await self.apply_remote(wire):
                     break
                 applied += 1
+                self._caught_up = True  # local pending transactions are re-sent at once (resend_due)
             if not blocks or self.state.height >= reply.get("head", 0):
                 return applied
 
@@ -357,8 +525,10 @@ class LedgerService:
         self.host.set_handler(SUBMIT_PROTOCOL, self._submit_handler)
         await self.host.subscribe(self.host.topic("tx"), self._on_tx_gossip, self._validate_tx_gossip)
         await self.host.subscribe(self.host.topic("consensus"), self._on_consensus_gossip)
+        self.load_outbox()
         async with trio.open_nursery() as n:
             n.start_soon(self.sync_loop)
+            n.start_soon(self.resend_loop)
             if self.driver is not None:
                 n.start_soon(self.driver.run)
 

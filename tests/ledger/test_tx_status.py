@@ -1,0 +1,153 @@
+"""Issue 28: a transaction a node accepts reaches a block or is dropped with a reason its submitter can see.
+Real LevelDB ledgers in tmp dirs, blocks produced as a validator produces them, a real libp2p host for the
+submissions kept in the outbox over a restart, and the real API app for ``/v1/txs/{id}`` and its ``/status``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import trio
+
+from node.identity import Identity
+from node.ledger.core.chain import commit_block
+from node.ledger.core.tx import Transfer
+from node.ledger.mempool import Limits
+from node.ledger.service import LedgerService, outbox_path
+from node.ledger.store import LedgerStore
+from node.ledger.txstatus import TxState
+from node.p2p.host import P2PHost
+
+from .helpers import KEYS, VALIDATOR, W1, C, make_genesis
+
+A = KEYS[5]
+
+
+def genesis():
+    g = make_genesis()
+    return replace(g, balances=g.balances + ((A.account, 100 * C, 0),))
+
+
+def pay(who: Identity, nonce: int, amount: int = C) -> Transfer:
+    return Transfer("test-chain", who.account, W1.account, amount, nonce).signed(who)
+
+
+async def produce(svc: LedgerService):
+    value = svc.driver._get_value(svc.state.height + 1)
+    block, new_state = svc.driver.blocks[value]
+    assert await svc.commit_decided(block, commit_block(VALIDATOR, block), new_state)
+    return block
+
+
+@pytest.fixture
+def svc(tmp_path):
+    g = genesis()
+    store = LedgerStore(tmp_path / "db", g)
+    s = LedgerService(store, g, VALIDATOR, host=None, mempool_limits=Limits(future_ttl_blocks=3))
+    yield s
+    store.close()
+
+
+def test_pending_gapped_included_dropped_and_unknown_each_say_so(svc):
+    t0, t1, t2 = pay(A, 0), pay(A, 1), pay(A, 2)
+    svc.add_tx(t0)
+    st = svc.tx_status(t0.id)
+    assert st.state is TxState.PENDING and st.missing_nonce is None and "waiting for a block" in st.reason
+    assert st.pending_s >= 0 and st.describe().startswith("pending for ")
+    svc.add_tx(t2)  # nonce 1 has not arrived: a gap, reported with the missing nonce and the blocks left
+    st = svc.tx_status(t2.id)
+    assert st.state is TxState.PENDING and st.missing_nonce == 1 and st.expires_in_blocks == 3
+    assert "nonce 1 has not reached this node" in st.reason
+    assert svc.tx_status(t1.id).state is TxState.UNKNOWN
+
+    trio.run(produce, svc)  # t0 lands; t2 still waits for nonce 1, one block less
+    assert svc.tx_status(t0.id).state is TxState.INCLUDED and svc.tx_status(t0.id).height == 1
+    st = svc.tx_status(t2.id)
+    assert st.state is TxState.PENDING and st.missing_nonce == 1 and st.expires_in_blocks == 2
+
+    async def more():
+        for _ in range(3):
+            await produce(svc)
+
+    trio.run(more)  # nonce 1 never came: t2 is dropped, and says why
+    st = svc.tx_status(t2.id)
+    assert st.state is TxState.DROPPED and "waited 3 blocks for nonce 1" in st.reason
+    assert st.describe().startswith("dropped: ")
+
+
+def test_the_api_answers_pending_with_the_missing_nonce_and_dropped_with_the_reason(svc):
+    from starlette.testclient import TestClient
+
+    from node.api.app import create_app
+
+    node = SimpleNamespace(store=svc.store, ledger=svc, genesis=svc.genesis, ident=VALIDATOR, api_token="t")
+    c = TestClient(create_app(node), base_url="http://127.0.0.1")
+    js = {"accept": "application/json"}
+    t0, t2 = pay(A, 0), pay(A, 2)
+    svc.add_tx(t0)
+    svc.add_tx(t2)
+    got = c.get(f"/v1/txs/{t2.id.hex()}", headers=js)
+    assert got.status_code == 404 and got.json()["code"] == "pending" and "nonce 1" in got.json()["message"]
+    st = c.get(f"/v1/txs/{t2.id.hex()}/status", headers=js).json()
+    assert st["status"] == "pending" and st["missing_nonce"] == 1 and st["expires_in_blocks"] == 3
+    assert st["pending_s"] >= 0 and st["height"] is None and st["summary"].startswith("pending for ")
+    trio.run(produce, svc)
+    st = c.get(f"/v1/txs/{t0.id.hex()}/status", headers=js).json()
+    assert st["status"] == "included" and st["height"] == 1 and st["pending_s"] is None
+    assert c.get(f"/v1/txs/{t0.id.hex()}", headers=js).json()["height"] == 1
+    assert c.get(f"/v1/txs/{t2.id.hex()}/status", headers=js).json()["status"] == "pending"  # t1 still missing
+    too_much = pay(A, 1, 10**6 * C)
+    with pytest.raises(Exception, match="insufficient balance"):
+        svc.add_tx(too_much)
+    got = c.get(f"/v1/txs/{too_much.id.hex()}", headers=js)
+    assert got.status_code == 404 and got.json()["code"] == "dropped" and "insufficient" in got.json()["message"]
+    unknown = "ab" * 32
+    assert c.get(f"/v1/txs/{unknown}", headers=js).json()["code"] == "not_found"
+    assert c.get(f"/v1/txs/{unknown}/status", headers=js).json()["status"] == "unknown"
+    assert c.get("/v1/txs/zz/status", headers=js).status_code == 422
+
+
+def test_accepted_transfers_survive_a_crash_in_the_outbox_and_stale_ones_are_reported(tmp_path):
+    """A wallet transfer accepted by a node is on disk before the API answers; a restarted node queues it again
+    (and re-sends it), or says why it cannot (its nonce was used meanwhile)."""
+    g = genesis()
+    path = tmp_path / "db"
+    t0, t1 = pay(A, 0), pay(A, 1)
+    other = pay(A, 1, 2 * C)  # another transaction with t1's nonce, included while the node was down
+
+    async def first_life():
+        store = LedgerStore(path, g)
+        async with P2PHost(VALIDATOR, 0, "test-chain").running() as host:
+            s = LedgerService(store, g, VALIDATOR, host)
+            assert await s.submit(t0) == t0.id and await s.submit(t1) == t1.id  # no peer: gossip reaches no one
+        store.close()  # no block was made: a crash loses nothing but the mempool
+
+    trio.run(first_life)
+    x = LedgerStore(tmp_path / "x", g)
+    assert outbox_path(x) == tmp_path / "x.outbox"
+    x.close()
+    assert (tmp_path / "db.outbox").stat().st_size > 0
+
+    store = LedgerStore(path, g)
+    s = LedgerService(store, g, VALIDATOR, None)
+    assert s.load_outbox() == 2 and s.tx_status(t1.id).state is TxState.PENDING
+    s.mempool.reset(s.state)
+    store.close()
+
+    async def meanwhile():  # the rest of the network includes t0 and `other` (nonce 1) while we are down
+        st = LedgerStore(path, g)
+        v = LedgerService(st, g, VALIDATOR, None)
+        v.add_tx(t0)
+        v.add_tx(other)
+        await produce(v)
+        st.close()
+
+    trio.run(meanwhile)
+    store = LedgerStore(path, g)
+    s = LedgerService(store, g, VALIDATOR, None)
+    assert s.load_outbox() == 0
+    assert s.tx_status(t0.id).state is TxState.INCLUDED
+    st = s.tx_status(t1.id)
+    assert st.state is TxState.DROPPED and "nonce 1" in st.reason and "already used" in st.reason
+    store.close()
