@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
 
 import msgpack
 import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from node.encoding import (DecodeError, H, canonical, format_amount, inclusion_proof, merkle_root, object_id,
-                           pack, parse_amount, tensor_commitment, tensor_from_wire, tensor_to_wire, unpack,
-                           verify_inclusion)
+from node.encoding import (MAX_DEPTH, DecodeError, H, canonical, decode_budget, format_amount, inclusion_proof,
+                           merkle_root, object_id, pack, parse_amount, scan_msgpack, tensor_commitment,
+                           tensor_from_wire, tensor_to_wire, unpack, verify_inclusion)
 
 
 def test_rfc9162_empty_and_single_leaf():
@@ -97,3 +102,117 @@ def test_format_amount():
     assert format_amount(-1) == "-0.000000001"
 
 
+
+
+# ---------------------------------------------------------------- bounded decoding (issue 23, finding 1)
+
+def _bomb(element: bytes, keys: int = 126, per_array: int = 65535) -> bytes:
+    """A map of ``keys`` keys, each an array of ``per_array`` copies of ``element``: 126 x 65,535 one-byte
+    elements is the review's 7.9 MiB message."""
+    arr = b"\xdc" + per_array.to_bytes(2, "big") + element * per_array
+    return b"\xde" + keys.to_bytes(2, "big") + b"".join(b"\xa3" + f"{i:03d}".encode() + arr for i in range(keys))
+
+
+def _peak(fn) -> int:
+    """Peak bytes traced by tracemalloc while ``fn()`` runs (its result is dropped inside)."""
+    tracemalloc.start()
+    try:
+        with contextlib.suppress(DecodeError):
+            fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+SHAPES = {  # wire bytes -> how they look; the first three are bombs, the others honest bulk shapes
+    "empty maps": _bomb(b"\x80", keys=16),
+    "empty arrays": _bomb(b"\x90", keys=16),
+    "negative fixints": _bomb(b"\xe0", keys=16),
+    "small maps": pack([{"a": i % 100, "b": b"xy"} for i in range(30000)]),
+    "uint16 ints": pack([[1000 + i for i in range(30000)] for _ in range(8)]),
+    "fixints": _bomb(b"\x05", keys=16),
+    "hashes": pack({"h": [bytes([i % 256]) * 32 for i in range(30000)]}),
+    "strings": pack([f"/ip4/10.0.0.{i % 256}/tcp/{i}/p2p/12D3KooW" for i in range(30000)]),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("ratio", [4, 8])
+def test_decode_memory_is_bounded_by_the_budget(shape, ratio):
+    """Whatever the shape, decoding N bytes (or refusing them) peaks below ratio x N + the slack, as traced by
+    tracemalloc; honest bulk shapes decode, the bombs are refused before msgpack allocates."""
+    data = SHAPES[shape]
+    peak = _peak(lambda: unpack(data, cost_ratio=ratio))
+    assert peak <= decode_budget(len(data), ratio) + (64 << 10), (shape, peak / len(data))
+    if shape in ("hashes", "strings") or (shape == "fixints" and ratio == 8):
+        assert unpack(data, cost_ratio=ratio) == msgpack.unpackb(data)
+
+
+def test_the_reviews_nested_map_bomb_is_refused_before_allocating():
+    data = _bomb(b"\x80")  # 7.9 MiB: ~590 MiB of dicts before the fix (measured peak RSS)
+    assert 7.8 * (1 << 20) < len(data) < 8 * (1 << 20)
+    with pytest.raises(DecodeError, match="estimated"):
+        unpack(data)
+    assert _peak(lambda: unpack(data)) < 1 << 20  # the walk allocates nothing per object
+
+
+def test_bomb_peak_rss_in_a_fresh_process():
+    """The same bomb decoded in a process of its own: its peak RSS (ru_maxrss) grows by less than 4 x N."""
+    code = ("import resource, sys\n"
+            "from node.encoding import DecodeError, unpack\n"
+            "from tests.test_encoding import _bomb\n"
+            "data = _bomb(b'\\x80')\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "try:\n    unpack(data)\nexcept DecodeError:\n    pass\n"
+            "print(len(data), (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1], check=True).stdout.split()
+    n, grown = int(out[0]), int(out[1])
+    assert grown < 4 * n, grown
+
+
+def test_depth_limit():
+    nested: object = 1
+    for _ in range(MAX_DEPTH):
+        nested = [nested]
+    assert unpack(pack(nested)) == nested and scan_msgpack(pack(nested)).depth == MAX_DEPTH
+    with pytest.raises(DecodeError, match="deeper"):
+        unpack(pack([nested]))
+    with pytest.raises(DecodeError, match="deeper"):
+        unpack(pack({"a": nested}), max_depth=MAX_DEPTH - 1)
+    with pytest.raises(DecodeError, match="deeper"):  # msgpack's own stack error is never reached
+        unpack(b"\x91" * 5000 + b"\xc0")
+
+
+def test_object_limit_and_declared_counts_are_backed_by_bytes():
+    assert scan_msgpack(pack(list(range(100)))).objects == 101
+    unpack(pack(list(range(100))), max_objects=101)
+    with pytest.raises(DecodeError, match="objects"):
+        unpack(pack(list(range(100))), max_objects=100)
+    # 1,000 nested array16 headers each declaring 65,535 elements: msgpack would preallocate 512 KiB per level
+    with pytest.raises(DecodeError, match="declares"):
+        scan_msgpack(b"\xdc\xff\xff" * 1000)
+
+
+def test_scan_counts_what_msgpack_builds():
+    obj = {"a": [1, -1, -30, 300, 1.5, None, True, "", "x", "héllo", b"\x00" * 40, {}, []], "b": {"c": [[]]}}
+    shape = scan_msgpack(pack(obj))
+    assert (shape.objects, shape.depth) == (21, 3)  # 4 containers, 4 keys, 13 scalars
+    assert shape.cost >= sys.getsizeof(obj["a"]) + sys.getsizeof(obj)  # an estimate from above
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats(allow_nan=False)
+                    | st.text(max_size=20) | st.binary(max_size=40),
+                    lambda kids: st.lists(kids, max_size=6) | st.dictionaries(st.text(max_size=6), kids, max_size=6),
+                    max_leaves=60))
+def test_scan_accepts_every_valid_message_and_unpack_round_trips(obj):
+    data = pack(obj)
+    shape = scan_msgpack(data)
+    assert shape.objects >= 1 and shape.depth <= MAX_DEPTH
+    assert unpack(data, cost_ratio=1000) == obj
+
+
+@given(st.binary(max_size=300))
+def test_random_bytes_decode_or_refuse_cleanly(data):
+    with contextlib.suppress(DecodeError):  # any other exception fails the test
+        unpack(data)

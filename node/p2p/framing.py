@@ -29,6 +29,7 @@ from typing import Any
 import trio
 
 from ..encoding import MAX_FRAME, MAX_MESSAGE, DecodeError, pack, unpack
+from .wirelimits import LARGE_READ, READ_BUDGET, stream_limit
 
 HEADER = struct.Struct(">IB")  # length (u32 BE), flags (u8)
 HEADER_LEN = HEADER.size  # 5 bytes
@@ -36,9 +37,21 @@ MORE = 0x01  # flag bit 0: more frames follow
 STATS = {"sent": 0, "received": 0}  # bytes of framed messages written and read by this process (for /metrics)
 
 __all__ = [
-    "HEADER_LEN", "MORE", "MAX_FRAME", "MAX_MESSAGE",
-    "StreamClosed", "FrameError", "RequestTimeout", "RemoteError",
-    "encode_frames", "write_msg", "read_msg", "ok_reply", "error_reply", "check_reply",
+    "HEADER_LEN",
+    "MAX_FRAME",
+    "MAX_MESSAGE",
+    "MORE",
+    "FrameError",
+    "ReadBusy",
+    "RemoteError",
+    "RequestTimeout",
+    "StreamClosed",
+    "check_reply",
+    "encode_frames",
+    "error_reply",
+    "ok_reply",
+    "read_msg",
+    "write_msg",
 ]
 
 
@@ -63,6 +76,15 @@ class RemoteError(Exception):
         super().__init__(f"{code}: {message}" if message else code)
         self.code = code
         self.message = message
+
+
+class ReadBusy(RemoteError):
+    """This node's pool for large reads (:data:`node.p2p.wirelimits.READ_BUDGET`) has no room for a message
+    now; code ``busy``. Nothing was allocated for it; the stream is out of step (reset it). Not the peer's fault:
+    no penalty."""
+
+    def __init__(self, message: str):
+        super().__init__("busy", message)
 
 
 _IO_ERRORS: tuple[type[BaseException], ...] | None = None
@@ -138,7 +160,7 @@ async def write_msg(stream, obj: Any, timeout: float | None = None, max_message:
 
 
 READ_CHUNK = 1 << 16  # bytes asked of the stream per read: whatever has arrived, up to this
-_LEFTOVER: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # stream -> bytes read past a message
+_LEFTOVER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # stream -> bytes read past a message
 
 
 async def _fill(stream, buf: bytearray, n: int, errors, exact: bool) -> None:
@@ -157,60 +179,88 @@ async def _fill(stream, buf: bytearray, n: int, errors, exact: bool) -> None:
         buf += chunk
 
 
-async def read_msg(stream, timeout: float, max_message: int = MAX_MESSAGE) -> dict:
-    """Read one message from ``stream`` and decode it.
+async def read_msg(stream, timeout: float | None = None, max_message: int | None = None) -> dict:
+    """Read one message from ``stream`` and decode it, within the limits of the stream's protocol.
 
     Args:
         stream: a libp2p ``INetStream`` (anything with ``async read(n) -> bytes``).
         timeout: seconds allowed for the whole message (all of its frames); every read runs under this one
             ``trio.fail_after`` deadline, so a peer cannot keep the reader alive by dripping bytes. Size it to
-            the largest message expected (~54 MB/s across processes on loopback).
-        max_message: largest reassembled size accepted, in bytes (default MAX_MESSAGE = 64 MiB).
+            the largest message expected (~54 MB/s across processes on loopback). ``None``: the protocol's
+            read timeout (:mod:`node.p2p.wirelimits`).
+        max_message: largest reassembled size accepted, in bytes. ``None``: the limit of the stream's protocol
+            and direction in :data:`node.p2p.wirelimits.TABLE` (a request on a stream this node accepted, a
+            reply on one it opened), 64 KiB for a protocol missing from the table. The entry's depth, object
+            and decode-cost limits apply either way.
 
     Returns:
         The decoded msgpack map.
 
+    A message that grows beyond ``wirelimits.LARGE_READ`` (1 MiB) reserves its bytes frame by frame from the
+    node-wide :data:`~node.p2p.wirelimits.READ_BUDGET` before reading them, and gives them back when it is
+    decoded or its read fails.
+
     Raises:
         StreamClosed: EOF, reset or close before the message was complete.
         FrameError: a frame declares more than MAX_FRAME bytes (checked before allocating), bad flag bits,
-            an empty non-final frame, a reassembled size over ``max_message``, malformed msgpack
-            (:class:`~node.encoding.DecodeError`) or a payload that is not a map.
+            an empty non-final frame, a reassembled size over ``max_message``, malformed msgpack, msgpack
+            nested too deep, holding too many objects or too costly to decode
+            (:class:`~node.encoding.DecodeError`), or a payload that is not a map.
+        ReadBusy: the node-wide pool for large reads has no room for this message now.
         RequestTimeout: ``timeout`` elapsed.
 
     After any of these errors the stream is out of step with the peer (part of a message may have been
     consumed): reset or close it, never read it again.
     """
+    lim, limit = stream_limit(stream)
+    if max_message is None:
+        max_message = limit
+    if timeout is None:
+        timeout = lim.timeout
     errors = _io_errors()
     try:
         buf, exact = _LEFTOVER.setdefault(stream, bytearray()), False
     except TypeError:  # not weak-referenceable: nowhere to keep a leftover, so read exactly what is needed
         buf, exact = bytearray(), True
     data = bytearray()  # one buffer for every frame's payload (a list of many tiny frames would cost ~50 B each)
+    held = 0  # bytes reserved from READ_BUDGET for this message
     try:
-        with trio.fail_after(timeout):
-            while True:
-                await _fill(stream, buf, HEADER_LEN, errors, exact)
-                length, flags = HEADER.unpack_from(buf)
-                if flags & ~MORE:
-                    raise FrameError(f"unknown frame flags 0x{flags:02x}")
-                if length > MAX_FRAME:
-                    raise FrameError(f"frame declares {length} bytes, limit is {MAX_FRAME}")
-                if len(data) + length > max_message:
-                    raise FrameError(f"message exceeds limit of {max_message} bytes")
-                if flags & MORE and length == 0:
-                    raise FrameError("empty non-final frame")
-                await _fill(stream, buf, HEADER_LEN + length, errors, exact)
-                data += buf[HEADER_LEN:HEADER_LEN + length]
-                del buf[:HEADER_LEN + length]
-                STATS["received"] += HEADER_LEN + length
-                if not flags & MORE:
-                    break
-    except trio.TooSlowError:
-        raise RequestTimeout(f"no complete message within {timeout} s") from None
-    try:
-        obj = unpack(data, max_size=max_message)
-    except DecodeError as e:
-        raise FrameError(str(e)) from None
+        try:
+            with trio.fail_after(timeout):
+                while True:
+                    await _fill(stream, buf, HEADER_LEN, errors, exact)
+                    length, flags = HEADER.unpack_from(buf)
+                    if flags & ~MORE:
+                        raise FrameError(f"unknown frame flags 0x{flags:02x}")
+                    if length > MAX_FRAME:
+                        raise FrameError(f"frame declares {length} bytes, limit is {MAX_FRAME}")
+                    size = len(data) + length
+                    if size > max_message:
+                        raise FrameError(f"message exceeds limit of {max_message} bytes")
+                    if flags & MORE and length == 0:
+                        raise FrameError("empty non-final frame")
+                    if size > LARGE_READ and size > held:
+                        if not READ_BUDGET.take(size - held):
+                            raise ReadBusy(f"no room for a message of {size} bytes in the node-wide read "
+                                           f"budget ({READ_BUDGET.available} of {READ_BUDGET.capacity} bytes "
+                                           f"free); try again later")
+                        held = size
+                    await _fill(stream, buf, HEADER_LEN + length, errors, exact)
+                    data += buf[HEADER_LEN:HEADER_LEN + length]
+                    del buf[:HEADER_LEN + length]
+                    STATS["received"] += HEADER_LEN + length
+                    if not flags & MORE:
+                        break
+        except trio.TooSlowError:
+            raise RequestTimeout(f"no complete message within {timeout} s") from None
+        try:
+            obj = unpack(data, max_size=max_message, max_depth=lim.depth, cost_ratio=lim.cost_ratio,
+                         max_objects=lim.objects)
+        except DecodeError as e:
+            raise FrameError(str(e)) from None
+    finally:
+        if held:
+            READ_BUDGET.give(held)
     if not isinstance(obj, dict):
         raise FrameError(f"message is a {type(obj).__name__}, expected a map")
     return obj

@@ -38,6 +38,7 @@ import trio
 
 from ..encoding import H
 from .framing import RequestTimeout
+from .wirelimits import gossip_limit
 
 log = logging.getLogger(__name__)
 
@@ -255,11 +256,20 @@ def cache_signed_records(size: int = RECORD_CACHE, ttl: float = RECORD_TTL) -> N
     gossipsub_mod.maybe_consume_signed_record = consume
 
 
-def _topic_validator(topic: str, validate: GossipValidator) -> Callable[[object, object], bool]:
-    """py-libp2p's synchronous topic validator ``(forwarder ID, rpc Message) -> bool`` around ``validate``."""
+def _topic_validator(topic: str, validate: GossipValidator | None) -> Callable[[object, object], bool]:
+    """py-libp2p's synchronous topic validator ``(forwarder ID, rpc Message) -> bool`` around ``validate``: a
+    payload over the topic's size in :mod:`node.p2p.wirelimits` is refused first (neither delivered nor
+    relayed)."""
     from libp2p.peer.id import ID
 
+    limit = gossip_limit(topic).request
+
     def check(forwarder, msg) -> bool:
+        if len(msg.data) > limit:
+            log.debug("gossip on %s: refused a payload of %d bytes (limit %d)", topic, len(msg.data), limit)
+            return False
+        if validate is None:
+            return True
         try:
             origin = ID(msg.from_id).to_base58()
         except Exception:
@@ -308,15 +318,16 @@ class Gossip:
         loop) before it delivers or relays a message: one it returns False for (or raises on) is neither delivered
         nor forwarded to other peers, and counts against the forwarder in gossipsub's score (libp2p pubsub spec,
         "Message Validation"). The ledger uses it so that a node relays only the transactions its mempool
-        admitted, as bitcoind relays only what it accepts: a flood is stopped at the first honest node.
+        admitted, as bitcoind relays only what it accepts: a flood is stopped at the first honest node. A payload
+        larger than the topic's entry in :mod:`node.p2p.wirelimits` (``gossip/<name>``) is refused the same way,
+        with or without ``validate``.
 
         Raises:
             RuntimeError: already subscribed to ``topic``.
         """
         if topic in self._subs:
             raise RuntimeError(f"already subscribed to {topic}")
-        if validate is not None:
-            self._pubsub.set_topic_validator(topic, _topic_validator(topic, validate), False)
+        self._pubsub.set_topic_validator(topic, _topic_validator(topic, validate), False)
         seen = _LRU(DEDUP_SIZE)
         send, recv = trio.open_memory_channel(GOSSIP_QUEUE)
         self._subs[topic] = (seen, send)

@@ -32,17 +32,17 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import trio
 
-from ..encoding import MAX_MESSAGE
 from ..net.addrs import Scope, announceable, parse_addr, scope
 from ..net.admission import Admission, AdmissionLimits
 from ..net.admission import install as install_admission
 from ..net.limits import ConnectionNotifee, Limits, PeerLimiter, StreamGate
-from .framing import (FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, error_reply,
+from .framing import (FrameError, ReadBusy, RemoteError, RequestTimeout, StreamClosed, check_reply, error_reply,
                       read_msg, write_msg)
 from .gossip import (Gossip, GossipMethods, cache_signed_records, count_pubsub_traffic, make_router,
                      raise_outbound_queue, retry_pubsub_streams)
 from .quirks import batch_yamux_window_updates, check_port_free, exception_leaves, route_libp2p_logging
 from .scoring import MALFORMED_FRAME, PeerScores
+from .wirelimits import limit_for
 
 log = logging.getLogger(__name__)
 
@@ -478,7 +478,10 @@ class P2PHost(GossipMethods):
         The stream is closed when the handler returns. If it raises, the error is logged (framing errors and
         closed streams at debug level) and the stream is reset; the host keeps running. A
         :class:`~node.p2p.framing.FrameError` first earns the peer an error frame (code ``bad_frame``) and a
-        penalty (:meth:`penalize`). Streams from a banned peer are reset at once.
+        penalty (:meth:`penalize`); a :class:`~node.p2p.framing.ReadBusy` (the node-wide pool for large reads
+        is full) an error frame (code ``busy``) and no penalty. Streams from a banned peer are reset at once.
+        Messages the handler reads with ``read_msg(stream)`` get the protocol's limits
+        (:mod:`node.p2p.wirelimits`).
         """
         from libp2p.custom_types import TProtocol
 
@@ -490,12 +493,15 @@ class P2PHost(GossipMethods):
                 return
             try:
                 await handler(stream, remote)
-            except FrameError as e:
-                log.debug("%s handler, peer %s: bad frame: %s", protocol_id, remote, e)
-                self.penalize(remote, MALFORMED_FRAME)
+            except (FrameError, ReadBusy) as e:
+                log.debug("%s handler, peer %s: bad frame or busy: %s", protocol_id, remote, e)
+                busy = isinstance(e, ReadBusy)  # this node's large-read pool is full: no fault of the peer's
+                if not busy:
+                    self.penalize(remote, MALFORMED_FRAME)
                 with trio.move_on_after(1.0):
                     try:
-                        await write_msg(stream, error_reply("bad_frame", str(e)))
+                        await write_msg(stream, error_reply(e.code, e.message) if busy
+                                        else error_reply("bad_frame", str(e)))
                     except (StreamClosed, RequestTimeout, FrameError):
                         pass
                 await _reset(stream)
@@ -512,8 +518,8 @@ class P2PHost(GossipMethods):
         if self._host is not None:
             self._host.set_stream_handler(TProtocol(protocol_id), wrapped)
 
-    def set_request_handler(self, protocol_id: str, fn: RequestHandler, timeout: float = 30.0,
-                            max_message: int = MAX_MESSAGE) -> None:
+    def set_request_handler(self, protocol_id: str, fn: RequestHandler, timeout: float | None = None,
+                            max_message: int | None = None) -> None:
         """Serve one request per stream: ``reply = await fn(msg, remote_peer_id)``.
 
         ``fn`` returns a reply map (``"status": "ok"`` is added when absent). If ``fn`` raises
@@ -521,8 +527,14 @@ class P2PHost(GossipMethods):
         answered with code ``"internal"``. A malformed request is answered with code ``"bad_request"``.
 
         Args:
-            timeout: seconds allowed to read the request and to write the reply.
+            timeout: seconds allowed to read the request and to write the reply (``None``: the protocol's read
+                timeout in :data:`node.p2p.wirelimits.TABLE`, 10 s for a protocol not in it).
+            max_message: largest request read, in bytes (``None``: the protocol's request limit in the table,
+                64 KiB for a protocol not in it). Replies are written up to ``encoding.MAX_MESSAGE``.
         """
+        lim = limit_for(protocol_id)
+        timeout = lim.timeout if timeout is None else timeout
+        max_message = lim.request if max_message is None else max_message
 
         async def handler(stream, remote: str) -> None:
             try:
@@ -576,15 +588,19 @@ class P2PHost(GossipMethods):
             raise PeerUnreachable(f"{peer_id} {protocol_id}: {type(e).__name__}: {e}") from None
 
     async def request(self, peer_id: str, protocol_id: str, msg: dict, timeout: float,
-                      max_message: int = MAX_MESSAGE) -> dict:
+                      max_message: int | None = None) -> dict:
         """Open a stream, send ``msg``, read one reply, close. ``timeout`` (seconds) bounds the whole exchange.
+        ``max_message``: largest reply read, in bytes (``None``: the protocol's reply limit in
+        :data:`node.p2p.wirelimits.TABLE`, 64 KiB for a protocol not in it); ``msg`` is written up to
+        ``encoding.MAX_MESSAGE``.
 
         Returns:
             The ``"status": "ok"`` reply map.
 
         Raises:
             PeerUnreachable: the stream could not be opened.
-            RemoteError: the reply has ``"status": "error"`` (``.code``).
+            RemoteError: the reply has ``"status": "error"`` (``.code``); :class:`~node.p2p.framing.ReadBusy`
+                when this node's pool for large reads has no room for the reply.
             StreamClosed: the peer closed or reset the stream before a complete reply.
             FrameError: the reply broke framing or has no valid status.
             RequestTimeout: ``timeout`` elapsed.
@@ -593,8 +609,9 @@ class P2PHost(GossipMethods):
         try:
             with trio.fail_after(timeout):
                 stream = await self.open_stream(peer_id, protocol_id, timeout=math.inf)
-                await write_msg(stream, msg, max_message=max_message)
-                reply = await read_msg(stream, timeout, max_message)
+                await write_msg(stream, msg)
+                reply = await read_msg(stream, timeout, limit_for(protocol_id).reply if max_message is None
+                                       else max_message)
         except trio.TooSlowError:
             if stream is not None:
                 await _reset(stream)

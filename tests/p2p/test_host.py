@@ -69,7 +69,7 @@ def test_stream_roundtrip_small_and_5mib():
     async def echo(stream, remote):
         while True:
             try:
-                msg = await read_msg(stream, timeout=10)
+                msg = await read_msg(stream, timeout=10, max_message=8 << 20)  # /test/echo has no table entry
             except StreamClosed:
                 return
             await write_msg(stream, {"from": remote, "echo": msg})
@@ -89,7 +89,7 @@ def test_stream_roundtrip_small_and_5mib():
             big = {"blob": bytes(range(256)) * (5 * 4096)}  # 5 MiB -> 6 frames
             t = time.monotonic()
             await write_msg(s, big)
-            reply = await read_msg(s, timeout=10)
+            reply = await read_msg(s, timeout=10, max_message=8 << 20)
             print(f"5 MiB echo: {time.monotonic() - t:.3f} s")
             assert reply["echo"] == big
             await s.close()
