@@ -45,7 +45,7 @@ def cli(*args: str, timeout: float = 90, process: bool = False) -> subprocess.Co
 
 def start_node(data_dir: Path, genesis: Path, models: Path, dev_account: int) -> subprocess.Popen:
     data_dir.mkdir(parents=True)
-    log = open(data_dir / "stdout.log", "w")
+    log = open(data_dir / "stdout.log", "w")  # noqa: SIM115  (the node process writes to it until it ends)
     return subprocess.Popen([sys.executable, "-m", "node.cli", "start", "--genesis", str(genesis), "--data-dir",
                              str(data_dir), "--dev-account", str(dev_account), "--model", "tiny", "--model-cache",
                              str(models), "--api-port", "0", "--log-level", "WARNING"],
@@ -249,3 +249,60 @@ def test_node_start_dials_the_genesis_files_bootstrap_list(net):
         assert r.returncode == 0 and f"account  {DEV[4]}" in r.stdout
     finally:
         stop(proc)
+
+
+def test_the_wallet_gives_up_saying_why_a_transaction_is_pending_or_dropped(tmp_path):
+    """``wait_included`` against the real API app over a real LevelDB ledger (no network: blocks are produced
+    between the wallet's looks, as a validator produces them): a transfer queued behind a nonce gap is reported
+    pending with the missing nonce when the wallet's deadline passes, then dropped with the node's reason once the
+    gap outlives ``future_ttl_blocks``; the CLI's exit statuses say which."""
+    from types import SimpleNamespace
+
+    import trio
+    from starlette.testclient import TestClient
+
+    from node.api.app import create_app
+    from node.ledger.core.chain import commit_block
+    from node.ledger.core.tx import Transfer
+    from node.ledger.mempool import Limits
+    from node.ledger.service import LedgerService
+    from node.ledger.store import LedgerStore
+    from node.wallet.cli import EXIT_DROPPED, EXIT_PENDING
+    from node.wallet.client import NodeApi, NotIncluded
+    from tests.ledger.helpers import KEYS, VALIDATOR, make_genesis
+
+    assert (EXIT_PENDING, EXIT_DROPPED) == (2, 3)
+    g = make_genesis()
+    store = LedgerStore(tmp_path / "db", g)
+    svc = LedgerService(store, g, VALIDATOR, host=None, mempool_limits=Limits(future_ttl_blocks=4))
+    node = SimpleNamespace(store=store, ledger=svc, genesis=g, ident=VALIDATOR, api_token="t")
+    me = KEYS[1]
+    (tmp_path / "node.json").write_text(json.dumps({"api": "http://127.0.0.1", "peer_id": me.peer_id}))
+    api = NodeApi(tmp_path)
+    api.http = TestClient(create_app(node), base_url="http://127.0.0.1")
+    gapped = Transfer(g.chain_id, me.account, KEYS[2].account, C, 1).signed(me)  # nonce 0 never sent
+    svc.add_tx(gapped)
+    sub = {"id": gapped.id.hex(), "nonce": 1}
+
+    async def produce():
+        value = svc.driver._get_value(svc.state.height + 1)
+        block, new_state = svc.driver.blocks[value]
+        assert await svc.commit_decided(block, commit_block(VALIDATOR, block), new_state)
+
+    clock = [0.0]
+
+    def sleep(s):  # the wallet's pause between looks: a block goes by
+        clock[0] += s
+        trio.run(produce)
+
+    with pytest.raises(NotIncluded) as e:
+        api.wait_included(sub, 0.5, clock=lambda: clock[0], sleep=sleep)
+    assert not e.value.dropped and "not in a block after 0.5 s: pending for" in str(e.value)
+    assert "nonce 0 has not reached this node" in str(e.value)
+    assert e.value.status["status"] == "pending" and e.value.status["missing_nonce"] == 0
+    with pytest.raises(NotIncluded) as e:
+        api.wait_included(sub, 60, clock=lambda: clock[0], sleep=sleep)
+    assert e.value.dropped and "was dropped by the node" in str(e.value) and "waited 4 blocks for nonce 0" in str(
+        e.value)
+    assert e.value.status["status"] == "dropped" and svc.state.height <= 6
+    store.close()

@@ -1,5 +1,8 @@
-"""``node wallet balance | history | transfer | bond | unbond | validator join|leave | validators``: the HTTP wallet (:mod:`node.api.wallet`) from the
-command line, against the node whose data dir is given (like ``node job``), so a user never needs curl.
+"""``node wallet balance | history | transfer | bond | unbond | validator join|leave | validators``: the HTTP wallet
+(:mod:`node.api.wallet`) from the command line, against the node whose data dir is given (like ``node job``), so a user
+never needs curl. Without ``--no-wait`` a transfer, bond or unbond waits for its block until ``--timeout``; when it
+gives up it says what happened to the transaction (still pending and why, or dropped and why: the node's
+``/v1/txs/{id}/status``) and exits with :data:`EXIT_PENDING` or :data:`EXIT_DROPPED`.
 
 Amounts are decimal credit strings checked on this side with the canonical parser
 (:func:`node.encoding.parse_amount`) before anything is sent; accounts are peer IDs checked likewise. Output is
@@ -15,11 +18,13 @@ from pathlib import Path
 
 from ..encoding import format_amount, parse_amount
 from ..identity import account_from_str, account_to_str
-from .client import NodeApi, WalletError
+from .client import NodeApi, NotIncluded, WalletError
 
 MAX_PAGE = 200  # the API's largest page (node.api.wallet Limit)
 MAX_PAGES = 100_000  # --all stops after this many pages (a bound on the loop; 20 million events)
 TIMEOUT_S = 60.0
+EXIT_PENDING = 2  # gave up waiting: the transaction is still pending (the reason is printed)
+EXIT_DROPPED = 3  # the node dropped the transaction (the reason is printed)
 
 
 class InputError(ValueError):
@@ -85,14 +90,17 @@ def add_wallet_parser(sub, default_data_dir: Path) -> None:
     b.add_argument("account", nargs="?", help="another account to look at (default: the node's own)")
     h = ws.add_parser("history", parents=[common], help="the account's history, newest first")
     h.add_argument("account", nargs="?", help="another account to look at (default: the node's own)")
-    h.add_argument("--limit", type=_page_size, default=20, help=f"events per page, 1..{MAX_PAGE} (default: %(default)s)")
+    h.add_argument("--limit", type=_page_size, default=20,
+                   help=f"events per page, 1..{MAX_PAGE} (default: %(default)s)")
     h.add_argument("--cursor", help="start at this page (the `next` a previous page printed)")
     h.add_argument("--all", action="store_true", help="every page, to the first event")
     sends = argparse.ArgumentParser(add_help=False)
     sends.add_argument("--no-wait", action="store_true",
                        help="print the transaction id at once instead of waiting until it is in a block")
     sends.add_argument("--timeout", type=_seconds, default=TIMEOUT_S,
-                       help="seconds to wait for the block (default: %(default)s)")
+                       help="seconds to wait for the block (default: %(default)s); when it gives up, the wallet "
+                            f"says why the transaction is still pending and exits {EXIT_PENDING}; a transaction the "
+                            f"node dropped is reported with the node's reason, exit {EXIT_DROPPED}")
     t = ws.add_parser("transfer", parents=[common, sends], help="send credits to another account")
     t.add_argument("to", help="the recipient's peer ID")
     t.add_argument("amount", help="credits, a decimal string (e.g. 1.5)")
@@ -169,7 +177,8 @@ def format_validators(vals: dict) -> str:
     lines = [f"height   {vals['height']}", f"power    {vals.get('total_power', '-')} (a commit needs "
              f"{vals.get('quorum_power', '-')})",
              "changes  " + ("by bond (min_validator_bond "
-                            f"{_cr(vals.get('min_validator_bond'))})" if vals.get("changes") else "no (fixed in genesis)")]
+                            f"{_cr(vals.get('min_validator_bond'))})" if vals.get("changes")
+                            else "no (fixed in genesis)")]
     lines += [f"  {x['account']}  power {x.get('power', '1')}  signed {x['signed']}/{vals['window']}"
               for x in vals["validators"]]
     lines += [f"pending  {c['account']}  power {c['from_power']} -> {c['power']} from height {c['effective_height']}"
@@ -229,6 +238,11 @@ def run_wallet_command(args) -> int:
                 _send(api, args)
         finally:
             api.close()
+    except NotIncluded as e:
+        if getattr(args, "json", False) and e.status is not None:
+            print(json.dumps(e.status, indent=2))
+        print(f"node wallet: {e}", file=sys.stderr)
+        return EXIT_DROPPED if e.dropped else EXIT_PENDING
     except (InputError, WalletError) as e:
         print(f"node wallet: {e}", file=sys.stderr)
         return 1

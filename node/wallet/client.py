@@ -29,6 +29,16 @@ class ApiRefused(WalletError):
         self.status, self.code, self.message = status, code, message
 
 
+class NotIncluded(WalletError):
+    """A submitted transaction the wallet stopped waiting for: dropped (``dropped`` True, the node's reason in the
+    message) or still pending at the deadline (why, in the message). ``status`` is the node's
+    ``/v1/txs/{id}/status`` answer (``TxStatusOut``), or None where the node could not give one."""
+
+    def __init__(self, message: str, dropped: bool, status: dict | None):
+        super().__init__(message)
+        self.dropped, self.status = dropped, status
+
+
 class NodeApi:
     """HTTP calls to the node whose data dir is ``data_dir``.
 
@@ -94,28 +104,48 @@ class NodeApi:
     def post(self, path: str, body: dict) -> dict:
         return self.call("POST", path, body=body)
 
+    def tx_status(self, tid: str) -> dict | None:
+        """The node's ``/v1/txs/{id}/status`` answer; None from a node without that route (an older one)."""
+        try:
+            return self.get(f"/v1/txs/{tid}/status")
+        except ApiRefused as e:
+            if e.status == 404:
+                return None
+            raise
+
     def wait_included(self, submitted: dict, timeout: float, clock=time.monotonic, sleep=time.sleep) -> dict:
         """Poll ``/v1/txs/{id}`` until the submitted transaction is in a stored (finalized) block; its ``TxOut``.
 
         Raises:
-            WalletError: not in a block after ``timeout`` seconds, or dropped (the account's nonce moved past it
-                and the transaction is in no block).
+            NotIncluded: the node dropped it (its reason; believed on the second look in a row, as the block that
+                holds it may be stored between two looks), or the account's nonce moved past it while it is in
+                no block (a node that forgot it), or it is still pending after ``timeout`` seconds (the node's
+                reason: waiting for a block, or for a missing nonce; how long; how often it was re-sent).
+            WalletError: the node stopped answering.
         """
         tid, nonce = submitted["id"], int(submitted["nonce"])
         deadline = clock() + timeout
-        passed = 0  # consecutive looks that found the nonce past ours and the transaction in no block
+        passed = dropped = 0  # consecutive looks that found the nonce past ours / the transaction dropped
         while True:
             try:
                 return self.get(f"/v1/txs/{tid}")
             except ApiRefused as e:
                 if e.status != 404:
                     raise
-            # the block that moved the nonce may be stored just after we looked: believe a drop on the second look
+                dropped = dropped + 1 if e.code == "dropped" else 0
+                if dropped >= 2:
+                    raise NotIncluded(f"transaction {tid} was dropped by the node: {e.message}", True,
+                                      self.tx_status(tid)) from None
             passed = passed + 1 if int(self.get(f"/v1/accounts/{self.peer_id}")["nonce"]) > nonce else 0
             if passed >= 2:
-                raise WalletError(f"transaction {tid} was dropped: the account's nonce moved past {nonce} and it is "
-                                  "in no block")
+                raise NotIncluded(f"transaction {tid} was dropped: the account's nonce moved past {nonce} and it "
+                                  "is in no block", True, self.tx_status(tid))
             if clock() >= deadline:
-                raise WalletError(f"transaction {tid} is not in a block after {timeout:g} s; it may still be "
-                                  f"included: look with `node wallet history` or GET /v1/txs/{tid}")
+                st = self.tx_status(tid)
+                why = st["summary"] if st else "the node says nothing more"
+                if st and st.get("resent"):
+                    why += f"; re-sent to peers {st['resent']} times"
+                raise NotIncluded(f"transaction {tid} is not in a block after {timeout:g} s: {why}. It may still be "
+                                  f"included: look again with GET /v1/txs/{tid}/status or `node wallet history`",
+                                  bool(st and st["status"] == "dropped"), st)
             sleep(POLL_S)
