@@ -145,6 +145,16 @@ class SnapshotServer:
         finally:
             self._making = False
 
+    def offerable(self) -> tuple[snap.Manifest, dict[str, Any]] | None:
+        """The newest kept snapshot whose next block is stored, with that block's header and commit (``{"b":
+        {"h": header list}, "c": commit}``: its body is not needed), or None. Right after a snapshot is made its
+        next block is not committed yet: the previous one is offered meanwhile."""
+        for m in sorted(self.kept.values(), key=lambda k: -k.height):
+            block = self.store.get_header_raw(m.height + 1)  # its header and commit (its body may be pruned)
+            if block is not None:
+                return m, {"b": {"h": block["b"]["h"]}, "c": block["c"]}
+        return None
+
     async def _reply(self, stream: Any, peer: str, reply: dict[str, Any], limit: int) -> None:
         """Write an in-memory reply while ~3x its packed size is reserved for ``peer`` (the map, its packed
         bytes, its frames), under :func:`node.p2p.filesend.reply_deadline`; ``busy`` when the budget is full."""
@@ -172,12 +182,11 @@ class SnapshotServer:
             await write_error(stream, "no_snapshot", "this node has no snapshot yet")
             return
         if op == "offer":
-            block = self.store.get_header_raw(m.height + 1)  # its header and commit (its body may be pruned)
-            if block is None:  # the next block is not stored yet: offer nothing rather than an unprovable state
+            got = self.offerable()
+            if got is None:  # no kept snapshot's next block is stored yet: offer nothing unprovable
                 await write_error(stream, "no_snapshot", "the snapshot's next block is not stored yet")
                 return
-            slim = {"b": {"h": block["b"]["h"]}, "c": block["c"]}  # the body is not needed: only the header
-            await self._reply(stream, peer, {"status": "ok", "manifest": m.to_wire(), "block": slim}, 1 << 24)
+            await self._reply(stream, peer, {"status": "ok", "manifest": got[0].to_wire(), "block": got[1]}, 1 << 24)
             return
         if op == "chunk":
             i, sid = msg.get("index"), msg.get("snapshot")
@@ -312,8 +321,8 @@ async def _offer(host: SyncHost, peer: str, store: Any, timeout: float, limits: 
                                        max_message=limits.max_offer_bytes)
             return await check_offer(host, peer, store, reply, timeout, limits.max_chunks)
         except RemoteError as e:
-            if e.code == "no_snapshot":
-                log.info("%s has no snapshot to offer", peer[:16])
+            if e.code in ("no_snapshot", "busy"):  # an honest answer: nothing to offer, or not now
+                log.info("%s has no snapshot to offer now: %s", peer[:16], e)
                 return None
             why = f"error reply: {e}"
         except (snap.SnapshotError, InvalidBlock) as e:

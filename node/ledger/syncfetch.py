@@ -42,9 +42,12 @@ class SyncLimits:
             the entries and the tree in memory, about twice this at most.
         max_chunk_bytes: bytes of one chunk reply (a chunk decodes only up to 4 MiB:
             :func:`node.ledger.snapshot.check_chunk`).
-        max_offer_bytes: bytes of one offer reply (a manifest of ``max_chunks`` ids is ~34 B each, plus one
-            header and its commit).
-        max_peers: peers asked for an offer, all at once.
+        max_offer_bytes: bytes of one offer reply (a manifest of ``max_chunks`` ids is ~560 KiB, plus one
+            header and its commit: ~110 B per validator).
+        max_peers: peers asked for an offer, all at once (so offers in flight hold ``max_peers x
+            max_offer_bytes`` = 16 MiB at most).
+        max_in_flight: chunk requests in flight at once, over all sources (so replies being read hold
+            ``max_in_flight x max_chunk_bytes`` = 16 MiB at most).
         offer_budget_s: seconds for one peer's offer, with its headers on a chain whose set changes.
         grace_s: seconds a chunk source may take before it has delivered anything.
         min_rate: bytes per second: each byte a source delivers adds ``1 / min_rate`` seconds to its allowance
@@ -55,8 +58,9 @@ class SyncLimits:
     max_chunks: int = 1 << 14
     max_bytes: int = 1 << 30
     max_chunk_bytes: int = 4 * snap.CHUNK_BYTES + 64
-    max_offer_bytes: int = 4 << 20
-    max_peers: int = 32
+    max_offer_bytes: int = 1 << 20
+    max_peers: int = 16
+    max_in_flight: int = 4
     offer_budget_s: float = 120.0
     grace_s: float = 10.0
     min_rate: float = 64 * 1024
@@ -129,6 +133,7 @@ class ChunkFetch:
         self.pending = list(range(len(o.manifest.chunks)))[::-1]  # pop() gives the lowest index
         self.flying: dict[int, dict[str, trio.CancelScope]] = {}  # chunk index -> peer -> its request's scope
         self.over = False  # the bytes passed limits.max_bytes
+        self.slots = trio.CapacityLimiter(limits.max_in_flight)  # chunk requests in flight, all sources together
         self._changed = trio.Event()
 
     def _notify(self) -> None:
@@ -164,7 +169,8 @@ class ChunkFetch:
             with trio.CancelScope() as scope:
                 self.flying.setdefault(i, {})[src.peer] = scope
                 try:
-                    got = await chunk_from(self.host, src, self.o.manifest, i, self.limits, self.timeout)
+                    async with self.slots:  # the wait for a slot is not counted against the source
+                        got = await chunk_from(self.host, src, self.o.manifest, i, self.limits, self.timeout)
                 finally:
                     holders = self.flying.get(i, {})
                     holders.pop(src.peer, None)

@@ -83,10 +83,8 @@ def test_state_sync_next_to_crashing_and_lying_peers(tmp_path, tiny):
                     await v.ledger.new_block.wait()
 
             def honest():  # what the validator offers now (its snapshot moves on as blocks come)
-                m = v.snapshots.manifest
-                raw = v.store.get_header_raw(m.height + 1)
-                return m, {"status": "ok", "manifest": m.to_wire(), "block": {"b": {"h": raw["b"]["h"]},
-                                                                               "c": raw["c"]}}
+                m, block = v.snapshots.offerable()
+                return m, {"status": "ok", "manifest": m.to_wire(), "block": block}
 
             def crashing():
                 offer = honest()[1]
@@ -103,8 +101,8 @@ def test_state_sync_next_to_crashing_and_lying_peers(tmp_path, tiny):
                                   "c": [list(sign_commit(forger, fake.chain_id, fake.height, fake.hash))]}}
 
             def drip_chunk(i):
-                m = v.snapshots.manifest
-                return {"status": "ok", "data": v.snapshots.chunks[m.chunks[i]]}
+                m = honest()[0]
+                return {"status": "ok", "data": v.snapshots.disk.chunk(m.chunks[i])}
 
             crash = Hostile(g, crashing, chunk=lambda i: {"status": "ok", "data": b"x"})
             liar = Hostile(g, lying, chunk=lambda i: {"status": "ok", "data": os.urandom(1 << 20)})
