@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextvars
 import ipaddress
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -66,3 +67,40 @@ def idle_sockets(ip: str, target: tuple[str, int], n: int) -> list[socket.socket
             continue
         out.append(s)
     return out
+
+
+def flood(ips: list[str], target: tuple[str, int], seconds: float, hold: int) -> int:
+    """Keep opening idle TCP connections to ``target`` for ``seconds``, round-robin over ``ips`` (each socket bound
+    to one), holding at most ``hold`` at once (the oldest closed first); every one is closed at the end. Blocking:
+    run it in a thread. Returns how many connections were opened."""
+    held: list[socket.socket] = []
+    opened, i = 0, 0
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((ips[i % len(ips)], 0))
+            s.settimeout(1.0)
+            i += 1
+            try:
+                s.connect(target)
+            except OSError:
+                s.close()
+                continue
+            opened += 1
+            held.append(s)
+            if len(held) > hold:
+                held.pop(0).close()
+    finally:
+        for s in held:
+            s.close()
+    return opened
+
+
+if __name__ == "__main__":  # python -m tests.net.srcbind FIRST_IP LAST_IP HOST PORT SECONDS HOLD
+    import sys
+
+    first, last, host, port, secs, hold = sys.argv[1:7]
+    lo, hi = int(ipaddress.IPv4Address(first)), int(ipaddress.IPv4Address(last))
+    pool = [str(ipaddress.IPv4Address(x)) for x in range(lo, hi + 1)]
+    print(flood(pool, (host, int(port)), float(secs), int(hold)), flush=True)

@@ -7,8 +7,11 @@ address must connect, ping and complete the hello within seconds (issue 23, chec
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
-from contextlib import asynccontextmanager, suppress
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from pathlib import Path
 
 import trio
 from libp2p.host.ping import PingService
@@ -16,6 +19,7 @@ from libp2p.peer.id import ID
 from multiaddr import Multiaddr
 
 from node.identity import Identity
+from node.net.limits import Limits
 from node.net.service import NetworkService
 from node.p2p.host import P2PHost
 from tests.net.srcbind import idle_sockets, source
@@ -26,8 +30,8 @@ CHAIN = "tally-test"
 
 
 @asynccontextmanager
-async def node(genesis: bytes = G1, **kw):
-    host = P2PHost(Identity.generate(), 0, CHAIN, genesis_hash=genesis, **kw)
+async def node(genesis: bytes = G1, identity: Identity | None = None, **kw):
+    host = P2PHost(identity or Identity.generate(), 0, CHAIN, genesis_hash=genesis, **kw)
     net = NetworkService(host, genesis)
     async with host.running():
         await host.start_service(net.run)
@@ -118,3 +122,110 @@ def test_idle_sockets_from_one_address_do_not_lock_out_others():
             await fresh_peer(a, na, "127.0.1.6")
 
     run(main, timeout=90)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_flood_from_one_slash24_leaves_other_subnets_and_reserved_addresses_served():
+    """Idle sockets from 127.0.0.2-127.0.0.200 (one /24), opened without pause by another process for 15 s: a
+    peer from 127.0.1.5 (another /24) and one from a reserved address inside the flooded /24 still connect."""
+
+    async def main():
+        async with node() as (a, na):
+            a.reserve(ips=["127.0.0.201"])
+            proc = subprocess.Popen([sys.executable, "-m", "tests.net.srcbind", "127.0.0.2", "127.0.0.200",
+                                     "127.0.0.1", str(_port(a)), "15", "1000"], cwd=ROOT,
+                                    stdout=subprocess.PIPE, text=True)
+            try:
+                with trio.fail_after(10):
+                    while not a.admission.refused["pending_per_subnet"]:
+                        await trio.sleep(0.1)
+                took = await fresh_peer(a, na, "127.0.1.5", within=10.0)
+                took_reserved = await fresh_peer(a, na, "127.0.0.201", within=10.0)
+                assert proc.poll() is None, "the flood ended before the honest peers were done"
+                out, _ = await trio.to_thread.run_sync(proc.communicate, None, 30)
+            finally:
+                proc.kill()
+                proc.wait()
+            assert int(out) > 500, out  # the flood really flooded
+            refused = a.admission.stats()["refused_before_handshake"]
+            assert refused["pending_per_subnet"] > 100, refused
+            print(f"flood: {out.strip()} sockets, refused {refused}, honest {took:.2f} s, reserved "
+                  f"{took_reserved:.2f} s")
+            await settled(a)
+            await fresh_peer(a, na, "127.0.0.2")
+            await fresh_peer(a, na, "127.0.1.6")
+
+    run(main, timeout=120)
+
+
+@asynccontextmanager
+async def bare(identity: Identity | None = None):
+    """A libp2p host that never says hello."""
+    h = P2PHost(identity or Identity.generate(), 0, CHAIN)
+    async with h.running():
+        yield h
+
+
+def test_an_identity_flood_fills_max_conns_but_validators_connect_and_dial_each_other():
+    """Fresh identities fill Limits.max_conns; a reserved peer (a validator) still connects, the node still dials
+    another validator, a newcomer is turned away; when the flood ends, newcomers connect again."""
+
+    async def main():
+        v1, v2 = Identity.generate(), Identity.generate()
+        async with AsyncExitStack() as st:
+            a, na = await st.enter_async_context(node(limits=Limits(max_conns=8)))
+            a.reserve(peers=[v1.peer_id, v2.peer_id])
+            h1, n1 = await st.enter_async_context(node(identity=v1))
+            h2, _ = await st.enter_async_context(node(identity=v2))
+            async with AsyncExitStack() as flood:
+                bad = [await flood.enter_async_context(bare()) for _ in range(10)]
+                with source("127.0.0.3"):
+                    for b in bad:
+                        await b.connect(a.addrs, timeout=5.0)
+                with trio.fail_after(10):
+                    while len(a.connected_peers()) < 8:
+                        await trio.sleep(0.05)
+                assert a.limiter.refused_conns >= 1  # the 9th and 10th were closed
+                with source("127.0.1.7"), trio.fail_after(15):
+                    assert await h1.connect(a.addrs) == 1
+                    while not (n1.hello.verified(a.peer_id) and na.hello.verified(v1.peer_id)):
+                        await trio.sleep(0.05)
+                with trio.fail_after(15):
+                    assert await a.connect(h2.addrs) == 1  # outbound: not held to max_conns
+                    while not na.hello.verified(v2.peer_id):
+                        await trio.sleep(0.05)
+                refused = a.limiter.refused_conns
+                got_in = False
+                with trio.move_on_after(8), suppress(Exception):  # closed as it opens: ping or hello fails
+                    await fresh_peer(a, na, "127.0.1.5")
+                    got_in = True
+                assert not got_in, "a newcomer got in while max_conns was full"
+                assert a.limiter.refused_conns > refused
+                assert v1.peer_id in a.connected_peers() and v2.peer_id in a.connected_peers()
+            with trio.fail_after(15):  # the flood's hosts stopped: their slots come back
+                while len(a.connected_peers()) > 2 or a.admission.open > 1:
+                    await trio.sleep(0.1)
+            await fresh_peer(a, na, "127.0.0.3")
+            await fresh_peer(a, na, "127.0.1.6")
+
+    run(main, timeout=120)
+
+
+def test_a_peer_that_never_says_hello_is_disconnected():
+    async def main():
+        async with node(limits=Limits(hello_timeout=2.0)) as (a, na), bare() as b:
+            with source("127.0.0.4"):
+                assert await b.connect(a.addrs) == 1
+            with trio.fail_after(10):
+                while b.peer_id in a.connected_peers():
+                    await trio.sleep(0.1)
+            assert a.admission.open == 0  # its inbound slot is back too
+            async with node() as (m, _):
+                with source("127.0.0.4"):
+                    assert await m.connect(a.addrs) == 1
+                await trio.sleep(5.0)  # past the deadline, twice over: a member stays
+                assert m.peer_id in a.connected_peers() and na.hello.verified(m.peer_id)
+
+    run(main, timeout=60)
