@@ -192,7 +192,8 @@ class ChunkFetch:
             elif i not in self.flying:  # busy, or this source failed: someone else takes it
                 self.pending.append(i)
             self._notify()
-            if got is True:  # busy: its time counted; ask again after a pause
+            if got is True:  # busy: ask again after a pause, which counts against it (a source that only ever
+                src.spent += BUSY_PAUSE_S  # answers "busy" runs out of time like one that never answers)
                 await trio.sleep(BUSY_PAUSE_S)
 
 

@@ -322,3 +322,29 @@ def test_check_manifest_binds_the_manifest_to_its_header(source):
     with pytest.raises(snap.SnapshotError, match="entries"):
         snap.check_manifest(snap.Manifest(m.chain_id, m.height, m.last_hash, m.seq, (1,) + (0,) * (len(m.counts) - 1),
                                           m.root, m.chunks), header, g.chain_id)
+
+
+def test_a_source_that_is_always_busy_runs_out_of_time(source, tmp_path):
+    """A peer that offers the honest manifest and answers every chunk request ``busy`` at once is asked again
+    after a pause that counts against its time: it is dropped and penalised, and the sync ends."""
+    g, src, server = source
+    offer = honest_offer(src, server.manifest)
+    busy = Scripted(lambda msg: offer if msg.get("op") == "offer"
+                    else {"status": "error", "code": "busy", "message": "try again later"})
+
+    async def main():
+        async with running_hosts(2) as (h_busy, h_dst):
+            h_busy.set_handler(ss.SNAPSHOT_PROTOCOL, busy.handle)
+            assert await h_dst.connect(h_busy.addrs) == 1
+            penalties = recorder(h_dst)
+            dst = LedgerStore(tmp_path / "dst", g)
+            try:
+                synced = await ss.state_sync(dst, h_dst, [h_busy.peer_id], timeout=30,
+                                             limits=ss.SyncLimits(grace_s=3.0))
+                assert synced is None and dst.base == 0
+            finally:
+                dst.close()
+            return penalties, h_busy.peer_id
+
+    penalties, busy_id = run(main, timeout=30)
+    assert penalties == [(busy_id, ss.SLOW)] and 1 <= busy.ops.count("chunk") <= 4
