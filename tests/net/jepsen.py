@@ -1,0 +1,415 @@
+"""A Jepsen-style run of four Tally validators on network namespace hosts (test infra for ``test_jepsen.py``).
+
+Set up as an operator would: ``node key --create`` per host, one ``node genesis new`` (devnet parameters, each
+validator bonded 200 and holding 1,000 credits, every validator in the bootstrap list), ``node start`` per host.
+One validator, drawn from the seed, is *slow*: every byte to and from it passes a delaying TCP relay
+(``jepsen_relay.py``; the kernel has no netem): it listens on 127.0.0.1 behind a relay on its address, dials the
+others through relays of its own (bound to a second address of its host), and a firewall rule stops its direct
+dials.
+
+A workload sends a 0.001 credit transfer from every validator's wallet API about once a second; a fault
+schedule drawn from the seed cuts the network in every shape (2|2, 3|1, 1|1|2, a bridge node that sees both sides
+of a split) with nftables drop rules between hosts, kills a validator with SIGKILL and restarts it, and heals.
+Checks (:meth:`Jepsen.check_final`): no two nodes stored different blocks at a height (every node's reopened
+LevelDB); every node progresses within :data:`PROGRESS_S` after every heal; every accepted transfer is in
+exactly one block or its submitter reports it dropped with a reason; the supply is conserved on every node's
+reopened LevelDB.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from node.ledger.core.state import genesis_state
+from node.ledger.genesis import load_genesis
+from node.ledger.store import LedgerStore
+
+from .netns import Host, Netns
+from .tally import ROOT, cli, create_key
+
+PORT = 4001  # every validator's address (the slow one's relay listens there)
+INNER_PORT = 4002  # the slow validator's own listener, on 127.0.0.1 behind its relay
+RELAY_BASE = 5001  # the slow validator's outbound relays, on 127.0.0.1
+PROGRESS_S = 60.0  # seconds within which every node must pass the height reached before a heal (generous: 2 CPUs)
+SETTLE_S = 120.0  # seconds after the last heal for every accepted transaction to be included or dropped
+SHAPES = ("halves", "majority", "split3", "bridge", "kill")
+
+
+class JepsenFailure(AssertionError):
+    """A check failed; the message says which and how (the test adds the seed)."""
+
+
+class Agent:
+    """``jepsen_agent.py`` in a host: one HTTP call at a time to that host's node API."""
+
+    def __init__(self, net: Netns, host: Host, data_dir: Path):
+        self.proc = net.popen(host, [sys.executable, str(ROOT / "tests/net/jepsen_agent.py"), str(data_dir)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              cwd=ROOT)
+        self.lock = threading.Lock()
+
+    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
+        """``(HTTP status, JSON body)``; ``(0, why)`` when the node does not answer."""
+        with self.lock:
+            self.proc.stdin.write(json.dumps({"m": method, "p": path, "b": body}) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        if not line:
+            return 0, "agent gone"
+        out = json.loads(line)
+        return out["s"], out.get("j", out.get("e"))
+
+
+@dataclass
+class Val:
+    name: str
+    host: Host
+    data_dir: Path
+    peer_id: str
+    ips: list[str]
+    slow: bool = False
+    proc: subprocess.Popen | None = None
+    agent: Agent | None = None
+    log: Path | None = None
+
+    @property
+    def addr(self) -> str:
+        return f"/ip4/{self.host.ip}/tcp/{PORT}/p2p/{self.peer_id}"
+
+
+@dataclass
+class Accepted:
+    node: str
+    id: str
+    nonce: int
+    at: float
+
+
+@dataclass
+class Record:
+    """What the run saw, for the checks and the summary."""
+
+    accepted: list[Accepted] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    unreachable: int = 0
+    phases: list[str] = field(default_factory=list)
+    recover_s: list[float] = field(default_factory=list)
+
+
+class Jepsen:
+    """One run: ``setup()``, ``start()``, ``run_schedule()``, ``settle()``, ``check_final()``; ``close()`` stops
+    the workload (the :class:`Netns` stops the processes and removes the hosts)."""
+
+    def __init__(self, net: Netns, tmp: Path, model_cache: Path, seed: int, log=print):
+        self.net, self.tmp, self.cache, self.seed, self.say = net, tmp, model_cache, seed, log
+        self.rng = random.Random(seed)
+        self.vals: dict[str, Val] = {}
+        self.rec = Record()
+        self.genesis_path = tmp / "genesis.json"
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._rec_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ set-up
+
+    def setup(self) -> None:
+        names = ["v1", "v2", "v3", "v4"]
+        for name in names:
+            host = self.net.add_host(name)
+            d = self.tmp / name
+            self.vals[name] = Val(name, host, d, create_key(d), [host.ip])
+        slow = self.vals[self.rng.choice(names)]
+        slow.slow = True
+        self.delay = self.rng.choice([0.02, 0.05, 0.1])
+        second = f"10.247.0.{200 + names.index(slow.name)}"
+        self._sh(slow.host, "ip", "addr", "add", f"{second}/24", "dev", "eth0")
+        slow.ips.append(second)
+        args = ["genesis", "new", "--chain-id", "tally-test-jepsen", "--params", "devnet", "--out",
+                str(self.genesis_path), "--force"]
+        for v in self.vals.values():
+            args += ["--validator", f"{v.peer_id}=200", "--account", f"{v.peer_id}=1000", "--bootstrap", v.addr]
+        cli(*args)
+        for v in self.vals.values():
+            self._nft(v.host, "table inet jepsen {\n  set cut { type ipv4_addr; }\n"
+                              "  chain in { type filter hook input priority 0; ip saddr @cut drop; }\n"
+                              "  chain out { type filter hook output priority 0; ip daddr @cut drop; }\n}\n")
+        others = [v for v in self.vals.values() if not v.slow]
+        self._nft(slow.host, "table inet jepsenslow {\n  chain out { type filter hook output priority 0; "
+                             f"ip saddr {slow.host.ip} tcp dport {PORT} drop; }}\n}}\n")
+        specs = [f"{slow.host.ip}:{PORT}=127.0.0.1:{INNER_PORT}"]
+        specs += [f"127.0.0.1:{RELAY_BASE + i}={o.host.ip}:{PORT}@{second}" for i, o in enumerate(others)]
+        self.relay = self.net.popen(slow.host, [sys.executable, str(ROOT / "tests/net/jepsen_relay.py"),
+                                                str(self.delay), *specs], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        if self.relay.stdout.readline().strip() != "ready":
+            raise JepsenFailure("the delaying relay did not start")
+        self.slow_bootstrap = [f"/ip4/127.0.0.1/tcp/{RELAY_BASE + i}/p2p/{o.peer_id}" for i, o in enumerate(others)]
+        self.say(f"jepsen seed {self.seed}: slow validator {slow.name} behind a {self.delay * 1e3:.0f} ms relay")
+
+    def _sh(self, host: Host, *argv: str) -> None:
+        r = subprocess.run(["ip", "netns", "exec", host.ns, *argv], capture_output=True, text=True, timeout=10)
+        if r.returncode != 0:
+            raise JepsenFailure(f"{' '.join(argv)} in {host.name}: {r.stderr}")
+
+    def _nft(self, host: Host, rules: str) -> None:
+        r = subprocess.run(["ip", "netns", "exec", host.ns, "nft", "-f", "-"], input=rules, capture_output=True,
+                           text=True, timeout=10)
+        if r.returncode != 0:
+            raise JepsenFailure(f"nft in {host.name}: {r.stderr}\n{rules}")
+
+    def start_node(self, name: str) -> None:
+        v = self.vals[name]
+        v.log = self.tmp / f"{name}.log"
+        argv = [sys.executable, "-m", "node.cli", "start", "--data-dir", str(v.data_dir), "--genesis",
+                str(self.genesis_path), "--model", "tiny", "--model-cache", str(self.cache), "--api-port", "0"]
+        if v.slow:
+            argv += ["--listen", f"/ip4/127.0.0.1/tcp/{INNER_PORT}", "--announce", f"/ip4/{v.host.ip}/tcp/{PORT}",
+                     "--bootstrap", *self.slow_bootstrap]
+        else:
+            argv += ["--listen", f"/ip4/{v.host.ip}/tcp/{PORT}"]
+        (v.data_dir / "node.json").unlink(missing_ok=True)
+        with open(v.log, "ab") as f:
+            v.proc = self.net.popen(v.host, argv, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
+                                    env={"PYTHONUNBUFFERED": "1"})
+
+    def wait_up(self, name: str, timeout: float = 180.0) -> None:
+        v = self.vals[name]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if v.proc.poll() is not None:
+                raise JepsenFailure(f"{name} exited with {v.proc.returncode}:\n{self.tail(name)}")
+            info = v.data_dir / "node.json"
+            if info.exists():
+                try:
+                    if json.loads(info.read_text()).get("pid") == v.proc.pid:
+                        return
+                except ValueError:
+                    pass
+            time.sleep(0.3)
+        raise JepsenFailure(f"{name} not up within {timeout} s:\n{self.tail(name)}")
+
+    def start(self) -> None:
+        """Start every node and its agent; wait until all are up and the chain passes height 2 everywhere."""
+        for name in self.vals:
+            self.start_node(name)
+        for name, v in self.vals.items():
+            self.wait_up(name)
+            v.agent = Agent(self.net, v.host, v.data_dir)
+        self.wait_progress(2, "start")
+
+    # ------------------------------------------------------------------ observing
+
+    def height(self, name: str) -> int | None:
+        s, body = self.vals[name].agent.call("GET", "/v1/status")
+        return body["height"] if s == 200 else None
+
+    def heights(self) -> dict[str, int | None]:
+        return {n: self.height(n) for n in self.vals}
+
+    def wait_progress(self, target: int, why: str, bound: float = PROGRESS_S) -> float:
+        """Wait until every node is at ``target`` or above; seconds it took.
+
+        Raises:
+            JepsenFailure: not within ``bound`` seconds.
+        """
+        t0 = time.monotonic()
+        while True:
+            hs = self.heights()
+            if all(h is not None and h >= target for h in hs.values()):
+                return time.monotonic() - t0
+            if time.monotonic() - t0 > bound:
+                raise JepsenFailure(f"no progress to height {target} within {bound:g} s after {why}: heights {hs}\n"
+                                    + "\n".join(f"--- {n}\n{self.tail(n)}" for n in self.vals))
+            time.sleep(0.5)
+
+    def tail(self, name: str, lines: int = 25) -> str:
+        log = self.vals[name].log
+        if log is None or not log.exists():
+            return "(no log)"
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+    # ------------------------------------------------------------------ workload
+
+    def start_workload(self) -> None:
+        for i, name in enumerate(self.vals):
+            t = threading.Thread(target=self._transfers, args=(name, random.Random(self.seed * 10 + i)), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _transfers(self, name: str, rng: random.Random) -> None:
+        others = [v.peer_id for n, v in self.vals.items() if n != name]
+        while not self._stop.wait(rng.uniform(0.7, 1.3)):
+            s, body = self.vals[name].agent.call("POST", "/v1/transfer", {"to": rng.choice(others), "amount": "0.001"})
+            with self._rec_lock:
+                if s == 200:
+                    self.rec.accepted.append(Accepted(name, body["id"], body["nonce"], time.monotonic()))
+                elif s == 0:
+                    self.rec.unreachable += 1
+                else:
+                    self.rec.refused.append(f"{name}: {s} {body}")
+
+    def stop_workload(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=30)
+
+    # ------------------------------------------------------------------ faults
+
+    def cut(self, blocked: set[frozenset[str]]) -> None:
+        """Drop every packet between the hosts of each pair in ``blocked`` (both ways, every address)."""
+        for name, v in self.vals.items():
+            ips = [ip for other, o in self.vals.items() if frozenset((name, other)) in blocked for ip in o.ips]
+            rules = "flush set inet jepsen cut\n" + (f"add element inet jepsen cut {{ {', '.join(ips)} }}\n"
+                                                     if ips else "")
+            self._nft(v.host, rules)
+
+    def heal(self) -> None:
+        self.cut(set())
+
+    def run_schedule(self, hold: tuple[float, float] = (6.0, 12.0)) -> None:
+        """Every shape once, in an order and with members and durations drawn from the seed; after each, heal
+        and wait for progress past the highest height seen before the heal."""
+        shapes = list(SHAPES)
+        self.rng.shuffle(shapes)
+        names = list(self.vals)
+        for shape in shapes:
+            order = names[:]
+            self.rng.shuffle(order)
+            hold_s = round(self.rng.uniform(*hold), 1)
+            if shape == "kill":
+                victim = order[0]
+                desc = f"kill -9 {victim} for {hold_s} s"
+                self.vals[victim].proc.send_signal(signal.SIGKILL)
+                self.vals[victim].proc.wait(timeout=10)
+                time.sleep(hold_s)
+                self.start_node(victim)
+                self.wait_up(victim)
+            else:
+                groups = {"halves": [order[:2], order[2:]], "majority": [order[:3], order[3:]],
+                          "split3": [order[:1], order[1:2], order[2:]]}.get(shape)
+                if groups is not None:
+                    blocked = {frozenset((a, b)) for g in groups for h in groups if g is not h for a in g for b in h}
+                    desc = f"{shape} {' | '.join(','.join(sorted(g)) for g in groups)} for {hold_s} s"
+                else:  # bridge: order[0] sees both sides, which do not see each other
+                    left, right = order[1:2], order[2:]
+                    blocked = {frozenset((a, b)) for a in left for b in right}
+                    desc = f"bridge {order[0]} between {','.join(left)} and {','.join(sorted(right))} for {hold_s} s"
+                self.cut(blocked)
+                time.sleep(hold_s)
+                self.heal()
+            top = max(h for h in self.heights().values() if h is not None)
+            took = self.wait_progress(top + 2, desc)
+            self.rec.phases.append(f"{desc}: healed, every node past {top + 2} in {took:.1f} s")
+            self.rec.recover_s.append(took)
+            self.say(self.rec.phases[-1])
+
+    # ------------------------------------------------------------------ the end
+
+    def settle(self) -> dict[str, dict]:
+        """Stop the workload; wait (at most :data:`SETTLE_S`) until every accepted transfer's submitter says it
+        is included or dropped. Returns each id's last status."""
+        self.stop_workload()
+        deadline = time.monotonic() + SETTLE_S
+        final: dict[str, dict] = {}
+        open_ = list(self.rec.accepted)
+        while open_:
+            still = []
+            for a in open_:
+                s, body = self.vals[a.node].agent.call("GET", f"/v1/txs/{a.id}/status")
+                if s == 200 and body["status"] in ("included", "dropped"):
+                    final[a.id] = body
+                else:
+                    final[a.id] = body if s == 200 else {"status": f"no answer ({body})"}
+                    still.append(a)
+            open_ = still
+            if open_ and time.monotonic() > deadline:
+                break
+            if open_:
+                time.sleep(2)
+        return final
+
+    def stop_all(self) -> None:
+        for v in self.vals.values():
+            if v.proc is not None and v.proc.poll() is None:
+                v.proc.terminate()
+        for v in self.vals.values():
+            if v.proc is not None:
+                try:
+                    v.proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    v.proc.kill()
+                    v.proc.wait(timeout=10)
+
+    def check_final(self, final: dict[str, dict]) -> str:
+        """Every check on the reopened LevelDBs (nodes stopped first). Returns a one-paragraph summary.
+
+        Raises:
+            JepsenFailure: which check failed and how.
+        """
+        problems = []
+        for a in self.rec.accepted:
+            st = final.get(a.id, {})
+            if st.get("status") not in ("included", "dropped"):
+                problems.append(f"{a.node} accepted {a.id[:16]} (nonce {a.nonce}) and it is neither included nor "
+                                f"dropped {SETTLE_S:g} s after the last heal: {st}")
+            elif st["status"] == "dropped" and not st.get("reason"):
+                problems.append(f"{a.node} dropped {a.id[:16]} without a reason")
+        self.stop_all()
+        g = load_genesis(self.genesis_path)
+        supply = genesis_state(g).supply()
+        chains: dict[str, list[bytes]] = {}
+        counts: dict[str, int] = {}
+        longest = None
+        for name, v in self.vals.items():
+            store = LedgerStore(v.data_dir / "ledger", g)
+            try:
+                state = store.replay()
+                if state.supply() != supply:
+                    problems.append(f"{name}: supply {state.supply()} after replaying its LevelDB, genesis {supply}")
+                chains[name] = [store.get_block(h)[0].hash for h in range(1, store.head + 1)]
+                if longest is None or store.head > len(chains[longest]):
+                    longest = name
+                    counts = {}
+                    for h in range(1, store.head + 1):
+                        for tx in store.get_block(h)[0].txs:
+                            counts[tx.id.hex()] = counts.get(tx.id.hex(), 0) + 1
+            finally:
+                store.close()
+        names = list(chains)
+        for i, a in enumerate(names):
+            for b in names[i + 1:]:
+                for h, (x, y) in enumerate(zip(chains[a], chains[b], strict=False), start=1):
+                    if x != y:
+                        problems.append(f"fork: {a} and {b} stored different blocks at height {h}")
+                        break
+        for acc in self.rec.accepted:
+            n = counts.get(acc.id, 0)
+            st = final.get(acc.id, {}).get("status")
+            if n > 1:
+                problems.append(f"{acc.id[:16]} is in {n} blocks")
+            elif n == 0 and st != "dropped":
+                problems.append(f"{acc.id[:16]} ({acc.node}, nonce {acc.nonce}) is in no block of {longest} and its "
+                                f"submitter said {st}")
+            elif n == 1 and st == "dropped":
+                problems.append(f"{acc.id[:16]} is in a block but its submitter {acc.node} said dropped: "
+                                f"{final[acc.id].get('reason')}")
+        included = sum(1 for a in self.rec.accepted if counts.get(a.id, 0) == 1)
+        dropped = [final[a.id].get("reason", "") for a in self.rec.accepted if counts.get(a.id, 0) == 0]
+        summary = (f"seed {self.seed}: {len(self.rec.accepted)} transfers accepted, {included} in exactly one block, "
+                   f"{len(dropped)} reported dropped {sorted(set(dropped))[:3]}; {len(self.rec.refused)} refused at "
+                   f"submission, {self.rec.unreachable} while a node was down; heights "
+                   f"{ {n: len(c) for n, c in chains.items()} }, no fork, supply {supply} on every LevelDB; "
+                   f"recovery after heals {[round(x, 1) for x in self.rec.recover_s]} s")
+        if problems:
+            raise JepsenFailure("\n".join(problems[:20]) + f"\n({len(problems)} problems)\nphases: {self.rec.phases}")
+        return summary
+
+    def close(self) -> None:
+        self._stop.set()
