@@ -78,8 +78,10 @@ class SwarmTable:
     async def on_announcement(self, data: bytes, from_peer: str) -> None:
         try:
             a = unpack(data, max_size=1 << 14)
-            if a.get("peer") != from_peer:  # gossip messages are signed: the sender must be the announcer
+            if not isinstance(a, dict) or a.get("peer") != from_peer:  # signed gossip: the sender announces itself
                 return
+            if not isinstance(a["model_id"], bytes):  # bytes(int) would allocate that many bytes
+                raise TypeError("model_id must be bytes")
             start, end = int(a["start"]), int(a["end"])
             ttl = min(MAX_TTL, _num(a["ttl"]))
             prev = self.entries.get(from_peer)
