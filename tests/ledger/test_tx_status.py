@@ -151,3 +151,36 @@ def test_accepted_transfers_survive_a_crash_in_the_outbox_and_stale_ones_are_rep
     st = s.tx_status(t1.id)
     assert st.state is TxState.DROPPED and "nonce 1" in st.reason and "already used" in st.reason
     store.close()
+
+
+def test_a_transfer_submitted_before_any_peer_is_re_sent_when_a_validator_connects(tmp_path):
+    """Two real libp2p hosts, two LedgerDBs: a follower's wallet transfer published while it has no peer reaches
+    no one; once the validator connects, the follower's re-send (direct submit, no gossip mesh needed) gets it
+    into a block, and the follower reports it included after syncing."""
+    g = make_genesis()
+    sv, sf = LedgerStore(tmp_path / "v", g), LedgerStore(tmp_path / "f", g)
+    tx = pay(W1, 0)
+
+    async def body():
+        async with P2PHost(VALIDATOR, 0, "test-chain").running() as hv, \
+                P2PHost(W1, 0, "test-chain").running() as hf:
+            v, f = LedgerService(sv, g, VALIDATOR, hv), LedgerService(sf, g, W1, hf)
+            async with trio.open_nursery() as n:
+                n.start_soon(v.run)
+                n.start_soon(f.run)
+                await v.wait_for_height(1, timeout=20)
+                assert await f.submit(tx) == tx.id  # nobody to hear it
+                await trio.sleep(3)
+                assert tx.id not in v.mempool and sv.tx_location(tx.id) is None
+                assert await hf.connect(hv.addrs) == 1
+                with trio.fail_after(30):
+                    while f.tx_status(tx.id).state is not TxState.INCLUDED:
+                        await trio.sleep(0.1)
+                assert sv.tx_location(tx.id) is not None
+                n.cancel_scope.cancel()
+
+    try:
+        trio.run(body)
+    finally:
+        sv.close()
+        sf.close()
