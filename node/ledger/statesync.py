@@ -11,9 +11,10 @@ Protocol ``/tally/snapshot/1.0.0``, one request and one reply per stream (msgpac
 A :class:`SnapshotServer` keeps the snapshot of the last height that is a multiple of ``every`` blocks (made in
 a worker thread from a LevelDB snapshot, so blocks keep being committed), as files under the data dir
 (:mod:`node.ledger.snapstore`: the last 2, served again after a restart) or, without a directory, in memory
-(bytes per live item: the stored value plus ~40 B). It streams a chunk file from disk one frame at a time, under
-a write deadline per frame and per reply, while its bytes are reserved in a :class:`node.p2p.budget.ReplyBudget`
-(per peer and node-wide).
+(bytes per live item: the stored value plus ~40 B). It offers the newest kept snapshot whose next block is
+stored, and serves the chunks of every kept one by manifest id. It streams a chunk file from disk one frame at a
+time, under a write deadline per frame and per reply, while its bytes are reserved in a
+:class:`node.p2p.budget.ReplyBudget` (per peer and node-wide; ``busy`` when full).
 
 :func:`state_sync` asks every peer for an offer (at once, each under a time budget) and checks each offer
 before it fetches a single chunk: its shape, the header's commit (> 2/3 of the validators' precommits) and
@@ -21,18 +22,20 @@ everything that binds the manifest to that header (:func:`node.ledger.snapshot.c
 parent hash, state root, and bounds on what no header binds). Any failure of one offer — malformed, uncertified,
 an error reply, a timeout, anything raised — costs that peer a penalty and nothing else. Offers are then tried
 in order of *certified* height (the header's), most sources first, fewest chunks first; the chunks of one are
-fetched from the peers that offered the same manifest, each source within a time budget (:class:`SyncLimits`),
-written to a spool on disk (:class:`node.ledger.snapstore.ChunkSpool`), then checked against the header's state
-root and installed (:func:`node.ledger.snapshot.restore`). The node then follows the chain from block h + 1 with
-ordinary block sync.
+fetched from all the peers that offered the same manifest at once, each source within a time budget
+(:mod:`node.ledger.syncfetch`, :class:`~node.ledger.syncfetch.SyncLimits`), written to a spool on disk
+(:class:`node.ledger.snapstore.ChunkSpool`), then checked against the header's state root and installed
+(:func:`node.ledger.snapshot.restore`). The node then follows the chain from block h + 1 with ordinary block
+sync.
 
 What a lying peer can still cost. Nothing in a header binds a manifest's chunk ids: only the state root that
 :func:`~node.ledger.snapshot.restore` recomputes once every chunk is in. A peer holding a real certified header
 can therefore list chunks of invented entries under the real root. Such a manifest is fetched only if no
-manifest of a higher certified height, more sources or fewer chunks comes first, so it costs at most as many
-chunk fetches as the honest snapshot it undercuts (each at most 4 MiB) and never more than
-:attr:`SyncLimits.max_bytes`; it is then refused and its sources penalised and dropped. A manifest of a height
-no validator set certified costs one offer.
+manifest of a higher certified height, more sources or fewer chunks comes first (honest peers that snapshot the
+same height with the default chunk size offer the same manifest, so one liar is outnumbered), so it costs at
+most as many chunk fetches as the honest snapshot it undercuts (each at most 4 MiB) and never more than
+``SyncLimits.max_bytes``; it is then refused and its sources penalised and dropped. A manifest of a height no
+validator set certified costs one offer.
 
 Whose precommits certify the header: on a chain whose set is fixed in genesis, the genesis validators'. On one
 whose set changes (genesis ``min_validator_bond``, :mod:`node.ledger.core.valset`), the node first follows the
@@ -105,14 +108,14 @@ class SnapshotServer:
             m = self.disk.latest()
             if m is not None:
                 self.manifest, self.chunks = m, DiskChunks(self.disk, m)
-                self.kept = self._kept_on_disk(m)
+                self.kept = self._kept_on_disk(self.disk, m)
                 log.info("serving the snapshot of height %d kept in %s", m.height, directory)
 
-    def _kept_on_disk(self, latest: snap.Manifest) -> dict[bytes, snap.Manifest]:
-        """The kept snapshots up to ``latest`` (their chunks stay on disk until a newer one replaces them):
-        a peer midway through fetching the previous one can finish it."""
-        assert self.disk is not None
-        kept = {m.id: m for m in self.disk.manifests() if m.height <= latest.height}
+    @staticmethod
+    def _kept_on_disk(disk: SnapshotDir, latest: snap.Manifest) -> dict[bytes, snap.Manifest]:
+        """The snapshots kept in ``disk`` up to ``latest`` (their chunks stay there until a newer one replaces
+        them): a peer midway through fetching the previous one can finish it."""
+        kept = {m.id: m for m in disk.manifests() if m.height <= latest.height}
         kept[latest.id] = latest
         return kept
 
@@ -136,7 +139,8 @@ class SnapshotServer:
         self._making = True
         try:
             m, chunks, nbytes = await trio.to_thread.run_sync(self._make)
-            kept = await trio.to_thread.run_sync(self._kept_on_disk, m) if self.disk is not None else {m.id: m}
+            kept = ({m.id: m} if self.disk is None
+                    else await trio.to_thread.run_sync(self._kept_on_disk, self.disk, m))
             self.manifest, self.chunks, self.kept = m, chunks, kept
             log.info("snapshot of height %d: %d chunks, %d bytes%s", m.height, len(m.chunks), nbytes,
                      f" in {self.disk.root}" if self.disk is not None else "")

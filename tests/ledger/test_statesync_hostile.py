@@ -98,6 +98,8 @@ def hostile_offers(src, m: snap.Manifest) -> dict[str, object]:
         "commit of ints": with_block({"b": {"h": h}, "c": [5, 6]}),
         "commit entry of wrong types": with_block({"b": {"h": h}, "c": [[[1], "r", {}]]}),
         "commit as a map": with_block({"b": {"h": h}, "c": {b"k": 1}}),
+        "commit of 5,000 bad signatures by the validator": with_block({"b": {"h": h}, "c": [[c[0][0], 0, bytes(64)]]
+                                                                                         * 5000}),
         "no commit": with_block({"b": {"h": h}}),
         "manifest garbage": with_manifest("garbage"),
         "manifest of ints": with_manifest([1, 2, 3, 4, 5, 6, 7]),
