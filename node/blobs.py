@@ -4,6 +4,11 @@ A blob is an ordered list of tensors (a session's step inputs or step outputs) a
 Merkle root over their tensor commitments — the same root the receipt commits to — so a fetched blob is
 checked against the receipt by recomputing the root. Stored as msgpack files ``blobs/<root hex>`` in the data
 dir; never pickle, never ``torch.load``.
+
+Serving (:func:`serve_blob`, what a node registers for ``BLOB_PROTOCOL``): the stored file is already the msgpack
+encoding of the reply's ``tensors`` list, so it is streamed from disk one 1 MiB frame at a time
+(:func:`node.p2p.filesend.serve_file`, ``raw``) under the node's reply budget and write deadlines, never unpacked
+and packed again in memory; ``not_found``, ``too_large`` (over :data:`MAX_BLOB`) and ``busy`` are error replies.
 """
 
 from __future__ import annotations
@@ -11,9 +16,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .encoding import DecodeError, commitments_root, pack, tensor_from_wire, tensor_to_wire, unpack
+from .encoding import MAX_MESSAGE, DecodeError, commitments_root, pack, tensor_from_wire, tensor_to_wire, unpack
+from .p2p.budget import ReplyBudget
+from .p2p.filesend import STALL, serve_file, write_error
+from .p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed, read_msg
+from .p2p.host import PeerUnreachable
 
 BLOB_PROTOCOL = "/tally/blob/1.0.0"
+MAX_BLOB = MAX_MESSAGE - (1 << 16)  # bytes of a stored blob served or fetched (its reply fits one message)
+REQUEST_MAX = 1 << 12  # bytes: a blob request
+REQUEST_TIMEOUT = 10.0  # seconds a server waits for the request after the stream opens
 
 
 class BlobMismatch(ValueError):
@@ -49,6 +61,29 @@ class BlobStore:
 
     def has(self, key: bytes) -> bool:
         return len(key) == 32 and self._path(key).exists()
+
+    def path_of(self, key: bytes) -> Path | None:
+        """The file of blob ``key`` (32 bytes) whether or not it exists; None for a malformed key."""
+        return self._path(key) if isinstance(key, bytes) and len(key) == 32 else None
+
+
+async def serve_blob(blobs: BlobStore, budget: ReplyBudget, stream, peer: str, *, stall: float = STALL,
+                     request_timeout: float = REQUEST_TIMEOUT) -> None:
+    """The ``BLOB_PROTOCOL`` stream handler: ``{"type": "get", "root": 32 B}`` → ``{"status": "ok", "tensors":
+    [...]}`` streamed from the stored file (module docstring), or ``not_found``, ``too_large``, ``busy``,
+    ``bad_request``.
+
+    Raises:
+        FrameError: a malformed or oversized request (the host answers ``bad_frame`` and penalises the peer).
+        RequestTimeout, StreamClosed: the request did not come or the reply was not written in time (the host
+            resets the stream).
+    """
+    msg = await read_msg(stream, timeout=request_timeout, max_message=REQUEST_MAX)
+    path = blobs.path_of(msg.get("root"))
+    if path is None:
+        await write_error(stream, "bad_request", "root must be 32 bytes")
+        return
+    await serve_file(stream, peer, path, limit=MAX_BLOB, budget=budget, key="tensors", raw=True, stall=stall)
 
 
 def decode_blob(wire: list, key: bytes) -> list:
@@ -86,9 +121,11 @@ async def fetch_blob(host, blobs: BlobStore, root: bytes, holders: list[bytes], 
     for holder in holders:
         peer = account_to_str(holder)
         try:
-            reply = await host.request(peer, BLOB_PROTOCOL, {"type": "get", "root": root}, timeout=timeout)
+            reply = await host.request(peer, BLOB_PROTOCOL, {"type": "get", "root": root}, timeout=timeout,
+                                       max_message=MAX_BLOB + (1 << 16))
             tensors = decode_blob(reply.get("tensors"), root)
-        except Exception as e:  # unreachable, timeout, not found, mismatch: try the next holder
+        except (PeerUnreachable, RemoteError, StreamClosed, FrameError, RequestTimeout, ValueError, TypeError,
+                KeyError) as e:  # unreachable, timeout, not found, busy, malformed, mismatch: try the next holder
             errors.append(f"{peer[:16]}: {type(e).__name__}: {e}")
             continue
         if keep:

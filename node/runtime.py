@@ -301,18 +301,18 @@ class Node:
 
         from .api.serve import serve_api
         from .batch.worker import BATCH_PROTOCOL, ContentAccess, content_handler
-        from .blobs import BLOB_PROTOCOL
-        from .inference.server import INFERENCE_PROTOCOL, blob_handler
+        from .blobs import BLOB_PROTOCOL, serve_blob
+        from .inference.server import INFERENCE_PROTOCOL
 
         await self.executor.run(self._build_services)
         try:
             async with self.host.running():
                 if self.server is not None:
                     self.host.set_handler(INFERENCE_PROTOCOL, self.server.handle)
-                self.host.set_handler(BLOB_PROTOCOL, partial(blob_handler, self.blobs))
                 # bulk replies: streamed from disk under one per-peer and node-wide budget (node.p2p.budget)
-                self.reply_budget = self.snapshots.budget  # shared by snapshot, block, batch and sync replies
+                self.reply_budget = self.snapshots.budget  # shared by snapshot, block, batch, blob and sync replies
                 self.ledger.reply_budget = self.reply_budget
+                self.host.set_handler(BLOB_PROTOCOL, partial(serve_blob, self.blobs, self.reply_budget))
                 self.host.set_handler(BLOCK_PROTOCOL, self.held.stream_handler(self.reply_budget))
                 self.host.set_handler(BATCH_PROTOCOL, partial(content_handler, self.batch_store,
                                                               ContentAccess(self.ledger), self.reply_budget))

@@ -12,7 +12,8 @@ Each node has its own registry (several nodes may share a process in tests). Fam
 * network: ``p2p_stream_bytes_total{direction}`` (framed protocol bytes of this process), ``peers``,
   ``gossip_sent_total{kind}`` (``publish:consensus``, ``ihave:shards``, ...), ``gossip_received_total{topic}``,
   ``gossip_published_total{topic}`` (:class:`node.p2p.gossip.GossipCounts`),
-  ``swarm_servers``, ``swarm_blocks_covered``.
+  ``swarm_servers``, ``swarm_blocks_covered``, ``reply_bytes_in_flight`` and ``replies_refused_total{cap}``
+  (:class:`node.p2p.budget.ReplyBudget`).
 """
 
 from __future__ import annotations
@@ -83,6 +84,13 @@ class NodeCollector:
         yield counter("p2p_stream_bytes", "Bytes of framed protocol messages (this process)",
                       {"sent": STATS["sent"], "received": STATS["received"]}, ["direction"])
         yield gauge("peers", "Connected libp2p peers", len(n.host.connected_peers()))
+        rb = getattr(n, "reply_budget", None)  # node.p2p.budget: memory of bulk replies in flight, refusals
+        if rb is not None:
+            b = rb.stats()
+            yield gauge("reply_bytes_in_flight", "Bytes reserved by bulk replies being written now (blocks, batch "
+                        "content, blobs, snapshot chunks, sync)", b["in_flight_bytes"])
+            yield counter("replies_refused", "Bulk replies refused as busy, by the budget cap that was full",
+                          {"peer": b["refused_peer"], "node": b["refused_node"]}, ["cap"])
         gc = n.host.gossip_counts()
         yield counter("gossip_sent", "Gossip RPC items sent to peers (publish: per receiving peer; ihave/iwant: "
                       "message ids)", {f"{k}:{t}" if t else k: x for (k, t), x in sorted(gc.sent.items())}, ["kind"])

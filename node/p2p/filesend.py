@@ -53,9 +53,11 @@ def reply_deadline(nbytes: int, base: float = WRITE_BASE, min_rate: float = MIN_
     return base + nbytes / min_rate
 
 
-def file_prefix(size: int, fields: Mapping[str, Any] | None = None, key: str = "data") -> bytes:
+def file_prefix(size: int, fields: Mapping[str, Any] | None = None, key: str = "data", raw: bool = False) -> bytes:
     """The msgpack bytes of a map ``{**fields, key: <size bytes>}`` up to (not including) the bin's payload:
-    map header, the packed fields, the packed key, then ``0xc6`` and ``size`` as 4 bytes big-endian.
+    map header, the packed fields, the packed key, then ``0xc6`` and ``size`` as 4 bytes big-endian. ``raw``: the
+    file's bytes are themselves one msgpack value (e.g. a stored blob's tensor list), sent as the key's value
+    without a bin header.
 
     Raises:
         ValueError: ``size`` not in [0, 2**32), ``key`` in ``fields``, more than 65,534 fields, or fields
@@ -75,7 +77,7 @@ def file_prefix(size: int, fields: Mapping[str, Any] | None = None, key: str = "
     else:
         raise ValueError(f"{n} fields is too many")
     body = b"".join(pack(k) + pack(v) for k, v in fields.items())
-    out = head + body + pack(key) + struct.pack(">BI", BIN32, size)
+    out = head + body + pack(key) + (b"" if raw else struct.pack(">BI", BIN32, size))
     if len(out) > MAX_PREFIX:
         raise ValueError(f"a file reply's fields pack to {len(out)} bytes, over {MAX_PREFIX}")
     return out
@@ -95,7 +97,8 @@ def _io_errors() -> tuple[type[BaseException], ...]:
 
 
 async def write_file_msg(stream, f: BinaryIO, size: int, fields: Mapping[str, Any] | None = None, *,
-                         key: str = "data", timeout: float | None = None, stall: float = STALL) -> int:
+                         key: str = "data", timeout: float | None = None, stall: float = STALL,
+                         raw: bool = False) -> int:
     """Write the message ``{**fields, key: <the next size bytes of f>}`` to ``stream``, in frames of at most
     ``MAX_FRAME`` payload bytes, reading ``f`` one frame at a time (in a worker thread).
 
@@ -107,6 +110,7 @@ async def write_file_msg(stream, f: BinaryIO, size: int, fields: Mapping[str, An
         key: the file's key in the map.
         timeout: seconds for the whole message (default :func:`reply_deadline` of its size).
         stall: seconds allowed for each frame's write.
+        raw: the file holds one msgpack value, sent as is (no bin header; :func:`file_prefix`).
 
     Returns:
         Bytes written (frame headers included).
@@ -117,7 +121,7 @@ async def write_file_msg(stream, f: BinaryIO, size: int, fields: Mapping[str, An
             is incomplete: reset the stream).
         ValueError, TypeError: bad ``size`` or ``fields`` (:func:`file_prefix`), before anything is written.
     """
-    prefix = file_prefix(size, fields, key)
+    prefix = file_prefix(size, fields, key, raw)
     total = len(prefix) + size
     if timeout is None:
         timeout = reply_deadline(total)
@@ -180,12 +184,13 @@ def open_sized(path: Path, limit: int) -> tuple[BinaryIO, int]:
 
 async def serve_file(stream, peer: str, path: Path, *, limit: int, budget: ReplyBudget,
                      fields: Mapping[str, Any] | None = None, key: str = "data", timeout: float | None = None,
-                     stall: float = STALL) -> None:
+                     stall: float = STALL, raw: bool = False) -> None:
     """Answer a request with ``{"status": "ok", **fields, key: <the file at path>}``, streamed from disk
     (:func:`write_file_msg`) while :data:`STREAM_HOLD` bytes are reserved for ``peer`` in ``budget``; or with an
     error reply: ``not_found``, ``too_large`` (over ``limit`` bytes), ``busy`` (no room in the budget within its
     wait). The file is opened before the reservation and closed after, whatever happens; a file replaced on disk
-    meanwhile (``os.replace``) is sent as it was opened.
+    meanwhile (``os.replace``) is sent as it was opened. ``raw``: the file is one msgpack value, sent as the
+    key's value (:func:`file_prefix`); only for files this node wrote itself.
 
     Raises:
         RequestTimeout: the reply was not written within its deadlines (the caller resets the stream).
@@ -200,7 +205,7 @@ async def serve_file(stream, peer: str, path: Path, *, limit: int, budget: Reply
         try:
             async with budget.reserve(peer, min(STREAM_HOLD, size + MAX_PREFIX)):
                 await write_file_msg(stream, f, size, {"status": "ok", **(fields or {})}, key=key,
-                                     timeout=timeout, stall=stall)
+                                     timeout=timeout, stall=stall, raw=raw)
         except Busy as e:
             await write_error(stream, e.code, e.message)
     finally:

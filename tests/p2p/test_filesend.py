@@ -37,6 +37,7 @@ def test_same_bytes_as_write_msg(tmp_path, size):
 
 def test_prefix_checks():
     assert file_prefix(5, {"a": 1}) == b"\x82\xa1a\x01\xa4data\xc6\x00\x00\x00\x05"
+    assert file_prefix(5, {"a": 1}, key="t", raw=True) == b"\x82\xa1a\x01\xa1t"  # the file is the value itself
     with pytest.raises(ValueError):
         file_prefix(1 << 32)
     with pytest.raises(ValueError):

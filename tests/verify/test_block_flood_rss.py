@@ -1,7 +1,8 @@
 """Issue 23, finding 5, against a real ``node start`` process: eight 60-byte requests for a 16 MiB block file,
 never read, must not raise the node process's RSS by more than a few MiB beyond what its reply budget lets them
 hold (they used to raise it by ~270 MiB: each reply was read, packed and framed whole in memory), and an honest
-fetch from another peer succeeds during the flood. RSS is the node process's, read with psutil from this process;
+fetch from another peer succeeds during the flood; the flood's streams are cut at the write deadline and the node's
+reply budget (its /metrics) is whole again after. RSS is the node process's, read with psutil from this process;
 the peers are in-process libp2p hosts that pass the genesis handshake (real libp2p on 127.0.0.1)."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from node.p2p.framing import RequestTimeout, StreamClosed, read_msg, write_msg
 from node.p2p.host import P2PHost
 from node.verify.blockfetch import BLOCK_PROTOCOL, BlockFetcher, check_block
 
-from ..inference.procs import free_port, spawn, stop_all, tail, wait_info, write_genesis
+from ..inference.procs import free_port, metric, spawn, stop_all, tail, wait_info, write_genesis
 
 MiB = 1 << 20
 BIG = 16 * MiB
@@ -97,6 +98,8 @@ def test_eight_never_read_requests_for_a_16_mib_block_cost_the_node_little_memor
                     s = await attacker.open_stream(node, BLOCK_PROTOCOL)
                     await write_msg(s, req, timeout=5)
                     streams.append(s)
+                await trio.sleep(1.0)
+                held = await trio.to_thread.run_sync(metric, info, "tally_reply_bytes_in_flight")
                 t0 = time.monotonic()
                 fetcher = BlockFetcher(honest, tmp_path / "honest", lambda mid, b: [node], timeout=60)
                 with trio.fail_after(60):
@@ -105,6 +108,7 @@ def test_eight_never_read_requests_for_a_16_mib_block_cost_the_node_little_memor
                 # py-libp2p gives up a write after 5 s of a closed window; the node's own deadline is 10 s per frame
                 await trio.sleep(12.0)
                 flood_peak = peak.peak
+                after = await trio.to_thread.run_sync(metric, info, "tally_reply_bytes_in_flight")
                 cut = 0
                 for s in streams:  # each was cut mid-reply: no whole 16 MiB message ever arrives
                     try:
@@ -114,9 +118,9 @@ def test_eight_never_read_requests_for_a_16_mib_block_cost_the_node_little_memor
                 # the flooder's budget came back: it now reads a whole 16 MiB reply
                 reply = await attacker.request(node, BLOCK_PROTOCOL, req, timeout=60, max_message=BIG + MiB)
                 n.cancel_scope.cancel()
-            return base, flood_peak, honest_s, d, cut, len(reply["data"])
+            return base, flood_peak, honest_s, d, cut, len(reply["data"]), held, after
 
-        base, flood_peak, honest_s, d, cut, got = trio.run(main)
+        base, flood_peak, honest_s, d, cut, got, held, after = trio.run(main)
     finally:
         stop_all([proc])
     grew = (flood_peak - base) / MiB
@@ -125,6 +129,8 @@ def test_eight_never_read_requests_for_a_16_mib_block_cost_the_node_little_memor
           f"{honest_s:.2f} s during the flood; {cut} of {FLOOD} flood streams cut")
     check_block((d / block_file(1)).read_bytes(), m.block_hashes[1])
     assert cut == FLOOD, tail(tmp_path, 0)
+    assert held == FLOOD * STREAM_HOLD  # the node's budget held what the flood pinned (its /metrics) ...
+    assert after == 0  # ... and had it all back once the flood's streams were cut
     assert got == BIG
     # what the budget lets eight replies hold (2 MiB each, under the 32 MiB per-peer cap), plus a few MiB
     assert grew < min(FLOOD * STREAM_HOLD, PER_PEER) / MiB + 8, f"RSS grew by {grew:.1f} MiB"
