@@ -391,7 +391,11 @@ async def state_sync(store: Any, host: SyncHost, peers: list[str], timeout: floa
             if not await fetch(host, o, sources, limits, timeout, spool):
                 continue
             try:
-                state = snap.restore(store, o.manifest, spool, o.header, o.commit, o.validators)
+                # in a worker thread: seconds of hashing and LevelDB writes must not stall the node's trio loop
+                # (its connections, pings and handlers). Nothing writes the empty store meanwhile (the ledger
+                # starts after state sync); a peer's "light" request only reads it (a fresh node has no headers)
+                state = await trio.to_thread.run_sync(snap.restore, store, o.manifest, spool, o.header, o.commit,
+                                                      o.validators)
             except Exception as e:  # chunks that match a manifest whose entries are not the header's state
                 if store.head or store.base:  # installed, then failed: a local fault, not the peers'
                     raise
