@@ -73,9 +73,9 @@ class AdmissionLimits:
     open_per_ip: int = 64
     open_per_subnet: int = 256
     open_total: int = 768
-    pending_per_ip: int = 8
-    pending_per_subnet: int = 32
-    pending_total: int = 128
+    pending_per_ip: int = 16  # a Noise handshake takes ~10-50 ms: honest peers rarely have more than 1-2 pending
+    pending_per_subnet: int = 64
+    pending_total: int = 256  # also bounds the handshakes' CPU at once
     reserved: int = 32
     accept_rate: float = 20.0  # new connections per second per IP, sustained
     accept_burst: int = 64

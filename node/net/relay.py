@@ -198,9 +198,11 @@ class GuardedRelayProtocol(CircuitV2Protocol):
         msg.ClearField("peer")  # the stock handler then reserves for the stream's remote peer
         self._ip_of[remote] = ip  # before: the stock handler lingers 0.1 s after its reply
         self._members_of[remote] = member
+        token = _CIRCUIT_LIMITS.set(self._member_limits if member else self.open_limits)  # the reply's limit
         try:
             await super()._handle_reserve(stream, msg)
         finally:
+            _CIRCUIT_LIMITS.reset(token)
             if remote not in self.resource_manager._reservations:
                 self._ip_of.pop(remote, None)
                 self._members_of.pop(remote, None)
