@@ -74,7 +74,15 @@ def pages_router(node, q) -> APIRouter:
         tid = v.parse_id(tx_id, "transaction id")
         if tid in node.ledger.state.receipts:
             return RedirectResponse(f"/receipts/{tid.hex()}", status_code=303)
-        return page("tx.html", t=q.tx(tid))
+        try:
+            t = q.tx(tid)
+        except ApiError as e:  # in no stored block: say what this node knows (pending and why, dropped and why)
+            st = node.ledger.tx_status(tid) if e.status == 404 else None
+            if st is None or st.state.value not in ("pending", "dropped"):
+                raise
+            raise ApiError(404, st.state.value,
+                           f"transaction {tid.hex()} is in no block yet: {st.describe()}") from None
+        return page("tx.html", t=t)
 
     @r.get("/receipts")
     async def receipts(cursor: str | None = Query(None, max_length=64),

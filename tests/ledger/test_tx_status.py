@@ -91,6 +91,8 @@ def test_the_api_answers_pending_with_the_missing_nonce_and_dropped_with_the_rea
     assert got.status_code == 404 and got.json()["code"] == "pending" and "nonce 1" in got.json()["message"]
     st = c.get(f"/v1/txs/{t2.id.hex()}/status", headers=js).json()
     assert st["status"] == "pending" and st["missing_nonce"] == 1 and st["expires_in_blocks"] == 3
+    page = c.get(f"/tx/{t2.id.hex()}", headers={"accept": "text/html"})  # the explorer says the same
+    assert page.status_code == 404 and "pending for" in page.text and "nonce 1 has not reached" in page.text
     assert st["pending_s"] >= 0 and st["height"] is None and st["summary"].startswith("pending for ")
     trio.run(produce, svc)
     st = c.get(f"/v1/txs/{t0.id.hex()}/status", headers=js).json()
