@@ -283,6 +283,8 @@ def parse_offer(reply: dict[str, Any]) -> tuple[snap.Manifest, Header, Any]:
     Raises:
         SnapshotError: a malformed manifest. InvalidBlock: a malformed block, header or commit.
     """
+    if not isinstance(reply, dict):
+        raise InvalidBlock("an offer is a map")
     m = snap.Manifest.from_wire(reply.get("manifest"))
     wire = reply.get("block")
     if not isinstance(wire, dict) or not isinstance(wire.get("b"), dict):
