@@ -24,6 +24,7 @@ error replies.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from collections.abc import Mapping
 from pathlib import Path
@@ -32,11 +33,11 @@ from typing import Any, BinaryIO
 import trio
 
 from ..encoding import MAX_FRAME, pack
-from .budget import Busy, ReplyBudget
+from .budget import ReplyBudget
 from .framing import HEADER, MORE, STATS, RemoteError, RequestTimeout, StreamClosed, error_reply, write_msg
 
 __all__ = ["BIN32", "MIN_RATE", "STALL", "STREAM_HOLD", "WRITE_BASE", "file_prefix", "open_sized", "reply_deadline",
-           "serve_file", "write_error", "write_file_msg"]
+           "serve_file", "size_of", "write_error", "write_file_msg"]
 
 BIN32 = 0xC6  # msgpack "bin 32" type byte: followed by a 4-byte big-endian length and that many bytes
 MAX_PREFIX = 1 << 16  # bytes: a file reply's fields before its data, at most
@@ -165,6 +166,23 @@ async def write_error(stream, code: str, message: str, timeout: float = ERROR_TI
     await write_msg(stream, error_reply(code, message), timeout=timeout)
 
 
+def size_of(path: Path, limit: int) -> int:
+    """The size of the file at ``path`` in bytes (blocking: call in a thread).
+
+    Raises:
+        RemoteError: ``not_found`` (no such file), ``too_large`` (over ``limit`` bytes).
+    """
+    try:
+        st = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise RemoteError("not_found", f"{path.name} is not held here") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise RemoteError("not_found", f"{path.name} is not held here")
+    if st.st_size > limit:
+        raise RemoteError("too_large", f"{path.name} is {st.st_size} bytes, over the {limit}-byte limit")
+    return st.st_size
+
+
 def open_sized(path: Path, limit: int) -> tuple[BinaryIO, int]:
     """Open ``path`` for reading and size it (blocking: call in a thread).
 
@@ -188,26 +206,21 @@ async def serve_file(stream, peer: str, path: Path, *, limit: int, budget: Reply
     """Answer a request with ``{"status": "ok", **fields, key: <the file at path>}``, streamed from disk
     (:func:`write_file_msg`) while :data:`STREAM_HOLD` bytes are reserved for ``peer`` in ``budget``; or with an
     error reply: ``not_found``, ``too_large`` (over ``limit`` bytes), ``busy`` (no room in the budget within its
-    wait). The file is opened before the reservation and closed after, whatever happens; a file replaced on disk
-    meanwhile (``os.replace``) is sent as it was opened. ``raw``: the file is one msgpack value, sent as the
-    key's value (:func:`file_prefix`); only for files this node wrote itself.
+    wait). The file is sized first, opened only once the reservation is granted (a request waiting for room holds
+    no file descriptor) and closed after, whatever happens; a file replaced on disk meanwhile (``os.replace``) is
+    sent as it was opened. ``raw``: the file is one msgpack value, sent as the key's value (:func:`file_prefix`);
+    only for files this node wrote itself.
 
     Raises:
         RequestTimeout: the reply was not written within its deadlines (the caller resets the stream).
         StreamClosed: the stream went away (or the file shrank) mid-reply.
     """
     try:
-        f, size = await trio.to_thread.run_sync(open_sized, path, limit)
-    except RemoteError as e:
-        await write_error(stream, e.code, e.message)
-        return
-    try:
-        try:
-            async with budget.reserve(peer, min(STREAM_HOLD, size + MAX_PREFIX)):
+        size = await trio.to_thread.run_sync(size_of, path, limit)
+        async with budget.reserve(peer, min(STREAM_HOLD, size + MAX_PREFIX)):
+            f, size = await trio.to_thread.run_sync(open_sized, path, limit)
+            with f:
                 await write_file_msg(stream, f, size, {"status": "ok", **(fields or {})}, key=key,
                                      timeout=timeout, stall=stall, raw=raw)
-        except Busy as e:
-            await write_error(stream, e.code, e.message)
-    finally:
-        f.close()
-
+    except RemoteError as e:  # not_found, too_large, busy: nothing of the reply was written yet
+        await write_error(stream, e.code, e.message)
