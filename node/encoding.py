@@ -148,6 +148,18 @@ _ONE = [b <= 0x7F or b in (0x80, 0x90, 0xA0, 0xC0, 0xC2, 0xC3) for b in range(25
 # a run of objects that are one byte each and shared (positive fixint, nil, false, true, "", {} and []): the
 # walker skips it with one regex match and two byte counts instead of one loop turn per byte
 _RUN = re.compile(rb"[\x00-\x7f\x80\x90\xa0\xc0\xc2\xc3]+")
+# runs of one scalar type (an array of floats, of uint16 token ids, of negative fixints), matched the same way;
+# possessive (++) so that the regex engine keeps no backtracking state per repetition (it would, ~140 bytes each)
+_SCALAR_RUNS = {b: re.compile(rb"[\xe0-\xff]+" if b >= 0xE0 else rb"(?:\x%02x.{%d})++" % (b, size - 1), re.DOTALL)
+                for b, (kind, size, _) in enumerate(_TYPES) if kind == _SCALAR and not _ONE[b]}
+_BIN8_RUNS: dict[int, re.Pattern[bytes]] = {}  # payload length -> a run of bin 8 of that length (hash lists)
+
+
+def _bin8_run(length: int) -> re.Pattern[bytes]:
+    pat = _BIN8_RUNS.get(length)
+    if pat is None:
+        pat = _BIN8_RUNS[length] = re.compile(rb"(?:\xc4\x%02x.{%d})++" % (length, length), re.DOTALL)
+    return pat
 
 
 class Shape:
@@ -207,8 +219,16 @@ def scan_msgpack(data: bytes | bytearray, *, max_depth: int = MAX_DEPTH, max_cos
                 objects += 1
                 pending -= 1
                 if kind == _SCALAR:
-                    cost += arg
-                    pos += size
+                    if pos + size < n and data[pos + size] == b and pending > (ends[-1] if ends else 0):
+                        k = min((_SCALAR_RUNS[b].match(data, pos).end() - pos) // size,  # type: ignore[union-attr]
+                                pending + 1 - (ends[-1] if ends else 0))
+                        objects += k - 1
+                        pending -= k - 1
+                        cost += arg * k
+                        pos += size * k
+                    else:
+                        cost += arg
+                        pos += size
                 elif kind == _BAD:
                     raise DecodeError(f"msgpack type byte 0x{b:02x} is not accepted (ext or unused)")
                 else:
@@ -220,8 +240,18 @@ def scan_msgpack(data: bytes | bytearray, *, max_depth: int = MAX_DEPTH, max_cos
                     if kind == _BIN:
                         if arg > n - pos:
                             raise DecodeError(f"msgpack bin of {arg} bytes, {n - pos} bytes remain")
-                        cost += _BIN_BASE + arg
-                        pos += arg
+                        nxt = pos + arg
+                        if size == 2 and nxt + 1 < n and data[nxt] == b and data[nxt + 1] == arg \
+                                and pending > (ends[-1] if ends else 0):  # more bin 8 of the same length
+                            m = _bin8_run(arg).match(data, nxt)
+                            k = min((m.end() - nxt) // (arg + 2), pending - (ends[-1] if ends else 0))  # type: ignore[union-attr]
+                            objects += k
+                            pending -= k
+                            nxt += k * (arg + 2)
+                            cost += (k + 1) * (_BIN_BASE + arg)
+                        else:
+                            cost += _BIN_BASE + arg
+                        pos = nxt
                     elif kind == _STR:
                         if arg > n - pos:
                             raise DecodeError(f"msgpack str of {arg} bytes, {n - pos} bytes remain")

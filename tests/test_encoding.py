@@ -216,3 +216,16 @@ def test_scan_accepts_every_valid_message_and_unpack_round_trips(obj):
 def test_random_bytes_decode_or_refuse_cleanly(data):
     with contextlib.suppress(DecodeError):  # any other exception fails the test
         unpack(data)
+
+
+@given(st.sampled_from([1.5, 300, 70000, -30, -3, 2**40, -(2**40), 7, None, True, "", "ab", b"", b"x" * 32, b"y" * 200,
+                        {}, []]),
+       st.integers(0, 40), st.integers(0, 40))
+def test_runs_of_one_type_count_like_single_objects(item, a, b):
+    """The walker's shortcuts over runs of one type (regex matches) stop at container ends and count exactly
+    what a walk object by object counts."""
+    one = scan_msgpack(pack(item))
+    shape = scan_msgpack(pack([[item] * a, [item] * b, item]))
+    assert shape.objects == 3 + a + b + 1
+    assert shape.cost == (56 + 8 * 3) + 2 * 56 + 8 * (a + b) + (a + b + 1) * one.cost
+    assert shape.depth == (2 if a or b else 1)

@@ -12,7 +12,8 @@ import trio
 
 from node.encoding import MAX_FRAME, MAX_MESSAGE, pack
 from node.p2p import wirelimits
-from node.p2p.framing import FrameError, ReadBusy, RemoteError, StreamClosed, encode_frames, read_msg
+from node.p2p.framing import (FrameError, ReadBusy, RemoteError, StreamClosed, check_reply, encode_frames, read_msg,
+                              write_msg)
 from node.p2p.gossip import TOPIC_NAMES
 from node.p2p.wirelimits import (DEFAULT, IN_PROCESS, LARGE_READ, READ_BUDGET, TABLE, ReadBudget, gossip_limit,
                                  limit_for, stream_limit)
@@ -214,3 +215,35 @@ def test_gossip_validator_refuses_oversized_payloads():
     check = _topic_validator("tally/c/shards", lambda data, origin: seen.append(data) or True)
     assert not check(None, Msg(pack({"x": b"y" * (16 * KIB)})))
     assert not seen  # refused before the application's validator ran
+
+
+def test_real_streams_know_their_protocol_and_direction():
+    """On py-libp2p streams the server side reads requests and the opener reads replies, by the table."""
+    from .util import running_hosts
+
+    sync = TABLE["/tally/sync/1.0.0"]
+    seen = []
+
+    async def handler(stream, remote):
+        seen.append(stream_limit(stream))
+        msg = await read_msg(stream)  # the table's request limit and timeout
+        await write_msg(stream, {"status": "ok", "blocks": [b"x" * (8 * KIB)], "echo": msg})
+
+    async def body():
+        async with running_hosts(2) as (a, b):
+            b.set_handler("/tally/sync/1.0.0", handler)
+            assert await a.connect(b.addrs) == 1
+            s = await a.open_stream(b.peer_id, "/tally/sync/1.0.0")
+            assert stream_limit(s) == (sync, sync.reply)
+            await write_msg(s, {"from": 1})
+            reply = await read_msg(s)  # 8 KiB: over the request limit, within the reply limit
+            assert reply["echo"] == {"from": 1} and seen == [(sync, sync.request)]
+            await s.close()
+            # a request over the server's 4 KiB is refused there (bad_frame), before it is decoded
+            s = await a.open_stream(b.peer_id, "/tally/sync/1.0.0")
+            await write_msg(s, {"from": 1, "pad": b"x" * (5 * KIB)})
+            with pytest.raises(RemoteError) as e:
+                check_reply(await read_msg(s))
+            assert e.value.code == "bad_frame"
+
+    run(body)
