@@ -323,8 +323,8 @@ async def _offer(host: SyncHost, peer: str, store: Any, timeout: float, limits: 
     weight = SLOW
     with trio.move_on_after(limits.offer_budget_s) as scope:
         try:
-            reply = await host.request(peer, SNAPSHOT_PROTOCOL, {"op": "offer"}, timeout=timeout,
-                                       max_message=limits.max_offer_bytes)
+            reply = await host.request(peer, SNAPSHOT_PROTOCOL, {"op": "offer"},
+                                       timeout=min(timeout, limits.offer_timeout_s), max_message=limits.max_offer_bytes)
             return await check_offer(host, peer, store, reply, timeout, limits.max_chunks)
         except RemoteError as e:
             if e.code in ("no_snapshot", "busy"):  # an honest answer: nothing to offer, or not now

@@ -48,6 +48,8 @@ class SyncLimits:
             max_offer_bytes`` = 16 MiB at most).
         max_in_flight: chunk requests in flight at once, over all sources (so replies being read hold
             ``max_in_flight x max_chunk_bytes`` = 16 MiB at most).
+        offer_timeout_s: seconds for one offer request (an offer is 1 MiB at most): a peer that never answers
+            delays the start of a sync by this much.
         offer_budget_s: seconds for one peer's offer, with its headers on a chain whose set changes.
         grace_s: seconds a chunk source may take before it has delivered anything.
         min_rate: bytes per second: each byte a source delivers adds ``1 / min_rate`` seconds to its allowance
@@ -61,6 +63,7 @@ class SyncLimits:
     max_offer_bytes: int = 1 << 20
     max_peers: int = 16
     max_in_flight: int = 4
+    offer_timeout_s: float = 10.0
     offer_budget_s: float = 120.0
     grace_s: float = 10.0
     min_rate: float = 64 * 1024
