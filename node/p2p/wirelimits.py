@@ -65,9 +65,12 @@ DEFAULT = WireLimit(request=64 * KIB, reply=64 * KIB, objects=4096, depth=16)  #
 # pipeline): it keeps the historical 64 MiB message limit, under the decode cost bound of bulk protocols
 IN_PROCESS = WireLimit(request=MAX_MESSAGE, reply=MAX_MESSAGE, timeout=30.0, cost_ratio=8.0)
 
-# protocol id -> limits. Every entry decodes at most 4 bytes of Python objects per wire byte (+ 64 KiB): bulk
-# payloads (tensors, files, raw blocks, snapshot chunks) decode at ~1-2.6x, a block of 2,000 receipts at 3.4x
-# (measured with tracemalloc); small messages fit in the slack.
+# protocol id -> limits. An entry decodes at most 4 bytes of Python objects per wire byte (+ 64 KiB): bulk
+# payloads (tensors, files, snapshot chunks) decode at ~1-2.6x (measured with tracemalloc) and small messages fit
+# in the slack. Sync and light-header replies carry whole blocks as maps: 2,000 receipts decode at 3.4x, 2,000
+# transfers at 4.3x (estimated 5.0x), so they get 8x. Bulk replies also cap their object count, which bounds
+# the walk (~0.3-1 us per object on the event loop) before the decode.
+BULK_OBJECTS = 1 << 16
 TABLE: dict[str, WireLimit] = {
     # before and around the genesis handshake: a few KiB (a hello is ~0.3-2 KiB: 8 addresses at most)
     "/tally/hello/1.0.0": WireLimit(request=8 * KIB, reply=8 * KIB, objects=256, depth=4),
@@ -75,22 +78,26 @@ TABLE: dict[str, WireLimit] = {
     # a reply holds at most 32 peers x 4 addresses
     "/tally/peers/1.0.0": WireLimit(request=1 * KIB, reply=64 * KIB, objects=1024, depth=4),
     # open/ack/close are 4 KiB (server.CONTROL_MAX); a step carries hidden states, sized by the server per session
-    "/tally/inference/2.0.0": WireLimit(request=MAX_MESSAGE, reply=MAX_MESSAGE, depth=8, timeout=30.0),
+    "/tally/inference/2.0.0": WireLimit(request=MAX_MESSAGE, reply=MAX_MESSAGE, objects=BULK_OBJECTS, depth=8,
+                                        timeout=30.0),
     # a snapshot chunk or a run of light headers, statesync.MAX_REPLY = 8 x 1 MiB
-    "/tally/snapshot/1.0.0": WireLimit(request=4 * KIB, reply=8 * MIB, depth=8, timeout=30.0),
-    # up to 64 raw blocks (bytes each)
-    "/tally/sync/1.0.0": WireLimit(request=4 * KIB, reply=MAX_MESSAGE, depth=8, timeout=20.0),
+    "/tally/snapshot/1.0.0": WireLimit(request=4 * KIB, reply=8 * MIB, depth=16, timeout=30.0, cost_ratio=8.0),
+    # up to 64 blocks as wire maps (ledger.service.SYNC_BATCH; a reply of blocks of receipts nests 7 deep)
+    "/tally/sync/1.0.0": WireLimit(request=4 * KIB, reply=MAX_MESSAGE, depth=16, timeout=20.0, cost_ratio=8.0),
     # one transaction (ledger.service.MAX_TX_WIRE)
-    "/tally/submit/1.0.0": WireLimit(request=64 * KIB + 1 * KIB, reply=4 * KIB, depth=12),
+    "/tally/submit/1.0.0": WireLimit(request=64 * KIB + 1 * KIB, reply=4 * KIB, depth=16),
     # a model block file (blockfetch.MAX_FILE = 48 MiB) or manifests
-    "/tally/block/1.0.0": WireLimit(request=4 * KIB, reply=48 * MIB + 64 * KIB, depth=8, timeout=60.0),
+    "/tally/block/1.0.0": WireLimit(request=4 * KIB, reply=48 * MIB + 64 * KIB, objects=BULK_OBJECTS, depth=8,
+                                    timeout=60.0),
     # a batch item file (batch.items.MAX_FILE_BYTES = 32 MiB) or a result
-    "/tally/batch/1.0.0": WireLimit(request=4 * KIB, reply=32 * MIB + 64 * KIB, depth=8, timeout=20.0),
+    "/tally/batch/1.0.0": WireLimit(request=4 * KIB, reply=32 * MIB + 64 * KIB, objects=BULK_OBJECTS, depth=8,
+                                    timeout=20.0),
     # a blob: a list of wire tensors
-    "/tally/blob/1.0.0": WireLimit(request=4 * KIB, reply=MAX_MESSAGE, depth=8, timeout=60.0),
+    "/tally/blob/1.0.0": WireLimit(request=4 * KIB, reply=MAX_MESSAGE, objects=BULK_OBJECTS, depth=8,
+                                   timeout=60.0),
     # gossip payloads by topic (node.p2p.gossip.TOPIC_NAMES): a transaction, a block or vote, a span record
-    "gossip/tx": WireLimit(request=64 * KIB, reply=0, depth=12),
-    "gossip/consensus": WireLimit(request=512 * KIB, reply=0, depth=12),
+    "gossip/tx": WireLimit(request=64 * KIB, reply=0, depth=16),
+    "gossip/consensus": WireLimit(request=512 * KIB, reply=0, depth=16),
     "gossip/shards": WireLimit(request=16 * KIB, reply=0, depth=8),
 }
 

@@ -63,9 +63,11 @@ def test_small_default_and_opt_in_large_limits():
         assert TABLE[proto].largest() <= 8 * KIB and TABLE[proto].objects is not None
     assert TABLE["/tally/peers/1.0.0"].request <= KIB and TABLE["/tally/peers/1.0.0"].reply <= 64 * KIB
     for lim in TABLE.values():  # requests to bulk protocols are small; every entry bounds the decode cost
-        assert lim.depth <= 32 and lim.cost_ratio <= 4 and lim.timeout > 0
+        assert lim.depth <= 32 and lim.cost_ratio <= 8 and lim.timeout > 0
         assert lim.largest() <= MAX_MESSAGE
     assert TABLE["/tally/block/1.0.0"].request <= 4 * KIB and TABLE["/tally/block/1.0.0"].reply >= 48 * MIB
+    for proto in ("/tally/inference/2.0.0", "/tally/blob/1.0.0", "/tally/block/1.0.0", "/tally/batch/1.0.0"):
+        assert TABLE[proto].cost_ratio <= 4 and TABLE[proto].objects is not None  # payloads are bytes
     assert gossip_limit("tally/test-chain/0011223344556677/tx") is TABLE["gossip/tx"]
     assert gossip_limit("tally/other/name") is DEFAULT
 
@@ -245,5 +247,18 @@ def test_real_streams_know_their_protocol_and_direction():
             with pytest.raises(RemoteError) as e:
                 check_reply(await read_msg(s))
             assert e.value.code == "bad_frame"
+
+    run(body)
+
+
+def test_pubsub_bounds_inbound_rpcs():
+    """py-libp2p reads one pubsub RPC of at most 1 MiB (its default, kept): above every gossip entry."""
+    from .util import running_hosts
+
+    async def body():
+        async with running_hosts(1) as (a,):
+            cap = a._gossip._pubsub.max_inbound_rpc_size
+            assert cap <= MIB
+            assert all(TABLE[f"gossip/{t}"].request < cap for t in TOPIC_NAMES)
 
     run(body)
