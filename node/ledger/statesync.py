@@ -211,23 +211,26 @@ class SnapshotServer:
                 return
             await self._reply(stream, peer, {"status": "ok", "data": data}, len(data) + MAX_PREFIX)
             return
+        disk = self.disk
         try:
-            f, size = await trio.to_thread.run_sync(self.disk.open_chunk, cid)
-        except OSError:  # missing or unreadable
-            await write_error(stream, "not_found", "this chunk is not readable here")
-            return
-        try:
-            async with self.budget.reserve(peer, min(STREAM_HOLD, size + MAX_PREFIX)):
-                # the reader re-hashes the file as it is read and raises before the last frame if it is damaged:
-                # the peer's stream is reset, never given a whole message of altered bytes
-                await write_file_msg(stream, f, size, {"status": "ok"}, timeout=reply_deadline(size),
-                                     stall=self.stall_s)
+            # the reservation first, then the file: a request waiting for room holds no file descriptor
+            async with self.budget.reserve(peer, STREAM_HOLD):
+                try:
+                    f, size = await trio.to_thread.run_sync(disk.open_chunk, cid)
+                except OSError:  # missing or unreadable
+                    await write_error(stream, "not_found", "this chunk is not readable here")
+                    return
+                try:
+                    # the reader re-hashes the file as it is read and raises before the last frame if it is
+                    # damaged: the peer's stream is reset, never given a whole message of altered bytes
+                    await write_file_msg(stream, f, size, {"status": "ok"}, timeout=reply_deadline(size),
+                                         stall=self.stall_s)
+                except OSError as e:  # damaged on disk (logged by the reader), or unreadable: cut the reply
+                    raise StreamClosed(f"chunk {i} not served: {e}") from None
+                finally:
+                    f.close()
         except Busy as e:
             await write_error(stream, e.code, e.message)
-        except OSError as e:  # damaged on disk (logged by the reader), or unreadable: cut the reply
-            raise StreamClosed(f"chunk {i} not served: {e}") from None
-        finally:
-            f.close()
 
 
 async def _light_handler_reply(store: Any, msg: dict[str, Any]) -> dict[str, Any]:
