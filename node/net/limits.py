@@ -86,8 +86,8 @@ class PeerLimiter:
     def __init__(self, limits: Limits | None = None, clock: Callable[[], float] = time.monotonic):
         self.limits = limits or Limits()
         self.clock = clock
-        self.streams: dict[str, int] = defaultdict(int)
-        self._buckets: dict[str, _Bucket] = {}
+        self.streams: dict[str, int] = defaultdict(int)  # only peers with streams open
+        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()  # LRU, at most limits.max_tracked
         self._conn_times: OrderedDict[str, deque] = OrderedDict()  # LRU, at most limits.max_tracked
         self.conns: dict[str, int] = defaultdict(int)
         self.reserved: set[str] = set()  # peers not held to max_conns (validators, bootstrap peers)
@@ -98,12 +98,16 @@ class PeerLimiter:
         """Account a new inbound stream of ``peer``; returns the reason to refuse it, or None (then call
         :meth:`stream_closed` when it ends)."""
         lim, now = self.limits, self.clock()
-        if self.streams[peer] >= lim.streams_per_peer:
+        open_now = self.streams.get(peer, 0)  # .get: a refused peer leaves no entry behind
+        if open_now >= lim.streams_per_peer:
             self.refused_streams += 1
-            return f"{self.streams[peer]} streams open (limit {lim.streams_per_peer})"
-        b = self._buckets.get(peer)
+            return f"{open_now} streams open (limit {lim.streams_per_peer})"
+        b = self._buckets.pop(peer, None)
         if b is None:
-            b = self._buckets[peer] = _Bucket(float(lim.stream_burst), now)
+            b = _Bucket(float(lim.stream_burst), now)
+        self._buckets[peer] = b  # most recently used last
+        while len(self._buckets) > lim.max_tracked:
+            self._buckets.popitem(last=False)  # a forgotten peer starts again with a full bucket: bounded harm
         b.tokens = min(float(lim.stream_burst), b.tokens + (now - b.at) * lim.stream_rate)
         b.at = now
         if b.tokens < 1.0:
@@ -138,8 +142,9 @@ class PeerLimiter:
             times.popleft()
         times.append(now)
         total = sum(self.conns.values())
-        if self.conns[peer] >= lim.conns_per_peer:
-            reason = f"{self.conns[peer]} connections open (limit {lim.conns_per_peer} per peer)"
+        mine = self.conns.get(peer, 0)  # .get: a refused peer leaves no entry behind
+        if mine >= lim.conns_per_peer:
+            reason = f"{mine} connections open (limit {lim.conns_per_peer} per peer)"
         elif len(times) > lim.conn_rate:
             reason = f"{len(times)} connections in a minute (limit {lim.conn_rate})"
         elif total >= lim.max_conns and not outbound and peer not in self.reserved:

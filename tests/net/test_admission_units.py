@@ -93,13 +93,20 @@ def test_five_thousand_ips_leave_no_state_behind():
 
 def test_five_thousand_identities_keep_limiter_hello_book_and_scores_bounded():
     ids = [Identity.generate().peer_id for _ in range(5000)]
-    lim = PeerLimiter(Limits(max_tracked=1000))
+    t = [0.0]
+    lim = PeerLimiter(Limits(max_tracked=1000, stream_burst=3, conn_rate=2, max_conns=3000), clock=lambda: t[0])
     for p in ids:
         assert lim.conn_opened(p) is None
-        assert lim.stream_opened(p) is None
-        lim.stream_closed(p)
+        assert [lim.stream_opened(p) for _ in range(4)][3] is not None  # the 4th over the burst: refused
+        for _ in range(3):
+            lim.stream_closed(p)  # an empty bucket stays while the peer is remembered...
+        assert lim.stream_opened(p) is not None  # refused with no stream open
         lim.conn_closed(p)
-    assert len(lim._conn_times) == 1000 and not lim.conns and not lim.streams and not lim._buckets
+        assert lim.conn_opened(p) is None and lim.conn_opened(p) is not None  # over the rate: refused
+        lim.conn_closed(p)
+        t[0] += 0.001
+    assert len(lim._conn_times) == 1000 and len(lim._buckets) == 1000  # ...among the 1,000 most recent
+    assert not lim.conns and not lim.streams  # refusals leave nothing behind
 
     class Host:  # the HelloHost seam: a peer's reply to our hello, with the address it saw us at
         peer_id = "me"
