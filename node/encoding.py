@@ -152,13 +152,17 @@ _RUN = re.compile(rb"[\x00-\x7f\x80\x90\xa0\xc0\xc2\xc3]+")
 # possessive (++) so that the regex engine keeps no backtracking state per repetition (it would, ~140 bytes each)
 _SCALAR_RUNS = {b: re.compile(rb"[\xe0-\xff]+" if b >= 0xE0 else rb"(?:\x%02x.{%d})++" % (b, size - 1), re.DOTALL)
                 for b, (kind, size, _) in enumerate(_TYPES) if kind == _SCALAR and not _ONE[b]}
-_BIN8_RUNS: dict[int, re.Pattern[bytes]] = {}  # payload length -> a run of bin 8 of that length (hash lists)
+_PAYLOAD_RUNS: dict[bytes, re.Pattern[bytes]] = {}  # header -> a run of that header and its payload (<= 544)
 
 
-def _bin8_run(length: int) -> re.Pattern[bytes]:
-    pat = _BIN8_RUNS.get(length)
+def _payload_run(header: bytes, length: int, kind: int) -> re.Pattern[bytes]:
+    """A possessive regex for a run of bin 8 or str 8 / fixstr objects of ``header`` (one length): any payload
+    bytes for bin, ASCII only for str (so each is ``_STR_BASE + length`` bytes decoded). At most 32 fixstr, 256
+    str 8 and 256 bin 8 headers: the cache is bounded."""
+    pat = _PAYLOAD_RUNS.get(header)
     if pat is None:
-        pat = _BIN8_RUNS[length] = re.compile(rb"(?:\xc4\x%02x.{%d})++" % (length, length), re.DOTALL)
+        body = rb".{%d}" % length if kind == _BIN else rb"[\x00-\x7f]{%d}" % length
+        pat = _PAYLOAD_RUNS[header] = re.compile(rb"(?:%s%s)++" % (re.escape(header), body), re.DOTALL)
     return pat
 
 
@@ -219,9 +223,10 @@ def scan_msgpack(data: bytes | bytearray, *, max_depth: int = MAX_DEPTH, max_cos
                 objects += 1
                 pending -= 1
                 if kind == _SCALAR:
-                    if pos + size < n and data[pos + size] == b and pending > (ends[-1] if ends else 0):
-                        k = min((_SCALAR_RUNS[b].match(data, pos).end() - pos) // size,  # type: ignore[union-attr]
-                                pending + 1 - (ends[-1] if ends else 0))
+                    m = _SCALAR_RUNS[b].match(data, pos) if pos + size < n and data[pos + size] == b \
+                        and pending > (ends[-1] if ends else 0) else None
+                    if m is not None:  # None also when this very scalar is truncated
+                        k = min((m.end() - pos) // size, pending + 1 - (ends[-1] if ends else 0))
                         objects += k - 1
                         pending -= k - 1
                         cost += arg * k
@@ -237,27 +242,28 @@ def scan_msgpack(data: bytes | bytearray, *, max_depth: int = MAX_DEPTH, max_cos
                         if pos + size > n:
                             raise IndexError
                     pos += size
-                    if kind == _BIN:
+                    if kind in (_BIN, _STR):
                         if arg > n - pos:
-                            raise DecodeError(f"msgpack bin of {arg} bytes, {n - pos} bytes remain")
+                            raise DecodeError(f"msgpack {'bin' if kind == _BIN else 'str'} of {arg} bytes, "
+                                              f"{n - pos} bytes remain")
                         nxt = pos + arg
-                        if size == 2 and nxt + 1 < n and data[nxt] == b and data[nxt + 1] == arg \
-                                and pending > (ends[-1] if ends else 0):  # more bin 8 of the same length
-                            m = _bin8_run(arg).match(data, nxt)
-                            k = min((m.end() - nxt) // (arg + 2), pending - (ends[-1] if ends else 0))  # type: ignore[union-attr]
+                        if kind == _BIN:
+                            each = _BIN_BASE + arg
+                        elif arg <= 1:  # "" and 1-character strings are shared
+                            each = 0
+                        else:
+                            each = _STR_BASE + arg if data[pos:nxt].isascii() else _STR_WIDE + 4 * arg
+                        cost += each
+                        if size <= 2 and nxt + size <= n and data[nxt] == b and (size == 1 or data[nxt + 1] == arg) \
+                                and pending > (ends[-1] if ends else 0):  # more of the same header: hashes, keys
+                            m = _payload_run(bytes(data[pos - size:pos]), arg, kind).match(data, nxt)
+                            k = 0 if m is None else min((m.end() - nxt) // (arg + size),
+                                                        pending - (ends[-1] if ends else 0))
                             objects += k
                             pending -= k
-                            nxt += k * (arg + 2)
-                            cost += (k + 1) * (_BIN_BASE + arg)
-                        else:
-                            cost += _BIN_BASE + arg
+                            nxt += k * (arg + size)
+                            cost += k * (_BIN_BASE + arg if kind == _BIN else _STR_BASE + arg if arg > 1 else 0)
                         pos = nxt
-                    elif kind == _STR:
-                        if arg > n - pos:
-                            raise DecodeError(f"msgpack str of {arg} bytes, {n - pos} bytes remain")
-                        if arg > 1:  # "" and 1-character strings are shared
-                            cost += _STR_BASE + arg if data[pos:pos + arg].isascii() else _STR_WIDE + 4 * arg
-                        pos += arg
                     elif arg:  # a container that is not empty
                         count = arg if kind == _ARRAY else 2 * arg
                         if count > n - pos:  # every element takes at least one byte

@@ -218,8 +218,8 @@ def test_random_bytes_decode_or_refuse_cleanly(data):
         unpack(data)
 
 
-@given(st.sampled_from([1.5, 300, 70000, -30, -3, 2**40, -(2**40), 7, None, True, "", "ab", b"", b"x" * 32, b"y" * 200,
-                        {}, []]),
+@given(st.sampled_from([1.5, 300, 70000, -30, -3, 2**40, -(2**40), 7, None, True, "", "a", "ab", "é" * 3, "x" * 31,
+                        "y" * 200, "z" * 300, "ü" * 40, b"", b"x" * 32, b"y" * 200, b"z" * 300, {}, []]),
        st.integers(0, 40), st.integers(0, 40))
 def test_runs_of_one_type_count_like_single_objects(item, a, b):
     """The walker's shortcuts over runs of one type (regex matches) stop at container ends and count exactly
