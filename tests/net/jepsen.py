@@ -56,10 +56,10 @@ class Agent:
                               cwd=ROOT)
         self.lock = threading.Lock()
 
-    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
-        """``(HTTP status, JSON body)``; ``(0, why)`` when the node does not answer."""
+    def call(self, method: str, path: str, body: dict | None = None, timeout: float = 10.0) -> tuple[int, object]:
+        """``(HTTP status, JSON body)``; ``(0, why)`` when the node does not answer within ``timeout`` seconds."""
         with self.lock:
-            self.proc.stdin.write(json.dumps({"m": method, "p": path, "b": body}) + "\n")
+            self.proc.stdin.write(json.dumps({"m": method, "p": path, "b": body, "t": timeout}) + "\n")
             self.proc.stdin.flush()
             line = self.proc.stdout.readline()
         if not line:
@@ -89,7 +89,7 @@ class Val:
 class Accepted:
     node: str
     id: str
-    nonce: int
+    nonce: int  # -1 for a receipt
     at: float
 
 
@@ -102,14 +102,17 @@ class Record:
     unreachable: int = 0
     phases: list[str] = field(default_factory=list)
     recover_s: list[float] = field(default_factory=list)
+    generations: int = 0  # generations that returned tokens
+    generation_failures: list[str] = field(default_factory=list)
 
 
 class Jepsen:
     """One run: ``setup()``, ``start()``, ``run_schedule()``, ``settle()``, ``check_final()``; ``close()`` stops
     the workload (the :class:`Netns` stops the processes and removes the hosts)."""
 
-    def __init__(self, net: Netns, tmp: Path, model_cache: Path, seed: int, log=print):
+    def __init__(self, net: Netns, tmp: Path, model_cache: Path, seed: int, log=print, swarm: bool = True):
         self.net, self.tmp, self.cache, self.seed, self.say = net, tmp, model_cache, seed, log
+        self.swarm = swarm  # also a span server "s" (every block of the tiny model) and a client "c" generating
         self.rng = random.Random(seed)
         self.vals: dict[str, Val] = {}
         self.rec = Record()
@@ -136,12 +139,20 @@ class Jepsen:
                 str(self.genesis_path), "--force"]
         for v in self.vals.values():
             args += ["--validator", f"{v.peer_id}=200", "--account", f"{v.peer_id}=1000", "--bootstrap", v.addr]
+        self.extra: list[str] = []  # the server and the client: on one side of every partition, never killed
+        if self.swarm:
+            for name, funds in (("s", "100:200"), ("c", "1000")):
+                host = self.net.add_host(name)
+                d = self.tmp / name
+                self.vals[name] = Val(name, host, d, create_key(d), [host.ip])
+                self.extra.append(name)
+                args += ["--account", f"{self.vals[name].peer_id}={funds}"]
         cli(*args)
         for v in self.vals.values():
             self._nft(v.host, "table inet jepsen {\n  set cut { type ipv4_addr; }\n"
                               "  chain in { type filter hook input priority 0; ip saddr @cut drop; }\n"
                               "  chain out { type filter hook output priority 0; ip daddr @cut drop; }\n}\n")
-        others = [v for v in self.vals.values() if not v.slow]
+        others = [v for n, v in self.vals.items() if not v.slow and n not in self.extra]
         self._nft(slow.host, "table inet jepsenslow {\n  chain out { type filter hook output priority 0; "
                              f"ip saddr {slow.host.ip} tcp dport {PORT} drop; }}\n}}\n")
         specs = [f"{slow.host.ip}:{PORT}=127.0.0.1:{INNER_PORT}"]
@@ -174,6 +185,8 @@ class Jepsen:
                      "--bootstrap", *self.slow_bootstrap]
         else:
             argv += ["--listen", f"/ip4/{v.host.ip}/tcp/{PORT}"]
+        if name == "s":
+            argv += ["--span", "all"]
         (v.data_dir / "node.json").unlink(missing_ok=True)
         with open(v.log, "ab") as f:
             v.proc = self.net.popen(v.host, argv, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
@@ -226,8 +239,23 @@ class Jepsen:
                 return time.monotonic() - t0
             if time.monotonic() - t0 > bound:
                 raise JepsenFailure(f"no progress to height {target} within {bound:g} s after {why}: heights {hs}\n"
+                                    + self.diagnose()
                                     + "\n".join(f"--- {n}\n{self.tail(n)}" for n in self.vals))
             time.sleep(0.5)
+
+    def diagnose(self) -> str:
+        """Each node's connected peers (by name), gossip mesh size and mempool, for a failure message."""
+        by_id = {v.peer_id: n for n, v in self.vals.items()}
+        out = []
+        for n, v in self.vals.items():
+            s, st = v.agent.call("GET", "/v1/status")
+            if s != 200:
+                out.append(f"{n}: no answer ({st})")
+                continue
+            peers = sorted(by_id.get(p, p[:8]) for p in st.get("peers", []))
+            out.append(f"{n}: height {st['height']} head {st['head_hash'][:12]} mempool {st['mempool']} "
+                       f"peers {peers} network {json.dumps(st.get('network'))[:300]}")
+        return "\n".join(out) + "\n"
 
     def tail(self, name: str, lines: int = 25) -> str:
         log = self.vals[name].log
@@ -238,13 +266,36 @@ class Jepsen:
     # ------------------------------------------------------------------ workload
 
     def start_workload(self) -> None:
-        for i, name in enumerate(self.vals):
+        for i, name in enumerate(self.validators):
             t = threading.Thread(target=self._transfers, args=(name, random.Random(self.seed * 10 + i)), daemon=True)
             t.start()
             self._threads.append(t)
+        if self.swarm:
+            t = threading.Thread(target=self._generations, args=(random.Random(self.seed * 10 + 9),), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    @property
+    def validators(self) -> list[str]:
+        return [n for n in self.vals if n not in self.extra]
+
+    def _generations(self, rng: random.Random) -> None:
+        """The client generates 8 tokens of a random prompt every 2-4 s; its receipts are accepted transactions
+        (its node submits them) and are held to the same check as the transfers."""
+        while not self._stop.wait(rng.uniform(2.0, 4.0)):
+            prompt = [rng.randrange(1, 200) for _ in range(rng.randrange(2, 8))]
+            s, body = self.vals["c"].agent.call("POST", "/v1/generate", {"prompt_ids": prompt, "max_new_tokens": 8},
+                                                timeout=60)
+            with self._rec_lock:
+                if s == 200:
+                    self.rec.generations += 1
+                    now = time.monotonic()
+                    self.rec.accepted += [Accepted("c", rid, -1, now) for rid in body["receipts"]]
+                else:
+                    self.rec.generation_failures.append(f"{s} {str(body)[:120]}")
 
     def _transfers(self, name: str, rng: random.Random) -> None:
-        others = [v.peer_id for n, v in self.vals.items() if n != name]
+        others = [self.vals[n].peer_id for n in self.validators if n != name]
         while not self._stop.wait(rng.uniform(0.7, 1.3)):
             s, body = self.vals[name].agent.call("POST", "/v1/transfer", {"to": rng.choice(others), "amount": "0.001"})
             with self._rec_lock:
@@ -278,7 +329,7 @@ class Jepsen:
         and wait for progress past the highest height seen before the heal."""
         shapes = list(SHAPES)
         self.rng.shuffle(shapes)
-        names = list(self.vals)
+        names = self.validators
         for shape in shapes:
             order = names[:]
             self.rng.shuffle(order)
@@ -295,10 +346,14 @@ class Jepsen:
                 groups = {"halves": [order[:2], order[2:]], "majority": [order[:3], order[3:]],
                           "split3": [order[:1], order[1:2], order[2:]]}.get(shape)
                 if groups is not None:
+                    for e in self.extra:  # the server and the client sit on one side (else they would bridge it)
+                        self.rng.choice(groups).append(e)
                     blocked = {frozenset((a, b)) for g in groups for h in groups if g is not h for a in g for b in h}
                     desc = f"{shape} {' | '.join(','.join(sorted(g)) for g in groups)} for {hold_s} s"
                 else:  # bridge: order[0] sees both sides, which do not see each other
                     left, right = order[1:2], order[2:]
+                    for e in self.extra:
+                        self.rng.choice([left, right]).append(e)
                     blocked = {frozenset((a, b)) for a in left for b in right}
                     desc = f"bridge {order[0]} between {','.join(left)} and {','.join(sorted(right))} for {hold_s} s"
                 self.cut(blocked)
@@ -400,9 +455,14 @@ class Jepsen:
             elif n == 1 and st == "dropped":
                 problems.append(f"{acc.id[:16]} is in a block but its submitter {acc.node} said dropped: "
                                 f"{final[acc.id].get('reason')}")
+        if self.swarm and self.rec.generations == 0:
+            problems.append(f"no generation succeeded: {self.rec.generation_failures[-5:]}")
         included = sum(1 for a in self.rec.accepted if counts.get(a.id, 0) == 1)
         dropped = [final[a.id].get("reason", "") for a in self.rec.accepted if counts.get(a.id, 0) == 0]
-        summary = (f"seed {self.seed}: {len(self.rec.accepted)} transfers accepted, {included} in exactly one block, "
+        receipts = sum(1 for a in self.rec.accepted if a.nonce < 0)
+        summary = (f"seed {self.seed}: {len(self.rec.accepted) - receipts} transfers and {receipts} receipts of "
+                   f"{self.rec.generations} generations ({len(self.rec.generation_failures)} failed) accepted, "
+                   f"{included} in exactly one block, "
                    f"{len(dropped)} reported dropped {sorted(set(dropped))[:3]}; {len(self.rec.refused)} refused at "
                    f"submission, {self.rec.unreachable} while a node was down; heights "
                    f"{ {n: len(c) for n, c in chains.items()} }, no fork, supply {supply} on every LevelDB; "
