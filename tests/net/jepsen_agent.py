@@ -3,9 +3,10 @@
     python tests/net/jepsen_agent.py DATA_DIR
 
 Reads one JSON request a line on stdin, ``{"m": "GET"|"POST", "p": "/v1/...", "b": body or null, "t": timeout in
-seconds or null}``, and answers one JSON line on stdout, ``{"s": HTTP status, "j": decoded body}``, or ``{"s": 0, "e": "why"}`` when the node does
-not answer (killed, restarting). The API address is read from ``DATA_DIR/node.json`` for every request (a
-restarted node listens on another port), the token from ``DATA_DIR/api_token``. Ends at end of input.
+seconds or null}``, and answers one JSON line on stdout, ``{"s": HTTP status, "j": decoded body}``, or
+``{"s": 0, "e": "why"}`` when the node does not answer (killed, restarting). The API address is read from
+``DATA_DIR/node.json`` for every request (a restarted node listens on another port), the token from
+``DATA_DIR/api_token``. Ends at end of input.
 """
 
 from __future__ import annotations
