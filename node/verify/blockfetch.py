@@ -28,12 +28,11 @@ Errors: ``not_found`` (the peer does not hold that model or block), ``too_large`
 is dropped and the next peer is asked; peers that were busy are asked again after a pause (:data:`BUSY_ROUNDS`);
 each request is bounded by a timeout (seconds) and a message size.
 
-Serving (:meth:`HeldModels.stream_handler`, what a node registers): block and head files are streamed from disk
-one 1 MiB frame at a time (:func:`node.p2p.filesend.serve_file`), never read whole into memory; the manifest,
-config and tokenizer replies are built in memory with 3x their size reserved first. Every reply reserves its
-memory from the node's :class:`~node.p2p.budget.ReplyBudget` (per peer and node-wide; ``busy`` when full) and is
-written under a deadline (10 s + 1 s per MiB for the whole reply, :data:`~node.p2p.filesend.STALL` per frame), so
-a requester that never reads is cut and gives its budget back.
+Serving (:meth:`HeldModels.stream_handler` in :mod:`node.verify.blockserve`, what a node registers): block and
+head files are streamed from disk one 1 MiB frame at a time, never read whole into memory, under the node's reply
+budget and write deadlines. Fetching: block and head files are written to a part file as their frames arrive
+(:func:`node.p2p.filerecv.read_file_msg`), checked from disk and moved into place: a fetch holds one frame of the
+file while it arrives (then its tensors once, to hash them), not three copies of it.
 
 Checked files go to ``<root>/<model id hex>/`` (temp file, then ``os.replace``), a directory apart from the model
 cache: it may hold only some blocks, and nothing there is used without :class:`~node.compute.span.SpanModel`
@@ -50,35 +49,31 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from ..compute.model import HEAD_FILE, MANIFEST, Manifest, ManifestError, block_file, load_manifest, tensors_hash
 from ..encoding import DecodeError
 from ..identity import account_to_str
-from ..p2p.budget import ReplyBudget
-from ..p2p.filesend import STALL, open_sized, reply_deadline, serve_file, write_error
-from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed, read_msg, write_msg
+from ..p2p.filerecv import read_file_msg
+from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, write_msg
 from ..p2p.host import PeerUnreachable
+from .blockserve import (BLOCK_PROTOCOL, MAX_FILE, MAX_MANIFEST, MAX_TOKENIZER, REQUEST_MAX, REQUEST_TIMEOUT,
+                         TOKENIZER_FILES, HeldModels)
+
+__all__ = ["BLOCK_PROTOCOL", "FETCH_TIMEOUT", "MAX_FILE", "MAX_MANIFEST", "MAX_TOKENIZER", "REQUEST_MAX",
+           "REQUEST_TIMEOUT", "TOKENIZER_FILES", "UNVERIFIED_TOKENIZER", "BlockFetcher", "BlockUnavailable",
+           "HeldModels", "check_block", "check_block_file", "model_dir_for", "tokenizer_trusted"]
 
 log = logging.getLogger("tally.blockfetch")
 
-BLOCK_PROTOCOL = "/tally/block/1.0.0"
-MAX_FILE = 48 << 20  # bytes: the largest block file served or accepted (below the 64 MiB message limit)
-MAX_MANIFEST = 1 << 20  # bytes: manifest.json and config.json, each
-REQUEST_MAX = 1 << 12  # bytes: a request message
-REQUEST_TIMEOUT = 10.0  # seconds a server waits for the request after the stream opens
 FETCH_TIMEOUT = 60.0  # seconds per request (a 48 MiB block over a slow link)
 BUSY_ROUNDS = 3  # times the peers that answered ``busy`` are asked again, after BUSY_PAUSE, 2*BUSY_PAUSE, ...
 BUSY_PAUSE = 1.0  # seconds
 MAX_PEERS = 8  # peers asked per file before giving up
 PARALLEL = 4  # blocks fetched at once
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "tokenizer.model")
-MAX_TOKENIZER = 32 << 20  # bytes: all tokenizer files of a reply together
 UNVERIFIED_TOKENIZER = "tokenizer.unverified"  # marker file: this dir's tokenizer came from a peer, unchecked
 
 
@@ -108,149 +103,11 @@ class BlockUnavailable(LookupError):
     """No peer returned a copy of a model's manifest or block that matches its hash."""
 
 
-class HeldModels:
-    """The model dirs this node can serve blocks from: its own model and what it fetched.
-
-    Args:
-        own: the node's model dir (complete). fetched_root: ``<data dir>/models``, where :class:`BlockFetcher`
-            writes (each ``<model id hex>/`` may hold only some blocks).
-    """
-
-    def __init__(self, own: Path | None, fetched_root: Path):
-        self.fetched_root = Path(fetched_root)
-        self._own: dict[bytes, Path] = {}
-        if own is not None:
-            self.add(Path(own))
-
-    def add(self, model_dir: Path) -> Manifest:
-        """Serve ``model_dir`` (complete, or partly fetched) too; returns its manifest."""
-        m = load_manifest(model_dir)
-        self._own[m.model_id] = Path(model_dir)
-        return m
-
-    def dir_of(self, model_id: bytes) -> Path | None:
-        """The dir holding ``model_id``'s manifest, or None."""
-        if model_id in self._own:
-            return self._own[model_id]
-        d = self.fetched_root / model_id.hex()
-        return d if (d / MANIFEST).is_file() else None
-
-    def _resolve(self, msg: dict) -> tuple[str, Path, Path | None]:
-        """``(type, model dir, file)`` of a request; ``file`` is the block or head file (None for the small
-        replies). Raises RemoteError: ``bad_request``, ``not_found``."""
-        mid = msg.get("model_id")
-        if not (isinstance(mid, bytes) and len(mid) == 32):
-            raise RemoteError("bad_request", "model_id must be 32 bytes")
-        kind = msg.get("type")
-        if kind not in ("manifest", "block", "head", "tokenizer"):
-            raise RemoteError("bad_request", "type is manifest, block, head or tokenizer")
-        path = None
-        if kind == "block":
-            i = msg.get("index")
-            if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < 100_000:
-                raise RemoteError("bad_request", "index must be a block number")
-            path = Path(block_file(i))
-        elif kind == "head":
-            path = Path(HEAD_FILE)
-        d = self.dir_of(mid)
-        if d is None:
-            raise RemoteError("not_found", f"model {mid.hex()[:16]} is not held here")
-        return kind, d, None if path is None else d / path
-
-    def _small_size(self, kind: str, d: Path) -> int:
-        """Bytes of the files a manifest or tokenizer reply carries (blocking). Raises RemoteError ``too_large``."""
-        names = (MANIFEST, "config.json") if kind == "manifest" else TOKENIZER_FILES
-        total = 0
-        for name in names:
-            try:
-                total += (d / name).stat().st_size
-            except OSError:
-                continue
-        limit = 2 * MAX_MANIFEST if kind == "manifest" else MAX_TOKENIZER
-        if total > limit:
-            raise RemoteError("too_large", f"{kind} files are {total} bytes, over {limit}")
-        return total
-
-    async def _small(self, kind: str, d: Path) -> dict:
-        if kind == "manifest":
-            return {"manifest": await _read(d / MANIFEST, MAX_MANIFEST), "config": await _read(d / "config.json",
-                                                                                              MAX_MANIFEST)}
-        files, total = {}, 0
-        for name in TOKENIZER_FILES:
-            if (d / name).is_file():
-                files[name] = await _read(d / name, MAX_TOKENIZER)
-                total += len(files[name])
-        if total > MAX_TOKENIZER:
-            raise RemoteError("too_large", f"tokenizer files are {total} bytes, over {MAX_TOKENIZER}")
-        return {"files": files}
-
-    async def handle(self, msg: dict, peer: str) -> dict:
-        """The whole reply to one request, in memory: for :meth:`~node.p2p.host.P2PHost.set_request_handler` in
-        tests and tools. A node registers :meth:`stream_handler` instead, which streams block files from disk
-        under a budget and write deadlines.
-
-        Raises:
-            RemoteError: ``bad_request``, ``not_found``, ``too_large``.
-        """
-        kind, d, path = self._resolve(msg)
-        if path is not None:
-            return {"data": await _read(path, MAX_FILE)}
-        return await self._small(kind, d)
-
-    def stream_handler(self, budget: ReplyBudget, stall: float = STALL,
-                       request_timeout: float = REQUEST_TIMEOUT) -> Callable[[Any, str], Awaitable[None]]:
-        """The ``BLOCK_PROTOCOL`` stream handler (:meth:`node.p2p.host.P2PHost.set_handler`): reads one request
-        (at most :data:`REQUEST_MAX` bytes within ``request_timeout`` seconds) and writes one reply.
-
-        Block and head files are streamed from disk (:func:`~node.p2p.filesend.serve_file`: 2 MiB reserved from
-        ``budget``, ``stall`` seconds per frame, 10 s + 1 s per MiB in all); manifest and tokenizer replies
-        reserve 3x their size before they are read. ``busy``, ``not_found``, ``too_large`` and ``bad_request``
-        are error replies; a malformed request raises FrameError (the host answers ``bad_frame`` and penalises
-        the peer); a reply not written in time raises RequestTimeout (the host resets the stream).
-        """
-
-        async def serve(stream, peer: str) -> None:
-            msg = await read_msg(stream, request_timeout, REQUEST_MAX)
-            try:
-                kind, d, path = self._resolve(msg)
-                if path is None:
-                    size = await trio.to_thread.run_sync(self._small_size, kind, d)
-            except RemoteError as e:
-                await write_error(stream, e.code, e.message)
-                return
-            if path is not None:
-                await serve_file(stream, peer, path, limit=MAX_FILE, budget=budget, stall=stall)
-                return
-            try:
-                async with budget.reserve(peer, 3 * size + 1024):
-                    reply = {"status": "ok", **await self._small(kind, d)}
-                    await write_msg(stream, reply, timeout=reply_deadline(size),
-                                    max_message=MAX_TOKENIZER + (1 << 16))
-            except RemoteError as e:  # busy, or a file that grew past its limit meanwhile
-                await write_error(stream, e.code, e.message)
-
-        return serve
-
-
 def _atomic_write(path: Path, data: bytes) -> None:
     """``data`` to ``path`` through a temp file and ``os.replace`` (a reader never sees half a file)."""
     tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
     tmp.write_bytes(data)
     os.replace(tmp, path)
-
-
-async def _read(path: Path, limit: int) -> bytes:
-    """The bytes of ``path`` (read in a thread). Raises RemoteError: ``not_found``, ``too_large`` (over
-    ``limit`` bytes)."""
-    def read() -> bytes:
-        f, _size = open_sized(path, limit)
-        with f:
-            data = f.read(limit + 1)
-        if len(data) > limit:  # grew since it was sized
-            raise RemoteError("too_large", f"{path.name} is over the {limit}-byte limit")
-        return data
-
-    return await trio.to_thread.run_sync(read)
 
 
 def check_block(data: bytes, expected: bytes) -> None:
@@ -264,6 +121,24 @@ def check_block(data: bytes, expected: bytes) -> None:
 
     try:
         tensors = load(data)
+    except (SafetensorError, ValueError, OSError) as e:
+        raise ValueError(f"not a safetensors file: {e}") from None
+    got = tensors_hash(tensors)
+    if got != expected:
+        raise ValueError(f"hashes to {got.hex()[:16]}, the manifest says {expected.hex()[:16]}")
+
+
+def check_block_file(path: Path, expected: bytes) -> None:
+    """:func:`check_block` of the safetensors file at ``path`` (read by ``safetensors``, never pickle).
+
+    Raises:
+        ValueError: not a safetensors file, or another hash.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(path))
     except (SafetensorError, ValueError, OSError) as e:
         raise ValueError(f"not a safetensors file: {e}") from None
     got = tensors_hash(tensors)
@@ -296,34 +171,73 @@ class BlockFetcher:
                 out.append(p)
         return out[:self.max_peers]
 
-    async def _ask(self, peers: list[str], msg: dict, accept, what: str):
+    async def _ask(self, peers: list[str], msg: dict, accept, what: str, to_file: Path | None = None):
         """``accept(reply)`` of the first peer whose reply passes it. Peers that answer ``busy`` (their reply
         budget is full) are asked again after the others, up to :data:`BUSY_ROUNDS` more times, pausing
-        :data:`BUSY_PAUSE` seconds, then twice that, and so on. Raises BlockUnavailable."""
+        :data:`BUSY_PAUSE` seconds, then twice that, and so on. ``to_file``: the reply's ``data`` is written
+        there as it arrives (:meth:`_fetch_file`; the reply holds its size) and removed when no reply passes.
+        Raises BlockUnavailable."""
         errors: list[str] = []
-        for attempt in range(BUSY_ROUNDS + 1):
-            busy = []
-            for peer in peers:
-                try:
-                    reply = await self.host.request(peer, BLOCK_PROTOCOL, msg, timeout=self.timeout,
-                                                    max_message=MAX_FILE + (1 << 16))
-                except (PeerUnreachable, RemoteError, StreamClosed, FrameError, RequestTimeout, DecodeError) as e:
-                    # unreachable, timeout, not_found, too large, malformed: ask the next peer
-                    errors.append(f"{peer[:16]}: {type(e).__name__}: {e}")
-                    if isinstance(e, RemoteError) and e.code == "busy":
-                        busy.append(peer)
-                    continue
-                try:
-                    return await accept(reply)
-                except (ValueError, TypeError) as e:
-                    log.warning("refused %s from %s: %s", what, peer[:16], e)
-                    self.refused.append((peer, f"{what}: {e}"))
-                    errors.append(f"{peer[:16]}: refused: {e}")
-            if not busy or attempt == BUSY_ROUNDS:
-                break
-            await trio.sleep(BUSY_PAUSE * 2 ** attempt)
-            peers = busy
+        try:
+            for attempt in range(BUSY_ROUNDS + 1):
+                busy = []
+                for peer in peers:
+                    try:
+                        if to_file is not None:
+                            reply = await self._fetch_file(peer, msg, to_file)
+                        else:
+                            reply = await self.host.request(peer, BLOCK_PROTOCOL, msg, timeout=self.timeout,
+                                                            max_message=MAX_FILE + (1 << 16))
+                    except (PeerUnreachable, RemoteError, StreamClosed, FrameError, RequestTimeout,
+                            DecodeError) as e:
+                        # unreachable, timeout, not_found, too large, malformed: ask the next peer
+                        errors.append(f"{peer[:16]}: {type(e).__name__}: {e}")
+                        if isinstance(e, RemoteError) and e.code == "busy":
+                            busy.append(peer)
+                        continue
+                    try:
+                        return await accept(reply)
+                    except (ValueError, TypeError) as e:
+                        log.warning("refused %s from %s: %s", what, peer[:16], e)
+                        self.refused.append((peer, f"{what}: {e}"))
+                        errors.append(f"{peer[:16]}: refused: {e}")
+                if not busy or attempt == BUSY_ROUNDS:
+                    break
+                await trio.sleep(BUSY_PAUSE * 2 ** attempt)
+                peers = busy
+        finally:
+            if to_file is not None:
+                to_file.unlink(missing_ok=True)  # accepted files were moved into place
         raise BlockUnavailable(f"{what} unavailable: {'; '.join(errors[-2 * MAX_PEERS:]) or 'no peer holds it'}")
+
+    async def _fetch_file(self, peer: str, msg: dict, dest: Path) -> dict:
+        """Send ``msg`` to ``peer`` and write the reply's ``data`` to ``dest`` as its frames arrive
+        (:func:`node.p2p.filerecv.read_file_msg`: at most :data:`MAX_FILE` bytes, one frame in memory at a time);
+        the whole exchange within the fetch timeout. Returns the reply (``data``: its size in bytes).
+
+        Raises:
+            PeerUnreachable, RemoteError, StreamClosed, FrameError, RequestTimeout: as
+            :meth:`node.p2p.host.P2PHost.request`.
+        """
+        stream = None
+        try:
+            with trio.fail_after(self.timeout):
+                stream = await self.host.open_stream(peer, BLOCK_PROTOCOL, timeout=self.timeout)
+                await write_msg(stream, msg, timeout=self.timeout)
+                with open(dest, "wb") as f:
+                    reply = await read_file_msg(stream, f, max_size=MAX_FILE, timeout=self.timeout)
+        except trio.TooSlowError:
+            await _reset(stream)
+            raise RequestTimeout(f"{BLOCK_PROTOCOL} to {peer}: no reply within {self.timeout} s") from None
+        except BaseException:
+            await _reset(stream)
+            raise
+        with trio.move_on_after(1.0):
+            try:
+                await stream.close()
+            except (StreamClosed, OSError, RuntimeError, *_stream_errors()):
+                pass
+        return check_reply(reply)
 
     async def manifest(self, model_id: bytes, extra: Iterable[str] = ()) -> Manifest:
         """The checked manifest of ``model_id`` (fetched once, then read from ``root``).
@@ -408,14 +322,15 @@ class BlockFetcher:
         d = await self.ensure(model_id, 0, m.num_blocks, extra)
         async with self._lock:
             if not (d / HEAD_FILE).is_file():
+                part = d / f"{HEAD_FILE}.part{os.getpid()}"
+
                 async def accept_head(reply: dict) -> None:
-                    data = reply.get("data")
-                    if not isinstance(data, bytes) or len(data) > MAX_FILE:
-                        raise ValueError("the head is bytes under the size limit")
-                    await trio.to_thread.run_sync(self._install_file, d, HEAD_FILE, data, m.head_hash)
+                    if not isinstance(reply.get("data"), int):
+                        raise ValueError("the reply holds no head file")
+                    await trio.to_thread.run_sync(self._install_part, part, d / HEAD_FILE, m.head_hash)
 
                 await self._ask(self._candidates(model_id, -1, extra), {"type": "head", "model_id": model_id},
-                                accept_head, f"head of model {model_id.hex()[:16]}")
+                                accept_head, f"head of model {model_id.hex()[:16]}", to_file=part)
             if not (d / UNVERIFIED_TOKENIZER).exists():
                 async def accept_tok(reply: dict) -> None:
                     files = reply.get("files")
@@ -435,11 +350,11 @@ class BlockFetcher:
         return d
 
     @staticmethod
-    def _install_file(d: Path, name: str, data: bytes, expected: bytes) -> None:
-        """Check safetensors ``data`` against ``expected`` (:func:`check_block`; raises ValueError) and write it to
-        ``d/name`` atomically."""
-        check_block(data, expected)
-        _atomic_write(d / name, data)
+    def _install_part(part: Path, path: Path, expected: bytes) -> None:
+        """Check the fetched safetensors file ``part`` against ``expected`` (:func:`check_block_file`; raises
+        ValueError) and move it to ``path`` (``os.replace``: a reader never sees half a file)."""
+        check_block_file(part, expected)
+        os.replace(part, path)
 
     @staticmethod
     def _install_tokenizer(d: Path, files: dict[str, bytes]) -> None:
@@ -452,19 +367,39 @@ class BlockFetcher:
                      errors: list) -> None:
         """Fetch block ``i`` into ``d`` (checked against ``m.block_hashes[i]``); a failure goes to ``errors``."""
         path = d / block_file(i)
+        part = d / f"{path.name}.part{os.getpid()}"
 
         async def accept(reply: dict) -> None:
-            data = reply.get("data")
-            if not isinstance(data, bytes) or len(data) > MAX_FILE:
-                raise ValueError("a block is bytes under the size limit")
-            await trio.to_thread.run_sync(self._install_file, d, path.name, data, m.block_hashes[i])
+            if not isinstance(reply.get("data"), int):
+                raise ValueError("the reply holds no block file")
+            await trio.to_thread.run_sync(self._install_part, part, path, m.block_hashes[i])
 
         async with limit:
             try:
                 await self._ask(self._candidates(m.model_id, i, extra),
                                 {"type": "block", "model_id": m.model_id, "index": i}, accept,
-                                f"block {i} of model {m.model_id.hex()[:16]}")
+                                f"block {i} of model {m.model_id.hex()[:16]}", to_file=part)
             except BlockUnavailable as e:
                 errors.append(e)
                 return
         log.info("fetched block %d of model %s (checked against its hash)", i, m.model_id.hex()[:16])
+
+
+def _stream_errors() -> tuple[type[BaseException], ...]:
+    """What a libp2p stream's close or reset may raise (py-libp2p's base error; nothing more without it)."""
+    try:
+        from libp2p.exceptions import BaseLibp2pError
+    except ImportError:
+        return ()
+    return (BaseLibp2pError,)
+
+
+async def _reset(stream) -> None:
+    """Reset ``stream`` (None: nothing), shielded and within 1 s, whatever it raises."""
+    if stream is None:
+        return
+    with trio.CancelScope(shield=True), trio.move_on_after(1.0):
+        try:
+            await stream.reset()
+        except (StreamClosed, OSError, RuntimeError, *_stream_errors()):
+            pass

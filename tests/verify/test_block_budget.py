@@ -85,6 +85,7 @@ def test_readers_that_never_read_are_cut_and_an_honest_fetch_succeeds(tmp_path, 
     during, d, while_flooded, busy, cut = trio.run(run_hosts, [server, attacker, honest], body)
     assert during == 2 * STREAM_HOLD  # the attacker held its whole per-peer budget, no more
     check_block((d / block_file(1)).read_bytes(), m.block_hashes[1])
+    assert not list(d.glob("*.part*"))  # fetched into a part file, checked, moved into place
     assert while_flooded
     assert (busy, cut) == (6, 2)
     assert budget.whole() and budget.refused  # everything came back
