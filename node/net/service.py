@@ -332,6 +332,7 @@ class NetworkService:
                 "peers_known": len(self.book.peers), "peers_connected": len(self.host.connected_peers()),
                 "refused_streams": self.host.limiter.refused_streams,
                 "refused_connections": self.host.limiter.refused_conns,
+                "closed_without_hello": self.host.conn_notifee.closed_without_hello if self.host.conn_notifee else 0,
                 **self.host.admission.stats()}
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -118,6 +118,7 @@ class P2PHost(GossipMethods):
         # set by node.net.service: whether a peer completed the genesis handshake; a connection whose peer has
         # not within Limits.hello_timeout seconds is closed (None: no handshake runs, nothing is closed)
         self.is_member: Callable[[str], bool] | None = None
+        self.conn_notifee: ConnectionNotifee | None = None  # while running: connection limits, hello deadline
         self.gate: Callable[[str, str], Awaitable[bool]] | None = None  # (peer, protocol) -> serve it?
         self.open_gate: set[str] = set()  # protocols served before the gate (the handshake itself)
         self.on_connected: list[Callable[[str, Any], None]] = []
@@ -234,11 +235,12 @@ class P2PHost(GossipMethods):
                     async with trio.open_nursery() as nursery:
                         self._host, self._gossip = host, Gossip(pubsub, nursery, self._peer_id)
                         self._nursery = nursery
-                        host.get_network().register_notifee(ConnectionNotifee(
+                        self.conn_notifee = ConnectionNotifee(
                             self.limiter, self, nursery.start_soon,
                             lambda p, c: [f(p, c) for f in self.on_connected],
                             lambda p, c: [f(p, c) for f in self.on_disconnected],
-                            may_stay=lambda: self.is_member))
+                            may_stay=lambda: self.is_member)
+                        host.get_network().register_notifee(self.conn_notifee)
                         log.info("p2p host %s listening on %s", self._peer_id, self.addrs)
                         try:
                             yield

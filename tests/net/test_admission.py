@@ -149,7 +149,7 @@ def test_a_flood_from_one_slash24_leaves_other_subnets_and_reserved_addresses_se
                 proc.kill()
                 proc.wait()
             assert int(out) > 500, out  # the flood really flooded
-            refused = a.admission.stats()["refused_before_handshake"]
+            refused = na.status()["refused_before_handshake"]
             assert refused["pending_per_subnet"] > 100, refused
             print(f"flood: {out.strip()} sockets, refused {refused}, honest {took:.2f} s, reserved "
                   f"{took_reserved:.2f} s")
@@ -222,6 +222,7 @@ def test_a_peer_that_never_says_hello_is_disconnected():
                 while b.peer_id in a.connected_peers():
                     await trio.sleep(0.1)
             assert a.admission.open == 0  # its inbound slot is back too
+            assert na.status()["closed_without_hello"] == 1
             async with node() as (m, _):
                 with source("127.0.0.4"):
                     assert await m.connect(a.addrs) == 1
