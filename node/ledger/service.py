@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
-from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import trio
 
@@ -28,6 +26,7 @@ from .core.block import Block, InvalidBlock, decode_block
 from .core.chain import check_and_apply
 from .genesis import Genesis
 from .mempool import Limits, Mempool, Priority, priority
+from .outbox import RESEND_FIRST, Outbox, ResendSchedule, outbox_path
 from .core.state import State
 from .store import LedgerStore
 from .core.tx import InvalidTx, Tx, decode_tx
@@ -42,31 +41,7 @@ SYNC_BATCH = 64  # blocks in one sync reply, at most
 SYNC_REPLY_BYTES = 16 << 20  # bytes of blocks in one sync reply, at most (always at least one block)
 REPLY_TIMEOUT = 5.0  # seconds to write a small reply (a submit's answer, an error)
 SYNC_POLL_MAX = 30.0  # seconds: the longest wait before a follower with no new block asks its validators
-RESEND_FIRST = 2.0  # seconds from a local submission (or a reconnect, a catch-up, a restart) to its first re-send
-RESEND_MAX = 60.0  # seconds: the longest wait between two re-sends of a transaction still pending (doubling)
-RESEND_BATCH = 32  # transactions re-sent per look (the oldest due first)
-RESEND_LOOK = 1.0  # seconds between two looks at what is due
-OUTBOX_MAX_TXS = 1024  # local account transactions kept on disk while pending (beyond: not kept over a crash)
-OUTBOX_MAX_BYTES = 4 << 20  # bytes of the outbox file (msgpack list of transaction wire forms)
-
-
-def outbox_path(store: LedgerStore) -> Path | None:
-    """``<ledger dir>.outbox``: beside the store's LevelDB directory (None for a store without a path)."""
-    name = getattr(getattr(store, "db", None), "name", None)
-    if not name:
-        return None
-    p = Path(name.decode() if isinstance(name, bytes) else name)
-    return p.parent / (p.name + ".outbox")
-
-
-@dataclasses.dataclass
-class _Resend:
-    """When a local pending transaction is next re-sent (``time.monotonic`` seconds), the wait after that, and how
-    many times it was re-sent."""
-
-    at: float
-    delay: float = RESEND_FIRST
-    count: int = 0
+RESEND_LOOK = 1.0  # seconds between two looks at which local pending transactions are due for a re-send
 
 
 class LedgerService:
@@ -86,9 +61,8 @@ class LedgerService:
         self._listeners: list[Callable[[Block, State], None]] = []
         self._sync_requests, self._sync_requests_recv = trio.open_memory_channel(64)
         self.drop: Callable[[str], bool] | None = None  # test hook: ignore consensus traffic from these peers
-        self._resend: dict[bytes, _Resend] = {}  # local pending transactions: when each is next re-sent
-        self._outbox = outbox_path(store)  # local pending account transactions, kept over a crash
-        self._outbox_ids: frozenset[bytes] = frozenset()  # what the outbox file holds now
+        self._resend = ResendSchedule()  # local pending transactions: when each is next re-sent
+        self._outbox = Outbox(outbox_path(store))  # local pending account transactions, kept over a crash
         self._caught_up = False  # sync pulled blocks since the last resend look
         self._known_peers: frozenset[str] = frozenset()  # connected validators at the last resend look
         self.reply_budget = ReplyBudget()  # sync replies' memory, per peer and node-wide (a node shares its own)
@@ -166,9 +140,9 @@ class LedgerService:
             InvalidTx: refused by the mempool (nothing is sent).
         """
         tid = self.add_tx(tx)
-        self._resend.setdefault(tid, _Resend(time.monotonic() + RESEND_FIRST))
+        self._resend.add(tid, time.monotonic() + RESEND_FIRST)
         if priority(tx) is Priority.ACCOUNT:
-            self._save_outbox()
+            self._outbox.save(self.mempool.local())
         await self._send_out(tx, direct=not self.is_validator)
         return tid
 
@@ -197,39 +171,31 @@ class LedgerService:
         st = self.mempool.status(tid)
         if st is None:
             return TxStatus(TxState.UNKNOWN)
-        r = self._resend.get(tid)
-        return dataclasses.replace(st, resent=r.count) if r is not None else st
+        return dataclasses.replace(st, resent=self._resend.count(tid))
 
     def resend_due(self, now: float) -> list[Tx]:
-        """The local pending transactions to re-send at ``now`` (``time.monotonic`` seconds), oldest first, at most
-        :data:`RESEND_BATCH`; each is rescheduled with its wait doubled (at most :data:`RESEND_MAX`). Forgets
-        those no longer queued (logging the reason of a dropped one) and rewrites the outbox when it changed.
-        After a catch-up by sync or a newly connected validator every pending one is due at once."""
+        """The local pending transactions to re-send at ``now`` (``time.monotonic`` seconds), oldest first
+        (:class:`~node.ledger.outbox.ResendSchedule`: 2 s after submission, then waits doubling to 60 s; all at
+        once after a catch-up by sync or a newly connected validator; at most 32). Forgets those no longer queued
+        (logging the reason of a dropped one) and rewrites the outbox when it changed."""
         peers = frozenset(p for p in (account_to_str(v) for v in self.state.valset().accounts)
                           if self.host is not None and p in self.host.connected_peers())
         fresh, self._known_peers = bool(peers - self._known_peers), peers
         caught_up, self._caught_up = self._caught_up, False
         local = self.mempool.local()
         queued = {tx.id for tx in local}
-        for tid in [t for t in self._resend if t not in queued]:
-            r = self._resend.pop(tid)
+        for tid, count in self._resend.forget_except(queued):
             st = self.tx_status(tid)
             if st.state is TxState.DROPPED:
-                log.info("local transaction %s dropped after %d re-sends: %s", tid.hex()[:16], r.count, st.reason)
-        if self._outbox_ids - queued:
-            self._save_outbox()
-        out: list[Tx] = []
-        for tx in local:
-            r = self._resend.setdefault(tx.id, _Resend(now))
-            if fresh or caught_up:
-                r.at, r.delay = now, RESEND_FIRST
-            if r.at <= now and len(out) < RESEND_BATCH:
-                out.append(tx)
-                r.count += 1
-                r.at, r.delay = now + r.delay, min(RESEND_MAX, r.delay * 2)
-                if r.count in (3, 6) or r.count % 10 == 0:
-                    log.info("local transaction %s still %s; re-sent %d times", tx.id.hex()[:16],
-                             self.tx_status(tx.id).describe(), r.count)
+                log.info("local transaction %s dropped after %d re-sends: %s", tid.hex()[:16], count, st.reason)
+        if self._outbox.ids - queued:
+            self._outbox.save(local)
+        out = self._resend.due(local, now, fresh or caught_up)
+        for tx in out:
+            n = self._resend.count(tx.id)
+            if n in (3, 6) or n % 10 == 0:
+                log.info("local transaction %s still %s; re-sent %d times", tx.id.hex()[:16],
+                         self.tx_status(tx.id).describe(), n)
         return out
 
     async def resend_loop(self) -> None:
@@ -245,63 +211,23 @@ class LedgerService:
                     except Exception as e:  # noqa: BLE001  (whatever failed is retried at its next turn; the loop must live)
                         log.debug("re-send of %s failed: %s", tx.id.hex()[:16], e)
 
-    def _save_outbox(self) -> None:
-        """Write the queued local account transactions to the outbox file (tmp file, fsync, rename), at most
-        :data:`OUTBOX_MAX_TXS` and :data:`OUTBOX_MAX_BYTES`."""
-        if self._outbox is None:
-            return
-        wires, ids, size = [], [], 0
-        for tx in self.mempool.local():
-            if priority(tx) is not Priority.ACCOUNT:
-                continue
-            w = tx.to_wire()
-            n = len(pack(w))
-            if len(wires) >= OUTBOX_MAX_TXS or size + n > OUTBOX_MAX_BYTES:
-                log.warning("outbox full: %d transactions, %d bytes; later ones are not kept over a crash",
-                            len(wires), size)
-                break
-            wires.append(w)
-            ids.append(tx.id)
-            size += n
-        tmp = self._outbox.with_name(self._outbox.name + ".tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(pack(wires))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self._outbox)
-        except OSError as e:
-            log.warning("cannot write the outbox %s: %s", self._outbox, e)
-            return
-        self._outbox_ids = frozenset(ids)
-
     def load_outbox(self) -> int:
-        """Re-admit the local transactions the outbox file kept (after a restart or a crash): each one is queued
-        again and re-sent, or refused with its reason (then ``tx_status`` says dropped, and why). A missing file
-        is no error; an unreadable one is logged and ignored. Returns how many were queued again."""
-        if self._outbox is None or not self._outbox.exists():
-            return 0
-        try:
-            with open(self._outbox, "rb") as f:
-                raw = f.read(OUTBOX_MAX_BYTES + 1)
-            wires = unpack(raw, max_size=OUTBOX_MAX_BYTES)
-            if not isinstance(wires, list):
-                raise DecodeError("the outbox is not a list")
-        except (OSError, DecodeError) as e:
-            log.warning("ignoring the outbox %s: %s", self._outbox, e)
-            return 0
+        """Queue again the local transactions the outbox file kept (after a restart or a crash): each one is
+        queued and re-sent, or refused with its reason (``tx_status`` then says dropped, and why). Returns how
+        many were queued again."""
+        txs = self._outbox.load()
         n = 0
-        for w in wires[:OUTBOX_MAX_TXS]:
+        for tx in txs:
             try:
-                tx = decode_tx(w)
                 self.add_tx(tx)
-            except (DecodeError, InvalidTx, ValueError, TypeError) as e:
-                log.info("outbox transaction not queued again: %s", e)
+            except InvalidTx as e:
+                log.info("outbox transaction %s not queued again: %s", tx.id.hex()[:16], e)
                 continue
-            self._resend.setdefault(tx.id, _Resend(time.monotonic()))
+            self._resend.add(tx.id, time.monotonic())
             n += 1
-        log.info("outbox: %d of %d local transactions queued again", n, len(wires))
-        self._save_outbox()
+        if txs:
+            log.info("outbox: %d of %d local transactions queued again", n, len(txs))
+        self._outbox.save(self.mempool.local())
         return n
 
     def _admit_wire(self, decode: Callable[[], Tx], peer: str) -> bytes:

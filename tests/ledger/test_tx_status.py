@@ -14,7 +14,8 @@ from node.identity import Identity
 from node.ledger.core.chain import commit_block
 from node.ledger.core.tx import Transfer
 from node.ledger.mempool import Limits
-from node.ledger.service import LedgerService, outbox_path
+from node.ledger.outbox import outbox_path
+from node.ledger.service import LedgerService
 from node.ledger.store import LedgerStore
 from node.ledger.txstatus import TxState
 from node.p2p.host import P2PHost
@@ -186,3 +187,21 @@ def test_a_transfer_submitted_before_any_peer_is_re_sent_when_a_validator_connec
     finally:
         sv.close()
         sf.close()
+
+
+def test_an_unreadable_outbox_is_ignored_and_a_bad_entry_skipped(tmp_path):
+    from node.encoding import pack
+    from node.ledger.outbox import Outbox
+
+    box = Outbox(tmp_path / "o")
+    assert box.load() == []  # no file yet
+    (tmp_path / "o").write_bytes(b"\xc1 not msgpack")
+    assert box.load() == []
+    (tmp_path / "o").write_bytes(pack({"not": "a list"}))
+    assert box.load() == []
+    good = pay(A, 0)
+    (tmp_path / "o").write_bytes(pack([{"kind": "nonsense"}, good.to_wire()]))
+    assert [t.id for t in box.load()] == [good.id]
+    box.save([good])
+    assert box.ids == {good.id} and [t.id for t in box.load()] == [good.id]
+    assert Outbox(None).load() == [] and Outbox(None).save([good]) is None
