@@ -17,7 +17,7 @@ What py-libp2p 0.8.1 does on its own (``libp2p/network/swarm.py``):
 
 1. asks :class:`Admission` whether the remote IP may open one more connection, counting per IP address, per
    subnet (/24 for IPv4, /56 for IPv6), pending (accepted, not yet upgraded) and open (pending + upgraded), a
-   token-bucket accept rate per IP, and totals of which :attr:`AdmissionLimits.reserved` slots are kept for
+   token-bucket accept rate per IP and per subnet, and totals of which :attr:`AdmissionLimits.reserved` slots are kept for
    reserved addresses (bootstrap peers', validators', peers vouched for by the node: :meth:`Admission.reserve_ip`);
    a refused socket is closed at once, before it costs a handshake;
 2. upgrades with ``inbound_upgrade_timeout`` = :attr:`AdmissionLimits.upgrade_timeout` (a few seconds);
@@ -48,6 +48,7 @@ class Refusal(enum.Enum):
     """Why a raw inbound connection was closed before its handshake."""
 
     RATE_IP = "accept_rate_per_ip"
+    RATE_SUBNET = "accept_rate_per_subnet"
     PENDING_IP = "pending_per_ip"
     PENDING_SUBNET = "pending_per_subnet"
     PENDING_TOTAL = "pending_total"
@@ -79,17 +80,20 @@ class AdmissionLimits:
     reserved: int = 32
     accept_rate: float = 20.0  # new connections per second per IP, sustained
     accept_burst: int = 64
+    subnet_accept_rate: float = 100.0  # per /24 (/56): bounds the Noise handshakes one subnet makes us compute
+    subnet_accept_burst: int = 256
     upgrade_timeout: float = 4.0  # seconds for Noise + Yamux negotiation of one inbound connection
     max_tracked: int = 4096  # IPs and subnets whose state is kept (LRU beyond)
 
     def __post_init__(self) -> None:
         if min(self.open_per_ip, self.open_per_subnet, self.open_total, self.pending_per_ip,
-               self.pending_per_subnet, self.pending_total, self.accept_burst, self.max_tracked) < 1:
+               self.pending_per_subnet, self.pending_total, self.accept_burst, self.subnet_accept_burst,
+               self.max_tracked) < 1:
             raise ValueError("every admission limit must be >= 1")
         if not 0 <= self.reserved < min(self.open_total, self.pending_total):
             raise ValueError("reserved must be >= 0 and below open_total and pending_total")
-        if self.accept_rate <= 0 or self.upgrade_timeout <= 0:
-            raise ValueError("accept_rate and upgrade_timeout must be > 0")
+        if self.accept_rate <= 0 or self.subnet_accept_rate <= 0 or self.upgrade_timeout <= 0:
+            raise ValueError("accept rates and upgrade_timeout must be > 0")
 
 
 def subnet_of(ip: str) -> str:
@@ -177,7 +181,7 @@ class Admission:
         self.pending_ip, self.pending_sub, self.open_ip, self.open_sub = _Counter(), _Counter(), _Counter(), _Counter()
         self.pending = 0
         self.open = 0
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # ip -> (tokens, at)
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # ip or subnet -> (tokens, at)
         self.reserved_ips: OrderedDict[str, None] = OrderedDict()  # LRU, at most max_tracked
         self.reserved_peers: set[str] = set()  # set by the node (validators, bootstrap peers): bounded by config
         self.refused: dict[str, int] = {r.value: 0 for r in Refusal}
@@ -192,14 +196,15 @@ class Admission:
         while len(self.reserved_ips) > self.limits.max_tracked:
             self.reserved_ips.popitem(last=False)
 
-    def _rate_ok(self, ip: str) -> bool:
+    def _rate_ok(self, key: str, rate: float, burst: int, take: bool) -> bool:
+        """Token bucket of ``key``: whether one token is there (taken when ``take``)."""
         lim, now = self.limits, self.clock()
-        tokens, at = self._buckets.pop(ip, (float(lim.accept_burst), now))
-        tokens = min(float(lim.accept_burst), tokens + (now - at) * lim.accept_rate)
+        tokens, at = self._buckets.pop(key, (float(burst), now))
+        tokens = min(float(burst), tokens + (now - at) * rate)
         ok = tokens >= 1.0
-        self._buckets[ip] = (tokens - 1.0 if ok else tokens, now)  # most recently used last
+        self._buckets[key] = (tokens - 1.0 if ok and take else tokens, now)  # most recently used last
         while len(self._buckets) > lim.max_tracked:
-            self._buckets.popitem(last=False)  # a forgotten IP starts again with a full bucket: bounded harm
+            self._buckets.popitem(last=False)  # a forgotten key starts again with a full bucket: bounded harm
         return ok
 
     def check(self, ip: str) -> Refusal | None:
@@ -221,8 +226,12 @@ class Admission:
             return Refusal.OPEN_TOTAL
         if self.pending >= lim.pending_total - hold:
             return Refusal.PENDING_TOTAL
-        if not reserved and not self._rate_ok(ip):
-            return Refusal.RATE_IP
+        if not reserved:
+            if not self._rate_ok(sub, lim.subnet_accept_rate, lim.subnet_accept_burst, take=False):
+                return Refusal.RATE_SUBNET
+            if not self._rate_ok(ip, lim.accept_rate, lim.accept_burst, take=True):
+                return Refusal.RATE_IP
+            self._rate_ok(sub, lim.subnet_accept_rate, lim.subnet_accept_burst, take=True)
         return None
 
     def accept(self, ip: str | None) -> Ticket | None:

@@ -76,6 +76,18 @@ def test_accept_rate_per_ip_refills():
     assert adm.accept("10.0.0.1") is None
 
 
+def test_accept_rate_per_subnet_spans_its_addresses():
+    t = [0.0]
+    adm = Admission(AdmissionLimits(subnet_accept_rate=10.0, subnet_accept_burst=20), clock=lambda: t[0])
+    got = [adm.accept(f"10.0.0.{i}") for i in range(1, 31)]  # one each from 30 addresses of one /24
+    assert sum(g is not None for g in got) == 20 and adm.refused[Refusal.RATE_SUBNET.value] == 10
+    assert adm.accept("10.0.1.1") is not None  # another /24
+    adm.reserve_ip("10.0.0.99")
+    assert adm.accept("10.0.0.99") is not None  # reserved addresses skip the rates
+    t[0] += 0.5  # 5 tokens back
+    assert sum(adm.accept(f"10.0.0.{i}") is not None for i in range(40, 50)) == 5
+
+
 def test_five_thousand_ips_leave_no_state_behind():
     adm = Admission(AdmissionLimits(max_tracked=1000))
     for i in range(5000):
