@@ -17,8 +17,9 @@ What py-libp2p 0.8.1 does on its own (``libp2p/network/swarm.py``):
 
 1. asks :class:`Admission` whether the remote IP may open one more connection, counting per IP address, per
    subnet (/24 for IPv4, /56 for IPv6), pending (accepted, not yet upgraded) and open (pending + upgraded), a
-   token-bucket accept rate per IP and per subnet, and totals of which :attr:`AdmissionLimits.reserved` slots are kept for
-   reserved addresses (bootstrap peers', validators', peers vouched for by the node: :meth:`Admission.reserve_ip`);
+   token-bucket accept rate per IP and per subnet, and totals of which :attr:`AdmissionLimits.reserved` slots are
+   kept for reserved addresses (bootstrap peers', validators', peers vouched for by the node:
+   :meth:`Admission.reserve_ip`);
    a refused socket is closed at once, before it costs a handshake;
 2. upgrades with ``inbound_upgrade_timeout`` = :attr:`AdmissionLimits.upgrade_timeout` (a few seconds);
 3. holds the connection's counts exactly while it is open: they are given back when its muxer shuts down.
