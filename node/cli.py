@@ -20,10 +20,12 @@ TEST_SWITCH_HELP = ("TEST SWITCH, devnet/test chains only: make this node cheat.
                     "Training runs (node run join): 'run-zero' sends a zero pseudo-gradient (free rider), "
                     "'run-scale' ×100, 'run-flip' sign-flipped, 'run-nan' NaN, 'run-fewer' trains one inner step "
                     "fewer, 'run-otherdata' other batches, 'run-stale' from an earlier round's parameters, "
-                    "'run-replay' its previous round's pseudo-gradient.")
+                    "'run-replay' its previous round's pseudo-gradient, 'run-copyroot' commits another worker's "
+                    "Δ root.")
 FAULTS = ["corrupt", "random", "zeros", "nan", "half-tokens", "replay", "skip-block", "perturb", "other-model",
           "bf16", "int8", "equivocate", "skip-steps", "other-data", "fake-adapter", "diverge", "run-zero",
-          "run-scale", "run-flip", "run-nan", "run-fewer", "run-otherdata", "run-stale", "run-replay"]
+          "run-scale", "run-flip", "run-nan", "run-fewer", "run-otherdata", "run-stale", "run-replay",
+          "run-copyroot"]
 
 
 def _port(text: str) -> int:

@@ -43,8 +43,10 @@ ROUND_TOLERANCE = 1e-3
 # pass iff after <= before * (1 + SCREEN_REL) + SCREEN_TOL
 SCREEN_REL = 0.05
 SCREEN_TOL = 0.02
+# "run-copyroot" trains nothing: it commits another participant's Δ root, copied from its receipt on the ledger
+# (node.training.worker.RunWorker; the ledger refuses it, node.ledger.core.runs)
 RUN_FAULTS = ("run-zero", "run-scale", "run-flip", "run-nan", "run-fewer", "run-otherdata", "run-stale",
-              "run-replay")
+              "run-replay", "run-copyroot")
 
 
 def run_key(run_id: bytes) -> bytes:

@@ -223,6 +223,9 @@ class RunWorker:
         me = self.ident.account
         post, cur = run.post, run.cur
         key = (post.run_id, cur.round, cur.attempt)
+        if self.fault == "run-copyroot":
+            await self._copy_root(run, key)
+            return
         cache = await load_run(self.cache, self.executor, self.host, self.blobs, self.model_dir, run)
         theta = await check_theta(cache, self.executor, self.host, self.blobs, self.ledger.state, run)
         prev_id = dict(run.last_opt).get(me)
@@ -255,6 +258,33 @@ class RunWorker:
         await self.ledger.submit(r)
         log.info("run %s round %d: committed (loss %.3f, Δ %d bytes)", post.run_id.hex()[:12], cur.round,
                  work.loss_ppm / 1e6, work.delta_bytes)
+
+    async def _copy_root(self, run, key) -> None:
+        """The ``run-copyroot`` cheat (test chains): train nothing, wait for another participant's round receipt of
+        this attempt on the ledger, and submit it as ours (our account and signature, its Δ root and every other
+        field). The ledger refuses it (a Δ root is committed once per attempt); the refusal is logged."""
+        me = self.ident.account
+        while True:
+            st = self.ledger.state
+            cur = st.runs[key[0]].cur
+            if cur is None or (cur.round, cur.attempt, cur.phase) != (key[1], key[2], Phase.COMMIT):
+                raise ValueError("run-copyroot: the commit phase closed before another worker committed")
+            other = next((st.receipts[rid].receipt for w, rid, _ in cur.commits if w != me), None)
+            if other is not None:
+                break
+            await self.ledger.new_block.wait()
+        copy = replace(other, worker=me, sig=b"").signed(self.ident)
+        self.committed.add(key)
+        try:
+            await self.ledger.submit(copy)
+        except InvalidTx as e:
+            log.warning("run-copyroot: round %d: the copy of %s's Δ root %s was refused: %s", key[1],
+                        other.worker.hex()[:12], other.delta_root.hex()[:16], e)
+            self.log.append(f"copy refused: {e}")
+            return
+        log.warning("run-copyroot: round %d: the copy of %s's Δ root %s was accepted", key[1],
+                    other.worker.hex()[:12], other.delta_root.hex()[:16])
+        self.log.append("copy accepted")
 
     async def _reveal(self, run, key) -> None:
         """The commit phase of ``key``'s attempt closed: serve what we committed (and reveal it if the reveal
