@@ -7,9 +7,9 @@ from __future__ import annotations
 
 def test_hello_bomb_then_idle_flood(devnet):
     v = devnet.play("bomb", "--phase", "pre", "--protocols", "/tally/hello/1.0.0", "--kinds", "empty_maps",
-                    "wide_array", "--size", str(8 << 20), "--streams", "4", seconds=8)
+                    "wide_array", "--size", str(8 << 20), "--streams", "4", seconds=6)
     print(v.summary())
     assert not v.problems(), v.summary()
-    v = devnet.play("idle", "--sockets", "300", seconds=8)
+    v = devnet.play("idle", "--sockets", "300", seconds=6)
     print(v.summary())
     assert not v.problems(), v.summary()

@@ -1,0 +1,212 @@
+"""Flooding attackers: idle raw sockets, fresh identities, slow drips (see :mod:`tests.security.attacker`)."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import time
+
+import trio
+from libp2p import new_host
+from libp2p.crypto.x25519 import create_new_key_pair as x25519_pair
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_ID
+from libp2p.stream_muxer.yamux.yamux import Yamux
+from libp2p.peer.id import ID
+from multiaddr import Multiaddr
+
+from node.identity import Identity
+from node.net.hello import AGENT, HELLO_PROTOCOL
+from node.p2p.framing import read_msg, write_msg
+from node.p2p.host import libp2p_keypair
+from tests.security import payloads
+from tests.security.common import TALLY, peer, raw_stream, reset, target_parts
+
+# ---------------------------------------------------------------------------------------------------- idle
+
+def _sock(src: str, ip: str, port: int) -> socket.socket | None:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((src, 0))
+        s.settimeout(2.0)
+        s.connect((ip, port))
+        return s
+    except OSError:
+        s.close()
+        return None
+
+
+def _open(x: socket.socket) -> bool:
+    """Whether the target still holds ``x`` open (what it sent, its multistream header, is read and dropped)."""
+    x.setblocking(False)
+    try:
+        while x.recv(1 << 16):
+            pass
+        return False  # EOF
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+async def idle(a: argparse.Namespace) -> dict:
+    ip, port, _ = target_parts(a.target)
+    net = a.src.rsplit(".", 1)[0]
+    srcs = [f"{net}.{2 + i % 248}" for i in range(a.sockets)] if a.spread else [a.src] * a.sockets
+    held, failed, reopened = [], 0, 0
+    t0 = time.monotonic()
+    for s in srcs:
+        x = await trio.to_thread.run_sync(_sock, s, ip, port)
+        if x is None:
+            failed += 1
+        else:
+            held.append((s, x))
+    # hold them; reopen any the target closes, so the flood lasts the whole attack
+    while time.monotonic() - t0 < a.seconds:
+        await trio.sleep(0.5)
+        for i, (s, x) in enumerate(held):
+            if _open(x):
+                continue
+            x.close()
+            y = await trio.to_thread.run_sync(_sock, s, ip, port)
+            reopened += 1
+            if y is not None:
+                held[i] = (s, y)
+    for _, x in held:
+        x.close()
+    return {"sockets": len(held), "failed": failed, "reopened": reopened,
+            "sources": len(set(srcs))}
+
+
+# ---------------------------------------------------------------------------------------------------- identities
+
+async def identities(a: argparse.Namespace) -> dict:
+    """Fresh identities, each its own bare py-libp2p host, connecting and saying a valid hello; at most
+    ``--hold`` kept connected at once (the oldest are closed for new ones)."""
+
+    pid = ID.from_base58(target_parts(a.target)[2])
+    addr = Multiaddr(a.target.rsplit("/p2p/", 1)[0])
+    hello = {"chain_id": a.chain, "genesis": a.genesis, "agent": AGENT, "addrs": []}
+    stats = {"identities": 0, "connected": 0, "hello_ok": 0, "failed": 0, "dropped": 0}
+    deadline = trio.current_time() + a.seconds
+
+    async def answer(stream) -> None:
+        try:
+            await read_msg(stream, 5.0, max_message=1 << 16)
+            await write_msg(stream, {**hello, "status": "ok"}, timeout=5.0)
+            await stream.close()
+        except Exception:  # noqa: BLE001 - an attacker shrugs off however the target cuts it
+            pass
+
+    async def one(task_status=trio.TASK_STATUS_IGNORED) -> None:
+        kp = libp2p_keypair(Identity.generate())
+        h = new_host(key_pair=kp, sec_opt={NOISE_ID: NoiseTransport(kp, noise_privkey=x25519_pair().private_key)},
+                     muxer_opt={YAMUX_ID: Yamux})
+        h.set_stream_handler(HELLO_PROTOCOL, answer)
+        stats["identities"] += 1
+        cancel = trio.CancelScope()
+        started = False
+        try:
+            with cancel:
+                async with h.run([Multiaddr(f"/ip4/{a.src}/tcp/0")]):
+                    with trio.fail_after(15):
+                        await h.connect(_info(pid, addr))
+                        stats["connected"] += 1
+                        s = await h.new_stream(pid, [HELLO_PROTOCOL])
+                        await write_msg(s, hello, timeout=5.0)
+                        r = await read_msg(s, 10.0, max_message=1 << 16)
+                        if r.get("status") == "ok":
+                            stats["hello_ok"] += 1
+                    task_status.started(cancel)
+                    started = True
+                    await trio.sleep_forever()
+        except BaseException as e:  # counted; cancellation, KeyboardInterrupt and SystemExit re-raised
+            if not started:
+                task_status.started(cancel)
+            leaves = e.exceptions if isinstance(e, BaseExceptionGroup) else (e,)
+            if any(isinstance(x, (KeyboardInterrupt, SystemExit)) for x in leaves):
+                raise
+            if not all(isinstance(x, trio.Cancelled) for x in leaves):
+                stats["failed" if not started else "dropped"] += 1
+            elif trio.current_time() < deadline and started:
+                stats["dropped"] += 1
+            if isinstance(e, trio.Cancelled):
+                raise
+
+    held: list[trio.CancelScope] = []
+
+    async def starter() -> None:
+        while trio.current_time() < deadline:
+            with trio.move_on_after(max(0.1, deadline - trio.current_time())):
+                held.append(await n.start(one))
+            while len(held) > a.hold:
+                held.pop(0).cancel()
+
+    async with trio.open_nursery() as n:
+        with trio.move_on_after(a.seconds):
+            async with trio.open_nursery() as starters:
+                for _ in range(a.parallel):
+                    starters.start_soon(starter)
+        stats["held_at_end"] = len(held)
+        n.cancel_scope.cancel()
+    return stats
+
+
+def _info(pid: ID, addr: Multiaddr):
+    return PeerInfo(pid, [addr])
+
+
+# ---------------------------------------------------------------------------------------------------- drip
+
+async def drip(a: argparse.Namespace) -> dict:
+    """One byte per second: a frame on every Tally protocol after the hello (``--streams`` each), and the
+    multistream-select header on ``--sockets`` raw TCP connections (a handshake dripped)."""
+    ip, port, _ = target_parts(a.target)
+    stats = {"stream_bytes": 0, "streams": 0, "socket_bytes": 0, "sockets": 0, "cut": 0}
+    deadline = trio.current_time() + a.seconds
+    frame = payloads.frames(payloads.wide_array(4096))
+    handshake = b"\x13/multistream/1.0.0\n\x07/noise\n"
+
+    async def drip_stream(host, pid, proto) -> None:
+        s = await raw_stream(host, pid, proto, timeout=5.0)
+        if s is None:
+            return
+        stats["streams"] += 1
+        try:
+            for i in range(len(frame)):
+                if trio.current_time() >= deadline:
+                    break
+                await s.write(frame[i:i + 1])
+                stats["stream_bytes"] += 1
+                await trio.sleep(1.0)
+        except Exception:  # noqa: BLE001 - an attacker shrugs off however the target cuts it
+            stats["cut"] += 1
+        await reset(s)
+
+    async def drip_socket() -> None:
+        s = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            await s.bind((a.src, 0))
+            with trio.fail_after(5):
+                await s.connect((ip, port))
+            stats["sockets"] += 1
+            for i in range(len(handshake)):
+                if trio.current_time() >= deadline:
+                    break
+                await s.send(handshake[i:i + 1])
+                stats["socket_bytes"] += 1
+                await trio.sleep(1.0)
+        except Exception:  # noqa: BLE001 - an attacker shrugs off however the target cuts it
+            stats["cut"] += 1
+        finally:
+            s.close()
+
+    async with peer(a, hello=True) as (host, pid), trio.open_nursery() as n:
+        for proto in TALLY:
+            for _ in range(a.streams):
+                n.start_soon(drip_stream, host, pid, proto)
+        for _ in range(a.sockets):
+            n.start_soon(drip_socket)
+    return stats
