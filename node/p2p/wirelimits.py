@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..encoding import COST_SLACK, MAX_DEPTH, MAX_MESSAGE
+from ..encoding import COST_RATIO, COST_SLACK, MAX_DEPTH, MAX_MESSAGE
 
 KIB, MIB = 1 << 10, 1 << 20
 LARGE_READ = 1 * MIB  # bytes: a message beyond this size reserves from the node-wide pool
@@ -95,10 +95,11 @@ TABLE: dict[str, WireLimit] = {
     # a blob: a list of wire tensors
     "/tally/blob/1.0.0": WireLimit(request=4 * KIB, reply=MAX_MESSAGE, objects=BULK_OBJECTS, depth=8,
                                    timeout=60.0),
-    # gossip payloads by topic (node.p2p.gossip.TOPIC_NAMES): a transaction, a block or vote, a span record
-    "gossip/tx": WireLimit(request=64 * KIB, reply=0, depth=16),
-    "gossip/consensus": WireLimit(request=512 * KIB, reply=0, depth=16),
-    "gossip/shards": WireLimit(request=16 * KIB, reply=0, depth=8),
+    # gossip payloads by topic (node.p2p.gossip.TOPIC_NAMES): a transaction, a block or vote, a span record. The
+    # size is checked by the topic validator; the topic's handler decodes with unpack's defaults (listed here)
+    "gossip/tx": WireLimit(request=64 * KIB, reply=0, cost_ratio=COST_RATIO),
+    "gossip/consensus": WireLimit(request=512 * KIB, reply=0, cost_ratio=COST_RATIO),
+    "gossip/shards": WireLimit(request=16 * KIB, reply=0, cost_ratio=COST_RATIO),
 }
 
 
@@ -107,6 +108,23 @@ def limit_for(protocol: str | None) -> WireLimit:
     if protocol is None:
         return DEFAULT
     return TABLE.get(str(protocol), DEFAULT)
+
+
+def markdown_table() -> str:
+    """The table as Markdown (protocol, request, reply, objects, depth, timeout, decode cost), for
+    ``docs/security.md``; sizes in KiB or MiB."""
+
+    def size(n: int) -> str:
+        return "-" if n == 0 else f"{n / MIB:g} MiB" if n >= MIB else f"{n / KIB:g} KiB"
+
+    rows = ["| protocol | request | reply | objects | depth | read timeout | decoded at most |",
+            "|---|---|---|---|---|---|---|"]
+    for name, lim in [*TABLE.items(), ("any other protocol", DEFAULT)]:
+        rows.append(f"| `{name}` | {size(lim.request)} | {size(lim.reply)} | "
+                    f"{'-' if lim.objects is None else lim.objects} | {lim.depth} | "
+                    f"{'-' if name.startswith('gossip/') else f'{lim.timeout:g} s'} | "
+                    f"{lim.cost_ratio:g} x size + {COST_SLACK // KIB} KiB |")
+    return "\n".join(rows)
 
 
 def gossip_limit(topic: str) -> WireLimit:

@@ -262,3 +262,8 @@ def test_pubsub_bounds_inbound_rpcs():
             assert all(TABLE[f"gossip/{t}"].request < cap for t in TOPIC_NAMES)
 
     run(body)
+
+
+def test_markdown_table_lists_every_entry():
+    text = wirelimits.markdown_table()
+    assert all(f"`{name}`" in text for name in TABLE) and "| `/tally/hello/1.0.0` | 8 KiB | 8 KiB | 256 |" in text
