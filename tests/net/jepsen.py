@@ -39,7 +39,7 @@ PORT = 4001  # every validator's address (the slow one's relay listens there)
 INNER_PORT = 4002  # the slow validator's own listener, on 127.0.0.1 behind its relay
 RELAY_BASE = 5001  # the slow validator's outbound relays, on 127.0.0.1
 PROGRESS_S = 60.0  # seconds within which every node must pass the height reached before a heal (generous: 2 CPUs)
-SETTLE_S = 120.0  # seconds after the last heal for every accepted transaction to be included or dropped
+SETTLE_S = 60.0  # seconds after the last heal (and progress) for every accepted transaction to be included or dropped
 SHAPES = ("halves", "majority", "split3", "bridge", "kill")
 
 
