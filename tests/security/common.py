@@ -26,8 +26,8 @@ TALLY = {  # protocol -> the largest message it should accept (what a bomb is si
     "/tally/blob/1.0.0": 1 << 20,
 }
 PRE_HELLO = ["/tally/hello/1.0.0", "/tally/dialback/1.0.0"]
-LIBP2P = ["/ipfs/id/1.0.0", "/ipfs/ping/1.0.0", "/meshsub/1.1.0", "/libp2p/circuit/relay/0.2.0/hop",
-          "/libp2p/dcutr"]
+LIBP2P = ["/ipfs/id/1.0.0", "/ipfs/id/push/1.0.0", "/ipfs/ping/1.0.0", "/meshsub/1.1.0", "/meshsub/1.2.0",
+          "/libp2p/circuit/relay/0.2.0/hop", "/libp2p/circuit/relay/0.2.0/stop", "/libp2p/dcutr"]
 
 
 def target_parts(target: str) -> tuple[str, int, str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import socket
-import time
 
 import trio
 from libp2p import new_host
@@ -26,58 +25,46 @@ from tests.security.common import TALLY, peer, raw_stream, reset, target_parts
 
 # ---------------------------------------------------------------------------------------------------- idle
 
-def _sock(src: str, ip: str, port: int) -> socket.socket | None:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        s.bind((src, 0))
-        s.settimeout(2.0)
-        s.connect((ip, port))
-        return s
-    except OSError:
-        s.close()
-        return None
-
-
-def _open(x: socket.socket) -> bool:
-    """Whether the target still holds ``x`` open (what it sent, its multistream header, is read and dropped)."""
-    x.setblocking(False)
-    try:
-        while x.recv(1 << 16):
-            pass
-        return False  # EOF
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-
-
 async def idle(a: argparse.Namespace) -> dict:
+    """``--sockets`` raw TCP connections that never send a byte, from ``--src`` or spread over its /24 (``--spread``),
+    each reopened as soon as the target closes it, until ``--seconds``: the target sees the whole flood all along."""
     ip, port, _ = target_parts(a.target)
     net = a.src.rsplit(".", 1)[0]
     srcs = [f"{net}.{2 + i % 248}" for i in range(a.sockets)] if a.spread else [a.src] * a.sockets
-    held, failed, reopened = [], 0, 0
-    t0 = time.monotonic()
-    for s in srcs:
-        x = await trio.to_thread.run_sync(_sock, s, ip, port)
-        if x is None:
-            failed += 1
-        else:
-            held.append((s, x))
-    # hold them; reopen any the target closes, so the flood lasts the whole attack
-    while time.monotonic() - t0 < a.seconds:
-        await trio.sleep(0.5)
-        for i, (s, x) in enumerate(held):
-            if _open(x):
+    stats = {"sockets": a.sockets, "sources": len(set(srcs)), "connects": 0, "failed": 0, "closed_by_target": 0,
+             "open_now": 0, "open_peak": 0}
+    deadline = trio.current_time() + a.seconds
+
+    async def hold(src: str) -> None:
+        while trio.current_time() < deadline:
+            s = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                await s.bind((src, 0))
+                with trio.fail_after(2.0):
+                    await s.connect((ip, port))
+            except (OSError, trio.TooSlowError):
+                s.close()
+                stats["failed"] += 1
+                await trio.sleep(0.1)
                 continue
-            x.close()
-            y = await trio.to_thread.run_sync(_sock, s, ip, port)
-            reopened += 1
-            if y is not None:
-                held[i] = (s, y)
-    for _, x in held:
-        x.close()
-    return {"sockets": len(held), "failed": failed, "reopened": reopened,
-            "sources": len(set(srcs))}
+            stats["connects"] += 1
+            stats["open_now"] += 1
+            stats["open_peak"] = max(stats["open_peak"], stats["open_now"])
+            try:
+                while await s.recv(1 << 16):  # what the target sends (its multistream header) is dropped
+                    pass
+                stats["closed_by_target"] += 1
+            except OSError:
+                stats["closed_by_target"] += 1
+            finally:
+                stats["open_now"] -= 1
+                s.close()
+
+    with trio.move_on_after(a.seconds):
+        async with trio.open_nursery() as n:
+            for src in srcs:
+                n.start_soon(hold, src)
+    return stats
 
 
 # ---------------------------------------------------------------------------------------------------- identities
