@@ -231,3 +231,47 @@ def test_a_peer_that_never_says_hello_is_disconnected():
                 assert m.peer_id in a.connected_peers() and na.hello.verified(m.peer_id)
 
     run(main, timeout=60)
+
+
+def test_a_banned_identity_that_probed_every_protocol_and_keeps_reconnecting_locks_nobody_out():
+    """Finding 6 as reported: one identity sends malformed frames on every protocol the node serves until it is
+    banned, then keeps reconnecting (300 times). Every refusal is counted (the report saw refused_connections stop
+    moving) and fresh peers from its address and from another connect, ping and say hello within seconds."""
+
+    async def main():
+        async with node() as (a, na):
+            async with node() as (bad, _):
+                with source("127.0.0.9"):
+                    assert await bad.connect(a.addrs) == 1
+                pid = ID.from_base58(a.peer_id)
+                protocols = sorted(str(p) for p in a.libp2p.get_mux().get_protocols() if p)
+                assert len(protocols) >= 5, protocols
+                frames = 0
+                with trio.fail_after(60):
+                    while not a.banned(bad.peer_id):
+                        for proto in protocols:
+                            with trio.move_on_after(2.0), suppress(Exception):
+                                s = await bad.libp2p.new_stream(pid, [proto])
+                                await s.write(b"\xff" * 48)  # no valid length prefix, msgpack or protobuf
+                                frames += 1
+                                await s.reset()
+                            if a.banned(bad.peer_id):
+                                break
+                refused = na.status()["refused_connections"]
+                net = bad.libp2p.get_network()
+                addr = Multiaddr(a.addrs[0].rsplit("/p2p/", 1)[0])
+                with source("127.0.0.9"):
+                    for _ in range(300):
+                        net.unblock_peer(pid)
+                        with trio.move_on_after(3.0), suppress(Exception):
+                            conn = await net.dial_addr(addr, pid)
+                            await conn.close()
+                again = na.status()["refused_connections"] - refused
+                assert again > 100, again  # still counting: nothing got stuck before Tally's limits
+            await settled(a)
+            t1 = await fresh_peer(a, na, "127.0.0.9")
+            t2 = await fresh_peer(a, na, "127.0.1.8")
+            print(f"banned after {frames} malformed frames on {len(protocols)} protocols ({', '.join(protocols)}); "
+                  f"{again} reconnections refused; then fresh peers in {t1:.2f} s and {t2:.2f} s")
+
+    run(main, timeout=150)
