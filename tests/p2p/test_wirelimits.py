@@ -267,3 +267,26 @@ def test_pubsub_bounds_inbound_rpcs():
 def test_markdown_table_lists_every_entry():
     text = wirelimits.markdown_table()
     assert all(f"`{name}`" in text for name in TABLE) and "| `/tally/hello/1.0.0` | 8 KiB | 8 KiB | 256 |" in text
+
+
+def test_a_cancelled_large_read_gives_its_bytes_back():
+    """Cancellation (the caller's deadline, a host shutting down) mid-message returns the reservation too."""
+
+    class Stalls(ProtoStream):
+        async def read(self, n):
+            if not self.data:
+                await trio.sleep_forever()
+            return await super().read(n)
+
+    async def body():
+        s = Stalls(_large_message(3 * MIB)[: 2 * (MAX_FRAME + 5)], "/tally/sync/1.0.0", True)
+        async with trio.open_nursery() as n:
+            n.start_soon(read_msg, s, 30)
+            with trio.fail_after(5):
+                while READ_BUDGET.full():  # the second frame's header reserved 2 MiB
+                    await trio.sleep(0.01)
+            assert READ_BUDGET.capacity - READ_BUDGET.available >= 2 * MIB
+            n.cancel_scope.cancel()
+        assert READ_BUDGET.full()
+
+    run(body)
