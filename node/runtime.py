@@ -27,7 +27,8 @@ from .ledger.store import LedgerStore
 from .net.limits import Limits
 from .net.service import NetworkService, RelayMode
 from .p2p.host import P2PHost
-from .verify.blockfetch import BLOCK_PROTOCOL, BlockFetcher, HeldModels
+from .verify.blockfetch import BLOCK_PROTOCOL, BlockFetcher, HeldModels, bonded_peers
+from .verify.fetchstore import MAX_MODEL_BYTES, MAX_TOTAL_BYTES
 
 log = logging.getLogger("tally.node")
 
@@ -70,6 +71,8 @@ class NodeConfig:
     state_sync: bool = False  # on an empty ledger, start from a peer's snapshot instead of replaying the chain
     prune_bodies: int = 0  # keep the bodies of the last N blocks only (0: every one; headers and commits stay)
     model_cache: Path | None = None  # where generate finds other models by name or id (default: model_dir's parent)
+    fetch_model_bytes: int = MAX_MODEL_BYTES  # cap of one model fetched for committee duty (node.verify.fetchstore)
+    fetch_total_bytes: int = MAX_TOTAL_BYTES  # cap of all of them together; least recently used evicted first
 
 
 class UnknownModel(ValueError):
@@ -217,7 +220,10 @@ class Node:
                                   self.blobs, self.swarm, step_timeout=cfg.step_timeout, compression=cfg.compression)
         self.clients = {self.manifest.model_id: self.client}  # one RouteClient per model generated for
         fetcher = BlockFetcher(self.host, self.held.fetched_root,
-                               lambda mid, i: [p for p, s, e in self.swarm.live(mid) if i < 0 or s <= i < e])
+                               lambda mid, i: [p for p, s, e in self.swarm.live(mid) if i < 0 or s <= i < e],
+                               bonded=bonded_peers(lambda: self.ledger.state), keep=[self.manifest.model_id],
+                               min_servers=self.genesis.params.model_servers(),
+                               max_model_bytes=cfg.fetch_model_bytes, max_total_bytes=cfg.fetch_total_bytes)
         self.member = CommitteeMember(self.ident, self.ledger, self.host, self.blobs, self.executor,
                                       lambda s, e: self._load_span(s, e), self.manifest.model_id,
                                       model_dir=cfg.model_dir, fetcher=fetcher)

@@ -40,6 +40,20 @@ checking each block's hash again when it loads it.
 
 If no peer returns a checked copy, :meth:`BlockFetcher.ensure` raises :class:`BlockUnavailable` and the member
 abstains (:mod:`node.verify.member`).
+
+Bounds (issue 24, finding 4: the ledger accepts a receipt for any model id, so a receipt for an invented model
+must not make committees download without limit):
+
+* **Who serves it**: nothing is fetched for a model that fewer than ``min_servers`` bonded peers announce
+  (:meth:`BlockFetcher.servers`: distinct peers of the swarm table's live announcements whose account holds at
+  least ``min_bond``; the genesis parameter ``min_model_servers``). Peers named only by the receipt (its worker)
+  are asked for bytes once the model passes, but never count toward it. A model nobody serves raises
+  :class:`FetchRefused` before any request or write: the member abstains and ``<data dir>/models`` is untouched.
+* **Bytes**: per model and in total, with least-recently-used eviction of other fetched models and never the
+  node's own (:class:`~node.verify.fetchstore.FetchedModels`); each file is read under the room reserved for it.
+* **Time**: one deadline for a whole :meth:`~BlockFetcher.ensure` / :meth:`~BlockFetcher.ensure_model`
+  (``deadline`` seconds, lock waits included) besides each request's timeout.
+* **Locks**: one per model; fetches of two models run side by side.
 """
 
 from __future__ import annotations
@@ -49,8 +63,10 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
+from typing import TypeVar
 
 import trio
 
@@ -62,14 +78,17 @@ from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed,
 from ..p2p.host import PeerUnreachable
 from .blockserve import (BLOCK_PROTOCOL, MAX_FILE, MAX_MANIFEST, MAX_TOKENIZER, REQUEST_MAX, REQUEST_TIMEOUT,
                          TOKENIZER_FILES, HeldModels)
+from .fetchstore import MAX_MODEL_BYTES, MAX_TOTAL_BYTES, FetchedModels, OverCap, bonded_peers
 
-__all__ = ["BLOCK_PROTOCOL", "FETCH_TIMEOUT", "MAX_FILE", "MAX_MANIFEST", "MAX_TOKENIZER", "REQUEST_MAX",
-           "REQUEST_TIMEOUT", "TOKENIZER_FILES", "UNVERIFIED_TOKENIZER", "BlockFetcher", "BlockUnavailable",
-           "HeldModels", "check_block", "check_block_file", "model_dir_for", "tokenizer_trusted"]
+__all__ = ["BLOCK_PROTOCOL", "FETCH_DEADLINE", "FETCH_TIMEOUT", "MAX_FILE", "MAX_MANIFEST", "MAX_TOKENIZER",
+           "REQUEST_MAX", "REQUEST_TIMEOUT", "TOKENIZER_FILES", "UNVERIFIED_TOKENIZER", "BlockFetcher",
+           "BlockUnavailable", "FetchRefused", "HeldModels", "bonded_peers", "check_block", "check_block_file",
+           "model_dir_for", "tokenizer_trusted"]
 
 log = logging.getLogger("tally.blockfetch")
 
 FETCH_TIMEOUT = 60.0  # seconds per request (a 48 MiB block over a slow link)
+FETCH_DEADLINE = 600.0  # seconds for one ensure / ensure_model: SmolLM2-135M (~540 MB) at ~1 MB/s
 BUSY_ROUNDS = 3  # times the peers that answered ``busy`` are asked again, after BUSY_PAUSE, 2*BUSY_PAUSE, ...
 BUSY_PAUSE = 1.0  # seconds
 MAX_PEERS = 8  # peers asked per file before giving up
@@ -101,6 +120,14 @@ def tokenizer_trusted(model_dir: Path) -> bool:
 
 class BlockUnavailable(LookupError):
     """No peer returned a copy of a model's manifest or block that matches its hash."""
+
+
+class FetchRefused(BlockUnavailable):
+    """This node will not fetch (more of) that model: too few bonded servers announce it, a byte cap would be
+    passed, or the fetch's deadline passed."""
+
+
+_T = TypeVar("_T")
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -154,14 +181,59 @@ class BlockFetcher:
         holders: ``holders(model_id, block) -> [peer id, ...]``: peers that announce that block of that model
             (``block`` -1: any block), e.g. from the swarm table.
         timeout: seconds per request. max_peers: peers tried per file.
+        bonded: ``bonded(peer id) -> bool`` (:func:`bonded_peers`); None counts every announcing peer (tests and
+            tools without a ledger). min_servers: distinct (bonded) announcing peers a model needs before anything
+            of it is fetched (genesis ``min_model_servers``).
+        max_model_bytes, max_total_bytes: byte caps of one fetched model and of all of them
+            (:class:`~node.verify.fetchstore.FetchedModels`). keep: model ids never evicted (the node's own).
+        deadline: seconds one :meth:`ensure` or :meth:`ensure_model` may take in all.
     """
 
     def __init__(self, host, root: Path, holders: Callable[[bytes, int], list[str]],
-                 timeout: float = FETCH_TIMEOUT, max_peers: int = MAX_PEERS):
+                 timeout: float = FETCH_TIMEOUT, max_peers: int = MAX_PEERS, *,
+                 bonded: Callable[[str], bool] | None = None, min_servers: int = 1,
+                 max_model_bytes: int = MAX_MODEL_BYTES, max_total_bytes: int = MAX_TOTAL_BYTES,
+                 keep: Iterable[bytes] = (), deadline: float = FETCH_DEADLINE):
+        if min_servers < 1:
+            raise ValueError("min_servers must be at least 1")
         self.host, self.root, self.holders = host, Path(root), holders
         self.timeout, self.max_peers = timeout, max_peers
-        self.refused: list[tuple[str, str]] = []  # (peer, why) for every reply that failed a check
-        self._lock = trio.Lock()
+        self.bonded, self.min_servers, self.deadline = bonded, min_servers, deadline
+        self.store = FetchedModels(self.root, max_model_bytes, max_total_bytes, keep)
+        self.refused: deque[tuple[str, str]] = deque(maxlen=256)  # (peer, why): the newest replies that failed
+
+    def servers(self, model_id: bytes) -> list[str]:
+        """Distinct peers (not this node) with a live announcement of ``model_id`` whose account is bonded."""
+        me = getattr(self.host, "peer_id", None)
+        out: list[str] = []
+        for p in self.holders(model_id, -1):
+            if p != me and p not in out and (self.bonded is None or self.bonded(p)):
+                out.append(p)
+        return out
+
+    def _gate(self, model_id: bytes) -> None:
+        """Raise :class:`FetchRefused` unless at least ``min_servers`` bonded peers announce ``model_id``."""
+        n = len(self.servers(model_id))
+        if n < self.min_servers:
+            raise FetchRefused(f"model {model_id.hex()[:16]} is announced by {n} bonded server(s), fewer than the "
+                               f"{self.min_servers} this chain requires before a member fetches it")
+
+    async def _bounded(self, model_id: bytes, what: str, fn: Callable[[], Awaitable[_T]]) -> _T:
+        """``await fn()`` under ``model_id``'s lock and within :attr:`deadline` seconds (the wait for the lock
+        included); then the model is marked used (LRU).
+
+        Raises:
+            FetchRefused: past the deadline, or over a byte cap. BlockUnavailable: as ``fn``.
+        """
+        with trio.move_on_after(self.deadline):
+            async with self.store.lock(model_id):
+                try:
+                    out = await fn()
+                except OverCap as e:
+                    raise FetchRefused(f"{what}: {e}") from None
+                await trio.to_thread.run_sync(self.store.touch, model_id)
+                return out
+        raise FetchRefused(f"{what}: not done within the {self.deadline:.0f} s deadline")
 
     def _candidates(self, model_id: bytes, block: int, extra: Iterable[str]) -> list[str]:
         me = getattr(self.host, "peer_id", None)
@@ -171,12 +243,13 @@ class BlockFetcher:
                 out.append(p)
         return out[:self.max_peers]
 
-    async def _ask(self, peers: list[str], msg: dict, accept, what: str, to_file: Path | None = None):
+    async def _ask(self, peers: list[str], msg: dict, accept, what: str, to_file: Path | None = None,
+                   max_size: int = MAX_FILE):
         """``accept(reply)`` of the first peer whose reply passes it. Peers that answer ``busy`` (their reply
         budget is full) are asked again after the others, up to :data:`BUSY_ROUNDS` more times, pausing
         :data:`BUSY_PAUSE` seconds, then twice that, and so on. ``to_file``: the reply's ``data`` is written
-        there as it arrives (:meth:`_fetch_file`; the reply holds its size) and removed when no reply passes.
-        Raises BlockUnavailable."""
+        there as it arrives (:meth:`_fetch_file`, at most ``max_size`` bytes; the reply holds its size) and
+        removed when no reply passes. Raises BlockUnavailable."""
         errors: list[str] = []
         try:
             for attempt in range(BUSY_ROUNDS + 1):
@@ -184,7 +257,7 @@ class BlockFetcher:
                 for peer in peers:
                     try:
                         if to_file is not None:
-                            reply = await self._fetch_file(peer, msg, to_file)
+                            reply = await self._fetch_file(peer, msg, to_file, max_size)
                         else:
                             reply = await self.host.request(peer, BLOCK_PROTOCOL, msg, timeout=self.timeout,
                                                             max_message=MAX_FILE + (1 << 16))
@@ -210,9 +283,9 @@ class BlockFetcher:
                 to_file.unlink(missing_ok=True)  # accepted files were moved into place
         raise BlockUnavailable(f"{what} unavailable: {'; '.join(errors[-2 * MAX_PEERS:]) or 'no peer holds it'}")
 
-    async def _fetch_file(self, peer: str, msg: dict, dest: Path) -> dict:
+    async def _fetch_file(self, peer: str, msg: dict, dest: Path, max_size: int = MAX_FILE) -> dict:
         """Send ``msg`` to ``peer`` and write the reply's ``data`` to ``dest`` as its frames arrive
-        (:func:`node.p2p.filerecv.read_file_msg`: at most :data:`MAX_FILE` bytes, one frame in memory at a time);
+        (:func:`node.p2p.filerecv.read_file_msg`: at most ``max_size`` bytes, one frame in memory at a time);
         the whole exchange within the fetch timeout. Returns the reply (``data``: its size in bytes).
 
         Raises:
@@ -225,7 +298,8 @@ class BlockFetcher:
                 stream = await self.host.open_stream(peer, BLOCK_PROTOCOL, timeout=self.timeout)
                 await write_msg(stream, msg, timeout=self.timeout)
                 with open(dest, "wb") as f:
-                    reply = await read_file_msg(stream, f, max_size=MAX_FILE, timeout=self.timeout)
+                    reply = await read_file_msg(stream, f, max_size=min(max_size, MAX_FILE),
+                                                timeout=self.timeout)
         except trio.TooSlowError:
             await _reset(stream)
             raise RequestTimeout(f"{BLOCK_PROTOCOL} to {peer}: no reply within {self.timeout} s") from None
@@ -240,16 +314,22 @@ class BlockFetcher:
         return check_reply(reply)
 
     async def manifest(self, model_id: bytes, extra: Iterable[str] = ()) -> Manifest:
-        """The checked manifest of ``model_id`` (fetched once, then read from ``root``).
+        """The checked manifest of ``model_id`` (fetched once, then read from ``root``). Only a model that enough
+        bonded servers announce is asked for (:meth:`servers`); callers hold the model's lock.
 
         Raises:
+            FetchRefused: too few bonded servers announce the model, or its cap is reached.
             BlockUnavailable: no peer sent a manifest and config that hash to ``model_id``.
         """
         d = self.root / model_id.hex()
         if (d / MANIFEST).is_file():
-            m = load_manifest(d)
-            if m.model_id == model_id:
+            try:
+                m = load_manifest(d)
+            except (ManifestError, OSError):
+                m = None
+            if m is not None and m.model_id == model_id:
                 return m
+        self._gate(model_id)
 
         async def accept(reply: dict) -> Manifest:
             man, cfg = reply.get("manifest"), reply.get("config")
@@ -257,8 +337,9 @@ class BlockFetcher:
                 raise ValueError("manifest and config must be bytes under 1 MiB")
             return await trio.to_thread.run_sync(self._install_manifest, model_id, man, cfg)
 
-        return await self._ask(self._candidates(model_id, -1, extra), {"type": "manifest", "model_id": model_id},
-                               accept, f"manifest of model {model_id.hex()[:16]}")
+        async with self.store.reserve(model_id, 2 * MAX_MANIFEST):
+            return await self._ask(self._candidates(model_id, -1, extra), {"type": "manifest", "model_id": model_id},
+                                   accept, f"manifest of model {model_id.hex()[:16]}")
 
     def _install_manifest(self, model_id: bytes, man: bytes, cfg: bytes) -> Manifest:
         """Check ``manifest.json`` + ``config.json`` in a temp dir (load_manifest) and rename it into place."""
@@ -287,59 +368,80 @@ class BlockFetcher:
         """The dir of ``model_id`` holding at least blocks ``[start, end)``, each checked against its hash.
 
         Args:
-            extra: peers to ask after the announced holders (e.g. the receipt's worker).
+            extra: peers to ask after the announced holders (e.g. the receipt's worker; they do not count as
+                servers of the model).
 
         Raises:
+            FetchRefused: too few bonded servers announce the model (nothing was asked or written), a byte cap
+                would be passed, or the deadline passed.
             BlockUnavailable: the manifest or a block could not be had from any peer with the right hash.
             ValueError: ``[start, end)`` is not a span of that model.
         """
         extra = list(extra)
-        async with self._lock:  # one fetch at a time: two receipts of one span fetch it once
-            m = await self.manifest(model_id, extra)
-            if not (0 <= start < end <= m.num_blocks):
-                raise ValueError(f"span [{start}, {end}) is not inside model {model_id.hex()[:16]} "
-                                 f"of {m.num_blocks} blocks")
-            d = self.root / model_id.hex()
-            missing = [i for i in range(start, end) if not (d / block_file(i)).is_file()]
-            errors: list[BlockUnavailable] = []
-            limit = trio.CapacityLimiter(PARALLEL)
-            async with trio.open_nursery() as n:
-                for i in missing:
-                    n.start_soon(self._block, m, d, i, extra, limit, errors)
-            if errors:
-                raise errors[0]
+        return await self._bounded(model_id, f"blocks of model {model_id.hex()[:16]}",
+                                   lambda: self._ensure_span(model_id, start, end, extra))
+
+    async def _ensure_span(self, model_id: bytes, start: int, end: int, extra: list[str]) -> Path:
+        """:meth:`ensure` under the model's lock."""
+        m = await self.manifest(model_id, extra)
+        if not (0 <= start < end <= m.num_blocks):
+            raise ValueError(f"span [{start}, {end}) is not inside model {model_id.hex()[:16]} "
+                             f"of {m.num_blocks} blocks")
+        d = self.root / model_id.hex()
+        missing = [i for i in range(start, end) if not (d / block_file(i)).is_file()]
+        if not missing:
             return d
+        self._gate(model_id)
+        errors: list[BaseException] = []
+        limit = trio.CapacityLimiter(PARALLEL)
+        async with trio.open_nursery() as n:
+            for i in missing:
+                n.start_soon(self._block, m, d, i, extra, limit, errors)
+        if errors:
+            raise errors[0]
+        return d
 
     async def ensure_model(self, model_id: bytes, extra: Iterable[str] = ()) -> Path:
         """The dir of ``model_id`` with every block and the head, each checked against the model id, and the
         tokenizer files a holder sent (unchecked: the dir is marked, see :func:`tokenizer_trusted`).
 
         Raises:
+            FetchRefused: as :meth:`ensure`.
             BlockUnavailable: the manifest, a block or the head could not be had from any peer with its hash.
         """
         extra = list(extra)
+        return await self._bounded(model_id, f"model {model_id.hex()[:16]}",
+                                   lambda: self._ensure_whole(model_id, extra))
+
+    async def _ensure_whole(self, model_id: bytes, extra: list[str]) -> Path:
+        """:meth:`ensure_model` under the model's lock."""
         m = await self.manifest(model_id, extra)
-        d = await self.ensure(model_id, 0, m.num_blocks, extra)
-        async with self._lock:
-            if not (d / HEAD_FILE).is_file():
-                part = d / f"{HEAD_FILE}.part{os.getpid()}"
+        d = await self._ensure_span(model_id, 0, m.num_blocks, extra)
+        if not (d / HEAD_FILE).is_file():
+            self._gate(model_id)
+            part = d / f"{HEAD_FILE}.part{os.getpid()}"
 
-                async def accept_head(reply: dict) -> None:
-                    if not isinstance(reply.get("data"), int):
-                        raise ValueError("the reply holds no head file")
-                    await trio.to_thread.run_sync(self._install_part, part, d / HEAD_FILE, m.head_hash)
+            async def accept_head(reply: dict) -> None:
+                if not isinstance(reply.get("data"), int):
+                    raise ValueError("the reply holds no head file")
+                await trio.to_thread.run_sync(self._install_part, part, d / HEAD_FILE, m.head_hash)
 
+            async with self.store.reserve(model_id, MAX_FILE) as room:
                 await self._ask(self._candidates(model_id, -1, extra), {"type": "head", "model_id": model_id},
-                                accept_head, f"head of model {model_id.hex()[:16]}", to_file=part)
-            if not (d / UNVERIFIED_TOKENIZER).exists():
-                async def accept_tok(reply: dict) -> None:
-                    files = reply.get("files")
-                    if not (isinstance(files, dict) and set(files) <= set(TOKENIZER_FILES)
-                            and all(isinstance(v, bytes) for v in files.values())
-                            and sum(len(v) for v in files.values()) <= MAX_TOKENIZER):
-                        raise ValueError(f"tokenizer files must be bytes named among {TOKENIZER_FILES}")
-                    await trio.to_thread.run_sync(self._install_tokenizer, d, files)
+                                accept_head, f"head of model {model_id.hex()[:16]}", to_file=part, max_size=room)
+        if not (d / UNVERIFIED_TOKENIZER).exists():
+            self._gate(model_id)
 
+            async def accept_tok(reply: dict) -> None:
+                files = reply.get("files")
+                if not (isinstance(files, dict) and set(files) <= set(TOKENIZER_FILES)
+                        and all(isinstance(v, bytes) for v in files.values())
+                        and sum(len(v) for v in files.values()) <= room):
+                    raise ValueError(f"tokenizer files must be bytes named among {TOKENIZER_FILES}, {room} "
+                                     "bytes at most")
+                await trio.to_thread.run_sync(self._install_tokenizer, d, files)
+
+            async with self.store.reserve(model_id, MAX_TOKENIZER) as room:
                 try:
                     await self._ask(self._candidates(model_id, -1, extra), {"type": "tokenizer",
                                                                             "model_id": model_id},
@@ -365,7 +467,8 @@ class BlockFetcher:
 
     async def _block(self, m: Manifest, d: Path, i: int, extra: list[str], limit: trio.CapacityLimiter,
                      errors: list) -> None:
-        """Fetch block ``i`` into ``d`` (checked against ``m.block_hashes[i]``); a failure goes to ``errors``."""
+        """Fetch block ``i`` into ``d`` (checked against ``m.block_hashes[i]``, read under the room reserved for
+        it); a failure (:class:`BlockUnavailable`, :class:`~node.verify.fetchstore.OverCap`) goes to ``errors``."""
         path = d / block_file(i)
         part = d / f"{path.name}.part{os.getpid()}"
 
@@ -375,11 +478,19 @@ class BlockFetcher:
             await trio.to_thread.run_sync(self._install_part, part, path, m.block_hashes[i])
 
         async with limit:
+            if errors:  # one block failed: the span cannot be had, fetch no more of it
+                return
             try:
-                await self._ask(self._candidates(m.model_id, i, extra),
-                                {"type": "block", "model_id": m.model_id, "index": i}, accept,
-                                f"block {i} of model {m.model_id.hex()[:16]}", to_file=part)
-            except BlockUnavailable as e:
+                async with self.store.reserve(m.model_id, MAX_FILE) as room:
+                    try:
+                        await self._ask(self._candidates(m.model_id, i, extra),
+                                        {"type": "block", "model_id": m.model_id, "index": i}, accept,
+                                        f"block {i} of model {m.model_id.hex()[:16]}", to_file=part, max_size=room)
+                    except BlockUnavailable as e:
+                        if room < MAX_FILE:  # the model's cap left less room than a block may take
+                            raise FetchRefused(f"{e} (the model's byte cap left {room} bytes)") from None
+                        raise
+            except (BlockUnavailable, OverCap) as e:
                 errors.append(e)
                 return
         log.info("fetched block %d of model %s (checked against its hash)", i, m.model_id.hex()[:16])

@@ -10,17 +10,20 @@ penalises the worker.
 Several models share one swarm, but the committee is drawn from every bonded account (the ledger does not know
 which node holds which model). A member drawn for a receipt of another model than its own first fetches that
 span's blocks by content hash from the peers announcing them (:mod:`node.verify.blockfetch`, each block checked
-against the manifest whose Merkle root is the receipt's model id); when it cannot, it abstains. An abstention
-counts toward neither verdict (:func:`node.ledger.core.committee.tally`); a round where every member voted without
-a 2/3 quorum, or that ran ``verdict_timeout`` blocks, escalates to a committee twice as large, from which members
-that sent no vote at all are left out (:mod:`node.ledger.core.state`).
+against the manifest whose Merkle root is the receipt's model id); when it cannot, it abstains. The ledger accepts
+a receipt for any model id, so the fetcher asks for nothing unless enough bonded servers announce the model (genesis
+``min_model_servers``), and stays within byte caps and a deadline: a receipt for a model nobody serves gets
+ABSTAIN from every member without a byte downloaded or written (:class:`~node.verify.blockfetch.FetchRefused`).
+An abstention counts toward neither verdict (:func:`node.ledger.core.committee.tally`); a round where every member
+voted without a 2/3 quorum, or that ran ``verdict_timeout`` blocks, escalates to a committee twice as large, from
+which members that sent no vote at all are left out (:mod:`node.ledger.core.state`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import trio

@@ -66,7 +66,9 @@ async def two_model_swarm(tmp, dirs, genesis=None):
             n.start_soon(nodes[i].run)
         for nd in nodes:
             await nd.started.wait()
-        while any(len(nodes[0].swarm.live(mid)) < 2 for mid in ids):
+        # every span announced to node 0 (the client) and node 1 (a member of model A: it fetches model B only
+        # once B's bonded servers are announced to it)
+        while any(len(nodes[k].swarm.live(mid)) < 2 for mid in ids for k in (0, 1)):
             await trio.sleep(0.1)
         try:
             yield nodes

@@ -24,7 +24,7 @@ OPTIONAL_PARAMS = ("heartbeat_ms", "retention_blocks",
                    "min_validator_bond",
                    "batch_slash", "batch_absent_penalty",
                    "min_replication", "batch_max_held",
-                   "batch_audit_ppm")  # left out of the genesis hash and document when 0
+                   "batch_audit_ppm", "min_model_servers")  # left out of the genesis hash and document when 0
 
 
 class GenesisError(ValueError):
@@ -92,6 +92,16 @@ class Params:
     # the probability (ppm) that an accepted batch item is re-run by a committee (node.ledger.core.batchaudit): what
     # catches a colluding majority in the long run. 0: never; left out of the genesis hash and document when 0.
     batch_audit_ppm: int = 0
+    # bounded model fetches (node.verify.blockfetch): a committee member drawn for a receipt of a model it does not
+    # hold fetches that model only when at least this many distinct bonded peers announce it in the swarm; otherwise
+    # it abstains without downloading anything. 0 means 1 (a model served by one bonded server stays verifiable);
+    # left out of the genesis hash and document when 0.
+    min_model_servers: int = 0
+
+    def model_servers(self) -> int:
+        """Bonded servers that must announce a model before a committee member fetches it (``min_model_servers``,
+        0 meaning 1)."""
+        return self.min_model_servers or 1
 
     def heartbeat(self) -> int:
         """The longest gap between two blocks in milliseconds: ``heartbeat_ms``, or ``block_time_ms`` when 0."""
@@ -134,6 +144,8 @@ class Params:
             raise GenesisError("min_replication must be 0 (no adaptive replication) or in 1..16")
         if self.batch_audit_ppm > PPM:
             raise GenesisError("batch_audit_ppm must be in 0..1000000 (a probability in parts per million)")
+        if self.min_model_servers > 1_000:
+            raise GenesisError("min_model_servers must be 0 (meaning 1) or in 1..1000 bonded servers")
         if self.batch_max_held > 1_000_000:
             raise GenesisError("batch_max_held must be 0 (no limit) or in 1..1000000 undecided assignments")
 
