@@ -460,8 +460,9 @@ class Jepsen:
         included = sum(1 for a in self.rec.accepted if counts.get(a.id, 0) == 1)
         dropped = [final[a.id].get("reason", "") for a in self.rec.accepted if counts.get(a.id, 0) == 0]
         receipts = sum(1 for a in self.rec.accepted if a.nonce < 0)
-        summary = (f"seed {self.seed}: {len(self.rec.accepted) - receipts} transfers and {receipts} receipts of "
-                   f"{self.rec.generations} generations ({len(self.rec.generation_failures)} failed) accepted, "
+        gens = (f" and {receipts} receipts of {self.rec.generations} generations "
+                f"({len(self.rec.generation_failures)} failed)" if self.swarm else "")
+        summary = (f"seed {self.seed}: {len(self.rec.accepted) - receipts} transfers{gens} accepted, "
                    f"{included} in exactly one block, "
                    f"{len(dropped)} reported dropped {sorted(set(dropped))[:3]}; {len(self.rec.refused)} refused at "
                    f"submission, {self.rec.unreachable} while a node was down; heights "
