@@ -209,11 +209,12 @@ def scan_msgpack(data: bytes | bytearray, *, max_depth: int = MAX_DEPTH, max_cos
     pos = objects = cost = deepest = 0
     pending = 1  # objects still to read, in every open container and at the top
     ends: list[int] = []  # per open container, innermost last: the value of ``pending`` once it is complete
+    base = 0  # ends[-1], or 0 at the top: pending - base objects are left in the innermost container
     try:
         while pending:
             b = data[pos]  # IndexError past the end: truncated
             if one[b] and pos + 1 < n and one[data[pos + 1]]:  # a run of shared 1-byte objects in one container
-                k = min(run(data, pos).end() - pos, pending - (ends[-1] if ends else 0))  # type: ignore[union-attr]
+                k = min(run(data, pos).end() - pos, pending - base)  # type: ignore[union-attr]
                 cost += _DICT_EMPTY * data.count(0x80, pos, pos + k) + _LIST_BASE * data.count(0x90, pos, pos + k)
                 objects += k
                 pending -= k
@@ -224,9 +225,9 @@ def scan_msgpack(data: bytes | bytearray, *, max_depth: int = MAX_DEPTH, max_cos
                 pending -= 1
                 if kind == _SCALAR:
                     m = _SCALAR_RUNS[b].match(data, pos) if pos + size < n and data[pos + size] == b \
-                        and pending > (ends[-1] if ends else 0) else None
+                        and pending > base else None
                     if m is not None:  # None also when this very scalar is truncated
-                        k = min((m.end() - pos) // size, pending + 1 - (ends[-1] if ends else 0))
+                        k = min((m.end() - pos) // size, pending + 1 - base)
                         objects += k - 1
                         pending -= k - 1
                         cost += arg * k
@@ -255,10 +256,9 @@ def scan_msgpack(data: bytes | bytearray, *, max_depth: int = MAX_DEPTH, max_cos
                             each = _STR_BASE + arg if data[pos:nxt].isascii() else _STR_WIDE + 4 * arg
                         cost += each
                         if size <= 2 and nxt + size <= n and data[nxt] == b and (size == 1 or data[nxt + 1] == arg) \
-                                and pending > (ends[-1] if ends else 0):  # more of the same header: hashes, keys
+                                and pending > base:  # more of the same header: hashes, keys
                             m = _payload_run(bytes(data[pos - size:pos]), arg, kind).match(data, nxt)
-                            k = 0 if m is None else min((m.end() - nxt) // (arg + size),
-                                                        pending - (ends[-1] if ends else 0))
+                            k = 0 if m is None else min((m.end() - nxt) // (arg + size), pending - base)
                             objects += k
                             pending -= k
                             nxt += k * (arg + size)
@@ -271,6 +271,7 @@ def scan_msgpack(data: bytes | bytearray, *, max_depth: int = MAX_DEPTH, max_cos
                                               f"{n - pos} bytes remain")
                         cost += _LIST_BASE + slot * arg if kind == _ARRAY else _DICT_BASE + _DICT_ENTRY * arg
                         ends.append(pending)
+                        base = pending
                         pending += count
                         if len(ends) > deepest:
                             deepest = len(ends)
@@ -278,11 +279,12 @@ def scan_msgpack(data: bytes | bytearray, *, max_depth: int = MAX_DEPTH, max_cos
                                 raise DecodeError(f"msgpack nesting deeper than {max_depth}")
                     else:
                         cost += _LIST_BASE if kind == _ARRAY else _DICT_EMPTY
-            while ends and ends[-1] == pending:
+            while pending == base and ends:  # the innermost container is complete
                 ends.pop()
-            if cost > big:
-                raise DecodeError(f"msgpack would take more than {big} bytes to decode (estimated)")
-            if objects > most:
+                base = ends[-1] if ends else 0
+            if cost > big or objects > most:
+                if cost > big:
+                    raise DecodeError(f"msgpack would take more than {big} bytes to decode (estimated)")
                 raise DecodeError(f"msgpack holds more than {most} objects")
     except IndexError:
         raise DecodeError(f"truncated msgpack: {pending} more object(s) expected at byte {min(pos, n)}") from None
