@@ -85,7 +85,7 @@ class ItemRunner:
             if (self.model_dir / "tokenizer.json").exists():
                 from transformers import AutoTokenizer
 
-                self._tok = AutoTokenizer.from_pretrained(str(self.model_dir))
+                self._tok = AutoTokenizer.from_pretrained(str(self.model_dir), trust_remote_code=False)
             self._tok_loaded = True
         if self._tok is not None:
             return list(self._tok.encode(text))

@@ -64,7 +64,7 @@ class ClientHead:
             if any((self.model_dir / f).is_file() for f in _TOKENIZER_FILES):
                 from transformers import AutoTokenizer
 
-                self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir))
+                self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir), trust_remote_code=False)
             self._tokenizer_loaded = True
         return self._tokenizer
 

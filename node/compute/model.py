@@ -253,7 +253,7 @@ def load_span_config(model_dir: Path):
     """The transformers config (``LlamaConfig``, ``Qwen2Config``, ...) read from ``model_dir/config.json``."""
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(str(model_dir))
+    return AutoConfig.from_pretrained(str(model_dir), trust_remote_code=False)
 
 
 # ---------------------------------------------------------------- writing
@@ -387,9 +387,10 @@ def ensure_smollm2(cache_dir: Path | None = None, progress: bool = True) -> Path
         t0 = time.monotonic()
         _say(progress, f"converting {gguf.name} into {tmp.parent / SMOLLM2_NAME} (once, ~20 s)")
         with _quiet_transformers(progress):
-            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+                                                         trust_remote_code=False)
             _say(progress, f"model dequantized in {time.monotonic() - t0:.1f} s; loading tokenizer")
-            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
         _say(progress, "writing per-block safetensors")
         m = save_model_dir(model, tok, tmp, name=SMOLLM2_NAME)
         _say(progress, f"done in {time.monotonic() - t0:.1f} s: {m.num_blocks} blocks, model id {m.model_id.hex()[:16]}…")

@@ -56,7 +56,7 @@ def encode_text(model_dir: Path, text: bytes) -> torch.Tensor:
     if tok_file.exists():
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(str(model_dir))
+        tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
         return torch.tensor(tok.encode(text.decode("utf-8", errors="replace")), dtype=torch.long)
     vocab = load_manifest(Path(model_dir)).vocab_size
     return torch.tensor(list(text), dtype=torch.long) % vocab

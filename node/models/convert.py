@@ -314,7 +314,7 @@ class GGUFPlan:
         if _magic(path)[:4] != b"GGUF":
             raise CheckpointError(f"{path} is not a GGUF file (no GGUF magic bytes)")
         try:
-            self.cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+            self.cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
         except Exception as e:  # noqa: BLE001 -- the GGUF reader raises many types for bad files
             raise CheckpointError(f"{path}: transformers cannot read this GGUF file: {type(e).__name__}: {e}") \
                 from None
@@ -336,8 +336,8 @@ class GGUFPlan:
             print(f"dequantizing {path.name} ({path.stat().st_size / 1e6:.0f} MB) to float32", flush=True)
         try:
             model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                         dtype=torch.float32)
-            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+                                                         dtype=torch.float32, trust_remote_code=False)
+            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
         except Exception as e:  # noqa: BLE001
             raise CheckpointError(f"{path}: cannot be dequantized: {type(e).__name__}: {e}") from None
         if progress:

@@ -46,7 +46,8 @@ def test_three_spans_equal_the_transformers_model(model_type, checkpoints, added
     head = ClientHead(model_dir)
     prompt = head.tokenizer.encode("The committee re-executes a sampled receipt")[:5]
     assert len(prompt) == 5
-    hf = AutoModelForCausalLM.from_pretrained(str(checkpoints[model_type]), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(checkpoints[model_type]), dtype=torch.float32,
+                                              trust_remote_code=False).eval()
     ref = local_generate(model_dir, prompt, STEPS, model=hf)  # the original checkpoint, transformers' forward
     spans = [SpanModel(model_dir, a, b) for a, b in SPANS]
     assert chain_generate(spans, head, prompt, STEPS) == ref

@@ -91,7 +91,7 @@ def test_smollm2_and_its_int8_copy_side_by_side_and_an_int8_server_claiming_floa
 
         from transformers import AutoTokenizer
 
-        ids = AutoTokenizer.from_pretrained(fdir)(PROMPT)["input_ids"]
+        ids = AutoTokenizer.from_pretrained(fdir, trust_remote_code=False)(PROMPT)["input_ids"]
         t1 = time.monotonic()
         gen_f = _generate(tmp_path, "smollm2", ids)
         gen_q = _generate(tmp_path, qname, ids)

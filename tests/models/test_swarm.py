@@ -37,6 +37,7 @@ def test_gemma3_through_three_servers_equals_transformers(checkpoints, added, tm
                 return gen, verdicts
 
     gen, verdicts = trio.run(main)
-    hf = AutoModelForCausalLM.from_pretrained(str(checkpoints["gemma3_text"]), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(checkpoints["gemma3_text"]), dtype=torch.float32,
+                                              trust_remote_code=False).eval()
     assert gen.tokens == local_generate(model_dir, prompt, 8, model=hf)
     assert len(gen.receipts) == 3 and [v for v, _ in verdicts] == [VALID] * 3
