@@ -14,11 +14,8 @@ receipt's span: it asks peers over ``BLOCK_PROTOCOL`` (``/tally/block/1.0.0``, o
 * ``{"type": "head", "model_id": 32 B}`` → ``{"data": bytes}``: ``head.safetensors`` (embeddings, final norm, LM
   head), accepted only when it hashes to the manifest's ``head_hash``.
 * ``{"type": "tokenizer", "model_id": 32 B}`` → ``{"files": {name: bytes}}``: the tokenizer files the peer holds
-  (:data:`TOKENIZER_FILES`). They are **not** covered by the model id, so a fetched tokenizer is only as good as
-  the peer that sent it: :meth:`BlockFetcher.ensure_model` marks such a dir (:data:`UNVERIFIED_TOKENIZER`), and
-  a committee member that replays training on it abstains instead of voting invalid when the worker's committed
-  batches do not match its tokenization (:func:`tokenizer_trusted`). A replay whose batches do match used the
-  committed token ids, whichever tokenizer produced them.
+  (:data:`TOKENIZER_FILES`). They are checked by hash when the model's config commits to them, else kept marked
+  as a peer's and never trusted (:mod:`node.verify.tokfetch`).
 
 :meth:`BlockFetcher.ensure` brings a span's blocks (inference receipts); :meth:`BlockFetcher.ensure_model` the whole
 model — every block, the head and the tokenizer — for replaying training receipts of jobs and runs.
@@ -79,6 +76,8 @@ from ..p2p.host import PeerUnreachable
 from .blockserve import (BLOCK_PROTOCOL, MAX_FILE, MAX_MANIFEST, MAX_TOKENIZER, REQUEST_MAX, REQUEST_TIMEOUT,
                          TOKENIZER_FILES, HeldModels)
 from .fetchstore import MAX_MODEL_BYTES, MAX_TOTAL_BYTES, FetchedModels, OverCap, bonded_peers
+from .tokfetch import (TOKENIZER_ASKED, UNVERIFIED_TOKENIZER, check_tokenizer, committed_tokenizer, install_tokenizer,
+                       tokenizer_trusted)
 
 __all__ = ["BLOCK_PROTOCOL", "FETCH_DEADLINE", "FETCH_TIMEOUT", "MAX_FILE", "MAX_MANIFEST", "MAX_TOKENIZER",
            "REQUEST_MAX", "REQUEST_TIMEOUT", "TOKENIZER_FILES", "UNVERIFIED_TOKENIZER", "BlockFetcher",
@@ -93,7 +92,6 @@ BUSY_ROUNDS = 3  # times the peers that answered ``busy`` are asked again, after
 BUSY_PAUSE = 1.0  # seconds
 MAX_PEERS = 8  # peers asked per file before giving up
 PARALLEL = 4  # blocks fetched at once
-UNVERIFIED_TOKENIZER = "tokenizer.unverified"  # marker file: this dir's tokenizer came from a peer, unchecked
 
 
 async def model_dir_for(member, model_id: bytes, holders: Iterable[bytes]) -> Path | None:
@@ -112,12 +110,6 @@ async def model_dir_for(member, model_id: bytes, holders: Iterable[bytes]) -> Pa
         return None
 
 
-def tokenizer_trusted(model_dir: Path) -> bool:
-    """False for a dir whose tokenizer files (or their absence) came from a peer (:meth:`BlockFetcher.ensure_model`):
-    nothing in the model id covers them."""
-    return not (Path(model_dir) / UNVERIFIED_TOKENIZER).exists()
-
-
 class BlockUnavailable(LookupError):
     """No peer returned a copy of a model's manifest or block that matches its hash."""
 
@@ -128,13 +120,6 @@ class FetchRefused(BlockUnavailable):
 
 
 _T = TypeVar("_T")
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """``data`` to ``path`` through a temp file and ``os.replace`` (a reader never sees half a file)."""
-    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def check_block(data: bytes, expected: bytes) -> None:
@@ -348,6 +333,7 @@ class BlockFetcher:
         try:
             try:
                 json.loads(man)
+                (tmp / UNVERIFIED_TOKENIZER).write_text("fetched: no tokenizer checked yet\n")  # born untrusted
                 (tmp / "config.json").write_bytes(cfg)
                 (tmp / MANIFEST).write_bytes(man)
                 m = load_manifest(tmp)
@@ -403,7 +389,8 @@ class BlockFetcher:
 
     async def ensure_model(self, model_id: bytes, extra: Iterable[str] = ()) -> Path:
         """The dir of ``model_id`` with every block and the head, each checked against the model id, and the
-        tokenizer files a holder sent (unchecked: the dir is marked, see :func:`tokenizer_trusted`).
+        tokenizer files a holder sent: checked by hash when the model's config commits to them, else marked as a
+        peer's (:mod:`node.verify.tokfetch`, :func:`tokenizer_trusted`).
 
         Raises:
             FetchRefused: as :meth:`ensure`.
@@ -429,8 +416,11 @@ class BlockFetcher:
             async with self.store.reserve(model_id, MAX_FILE) as room:
                 await self._ask(self._candidates(model_id, -1, extra), {"type": "head", "model_id": model_id},
                                 accept_head, f"head of model {model_id.hex()[:16]}", to_file=part, max_size=room)
-        if not (d / UNVERIFIED_TOKENIZER).exists():
+        if not (d / TOKENIZER_ASKED).exists():
             self._gate(model_id)
+            committed = committed_tokenizer(d)  # the config is covered by the model id
+            if committed is None:
+                (d / UNVERIFIED_TOKENIZER).write_text("no tokenizer commitment in the model's config\n")
 
             async def accept_tok(reply: dict) -> None:
                 files = reply.get("files")
@@ -439,7 +429,9 @@ class BlockFetcher:
                         and sum(len(v) for v in files.values()) <= room):
                     raise ValueError(f"tokenizer files must be bytes named among {TOKENIZER_FILES}, {room} "
                                      "bytes at most")
-                await trio.to_thread.run_sync(self._install_tokenizer, d, files)
+                if committed is not None:
+                    check_tokenizer(files, committed)  # raises ValueError: the next peer is asked
+                await trio.to_thread.run_sync(install_tokenizer, d, files, committed is not None)
 
             async with self.store.reserve(model_id, MAX_TOKENIZER) as room:
                 try:
@@ -449,6 +441,7 @@ class BlockFetcher:
                 except BlockUnavailable as e:  # replay then tokenizes bytes, and abstains on a mismatch
                     log.info("%s; the dir stays without one", e)
                     (d / UNVERIFIED_TOKENIZER).write_text("no peer sent a tokenizer\n")
+            (d / TOKENIZER_ASKED).touch()
         return d
 
     @staticmethod
@@ -457,13 +450,6 @@ class BlockFetcher:
         ValueError) and move it to ``path`` (``os.replace``: a reader never sees half a file)."""
         check_block_file(part, expected)
         os.replace(part, path)
-
-    @staticmethod
-    def _install_tokenizer(d: Path, files: dict[str, bytes]) -> None:
-        # the marker first: a crash between the files and it must not leave peer files looking like our own
-        (d / UNVERIFIED_TOKENIZER).write_text("tokenizer files from a peer: not covered by the model id\n")
-        for name, data in files.items():
-            _atomic_write(d / name, data)
 
     async def _block(self, m: Manifest, d: Path, i: int, extra: list[str], limit: trio.CapacityLimiter,
                      errors: list) -> None:

@@ -256,3 +256,73 @@ def test_min_model_servers_parameter_keeps_old_genesis_hashes():
     for bad in (1001, -1, True):
         with pytest.raises(GenesisError, match="min_model_servers"):
             Params(min_model_servers=bad).check()
+
+
+def committed_copy(src, dst, tokenizer: dict[str, bytes]):
+    """A copy of model dir ``src`` with ``tokenizer`` files whose hashes its config commits to (``tally_tokenizer``):
+    a new config hash, hence a new model id. Returns the new manifest."""
+    import json
+    import shutil
+    from dataclasses import replace
+
+    from node.compute.model import MANIFEST, compute_model_id, config_dict, config_hash
+    from node.encoding import H
+    from node.verify.tokfetch import COMMIT_KEY
+
+    shutil.copytree(src, dst)
+    for name, data in tokenizer.items():
+        (dst / name).write_bytes(data)
+    cfg = config_dict(dst)
+    cfg[COMMIT_KEY] = {name: H(data).hex() for name, data in tokenizer.items()}
+    (dst / "config.json").write_text(json.dumps(cfg))
+    m = load_manifest(src)
+    ch = config_hash(cfg)
+    m = replace(m, config_hash=ch, model_id=compute_model_id(m.head_hash, list(m.block_hashes), ch))
+    (dst / MANIFEST).write_text(json.dumps(m.to_json()))
+    return load_manifest(dst)
+
+
+def test_a_committed_tokenizer_is_checked_by_hash_and_an_uncommitted_one_stays_untrusted(tmp_path, tiny3):
+    """Content-addressed tokenizers: a model whose config (covered by its model id) commits to its tokenizer
+    files gets exactly those bytes (a peer sending other bytes is refused, the next asked) and is trusted; without
+    a good copy, or for a model without the commitment, the dir stays marked as a peer's. Every fetched dir is
+    born marked, even one holding only a span."""
+    from node.verify.blockfetch import UNVERIFIED_TOKENIZER, tokenizer_trusted
+
+    tok = {"tokenizer.json": b'{"model": "good"}', "tokenizer_config.json": b'{"x": 1}'}
+    m = committed_copy(tiny3[0], tmp_path / "good", tok)
+    bad_dir = tmp_path / "bad"
+    import shutil
+
+    shutil.copytree(tmp_path / "good", bad_dir)
+    (bad_dir / "tokenizer.json").write_bytes(b'{"model": "evil"}')
+    plain = load_manifest(tiny3[1])
+    shutil.copytree(tiny3[1], tmp_path / "plain")
+    (tmp_path / "plain" / "tokenizer.json").write_bytes(b'{"model": "plain"}')
+
+    async def main():
+        with trio.fail_after(120):
+            async with running_hosts(3) as (bad, good, member):
+                calls: list = []
+                serve(bad, [bad_dir, tmp_path / "plain"], tmp_path, calls)
+                serve(good, [tmp_path / "good"], tmp_path, calls)
+                assert await member.connect(bad.addrs + good.addrs) == 2
+                out = {}
+                f = BlockFetcher(member, tmp_path / "f1", lambda mid, i: [bad.peer_id, good.peer_id], timeout=20)
+                span = await f.ensure(m.model_id, 0, 2)
+                out["span_trusted"] = tokenizer_trusted(span)
+                out["d"] = await f.ensure_model(m.model_id)
+                out["refused"] = list(f.refused)
+                lone = BlockFetcher(member, tmp_path / "f2", lambda mid, i: [bad.peer_id], timeout=20)
+                out["lone"] = await lone.ensure_model(m.model_id)
+                out["plain"] = await lone.ensure_model(plain.model_id)
+                return out
+
+    out = trio.run(main)
+    d, lone, plain_d = out["d"], out["lone"], out["plain"]
+    assert out["span_trusted"] is False
+    assert tokenizer_trusted(d) and all((d / n).read_bytes() == b for n, b in tok.items())
+    assert [why for _, why in out["refused"]] and all("tokenizer" in why for _, why in out["refused"])
+    assert not tokenizer_trusted(lone) and not (lone / "tokenizer.json").exists()  # the liar's copy is not kept
+    assert not tokenizer_trusted(plain_d) and (plain_d / UNVERIFIED_TOKENIZER).is_file()
+    assert (plain_d / "tokenizer.json").read_bytes() == b'{"model": "plain"}'  # kept, as a peer's
