@@ -9,12 +9,15 @@ as the transfers (off by default: six node processes did not keep up on the shar
 on, where proposals arrived 35 s late and were refused for their block time).
 
 The seed rotates per run (printed at the start and in every failure); replay one with ``TALLY_JEPSEN_SEED=<seed>``.
-Skips with the reason where network namespaces are unavailable, unless ``TALLY_REQUIRE_NETNS=1``."""
+Skips with the reason where network namespaces are unavailable, unless ``TALLY_REQUIRE_NETNS=1``.
+``TALLY_JEPSEN_KEEP=DIR`` copies the node logs of a failed run to ``DIR/seed-<seed>/``."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import time
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +41,12 @@ def test_finality_and_every_accepted_transfer_under_partitions_kills_and_a_slow_
         j.run_schedule()
         summary = j.check_final(j.settle())
     except JepsenFailure as e:
+        keep = os.environ.get("TALLY_JEPSEN_KEEP")  # a directory to copy the node logs to, for a post-mortem
+        if keep:
+            dest = Path(keep) / f"seed-{seed}"
+            dest.mkdir(parents=True, exist_ok=True)
+            for log in tmp_path.glob("*.log"):
+                shutil.copy(log, dest / log.name)
         raise JepsenFailure(f"jepsen seed {seed} failed (replay: TALLY_JEPSEN_SEED={seed}):\n{e}") from None
     finally:
         j.close()
