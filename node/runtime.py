@@ -20,6 +20,7 @@ from .compute.cheats import FAULTS as CHEATS
 from .compute.head import ClientHead
 from .identity import Identity, KeyFileError, load_or_create, read_secret, write_secret
 from .keys import account_to_str
+from .ledger.core.tx import Receipt
 from .ledger.genesis import Genesis
 from .ledger.service import LedgerService
 from .ledger.statesync import SnapshotServer, state_sync
@@ -228,6 +229,7 @@ class Node:
                                       lambda s, e: self._load_span(s, e), self.manifest.model_id,
                                       model_dir=cfg.model_dir, fetcher=fetcher)
         self.ledger.on_block(self.member.on_block)
+        self.ledger.on_block(self._vouch_for_work)
         self.jobs = None
         if cfg.accept_jobs:
             from .market.worker import JobWorker
@@ -276,6 +278,15 @@ class Node:
         self.cfg.span = (start, end)
         self.server = await self.executor.run(self._make_server, start, end)
         self.host.set_handler(INFERENCE_PROTOCOL, self.server.handle)
+
+    def _vouch_for_work(self, block, _state) -> None:
+        """Keep connection slots (for :data:`node.p2p.host.VOUCH_TTL` seconds) for the worker and requester of
+        every receipt in a committed block: peers that did useful work, paid for on the ledger, are served before
+        unknown ones when the node is flooded (issue 23, "Limits before the handshake")."""
+        peers = {account_to_str(a) for tx in block.txs if isinstance(tx, Receipt) for a in (tx.worker, tx.requester)}
+        peers.discard(self.host.peer_id)
+        if peers:
+            self.host.vouch(peers)
 
     async def _state_sync(self) -> None:
         """Install a snapshot that a connected peer offers (checked against a finalised header); the ledger then

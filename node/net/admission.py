@@ -34,6 +34,7 @@ import contextlib
 import enum
 import ipaddress
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -155,8 +156,9 @@ class Ticket:
         if self.pending:
             self.pending = False
             self.adm._unpend(self)
-        if peer in self.adm.reserved_peers:
-            self.adm.reserve_ip(self.ip)  # a validator's or bootstrap peer's next connection is reserved too
+        until = self.adm.peer_reserved(peer)
+        if until:
+            self.adm.reserve_ip(self.ip, until)  # a validator's or useful peer's next connection is reserved too
 
     def close(self) -> None:
         """Give every count back (the connection closed, or its upgrade failed)."""
@@ -183,19 +185,52 @@ class Admission:
         self.pending = 0
         self.open = 0
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # ip or subnet -> (tokens, at)
-        self.reserved_ips: OrderedDict[str, None] = OrderedDict()  # LRU, at most max_tracked
+        self.reserved_ips: OrderedDict[str, float] = OrderedDict()  # ip -> until (monotonic s); LRU, max_tracked
         self.reserved_peers: set[str] = set()  # set by the node (validators, bootstrap peers): bounded by config
+        self.vouched: OrderedDict[str, float] = OrderedDict()  # peer -> until (monotonic s); LRU, max_tracked
         self.refused: dict[str, int] = {r.value: 0 for r in Refusal}
         self.accepted = 0
 
-    def reserve_ip(self, ip: str) -> None:
-        """Treat connections from ``ip`` as reserved (bootstrap peers, validators, peers that did useful work).
-        The table keeps the :attr:`AdmissionLimits.max_tracked` most recently reserved."""
+    def reserve_ip(self, ip: str, until: float = math.inf) -> None:
+        """Treat connections from ``ip`` as reserved (bootstrap peers, validators, peers that did useful work)
+        until the monotonic time ``until`` (seconds; default: for good). A later reservation never shortens an
+        earlier one. The table keeps the :attr:`AdmissionLimits.max_tracked` most recently reserved."""
         ip = normal_ip(ip)
-        self.reserved_ips[ip] = None
+        self.reserved_ips[ip] = max(until, self.reserved_ips.get(ip, until))
         self.reserved_ips.move_to_end(ip)
         while len(self.reserved_ips) > self.limits.max_tracked:
             self.reserved_ips.popitem(last=False)
+
+    def ip_reserved(self, ip: str) -> bool:
+        """Whether connections from ``ip`` are reserved now; an expired reservation is forgotten here."""
+        until = self.reserved_ips.get(ip)
+        if until is None:
+            return False
+        if until <= self.clock():
+            del self.reserved_ips[ip]
+            return False
+        return True
+
+    def vouch(self, peer: str, until: float) -> None:
+        """Reserve slots for ``peer`` (a peer ID that recently did useful work, e.g. a receipt of it landed in a
+        block) until the monotonic time ``until`` (seconds); its IP is reserved as long when it connects. The
+        table keeps the :attr:`AdmissionLimits.max_tracked` most recently vouched peers."""
+        self.vouched[peer] = max(until, self.vouched.get(peer, until))
+        self.vouched.move_to_end(peer)
+        while len(self.vouched) > self.limits.max_tracked:
+            self.vouched.popitem(last=False)
+
+    def peer_reserved(self, peer: str) -> float:
+        """Until when (monotonic seconds) ``peer`` holds reserved slots: ``math.inf`` for validators and bootstrap
+        peers, its vouch's end for a peer that did useful work, 0.0 for anyone else (an expired vouch is
+        forgotten here)."""
+        if peer in self.reserved_peers:
+            return math.inf
+        until = self.vouched.get(peer, 0.0)
+        if until and until <= self.clock():
+            del self.vouched[peer]
+            return 0.0
+        return until
 
     def _rate_ok(self, key: str, rate: float, burst: int, take: bool) -> bool:
         """Token bucket of ``key``: whether one token is there (taken when ``take``)."""
@@ -212,7 +247,7 @@ class Admission:
         """The reason ``ip`` may not open one more connection now, or None (no state changes but the rate)."""
         lim = self.limits
         sub = subnet_of(ip)
-        reserved = ip in self.reserved_ips
+        reserved = self.ip_reserved(ip)
         hold = 0 if reserved else lim.reserved
         if not reserved:
             if self.open_ip.get(ip) >= lim.open_per_ip:

@@ -91,6 +91,9 @@ class PeerLimiter:
         self._conn_times: OrderedDict[str, deque] = OrderedDict()  # LRU, at most limits.max_tracked
         self.conns: dict[str, int] = defaultdict(int)
         self.reserved: set[str] = set()  # peers not held to max_conns (validators, bootstrap peers)
+        # peers that did useful work lately are not held to max_conns either while their vouch lasts
+        # (P2PHost wires this to Admission.peer_reserved)
+        self.vouched: Callable[[str], float] = lambda _peer: 0.0
         self.refused_streams = 0
         self.refused_conns = 0
 
@@ -147,7 +150,7 @@ class PeerLimiter:
             reason = f"{mine} connections open (limit {lim.conns_per_peer} per peer)"
         elif len(times) > lim.conn_rate:
             reason = f"{len(times)} connections in a minute (limit {lim.conn_rate})"
-        elif total >= lim.max_conns and not outbound and peer not in self.reserved:
+        elif total >= lim.max_conns and not outbound and peer not in self.reserved and not self.vouched(peer):
             reason = f"{total} connections in all (limit {lim.max_conns})"
         else:
             self.conns[peer] += 1

@@ -46,6 +46,7 @@ from .wirelimits import limit_for
 
 log = logging.getLogger(__name__)
 
+VOUCH_TTL = 3600.0  # seconds a peer whose receipt landed keeps reserved slots (P2PHost.vouch)
 ANNOUNCED_TTL = 10.0  # seconds an :meth:`P2PHost.announced` result is reused (interface IPs behind a wildcard)
 PARSED_CACHE = 1024  # /p2p/ multiaddrs whose parse :meth:`P2PHost.remember` keeps (presence gossip repeats them)
 
@@ -115,6 +116,7 @@ class P2PHost(GossipMethods):
         self.relay_addrs: list[str] = []  # .../p2p/<relay>/p2p-circuit while holding a reservation
         self.limiter = PeerLimiter(limits)
         self.admission = Admission(admission)
+        self.limiter.vouched = self.admission.peer_reserved
         # set by node.net.service: whether a peer completed the genesis handshake; a connection whose peer has
         # not within Limits.hello_timeout seconds is closed (None: no handshake runs, nothing is closed)
         self.is_member: Callable[[str], bool] | None = None
@@ -356,6 +358,15 @@ class P2PHost(GossipMethods):
             self.admission.reserved_peers.add(p)
         for ip in ips:
             self.admission.reserve_ip(ip)
+
+    def vouch(self, peers: Iterable[str], ttl: float = VOUCH_TTL) -> None:
+        """Keep connection slots for ``peers`` (peer ID strings that recently did useful work: a receipt of
+        theirs landed in a block) for ``ttl`` seconds from now, as :meth:`reserve` does for validators; each
+        vouch ends by itself (nothing a peer caused outlives its cause) and the table is LRU-bounded
+        (:meth:`node.net.admission.Admission.vouch`)."""
+        until = self.admission.clock() + ttl
+        for p in peers:
+            self.admission.vouch(p, until)
 
     def banned(self, peer_id: str) -> bool:
         """Whether ``peer_id`` is banned now (its streams and connections are refused)."""

@@ -165,3 +165,37 @@ def test_five_thousand_identities_keep_limiter_hello_book_and_scores_bounded():
     for p in ids:
         scores.penalize(p, 25.0, ban_s=60.0)  # each one banned
     assert len(scores._peers) == 1000
+
+
+def test_peers_that_did_useful_work_hold_reserved_slots_until_their_vouch_ends():
+    """A vouched peer (a receipt of it landed: P2PHost.vouch from the runtime) skips the per-address limits and
+    takes reserved slots, and so does its IP once it connected; both end with the vouch, by themselves."""
+    t = [0.0]
+    adm = Admission(AdmissionLimits(open_per_ip=1, open_per_subnet=1, open_total=4, pending_per_ip=1,
+                                    pending_per_subnet=1, pending_total=4, reserved=2, accept_rate=1000,
+                                    accept_burst=1000), clock=lambda: t[0])
+    flood = adm.accept("10.0.0.1")  # the flooder holds its subnet's only slot
+    assert flood is not None and adm.accept("10.0.0.9") is None
+    worker = Identity.generate().peer_id
+    adm.vouch(worker, until=100.0)
+    assert adm.peer_reserved(worker) == 100.0 and adm.peer_reserved("someone") == 0.0
+    first = adm.accept("10.0.0.7")  # not yet known by IP: its first connection is counted like anyone's
+    assert first is None
+    adm.reserve_ip("10.0.0.8", until=100.0)  # as Ticket.upgraded does once the vouched peer connected from it
+    tk = adm.accept("10.0.0.8")
+    assert tk is not None
+    tk.upgraded(worker)
+    assert adm.ip_reserved("10.0.0.8")
+    t[0] = 100.0  # the vouch ends: peer and IP are ordinary again, and the tables forget them
+    assert adm.peer_reserved(worker) == 0.0 and worker not in adm.vouched
+    assert not adm.ip_reserved("10.0.0.8") and "10.0.0.8" not in adm.reserved_ips
+    tk.close()
+    assert adm.accept("10.0.0.8") is None  # 10.0.0.0/24 is full again (the flooder), and no slot is kept
+    lim = PeerLimiter(Limits(max_conns=1), clock=lambda: t[0])
+    lim.vouched = adm.peer_reserved
+    assert lim.conn_opened("a") is None and lim.conn_opened("b") is not None
+    adm.vouch("b", until=200.0)
+    assert lim.conn_opened("b") is None  # max_conns does not hold a vouched peer
+    for i in range(2 * adm.limits.max_tracked):
+        adm.vouch(f"p{i}", until=300.0)
+    assert len(adm.vouched) == adm.limits.max_tracked  # bounded whatever the number of peers vouched for
