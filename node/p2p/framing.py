@@ -224,6 +224,7 @@ async def read_msg(stream, timeout: float | None = None, max_message: int | None
         buf, exact = bytearray(), True
     data = bytearray()  # one buffer for every frame's payload (a list of many tiny frames would cost ~50 B each)
     held = 0  # bytes reserved from READ_BUDGET for this message
+    peer = _stream_peer(stream)  # whose share of READ_BUDGET it counts against (None: an in-process pipe)
     try:
         try:
             with trio.fail_after(timeout):
@@ -240,10 +241,11 @@ async def read_msg(stream, timeout: float | None = None, max_message: int | None
                     if flags & MORE and length == 0:
                         raise FrameError("empty non-final frame")
                     if size > LARGE_READ and size > held:
-                        if not READ_BUDGET.take(size - held):
+                        if not READ_BUDGET.take(size - held, peer):
                             raise ReadBusy(f"no room for a message of {size} bytes in the node-wide read "
                                            f"budget ({READ_BUDGET.available} of {READ_BUDGET.capacity} bytes "
-                                           f"free); try again later")
+                                           f"free, {READ_BUDGET.held.get(peer or '', 0)} held by this peer of "
+                                           f"{READ_BUDGET.per_peer}); try again later")
                         held = size
                     await _fill(stream, buf, HEADER_LEN + length, errors, exact)
                     data += buf[HEADER_LEN:HEADER_LEN + length]
@@ -260,10 +262,18 @@ async def read_msg(stream, timeout: float | None = None, max_message: int | None
             raise FrameError(str(e)) from None
     finally:
         if held:
-            READ_BUDGET.give(held)
+            READ_BUDGET.give(held, peer)
     if not isinstance(obj, dict):
         raise FrameError(f"message is a {type(obj).__name__}, expected a map")
     return obj
+
+
+def _stream_peer(stream: Any) -> str | None:
+    """The remote peer ID of a libp2p stream (``stream.muxed_conn.peer_id``), None for anything else."""
+    try:
+        return str(stream.muxed_conn.peer_id)
+    except AttributeError:
+        return None
 
 
 def ok_reply(**fields: Any) -> dict:

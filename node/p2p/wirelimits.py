@@ -28,6 +28,7 @@ from ..encoding import COST_RATIO, COST_SLACK, MAX_DEPTH, MAX_MESSAGE
 KIB, MIB = 1 << 10, 1 << 20
 LARGE_READ = 1 * MIB  # bytes: a message beyond this size reserves from the node-wide pool
 READ_POOL = 256 * MIB  # bytes: the default size of that pool
+READ_PER_PEER = MAX_MESSAGE + 8 * MIB  # bytes: what one peer's large reads may hold of it at once
 
 
 @dataclass(frozen=True)
@@ -153,45 +154,63 @@ def stream_limit(stream: object) -> tuple[WireLimit, int]:
 
 
 class ReadBudget:
-    """A pool of bytes shared by every large read of the process (trio is single-threaded: no lock).
+    """A pool of bytes shared by every large read of the process, with a cap per peer (trio is single-threaded:
+    no lock).
 
     Args:
         capacity: bytes in the pool.
+        per_peer: bytes one peer's reads may hold at once (:data:`READ_PER_PEER`: one largest message and a
+            little more), so a single peer dripping large messages cannot take the whole pool from the others.
 
-    :meth:`take` and :meth:`give` move bytes out of and back into the pool; ``available`` is what is left.
+    :meth:`take` and :meth:`give` move bytes out of and back into the pool; ``available`` is what is left and
+    ``held`` what each peer holds now (a peer at zero has no entry).
     """
 
-    def __init__(self, capacity: int = READ_POOL):
+    def __init__(self, capacity: int = READ_POOL, per_peer: int = READ_PER_PEER):
         self.capacity = capacity
         self.available = capacity
-        self.refused = 0  # reads refused because the pool was empty (for /metrics and tests)
+        self.per_peer = per_peer
+        self.held: dict[str, int] = {}  # peer -> bytes it holds now; only peers holding something
+        self.refused = 0  # reads refused because the pool or the peer's share was full (for /metrics and tests)
 
-    def configure(self, capacity: int) -> None:
-        """Resize the pool to ``capacity`` bytes (what is out stays out).
+    def configure(self, capacity: int, per_peer: int | None = None) -> None:
+        """Resize the pool to ``capacity`` bytes (what is out stays out), and the per-peer cap if given.
 
         Raises:
-            ValueError: ``capacity`` is negative.
+            ValueError: ``capacity`` or ``per_peer`` is negative.
         """
-        if capacity < 0:
-            raise ValueError("capacity must be >= 0 bytes")
+        if capacity < 0 or (per_peer is not None and per_peer < 0):
+            raise ValueError("capacity and per_peer must be >= 0 bytes")
         self.available += capacity - self.capacity
         self.capacity = capacity
+        if per_peer is not None:
+            self.per_peer = per_peer
 
-    def take(self, n: int) -> bool:
-        """Reserve ``n`` bytes; False (and nothing reserved) when fewer are available."""
-        if n > self.available:
+    def take(self, n: int, peer: str | None = None) -> bool:
+        """Reserve ``n`` bytes for ``peer`` (None: a read of no known peer, held to the pool alone); False (and
+        nothing reserved) when the pool or the peer's share has less room."""
+        mine = self.held.get(peer, 0) if peer is not None else 0
+        if n > self.available or (peer is not None and mine + n > self.per_peer):
             self.refused += 1
             return False
         self.available -= n
+        if peer is not None:
+            self.held[peer] = mine + n
         return True
 
-    def give(self, n: int) -> None:
-        """Return ``n`` bytes reserved with :meth:`take`."""
+    def give(self, n: int, peer: str | None = None) -> None:
+        """Return ``n`` bytes reserved with :meth:`take` for the same ``peer``."""
         self.available += n
+        if peer is not None:
+            left = self.held.get(peer, 0) - n
+            if left > 0:
+                self.held[peer] = left
+            else:
+                self.held.pop(peer, None)
 
     def full(self) -> bool:
         """Whether every byte is back in the pool."""
-        return self.available == self.capacity
+        return self.available == self.capacity and not self.held
 
 
 READ_BUDGET = ReadBudget()  # the node-wide pool (one node per process; READ_BUDGET.configure to resize)

@@ -290,3 +290,20 @@ def test_a_cancelled_large_read_gives_its_bytes_back():
         assert READ_BUDGET.full()
 
     run(body)
+
+
+def test_read_budget_caps_what_one_peer_holds_and_forgets_a_peer_at_zero():
+    """One peer's large reads hold at most ``per_peer`` of the pool, so a peer dripping big messages on many
+    streams leaves room for the others; a peer's entry goes when its bytes come back."""
+    b = ReadBudget(100, per_peer=40)
+    assert b.take(30, "a") and b.take(10, "a") and not b.take(1, "a")  # a's share is full
+    assert b.refused == 1 and b.available == 60
+    assert b.take(40, "b") and b.take(20) and b.available == 0  # others (and peerless reads) still had room
+    b.give(30, "a")
+    b.give(10, "a")
+    assert "a" not in b.held and b.held == {"b": 40}
+    b.give(40, "b")
+    b.give(20)
+    assert b.full() and b.held == {}
+    with pytest.raises(ValueError):
+        b.configure(10, per_peer=-1)
