@@ -194,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "--state-sync (written as files under DATA_DIR/snapshots, the last 2 kept and served "
                         "again after a restart; about 265 bytes per account, receipt, job or run; "
                         "default: %(default)s, never)")
+    s.add_argument("--fetch-caps", type=_positive, nargs=2, default=[1024, 4096], metavar=("MODEL_MIB", "TOTAL_MIB"),
+                   help="MiB of disk one model fetched for committee duty may take under DATA_DIR/models, and all "
+                        "of them together (the least recently used is evicted first, never this node's own model; "
+                        "default: %(default)s)")
     s.add_argument("--prune-bodies", type=_count, default=0, metavar="N",
                    help="keep the transactions of the last N blocks only; older block bodies are deleted as new "
                         "blocks come (headers and commits are kept forever, so light clients and proofs still "
@@ -360,7 +364,8 @@ def cmd_start(args) -> int:
                      device=device, threads=args.threads, fault=args.fault, accept_jobs=args.accept_jobs, job_capacity=args.job_capacity,
                      snapshot_every=args.snapshot_every, state_sync=args.state_sync, prune_bodies=args.prune_bodies,
                      compression=args.compression, step_timeout=args.step_timeout, redundancy=args.redundancy,
-                     auto_blocks=auto_blocks,
+                     auto_blocks=auto_blocks, fetch_model_bytes=args.fetch_caps[0] << 20,
+                     fetch_total_bytes=args.fetch_caps[1] << 20,
                      seed=dev_seed(dev_account) if dev_account is not None else None)
     if args.fault:
         logging.getLogger("tally.node").warning(

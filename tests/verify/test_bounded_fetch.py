@@ -326,3 +326,16 @@ def test_a_committed_tokenizer_is_checked_by_hash_and_an_uncommitted_one_stays_u
     assert not tokenizer_trusted(lone) and not (lone / "tokenizer.json").exists()  # the liar's copy is not kept
     assert not tokenizer_trusted(plain_d) and (plain_d / UNVERIFIED_TOKENIZER).is_file()
     assert (plain_d / "tokenizer.json").read_bytes() == b'{"model": "plain"}'  # kept, as a peer's
+
+
+def test_node_start_sets_the_fetch_caps():
+    from node.cli import build_parser
+    from node.verify.fetchstore import MAX_MODEL_BYTES, MAX_TOTAL_BYTES
+
+    assert build_parser().parse_args(["start", "--fetch-caps", "10", "20"]).fetch_caps == [10, 20]
+    default = build_parser().parse_args(["start"]).fetch_caps
+    assert [default[0] << 20, default[1] << 20] == [MAX_MODEL_BYTES, MAX_TOTAL_BYTES]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["start", "--fetch-caps", "0", "20"])
+    with pytest.raises(ValueError, match="max_model_bytes <= max_total_bytes"):
+        FetchedModels("/nonexistent", max_model_bytes=2, max_total_bytes=1)
