@@ -82,7 +82,8 @@ async def snapserve(a: argparse.Namespace) -> dict:
     """A member (valid hello) that serves ``/tally/snapshot`` to whoever state-syncs from it: offers bent by
     ``--mode`` (:func:`forged_offer`); chunks dripped one byte every 5 s behind a frame header claiming 1 MiB;
     headers (``light``) fetched from the target, so that a lie is only visible in the manifest. Prints
-    ``READY <its multiaddr>`` once it holds a real offer, then serves for ``--seconds``."""
+    ``READY <its multiaddr>`` once it holds a real offer and ``CHUNK <index>`` for each chunk asked of it, then
+    serves for ``--seconds``."""
     stats: dict[str, Any] = {"mode": a.mode, "offers": 0, "chunks": 0, "light": 0}
     async with peer(a, hello=True) as (host, pid):
         target = pid.to_base58()
@@ -111,6 +112,7 @@ async def snapserve(a: argparse.Namespace) -> dict:
                     await write_msg(stream, reply, timeout=30.0)
                 elif op == "chunk":
                     stats["chunks"] += 1
+                    print("CHUNK", msg.get("index"), flush=True)  # the test: no chunk of a bad offer is asked for
                     await stream.write(payloads.HDR.pack(1 << 20, 0))
                     while True:
                         await stream.write(b"\x00")
