@@ -38,6 +38,7 @@ from .blockfetch import BlockFetcher, BlockUnavailable
 from .compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
 
 log = logging.getLogger("tally.verify")
+MAX_PENDING = 64  # committee checks waiting for a lane or running; more stay in the queue (1,000 at most)
 
 class CommitteeMember:
     """Watches blocks for committee duty and votes.
@@ -76,33 +77,49 @@ class CommitteeMember:
                     log.warning("committee queue full; dropping %s", rid.hex()[:16])
 
     async def run(self) -> None:
+        """Re-execute and vote on queued receipts, in two lanes of one check at a time each: receipts of this
+        node's own model, and everything else (other models, whose blocks may have to be fetched, and training
+        replays). A slow fetch of another model, up to the fetcher's deadline, never holds back votes on this
+        node's own receipts. At most :data:`MAX_PENDING` checks wait or run; the queue holds the rest."""
+        own, other, room = trio.Semaphore(1), trio.Semaphore(1), trio.Semaphore(MAX_PENDING)
+        async with trio.open_nursery() as n:
+            async for receipt, round_ in self._recv:
+                await room.acquire()
+                lane = own if isinstance(receipt, Receipt) and receipt.model_id == self.model_id else other
+                n.start_soon(self._check_and_vote, receipt, round_, lane, room)
+
+    async def _check_and_vote(self, receipt, round_: int, lane: trio.Semaphore, room: trio.Semaphore) -> None:
+        """Check one receipt in ``lane`` and submit the vote; releases ``room`` when done."""
         from ..ledger.core.jobtx import TrainReceipt
         from ..ledger.core.runtx import RoundAggregate, RoundReceipt
         from ..training.replay import check_aggregate, check_round_receipt
         from .training import check_training
 
-        async for receipt, round_ in self._recv:
-            try:
-                if isinstance(receipt, TrainReceipt):
-                    verdict, d = await check_training(self, receipt)
-                elif isinstance(receipt, RoundReceipt):
-                    verdict, d = await check_round_receipt(self, receipt)
-                elif isinstance(receipt, RoundAggregate):
-                    verdict, d = await check_aggregate(self, receipt)
-                else:
-                    verdict, d = await self.check(receipt)
-            except Exception:
-                log.exception("re-execution of %s failed", receipt.id.hex()[:16])
-                verdict, d = ABSTAIN, float("inf")
+        try:
+            async with lane:
+                try:
+                    if isinstance(receipt, TrainReceipt):
+                        verdict, d = await check_training(self, receipt)
+                    elif isinstance(receipt, RoundReceipt):
+                        verdict, d = await check_round_receipt(self, receipt)
+                    elif isinstance(receipt, RoundAggregate):
+                        verdict, d = await check_aggregate(self, receipt)
+                    else:
+                        verdict, d = await self.check(receipt)
+                except Exception:
+                    log.exception("re-execution of %s failed", receipt.id.hex()[:16])
+                    verdict, d = ABSTAIN, float("inf")
             vote = Vote(self.ledger.chain_id, receipt.id, self.ident.account, round_, verdict, to_ppm(d))
             try:
                 await self.ledger.submit(vote.signed(self.ident))
             except InvalidTx as e:  # e.g. the round moved on (escalation) while re-executing: nothing to vote on
                 log.info("vote on %s refused: %s", receipt.id.hex()[:16], e)
-                continue
+                return
             self.checked += 1
             log.info("voted %s on %s (distance %.3g)", {0: "valid", 1: "invalid", 2: "abstain"}[verdict],
                      receipt.id.hex()[:16], d)
+        finally:
+            room.release()
 
     async def fetch(self, receipt: Receipt, root: bytes) -> list[torch.Tensor]:
         """Tensors with Merkle root ``root``, from the worker then the requester, checked against the root.

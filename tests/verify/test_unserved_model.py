@@ -73,3 +73,61 @@ def test_a_receipt_for_an_invented_model_gets_abstentions_and_no_download(tmp_pa
     assert reopened[0] == genesis_supply and reopened[1] == UNVERIFIED
     # an abstaining member loses nothing
     assert reopened[2] == {v: genesis_state(g).account(v).bond for v, _, _, _ in rec.votes}
+
+
+@pytest.mark.slow
+def test_a_stalled_fetch_of_another_model_does_not_hold_back_votes_on_the_own_model(tmp_path, tiny):
+    """A bonded attacker serves model X (announced, so members do fetch it) but never answers block requests, and
+    posts a receipt for X. The members drawn for it are stuck fetching X (until the request timeout, 60 s), yet
+    receipts of their own model, generated after it, get their votes and become final before X's receipt gets
+    any: the member checks its own model's receipts in a lane of their own (one sequential loop held them all)."""
+    from node.ledger.core.status import VALID_S
+    from node.verify.blockfetch import BLOCK_PROTOCOL
+
+    tiny_dir, x_dir = tiny
+    g = tiny_genesis(4)
+    x = load_manifest(x_dir).model_id
+    requester, worker = Identity.from_seed(dev_seed(0)), Identity.from_seed(dev_seed(4))
+
+    async def stall(stream, peer: str) -> None:
+        await trio.sleep_forever()
+
+    async def main():
+        with trio.fail_after(200):
+            spans = [(0, 3), (3, 6), (0, 6)]
+            async with swarm(tmp_path, tiny_dir, spans, genesis=g) as nodes:
+                from tests.e2e.swarm import node_config
+                from node.runtime import Node
+
+                cfg = node_config(tmp_path, 4, g, x_dir, span=(0, 6))
+                cfg.bootstrap = nodes[0].host.addrs
+                attacker = Node(cfg)
+                async with trio.open_nursery() as n:
+                    n.start_soon(attacker.run)
+                    await attacker.started.wait()
+                    attacker.host.set_handler(BLOCK_PROTOCOL, stall)
+                    while not all(nd.swarm.live(x) for nd in nodes[1:]):
+                        await trio.sleep(0.1)
+                    c = nodes[0]
+                    r = Receipt(chain_id=g.chain_id, session_id=os.urandom(16), worker=worker.account,
+                                requester=requester.account, model_id=x, span_start=0, span_end=6, tokens=2,
+                                inputs_root=H(b"in"), outputs_root=H(b"out"),
+                                price=2 * 6 * g.params.price_per_token_block, opened_height=c.ledger.state.height)
+                    r = r.sign_worker(worker).countersign(requester)
+                    await c.ledger.submit(r)
+                    with trio.fail_after(30):  # included, then sampled: its committee is drawn
+                        while not getattr(c.ledger.state.receipts.get(r.id), "committee", None):
+                            await c.ledger.new_block.wait()
+                    await trio.sleep(1.0)  # the members take it from their queue and start fetching X
+                    stuck = set(c.ledger.state.receipts[r.id].committee)
+                    gen = await c.generate([5, 17, 42], 4)
+                    own = await wait_final(c, [x.id for x in gen.receipts], timeout=50)
+                    x_votes = c.ledger.state.receipts[r.id].votes
+                    n.cancel_scope.cancel()
+                return stuck, own, x_votes
+
+    stuck, own, x_votes = trio.run(main)
+    assert own and x_votes == ()  # the members drawn for X are still fetching it
+    assert all(rec.status == VALID_S for rec in own.values())
+    voters = {v for rec in own.values() for v, _, _, _ in rec.votes}
+    assert voters & stuck, "no member stuck on X voted on an own-model receipt (draw again)"
