@@ -103,6 +103,7 @@ class FetchedModels:
         self._reserved: dict[str, int] = {}  # model id hex -> bytes reserved by fetches in flight
         self._locks: dict[str, trio.Lock] = {}
         self._changed = trio.Condition()
+        self._scanning = trio.Lock()  # one scan: a second one could remove a temp dir the first fetch is writing
         self.evicted: list[str] = []  # model ids (hex) evicted, newest last (at most 64 kept, for logs and tests)
 
     # ------------------------------------------------------------ locks
@@ -127,8 +128,9 @@ class FetchedModels:
 
     async def scan(self) -> dict[str, int]:
         """Bytes per fetched model on disk (scanned once, in a thread; stale part files and temp dirs removed)."""
-        if self._bytes is None:
-            self._bytes = await trio.to_thread.run_sync(self._scan)
+        async with self._scanning:
+            if self._bytes is None:
+                self._bytes = await trio.to_thread.run_sync(self._scan)
         return self._bytes
 
     def _scan(self) -> dict[str, int]:
