@@ -13,8 +13,9 @@ then a window of ``--seconds`` while the class's attacker process (:mod:`tests.s
   baseline windows (target >= 0.8);
 * ``peak RSS``: the target's peak resident set in the attack windows ÷ in the baseline windows (``psutil`` every
   100 ms; target <= 1.5), and the growth in MiB (the suite's bound: < 64 MiB);
-* whether every honest generation that overlapped an attack window was the reference greedy decoding, and the
-  attacker's own summary (what it managed to do),
+* whether every honest generation that overlapped an attack window was the reference greedy decoding, the
+  target's CPU use (cores: CPU seconds per second) in the attack windows beside the baseline windows, the
+  attacker process's own CPU seconds, and its summary (what it managed to do),
 
 then a summary line: the worst ratio of each kind and whether all classes met both targets. Attackers share the
 machine's cores with the target and the client: on 2 cores the attack's own CPU use lowers the honest client's
@@ -66,6 +67,12 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def target_cpu(net: Devnet) -> float:
+    """CPU seconds (user + system) the target process has used so far."""
+    t = net.rss.proc.cpu_times()
+    return t.user + t.system
+
+
 def window(net: Devnet, seconds: float) -> tuple[float, float]:
     t0 = time.time()
     time.sleep(seconds)
@@ -75,16 +82,19 @@ def window(net: Devnet, seconds: float) -> tuple[float, float]:
 def measure(net: Devnet, name: str, cls: str, args: list[str], src: str, seconds: float, rounds: int) -> dict:
     """Alternate ``rounds`` baseline and attack windows; the ratios and what the attacker reported."""
     base_tok, base_len, base_rss, att_tok, att_len, att_rss = 0.0, 0.0, 0, 0.0, 0.0, 0
-    bad, attacks, cpu = 0, [], 0.0
+    bad, attacks, cpu, target_base, target_att = 0, [], 0.0, 0.0, 0.0
     for _ in range(rounds):
+        g0 = target_cpu(net)
         t0, t1 = window(net, seconds)
+        target_base += target_cpu(net) - g0
         base_tok += net.honest.tokens_per_s(t0, t1) * (t1 - t0)
         base_len += t1 - t0
         base_rss = max(base_rss, net.rss.peak(t0, t1))
-        c0, t0 = children_cpu(), time.time()
+        c0, g0, t0 = children_cpu(), target_cpu(net), time.time()
         attacks.append(net.run_attacker(cls, *args, src=src, seconds=seconds))
         t1 = time.time()
         cpu += children_cpu() - c0
+        target_att += target_cpu(net) - g0
         att_tok += net.honest.tokens_per_s(t0, t1) * (t1 - t0)
         att_len += t1 - t0
         att_rss = max(att_rss, net.rss.peak(t0, t1))
@@ -93,7 +103,8 @@ def measure(net: Devnet, name: str, cls: str, args: list[str], src: str, seconds
     return {"class": name, "tokens_s_base": base, "tokens_s_attack": under,
             "tokens_ratio": under / base if base else 0.0, "rss_base": base_rss, "rss_attack": att_rss,
             "rss_ratio": att_rss / base_rss if base_rss else float("inf"), "bad_gens": bad,
-            "alive": net.alive(), "attacker_cpu_s": cpu, "attacks": attacks}
+            "alive": net.alive(), "attacker_cpu_s": cpu, "attacks": attacks,
+            "target_cpu_share_base": target_base / base_len, "target_cpu_share_attack": target_att / att_len}
 
 
 def main() -> int:
@@ -133,7 +144,8 @@ def main() -> int:
             print(f"{name:11s} tokens/s {r['tokens_s_attack']:6.2f} / {r['tokens_s_base']:6.2f} = "
                   f"{r['tokens_ratio']:5.2f}  peak RSS {r['rss_attack'] / 2**20:6.1f} / {r['rss_base'] / 2**20:6.1f} "
                   f"MiB = {r['rss_ratio']:5.2f} (+{(r['rss_attack'] - r['rss_base']) / 2**20:.1f} MiB)  "
-                  f"bad generations {r['bad_gens']}  attacker CPU {r['attacker_cpu_s']:.1f} s  "
+                  f"bad generations {r['bad_gens']}  target CPU {r['target_cpu_share_attack']:.2f} / "
+                  f"{r['target_cpu_share_base']:.2f} cores  attacker CPU {r['attacker_cpu_s']:.1f} s  "
                   f"{'met' if ok else 'NOT met'}  attacker: {json.dumps(brief)}", flush=True)
     finally:
         net.stop()
