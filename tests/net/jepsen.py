@@ -39,6 +39,8 @@ PORT = 4001  # every validator's address (the slow one's relay listens there)
 INNER_PORT = 4002  # the slow validator's own listener, on 127.0.0.1 behind its relay
 RELAY_BASE = 5001  # the slow validator's outbound relays, on 127.0.0.1
 PROGRESS_S = 60.0  # seconds within which every node must pass the height reached before a heal (generous: 2 CPUs)
+LATENCY_S = 10.0  # seconds of whole network within which an accepted transaction must be in a block (see check_final)
+WHOLE_S = 20.0  # seconds the workload runs on the healed network after the last fault
 SETTLE_S = 60.0  # seconds after the last heal (and progress) for every accepted transaction to be included or dropped
 SHAPES = ("halves", "majority", "split3", "bridge", "kill")
 
@@ -90,7 +92,7 @@ class Accepted:
     node: str
     id: str
     nonce: int  # -1 for a receipt
-    at: float
+    at: float  # time.time() when the API answered
 
 
 @dataclass
@@ -102,6 +104,7 @@ class Record:
     unreachable: int = 0
     phases: list[str] = field(default_factory=list)
     recover_s: list[float] = field(default_factory=list)
+    faults: list[tuple[float, float]] = field(default_factory=list)  # time.time() from a fault to progress after it
     generations: int = 0  # generations that returned tokens
     generation_failures: list[str] = field(default_factory=list)
 
@@ -289,7 +292,7 @@ class Jepsen:
             with self._rec_lock:
                 if s == 200:
                     self.rec.generations += 1
-                    now = time.monotonic()
+                    now = time.time()
                     self.rec.accepted += [Accepted("c", rid, -1, now) for rid in body["receipts"]]
                 else:
                     self.rec.generation_failures.append(f"{s} {str(body)[:120]}")
@@ -300,7 +303,7 @@ class Jepsen:
             s, body = self.vals[name].agent.call("POST", "/v1/transfer", {"to": rng.choice(others), "amount": "0.001"})
             with self._rec_lock:
                 if s == 200:
-                    self.rec.accepted.append(Accepted(name, body["id"], body["nonce"], time.monotonic()))
+                    self.rec.accepted.append(Accepted(name, body["id"], body["nonce"], time.time()))
                 elif s == 0:
                     self.rec.unreachable += 1
                 else:
@@ -334,6 +337,7 @@ class Jepsen:
             order = names[:]
             self.rng.shuffle(order)
             hold_s = round(self.rng.uniform(*hold), 1)
+            began = time.time()
             if shape == "kill":
                 victim = order[0]
                 desc = f"kill -9 {victim} for {hold_s} s"
@@ -361,9 +365,11 @@ class Jepsen:
                 self.heal()
             top = max(h for h in self.heights().values() if h is not None)
             took = self.wait_progress(top + 2, desc)
+            self.rec.faults.append((began, time.time()))
             self.rec.phases.append(f"{desc}: healed, every node past {top + 2} in {took:.1f} s")
             self.rec.recover_s.append(took)
             self.say(self.rec.phases[-1])
+        time.sleep(WHOLE_S)  # the healed network, with the workload still running
 
     # ------------------------------------------------------------------ the end
 
@@ -421,6 +427,7 @@ class Jepsen:
         supply = genesis_state(g).supply()
         chains: dict[str, list[bytes]] = {}
         counts: dict[str, int] = {}
+        landed: dict[str, float] = {}  # tx id -> its block's time (seconds since the epoch), on the longest chain
         longest = None
         for name, v in self.vals.items():
             store = LedgerStore(v.data_dir / "ledger", g)
@@ -431,10 +438,12 @@ class Jepsen:
                 chains[name] = [store.get_block(h)[0].hash for h in range(1, store.head + 1)]
                 if longest is None or store.head > len(chains[longest]):
                     longest = name
-                    counts = {}
+                    counts, landed = {}, {}
                     for h in range(1, store.head + 1):
-                        for tx in store.get_block(h)[0].txs:
+                        block = store.get_block(h)[0]
+                        for tx in block.txs:
                             counts[tx.id.hex()] = counts.get(tx.id.hex(), 0) + 1
+                            landed.setdefault(tx.id.hex(), block.header.time_ms / 1000)
             finally:
                 store.close()
         names = list(chains)
@@ -455,6 +464,24 @@ class Jepsen:
             elif n == 1 and st == "dropped":
                 problems.append(f"{acc.id[:16]} is in a block but its submitter {acc.node} said dropped: "
                                 f"{final[acc.id].get('reason')}")
+        # the bug: a restarted validator's transfers sat in its mempool while the network was whole. Every
+        # included transfer must have reached its block within LATENCY_S of time in which the network was whole
+        # (the time from acceptance to the block, less the time under faults until progress resumed).
+        slow = 0
+        worst = 0.0
+        for acc in self.rec.accepted:
+            if acc.id not in landed:
+                continue
+            end = landed[acc.id]
+            whole = end - acc.at - sum(max(0.0, min(b, end) - max(a, acc.at)) for a, b in self.rec.faults)
+            worst = max(worst, whole)
+            if whole > LATENCY_S:
+                slow += 1
+                if slow <= 5:
+                    problems.append(f"{acc.node} accepted {acc.id[:16]} (nonce {acc.nonce}) and it waited {whole:.1f} "
+                                    f"s for a block while the network was whole (at most {LATENCY_S:g} s)")
+        if slow > 5:
+            problems.append(f"... {slow} transactions in all waited more than {LATENCY_S:g} s")
         if self.swarm and self.rec.generations == 0:
             problems.append(f"no generation succeeded: {self.rec.generation_failures[-5:]}")
         included = sum(1 for a in self.rec.accepted if counts.get(a.id, 0) == 1)
@@ -467,7 +494,8 @@ class Jepsen:
                    f"{len(dropped)} reported dropped {sorted(set(dropped))[:3]}; {len(self.rec.refused)} refused at "
                    f"submission, {self.rec.unreachable} while a node was down; heights "
                    f"{ {n: len(c) for n, c in chains.items()} }, no fork, supply {supply} on every LevelDB; "
-                   f"recovery after heals {[round(x, 1) for x in self.rec.recover_s]} s")
+                   f"recovery after heals {[round(x, 1) for x in self.rec.recover_s]} s; the longest wait for a block "
+                   f"while the network was whole {worst:.1f} s")
         if problems:
             raise JepsenFailure("\n".join(problems[:20]) + f"\n({len(problems)} problems)\nphases: {self.rec.phases}")
         return summary
