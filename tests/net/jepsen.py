@@ -10,10 +10,12 @@ dials.
 A workload sends a 0.001 credit transfer from every validator's wallet API about once a second; a fault
 schedule drawn from the seed cuts the network in every shape (2|2, 3|1, 1|1|2, a bridge node that sees both sides
 of a split) with nftables drop rules between hosts, kills a validator with SIGKILL and restarts it, and heals.
-Checks (:meth:`Jepsen.check_final`): no two nodes stored different blocks at a height (every node's reopened
-LevelDB); every node progresses within :data:`PROGRESS_S` after every heal; every accepted transfer is in
-exactly one block or its submitter reports it dropped with a reason; the supply is conserved on every node's
-reopened LevelDB.
+After the last fault the workload runs :data:`WHOLE_S` more on the healed network. Checks
+(:meth:`Jepsen.check_final`): no two nodes stored different blocks at a height (every node's reopened LevelDB);
+every node progresses within :data:`PROGRESS_S` after every heal; every accepted transfer is in exactly one block
+or its submitter reports it dropped with a reason, within :data:`SETTLE_S` of the end; each waited at most
+:data:`LATENCY_S` of whole-network time for its block (the issue's bug: a restarted validator's transfers sat in
+its mempool while the network was whole); the supply is conserved on every node's reopened LevelDB.
 """
 
 from __future__ import annotations
