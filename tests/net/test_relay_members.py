@@ -143,6 +143,9 @@ def test_non_members_hold_a_few_reservations_members_are_not_crowded_out():
             assert len(rr.protocol.reservations()) == OPEN_RESERVATIONS + 1
             # an outsider that leaves gives its reservation back to the next outsider
             h0 = outsiders[0][0]
+            # it leaves for good: a mere disconnect is undone at once by py-libp2p, whose gossipsub redials every
+            # peer it saw, so h0 also stops dialling the relay (a banned peer is never dialled: node.net.limits)
+            h0.penalize(r.peer_id, 1e9)
             await h0.disconnect(r.peer_id)
             with trio.fail_after(10):
                 while h0.peer_id in r.connected_peers():
