@@ -60,6 +60,7 @@ def _info(tmp: Path, key: int) -> dict:
     return json.loads((tmp / f"p{key}" / "node.json").read_text())
 
 
+@pytest.mark.quarantine  # passed in 170 s on a quiet tree; at load 17-21 two runs did not finish in 900/1500 s
 @pytest.mark.slow  # five `node start` processes on 2 shared cores; one round that waits ROUND_TIMEOUT for the copier
 def test_a_copied_delta_root_is_refused_with_real_workers(tmp_path, tiny):
     gfile = write_genesis(tmp_path, servers=[*HONEST, COPIER], clients=[], verdict_timeout=300,
