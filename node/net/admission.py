@@ -98,28 +98,32 @@ class AdmissionLimits:
             raise ValueError("accept rates and upgrade_timeout must be > 0")
 
 
-def subnet_of(ip: str) -> str:
-    """The subnet ``ip`` is counted in: ``a.b.c.0/24`` for IPv4 (an IPv4-mapped IPv6 address counts as its
-    IPv4 address), ``/56`` for IPv6; an unparsable string is its own subnet."""
+def _parse_ip(ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``ip`` parsed (a zone suffix ``%eth0`` dropped, an IPv4-mapped IPv6 address as its IPv4 address), or None
+    when it is no IP address."""
     try:
         a = ipaddress.ip_address(ip.split("%", 1)[0])
     except ValueError:
-        return ip
+        return None
     if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped is not None:
-        a = a.ipv4_mapped
+        return a.ipv4_mapped
+    return a
+
+
+def subnet_of(ip: str) -> str:
+    """The subnet ``ip`` is counted in: ``a.b.c.0/24`` for IPv4 (an IPv4-mapped IPv6 address counts as its
+    IPv4 address), ``/56`` for IPv6; an unparsable string is its own subnet."""
+    a = _parse_ip(ip)
+    if a is None:
+        return ip
     bits = 24 if a.version == 4 else 56
     return str(ipaddress.ip_network(f"{a}/{bits}", strict=False))
 
 
 def normal_ip(ip: str) -> str:
     """``ip`` in canonical form (IPv4-mapped IPv6 as IPv4); unparsable strings unchanged."""
-    try:
-        a = ipaddress.ip_address(ip.split("%", 1)[0])
-    except ValueError:
-        return ip
-    if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped is not None:
-        a = a.ipv4_mapped
-    return str(a)
+    a = _parse_ip(ip)
+    return ip if a is None else str(a)
 
 
 class _Counter:
