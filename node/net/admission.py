@@ -20,7 +20,8 @@ What py-libp2p 0.8.1 does on its own (``libp2p/network/swarm.py``):
    token-bucket accept rate per IP and per subnet, and totals of which :attr:`AdmissionLimits.reserved` slots are
    kept for reserved addresses (bootstrap peers', validators', peers vouched for by the node:
    :meth:`Admission.reserve_ip`);
-   a refused socket is closed at once, before it costs a handshake;
+   a refused socket is closed at once, before it costs a handshake: for TCP listeners in the listener's accept
+   loop itself, before a trio task or stream object exists (:mod:`node.net.listener_guard`; ``SO_LINGER`` 0);
 2. upgrades with ``inbound_upgrade_timeout`` = :attr:`AdmissionLimits.upgrade_timeout` (a few seconds);
 3. holds the connection's counts exactly while it is open: they are given back when its muxer shuts down.
 
@@ -42,6 +43,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
+
+from .listener_guard import ListenerGuard, guard_listeners
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +197,20 @@ class Admission:
         self.vouched: OrderedDict[str, float] = OrderedDict()  # peer -> until (monotonic s); LRU, max_tracked
         self.refused: dict[str, int] = {r.value: 0 for r in Refusal}
         self.accepted = 0
+        self._keys: OrderedDict[str, tuple[str, str]] = OrderedDict()  # raw ip -> (normal ip, subnet); LRU
+
+    def keys(self, ip: str) -> tuple[str, str]:
+        """``(normal_ip(ip), subnet_of(ip))``, cached for the :attr:`AdmissionLimits.max_tracked` most recent
+        addresses (parsing an address with :mod:`ipaddress` costs more than the rest of a refusal)."""
+        k = self._keys.get(ip)
+        if k is None:
+            n = normal_ip(ip)
+            k = self._keys[ip] = (n, subnet_of(n))
+            while len(self._keys) > self.limits.max_tracked:
+                self._keys.popitem(last=False)
+        else:
+            self._keys.move_to_end(ip)
+        return k
 
     def reserve_ip(self, ip: str, until: float = math.inf) -> None:
         """Treat connections from ``ip`` as reserved (bootstrap peers, validators, peers that did useful work)
@@ -250,7 +267,7 @@ class Admission:
     def check(self, ip: str) -> Refusal | None:
         """The reason ``ip`` may not open one more connection now, or None (no state changes but the rate)."""
         lim = self.limits
-        sub = subnet_of(ip)
+        ip, sub = self.keys(ip)
         reserved = self.ip_reserved(ip)
         hold = 0 if reserved else lim.reserved
         if not reserved:
@@ -280,12 +297,11 @@ class Admission:
         if not ip:
             self.refused[Refusal.NO_ADDRESS.value] += 1
             return None
-        ip = normal_ip(ip)
+        ip, sub = self.keys(ip)
         why = self.check(ip)
         if why is not None:
             self.refused[why.value] += 1
             return None
-        sub = subnet_of(ip)
         self.pending_ip.add(ip, 1)
         self.pending_sub.add(sub, 1)
         self.open_ip.add(ip, 1)
@@ -342,11 +358,23 @@ def install(network: Any, admission: Admission, outbound_headroom: int = 256) ->
     Also sets the swarm's ``inbound_upgrade_timeout`` to :attr:`AdmissionLimits.upgrade_timeout`, and its total
     ``max_connections`` (and pruning high watermark) to ``open_total + outbound_headroom``, so py-libp2p's own
     300-connection cap, outbound included, no longer lets an inbound flood stop the node from dialling its peers.
+    Wraps this swarm's ``listen`` (the instance's, not the class's: other hosts in the process keep theirs) so that
+    the TCP listeners it starts refuse in their accept loop (:func:`node.net.listener_guard.guard_listeners`).
     Idempotent per swarm.
     """
     if getattr(network, "_tally_admission", None) is not None:
         network._tally_admission = admission
         return
+    guard = ListenerGuard(lambda: network._tally_admission)
+    network._tally_listener_guard = guard
+    listen = network.listen
+
+    async def listen_guarded(*maddrs: Any) -> bool:
+        ok = await listen(*maddrs)
+        guard_listeners(network, guard)  # refusals in the accept loop from now on (node.net.listener_guard)
+        return ok
+
+    network.listen = listen_guarded
     from libp2p.network.connection.raw_connection import RawConnection
 
     cfg = network.connection_config
@@ -358,7 +386,9 @@ def install(network: Any, admission: Admission, outbound_headroom: int = 256) ->
 
     async def handle_inbound(read_write_closer: Any, maddr: Any) -> None:
         adm: Admission = network._tally_admission
-        ticket = adm.accept(_remote_ip(read_write_closer))
+        ticket = guard.take_ticket(getattr(read_write_closer, "stream", None))
+        if ticket is None:  # not through a guarded listener (another transport, or the listener's first accept)
+            ticket = adm.accept(_remote_ip(read_write_closer))
         if ticket is None:
             await _aclose(read_write_closer)
             return

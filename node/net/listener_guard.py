@@ -1,0 +1,124 @@
+"""Refusal of raw inbound TCP connections inside the listener's accept loop, before any trio task is spawned
+(issue 23, "Limits before the handshake"; check 3 under connection churn).
+
+py-libp2p 0.8.1 serves a TCP listen address with ``trio.serve_listeners`` (``libp2p/transport/tcp/tcp.py``,
+``TCPListener.listen``): every accepted socket gets its own handler task, a ``TrioTCPStream`` and py-libp2p's
+connection wrappers before Tally's admission (:mod:`node.net.admission`) can look at its address. A peer that
+reconnects as fast as it is refused (~1,600 connections/s from one process on loopback) then costs the node a task
+spawn, those wrappers and two closes per connection: 0.83 cores against 0.28 without the churn (``bench/attack.py``,
+class ``idle``, before this module).
+
+:func:`guard_listeners` replaces the ``accept`` method of each ``trio.SocketListener`` of one swarm's TCP listeners
+(an attribute of that listener object only: several hosts in one process keep their own admissions) with a loop
+that accepts the raw socket, asks the swarm's :class:`~node.net.admission.Admission` about its remote address, and
+
+* refuses synchronously, without a task or a stream object: ``SO_LINGER`` 0, then ``close`` (the kernel answers
+  with RST, so no ``TIME_WAIT`` state is kept for a connection we never wanted);
+* admits by returning the ``trio.SocketStream`` to ``trio.serve_listeners``, which spawns the handler task as
+  before; the connection's :class:`~node.net.admission.Ticket` is handed to that task through :func:`take_ticket`.
+
+trio's own ``SocketListener.accept`` semantics are kept: ``EBADF`` becomes ``trio.ClosedResourceError``, the errnos
+trio ignores on accept are retried, other ``OSError`` s (``EMFILE``...) propagate to ``serve_listeners``, which
+backs off. Each accept is a trio checkpoint (``trio.socket`` ``accept`` yields), so a flood of refusals cannot
+starve the node's other tasks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import socket as stdlib_socket
+import struct
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+if TYPE_CHECKING:
+    from .admission import Admission, Ticket
+
+_LINGER_RST = struct.pack("ii", 1, 0)  # struct linger {l_onoff = 1, l_linger = 0}: close() sends RST
+
+# the accept errnos trio's SocketListener retries (trio/_highlevel_socket.py, _ignorable_accept_errno_names)
+_IGNORABLE_ACCEPT = {getattr(errno, n) for n in ("EPERM", "ECONNABORTED", "EPROTO", "ENETDOWN", "ENOPROTOOPT",
+                                                 "EHOSTDOWN", "ENONET", "EHOSTUNREACH", "EOPNOTSUPP", "ENETUNREACH")
+                     if hasattr(errno, n)}
+
+
+def reset_close(sock: Any) -> None:
+    """Close ``sock`` (a trio or stdlib socket) with an RST instead of a FIN; never raises."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(stdlib_socket.SOL_SOCKET, stdlib_socket.SO_LINGER, _LINGER_RST)
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+class ListenerGuard:
+    """The accept-loop admission of one swarm (see the module doc).
+
+    Args:
+        admission: returns the swarm's current :class:`~node.net.admission.Admission` (looked up per accept, so
+            that :func:`node.net.admission.install` may replace it).
+
+    Attributes:
+        refused_in_accept: connections refused in the accept loop (also counted in the admission's ``refused``).
+        guarded: the ``trio.SocketListener`` objects whose ``accept`` this guard replaced.
+    """
+
+    def __init__(self, admission: Callable[[], Admission]):
+        self.admission = admission
+        self.refused_in_accept = 0
+        self.guarded: weakref.WeakSet[Any] = weakref.WeakSet()
+        # admitted stream -> its ticket, until the handler task takes it (weak: a stream dropped unhandled frees it)
+        self._tickets: weakref.WeakKeyDictionary[Any, Ticket] = weakref.WeakKeyDictionary()
+
+    def take_ticket(self, stream: Any) -> Ticket | None:
+        """The ticket taken in the accept loop for ``stream`` (a ``trio.SocketStream``), once; None when the
+        stream did not come through a guarded listener (then the caller asks the admission itself)."""
+        try:
+            return self._tickets.pop(stream, None)
+        except TypeError:  # None, or another object that cannot be weakly referenced: not one of ours
+            return None
+
+    def guard(self, listener: Any) -> bool:
+        """Replace ``listener.accept`` (a ``trio.SocketListener``) with the admitting loop; False (and nothing
+        done) for any other kind of listener or one already guarded."""
+        if not isinstance(listener, trio.SocketListener) or listener in self.guarded:
+            return False
+        sock = listener.socket
+
+        async def accept() -> trio.SocketStream:
+            while True:
+                try:
+                    conn, addr = await sock.accept()
+                except OSError as exc:
+                    if exc.errno == errno.EBADF:
+                        raise trio.ClosedResourceError from None
+                    if exc.errno not in _IGNORABLE_ACCEPT:
+                        raise
+                    continue
+                ip = addr[0] if isinstance(addr, tuple) and addr else None
+                ticket = self.admission().accept(ip)
+                if ticket is None:
+                    self.refused_in_accept += 1
+                    reset_close(conn)
+                    continue
+                stream = trio.SocketStream(conn)
+                self._tickets[stream] = ticket
+                return stream
+
+        listener.accept = accept  # this listener object only
+        self.guarded.add(listener)
+        return True
+
+
+def guard_listeners(network: Any, guard: ListenerGuard) -> int:
+    """Guard every ``trio.SocketListener`` of ``network``'s (a py-libp2p 0.8.1 ``Swarm``) TCP listeners not yet
+    guarded; the number newly guarded. Listeners of other transports (whose accept is not a ``SocketListener``)
+    are left alone: the swarm's inbound handler still admits their connections."""
+    n = 0
+    for tl in list(getattr(network, "listeners", {}).values()):
+        for sl in list(getattr(tl, "listeners", ()) or ()):
+            n += guard.guard(sl)
+    return n
