@@ -17,9 +17,16 @@ then a window of ``--seconds`` while the class's attacker process (:mod:`tests.s
   target's CPU use (cores: CPU seconds per second) in the attack windows beside the baseline windows, the
   attacker process's own CPU seconds, and its summary (what it managed to do),
 
-then a summary line: the worst ratio of each kind and whether all classes met both targets. Attackers share the
-machine's cores with the target and the client: on 2 cores the attack's own CPU use lowers the honest client's
-tokens/s whatever the node does (the reniced attacker softens this; the output says how much CPU each used).
+then a summary line: the worst ratio of each kind and whether all classes met both targets.
+
+**Pinning (the default).** A real attacker runs on machines of its own; here it shares the host's cores with the
+target and the honest client, and on 2 cores the attacker's own CPU use lowers the honest client's tokens/s
+whatever the node does. So by default the machine's CPUs are split in two halves (2 cores: CPU 0 and CPU 1): the
+target, the server and the honest client run on the first half, every attacker process (and this script) on the
+second, in the baseline and the attack windows alike (the affinity is set once, before the first window, and
+printed as read back). ``--unpinned`` leaves every process free to run on every core, as before (the reniced
+attacker then competes with the target for CPU; compare the two modes' ratios to see how much of a drop is the
+attacker's own CPU). Other load on the machine falls on both halves and lowers both windows alike.
 
 Class 4 of the suite (a lying and a crashing state-sync peer) needs a second node started with ``--state-sync``
 and is not a steady-state attack; it is tested in ``tests/security/test_attacks.py`` and not benched here.
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import sys
@@ -41,7 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.security.devnet import ATTACKER_SRC, Devnet  # test infra: bench runs from a checkout
+from tests.security.devnet import ATTACKER_SRC, Devnet, pin  # test infra: bench runs from a checkout
 
 TOKENS_TARGET = 0.8  # honest tokens/s under attack / without, at least
 RSS_TARGET = 1.5  # target's peak RSS under attack / without, at most
@@ -104,7 +112,22 @@ def measure(net: Devnet, name: str, cls: str, args: list[str], src: str, seconds
             "tokens_ratio": under / base if base else 0.0, "rss_base": base_rss, "rss_attack": att_rss,
             "rss_ratio": att_rss / base_rss if base_rss else float("inf"), "bad_gens": bad,
             "alive": net.alive(), "attacker_cpu_s": cpu, "attacks": attacks,
-            "target_cpu_share_base": target_base / base_len, "target_cpu_share_attack": target_att / att_len}
+            "target_cpu_share_base": target_base / base_len, "target_cpu_share_attack": target_att / att_len,
+            "target_cpu_s_base": target_base, "target_cpu_s_attack": target_att,
+            "attacker_affinity": sorted(net.attacker_affinity) if net.attacker_affinity is not None else None}
+
+
+def split_cpus() -> tuple[set[int], set[int]]:
+    """This process's CPUs in two halves: (for the target, server and honest client; for the attackers).
+
+    Raises:
+        SystemExit: fewer than 2 CPUs to split.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("pinning needs at least 2 CPUs; run with --unpinned")
+    half = len(cpus) // 2
+    return set(cpus[:half]), set(cpus[half:])
 
 
 def main() -> int:
@@ -114,6 +137,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=1, help="baseline + attack windows per class")
     p.add_argument("--classes", help="comma-separated subset of: bomb-pre, bomb-post, idle, idle-/24, identities, "
                                      "noread, drip, relay (default: all)")
+    p.add_argument("--unpinned", action="store_true",
+                   help="do not pin: attackers share every core with the target and the honest client")
     p.add_argument("--keep", type=Path, help="keep data dirs and logs here (default: a temp dir, removed)")
     args = p.parse_args()
     tmp = args.keep or Path(tempfile.mkdtemp(prefix="tally-attack-"))
@@ -124,6 +149,15 @@ def main() -> int:
     try:
         print("starting the devnet (target, server, honest client on 127.0.1.2) ...", flush=True)
         net.start()
+        if args.unpinned:
+            print(f"unpinned: every process may run on CPUs {sorted(os.sched_getaffinity(0))}", flush=True)
+        else:
+            node_cpus, attack_cpus = split_cpus()
+            got = {name: sorted(pin(proc.pid, node_cpus)) for name, proc in
+                   (("target", net.target), ("server", net.server), ("honest client", net.procs[-1]))}
+            net.attacker_cpus = attack_cpus
+            got["attackers and this bench"] = sorted(pin(os.getpid(), attack_cpus))
+            print("pinned: " + "; ".join(f"{k} on CPUs {v}" for k, v in got.items()), flush=True)
         table = classes(net)
         names = args.classes.split(",") if args.classes else list(table)
         unknown = [n for n in names if n not in table]
@@ -145,7 +179,9 @@ def main() -> int:
                   f"{r['tokens_ratio']:5.2f}  peak RSS {r['rss_attack'] / 2**20:6.1f} / {r['rss_base'] / 2**20:6.1f} "
                   f"MiB = {r['rss_ratio']:5.2f} (+{(r['rss_attack'] - r['rss_base']) / 2**20:.1f} MiB)  "
                   f"bad generations {r['bad_gens']}  target CPU {r['target_cpu_share_attack']:.2f} / "
-                  f"{r['target_cpu_share_base']:.2f} cores  attacker CPU {r['attacker_cpu_s']:.1f} s  "
+                  f"{r['target_cpu_share_base']:.2f} cores ({r['target_cpu_s_attack']:.1f} / "
+                  f"{r['target_cpu_s_base']:.1f} CPU s)  attacker CPU {r['attacker_cpu_s']:.1f} s"
+                  f"{' on CPUs ' + str(r['attacker_affinity']) if r['attacker_affinity'] else ''}  "
                   f"{'met' if ok else 'NOT met'}  attacker: {json.dumps(brief)}", flush=True)
     finally:
         net.stop()

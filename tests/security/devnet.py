@@ -16,7 +16,9 @@ it measures what the issue's checks ask, whatever the node does.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import queue
 import subprocess
 import sys
@@ -94,6 +96,15 @@ def write_genesis(tmp: Path) -> Path:
     path.write_text(json.dumps({"chain_id": CHAIN, "validators": [peer_id(0)], "accounts": accounts,
                                 "params": {"block_time_ms": 250, "verdict_timeout": 30}}))
     return path
+
+
+def pin(pid: int, cpus: set[int]) -> set[int]:
+    """Restrict every thread of process ``pid`` (those that exist now; threads they start inherit it) to the CPU
+    numbers ``cpus``; returns the process's affinity as read back. A thread that ends meanwhile is skipped."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+            os.sched_setaffinity(int(tid), cpus)
+    return os.sched_getaffinity(pid)
 
 
 class RssSampler:
@@ -219,6 +230,8 @@ class Devnet:
         self.rss: RssSampler | None = None
         self.honest: Honest | None = None
         self._logs: list = []
+        self.attacker_cpus: set[int] | None = None  # when set, each attacker process runs on these CPUs only
+        self.attacker_affinity: set[int] | None = None  # the last attacker's affinity as read back
 
     def start(self, timeout: float = 240.0) -> Devnet:
         """Start target, server and honest client; return once the client generated correctly once.
@@ -301,11 +314,19 @@ class Devnet:
     def run_attacker(self, cls: str, *args: str, src: str = ATTACKER_SRC, seconds: float = 15.0,
                      slack: float = 90.0) -> dict:
         """Run one attacker process to its end (killed ``slack`` seconds after ``seconds``); its JSON line."""
-        p = subprocess.run(self.attacker_argv(cls, *args, src=src, seconds=seconds), capture_output=True,
-                           text=True, cwd=ROOT, timeout=seconds + slack)
-        lines = [x for x in p.stdout.splitlines() if x.startswith("{")]
+        p = subprocess.Popen(self.attacker_argv(cls, *args, src=src, seconds=seconds), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            if self.attacker_cpus is not None:  # at once: the attacker is still importing, no thread started
+                self.attacker_affinity = pin(p.pid, self.attacker_cpus)
+            out, err = p.communicate(timeout=seconds + slack)
+        except BaseException:
+            p.kill()
+            p.wait()
+            raise
+        lines = [x for x in out.splitlines() if x.startswith("{")]
         if not lines:
-            return {"class": cls, "error": f"exit {p.returncode}: {p.stderr[-800:]}"}
+            return {"class": cls, "error": f"exit {p.returncode}: {err[-800:]}"}
         return json.loads(lines[-1])
 
     def probe(self, src: str) -> dict:
