@@ -72,6 +72,26 @@ class NetworkOut(BaseModel):
     refused_connections: int = Field(..., description="connections closed by the per-peer limits")
 
 
+class ConsensusOut(BaseModel):
+    """A validator's Tendermint state (arXiv:1807.04938, Algorithm 1), for telling who is stuck where."""
+
+    height: int = Field(..., description="the height being decided")
+    round: int
+    step: str = Field(..., description="propose, prevote, precommit, or idle (a quiet height not started)")
+    round_age_s: float = Field(..., description="seconds since the machine entered this height and round")
+    last_commit_age_s: float | None = Field(None, description="seconds since this node stored a block")
+    proposer: str = Field(..., description="the account that proposes in this round")
+    proposal: bool = Field(..., description="this round's proposal was received")
+    prevotes: int = Field(..., description="voting power of this round's prevotes seen (any value)")
+    precommits: int = Field(..., description="voting power of this round's precommits seen (any value)")
+    quorum: int = Field(..., description="voting power of a quorum (more than 2/3 of power)")
+    power: int = Field(..., description="total voting power of this height's validators")
+    locked_round: int = Field(..., description="round of the locked value, -1 when none")
+    valid_round: int = Field(..., description="round of the valid value, -1 when none")
+    higher_rounds: list[list[int]] = Field(..., description="[round, power of its senders] for higher rounds seen")
+    timeouts: dict[str, int] = Field(..., description="timeouts that moved the machine since start, by kind")
+
+
 class StatusOut(BaseModel):
     chain_id: str
     height: int
@@ -94,6 +114,8 @@ class StatusOut(BaseModel):
                               "--prune-bodies, or a state-synced start); 0: every body from genesis")
     history_size: int = Field(0, description="receipts that left the hot state into the history log")
     history_root: str | None = Field(None, description="hex RFC 9162 root of the history log (null: empty)")
+    consensus: ConsensusOut | None = Field(None, description="this node's consensus state (null: no consensus "
+                                                             "driver, a node that can never validate)")
 
 
 class AccountOut(BaseModel):

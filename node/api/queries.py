@@ -94,7 +94,16 @@ class Queries:
             "supply": v.amount(st.supply()), "genesis_hash": n.genesis.hash.hex(),
             "network": n.net.status() if getattr(n, "net", None) is not None else None,
             "pruned_below": n.store.pruned_below, **self._history_status(st),
+            "consensus": self._consensus(),
         }
+
+    def _consensus(self) -> dict | None:
+        """The consensus driver's state (:meth:`node.ledger.driver.ConsensusDriver.status`); None without one."""
+        driver = getattr(self.node.ledger, "driver", None)
+        if driver is None:
+            return None
+        out = driver.status()
+        return {**out, "proposer": v.acct(out["proposer"])}
 
     @staticmethod
     def _history_status(st) -> dict:
@@ -304,13 +313,13 @@ class Queries:
             if e["model_id"] == mid:  # coverage of this node's model; other models are listed as they come
                 for b in range(max(0, e["start"]), min(len(cov), e["end"])):
                     cov[b] += 1
-        if n.cfg.span is not None and n.server is not None:  # this node's own span (it hears no own gossip)
-            if all(s["peer"] != n.ident.peer_id for s in servers):
-                s0, e0 = n.cfg.span
-                servers.append({"peer": n.ident.peer_id, "model_id": mid.hex(), "span": [s0, e0],
-                                "active": n.server.active, "seen_s": 0.0, "addrs": n.host.addrs})
-                for b in range(s0, min(len(cov), e0)):
-                    cov[b] += 1
+        # this node's own span (it hears no own gossip)
+        if n.cfg.span is not None and n.server is not None and all(s["peer"] != n.ident.peer_id for s in servers):
+            s0, e0 = n.cfg.span
+            servers.append({"peer": n.ident.peer_id, "model_id": mid.hex(), "span": [s0, e0],
+                            "active": n.server.active, "seen_s": 0.0, "addrs": n.host.addrs})
+            for b in range(s0, min(len(cov), e0)):
+                cov[b] += 1
         servers.sort(key=lambda x: (x["model_id"] != mid.hex(), x["span"][0], x["peer"]))
         return {"model_id": mid.hex(), "num_blocks": len(cov), "servers": servers, "coverage": cov,
                 "covered": sum(1 for c in cov if c)}

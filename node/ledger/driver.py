@@ -32,7 +32,8 @@ from ..encoding import pack
 from ..identity import verify
 from .core.block import InvalidBlock, decode_block, proposal_digest, vote_digest
 from .core.chain import check_block, check_time, propose
-from .core.consensus import PRECOMMIT, PREVOTE, Broadcast, Decide, Proposal, Schedule, Tendermint, Timeout, Timeouts, Vote
+from .core.consensus import (PRECOMMIT, PREVOTE, Broadcast, Decide, Proposal, Schedule, Tendermint, Timeout,
+                             Timeouts, Vote)
 from .core.liveness import block_due, height_need, needs_proof
 from .core.tx import Evidence, InvalidTx
 
@@ -52,7 +53,7 @@ class ConsensusDriver:
     validator also signs a conflicting prevote for the first prevote it casts (double signing), which the
     others must report."""
 
-    def __init__(self, ledger: "LedgerService", timeouts: Timeouts | None = None, fault: str | None = None):
+    def __init__(self, ledger: LedgerService, timeouts: Timeouts | None = None, fault: str | None = None):
         self.ledger = ledger
         self.ident = ledger.ident
         self.chain_id = ledger.chain_id
@@ -75,6 +76,9 @@ class ConsensusDriver:
         self._tx_event = trio.Event()  # set by tx_added: a quiet height looks at the mempool again
         self.woken: list[tuple[int, str]] = []  # (height, why round 0 started) of the last quiet heights
         self.timeouts_acted: dict[str, int] = {}  # timeouts that moved the machine, by kind
+        self._round_key = (self.machine.height, self.machine.round)  # (height, round) the machine is in
+        self._round_since = time.monotonic()  # when the machine entered it
+        self._last_commit = None  # time.monotonic() of the last block this node stored (None: none yet)
         self._send, self._recv = trio.open_memory_channel(10_000)
         ledger.on_block(self._on_block)
 
@@ -96,6 +100,7 @@ class ConsensusDriver:
     def _on_block(self, block, state) -> None:
         """A block committed by sync or from another validator's gossip: move on at once. Our own decisions
         move on ``block_time_ms`` after the decided height started instead, see :meth:`_decide`."""
+        self._last_commit = time.monotonic()
         if self._committing:
             return
         if block.height >= self.machine.height:
@@ -309,6 +314,7 @@ class ConsensusDriver:
                     for wire in self.extra_sent:
                         if wire["h"] == self.machine.height:
                             await self._publish(wire)
+                self._observe()
 
     async def _next_height(self) -> None:
         target = self.ledger.state.height + 1
@@ -326,6 +332,47 @@ class ConsensusDriver:
         pending, self.future = self.future, []
         for msg, peer in pending:
             await self._handle_msg(msg, peer)
+
+    # ------------------------------------------------------------------ observing
+
+    def _observe(self) -> None:
+        """Note when the machine entered its current (height, round), for :meth:`status`."""
+        key = (self.machine.height, self.machine.round)
+        if key != self._round_key:
+            if key[1] > 0:  # only after a failed round: a post-mortem of a stall reads who moved when
+                m = self.machine
+                log.info("height %d: round %d after %.1f s in round %d (step %s, locked round %d, valid round %d)",
+                         key[0], key[1], time.monotonic() - self._round_since, self._round_key[1], m.step,
+                         m.locked_round, m.valid_round)
+            self._round_key, self._round_since = key, time.monotonic()
+
+    def status(self) -> dict:
+        """This validator's consensus state for ``/v1/status``: the height and round the machine is in, its step
+        (``idle``: a quiet height waiting for a reason to start round 0), seconds in this round and since the last
+        stored block (None: none since start), the round's proposer (account bytes), the voting power of the
+        prevotes and precommits seen in this round (any value) against the quorum and total power, the lock
+        (Tendermint's lockedRound/validRound, -1: none), the power seen in each higher round (line 55 jumps at
+        f + 1) and the timeouts that moved the machine, by kind."""
+        self._observe()
+        m, t, now = self.machine, self.machine.tally, time.monotonic()
+        higher: dict[int, int] = {}
+        for r in sorted({k[1] for k in t.votes} | set(t.proposals)):
+            if r > m.round:
+                higher[r] = sum(m.powers.get(a, 0) for a in t.senders_in_round(r))
+        return {
+            "height": m.height, "round": m.round,
+            "step": "idle" if self._idle_height == m.height else m.step,
+            "round_age_s": round(now - self._round_since, 3),
+            "last_commit_age_s": None if self._last_commit is None else round(now - self._last_commit, 3),
+            "proposer": m.proposer(m.height, m.round),
+            "proposal": m.round in t.proposals,
+            "prevotes": t.count(PREVOTE, m.round, any_value=True),
+            "precommits": t.count(PRECOMMIT, m.round, any_value=True),
+            "quorum": m.quorum, "power": m.total,
+            "locked_round": m.locked_round, "valid_round": m.valid_round,
+            "higher_rounds": [[r, p] for r, p in higher.items()][-8:],
+            "timeouts": dict(self.timeouts_acted),
+        }
 
     # ------------------------------------------------------------------ quiet when idle
 

@@ -43,7 +43,9 @@ RELAY_BASE = 5001  # the slow validator's outbound relays, on 127.0.0.1
 PROGRESS_S = 60.0  # seconds within which every node must pass the height reached before a heal (generous: 2 CPUs)
 LATENCY_S = 10.0  # seconds of whole network within which an accepted transaction must be in a block (see check_final)
 WHOLE_S = 20.0  # seconds the workload runs on the healed network after the last fault
+SLOW_RECOVERY_S = 10.0  # seconds: a recovery slower than this prints the consensus states (the run goes on)
 SETTLE_S = 60.0  # seconds after the last heal (and progress) for every accepted transaction to be included or dropped
+CONSENSUS_KEPT = 40  # consensus states kept per node (each as it changed) for a failure's dump
 SHAPES = ("halves", "majority", "split3", "bridge", "kill")
 
 
@@ -109,6 +111,8 @@ class Record:
     faults: list[tuple[float, float]] = field(default_factory=list)  # time.time() from a fault to progress after it
     generations: int = 0  # generations that returned tokens
     generation_failures: list[str] = field(default_factory=list)
+    # node -> its last consensus states (seconds since the start, state, mempool size, peers), each when it changed
+    consensus: dict[str, list[tuple[float, str, int, int]]] = field(default_factory=dict)
 
 
 class Jepsen:
@@ -125,6 +129,7 @@ class Jepsen:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._rec_lock = threading.Lock()
+        self.t0 = time.time()  # the run's start, for the consensus dump's times
 
     # ------------------------------------------------------------------ set-up
 
@@ -225,8 +230,21 @@ class Jepsen:
     # ------------------------------------------------------------------ observing
 
     def height(self, name: str) -> int | None:
+        """``name``'s stored height (None: no answer); its consensus state goes to :attr:`Record.consensus`."""
         s, body = self.vals[name].agent.call("GET", "/v1/status")
-        return body["height"] if s == 200 else None
+        if s != 200:
+            return None
+        c = body.get("consensus")
+        if c is not None:
+            key = (f"h{c['height']} r{c['round']} {c['step']} pv{c['prevotes']} pc{c['precommits']} "
+                   f"prop={int(c['proposal'])} lock{c['locked_round']} valid{c['valid_round']} "
+                   f"higher{c['higher_rounds']}")
+            with self._rec_lock:
+                log = self.rec.consensus.setdefault(name, [])
+                if not log or log[-1][1] != key:  # a state only when it changed: a stall shows as one line
+                    log.append((time.time() - self.t0, key, body["mempool"], len(body.get("peers", []))))
+                    del log[:-CONSENSUS_KEPT]
+        return body["height"]
 
     def heights(self) -> dict[str, int | None]:
         return {n: self.height(n) for n in self.vals}
@@ -244,7 +262,7 @@ class Jepsen:
                 return time.monotonic() - t0
             if time.monotonic() - t0 > bound:
                 raise JepsenFailure(f"no progress to height {target} within {bound:g} s after {why}: heights {hs}\n"
-                                    + self.diagnose()
+                                    + self.diagnose() + self.consensus_dump()
                                     + "\n".join(f"--- {n}\n{self.tail(n)}" for n in self.vals))
             time.sleep(0.5)
 
@@ -261,6 +279,13 @@ class Jepsen:
             out.append(f"{n}: height {st['height']} head {st['head_hash'][:12]} mempool {st['mempool']} "
                        f"peers {peers} network {json.dumps(st.get('network'))[:300]}")
         return "\n".join(out) + "\n"
+
+    def consensus_dump(self) -> str:
+        """The last consensus states every node reported (:meth:`height` records one per poll), oldest first."""
+        with self._rec_lock:
+            return "".join(f"--- consensus of {n} (first seen at, state, mempool, peers)\n"
+                           + "".join(f"{t:7.1f}s {key} mempool {mp} peers {peers}\n" for t, key, mp, peers in lines)
+                           for n, lines in self.rec.consensus.items())
 
     def tail(self, name: str, lines: int = 25) -> str:
         log = self.vals[name].log
@@ -367,6 +392,8 @@ class Jepsen:
                 self.heal()
             top = max(h for h in self.heights().values() if h is not None)
             took = self.wait_progress(top + 2, desc)
+            if took > SLOW_RECOVERY_S:  # passed, but slowly: show how the rounds went
+                self.say(f"{desc}: slow recovery ({took:.1f} s)\n{self.consensus_dump()}")
             self.rec.faults.append((began, time.time()))
             self.rec.phases.append(f"{desc}: healed, every node past {top + 2} in {took:.1f} s")
             self.rec.recover_s.append(took)
