@@ -101,6 +101,22 @@ def unpack(data: bytes | bytearray | memoryview, *, max_size: int = MAX_MESSAGE,
         raise DecodeError(f"malformed msgpack: {e}") from None
 
 
+def unpack_local(data: bytes) -> Any:
+    """Decode msgpack that this node wrote itself (its own LevelDB: state tables, block records, undo and meta
+    records), skipping :func:`unpack`'s hostile-input scan, which costs ~10x the decode on small mixed objects.
+
+    Trusted bytes only: never call this on bytes a peer or a client sent (they go through :func:`unpack`). The
+    result is the same as :func:`unpack`'s for any bytes :func:`pack` wrote.
+
+    Raises:
+        DecodeError: the bytes are not one well-formed msgpack object (a damaged store).
+    """
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError, TypeError) as e:
+        raise DecodeError(f"malformed msgpack in the local store: {e}") from None
+
+
 # ---------------------------------------------------------------- bounded decoding
 
 

@@ -11,15 +11,16 @@ Keys (values msgpack, see :mod:`node.ledger.core.records`):
 
 A node opens the state it last committed (:func:`open_state`) instead of replaying the chain: start time does not
 grow with the chain's length. Each block's changes, the new ``S/m`` and ``S/u`` are written with the block in one
-synced batch (:func:`stage_state`, then :func:`settle_state`), so after a crash at any point the stored state is the state after the stored
-head, whole. Full re-verification from genesis is :meth:`node.ledger.store.LedgerStore.verify`.
+synced batch (:func:`stage_state`, then :func:`settle_state`), so after a crash at any point the stored state is
+the state after the stored head, whole. Full re-verification from genesis is
+:meth:`node.ledger.store.LedgerStore.verify`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..encoding import pack, unpack
+from ..encoding import pack, unpack_local
 from .genesis import Genesis
 from .core import tree as tr
 from .core.smt import Root
@@ -52,7 +53,7 @@ def read_meta(db: Any) -> tuple[int, bytes, int, dict[str, int], Root] | None:
     raw = db.get(META)
     if raw is None:
         return None
-    m = unpack(raw)
+    m = unpack_local(raw)
     if isinstance(m, list) and m and isinstance(m[0], int) and m[0] < FORMAT:
         return None
     if not (isinstance(m, list) and len(m) == 6 and m[0] == FORMAT):
@@ -142,8 +143,9 @@ def stage_state(batch: Batch, parent: State, state: State) -> None:
     db = parent.tables["accounts"].root.backend  # type: ignore[union-attr]
     tr.stage(batch, state.tree, state.height,
              lambda bound: db.iterator(start=tr.STALE, stop=bound, include_value=False))
+    encoded = state.encoded or {}
     for name in MAPS + SETS:
-        before = state.tables[name].stage(batch)
+        before = state.tables[name].stage(batch, encoded.get(name))
         codec = CODECS[name]
         undo[name] = [[k, None if v is _DEL else codec.encode(v)] for k, v in sorted(before.items())]
     batch.put(META, _meta(state, state.tree.root, counts))
@@ -155,6 +157,7 @@ def settle_state(state: State) -> None:
     """After the batch of :func:`stage_state` is written: ``state`` reads the stored state directly."""
     for name in MAPS + SETS:
         state.tables[name].settle()
+    state.encoded = None
     assert state.tree is not None and state.tree.root is not None
     state.tree = tr.settled(state.tables["accounts"].root.backend, state.tree.root)  # type: ignore[union-attr]
 
@@ -173,10 +176,10 @@ def parent_view(db: Any, state: State) -> State:
     raw = db.get(UNDO)
     if raw is None:
         return state
-    height, last_hash, seq, undo, root = unpack(raw)
+    height, last_hash, seq, undo, root = unpack_local(raw)
     if height != state.height - 1:
         raise StateFormatError(f"undo record for height {height + 1}, the stored state is at {state.height}")
-    befores = {n: {bytes(k): (_DEL if v is None else CODECS[n].decode(v)) for k, v in rows}
+    befores = {n: {bytes(k): (_DEL if v is None else CODECS[n].decode_local(v)) for k, v in rows}
                for n, rows in undo.items() if n in CODECS}
     return _view(state, height, bytes(last_hash), seq, befores, tr.settled(db, Root.from_bytes(root)))
 

@@ -14,7 +14,8 @@ blocks whenever ``i/h`` does not name the head and the current index version):
   ``i/h``                                      ``[indexed height, version, stored block bytes, txs]``
   ``i/t`` + tx id                              ``[height, position in the block, kind]``
   ``i/k`` + block hash                         height (8 BE)
-  ``i/a`` + account + height (8) + seq (4)     one history event of the account (a map: :mod:`node.ledger.explorer_index`)
+  ``i/a`` + account + height (8) + seq (4)     one history event of the account (a map:
+                                               :mod:`node.ledger.explorer_index`)
   ``i/r`` + account + height (8) + receipt id  the account's role in that receipt: worker, requester, committee
   ``i/v`` + height (8)                         the validator set from that height on, written when it changes
                                                (:mod:`node.ledger.core.valset`, :meth:`LedgerStore.valset_at`)
@@ -39,7 +40,7 @@ from typing import Any
 
 import plyvel
 
-from ..encoding import pack, unpack
+from ..encoding import pack, unpack, unpack_local
 from . import statedb
 from .core import blockcodec
 from .core.block import Block, decode_block
@@ -142,7 +143,7 @@ class LedgerStore:
             raw = self.db.get(b"B" + _h(h))
             if raw is None:
                 continue
-            obj = unpack(raw)
+            obj = unpack_local(raw)
             if isinstance(obj, dict) and obj.get("b", {}).get("txs"):  # legacy record
                 obj["b"]["txs"] = []
                 wb.put(b"B" + _h(h), pack(obj))

@@ -29,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 from collections.abc import Callable, Sequence
 
-from ...encoding import merkle_root, pack, unpack
+from ...encoding import merkle_root, pack, unpack_local
 
 FORMAT = 2
 EMPTY_TX_ROOT = merkle_root([])
@@ -110,7 +110,7 @@ def record_commit(raw: bytes, validators: Sequence[bytes]) -> list[list[Any]]:
     Raises:
         RecordError: malformed.
     """
-    obj = unpack(raw)
+    obj = unpack_local(raw)
     if isinstance(obj, dict):
         legacy: list[list[Any]] = obj["c"]
         return legacy
@@ -133,7 +133,7 @@ def decode_record(raw: bytes, chain_id: str, validators: Sequence[bytes],
     Raises:
         RecordError: malformed.
     """
-    obj = unpack(raw)
+    obj = unpack_local(raw)
     if isinstance(obj, dict):
         return obj
     _check(obj)

@@ -26,7 +26,7 @@ from collections import OrderedDict
 from typing import Any, Generic, Protocol, TypeVar
 from collections.abc import Callable, Iterator, MutableMapping
 
-from ...encoding import pack, unpack
+from ...encoding import pack, unpack, unpack_local
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -54,16 +54,25 @@ class Batch(Protocol):
 
 
 class Codec(Generic[V]):
-    """How a table's values become bytes: ``encode(value) -> msgpack-able``, ``decode(plain) -> value``."""
+    """How a table's values become bytes: ``encode(value) -> msgpack-able``, ``decode(plain) -> value``;
+    ``decode_local(plain)``, if given, decodes what this node stored itself (it may skip checks that ``decode``
+    makes on values from outside)."""
 
-    def __init__(self, encode: Callable[[V], Any], decode: Callable[[Any], V]):
+    def __init__(self, encode: Callable[[V], Any], decode: Callable[[Any], V],
+                 decode_local: Callable[[Any], V] | None = None):
         self.encode, self.decode = encode, decode
+        self.decode_local = decode_local or decode
 
     def dumps(self, v: V) -> bytes:
         return pack(self.encode(v))
 
     def loads(self, raw: bytes) -> V:
+        """Decode bytes from outside this node (a proof's leaf): through :func:`node.encoding.unpack`'s limits."""
         return self.decode(unpack(raw))
+
+    def loads_local(self, raw: bytes) -> V:
+        """Decode bytes this node stored itself (its LevelDB): :func:`node.encoding.unpack_local`, no scan."""
+        return self.decode_local(unpack_local(raw))
 
 
 class DictRoot(Generic[K, V]):
@@ -100,7 +109,7 @@ class StoreRoot(Generic[V]):
             self._cache.move_to_end(k)
             return v
         raw = self.backend.get(self.prefix + k)
-        v = _DEL if raw is None else self.codec.loads(raw)
+        v = _DEL if raw is None else self.codec.loads_local(raw)
         self._remember(k, v)
         return v
 
@@ -216,12 +225,15 @@ class Table(MutableMapping[K, V]):
                 return n
             t = t.parent
 
-    def stage(self, batch: Batch | None) -> dict[K, Any]:
+    def stage(self, batch: Batch | None, encoded: dict[K, bytes] | None = None) -> dict[K, Any]:
         """First half of a commit: write this table's changes (its overlays down to the root) into ``batch``
         (a StoreRoot; None for a DictRoot) and turn the bottom table of the stack — the previous state's —
         into an exact view of that previous state (an undo overlay: the root's values before, for the keys
         that change). Nothing this table or any other reads changes yet; call :meth:`settle` once ``batch``
         is written.
+
+        ``encoded``: stored bytes already made for some of the changed values (key -> bytes of the value this
+        table holds now: :attr:`node.ledger.core.state.State.encoded`); the others are encoded here.
 
         Returns ``{key: the root's value before}`` (``_DEL`` where absent) for the keys that change.
 
@@ -237,12 +249,14 @@ class Table(MutableMapping[K, V]):
         if isinstance(self.root, StoreRoot):
             if batch is None:
                 raise ValueError("a store-backed table commits into a write batch")
+            enc = encoded or {}
             for k, v in ch.items():
                 key = self.root.prefix + k  # type: ignore[operator]
                 if v is _DEL:
                     batch.delete(key)
                 else:
-                    batch.put(key, self.root.codec.dumps(v))
+                    raw = enc.get(k)
+                    batch.put(key, raw if raw is not None else self.root.codec.dumps(v))
         bottom = self._bottom()
         self._undo_of: tuple[Table[K, V], int] | None = None
         if bottom is not self:  # the state this one was built on stays readable, as it was

@@ -21,7 +21,7 @@ from .jobs import Job
 from .kv import Codec
 from .runs import Run
 from .status import PENDING
-from .tx import Receipt, Tx, decode_tx
+from .tx import TX_KINDS, Receipt, Tx, decode_tx
 
 MAPS = ("accounts", "receipts", "evidence", "sessions", "jobs", "runs", "history", "retire",
         "validators",  # validators: node.ledger.core.valset (empty while min_validator_bond is 0); history, retire:
@@ -77,17 +77,54 @@ class ReceiptRecord:
 
 
 
+_SCALARS = frozenset({int, str, bytes, bool, type(None)})
+
+
 def to_plain(v: Any) -> Any:
-    """The msgpack-able form of a state record (see the module docstring)."""
-    if isinstance(v, Tx):
-        return v.to_wire()
-    if isinstance(v, enum.Enum):
-        return v.value
-    if dataclasses.is_dataclass(v) and not isinstance(v, type):
-        return [to_plain(getattr(v, f.name)) for f in dataclasses.fields(v)]
-    if isinstance(v, (tuple, list)):
+    """The msgpack-able form of a state record (see the module docstring).
+
+    On the hot path (every record a block writes is encoded for the state root and the store): per type, the
+    field names are looked up once (:func:`_plain_of`), not reflected on every call."""
+    t: Any = type(v)
+    if t in _SCALARS:
+        return v
+    if t is tuple or t is list:
         return [to_plain(x) for x in v]
-    return v
+    return _plain_of(t)(v)
+
+
+def _tx_fields(cls: type[Tx]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A transaction kind's unsigned field names (:meth:`Tx.unsigned`'s order) and signature field names."""
+    return (tuple(f.name for f in dataclasses.fields(cls) if f.name not in cls.SIGS and f.name != "chain_id"),
+            tuple(cls.SIGS))
+
+
+@cache
+def _plain_of(t: type) -> Any:
+    """The encoder of values of type ``t`` (not a scalar, tuple or list): as :func:`to_plain` describes."""
+    if issubclass(t, Tx):
+        names, sigs, kind = *_tx_fields(t), t.KIND
+
+        def wire(v: Any) -> Any:
+            return {"t": kind, "c": v.chain_id, "f": [getattr(v, n) for n in names],
+                    "s": [getattr(v, n) for n in sigs]}
+
+        checked: list[bool] = []
+
+        def tx(v: Any) -> Any:
+            if not checked:  # the precomputed form must be exactly Tx.to_wire's, or that is used instead
+                checked.append(wire(v) == v.to_wire())
+            return wire(v) if checked[0] else v.to_wire()
+
+        return tx
+    if issubclass(t, enum.Enum):
+        return lambda v: v.value
+    if dataclasses.is_dataclass(t):
+        fields = tuple(f.name for f in dataclasses.fields(t))
+        return lambda v: [to_plain(getattr(v, n)) for n in fields]
+    if issubclass(t, (tuple, list)):
+        return lambda v: [to_plain(x) for x in v]
+    return lambda v: v
 
 
 @cache
@@ -96,46 +133,92 @@ def _hints(cls: type) -> tuple[tuple[str, Any], ...]:
     return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
 
 
-def from_plain(x: Any, hint: Any) -> Any:
+def from_plain(x: Any, hint: Any, trusted: bool = False) -> Any:
     """Rebuild a value of type ``hint`` from :func:`to_plain`'s output.
+
+    ``trusted``: ``x`` was read from this node's own store (it wrote it): transactions inside are rebuilt without
+    :func:`node.ledger.core.tx.decode_tx`'s per-field checks (they were checked before they were stored). Shapes
+    are checked either way.
 
     Raises:
         ValueError: ``x`` does not have the shape ``hint`` needs (a store written by another version).
     """
+    return _decoder(hint, trusted)(x)
+
+
+def _tx_trusted(x: Any) -> Tx:
+    """A transaction from its stored wire map, without decode_tx's field checks (trusted bytes only)."""
+    if not (isinstance(x, dict) and isinstance(x.get("f"), list) and isinstance(x.get("s"), list)):
+        raise ValueError("a stored transaction is a wire map")
+    cls = TX_KINDS.get(str(x.get("t")))
+    if cls is None or len(x["f"]) != len(cls.SCHEMA) or len(x["s"]) != len(cls.SIGS):
+        raise ValueError(f"stored transaction of unknown kind or arity {x.get('t')!r}")
+    return cls(x.get("c"), *x["f"], *x["s"])  # type: ignore[arg-type]
+
+
+@cache
+def _decoder(hint: Any, trusted: bool) -> Any:
+    """The decoder for ``hint`` (built once per type hint: the hints are walked here, not on every value)."""
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if x is None:
-            return None
-        return from_plain(x, args[0])
+        inner = _decoder(next(a for a in typing.get_args(hint) if a is not type(None)), trusted)
+        return lambda x: None if x is None else inner(x)
     if origin is tuple:
         targs = typing.get_args(hint)
-        if not isinstance(x, list):
-            raise ValueError(f"expected a list for {hint}, got {type(x).__name__}")
         if len(targs) == 2 and targs[1] is Ellipsis:
-            return tuple(from_plain(i, targs[0]) for i in x)
-        if len(targs) != len(x):
-            raise ValueError(f"expected {len(targs)} items for {hint}, got {len(x)}")
-        return tuple(from_plain(i, a) for i, a in zip(x, targs, strict=True))
+            each = _decoder(targs[0], trusted)
+
+            def many(x: Any) -> Any:
+                if not isinstance(x, list):
+                    raise ValueError(f"expected a list for {hint}, got {type(x).__name__}")
+                return tuple(each(i) for i in x)
+
+            return many
+        parts = tuple(_decoder(a, trusted) for a in targs)
+
+        def fixed(x: Any) -> Any:
+            if not isinstance(x, list):
+                raise ValueError(f"expected a list for {hint}, got {type(x).__name__}")
+            if len(parts) != len(x):
+                raise ValueError(f"expected {len(parts)} items for {hint}, got {len(x)}")
+            return tuple(d(i) for d, i in zip(parts, x, strict=True))
+
+        return fixed
     if hint is Any:
-        return x
+        return lambda x: x
     if isinstance(hint, type):
         if issubclass(hint, Tx):
-            return decode_tx(x)
+            return _tx_trusted if trusted else decode_tx
         if issubclass(hint, enum.Enum):
-            return hint(x)
+            return hint
         if dataclasses.is_dataclass(hint):
             fields = _hints(hint)
-            if not isinstance(x, list) or len(x) != len(fields):
-                raise ValueError(f"expected {len(fields)} fields for {hint.__name__}")
-            return hint(**{name: from_plain(v, h) for (name, h), v in zip(fields, x, strict=True)})
+            names = tuple(n for n, _ in fields)
+            decs = tuple(_decoder(h, trusted) for _, h in fields)
+            cls = hint
+
+            def record(x: Any) -> Any:
+                if not isinstance(x, list) or len(x) != len(names):
+                    raise ValueError(f"expected {len(names)} fields for {cls.__name__}")
+                return cls(**{n: d(v) for n, d, v in zip(names, decs, x, strict=True)})
+
+            return record
         if hint is bytes:
-            return bytes(x)
+            return bytes
         if hint in (int, str, bool):
-            if not isinstance(x, hint):
-                raise ValueError(f"expected {hint.__name__}, got {type(x).__name__}")
-            return x
+            def scalar(x: Any) -> Any:
+                if not isinstance(x, hint):
+                    raise ValueError(f"expected {hint.__name__}, got {type(x).__name__}")
+                return x
+
+            return scalar
     raise ValueError(f"no plain form for {hint!r}")
+
+
+def _records(cls: type) -> Codec[Any]:
+    """The codec of a table of ``cls`` records: :func:`to_plain`; :func:`from_plain`, trusted for this node's own
+    store (:meth:`node.ledger.core.kv.Codec.loads_local`)."""
+    return Codec(to_plain, lambda x: from_plain(x, cls), lambda x: from_plain(x, cls, True))
 
 
 def _ident(x: Any) -> Any:
@@ -146,20 +229,20 @@ def _ident(x: Any) -> Any:
 # (node.ledger.core.tree): the same bytes for both.
 CODECS: dict[str, Codec[Any]] = {
     "accounts": Codec(lambda a: a.to_list(), lambda x: Account(*x)),
-    "receipts": Codec(to_plain, lambda x: from_plain(x, ReceiptRecord)),
+    "receipts": _records(ReceiptRecord),
     "evidence": Codec(list, lambda x: (int(x[0]), int(x[1]))),
     "sessions": Codec(_ident, bytes),
-    "jobs": Codec(to_plain, lambda x: from_plain(x, Job)),
-    "runs": Codec(to_plain, lambda x: from_plain(x, Run)),
+    "jobs": _records(Job),
+    "runs": _records(Run),
     # node.ledger.core.valset: account -> (power at height, height+1, height+2, member)
     "validators": Codec(list, lambda x: (int(x[0]), int(x[1]), int(x[2]), int(x[3]))),
     "history": Codec(_ident, _ident),  # b"head" -> [size, root, frontier] (node.ledger.core.history.LogHead)
     "retire": Codec(list, lambda x: tuple(bytes(i) for i in x)),  # leave height -> receipt ids
     # node.ledger.core.batch (records in node.ledger.core.batchstate)
-    "batches": Codec(to_plain, lambda x: from_plain(x, Batch)),
-    "batch_items": Codec(to_plain, lambda x: from_plain(x, Item)),  # batch id ‖ item (4 bytes) -> Item
+    "batches": _records(Batch),
+    "batch_items": _records(Item),  # batch id ‖ item (4 bytes) -> Item
     "batch_due": Codec(_ident, int),  # decision height (8 bytes) ‖ batch id ‖ item -> 0
-    "batch_workers": Codec(to_plain, lambda x: from_plain(x, WorkerRecord)),
+    "batch_workers": _records(WorkerRecord),
     "disputes": Codec(_ident, int),  # node.ledger.core.dispute: receipt id -> height of the disputing block
     **{name: Codec(_ident, int) for name in SETS},
 }

@@ -79,6 +79,9 @@ class State:
         self.height, self.last_hash, self.seq = height, last_hash, seq
         self.tree = tree  # None: computed from every entry at the first state_root() (node.ledger.core.tree)
         self.archived: list[Any] = []  # history.Append s of the block applied to this copy (stored by the edge)
+        # {table: {key: stored bytes}} of this copy's writes, encoded once by state_root() for the root and
+        # reused by the store's commit (node.ledger.statedb.stage_state); None until then and after the commit
+        self.encoded: dict[str, dict[Any, bytes]] | None = None
         self._parent: tuple[Any, ...] | None = None  # (root, counter) of the state this one was copied from
         self.tables: dict[str, Table[Any, Any]] = dict(tables) if tables else {}
         for name in MAPS + SETS:
@@ -146,10 +149,18 @@ class State:
             assert self._parent is not None
             proot, pseq = self._parent
             ch = {}
+            self.encoded = {}
             for n in MAPS + SETS:
-                codec = CODECS[n]
-                for k, v in self.tables[n].writes.items():
-                    ch[entry_key(n, k)] = None if v is _DEL else leaf_value(codec.dumps(v))
+                writes = self.tables[n].writes
+                if not writes:
+                    continue
+                dumps, enc = CODECS[n].dumps, self.encoded.setdefault(n, {})
+                for k, v in writes.items():
+                    if v is _DEL:
+                        ch[entry_key(n, k)] = None
+                    else:
+                        raw = enc[k] = dumps(v)
+                        ch[entry_key(n, k)] = leaf_value(raw)
             if self.seq != pseq:
                 ch[SEQ_KEY] = leaf_value(pack(self.seq))
             self.tree.compute(proot, max(self.height, proot.version + 1), ch)
@@ -510,6 +521,13 @@ def apply_block_body(s: State, height: int, block_hash: bytes, txs: list[Tx],
         if i not in signed:
             tx.check_signatures()  # raises with the reason
         apply_tx(w, tx, signatures_checked=True)
+    return finish_block(w, height, block_hash)
+
+
+def finish_block(w: State, height: int, block_hash: bytes) -> State:
+    """The rest of block ``height``'s transition on the working copy ``w`` that its transactions were applied to
+    (by :func:`apply_block_body`, or by :func:`apply_txs` when it rejected none): :func:`end_block`, then the
+    height and hash. Returns ``w``."""
     end_block(w, height, block_hash)
     w.height = height
     w.last_hash = block_hash
@@ -528,5 +546,6 @@ __all__ = [
     "apply_tx",
     "apply_txs",
     "end_block",
+    "finish_block",
     "genesis_state",
 ]
