@@ -248,6 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .ledger.cli import add_ledger_parser
 
     add_genesis_parser(sub)
+    from .net.peers_cli import add_parsers as add_peers_parsers
+
+    add_peers_parsers(sub, DEFAULT_DATA_DIR)  # node peers, node status
     add_key_parser(sub, DEFAULT_DATA_DIR)
     add_wallet_parser(sub, DEFAULT_DATA_DIR)
     add_ledger_parser(sub, DEFAULT_DATA_DIR)
@@ -425,6 +428,10 @@ def main(argv: list[str] | None = None) -> int:
         from .training.cli import run_run_command
 
         return run_run_command(args)
+    if args.cmd in ("peers", "status"):
+        from .net.peers_cli import run as run_peers_command
+
+        return run_peers_command(args)
     if args.cmd in ("genesis", "key"):
         from .net.genesis_cli import run_genesis_command, run_key_command
 

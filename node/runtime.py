@@ -216,6 +216,7 @@ class Node:
         if cfg.span is not None and cfg.span != "auto":
             self.server = self._make_server(*cfg.span)
         self.swarm = SwarmTable()
+        self.net.on_rtt = self.swarm.observe_rtt  # ping round trips weigh routes: direct paths win (issue 25)
         head = LazyHead(cfg.model_dir, device=cfg.device)  # built at the first generation
         self.client = RouteClient(self.ident, self.host, head, self.manifest, self.ledger, self.executor,
                                   self.blobs, self.swarm, step_timeout=cfg.step_timeout, compression=cfg.compression)

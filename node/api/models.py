@@ -61,6 +61,18 @@ class SpanOut(BaseModel):
     span: list[int] = Field(..., description="[start, end) decoder blocks")
 
 
+class PeerPathOut(BaseModel):
+    """One connected peer as ``ipfs swarm peers`` shows it, plus how it is reached (issue 25)."""
+
+    peer: str
+    path: str = Field(..., description="direct, or relayed (through `relay`: a circuit relay v2 connection)")
+    addr: str | None = Field(None, description="the connection's remote address (a /p2p-circuit one when relayed)")
+    relay: str | None = Field(None, description="the relay's peer ID when relayed")
+    rtt_ms: float | None = Field(None, description="smoothed libp2p ping round trip in ms (null until measured)")
+    conns: int = Field(..., description="open connections to the peer (a relayed one lingers 60 s after a "
+                                        "hole punch)")
+
+
 class NetworkOut(BaseModel):
     reachability: str = Field(..., description="unknown, public (a peer dialled an address back) or private")
     announced: list[str] = Field(..., description="addresses this node tells others, best first")
@@ -70,6 +82,9 @@ class NetworkOut(BaseModel):
     peers_connected: int
     refused_streams: int = Field(..., description="inbound streams refused by the per-peer limits")
     refused_connections: int = Field(..., description="connections closed by the per-peer limits")
+    circuits: dict[str, int] = Field({}, description="circuits this node relayed since start, by kind: member "
+                                     "(both ends of this genesis) or open (any other)")
+    peers: list[PeerPathOut] = Field([], description="connected peers: path, address and round trip")
 
 
 class ConsensusOut(BaseModel):

@@ -3,7 +3,7 @@ a job title is text, never markup) with a small local script for live refresh (`
 
 Pages: ``/`` (head, finality, validators, peers, swarm coverage, latest blocks and receipts), ``/blocks``,
 ``/blocks/{height}``, ``/tx/{id}``, ``/receipts``, ``/receipts/{id}``, ``/accounts/{peer}``, ``/validators``,
-``/swarm``, ``/models``, ``/verification``, ``/jobs``, ``/jobs/{id}``, ``/runs``, ``/runs/{id}``,
+``/swarm``, ``/peers`` (each connected peer's path, address and round trip), ``/models``, ``/verification``, ``/jobs``, ``/jobs/{id}``, ``/runs``, ``/runs/{id}``,
 ``/batches``, ``/batches/{id}`` and ``/search?q=`` (303 to
 the match). A missing object answers a 404 page; a malformed id a 400 page.
 """
@@ -120,6 +120,11 @@ def pages_router(node, q) -> APIRouter:
         sw = q.swarm()
         mine = [s for s in sw["servers"] if s["model_id"] == sw["model_id"]]
         return page("swarm.html", swarm=sw, mine=mine, cov=charts.coverage(sw["num_blocks"], mine, sw["coverage"]))
+
+    @r.get("/peers")
+    async def peers():
+        status = q.status()
+        return page("peers.html", ns=status, net=status.get("network"))
 
     @r.get("/models")
     async def models():

@@ -10,6 +10,10 @@
 3. **Reachability** (:mod:`node.net.reachability`): once connected, peers dial the announced addresses back on new
    connections. PUBLIC nodes relay for others (:mod:`node.net.relay`); PRIVATE ones reserve a relay slot and
    announce the circuit address, and DCUtR upgrades relayed connections where the NATs allow.
+4. **Dialling** (:mod:`node.net.dial`, issue 25): only addresses reachable from here, raced happy-eyeballs style
+   with a relay circuit among the candidates from the start; the address that worked is remembered per peer
+   (:mod:`node.net.paths`), which also keeps each connected peer's path (direct or relayed) and ping round trip
+   for :meth:`NetworkService.status` (``/v1/status``, ``node peers``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +31,10 @@ from ..p2p.framing import RemoteError, error_reply, read_msg, write_msg
 from ..p2p.host import P2PHost
 from ..p2p.scoring import BAD_REQUEST
 from .addrs import Scope, scope, strip_peer, usable_from
+from .dial import LocalView, local_view, race, select
 from .hello import HELLO_PROTOCOL, Hello
+from .logs import reason
+from .paths import PathBook, describe
 from .peers import PeerBook
 from .reachability import DIALBACK_PROTOCOL, DialBackServer, Reachability, dial_fresh, probe
 from .relay import MEMBER_WAIT, Relay
@@ -37,6 +45,10 @@ PEERS_PROTOCOL = "/tally/peers/1.0.0"
 MAX_EXCHANGED = 32  # peers per exchange reply
 TICK = 1.0  # seconds between connection-manager passes
 PROBE_PERIOD = 300.0  # seconds between reachability re-checks once decided
+DIAL_TIMEOUT = 10.0  # seconds one address's dial may take (the others race meanwhile: node.net.dial.race)
+VIEW_TTL = 30.0  # seconds this node's view of its own interfaces and routes is reused
+PING_PERIOD = 10.0  # seconds between two round-trip measurements of the connected peers
+MAX_PINGED = 32  # peers pinged per round
 
 
 class RelayMode(enum.Enum):
@@ -83,6 +95,9 @@ class NetworkService:
         self._greeting: set[str] = set()
         self._exchanged: set[str] = set()
         self._changed = trio.Event()
+        self.paths = PathBook()
+        self.on_rtt: Callable[[str, float], None] | None = None  # (peer, seconds) per ping, e.g. to the router
+        self._view: tuple[float, LocalView] | None = None
         now = time.time()
         for a in self.bootstrap:
             peer, addr = a.rsplit("/p2p/", 1)[1], strip_peer(a)
@@ -99,6 +114,7 @@ class NetworkService:
         host.on_disconnected.append(self._on_disconnected)
         host.circuit_dialer = self._dial_circuit
         host.dial_hint = self._dial_known
+        host.dial_filter = self._dialable
 
     def _may_stay(self, peer: str) -> bool:
         """Whether ``peer`` may keep its connections: it completed the hello, or the relay serves it."""
@@ -154,6 +170,7 @@ class NetworkService:
         if peer not in self.host.connected_peers():
             self.hello.forget(peer)
             self._exchanged.discard(peer)
+            self.paths.disconnected(peer)
         self._changed.set()
 
     async def _greet(self, peer: str) -> None:
@@ -177,7 +194,7 @@ class NetworkService:
         try:
             reply = await self.host.request(peer, PEERS_PROTOCOL, {"want": MAX_EXCHANGED}, timeout=10.0)
         except Exception as e:  # an old or busy peer: discovery goes on through gossip
-            log.debug("peer exchange with %s: %s: %s", peer, type(e).__name__, e)
+            log.debug("peer exchange with %s: %s", peer, reason(e))
             return
         rows = reply.get("peers")
         if not isinstance(rows, list):
@@ -203,18 +220,72 @@ class NetworkService:
             self.book.add(peer, clean, time.time() if now is None else now)
             self.host.remember([f"{a}/p2p/{peer}" for a in clean if "/p2p-circuit" not in a])
 
+    def local_view(self) -> LocalView:
+        """This node's :class:`~node.net.dial.LocalView` (interfaces, routes), re-read every :data:`VIEW_TTL` s."""
+        now = time.monotonic()
+        if self._view is None or now - self._view[0] > VIEW_TTL:
+            try:
+                bound = self.host.bound_addrs()
+            except RuntimeError:
+                bound = []
+            self._view = (now, local_view(bound))
+        return self._view[1]
+
+    def _dialable(self, addrs: list[str]) -> list[str]:
+        """Of ``/.../p2p/<id>`` addresses, those :func:`~node.net.dial.select` would dial (for the host's
+        ``remember``: py-libp2p's peerstore then never holds an address that cannot be reached from here)."""
+        by_peer: dict[str, list[str]] = {}
+        for a in addrs:
+            if "/p2p/" in a:
+                peer = a.rsplit("/p2p/", 1)[1]
+                by_peer.setdefault(peer, []).append(strip_peer(a))
+        out = []
+        for peer, plain in by_peer.items():
+            e = self.book.peers.get(peer)
+            known = plain + (e.addrs if e is not None else [])
+            keep = set(select(known, self.local_view(), limit=len(known)))
+            out.extend(f"{a}/p2p/{peer}" for a in plain if a in keep)
+        return out
+
+    def candidates(self, peer: str, addrs: list[str] = ()) -> list[str]:
+        """The addresses of ``peer`` worth dialling now, best first: ``addrs`` and those in the address book,
+        filtered and ordered by :func:`~node.net.dial.select` (the path that worked last first)."""
+        e = self.book.peers.get(peer)
+        known = list(dict.fromkeys([*addrs, *(e.addrs if e is not None else [])]))
+        return select(known, self.local_view(), self.paths.remembered(peer))
+
+    async def _attempt(self, peer: str, addr: str) -> bool:
+        """One candidate of a race: dial ``peer`` at ``addr`` (direct, or through the relay of a circuit)."""
+        if peer in self.host.connected_peers():
+            return True
+        if "/p2p-circuit" in addr:
+            return await self._dial_circuit(f"{addr}/p2p/{peer}")
+        return await self.host.dial_addr(f"{addr}/p2p/{peer}", DIAL_TIMEOUT)
+
+    async def dial_peer(self, peer: str, addrs: list[str] = ()) -> bool:
+        """Connect ``peer`` by racing :meth:`candidates` (happy eyeballs, :func:`node.net.dial.race`). True when a
+        connection exists afterwards; the winning address is remembered. A failure is one DEBUG line."""
+        if peer in self.host.connected_peers():
+            return True
+        cands = self.candidates(peer, list(addrs))
+        if not cands:
+            log.debug("dial %s: no address reachable from here (known: %s)", peer,
+                      ", ".join(addrs) or "none")
+            return False
+        won = await race(cands, lambda a: self._attempt(peer, a))
+        if won is not None:
+            self.paths.worked(peer, won)
+            return True
+        remembered = self.paths.remembered(peer)
+        if remembered is not None:
+            self.paths.forget(peer, remembered)
+        log.debug("dial %s failed at every candidate: %s", peer, ", ".join(cands))
+        return peer in self.host.connected_peers()
+
     async def _dial(self, peer: str, addrs: list[str]) -> None:
         self._connecting.add(peer)
         try:
-            full = [f"{a}/p2p/{peer}" for a in addrs]
-            direct = [a for a in full if "/p2p-circuit" not in a]
-            ok = bool(direct) and await self.host.connect(direct, timeout=10.0) > 0
-            if not ok:
-                for a in full:
-                    if "/p2p-circuit" in a and await self._dial_circuit(a):
-                        ok = True
-                        break
-            if ok:
+            if await self.dial_peer(peer, addrs):
                 self.book.connected(peer, time.time())
             else:
                 delay = self.book.failed(peer, time.time())
@@ -222,23 +293,24 @@ class NetworkService:
         finally:
             self._connecting.discard(peer)
 
-    async def _dial_known(self, peer: str) -> None:
-        """Before a stream to an unconnected peer: dial it through a relay if that is all the book has (a
-        direct address is dialled by py-libp2p itself from the peerstore)."""
+    async def _dial_known(self, peer: str) -> bool | None:
+        """Before a stream to an unconnected peer: connect it at the addresses the book and py-libp2p's peerstore
+        hold (:meth:`dial_peer`). True: connected; False: every candidate failed; None: no address known."""
         e = self.book.peers.get(peer)
-        if e is None or e.refused or any("/p2p-circuit" not in a for a in e.addrs):
-            return
-        for a in e.addrs:
-            if await self._dial_circuit(f"{a}/p2p/{peer}"):
-                return
+        if e is not None and e.refused:
+            return False
+        stored = self.host.stored_addrs(peer)
+        if (e is None or not e.addrs) and not stored:
+            return None
+        return await self.dial_peer(peer, stored)
 
     async def _dial_circuit(self, addr: str) -> bool:
         if self.relay is None:
             return False
         relay_part = addr.split("/p2p-circuit", 1)[0]
         relay_peer = relay_part.rsplit("/p2p/", 1)[-1]
-        if relay_peer not in self.host.connected_peers():
-            await self.host.connect([relay_part], timeout=10.0)
+        if relay_peer not in self.host.connected_peers() and not await self.host.dial_addr(relay_part, DIAL_TIMEOUT):
+            return False
         return await self.relay.dial(addr)
 
     def _target(self) -> int:
@@ -271,7 +343,7 @@ class NetworkService:
         try:
             self.book.save()
         except OSError as e:
-            log.warning("could not save the address book: %s", e)
+            log.warning("could not save the address book: %s", reason(e))
 
     # ------------------------------------------------------------------ reachability and relays
 
@@ -324,16 +396,51 @@ class NetworkService:
             return True
         return False
 
+    def peers(self) -> list[dict]:
+        """The connected peers, one row each: ``peer``, ``path`` (``direct`` or ``relayed``), ``addr`` (the
+        connection's remote address; a circuit address when relayed), ``relay`` (the relay's peer ID when
+        relayed), ``rtt_ms`` (smoothed ping round trip in milliseconds, None until measured), ``conns``
+        (:func:`node.net.paths.describe`). A peer's change of path is logged once at INFO."""
+        try:
+            lib = self.host.libp2p
+        except RuntimeError:
+            return []
+        return [r.to_dict() for r in describe(lib, self.paths)]
+
+    async def _ping_loop(self) -> None:
+        """Every :data:`PING_PERIOD` s: measure the round trip to up to :data:`MAX_PINGED` connected, verified
+        peers (libp2p ping over the connection new streams use: the direct one when there is one), and record
+        each path (an INFO line when a peer's path changes, e.g. after a hole punch)."""
+        lib = self.host.libp2p
+        while True:
+            await trio.sleep(PING_PERIOD)
+            rows = describe(lib, self.paths)
+            peers = [r.peer for r in rows if self.hello.verified(r.peer)][:MAX_PINGED]
+            async with trio.open_nursery() as n:
+                for p in peers:
+                    n.start_soon(self._ping_one, p)
+
+    async def _ping_one(self, peer: str) -> None:
+        from libp2p.peer.id import ID
+
+        rtt = await self.paths.measure(self.host.libp2p, ID.from_base58(peer))
+        if rtt is not None and self.on_rtt is not None:
+            self.on_rtt(peer, rtt / 1000.0)
+
     def status(self) -> dict:
-        """For ``/v1/status`` and logs: reachability, announced addresses, relay, peers known and connected."""
+        """For ``/v1/status`` and logs: reachability, announced addresses, relay, peers known and connected, and
+        each connected peer's path and round trip (:meth:`peers`)."""
         return {"reachability": self.reachability.value, "announced": self.host.addrs,
                 "relay_reservation": self.relay.reserved_on if self.relay else None,
                 "relaying": bool(self.relay and self.relay.hop),
+                # circuits this node relayed since it started, by kind (members of this genesis, or others)
+                "circuits": dict(self.relay.protocol.circuits) if self.relay and self.relay.hop
+                else {"member": 0, "open": 0},
                 "peers_known": len(self.book.peers), "peers_connected": len(self.host.connected_peers()),
                 "refused_streams": self.host.limiter.refused_streams,
                 "refused_connections": self.host.limiter.refused_conns,
                 "closed_without_hello": self.host.conn_notifee.closed_without_hello if self.host.conn_notifee else 0,
-                **self.host.admission.stats()}
+                **self.host.admission.stats(), "peers": self.peers()}
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled (inside ``host.running()``)."""
@@ -354,6 +461,7 @@ class NetworkService:
                 n.start_soon(self._manage)
                 n.start_soon(self._reachability_loop)
                 n.start_soon(self._relay_watch)
+                n.start_soon(self._ping_loop)
                 task_status.started()
                 await trio.sleep_forever()
         finally:

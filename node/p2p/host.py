@@ -36,11 +36,13 @@ from ..net.addrs import Scope, announceable, parse_addr, scope
 from ..net.admission import Admission, AdmissionLimits
 from ..net.admission import install as install_admission
 from ..net.limits import ConnectionNotifee, Limits, PeerLimiter, StreamGate
+from ..net.logs import install as route_network_logs
+from ..net.logs import reason
 from .framing import (FrameError, ReadBusy, RemoteError, RequestTimeout, StreamClosed, check_reply, error_reply,
                       read_msg, write_msg)
 from .gossip import (Gossip, GossipMethods, cache_signed_records, count_pubsub_traffic, make_router,
                      raise_outbound_queue, retry_pubsub_streams)
-from .quirks import batch_yamux_window_updates, check_port_free, exception_leaves, route_libp2p_logging
+from .quirks import batch_yamux_window_updates, check_port_free, exception_leaves
 from .scoring import MALFORMED_FRAME, PeerScores
 from .wirelimits import limit_for
 
@@ -126,7 +128,11 @@ class P2PHost(GossipMethods):
         self.on_connected: list[Callable[[str, Any], None]] = []
         self.on_disconnected: list[Callable[[str, Any], None]] = []
         self.circuit_dialer: Callable[[str], Awaitable[bool]] | None = None
-        self.dial_hint: Callable[[str], Awaitable[None]] | None = None  # connect a peer from the address book
+        # connect a peer before a stream (node.net.service: the address book, happy eyeballs): True connected,
+        # False every address failed (the stream is not tried), None no address known (py-libp2p dials)
+        self.dial_hint: Callable[[str], Awaitable[bool | None]] | None = None
+        # of "/.../p2p/<id>" addresses, those worth putting in the peerstore (None: all)
+        self.dial_filter: Callable[[list[str]], list[str]] | None = None
         self._gossip_params = dict(degree=degree, degree_low=degree_low, degree_high=degree_high,
                                    heartbeat_interval=heartbeat_interval)
         self._handlers: dict[str, Any] = {}
@@ -168,7 +174,7 @@ class P2PHost(GossipMethods):
         from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_ID
         from libp2p.stream_muxer.yamux.yamux import Yamux
 
-        route_libp2p_logging()
+        route_network_logs()  # py-libp2p's records through Tally's logging; normal NAT behaviour is no ERROR
         raise_outbound_queue()
         retry_pubsub_streams()
         count_pubsub_traffic()
@@ -420,12 +426,54 @@ class P2PHost(GossipMethods):
                     await host.connect(info)
                 ok.add(pid)
             except Exception as e:  # dial errors come in many libp2p types; none may stop the others
-                log.warning("connect to %s failed: %s: %s", addr, type(e).__name__, e)
+                log.debug("connect to %s failed: %s", addr, reason(e))  # expected behind NATs: callers retry
 
         async with trio.open_nursery() as n:
             for a in multiaddrs:
                 n.start_soon(dial, a)
         return len(ok)
+
+    async def dial_addr(self, multiaddr_: str, timeout: float = 10.0) -> bool:
+        """Open one connection to the peer of ``multiaddr_`` (``/ip4/../tcp/../p2p/<id>``) at that address only,
+        in a single attempt (no py-libp2p retries, no negative cache). An existing connection counts.
+
+        Returns:
+            True when connected within ``timeout`` seconds; a failure is one DEBUG line with its reason.
+        """
+        import multiaddr
+        from libp2p.peer.peerinfo import info_from_p2p_addr
+
+        host = self._require()
+        try:
+            info = info_from_p2p_addr(multiaddr.Multiaddr(multiaddr_))
+        except Exception as e:
+            log.debug("not a peer address %r: %s", multiaddr_, reason(e))
+            return False
+        pid = info.peer_id
+        if pid.to_base58() == self._peer_id or self.banned(pid.to_base58()):
+            return False
+        if pid in host.get_connected_peers():
+            return True
+        net = host.get_network()
+        dial = getattr(net, "_dial_addr_single_attempt", None) or net.dial_addr  # py-libp2p 0.8.1: no retries
+        try:
+            with trio.fail_after(timeout):
+                await dial(info.addrs[0], pid)
+            return True
+        except Exception as e:  # OSError, SwarmException, TooSlowError, a Noise failure: that address failed
+            log.debug("dial %s failed: %s", multiaddr_, reason(e))
+            return pid in host.get_connected_peers()
+
+    def stored_addrs(self, peer_id: str) -> list[str]:
+        """The direct addresses py-libp2p's peerstore holds for ``peer_id`` (no ``/p2p``), [] if none."""
+        from libp2p.peer.id import ID
+
+        host = self._require()
+        try:
+            return [str(a) for a in host.get_peerstore().addrs(ID.from_base58(peer_id))
+                    if "/p2p-circuit" not in str(a)]
+        except Exception:
+            return []
 
     def remember(self, multiaddrs: list[str], ttl: int = 120) -> int:
         """Put ``/.../p2p/<id>`` addresses in the peerstore for ``ttl`` seconds, so a later stream to that peer
@@ -436,6 +484,8 @@ class P2PHost(GossipMethods):
 
         host = self._require()
         n = 0
+        if self.dial_filter is not None:  # never store what cannot be reached from here: py-libp2p would dial it
+            multiaddrs = self.dial_filter(multiaddrs[:16])
         for addr in multiaddrs[:16]:
             parsed = self._parsed.get(addr)
             if parsed is None:
@@ -592,11 +642,16 @@ class P2PHost(GossipMethods):
             raise PeerUnreachable(f"{peer_id} is banned (node.p2p.scoring)")
         try:
             with trio.fail_after(timeout):
-                if self.dial_hint is not None and peer_id not in self.connected_peers():
-                    await self.dial_hint(peer_id)  # e.g. through a relay: py-libp2p cannot dial those itself
+                # Tally dials (reachable addresses raced, relays included: node.net.dial); py-libp2p would try
+                # every stored address, unreachable ones too, each until its timeout
+                if (self.dial_hint is not None and peer_id not in self.connected_peers()
+                        and await self.dial_hint(peer_id) is False):
+                    raise PeerUnreachable(f"{peer_id}: no address reachable from here answered")
                 return await host.new_stream(pid, [TProtocol(protocol_id)])
         except trio.TooSlowError:
             raise PeerUnreachable(f"no stream to {peer_id} for {protocol_id} within {timeout} s") from None
+        except PeerUnreachable:
+            raise
         except Exception as e:
             raise PeerUnreachable(f"{peer_id} {protocol_id}: {type(e).__name__}: {e}") from None
 
