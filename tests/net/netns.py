@@ -296,13 +296,16 @@ class Netns:
         self.hosts[name] = host = Host(name, ns, ip, ip, None, port)
         return host
 
-    def add_nat_host(self, name: str, stealth: bool = False) -> Host:
+    def add_nat_host(self, name: str, stealth: bool = False, random_ports: bool = False) -> Host:
         """A host behind its own NAT router (outbound only): it can dial every public host, none can dial it.
 
         The router masquerades what leaves through its bridge link (keeping source ports where free) and drops
         forwarded connections that arrive there unless they belong to one the inside opened
         (``ct state established,related``). With ``stealth`` it also drops unsolicited connections to its own
-        address (like a home router) instead of answering them with a TCP reset.
+        address (like a home router: a silent drop) instead of answering them with a TCP reset. With
+        ``random_ports`` the masquerade picks a random source port for every connection (``masquerade random``:
+        an address-and-port-dependent, "symmetric" NAT, RFC 4787 §4.1, where TCP hole punching cannot work);
+        without it the source port is kept where free (endpoint-independent mapping, where it can).
 
         Returns:
             The :class:`Host`: ``ip`` its private address (10.247.<k>.2), ``public_ip`` the router's bridge
@@ -329,14 +332,15 @@ class Netns:
         self._ip(ns, "link", "set", "eth0", "up")
         self._ip(ns, "route", "add", "default", "via", gw)
         self._exec(router, "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
-        self._nat_rules(router, stealth)
+        self._nat_rules(router, stealth, random_ports)
         self.hosts[name] = host = Host(name, ns, ip, pub, router, port)
         return host
 
-    def _nat_rules(self, router: str, stealth: bool) -> None:
+    def _nat_rules(self, router: str, stealth: bool, random_ports: bool = False) -> None:
         if _nat_tool() == "nft":
+            masq = "masquerade random" if random_ports else "masquerade"
             rules = ("table ip nat {\n"
-                     "  chain postrouting { type nat hook postrouting priority 100; oifname \"eth0\" masquerade; }\n"
+                     f"  chain postrouting {{ type nat hook postrouting priority 100; oifname \"eth0\" {masq}; }}\n"
                      "}\n"
                      "table ip filter {\n"
                      "  chain forward { type filter hook forward priority 0; policy drop;\n"
@@ -353,7 +357,8 @@ class Netns:
             self._exec(router, "nft", "-f", "-", input=rules)
             return
         ipt = ["iptables", "-w", "5"]
-        self._exec(router, *ipt, "-t", "nat", "-A", "POSTROUTING", "-o", "eth0", "-j", "MASQUERADE")
+        self._exec(router, *ipt, "-t", "nat", "-A", "POSTROUTING", "-o", "eth0", "-j", "MASQUERADE",
+                   *(["--random"] if random_ports else []))
         self._exec(router, *ipt, "-P", "FORWARD", "DROP")
         self._exec(router, *ipt, "-A", "FORWARD", "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED",
                    "-j", "ACCEPT")
