@@ -159,7 +159,8 @@ def settle_state(state: State) -> None:
         state.tables[name].settle()
     state.encoded = None
     assert state.tree is not None and state.tree.root is not None
-    state.tree = tr.settled(state.tables["accounts"].root.backend, state.tree.root)  # type: ignore[union-attr]
+    state.tree = tr.settled(state.tables["accounts"].root.backend, state.tree.root,  # type: ignore[union-attr]
+                            state.tree)  # its nodes stay in memory a while (tree.Recent)
 
 
 def _view(state: State, height: int, last_hash: bytes, seq: int, befores: dict[str, dict], tree: Any) -> State:

@@ -18,10 +18,10 @@ Where the nodes live (a :class:`StateTree` per state):
 
 from __future__ import annotations
 
+from hashlib import blake2b
 from typing import Any
 from collections.abc import Callable, Iterator
 
-from ...encoding import H
 from .smt import EMPTY_ROOT, Root, StaleNode, UpdateResult, prove, prune_bound, tree_key, update
 
 TAG = {"accounts": b"a", "receipts": b"r", "evidence": b"e", "sessions": b"s", "jobs": b"j", "runs": b"n",
@@ -34,14 +34,24 @@ STALE = b"T/x/"  # + StaleNode.index_key() -> b""
 RETAIN = 1024  # versions (blocks) whose roots stay provable
 
 
+_KEY_PREFIX = {t: bytes([len(tag)]) + tag for t, tag in TAG.items()}  # tree_key's hashed prefix, per table
+_LEAF_TAG = b"tally/state-entry/v1"
+
+
 def entry_key(table: str, key: bytes) -> bytes:
-    """The tree key of ``key`` in state table ``table`` (32 bytes)."""
-    return tree_key(TAG[table], key)
+    """The tree key of ``key`` in state table ``table`` (32 bytes): :func:`node.ledger.core.smt.tree_key` of the
+    table's tag, computed with one hash call (once per changed entry per block).
+
+    Raises: KeyError for an unknown table; TypeError for a key that is not bytes."""
+    if not isinstance(key, bytes):
+        raise TypeError("tag and raw key must be bytes")
+    return blake2b(_KEY_PREFIX[table] + key, digest_size=32).digest()
 
 
 def leaf_value(raw: bytes) -> bytes:
-    """What a leaf holds for a stored value: its 32-byte hash (the tree never duplicates the records)."""
-    return H(b"tally/state-entry/v1", raw)
+    """What a leaf holds for a stored value: its 32-byte hash (the tree never duplicates the records):
+    ``H("tally/state-entry/v1" ‖ raw)``."""
+    return blake2b(_LEAF_TAG + raw, digest_size=32).digest()
 
 
 class _Shared:
@@ -56,14 +66,49 @@ class _Shared:
         return self.nodes.get(node_key)
 
 
-class LevelNodes:
-    """The committed tree's nodes in LevelDB (a :class:`node.ledger.core.smt.NodeStore`)."""
+RECENT_VERSIONS = 2  # committed versions whose node writes LevelNodes keeps in memory (see Recent)
 
-    def __init__(self, db: Any):
-        self.db = db
+
+class Recent:
+    """The node writes of the last :data:`RECENT_VERSIONS` committed versions, in memory.
+
+    Every block rewrites the top of the tree (with ``c`` changes, about the top ``log2 c`` levels of every
+    changed path), so the next block's update reads those nodes first: from here in one dict lookup instead of
+    a LevelDB read each. Node keys begin with the version that wrote them and a version is written once, so a
+    node held here is always the stored one; pruning deletes only nodes stale for :data:`RETAIN` versions,
+    far older than these. Memory: the node writes of :data:`RECENT_VERSIONS` blocks (about 150 bytes per node
+    written)."""
+
+    def __init__(self) -> None:
+        self.gens: list[dict[bytes, bytes]] = []
 
     def get(self, node_key: bytes) -> bytes | None:
-        raw: bytes | None = self.db.get(NODES + node_key)
+        for gen in self.gens:
+            v = gen.get(node_key)
+            if v is not None:
+                return v
+        return None
+
+    def add(self, writes: dict[bytes, bytes]) -> None:
+        """Remember ``writes`` (node key -> bytes), committed just now; forget the oldest version beyond
+        :data:`RECENT_VERSIONS`."""
+        if writes:
+            self.gens.insert(0, writes)
+            del self.gens[RECENT_VERSIONS:]
+
+
+class LevelNodes:
+    """The committed tree's nodes in LevelDB (a :class:`node.ledger.core.smt.NodeStore`), the most recent
+    versions' through :class:`Recent` (shared by the trees of successive committed states)."""
+
+    def __init__(self, db: Any, recent: Recent | None = None):
+        self.db = db
+        self.recent = recent if recent is not None else Recent()
+
+    def get(self, node_key: bytes) -> bytes | None:
+        raw: bytes | None = self.recent.get(node_key)
+        if raw is None:
+            raw = self.db.get(NODES + node_key)
         return raw
 
 
@@ -147,9 +192,14 @@ def stage(batch: Any, tree: StateTree, height: int, prune_stale: Callable[[bytes
             batch.delete(NODES + StaleNode.from_index_key(ik[len(STALE):]).node_key)
 
 
-def settled(db: Any, root: Root) -> StateTree:
-    """The tree of the committed state whose root is ``root``."""
-    return StateTree(None, LevelNodes(db), root)
+def settled(db: Any, root: Root, after: StateTree | None = None) -> StateTree:
+    """The tree of the committed state whose root is ``root``. ``after``: the tree whose pending writes were
+    just committed as ``root`` (their nodes, and the recent ones its base held, stay in memory: :class:`Recent`)."""
+    recent = None
+    if after is not None and isinstance(after.base, LevelNodes):
+        recent = after.base.recent
+        recent.add(after.pending)
+    return StateTree(None, LevelNodes(db, recent), root)
 
 
 __all__ = [
@@ -158,6 +208,7 @@ __all__ = [
     "SEQ_KEY",
     "TAG",
     "LevelNodes",
+    "Recent",
     "StateTree",
     "entry_key",
     "leaf_value",
