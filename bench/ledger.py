@@ -18,6 +18,11 @@ behaviour, ``heartbeat_ms`` 0), in the same run.
 each of 5 keys (decode, admission checks, refusal; no signature is checked), with and without the per-peer
 refusal budget, per transaction.
 
+``--rate`` instead: only the receipt rate through a validator holding 10^4 and 10^6 live receipts (the 10^6 store
+from ``--scale --keep DIR``, given as ``--store-dir DIR``), against the raw verify rate, side by side in one run
+(:mod:`ledger_rate`, bench/ledger_rate.py; ``--profile``: the slowest block of each size). The default run prints
+these lines too.
+
 ``--scale`` instead: the ledger holding 10^4, 10^5 and 10^6 receipts (``--sizes`` to change), each size in fresh
 subprocesses: start time, resident memory, time per empty block and per block of 100 receipts, stored bytes per live
 state item and per empty block, against issue 13's targets (:mod:`ledger_scale`, bench/ledger_scale.py).
@@ -46,6 +51,7 @@ from node.ledger.core.state import apply_block_body, genesis_state  # noqa: E402
 from node.encoding import pack, unpack  # noqa: E402
 from node.ledger.core.tx import Receipt, decode_tx  # noqa: E402
 
+import ledger_rate  # noqa: E402  (bench/ledger_rate.py: the receipt rate at 10^4 and 10^6 live receipts)
 import ledger_scale  # noqa: E402  (bench/ledger_scale.py, beside this file: the --scale mode)
 
 C = 10**9
@@ -244,11 +250,18 @@ def main() -> None:
     ap.add_argument("--heartbeat-ms", type=int, default=2000, help="heartbeat_ms for --idle (default %(default)s)")
     ap.add_argument("--scale", action="store_true",
                     help="only the ledger at 10^4..10^6 receipts held (issue 13 targets; options below)")
+    ap.add_argument("--rate", action="store_true",
+                    help="only the receipt rate at 10^4 and 10^6 live receipts (options --store-dir, --rate-blocks, "
+                         "--rate-per-block, --profile)")
     ledger_scale.add_args(ap)
+    ledger_rate.add_args(ap)
     args = ap.parse_args()
+    if args.rate:
+        print("\n".join(ledger_rate.run_rates(args.store_dir, args.rate_blocks, args.rate_per_block, args.profile)))
+        return
     if args.scale:
         ledger_scale.run_scale(args.sizes, args.timeout, args.empty, args.full, args.profile, args.keep, args.cap,
-                               not args.no_mmap)
+                               not args.no_mmap, args.per_block)
         return
     if args.idle:
         print(idle_line(args.idle, args.heartbeat_ms))
@@ -263,6 +276,7 @@ def main() -> None:
     print(f"raw pynacl verify (1 thread):            {raw:10.0f} /s")
     print(f"receipt txs applied (2 sigs each, {os.cpu_count()} cores): {rate:10.0f} /s")
     print(f"ratio receipts/s ÷ raw verifies/s:       {rate / raw:10.2f}   (target >= 0.5)")
+    print("\n".join(ledger_rate.run_rates(args.store_dir, args.rate_blocks, args.rate_per_block, args.profile)))
     lat = sorted(finality(args.heights))
     p95 = lat[min(len(lat) - 1, int(0.95 * len(lat)))]
     print(f"finality, 4 validators on loopback ({len(lat)} block commits): median {statistics.median(lat) * 1000:.0f} ms, "

@@ -69,7 +69,11 @@ from node.ledger.core.tx import Receipt, decode_tx  # noqa: E402
 C = 10**9
 SAMPLE_PPM = 10_000
 BLOCK_MS = 200
-TARGET_RATIO = 2.0  # memory and per-block times at the largest size within 2x of the smallest
+TARGET_RATIO = 2.0  # memory and per-block times at the largest size within 2x of the smallest (issue 13)
+TARGET_BLOCK_S = 0.5  # a full block proposed, committed and fsynced at the largest size (issue 27, check 2)
+TARGET_BLOCK_RATIO = 1.3  # ... within 1.3x of the same block at the smallest size (issue 27)
+TARGET_RSS_RATIO = 1.5  # resident memory after blocks, largest / smallest size (issue 27)
+PER_BLOCK = 1000  # receipts per full block (issue 27's check 2; 100 before it)
 TARGET_START_S = 5.0
 TARGET_EMPTY_B = 250
 DEFAULT_SIZES = (10**4, 10**5, 10**6)
@@ -423,13 +427,17 @@ def _size(n: int) -> str:
 
 
 def run_scale(sizes: list[int], timeout: float = 1800, empty: int = 30, full: int = 10, profile: bool = False,
-              keep: Path | None = None, cap: float | None = None, mmap_too: bool = True) -> list[dict[str, Any]]:
+              keep: Path | None = None, cap: float | None = None, mmap_too: bool = True,
+              per_block: int = PER_BLOCK) -> list[dict[str, Any]]:
     """Build and measure each size in fresh subprocesses, print the table and the targets; returns the rows.
+    ``per_block``: receipts per full block.
 
     Args:
         sizes: receipts held, ascending.
         timeout: seconds allowed to each child (build, then measure).
-        keep: a directory to build the stores in and leave them (default: a temporary one, removed).
+        keep: a directory to build the stores in and leave them (default: a temporary one, removed). A store
+            already there (``keep/ledger-<n>``, from an earlier run) is not built again; every kept store is
+            measured on a copy, so it stays as built and serves the next run (and ``--rate --store-dir``).
         cap: also measure the largest size again in a memory cgroup of ``cap`` times the smallest size's resident
             memory after blocks (:func:`capped_measure`).
         mmap_too: also measure a copy of each store (made before the first measurement) with LevelDB's
@@ -446,14 +454,23 @@ def run_scale(sizes: list[int], timeout: float = 1800, empty: int = 30, full: in
     rows = []
     with tempfile.TemporaryDirectory(prefix="tally-scale-") as tmp:
         base = keep or Path(tmp)
+        dirs = {}
         for n in sizes:
             d = base / f"ledger-{n}"
-            b = _child(["--child", "build", "--n", str(n), "--dir", str(d)], timeout)
-            dm = base / f"ledger-{n}-mmap"
+            if keep is not None and (d / "CURRENT").exists():
+                b = {"write_s": 0.0, "compact_s": 0.0}  # built by an earlier run
+            else:
+                b = _child(["--child", "build", "--n", str(n), "--dir", str(d)], timeout)
+            if keep is not None:  # measured on a copy: the kept store stays as built
+                shutil.copytree(d, Path(tmp) / f"ledger-{n}")
+                d = Path(tmp) / f"ledger-{n}"
+            dirs[n] = d
+            dm = Path(tmp) / f"ledger-{n}-mmap"
             if mmap_too:
                 shutil.copytree(d, dm)
                 os.sync()  # the copy's dirty pages would otherwise be written back during the measurements
-            args = ["--empty", str(empty), "--full", str(full), *(["--profile"] if profile else [])]
+            args = ["--empty", str(empty), "--full", str(full), "--per-block", str(per_block),
+                    *(["--profile"] if profile else [])]
             m = _child(["--child", "measure", "--n", str(n), "--dir", str(d), *args], timeout)
             if mmap_too:
                 m["mmap"] = _child(["--child", "measure", "--n", str(n), "--dir", str(dm), *args], timeout, mmap=True)
@@ -466,10 +483,10 @@ def run_scale(sizes: list[int], timeout: float = 1800, empty: int = 30, full: in
                 print(m.get("profile", ""), file=sys.stderr)
         if cap:
             lo, hi = rows[0], rows[-1]
-            hi["capped"] = capped_measure(base / f"ledger-{hi['n']}", hi["items"]["receipts"],
+            hi["capped"] = capped_measure(dirs[hi["n"]], hi["items"]["receipts"],
                                           cap * lo["rss_after_mib"], timeout, empty, full)
             if mmap_too:
-                hi["capped_mmap"] = capped_measure(base / f"ledger-{hi['n']}-mmap", hi["mmap"]["items"]["receipts"],
+                hi["capped_mmap"] = capped_measure(Path(tmp) / f"ledger-{hi['n']}-mmap", hi["mmap"]["items"]["receipts"],
                                                    cap * lo["rss_after_mib"], timeout, empty, full, mmap=True)
         if mmap_too and keep is None:
             for n in sizes:
@@ -480,6 +497,7 @@ def run_scale(sizes: list[int], timeout: float = 1800, empty: int = 30, full: in
 
 def report(rows: list[dict[str, Any]], empty: int = 30, full: int = 10) -> str:
     """The printed table, ratios and targets for ``rows`` (from :func:`measure`), smallest size first."""
+    per = rows[0]["per_block"]
     lines = [
         "ledger at scale (bench/ledger_scale.py): each size's store holds n synthetic FINAL receipts (+ their sessions)",
         "written straight into the state tables, NOT through n signed blocks; each size built and measured in fresh",
@@ -488,7 +506,7 @@ def report(rows: list[dict[str, Any]], empty: int = 30, full: int = 10) -> str:
         "",
         f"{'receipts':>9} {'start s':>8} {'RSS base':>9} {'RSS start':>10} {'RSS after':>10} {'anon after':>11} {'ldb after':>10} "
         f"{'empty blk':>10} "
-        f"{'(cpu)':>7} {'100-rcpt blk':>13} {'(cpu)':>8} {'B/live item':>12} {'B/receipt':>10} {'snap B/item':>12} {'B/empty blk':>12} {'disk MiB':>9} {'build s':>8}",
+        f"{'(cpu)':>7} {f'{per}-rcpt blk':>13} {'(cpu)':>8} {'B/live item':>12} {'B/receipt':>10} {'snap B/item':>12} {'B/empty blk':>12} {'disk MiB':>9} {'build s':>8}",
     ]
     for r in rows:
         lines.append(
@@ -505,7 +523,7 @@ def report(rows: list[dict[str, Any]], empty: int = 30, full: int = 10) -> str:
         "block cache included); the rest is RssFile: the interpreter's and libraries' code and, with memory-mapped "
         "reads, the pages of LevelDB's table files that lookups touched (ldb after: clean page-cache pages that the "
         "process holds mapped; 0 with pread).",
-        f"empty blk / 100-rcpt blk: median of {empty} / {full} (propose + commit_block + append, fsync included; "
+        f"empty blk / {per}-rcpt blk: median of {empty} / {full} (propose + commit_block + append, fsync included; "
         "propose verifies each receipt's 2 signatures twice); (cpu): the same less the batch write + fsync, which "
         "on this shared disk is most of an empty block and noisy.",
         "B/live item: keys + values under S/ over every state table's entries; B/receipt: the S/r/ records alone; "
@@ -523,7 +541,7 @@ def report(rows: list[dict[str, Any]], empty: int = 30, full: int = 10) -> str:
             "the same stores (a copy of each, made before the first measurement) with LevelDB's memory-mapped reads "
             "(TALLY_LEVELDB_MMAP=1, LevelDB's default), measured in the same run:",
             f"{'receipts':>9} {'RSS after':>10} {'anon after':>11} {'ldb after':>10} {'empty blk':>10} "
-            f"{'100-rcpt blk':>13}",
+            f"{f'{per}-rcpt blk':>13}",
         ]
         for r in rows:
             mm = r["mmap"]
@@ -534,19 +552,28 @@ def report(rows: list[dict[str, Any]], empty: int = 30, full: int = 10) -> str:
     name = f"{_size(hi['n'])} / {_size(lo['n'])}"
     checks: list[tuple[str, bool, str]] = []
     for key, what in (("rss_after_mib", "resident memory (after blocks)"), ("empty_ms", "time per empty block"),
-                      ("full_ms", "time per 100-receipt block")):
+                      ("full_ms", f"time per {per}-receipt block")):
         ratio = hi[key] / lo[key]
         lines.append(f"ratio {name}, {what}: {ratio:.2f}x")
         checks.append((f"{what} within {TARGET_RATIO:g}x", ratio <= TARGET_RATIO, f"{ratio:.2f}x"))
     for key, what in (("empty_cpu_ms", "time per empty block less write + fsync"),
-                      ("full_cpu_ms", "time per 100-receipt block less write + fsync")):
+                      ("full_cpu_ms", f"time per {per}-receipt block less write + fsync")):
         lines.append(f"ratio {name}, {what}: {hi[key] / lo[key]:.2f}x (shown, not a target)")
     if "mmap" in lo and "mmap" in hi:
-        for key, what in (("rss_after_mib", "resident memory (after blocks)"), ("full_ms", "time per 100-receipt block")):
+        for key, what in (("rss_after_mib", "resident memory (after blocks)"), ("full_ms", f"time per {per}-receipt block")):
             lines.append(f"ratio {name}, {what}, memory-mapped reads: {hi['mmap'][key] / lo['mmap'][key]:.2f}x "
                          "(shown, not a target)")
-        lines.append(f"pread / memory-mapped, 100-receipt block: {lo['full_ms'] / lo['mmap']['full_ms']:.2f}x at "
+        lines.append(f"pread / memory-mapped, {per}-receipt block: {lo['full_ms'] / lo['mmap']['full_ms']:.2f}x at "
                      f"{_size(lo['n'])}, {hi['full_ms'] / hi['mmap']['full_ms']:.2f}x at {_size(hi['n'])} (shown)")
+    per, full_hi = lo["per_block"], hi["full_ms"] / 1e3
+    checks.append((f"a {per}-receipt block at {_size(hi['n'])} in <= {TARGET_BLOCK_S:g} s (issue 27)",
+                   full_hi <= TARGET_BLOCK_S, f"{full_hi:.3f} s ({per / full_hi:.0f} receipts/s)"))
+    ratio = hi["full_ms"] / lo["full_ms"]
+    checks.append((f"the {per}-receipt block within {TARGET_BLOCK_RATIO:g}x of {_size(lo['n'])}'s (issue 27)",
+                   ratio <= TARGET_BLOCK_RATIO, f"{ratio:.2f}x"))
+    ratio = hi["rss_after_mib"] / lo["rss_after_mib"]
+    checks.append((f"resident memory within {TARGET_RSS_RATIO:g}x (issue 27)", ratio <= TARGET_RSS_RATIO,
+                   f"{ratio:.2f}x"))
     anon = hi["rss_phases_mib"]["after"]["RssAnon"] / lo["rss_phases_mib"]["after"]["RssAnon"]
     lines.append(f"ratio {name}, resident anonymous memory (RssAnon) after blocks: {anon:.2f}x (shown, not a target)")
     lines.append(f"ratio {name}, resident memory after start: {hi['rss_start_mib'] / lo['rss_start_mib']:.2f}x "
@@ -564,7 +591,7 @@ def report(rows: list[dict[str, Any]], empty: int = 30, full: int = 10) -> str:
         lines += ["", f"{how}, held to {c['cap_mib']:.0f} MiB (a memory cgroup of {c['cap_mib'] / lo['rss_after_mib']:.1f}x the "
                   f"{_size(lo['n'])} resident memory, page cache included; the store's pages dropped first), "
                   f"{_size(hi['n'])}: peak {c['cap_max_usage_mib']:.0f} MiB, limit hit {c['cap_failcnt']} times, "
-                  f"{c['cap_major_faults']} major faults; empty block {c['empty_ms']:.2f} ms, 100-receipt block "
+                  f"{c['cap_major_faults']} major faults; empty block {c['empty_ms']:.2f} ms, {per}-receipt block "
                   f"{c['full_ms']:.1f} ms ({c['full_ms'] / lo['full_ms']:.2f}x the {_size(lo['n'])} one, "
                   f"{c['full_ms'] / unc['full_ms']:.2f}x uncapped); start {c['start_s']:.3f} s"]
     if len(rows) == 1:
@@ -599,8 +626,10 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--timeout", type=float, default=1800, help="seconds allowed per build and per measurement "
                     "subprocess (default %(default)s)")
     ap.add_argument("--empty", type=int, default=30, help="empty blocks timed per size (default %(default)s)")
-    ap.add_argument("--full", type=int, default=10, help="100-receipt blocks timed per size (default %(default)s)")
-    ap.add_argument("--profile", action="store_true", help="cProfile the empty and the 100-receipt blocks; top functions to stderr")
+    ap.add_argument("--full", type=int, default=10, help="full blocks timed per size (default %(default)s)")
+    ap.add_argument("--per-block", type=int, default=PER_BLOCK,
+                    help="receipts per full block (default %(default)s: issue 27's check 2)")
+    ap.add_argument("--profile", action="store_true", help="cProfile the empty and the full blocks; top functions to stderr")
     ap.add_argument("--keep", type=Path, default=None, help="build the stores under this directory and keep them")
     ap.add_argument("--cap", type=float, default=None, metavar="X",
                     help="also measure the largest size in a memory cgroup of X times the smallest size's resident "
@@ -619,10 +648,10 @@ def main() -> None:
     if args.child == "build":
         print(json.dumps(build(args.dir, args.n)))
     elif args.child == "measure":
-        print(json.dumps(measure(args.dir, args.n, args.empty, args.full, profile=args.profile)))
+        print(json.dumps(measure(args.dir, args.n, args.empty, args.full, args.per_block, profile=args.profile)))
     else:
         run_scale(args.sizes, args.timeout, args.empty, args.full, args.profile, args.keep, args.cap,
-                  not args.no_mmap)
+                  not args.no_mmap, args.per_block)
 
 
 if __name__ == "__main__":

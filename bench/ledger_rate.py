@@ -1,0 +1,185 @@
+"""``bench/ledger.py``'s receipt rate at scale (issue 27, check 1): receipts applied per second through a validator
+that holds 10^4 and 10^6 live receipts, against the raw Ed25519 verify rate of one thread, in one run.
+
+For each size, a copy of a store built by ``bench/ledger.py --scale --keep DIR`` (``DIR/ledger-<n>``, see
+:mod:`ledger_scale`; a 10^4 store is built here, in a few seconds, when none is given) is opened in a fresh
+subprocess, and ``--blocks`` blocks of ``--per-block`` pre-signed real receipts (fresh decoded objects, as a node
+gets them) go through :func:`node.ledger.core.chain.propose` (each receipt's two signatures verified once, on
+every core, before the block is applied), :func:`~node.ledger.core.chain.commit_block` and
+:meth:`~node.ledger.store.LedgerStore.append` (the block, the state changes and the state tree in one fsynced
+LevelDB batch). The rate is receipts over the summed block times (seconds); the first block is a warm-up, not
+counted. ``--profile`` prints a cProfile of the slowest counted block of each size to stderr.
+
+Usage: ``.venv/bin/python bench/ledger.py --rate [--store-dir DIR] [--blocks N] [--per-block N] [--profile]``
+(this file directly takes the same flags).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import ledger_scale  # (bench/ledger_scale.py: the stores, their genesis, keys and receipts)
+
+SIZES = (10**4, 10**6)
+TARGETS = {10**4: 0.5, 10**6: 0.4}  # receipts applied / raw verifies (issue 27, check 1)
+
+
+def raw_verify_rate(n: int = 20_000) -> float:
+    """Ed25519 verifications per second on one thread (pynacl, one key, 32-byte messages)."""
+    import nacl.signing
+
+    sk = nacl.signing.SigningKey.generate()
+    vk = sk.verify_key
+    msgs = [os.urandom(32) for _ in range(n)]
+    sigs = [sk.sign(m).signature for m in msgs]
+    t0 = time.perf_counter()
+    for m, s in zip(msgs, sigs, strict=True):
+        vk.verify(m, s)
+    return n / (time.perf_counter() - t0)
+
+
+def store_rate(src: Path, blocks: int, per_block: int, profile: bool = False) -> dict[str, Any]:
+    """Apply ``blocks`` + 1 blocks of ``per_block`` receipts to a copy of the store at ``src`` (see the module
+    docstring). Returns ``{"n", "receipts_per_s", "block_ms", "cpu_ms", "rss_mib", "profile"}`` (times of the
+    counted blocks, in ms; ``n`` the live receipts before the first block).
+
+    Raises:
+        FileNotFoundError: no store at ``src``. RuntimeError: a receipt was refused.
+    """
+    from node.encoding import pack, unpack
+    from node.ledger.core.tx import decode_tx
+    from node.ledger.store import LedgerStore
+
+    if not (src / "CURRENT").exists():
+        raise FileNotFoundError(f"no LevelDB store at {src}")
+    g = ledger_scale.scale_genesis()
+    val, workers, requesters = ledger_scale.keys()
+    with tempfile.TemporaryDirectory(prefix="tally-rate-") as tmp:
+        d = Path(tmp) / "ledger"
+        shutil.copytree(src, d)
+        store = LedgerStore(d, g)
+        try:
+            state = store.replay()
+            n = len(state.receipts)
+            pre = []
+            for i in range((blocks + 1) * per_block):
+                rc = ledger_scale.make_receipt(g, workers[i % len(workers)], requesters[i % len(requesters)],
+                                               os.urandom(16), state.height, os.urandom(8))
+                pre.append(decode_tx(unpack(pack(rc.to_wire()))))
+            wall, cpu, profs = [], [], []
+            for j in range(blocks + 1):
+                prof = cProfile.Profile() if profile else None
+                c0 = time.process_time()
+                if prof:
+                    prof.enable()
+                state, dt = ledger_scale._block(store, state, pre[j * per_block:(j + 1) * per_block], val)
+                if prof:
+                    prof.disable()
+                if j:  # the first block warms the caches up
+                    wall.append(dt)
+                    cpu.append(time.process_time() - c0)
+                    profs.append(prof)
+            rss = ledger_scale.rss_mib()
+        finally:
+            store.close()
+    out: dict[str, Any] = {"n": n, "receipts_per_s": blocks * per_block / sum(wall),
+                           "block_ms": [round(x * 1e3, 1) for x in wall], "cpu_ms": [round(x * 1e3, 1) for x in cpu],
+                           "rss_mib": rss, "profile": ""}
+    if profile:
+        slow = max(range(len(wall)), key=lambda i: wall[i])
+        s = io.StringIO()
+        s.write(f"--- slowest of {blocks} blocks of {per_block} receipts at {n} live receipts: "
+                f"{wall[slow] * 1e3:.0f} ms ---\n")
+        pstats.Stats(profs[slow], stream=s).sort_stats("tottime").print_stats(30)
+        out["profile"] = s.getvalue()
+    return out
+
+
+def _child(src: Path, blocks: int, per_block: int, profile: bool, timeout: float) -> dict[str, Any]:
+    args = [sys.executable, str(Path(__file__).resolve()), "--child", str(src), "--rate-blocks", str(blocks),
+            "--rate-per-block", str(per_block), *(["--profile"] if profile else [])]
+    try:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the rate at {src} ran past {timeout:.0f} s and was killed") from None
+    if r.returncode != 0 or not r.stdout.strip():
+        raise RuntimeError(f"the rate at {src} failed (exit {r.returncode}): {r.stderr.strip()[-1500:]}")
+    out: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    return out
+
+
+def run_rates(store_dir: Path | None, blocks: int = 4, per_block: int = 500, profile: bool = False,
+              timeout: float = 1800) -> list[str]:
+    """The printed lines: the raw verify rate, then for each of 10^4 and 10^6 live receipts the receipts applied
+    per second and the ratio against its target (a size whose store is missing is named, with the command that
+    builds it). The raw rate is measured before and after the sizes, and their mean used (the machine drifts).
+
+    Raises:
+        RuntimeError: a child failed or timed out.
+    """
+    lines = []
+    raw0 = raw_verify_rate()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tally-rate-src-") as tmp:
+        for n in SIZES:
+            src = (store_dir or Path(tmp)) / f"ledger-{n}"
+            if not (src / "CURRENT").exists():
+                if n > 10**4:
+                    rows.append((n, None))
+                    continue
+                ledger_scale.build(src, n)  # 10^4: seconds
+            rows.append((n, _child(src, blocks, per_block, profile, timeout)))
+    raw = (raw0 + raw_verify_rate()) / 2
+    lines.append(f"raw pynacl verify (1 thread): {raw:.0f} /s (mean of {raw0:.0f} before and the one after)")
+    for n, r in rows:
+        name = ledger_scale._size(n)
+        if r is None:
+            lines.append(f"at {name} live receipts: not measured (no store: build one with .venv/bin/python "
+                         f"bench/ledger.py --scale --sizes 10000,{n} --keep DIR, then --rate --store-dir DIR)")
+            continue
+        ratio = r["receipts_per_s"] / raw
+        lines.append(f"at {name} live receipts ({r['n']} held): {r['receipts_per_s']:.0f} receipts/s through a "
+                     f"validator ({per_block}-receipt blocks, propose + commit + fsync; {os.cpu_count()} cores), "
+                     f"ratio {ratio:.2f} (target >= {TARGETS[n]}) {'MET' if ratio >= TARGETS[n] else 'NOT MET'}; "
+                     f"blocks {r['block_ms']} ms, cpu {r['cpu_ms']} ms, RSS {r['rss_mib']:.0f} MiB")
+        if profile:
+            print(r["profile"], file=sys.stderr)
+    return lines
+
+
+def add_args(ap: argparse.ArgumentParser) -> None:
+    """The ``--rate`` options (shared with bench/ledger.py)."""
+    ap.add_argument("--store-dir", type=Path, default=None,
+                    help="where --scale --keep built ledger-10000 and ledger-1000000 (default: build 10^4 only)")
+    ap.add_argument("--rate-blocks", type=int, default=4, help="blocks timed per size for --rate, after a warm-up one (default 4)")
+    ap.add_argument("--rate-per-block", type=int, default=500, help="receipts per block for --rate (default 500)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_args(ap)
+    ap.add_argument("--profile", action="store_true", help="cProfile the slowest block of each size (stderr)")
+    ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(store_rate(args.child, args.rate_blocks, args.rate_per_block, args.profile)))
+        return
+    print("\n".join(run_rates(args.store_dir, args.rate_blocks, args.rate_per_block, args.profile)))
+
+
+if __name__ == "__main__":
+    main()
