@@ -34,7 +34,10 @@ client head: greedy tokens/s (KV cache, one token per step) and resident memory 
 peak VmHWM), with the int8 weights resident and dequantized per matmul, and, for comparison, dequantized to float32
 at load; ratios to the float model printed, and how many greedy tokens the int8 copy shares with the float one.
 
-Usage: ``.venv/bin/python bench/inference.py [--tokens 48] [--runs 3] [--wan] [--processes | --hosts]
+With ``--hosts --nat port|random`` (issue 25): real ``node start`` processes, the servers and the client each behind
+a NAT of its own, A a public relay, against the same four nodes on loopback (:mod:`nat_swarm`).
+
+Usage: ``.venv/bin/python bench/inference.py [--tokens 48] [--runs 3] [--wan] [--processes | --hosts [--nat port]]
 [--compression none|fp16|zstd|fp16+zstd] [--model smollm2|tiny|int8] [--threads 1] [--redundancy 2]
 [--quantize int8]``
 """
@@ -657,6 +660,11 @@ def main() -> None:
                       help="run each of the 3 servers and the client as its own process in its own Linux network "
                            "namespace on one bridge (traffic over veth, not loopback); needs root, iproute2 and "
                            "nftables (scripts/setup-netns)")
+    p.add_argument("--nat", choices=["port", "random"],
+                   help="with --hosts: real node processes, B, C (servers) and D (client) each behind a NAT "
+                        "(port-preserving, or masquerade random) and A a public relay, against the same swarm on "
+                        "loopback; prints time to first token / steady time per token and the tokens/s ratio "
+                        "(bench/nat_swarm.py)")
     p.add_argument("--serve", help=argparse.SUPPRESS)
     p.add_argument("--key", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -685,6 +693,13 @@ def main() -> None:
         except NetnsUnavailable as e:
             p.error(f"--hosts: network namespaces are not available here: {e}")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.nat:
+        if not args.hosts:
+            p.error("--nat needs --hosts")
+        import nat_swarm  # bench/ is on sys.path when this file runs as a script
+
+        nat_swarm.run(args, resolve_model(args))
+        return
     if not (args.serve or args.client_of):  # the blob stores of the client and the servers (child processes
         import atexit  # too) go under one temp dir that is removed at exit
         import shutil
