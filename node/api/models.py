@@ -105,6 +105,11 @@ class ConsensusOut(BaseModel):
     valid_round: int = Field(..., description="round of the valid value, -1 when none")
     higher_rounds: list[list[int]] = Field(..., description="[round, power of its senders] for higher rounds seen")
     timeouts: dict[str, int] = Field(..., description="timeouts that moved the machine since start, by kind")
+    timeout_lag: int = Field(0, description="rounds of timeout this height starts with, carried from the last "
+                                            "heights (0: round 0's timeouts)")
+    resends: int = Field(0, description="re-broadcasts of a stuck round's messages since start")
+    queued: int = Field(0, description="events (messages, timeouts) waiting for the consensus task")
+    mesh: int = Field(0, description="peers in this node's gossip mesh of the consensus topic")
 
 
 class StatusOut(BaseModel):

@@ -3,8 +3,15 @@
 One task consumes every consensus event of this validator in order: signed proposals and votes from
 ``tally/<chain>/consensus`` (signature checked first), its own timers, and "next height" events. It signs what
 the machine broadcasts, feeds its own messages back to the machine like anyone else's, re-broadcasts the current
-height's messages every second (a healed partition would otherwise wait forever for messages it lost), and when
-the machine decides, stores the block with the > 2/3 precommits that decided it and gossips both.
+height's messages when the machine has stayed in one round and step for :data:`RESEND_PERIOD` (a healed partition
+would otherwise wait forever for messages it lost), then at waits doubling to :data:`RESEND_MAX` while it stays
+there, and when the machine decides, stores the block with the > 2/3 precommits that decided it and gossips both.
+
+Re-sends are bounded by what is stuck because they are most of the consensus traffic otherwise: re-broadcasting
+every second regardless (as before) was ~80 % of the consensus messages a validator published at load ~10 on two
+cores (3.9/s, for 0.25 heights/s), each relayed to every peer, a proposal with its whole block; the nodes' event
+loops were then saturated by gossip I/O, messages took 5-9 s, every round timed out and a healed network took up
+to 48 s to make two blocks (issue 28's Jepsen stall, the consensus states of seed 1003).
 
 A validator that signs two different votes of one kind at one height and round is reported with an
 :class:`~node.ledger.core.tx.Evidence` transaction built from its two signed messages.
@@ -43,7 +50,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("tally.consensus")
 
 MAX_FUTURE = 2000  # buffered messages for heights we have not reached yet
-RESEND_PERIOD = 1.0
+RESEND_PERIOD = 1.0  # seconds a machine stays in one (height, round, step) before it re-broadcasts its messages
+RESEND_MAX = 4.0  # seconds: the longest wait between two re-broadcasts while it stays there (doubling from 1 s)
+RESEND_SLACK = 0.05  # seconds: a re-send falls due this early, so that the 1 s loop tick meets it
 IDLE_POLL = 1.0  # seconds between two looks at the mempool while a quiet height waits with no wake-up (a backstop:
 # a transaction admitted through LedgerService.add_tx wakes the waiting height at once, see tx_added)
 
@@ -79,6 +88,10 @@ class ConsensusDriver:
         self._round_key = (self.machine.height, self.machine.round)  # (height, round) the machine is in
         self._round_since = time.monotonic()  # when the machine entered it
         self._last_commit = None  # time.monotonic() of the last block this node stored (None: none yet)
+        self._resend_key: tuple = ()  # (height, round, step) at the last re-send look
+        self._resend_at = 0.0  # time.monotonic() from which the current state's messages are re-sent
+        self._resend_gap = RESEND_PERIOD  # seconds to the next re-send after that
+        self.resends = 0  # re-broadcasts of this height's messages since start
         self._send, self._recv = trio.open_memory_channel(10_000)
         ledger.on_block(self._on_block)
 
@@ -260,7 +273,11 @@ class ConsensusDriver:
             stored = await self.ledger.commit_decided(block, commit, new_state)
         finally:
             self._committing = False
-        if stored:
+        # the block with its commit, for nodes that did not decide (followers, a validator that missed precommits):
+        # in round 0 only its proposer sends it (every validator did: four copies of every block, each relayed to
+        # every peer, the largest messages on the topic); after a failed round every validator that decided does,
+        # as validators that missed messages are likelier then. A node that gets none pulls it by sync.
+        if stored and (d.round > 0 or block.header.proposer == self.ident.account):
             await self._publish({"k": "block", "b": block.to_wire(), "c": [list(x) for x in commit]})
         # the next height starts block_time_ms after this one started, not after its decision: the block time is a
         # cadence, and the height's own work (proposal, votes, fsynced commit) and event-loop latency under load
@@ -309,12 +326,31 @@ class ConsensusDriver:
                 elif ev[0] == "next":
                     await self._next_height()
                 elif ev[0] == "resend":
-                    for a in self.machine.resend():
-                        await self._publish(self._wire(a.message))
+                    if self._resend_due(time.monotonic()):
+                        for a in self.machine.resend():
+                            await self._publish(self._wire(a.message))
                     for wire in self.extra_sent:
                         if wire["h"] == self.machine.height:
                             await self._publish(wire)
                 self._observe()
+
+    def _resend_due(self, now: float) -> bool:
+        """Whether to re-broadcast this height's messages now (``now``: ``time.monotonic()`` seconds): only while
+        the machine has stayed in one (height, round, step) for :data:`RESEND_PERIOD`, then again after waits
+        doubling to :data:`RESEND_MAX` while it stays there. A machine that moves needs no re-sends (its peers
+        got what it sent), and a stuck one is re-sent to at a bounded rate (see the module docstring)."""
+        m = self.machine
+        key = (m.height, m.round, m.step)
+        if key != self._resend_key:
+            self._resend_key, self._resend_gap = key, RESEND_PERIOD
+            self._resend_at = now + RESEND_PERIOD - RESEND_SLACK
+            return False
+        if now < self._resend_at:
+            return False
+        self._resend_gap = min(2 * self._resend_gap, RESEND_MAX)
+        self._resend_at = now + self._resend_gap - RESEND_SLACK
+        self.resends += 1
+        return True
 
     async def _next_height(self) -> None:
         target = self.ledger.state.height + 1
@@ -352,7 +388,9 @@ class ConsensusDriver:
         stored block (None: none since start), the round's proposer (account bytes), the voting power of the
         prevotes and precommits seen in this round (any value) against the quorum and total power, the lock
         (Tendermint's lockedRound/validRound, -1: none), the power seen in each higher round (line 55 jumps at
-        f + 1) and the timeouts that moved the machine, by kind."""
+        f + 1), the timeouts that moved the machine, by kind, the rounds of timeout carried from the last heights
+        (:attr:`Tendermint.lag`), the re-broadcasts since start, the events waiting for the consensus task and the
+        peers in this node's gossip mesh of the consensus topic."""
         self._observe()
         m, t, now = self.machine, self.machine.tally, time.monotonic()
         higher: dict[int, int] = {}
@@ -372,6 +410,9 @@ class ConsensusDriver:
             "locked_round": m.locked_round, "valid_round": m.valid_round,
             "higher_rounds": [[r, p] for r, p in higher.items()][-8:],
             "timeouts": dict(self.timeouts_acted),
+            "timeout_lag": m.lag, "resends": self.resends,
+            "queued": self._send.statistics().current_buffer_used,
+            "mesh": len(self.ledger.host.mesh_peers(self.ledger.host.topic("consensus"))),
         }
 
     # ------------------------------------------------------------------ quiet when idle

@@ -10,8 +10,8 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from node.ledger.core.consensus import (PRECOMMIT, PREVOTE, Broadcast, Decide, Proposal, Schedule, Tendermint,
-                                   Timeout, Timeouts, Vote)
+from node.ledger.core.consensus import (MAX_LAG, PRECOMMIT, PREVOTE, PROPOSE, Broadcast, Decide, Proposal, Schedule,
+                                        Tendermint, Timeout, Timeouts, Vote)
 
 VALS = tuple(bytes([i]) * 32 for i in range(4))
 
@@ -158,3 +158,40 @@ def test_votes_from_non_validators_and_duplicates_are_ignored():
     m.on_vote(Vote(PRECOMMIT, 1, 0, b"x" * 32, VALS[1]))
     assert m.on_vote(Vote(PRECOMMIT, 1, 0, b"y" * 32, VALS[1])) == []  # second vote of a sender ignored
     assert m.tally.count(PRECOMMIT, 0, b"x" * 32) == 1
+
+
+def _decide(m: Tendermint, round_: int) -> list:
+    """Feed ``m`` the proposal of ``round_`` at its height and precommits for it from three of the four."""
+    value = bytes([m.height]) * 32
+    m.on_proposal(Proposal(m.height, round_, value, -1, m.proposer(m.height, round_)))
+    out = []
+    for v in VALS[1:]:
+        out += m.on_vote(Vote(PRECOMMIT, m.height, round_, value, v))
+    return out
+
+
+def test_timeouts_carry_over_to_the_next_height_and_come_down_one_round_per_quick_height():
+    t = Timeouts()
+    m = Tendermint(VALS[0], VALS, 1, get_value=lambda h: bytes([h]) * 32, valid=lambda v: True, timeouts=t)
+    m.start()
+    assert m.timeout(PROPOSE, 0) == t.of(PROPOSE, 0)
+    assert any(isinstance(a, Decide) and a.round == 3 for a in _decide(m, 3))  # height 1 needed 4 rounds
+    m.next_height(2)
+    assert m.lag == 3 and m.timeout(PROPOSE, 0) == t.of(PROPOSE, 3) and m.timeout(PREVOTE, 1) == t.of(PREVOTE, 4)
+    _decide(m, 2)  # still slow: two more rounds on top of the carried three
+    m.next_height(3)
+    assert m.lag == 5
+    for h, lag in ((4, 4), (5, 3), (6, 2), (7, 1), (8, 0), (9, 0)):  # each height decided in round 0
+        _decide(m, 0)
+        m.next_height(h)
+        assert m.lag == lag, (h, m.lag)
+    m.round = 40  # a height left in round 40 by a decision that came by sync: capped
+    m.next_height(10)
+    assert m.lag == MAX_LAG and m.timeout(PROPOSE, 0) == t.of(PROPOSE, MAX_LAG)
+
+
+def test_timeouts_grow_with_the_round_within_a_height_whatever_was_carried():
+    m = Tendermint(VALS[0], VALS, 1, get_value=lambda h: bytes([h]) * 32, valid=lambda v: True)
+    m.lag = 7
+    for kind in (PROPOSE, PREVOTE, PRECOMMIT):
+        assert all(m.timeout(kind, r) < m.timeout(kind, r + 1) for r in range(20))

@@ -238,7 +238,7 @@ class Jepsen:
         if c is not None:
             key = (f"h{c['height']} r{c['round']} {c['step']} pv{c['prevotes']} pc{c['precommits']} "
                    f"prop={int(c['proposal'])} lock{c['locked_round']} valid{c['valid_round']} "
-                   f"higher{c['higher_rounds']}")
+                   f"higher{c['higher_rounds']} lag{c.get('timeout_lag')} q{c.get('queued')} mesh{c.get('mesh')}")
             with self._rec_lock:
                 log = self.rec.consensus.setdefault(name, [])
                 if not log or log[-1][1] != key:  # a state only when it changed: a stall shows as one line

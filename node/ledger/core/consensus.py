@@ -83,6 +83,9 @@ class Timeouts:
         return base + self.delta * round_
 
 
+MAX_LAG = 16  # rounds: the most a height's timeouts start above round 0's (propose 1 s + 16 x 0.5 s = 9 s)
+
+
 @dataclass
 class _Tally:
     proposals: dict[int, Proposal] = field(default_factory=dict)  # round -> first proposal from the proposer
@@ -128,6 +131,9 @@ class Tendermint:
         self.get_value, self.valid = get_value, valid
         self.timeouts = timeouts or Timeouts()
         self.height = height
+        # rounds added to every timeout of this height: the timeouts that last decided, carried to the next height
+        # (see next_height); 0 on a network that decides in round 0
+        self.lag = 0
         self._reset()
 
     def _use(self, validators: tuple[bytes, ...] | ValidatorSet) -> None:
@@ -150,7 +156,14 @@ class Tendermint:
         self.tally = _Tally(powers=self.powers)
         self._once: set[tuple[Any, ...]] = set()
         self.decided: bytes | None = None
+        self.decided_round = -1
         self.sent: list[Any] = []  # our own messages at this height, for re-broadcast
+
+    def timeout(self, kind: str, round_: int) -> float:
+        """Seconds of the ``kind`` timeout in ``round_`` of this height: :meth:`Timeouts.of` at ``round_`` +
+        :attr:`lag`. Still increasing with the round, as the paper's liveness argument needs (§4: after GST
+        every timeout eventually exceeds the message delay)."""
+        return self.timeouts.of(kind, round_ + self.lag)
 
     def proposer(self, height: int, round_: int) -> bytes:
         """Round-robin proposer selection over the sorted validator set (:meth:`ValidatorSet.proposer`)."""
@@ -216,7 +229,7 @@ class Tendermint:
             msg = Proposal(self.height, r, value, self.valid_round, self.me)
             self.sent.append(msg)
             return [Broadcast(msg)]
-        return [Schedule(Timeout(PROPOSE, self.height, r), self.timeouts.of(PROPOSE, r))]
+        return [Schedule(Timeout(PROPOSE, self.height, r), self.timeout(PROPOSE, r))]
 
     def _first(self, key: tuple[Any, ...]) -> bool:
         if key in self._once:
@@ -241,7 +254,7 @@ class Tendermint:
         # line 49: decide on a proposal with a precommit quorum in any round
         for rr, pr in sorted(t.proposals.items()):
             if t.count(PRECOMMIT, rr, pr.value) >= q and self.valid(pr.value):
-                self.decided = pr.value
+                self.decided, self.decided_round = pr.value, rr
                 return [Decide(h, rr, pr.value)]
         p = t.proposals.get(r)
         if p is not None and self.step == PROPOSE:
@@ -252,7 +265,7 @@ class Tendermint:
                 ok = self.valid(p.value) and (self.locked_round <= p.valid_round or self.locked_value == p.value)
                 return self._set_step(PREVOTE, self._vote(PREVOTE, p.value if ok else None))
         if self.step == PREVOTE and t.count(PREVOTE, r, any_value=True) >= q and self._first(("l34", h, r)):
-            return [Schedule(Timeout(PREVOTE, h, r), self.timeouts.of(PREVOTE, r))]  # line 34
+            return [Schedule(Timeout(PREVOTE, h, r), self.timeout(PREVOTE, r))]  # line 34
         if p is not None and self.step in (PREVOTE, PRECOMMIT) and t.count(PREVOTE, r, p.value) >= q \
                 and self.valid(p.value) and self._first(("l36", h, r)):  # line 36
             out: list[Any] = []
@@ -264,7 +277,7 @@ class Tendermint:
         if self.step == PREVOTE and t.count(PREVOTE, r, None) >= q:  # line 44
             return self._set_step(PRECOMMIT, self._vote(PRECOMMIT, None))
         if t.count(PRECOMMIT, r, any_value=True) >= q and self._first(("l47", h, r)):  # line 47
-            return [Schedule(Timeout(PRECOMMIT, h, r), self.timeouts.of(PRECOMMIT, r))]
+            return [Schedule(Timeout(PRECOMMIT, h, r), self.timeout(PRECOMMIT, r))]
         # line 55: f + 1 validators are already in a higher round: skip ahead
         for rr in sorted({k[1] for k in t.votes} | set(t.proposals)):
             if rr > r and sum(self.powers.get(a, 0) for a in t.senders_in_round(rr)) >= self.f + 1:
@@ -281,5 +294,13 @@ class Tendermint:
         self.height = height
         if validators is not None:
             self._use(validators)
+        # Timeouts carried over: a height that needed r more rounds (decided in round r here, or left in round r
+        # when the decision came by sync) starts the next height r rounds of timeout higher; one decided in round 0
+        # lowers it by one round. Timeouts that reset at every height (as in the paper and CometBFT) make every
+        # height climb through the same failed rounds again while messages take longer than round 0's timeouts
+        # (seconds on a loaded machine); carried, a slow network costs rounds once and the timeouts come back down
+        # one round per height that decides at once. Timeouts bear on liveness only, never on safety.
+        seen = self.decided_round if self.decided is not None else self.round
+        self.lag = min(MAX_LAG, self.lag + seen if seen > 0 else max(0, self.lag - 1))
         self._reset()
         return self._start_round(0) if start else []
