@@ -7,7 +7,8 @@ for others, a snapshot every 20 blocks) and a server of blocks [3, 6); the hones
 :mod:`tests.security.honest`) listens on and dials from 127.0.1.2 and generates 8 tokens greedily in a loop
 through both. Then, for each attack class, ``--rounds`` times: a baseline window of ``--seconds`` with no attack,
 then a window of ``--seconds`` while the class's attacker process (:mod:`tests.security.attacker`, from
-127.0.0.2 or its /24, reniced by 5) attacks the target. It prints one line per class:
+127.0.0.2 or its /24, reniced by 5) attacks the target (the window is the attack as the attacker reports it: its
+start-up and imports are left out). It prints one line per class:
 
 * ``tokens/s``: tokens of the honest generations that completed in the attack windows ÷ the same in the
   baseline windows (target >= 0.8);
@@ -17,14 +18,25 @@ then a window of ``--seconds`` while the class's attacker process (:mod:`tests.s
   target's CPU use (cores: CPU seconds per second) in the attack windows beside the baseline windows, the
   attacker process's own CPU seconds, and its summary (what it managed to do),
 
-then a summary line: the worst ratio of each kind and whether all classes met both targets.
+then a summary line: the worst ratio of each kind and whether all classes met both targets. The first line,
+``control``, is no attack: its "attacker" only spins its CPU for the window (sending nothing), so its ratios are
+this run's noise floor and the cost of an attacker's own CPU use alone; it is left out of the summary.
 
 **Pinning (the default).** A real attacker runs on machines of its own; here it shares the host's cores with the
 target and the honest client, and on 2 cores the attacker's own CPU use lowers the honest client's tokens/s
 whatever the node does. So by default the machine's CPUs are split in two halves (2 cores: CPU 0 and CPU 1): the
 target, the server and the honest client run on the first half, every attacker process (and this script) on the
 second, in the baseline and the attack windows alike (the affinity is set once, before the first window, and
-printed as read back). ``--unpinned`` leaves every process free to run on every core, as before (the reniced
+printed as read back).
+
+On a machine with other load (other jobs, other builds), a busy attacker CPU pushes that load onto the target's
+CPUs: the scheduler balances runnable tasks across cores, so while the attacker runs, the target, server and
+client get a smaller share of theirs, whatever the attack does (measured: the ``control`` spinner alone cut the
+honest tokens/s to 0.75 at a load average of 15). So when pinned, each baseline window also runs an attacker
+process on the attackers' CPUs, the ``spin`` control (no traffic, its CPU kept busy at the attackers' niceness):
+the baseline and the attack then displace the same outside load, and the ratio is what the attack's traffic costs.
+On an otherwise idle machine the spinner changes nothing (it has its own CPUs); ``--quiet-baseline`` leaves it
+out. ``--unpinned`` leaves every process free to run on every core, as before (the reniced
 attacker then competes with the target for CPU; compare the two modes' ratios to see how much of a drop is the
 attacker's own CPU). Other load on the machine falls on both halves and lowers both windows alike.
 
@@ -49,15 +61,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.security.devnet import ATTACKER_SRC, Devnet, pin  # test infra: bench runs from a checkout
+from tests.security.devnet import ATTACKER_SRC, Devnet, RssSampler, pin  # test infra: bench runs from a checkout
 
 TOKENS_TARGET = 0.8  # honest tokens/s under attack / without, at least
 RSS_TARGET = 1.5  # target's peak RSS under attack / without, at most
+CONTROL = "control"  # no attack: the attacker process only spins its CPU; not an attack class, not in the summary
 
 
 def classes(net: Devnet) -> dict[str, tuple[str, list[str], str]]:
     """name -> (attacker subcommand, its arguments, source address)."""
     return {
+        CONTROL: ("spin", [], ATTACKER_SRC),
         "bomb-pre": ("bomb", ["--phase", "pre"], ATTACKER_SRC),
         "bomb-post": ("bomb", ["--phase", "post", "--streams", "2"], ATTACKER_SRC),
         "idle": ("idle", ["--sockets", "400"], ATTACKER_SRC),
@@ -75,34 +89,46 @@ def children_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def target_cpu(net: Devnet) -> float:
-    """CPU seconds (user + system) the target process has used so far."""
-    t = net.rss.proc.cpu_times()
-    return t.user + t.system
-
-
-def window(net: Devnet, seconds: float) -> tuple[float, float]:
+def window(seconds: float) -> tuple[float, float]:
     t0 = time.time()
     time.sleep(seconds)
     return t0, time.time()
 
 
-def measure(net: Devnet, name: str, cls: str, args: list[str], src: str, seconds: float, rounds: int) -> dict:
-    """Alternate ``rounds`` baseline and attack windows; the ratios and what the attacker reported."""
+def measure(net: Devnet, name: str, cls: str, args: list[str], src: str, seconds: float, rounds: int,
+            others: dict[str, RssSampler], spin_baseline: bool) -> dict:
+    """Alternate ``rounds`` baseline and attack windows; the ratios and what the attacker reported.
+
+    An attack window is the attack itself, as the attacker process reports it (from just before its trio loop
+    starts to its end, wall clock): its interpreter's start-up and imports, which take seconds on loaded cores and
+    during which nothing attacks, are left out of the tokens/s, RSS and target CPU of the window. ``others``: CPU
+    samplers of the server and the honest client, whose CPU seconds per window are reported too. With
+    ``spin_baseline`` each baseline window is a ``spin`` control process (see the module doc) instead of a sleep."""
+    other_base = dict.fromkeys(others, 0.0)
+    other_att = dict.fromkeys(others, 0.0)
     base_tok, base_len, base_rss, att_tok, att_len, att_rss = 0.0, 0.0, 0, 0.0, 0.0, 0
     bad, attacks, cpu, target_base, target_att = 0, [], 0.0, 0.0, 0.0
     for _ in range(rounds):
-        g0 = target_cpu(net)
-        t0, t1 = window(net, seconds)
-        target_base += target_cpu(net) - g0
+        if spin_baseline:
+            spun = net.run_attacker("spin", src=src, seconds=seconds)
+            t0, t1 = spun["t0"], spun["t1"]
+            time.sleep(0.3)
+        else:
+            t0, t1 = window(seconds)
+        target_base += net.rss.cpu_between(t0, t1)
+        for k, smp in others.items():
+            other_base[k] += smp.cpu_between(t0, t1)
         base_tok += net.honest.tokens_per_s(t0, t1) * (t1 - t0)
         base_len += t1 - t0
         base_rss = max(base_rss, net.rss.peak(t0, t1))
-        c0, g0, t0 = children_cpu(), target_cpu(net), time.time()
+        c0, t0 = children_cpu(), time.time()
         attacks.append(net.run_attacker(cls, *args, src=src, seconds=seconds))
-        t1 = time.time()
+        t0, t1 = attacks[-1].get("t0", t0), attacks[-1].get("t1", time.time())
+        time.sleep(0.3)  # the RSS/CPU sampler's next sample covers t1
         cpu += children_cpu() - c0
-        target_att += target_cpu(net) - g0
+        target_att += net.rss.cpu_between(t0, t1)
+        for k, smp in others.items():
+            other_att[k] += smp.cpu_between(t0, t1)
         att_tok += net.honest.tokens_per_s(t0, t1) * (t1 - t0)
         att_len += t1 - t0
         att_rss = max(att_rss, net.rss.peak(t0, t1))
@@ -114,6 +140,7 @@ def measure(net: Devnet, name: str, cls: str, args: list[str], src: str, seconds
             "alive": net.alive(), "attacker_cpu_s": cpu, "attacks": attacks,
             "target_cpu_share_base": target_base / base_len, "target_cpu_share_attack": target_att / att_len,
             "target_cpu_s_base": target_base, "target_cpu_s_attack": target_att,
+            "others_cpu_share": {k: (other_att[k] / att_len, other_base[k] / base_len) for k in others},
             "attacker_affinity": sorted(net.attacker_affinity) if net.attacker_affinity is not None else None}
 
 
@@ -135,10 +162,12 @@ def main() -> int:
                                 epilog="Targets: tokens/s ratio >= 0.8, peak RSS ratio <= 1.5, per class.")
     p.add_argument("--seconds", type=float, default=12.0, help="length of each baseline and attack window")
     p.add_argument("--rounds", type=int, default=1, help="baseline + attack windows per class")
-    p.add_argument("--classes", help="comma-separated subset of: bomb-pre, bomb-post, idle, idle-/24, identities, "
-                                     "noread, drip, relay (default: all)")
+    p.add_argument("--classes", help="comma-separated subset of: control, bomb-pre, bomb-post, idle, idle-/24, "
+                                     "identities, noread, drip, relay (default: all)")
     p.add_argument("--unpinned", action="store_true",
                    help="do not pin: attackers share every core with the target and the honest client")
+    p.add_argument("--quiet-baseline", action="store_true",
+                   help="pinned: baseline windows leave the attackers' CPUs idle instead of running a spin control")
     p.add_argument("--keep", type=Path, help="keep data dirs and logs here (default: a temp dir, removed)")
     args = p.parse_args()
     tmp = args.keep or Path(tempfile.mkdtemp(prefix="tally-attack-"))
@@ -159,6 +188,7 @@ def main() -> int:
             got["attackers and this bench"] = sorted(pin(os.getpid(), attack_cpus))
             print("pinned: " + "; ".join(f"{k} on CPUs {v}" for k, v in got.items()), flush=True)
         table = classes(net)
+        others = {"server": RssSampler(net.server.pid), "honest": RssSampler(net.procs[-1].pid)}
         names = args.classes.split(",") if args.classes else list(table)
         unknown = [n for n in names if n not in table]
         if unknown:
@@ -170,17 +200,21 @@ def main() -> int:
                 print(f"{name:11s} not run: the target is dead", flush=True)
                 break
             cls, cargs, src = table[name]
-            r = measure(net, name, cls, cargs, src, args.seconds, args.rounds)
-            rows.append(r)
+            r = measure(net, name, cls, cargs, src, args.seconds, args.rounds, others,
+                        spin_baseline=not args.unpinned and not args.quiet_baseline)
+            if name != CONTROL:
+                rows.append(r)
             ok = r["tokens_ratio"] >= TOKENS_TARGET and r["rss_ratio"] <= RSS_TARGET and not r["bad_gens"] \
                 and r["alive"]
-            brief = {k: v for k, v in r["attacks"][-1].items() if k not in ("class", "elapsed_s")}
+            brief = {k: v for k, v in r["attacks"][-1].items() if k not in ("class", "elapsed_s", "t0", "t1")}
             print(f"{name:11s} tokens/s {r['tokens_s_attack']:6.2f} / {r['tokens_s_base']:6.2f} = "
                   f"{r['tokens_ratio']:5.2f}  peak RSS {r['rss_attack'] / 2**20:6.1f} / {r['rss_base'] / 2**20:6.1f} "
                   f"MiB = {r['rss_ratio']:5.2f} (+{(r['rss_attack'] - r['rss_base']) / 2**20:.1f} MiB)  "
                   f"bad generations {r['bad_gens']}  target CPU {r['target_cpu_share_attack']:.2f} / "
                   f"{r['target_cpu_share_base']:.2f} cores ({r['target_cpu_s_attack']:.1f} / "
-                  f"{r['target_cpu_s_base']:.1f} CPU s)  attacker CPU {r['attacker_cpu_s']:.1f} s"
+                  f"{r['target_cpu_s_base']:.1f} CPU s), "
+                  + ", ".join(f"{k} {a:.2f} / {b:.2f}" for k, (a, b) in r["others_cpu_share"].items())
+                  + f"  attacker CPU {r['attacker_cpu_s']:.1f} s"
                   f"{' on CPUs ' + str(r['attacker_affinity']) if r['attacker_affinity'] else ''}  "
                   f"{'met' if ok else 'NOT met'}  attacker: {json.dumps(brief)}", flush=True)
     finally:

@@ -14,7 +14,9 @@ Classes (``--help`` of each lists its options):
 * ``relay``: two non-members: one reserves a slot on the target, the other opens circuits to it through the
   target and pushes bytes;
 * ``snapserve``: a lying or crashing state-sync peer (for a node started with ``--state-sync``);
-* ``probe``: check 5: a fresh identity connects, pings and completes the hello; prints how long each took.
+* ``probe``: check 5: a fresh identity connects, pings and completes the hello; prints how long each took;
+* ``spin``: no attack, a control: the process only keeps its CPU busy, as a busy attacker would (``bench/attack.py``
+  measures with it what an attacker's own CPU use costs the honest client when the cores are shared or loaded).
 
 Each runs for ``--seconds`` (the probe: until done or its deadline) and prints one JSON line of what it managed.
 Every socket leaves from ``--src`` (:func:`tests.security.srcaddr.bind_source`). Attackers renice themselves
@@ -190,8 +192,18 @@ async def relay(a: argparse.Namespace) -> dict:
     return stats
 
 
+async def spin(a: argparse.Namespace) -> dict:
+    """No attack: keep this process's CPU busy for ``--seconds`` (a control for the bench), sending nothing."""
+    end, rounds = time.monotonic() + a.seconds, 0
+    while time.monotonic() < end:
+        for _ in range(10_000):
+            rounds += 1
+        await trio.sleep(0)
+    return {"spun": rounds}
+
+
 CLASSES = {"bomb": bomb, "idle": idle, "identities": identities, "noread": noread, "drip": drip, "relay": relay,
-           "probe": probe, "snapserve": snapserve}
+           "probe": probe, "snapserve": snapserve, "spin": spin}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -235,9 +247,10 @@ def main(argv: list[str]) -> int:
     bind_source(a.src)
     if a.nice:
         os.nice(a.nice)
-    t0 = time.monotonic()
+    t0, wall0 = time.monotonic(), time.time()
     out = trio.run(CLASSES[a.cls], a)
     out["class"], out["elapsed_s"] = a.cls, round(time.monotonic() - t0, 2)
+    out["t0"], out["t1"] = wall0, time.time()  # the attack itself, imports and start-up left out (wall seconds)
     print(json.dumps(out), flush=True)
     return 0
 

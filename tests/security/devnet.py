@@ -108,18 +108,21 @@ def pin(pid: int, cpus: set[int]) -> set[int]:
 
 
 class RssSampler:
-    """The resident set size of process ``pid`` every ``period`` seconds, in a daemon thread."""
+    """The resident set size and CPU time of process ``pid`` every ``period`` seconds, in a daemon thread."""
 
     def __init__(self, pid: int, period: float = 0.1):
         self.proc = psutil.Process(pid)
         self.samples: list[tuple[float, int]] = []  # (time.time(), bytes)
+        self.cpu: list[tuple[float, float]] = []  # (time.time(), CPU seconds, user + system, used so far)
         self._stop = threading.Event()
         threading.Thread(target=self._run, args=(period,), daemon=True).start()
 
     def _run(self, period: float) -> None:
         while not self._stop.is_set():
             try:
-                self.samples.append((time.time(), self.proc.memory_info().rss))
+                now, rss, c = time.time(), self.proc.memory_info().rss, self.proc.cpu_times()
+                self.samples.append((now, rss))
+                self.cpu.append((now, c.user + c.system))
             except psutil.Error:
                 return
             time.sleep(period)
@@ -127,6 +130,12 @@ class RssSampler:
     def peak(self, t0: float, t1: float) -> int:
         """The largest sample in ``[t0, t1]`` (bytes; 0 when none)."""
         return max((r for t, r in self.samples if t0 <= t <= t1), default=0)
+
+    def cpu_between(self, t0: float, t1: float) -> float:
+        """CPU seconds the process used between the first sample at or after ``t0`` and the last at or before
+        ``t1`` (0.0 when fewer than two samples fall in ``[t0, t1]``)."""
+        inside = [c for t, c in self.cpu if t0 <= t <= t1]
+        return inside[-1] - inside[0] if len(inside) >= 2 else 0.0
 
     def stop(self) -> None:
         self._stop.set()
