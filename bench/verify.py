@@ -186,6 +186,14 @@ def part_b(model: str, sessions: int) -> None:
     print(f"   false-invalid verdicts among honest sessions: {false_invalid}")
 
 
+def batch_offers(s, ws: list[Identity]) -> list:
+    """Every worker's opt-in to batch work at any price (floor 0, nonce 0) on state ``s``'s chain: only opted-in
+    accounts are drawn."""
+    from node.ledger.core.batchtx import BatchOffer
+
+    return [BatchOffer(s.chain_id, w.account, 0, 0).signed(w) for w in ws]
+
+
 def part_c(items: int, workers: int = 5, colluders: int = 2, k: int = 3, q: int = 2) -> dict[str, float]:
     """Share of ``items`` beacon-drawn items (k of ``workers``) in which the ``colluders`` hold a quorum ``q``.
     Returns the measured share, the hypergeometric and binomial estimates and the 95 % binomial half-width."""
@@ -198,8 +206,8 @@ def part_c(items: int, workers: int = 5, colluders: int = 2, k: int = 3, q: int 
     g = Genesis("batch-bench", 0, (req.account,), bal, p)
     s = genesis_state(g)
     post = BatchPost(g.chain_id, req.account, b"\x01" * 16, items_root([b"%d" % i for i in range(items)]), items,
-                     "generate", 16, k, q, 1, 0, 10_000, 10_000, 0).signed(req)
-    s = apply_block_body(s, 1, H(b"bench-beacon", b"1"), [post])
+                     "generate", 16, k, q, 16, 0, 10_000, 10_000, 0).signed(req)  # the floor: 1 per token
+    s = apply_block_body(s, 1, H(b"bench-beacon", b"1"), [*batch_offers(s, ws), post])
     h = 1
     while s.tables["batches"][post.batch_id].assigned < items:
         h += 1
@@ -242,7 +250,7 @@ def part_c_audits(items: int, audit_ppm: int, workers: int = 5, colluders: int =
     s = genesis_state(g)
     post = BatchPost(g.chain_id, req.account, b"\x02" * 16, items_root([b"%d" % i for i in range(items)]), items,
                      "generate", 16, k, q, price, 0, 2, 2, 0).signed(req)
-    s = apply_block_body(s, 1, H(b"bench-beacon", b"1"), [post])
+    s = apply_block_body(s, 1, H(b"bench-beacon", b"1"), [*batch_offers(s, ws), post])
     bad = {w.account for w in ws[:colluders]}
     right, wrong, salt = H(b"right"), H(b"wrong"), b"s" * 32
     h, t0 = 1, time.perf_counter()

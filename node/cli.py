@@ -55,6 +55,16 @@ def _positive(text: str) -> int:
     return _int_at_least(text, 1)
 
 
+def _credits(text: str) -> int:
+    """A decimal credit amount (0 allowed) in base units, for argparse."""
+    from .encoding import parse_amount
+
+    try:
+        return parse_amount(text, allow_zero=True)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _count(text: str) -> int:
     """argparse type: an integer >= 0."""
     return _int_at_least(text, 0)
@@ -185,6 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fault", choices=FAULTS, help=TEST_SWITCH_HELP)
     s.add_argument("--accept-jobs", action="store_true",
                    help="take fine-tune jobs from the marketplace for credits (needs a bond)")
+    s.add_argument("--accept-batches", action="store_true",
+                   help="offer to do batch items (generate, score) for credits: publishes a batch offer on the "
+                        "ledger, so the ledger may draw this node for batches that pay at least --batch-floor per "
+                        "token (needs a bond). Without this flag the node withdraws any offer it made before and is "
+                        "drawn for no new batch (items already drawn are still done)")
+    s.add_argument("--batch-floor", type=_credits, metavar="CREDITS",
+                   help="with --accept-batches: the least this node takes per token of batch work, in credits "
+                        "(e.g. 0.0001); a score item counts as 256 tokens (default: the chain's genesis floor)")
     s.add_argument("--job-capacity", type=_positive, default=1, metavar="N",
                    help="with --accept-jobs: hold at most N jobs at once, trained side by side (default: "
                         "%(default)s). The ledger also needs the bond to cover the start penalty of every job held "
@@ -337,6 +355,12 @@ def cmd_start(args) -> int:
     except (GenesisError, OSError) as e:
         sys.exit(f"node: bad genesis: {e}")
     bootstrap = args.bootstrap or list(genesis.bootstrap)  # --bootstrap replaces the genesis file's list
+    if args.batch_floor is not None and not args.accept_batches:
+        sys.exit("node: --batch-floor sets the price of --accept-batches; give both")
+    from .ledger.core.batchtx import MAX_FLOOR
+
+    if args.batch_floor is not None and args.batch_floor > MAX_FLOOR:
+        sys.exit(f"node: --batch-floor is at most {MAX_FLOOR / 10**9:g} credits per token")
     if (args.fault or args.dev_account is not None) and not is_dev_chain(genesis.chain_id):
         sys.exit("node: --fault and --dev-account exist only on devnet/test chains")
     dev_account = args.dev_account
@@ -365,6 +389,7 @@ def cmd_start(args) -> int:
                      bootstrap=bootstrap, listen=listen, announce=args.announce, relay=args.relay,
                      p2p_port=args.port or 0, api_port=args.api_port, api_host=args.api_host,
                      device=device, threads=args.threads, fault=args.fault, accept_jobs=args.accept_jobs, job_capacity=args.job_capacity,
+                     accept_batches=args.accept_batches, batch_floor=args.batch_floor,
                      snapshot_every=args.snapshot_every, state_sync=args.state_sync, prune_bodies=args.prune_bodies,
                      compression=args.compression, step_timeout=args.step_timeout, redundancy=args.redundancy,
                      auto_blocks=auto_blocks, fetch_model_bytes=args.fetch_caps[0] << 20,

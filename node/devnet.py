@@ -156,7 +156,8 @@ def run_devnet(args) -> int:
         procs.append(_spawn(args, 0, client_dir, ["--api-port", str(args.api_port)]))
         info0 = _wait_info(client_dir, procs[0], 120)
         for i, (s, e) in enumerate(spans, start=1):
-            extra = ["--span", f"{s}:{e}", "--api-port", "0", "--bootstrap", info0["addrs"][0], "--accept-jobs"]
+            extra = ["--span", f"{s}:{e}", "--api-port", "0", "--bootstrap", info0["addrs"][0], "--accept-jobs",
+                     "--accept-batches"]
             if args.gpu is not None:
                 extra += ["--gpu", str(args.gpu)]
             if args.fault_server == i:

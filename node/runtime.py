@@ -67,6 +67,8 @@ class NodeConfig:
     auto_blocks: int | None = None  # span "auto": blocks to serve (default: a third of the model, rounded up)
     cache_tokens: int | None = None  # KV-cache positions the span server holds at most (default: 32 sessions)
     accept_jobs: bool = False  # take fine-tune jobs from the marketplace (needs a bond)
+    accept_batches: bool = False  # offer to be drawn for batch items on the ledger (node.batch.offer; needs a bond)
+    batch_floor: int | None = None  # with accept_batches: base units per token at least (None: the genesis floor)
     job_capacity: int = 1  # fine-tune jobs held at once (node.market.worker)
     snapshot_every: int = 0  # make and serve a state snapshot every N blocks (0: never; node.ledger.statesync)
     state_sync: bool = False  # on an empty ledger, start from a peer's snapshot instead of replaying the chain
@@ -249,6 +251,10 @@ class Node:
         self.batches = BatchWorker(self.ident, self.ledger, self.host, self.batch_store, self.executor,
                                    ItemRunner(cfg.model_dir, cfg.fault if cfg.fault in BATCH_FAULTS else None),
                                    cfg.data_dir)  # idle unless the ledger assigns this (bonded) node items
+        from .batch.offer import OfferKeeper, wanted_offer
+
+        self.offers = OfferKeeper(self.ident, self.ledger, wanted_offer(cfg.accept_batches, cfg.batch_floor,
+                                                                        self.genesis.params.batch_token_floor()))
         self.runs = RunWorker(self.ident, self.ledger, self.host, self.blobs, self.executor, cfg.model_dir,
                               self.manifest.model_id, fault=cfg.fault if cfg.fault in RUN_FAULTS else None)
 
@@ -356,6 +362,7 @@ class Node:
                         nursery.start_soon(self.jobs.run)
                     nursery.start_soon(self.runs.run)
                     nursery.start_soon(self.batches.run)
+                    nursery.start_soon(self.offers.run)
                     if self.server is not None:
                         nursery.start_soon(self.server.announce_loop, self.host, self.cfg.announce_period,
                                            self.cfg.announce_ttl)
@@ -364,8 +371,19 @@ class Node:
                     self.started.set()
                     log.info("node %s up: p2p %s, api %s, ledger height %d", self.ident.peer_id,
                              self.host.addrs[0], self.api_url, self.ledger.state.height)
+                    self._warn_small_network()
         finally:
             self.store.close()
+
+    def _warn_small_network(self) -> None:
+        """Log once, at start, when two colluders can fill every receipt committee of this network
+        (:func:`node.ledger.core.capture.capture_risk`; ``/v1/status`` says the same as ``committee_warning``)."""
+        from .ledger.core.capture import capture_risk
+
+        st = self.ledger.state
+        why = capture_risk(len(st.eligible()), st.params)
+        if why:
+            log.warning("small network at height %d: %s", st.height, why)
 
     async def _on_shards(self, data: bytes, from_peer: str) -> None:
         """``tally/<chain>/shards``: span announcements, and presence messages that tell every node how to

@@ -59,6 +59,8 @@ class ErrorOut(BaseModel):
 class SpanOut(BaseModel):
     peer: str
     span: list[int] = Field(..., description="[start, end) decoder blocks")
+    path: str | None = Field(None, description="in a route: direct or relayed, how this node reaches the server")
+    rtt_ms: float | None = Field(None, description="in a route: measured ping round trip to the server, ms")
 
 
 class PeerPathOut(BaseModel):
@@ -136,6 +138,9 @@ class StatusOut(BaseModel):
     history_root: str | None = Field(None, description="hex RFC 9162 root of the history log (null: empty)")
     consensus: ConsensusOut | None = Field(None, description="this node's consensus state (null: no consensus "
                                                              "driver, a node that can never validate)")
+    committee_warning: str | None = Field(None, description="why 2 colluding accounts can fill every receipt "
+                                                            "committee of this network and what to do (too few "
+                                                            "bonded accounts); null: they cannot")
 
 
 class AccountOut(BaseModel):

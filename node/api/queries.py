@@ -13,6 +13,7 @@ from collections import OrderedDict, Counter
 
 from ..identity import account_from_str
 from ..ledger.core.block import Header, decode_block
+from ..ledger.core.capture import capture_risk
 from ..ledger.genesis import TREASURY
 from ..ledger.core.history import read_head
 from ..ledger.core.state import FINAL
@@ -95,7 +96,16 @@ class Queries:
             "network": n.net.status() if getattr(n, "net", None) is not None else None,
             "pruned_below": n.store.pruned_below, **self._history_status(st),
             "consensus": self._consensus(),
+            "committee_warning": self._committee_warning(st),
         }
+
+    def _committee_warning(self, st) -> str | None:
+        """:func:`node.ledger.core.capture.capture_risk` for the bonded accounts of ``st``, computed once per height
+        (it counts every account)."""
+        cached = getattr(self, "_capture", None)
+        if cached is None or cached[0] != (st.height, st.last_hash):
+            cached = self._capture = ((st.height, st.last_hash), capture_risk(len(st.eligible()), st.params))
+        return cached[1]
 
     def _consensus(self) -> dict | None:
         """The consensus driver's state (:meth:`node.ledger.driver.ConsensusDriver.status`); None without one."""

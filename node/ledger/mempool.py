@@ -56,7 +56,9 @@ from dataclasses import dataclass
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from ..encoding import H, pack
+from .core.batch import escrow_of
 from .core.batchtx import BatchPost
+from .core.genesis import Params
 from .core.jobtx import JobPost, TrainReceipt
 from .core.runtx import RunPost
 from .core.state import State, apply_tx
@@ -112,10 +114,12 @@ def payer(tx: Tx) -> bytes:
     return tx.sender  # type: ignore[attr-defined]  (every other kind is signed by its sender)
 
 
-def cost(tx: Tx) -> int:
+def cost(tx: Tx, params: Params | None = None) -> int:
     """Base units ``tx`` takes from its payer's balance when it applies, escrows included (transfer, bond:
     amount; receipt, job post: price, escrowed; run post: budget, escrowed; batch post:
-    :meth:`~node.ledger.core.batchtx.BatchPost.escrow`; anything else 0)."""
+    :func:`~node.ledger.core.batch.escrow_of` under the chain's ``params``, its replicas' escrow and its audit fee
+    (without ``params``, :meth:`~node.ledger.core.batchtx.BatchPost.escrow`: the replicas' escrow only); anything
+    else 0)."""
     if isinstance(tx, (Transfer, Bond)):
         return tx.amount
     if isinstance(tx, (Receipt, JobPost)):
@@ -123,7 +127,7 @@ def cost(tx: Tx) -> int:
     if isinstance(tx, RunPost):
         return tx.budget
     if isinstance(tx, BatchPost):
-        return tx.escrow()
+        return tx.escrow() if params is None else escrow_of(params, tx)
     return 0
 
 
@@ -357,7 +361,8 @@ class Mempool(Mapping[bytes, Tx]):
         fut = self._future.get(tx.sender, {})
         if gapped and tx.nonce in fut:
             raise InvalidTx(f"bad nonce {tx.nonce}: another transaction of this sender with this nonce is queued")
-        need = cost(tx) + (sum(cost(self._entries[t].tx) for t in fut.values()) if gapped else 0)
+        p = self.state.params
+        need = cost(tx, p) + (sum(cost(self._entries[t].tx, p) for t in fut.values()) if gapped else 0)
         if need > acc.balance:
             queued = " with the sender's queued transactions" if gapped else ""
             raise InvalidTx(f"insufficient balance: {need} base units needed{queued}, {acc.balance} available")
@@ -532,7 +537,7 @@ class Mempool(Mapping[bytes, Tx]):
             for nonce in sorted(fut):
                 tid = fut[nonce]
                 e = self._entries[tid]
-                spent += cost(e.tx)
+                spent += cost(e.tx, self.state.params)
                 if nonce < acc.nonce:
                     self._drop(tid, f"bad nonce {nonce}: already used")
                 elif self.state.height - e.height >= L.future_ttl_blocks:

@@ -1,6 +1,8 @@
 """``/v1/batches``, the explorer's batch pages and ``node batch`` against one live in-process node (real libp2p host,
 LevelDB, API): a bad file or parameter is refused with its reason and posts nothing; a good one is posted with
-escrow, listed, shown, and cancelled back to the requester while no worker is bonded to draw it."""
+escrow, listed, shown, and cancelled back to the requester while no worker offers to draw it. A post that fewer
+than k opted-in workers take is refused (issue 24 finding 2); three bonded accounts offer, the post lands, and they
+withdraw before its first draw (their nodes never run), so the batch stays open."""
 
 from __future__ import annotations
 
@@ -13,8 +15,11 @@ import pytest
 import trio
 
 from node.compute.model import make_tiny
+from node.identity import Identity, dev_seed
+from node.ledger.core.batchtx import WITHDRAWN, BatchOffer, BatchPost
 from node.runtime import Node
 
+from .offers import wait_offers
 from ..e2e.swarm import node_config, tiny_genesis
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,7 +44,7 @@ def test_batch_api_and_cli(tmp_path, tiny):
 
     async def main():
         async with trio.open_nursery() as n:
-            node = Node(node_config(tmp_path, 0, tiny_genesis(0), tiny))
+            node = Node(node_config(tmp_path, 0, tiny_genesis(3), tiny))
             n.start_soon(node.run)
             await node.started.wait()
             st = node.ledger.state
@@ -66,6 +71,20 @@ def test_batch_api_and_cli(tmp_path, tiny):
             await node.ledger.wait_for_height(node.ledger.state.height + 2, timeout=30)
             out["after_bad"] = (len(node.ledger.state.tables["batches"]), node.ledger.state.account(me).balance,
                                 len(node.ledger.candidates()))
+            out["no_takers"] = await call("POST", "/v1/batches", json={"items": GOOD, "kind": "score",
+                                                                       "replication": 3, "price": "0.5"})
+            keys = [Identity.from_seed(dev_seed(i)) for i in (1, 2, 3)]  # bonded; their nodes never run
+            for k in keys:
+                await node.ledger.submit(BatchOffer(node.ledger.chain_id, k.account, 0, 0).signed(k))
+            await wait_offers(node, [k.account for k in keys])
+
+            async def withdraw_once_posted():  # in the post's block or the next: before its first draw
+                with trio.fail_after(120):
+                    while not any(isinstance(node.ledger.mempool[t], BatchPost) for t in node.ledger.mempool):
+                        await trio.sleep(0.002)
+                for k in keys:
+                    await node.ledger.submit(BatchOffer(node.ledger.chain_id, k.account, WITHDRAWN, 1).signed(k))
+            n.start_soon(withdraw_once_posted)
             out["cli_post"] = await cli("post", str(good_file), "--kind", "score", "-k", "3", "--price", "0.5")
             bid = out["cli_post"].stdout.split()[2]
             with trio.fail_after(30):
@@ -98,6 +117,8 @@ def test_batch_api_and_cli(tmp_path, tiny):
     assert o["no_token"].status_code == 401
     assert o["cli_bad"].returncode != 0 and "line 2: bad JSON" in o["cli_bad"].stderr
     assert o["after_bad"] == (0, o["bal0"], 0)  # nothing posted, nothing queued, nothing spent
+    assert o["no_takers"].status_code == 400 and "only 0 bonded account(s) other than the requester accept " \
+        "batches" in o["no_takers"].json()["message"]
     assert o["cli_post"].returncode == 0, o["cli_post"].stderr
     escrow = 2 * 3 * 500_000_000 * 2  # n × k × price × (1 + max_reissues)
     assert o["bal0"] - o["bal_posted"] == escrow

@@ -99,9 +99,10 @@ def node_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 class Devnet:
     """The validator (dev key 0) and the workers ``WORKERS`` as ``node start`` processes (``faults``: dev key ->
-    ``--fault`` value); ``times`` collects phase durations (s) for the report."""
+    ``--fault`` value; ``optout``: workers started without ``--accept-batches``); ``times`` collects phase durations
+    (s) for the report."""
 
-    def __init__(self, tmp: Path, tiny: Path, faults: dict[int, str], **params):
+    def __init__(self, tmp: Path, tiny: Path, faults: dict[int, str], optout: tuple[int, ...] = (), **params):
         self.tmp, self.t0, self.times = tmp, time.monotonic(), {}
         # 500 ms blocks: at 200 ms, six nice-19 processes on two loaded cores spent their time applying empty blocks
         # and fell hundreds of blocks behind the validator (seen at load 10)
@@ -113,7 +114,9 @@ class Devnet:
             self.info0 = wait_info(tmp, 0, self.procs[0], 300)  # the validator first, then the workers dial it
             for k in WORKERS:
                 extra = ("--fault", faults[k]) if k in faults else ()
-                self.procs[k] = spawn(tmp, k, self.gfile, tiny.parent, "--bootstrap", validator_addr(port), *extra)
+                opt = () if k in optout else ("--accept-batches",)
+                self.procs[k] = spawn(tmp, k, self.gfile, tiny.parent, "--bootstrap", validator_addr(port), *opt,
+                                      *extra)
             for k in WORKERS:
                 wait_info(tmp, k, self.procs[k], 300)
         except BaseException:
@@ -128,8 +131,16 @@ class Devnet:
         """``node batch post`` of ``lines`` as a JSONL file on the validator; the batch id."""
         path = self.tmp / f"{kind}.jsonl"
         path.write_text("".join(json.dumps(x) + "\n" for x in lines))
-        r = node_cli("batch", "--data-dir", str(self.tmp / "p0"), "post", str(path), "--kind", kind, "-k", "3",
-                     "--price", PRICE, *extra)
+        args = ("batch", "--data-dir", str(self.tmp / "p0"), "post", str(path), "--kind", kind, "-k", "3",
+                "--price", PRICE, *extra)
+        deadline = time.monotonic() + 120
+        while True:  # the workers' offers (node start --accept-batches) reach the ledger a few blocks after start
+            r = subprocess.run([sys.executable, "-m", "node.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                               timeout=300)
+            if r.returncode == 0 or "accept batches" not in r.stderr + r.stdout or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        assert r.returncode == 0, f"node batch post exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
         m = re.search(r"posted batch ([0-9a-f]{32}) \((\d+) items", r.stdout)
         assert m and int(m.group(2)) == len(lines), r.stdout
         return m.group(1)
@@ -407,3 +418,48 @@ def test_colluding_pair_wins_a_majority_and_the_audit_overturns_it(tmp_path, tin
     for r in rows:  # every result the requester fetches is the honest one, overturned items included
         want = local_generate(tiny, runner.tokenize(prompts[r["item"]]), 6, model=model)
         assert r["result"]["ids"] == want, r
+
+
+@pytest.mark.slow  # six `node start` processes and 20 × 3 generations on 2 shared cores
+def test_check4_below_the_floor_refused_at_the_floor_worked_only_by_opted_in_workers(tmp_path, tiny):
+    """Issue 24 check 4 as processes: genesis ``batch_min_token_price`` = 10^5 base units per token; worker 5 runs
+    ``node start`` without ``--accept-batches``. ``node batch post`` one base unit per item below the floor is
+    refused with the floor in its message and posts nothing; at the floor the batch settles, every item accepted,
+    and worker 5 is never drawn (items, re-issues or audits), paid or penalised; credits are conserved in the
+    reopened LevelDB."""
+    from node.encoding import format_amount
+
+    floor, tokens = 10**5, 6
+    lines = [{"prompt": t} for t in play_lines(20, skip=600)]
+    net = Devnet(tmp_path, tiny, {}, optout=(5,), batch_slash=10 * C, batch_min_token_price=floor)
+    try:
+        path = tmp_path / "below.jsonl"
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        below = subprocess.run([sys.executable, "-m", "node.cli", "batch", "--data-dir", str(tmp_path / "p0"),
+                                "post", str(path), "--kind", "generate", "-k", "3", "--max-tokens", str(tokens),
+                                "--price", format_amount(floor * tokens - 1)],
+                               capture_output=True, text=True, cwd=ROOT, timeout=300)
+        bid = net.post(lines, "generate", "--max-tokens", str(tokens), "--price", format_amount(floor * tokens),
+                       "--commit-window", "600", "--reveal-window", "200")
+        net.mark("posted")
+        view = net.wait_settled(bid, timeout=600)
+        net.mark("settled")
+        listed = api_get(net.info0, "/v1/batches")
+        st = net.stop_validator()
+    except BaseException:
+        net.close(dump=True)
+        raise
+    net.close()
+    print(f"check 4, 20 items at the floor: phase times (s) {net.times}")
+    assert below.returncode != 0 and "below the chain's floor of 100000 base units per token" in below.stderr, \
+        (below.stdout, below.stderr)
+    assert listed["total"] == 1  # the refused post left nothing behind
+    b = st.tables["batches"][bytes.fromhex(bid)]
+    assert b.status == BatchStatus.SETTLED and b.accepted == len(lines) and view["accepted"] == len(lines)
+    assert b.post.price == floor * tokens
+    out = account_from_str(peer(5))
+    for it in items_of(st, b):
+        assert out not in it.workers and out not in it.tried and out not in it.audit_committee
+    assert st.account(out).balance == BALANCE and st.account(out).bond == BOND
+    assert all(f == Fate.AGREED for it in items_of(st, b) for _a, _w, f, _x in it.history)  # nobody penalised
+    assert st.supply() == net.supply0  # balances + bonds + escrows = genesis supply, in the reopened LevelDB

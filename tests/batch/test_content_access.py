@@ -20,6 +20,7 @@ from node.p2p.framing import RemoteError
 from node.p2p.host import P2PHost
 from node.runtime import Node
 
+from .offers import wait_offers
 from ..e2e.swarm import C, node_config, tiny_genesis
 
 
@@ -39,11 +40,13 @@ def test_batch_content_goes_to_the_requester_drawn_workers_and_no_one_else(tmp_p
                 cfg = node_config(tmp_path, i, g, tiny)
                 if i:
                     cfg.bootstrap = nodes[0].host.addrs
+                    cfg.accept_batches = True
                 nd = Node(cfg)
                 n.start_soon(nd.run)
                 await nd.started.wait()
                 nodes.append(nd)
             req, w1, w2 = nodes
+            await wait_offers(req, [w1.ident.account, w2.ident.account])
             p = await post_batch(req, data, kind="generate", replication=2, quorum=2, price=10**6, max_tokens=3,
                                  commit_window=20, reveal_window=40)
             with trio.fail_after(120):

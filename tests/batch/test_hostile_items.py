@@ -22,6 +22,7 @@ from node.ledger.core.batchtx import BatchPost, items_root
 from node.ledger.store import LedgerStore
 from node.runtime import Node
 
+from .offers import wait_offers
 from ..e2e.swarm import C, node_config, tiny_genesis
 
 NESTED = b"[" * 60_000  # the finding's line: 60 KB of nested arrays
@@ -80,12 +81,14 @@ def test_nested_file_posted_raw_gets_bad_item_file_and_no_penalty(tmp_path, tiny
                 cfg = node_config(tmp_path, i, g, tiny)
                 if i:
                     cfg.bootstrap = nodes[0].host.addrs
+                    cfg.accept_batches = True
                 nd = Node(cfg)
                 n.start_soon(nd.run)
                 await nd.started.wait()
                 nodes.append(nd)
             req = nodes[0]
             me = req.ident.account
+            await wait_offers(req, [nd.ident.account for nd in nodes[1:]])
             root = items_root(lines)
             req.batch_store.put(root, data)  # served to the workers as-is: the attacker skips parse_items
             post = BatchPost(g.chain_id, me, os.urandom(16), root, len(lines), "generate", 3, 3, 2, 10**6, 1,

@@ -18,6 +18,7 @@ from node.ledger.core.batchstate import BatchStatus, ItemStatus
 from node.ledger.core.batchtx import BatchCommit, BatchReveal
 from node.runtime import Node
 
+from .offers import wait_offers
 from ..e2e.swarm import node_config, tiny_genesis
 
 CAP = 4
@@ -53,12 +54,14 @@ def test_worker_keeps_at_most_max_outstanding_txs_queued(tmp_path, tiny, monkeyp
             for i in (1, 2):
                 cfg = node_config(tmp_path, i, g, tiny)
                 cfg.bootstrap = nodes[0].host.addrs
+                cfg.accept_batches = True
                 nodes.append(Node(cfg))
                 n.start_soon(nodes[i].run)
                 n.start_soon(watch, nodes[i], done)
             for nd in nodes:
                 await nd.started.wait()
             req = nodes[0]
+            await wait_offers(req, [nd.ident.account for nd in nodes[1:]])
             p = await post_batch(req, data, kind="generate", replication=2, quorum=2, price=10**6, max_tokens=1,
                                  commit_window=400, reveal_window=200)
             with trio.fail_after(120):

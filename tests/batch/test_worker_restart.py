@@ -12,8 +12,11 @@ import trio
 from node.batch.client import items_of, post_batch
 from node.compute.model import make_tiny
 from node.ledger.core.batchstate import BatchStatus, Fate
+from node.identity import Identity, dev_seed
+from node.ledger.core.batchtx import BatchOffer
 from node.runtime import Node
 
+from .offers import wait_offers
 from ..e2e.swarm import C, node_config, tiny_genesis
 
 
@@ -30,6 +33,7 @@ def test_worker_reveals_after_restart(tmp_path, tiny):
         cfg = node_config(tmp_path, i, g, tiny)
         if i:
             cfg.bootstrap = req.host.addrs
+            cfg.accept_batches = True
         nd = Node(cfg)
         scope = trio.CancelScope()
 
@@ -47,6 +51,9 @@ def test_worker_reveals_after_restart(tmp_path, tiny):
             w1, s1 = await start(n, 1)
             w2, _ = await start(n, 2)
             me1 = w1.ident.account
+            k3 = Identity.from_seed(dev_seed(3))  # bonded and opted in, but its node never runs: absent
+            await req.ledger.submit(BatchOffer(req.ledger.chain_id, k3.account, 0, 0).signed(k3))
+            await wait_offers(req, [w1.ident.account, w2.ident.account, k3.account])
             p = await post_batch(req, data, kind="generate", replication=3, quorum=2, price=10**6, max_tokens=3,
                                  commit_window=20, reveal_window=60)
             with trio.fail_after(60):  # worker 1's commitments on the ledger: stop it before it can reveal

@@ -14,11 +14,13 @@ from hypothesis import strategies as st
 from node.identity import Identity, dev_seed
 from node.ledger.core import batch as bm
 from node.ledger.core.batchstate import BatchStatus, Fate, Item, ItemStatus, WorkerRecord, item_key
-from node.ledger.core.batchtx import BatchCancel, BatchCommit, BatchPost, BatchReveal, commitment, items_root
+from node.ledger.core.batchtx import (BatchCancel, BatchCommit, BatchOffer, BatchPost, BatchReveal, commitment,
+                                     items_root)
 from node.ledger.core.chain import commit_block, propose
 from node.ledger.core.genesis import TREASURY, Genesis, Params
 from node.ledger.core.records import CODECS
-from node.ledger.core.state import apply_tx, genesis_state
+from node.ledger.core.state import apply_tx
+from node.ledger.core.state import genesis_state as bare_genesis_state
 from node.ledger.core.tx import InvalidTx, Unbond, decode_tx
 from node.ledger.store import LedgerStore
 
@@ -39,6 +41,16 @@ def genesis(**params) -> Genesis:
 
 
 G = genesis()
+
+
+def genesis_state(g):
+    """The genesis state with a live offer (floor 0) of every bonded worker, as ``BatchOffer`` transactions in an
+    earlier block would leave it (offers themselves are tested in ``test_batch_offers.py``)."""
+    s = bare_genesis_state(g)
+    for a, _bal, bond in g.balances:
+        if bond >= g.params.min_bond:
+            s.tables["batch_workers"][a] = WorkerRecord(offer=0)
+    return s
 
 
 def post(s, g=G, n=2, k=3, q=2, price=PRICE, reissues=1, cw=3, rw=3, kind="generate", tokens=16, nonce=None,
@@ -143,7 +155,8 @@ def test_post_assign_commit_reveal_settle_slashes_the_dissenter():
     # item 0 is decided before item 1 (same height, key order): the dissent resets the run, item 1 may add one
     for w in w0:
         agreed = (w is not w0[2]) + (w in w1)
-        assert bm.reputation(s, w.account) == WorkerRecord(agreed=agreed, run=(w in w1) if w is w0[2] else agreed)
+        assert bm.reputation(s, w.account) == WorkerRecord(agreed=agreed, run=(w in w1) if w is w0[2] else agreed,
+                                                            offer=0)
     assert all(bm.held(s, k.account) == 0 for k in WORKERS)
 
 
@@ -308,7 +321,11 @@ def test_unbond_waits_for_undecided_assignments():
 
 
 def test_batch_waits_for_enough_bonded_workers():
-    s, p = posted(n=1, k=7, q=4)  # only six bonded workers
+    s0 = genesis_state(G)
+    refused(s0, post(s0, n=1, k=7, q=4), "only 6 bonded account.* k = 7 needs 7")  # only six opted-in workers
+    p = post(s0, n=1, k=6, q=4)
+    w = WORKERS[0]
+    s = blocks(s0, [p], [BatchOffer(s0.chain_id, w.account, -1, 0).signed(w)])  # one withdraws before the draw
     b = s.tables["batches"][p.batch_id]
     assert b.status == BatchStatus.OPEN and b.assigned == 0
     s = blocks(s, [BatchCancel(G.chain_id, REQ.account, p.batch_id, 1).signed(REQ)])
@@ -349,7 +366,7 @@ def test_adaptive_replication_lowers_k_toward_min_replication():
     ws = [BY_ACCOUNT[w] for w in item(s, p.batch_id, 0).workers]
     s = blocks(s, [commit(s, p.batch_id, 0, w, A, g=g) for w in ws], g=g)
     s = blocks(s, [reveal(s, p.batch_id, 0, w, A, g=g) for w in ws], g=g)
-    assert all(bm.reputation(s, w.account) == WorkerRecord(agreed=1, run=1) for w in ws)
+    assert all(bm.reputation(s, w.account) == WorkerRecord(agreed=1, run=1, offer=0) for w in ws)
     p2 = post(s, g, n=6)
     s = blocks(s, [p2], [], g=g)
     sizes = [len(item(s, p2.batch_id, i).workers) for i in range(6)]
@@ -402,7 +419,8 @@ def test_batch_state_survives_a_real_leveldb_store(tmp_path):
     store = LedgerStore(tmp_path / "db", G)
     state = store.replay()
     p = post(state)
-    for txs in ([p], [], []):
+    offers = [BatchOffer(state.chain_id, w.account, 0, state.account(w.account).nonce).signed(w) for w in WORKERS]
+    for txs in ([*offers, p], [], []):
         block, new, rejected = propose(state, txs, REQ, 1000 + state.height, store.last_commit())
         assert not rejected
         store.append(block, commit_block(REQ, block), state, new)
@@ -500,7 +518,7 @@ def test_a_worker_holds_at_most_batch_max_held_undecided_items_and_a_dead_one_is
                     txs.append(commit(s, p.batch_id, i, BY_ACCOUNT[w], A, g=g))
                 elif all(x != w for x, _ in it.reveals) and (
                         len(it.commits) == len(it.workers) or s.height + 1 > it.assigned_height + p.commit_window):
-                    txs.append(reveal(s, p.batch_id, i, BY_ACCOUNT[w], A))
+                    txs.append(reveal(s, p.batch_id, i, BY_ACCOUNT[w], A, g=g))
         s = blocks(s, txs, g=g)
     b = s.tables["batches"][p.batch_id]
     assert b.status == BatchStatus.SETTLED and b.accepted == 12, b

@@ -13,9 +13,19 @@ worker's bond pays ``min(bond, batch_slash)`` and an absent one's ``min(bond, ba
 treasury (as in :mod:`node.ledger.core.jobs`: a requester paid for a worker's fault would gain from posting items
 built to fail). Balances + bonds + escrows are therefore constant.
 
+**Opt-in and price floors** (issue 24 finding 2). Batch work is never forced: the candidates of every draw (items,
+re-issues and audits) are the bonded accounts with a live :class:`~node.ledger.core.batchtx.BatchOffer` whose
+floor per token, times :meth:`BatchPost.tokens`, is at most the post's ``price`` (:func:`takers`). A post is
+refused, changing nothing, when its price per token is below genesis ``batch_min_token_price``
+(:meth:`Params.batch_token_floor`), when it would bring its requester's items in open batches above genesis
+``batch_max_open_items`` (0: :data:`MAX_ITEMS`), or when fewer than ``replication`` opted-in accounts other than
+the requester take its price (it could never be drawn). A withdrawn offer stops new draws; what the worker
+already holds is decided by the usual rules (done, or absent and re-issued).
+
 **Assignment.** Up to :data:`MAX_ASSIGN_PER_BLOCK` new items per block (over all batches, in posting order) are
 assigned in ``end_block`` of a block after the post's, with that block's hash as the beacon: the candidates are the
-bonded accounts (``bond >= min_bond``) other than the requester and the workers of the item's earlier attempts,
+opted-in bonded accounts able to take the batch's price (above) other than the requester and the workers of the
+item's earlier attempts,
 ranked by ``H("tally/batch-assign/v1" ‖ beacon ‖ batch ‖ item ‖ attempt ‖ worker)``; the first ``k`` are drawn
 (independent draws per item and attempt, distinct within one). Nobody can choose the draw: the beacon is the hash of
 a block that did not exist when the post was signed. With fewer than ``k`` candidates the batch waits for workers
@@ -69,8 +79,9 @@ from ...encoding import MAX_AMOUNT, H
 from . import batchaudit as audit
 from .batchstate import (TERMINAL, AuditStatus, Batch, BatchStatus, Fate, Item, ItemStatus, WorkerRecord, due_key,
                          item_key)
-from .batchtx import (GENERATE, MAX_GENERATE_TOKENS, MAX_ITEMS, MAX_REISSUES, MAX_REPLICATION, MAX_WINDOW,
-                      TASK_KINDS, BatchAuditVote, BatchCancel, BatchCommit, BatchPost, BatchReveal, commitment)
+from .batchtx import (GENERATE, MAX_FLOOR, MAX_GENERATE_TOKENS, MAX_ITEMS, MAX_REISSUES, MAX_REPLICATION,
+                      MAX_WINDOW, TASK_KINDS, WITHDRAWN, BatchAuditVote, BatchCancel, BatchCommit, BatchOffer,
+                      BatchPost, BatchReveal, commitment)
 from .genesis import TREASURY, Params
 from .tx import Tx, _check
 
@@ -119,6 +130,46 @@ def _set_worker(s: State, w: bytes, rec: WorkerRecord) -> None:
         s.tables["batch_workers"].pop(w, None)
     else:
         s.tables["batch_workers"][w] = rec
+
+
+def offers(s: State, eligible: Iterable[bytes]) -> dict[bytes, int]:
+    """The floor (base units per token) of every account of ``eligible`` (bonded accounts) with a live offer."""
+    out = {}
+    for w in eligible:
+        f = _worker(s, w).offer
+        if f >= 0:
+            out[w] = f
+    return out
+
+
+def takers(floors: dict[bytes, int], post: BatchPost) -> list[bytes]:
+    """The accounts of ``floors`` (:func:`offers`) whose floor takes ``post``'s price: ``floor × tokens <=
+    price``, in ``floors``' order."""
+    t = post.tokens()
+    return [w for w, f in floors.items() if f * t <= post.price]
+
+
+def max_open_items(p: Params) -> int:
+    """Items one requester's open batches may hold together: genesis ``batch_max_open_items``, 0 meaning
+    :data:`MAX_ITEMS`."""
+    return p.batch_max_open_items or MAX_ITEMS
+
+
+def member_pay(p: Params, post: BatchPost) -> int:
+    """Base units an audit committee member that voted the audit's outcome is paid for one item of ``post``:
+    ``price × batch_audit_pay_bps / 10^4`` (0 when the genesis pays no audit fee)."""
+    return post.price * p.batch_audit_pay_bps // 10_000
+
+
+def audit_share(p: Params, post: BatchPost) -> int:
+    """Base units of audit fee one item escrows at the post: ``committee_size ×`` :func:`member_pay`."""
+    return p.committee_size * member_pay(p, post)
+
+
+def escrow_of(p: Params, post: BatchPost) -> int:
+    """Every base unit a post moves into escrow: :meth:`BatchPost.escrow` (the replicas') plus ``n_items ×``
+    :func:`audit_share`."""
+    return post.escrow() + post.n_items * audit_share(p, post)
 
 
 def held(s: State, worker: bytes) -> int:
@@ -193,6 +244,9 @@ def _set_batch(s: State, b: Batch) -> None:
     bid = b.post.batch_id
     s.tables["batches"][bid] = b
     if b.status in TERMINAL:
+        if bid in s.open_batches:  # it closes now: its items leave the requester's open count
+            r = _worker(s, b.post.sender)
+            _set_worker(s, b.post.sender, replace(r, open_items=r.open_items - b.post.n_items))
         s.open_batches.pop(bid, None)
     else:
         s.open_batches[bid] = None
@@ -214,10 +268,32 @@ def _check_post(s: State, tx: BatchPost) -> None:
     _check(0 <= tx.max_reissues <= MAX_REISSUES, f"max_reissues must be in 0..{MAX_REISSUES}")
     _check(1 <= tx.commit_window <= MAX_WINDOW and 1 <= tx.reveal_window <= MAX_WINDOW,
            f"commit_window and reveal_window must be in 1..{MAX_WINDOW} blocks")
-    _check(tx.escrow() <= MAX_AMOUNT, "the batch's escrow (n_items × k × price × (1 + max_reissues)) is too large")
-    _check(s.account(tx.sender).balance >= tx.escrow(),
-           f"balance cannot cover the batch's escrow of {tx.escrow()} base units "
-           "(n_items × k × price × (1 + max_reissues))")
+    p = s.params
+    esc = escrow_of(p, tx)
+    _check(esc <= MAX_AMOUNT, "the batch's escrow (n_items × (k × price × (1 + max_reissues) + audit fee)) is "
+                              "too large")
+    floor, tokens = p.batch_token_floor(), tx.tokens()
+    _check(tx.price >= floor * tokens,
+           f"price {tx.price} per item per replica is below the chain's floor of {floor} base units per token × "
+           f"{tokens} tokens per item = {floor * tokens} (genesis batch_min_token_price)")
+    _check(s.account(tx.sender).balance >= esc,
+           f"balance cannot cover the batch's escrow of {esc} base units "
+           "(n_items × (k × price × (1 + max_reissues) + audit fee))")
+    cap, have = max_open_items(p), _worker(s, tx.sender).open_items
+    _check(have + tx.n_items <= cap,
+           f"this requester's open batches hold {have} items; {tx.n_items} more would exceed the chain's cap of "
+           f"{cap} (genesis batch_max_open_items): wait for them to settle, or cancel one")
+    able = 0
+    for w, rec in s.tables["batch_workers"].items():  # stops at the k-th opted-in account that takes the price
+        if (rec.offer >= 0 and rec.offer * tokens <= tx.price and w != tx.sender
+                and s.account(w).bond >= p.min_bond):
+            able += 1
+            if able >= tx.replication:
+                break
+    _check(able >= tx.replication,
+           f"only {able} bonded account(s) other than the requester accept batches at {tx.price} base units per "
+           f"item ({tx.price // tokens} per token); replication k = {tx.replication} needs {tx.replication}: "
+           "raise the price or lower k (workers opt in with 'node start --accept-batches --batch-floor')")
 
 
 def _open_item(s: State, tx: BatchCommit | BatchReveal) -> tuple[Batch, Item]:
@@ -237,18 +313,36 @@ def apply_batch_tx(s: State, tx: Tx) -> None:
     :func:`node.ledger.core.state.apply_tx`, checks signatures and the nonce of posts and cancels.
 
     Raises:
-        InvalidTx: a bad post (amounts, k or q out of range, unknown kind, balance short), a cancel of a batch
-            that is not the sender's or has assigned items, a commit or reveal from a worker not assigned to the
-            item, outside its window, twice, or (reveal) not matching its commitment.
+        InvalidTx: a bad post (amounts, k or q out of range, unknown kind, balance short, a price below the
+            genesis floor, over the requester's cap of open items, fewer than k opted-in accounts that take its
+            price), an offer with a floor out of range or from an account that is not bonded, a withdrawal
+            without a live offer, a cancel of a batch that is not the sender's or has assigned items, a commit or
+            reveal from a worker not assigned to the item, outside its window, twice, or (reveal) not matching
+            its commitment.
     """
     height = s.height + 1
     if isinstance(tx, BatchAuditVote):
         audit.apply_audit_vote(s, tx)
+    elif isinstance(tx, BatchOffer):
+        f = tx.min_price_per_token
+        _check(f == WITHDRAWN or 0 <= f <= MAX_FLOOR,
+               f"min_price_per_token must be -1 (withdraw) or in 0..{MAX_FLOOR} base units per token")
+        # neither creates state for free: an offer needs a bond (an unbonded account is never drawn), a withdrawal
+        # a live offer
+        if f == WITHDRAWN:
+            _check(_worker(s, tx.sender).offer >= 0, "this account has no batch offer to withdraw")
+        else:
+            _check(s.account(tx.sender).bond >= s.params.min_bond,
+                   f"only a bonded account (bond at least min_bond = {s.params.min_bond} base units) may offer "
+                   "to take batch items")
+        _set_worker(s, tx.sender, replace(_worker(s, tx.sender), offer=f))
     elif isinstance(tx, BatchPost):
         _check_post(s, tx)
         acc = s.account(tx.sender)
-        esc = tx.escrow()
+        esc = escrow_of(s.params, tx)
         s.accounts[tx.sender] = replace(acc, balance=acc.balance - esc, escrow=acc.escrow + esc)
+        r = _worker(s, tx.sender)
+        _set_worker(s, tx.sender, replace(r, open_items=r.open_items + tx.n_items))
         _set_batch(s, Batch(post=tx, height=height, escrow_left=esc))
     elif isinstance(tx, BatchCancel):
         b: Batch | None = s.tables["batches"].get(tx.batch_id)
@@ -287,8 +381,8 @@ def apply_batch_tx(s: State, tx: Tx) -> None:
 
 def _assign(s: State, b: Batch, i: int, attempt: int, height: int, beacon: bytes, eligible: list[bytes],
             exclude: tuple[bytes, ...], limit: bool = True) -> tuple[tuple[bytes, ...], int]:
-    """Draw an item's workers among the eligible accounts but the requester and ``exclude``; with ``limit`` (and
-    genesis ``batch_max_held``), only among those below their :func:`held_limit`."""
+    """Draw an item's workers among ``eligible`` (the batch's :func:`takers`) but the requester and ``exclude``;
+    with ``limit`` (and genesis ``batch_max_held``), only among those below their :func:`held_limit`."""
     p, params = b.post, s.params
     cands = [w for w in eligible if w != p.sender and w not in exclude]
     if limit and params.batch_max_held:
@@ -338,7 +432,7 @@ def _decide(s: State, bid: bytes, i: int, height: int, beacon: bytes, eligible: 
             history.append((it.attempt, w, Fate.UNREVEALED if w in committed else Fate.ABSENT, took))
         _set_worker(s, w, rec)
     it = replace(it, history=tuple(history))
-    if winner is None and it.attempt < p.max_reissues:
+    if winner is None and it.attempt < p.max_reissues:  # re-issued among the opted-in takers only
         tried = it.tried + it.workers
         workers, quorum = _assign(s, b, i, it.attempt + 1, height, beacon, eligible, tried)
         if not workers:  # a re-issue is refunded only for lack of fresh workers, not of their capacity
@@ -349,10 +443,10 @@ def _decide(s: State, bid: bytes, i: int, height: int, beacon: bytes, eligible: 
                                     due=height + p.commit_window + p.reveal_window, workers=workers,
                                     quorum=quorum, commits=(), reveals=(), tried=tried))
             return
-    # decided for good: what this item's share of the escrow did not pay returns now
+    # decided for good: what this item's share of the escrow did not pay returns now (its audit fee too, unless
+    # an audit opens: then the fee waits for the audit's close)
     share = p.replication * p.price * (1 + p.max_reissues)
     paid = sum(x for _, _, f, x in history if f == Fate.AGREED)
-    b = _pay(s, b, p.sender, share - paid, refund=True)
     status = ItemStatus.ACCEPTED if winner is not None else ItemStatus.REFUNDED
     it = replace(it, status=status, result=winner or b"", agreed=tuple(agreed), decided_height=height)
     if winner is not None:
@@ -360,6 +454,8 @@ def _decide(s: State, bid: bytes, i: int, height: int, beacon: bytes, eligible: 
         if it.audit == AuditStatus.OPEN:
             s.tables["batch_due"][due_key(it.audit_due, bid, i)] = 0
             b = replace(b, auditing=b.auditing + 1)
+    fee_back = 0 if it.audit == AuditStatus.OPEN else audit_share(s.params, p)
+    b = _pay(s, b, p.sender, share - paid + fee_back, refund=True)
     s.tables["batch_items"][item_key(bid, i)] = it
     b = replace(b, decided=b.decided + 1, accepted=b.accepted + (winner is not None))
     _set_batch(s, _maybe_settle(s, b, height))
@@ -379,6 +475,16 @@ def _close_audit(s: State, bid: bytes, i: int, height: int) -> None:
     b: Batch = s.tables["batches"][bid]
     it: Item = s.tables["batch_items"][item_key(bid, i)]
     outcome, found = audit.verdict(it)
+    # the members that voted the outcome (the committee's quorum result, upheld or overturning) are paid from the
+    # item's audit fee; an undecided audit pays nobody; what is not paid returns to the requester
+    pay, fee = member_pay(s.params, b.post), audit_share(s.params, b.post)
+    if found is not None and outcome != AuditStatus.UNDECIDED:
+        for m, r in it.audit_votes:
+            if r == found and pay:
+                b = _pay(s, b, m, pay, refund=False)
+                fee -= pay
+    if fee:
+        b = _pay(s, b, b.post.sender, fee, refund=True)
     if outcome != AuditStatus.OVERTURNED or found is None:
         it = replace(it, audit=outcome)
     else:
@@ -411,7 +517,13 @@ def end_block_batches(s: State, height: int, beacon: bytes) -> None:
     to :data:`MAX_ASSIGN_PER_BLOCK` new items of batches posted before this block."""
     if not s.open_batches:
         return
-    eligible = s.eligible()
+    floors = offers(s, s.eligible())  # the opted-in bonded accounts, read once per block
+    able: dict[bytes, list[bytes]] = {}
+
+    def eligible_for(bid: bytes) -> list[bytes]:
+        if bid not in able:
+            able[bid] = takers(floors, s.tables["batches"][bid].post)
+        return able[bid]
     due: list[bytes] = []
     for k in s.tables["batch_due"]:
         if int.from_bytes(k[:8], "big") > height or len(due) >= MAX_DECIDE_PER_BLOCK:
@@ -422,7 +534,7 @@ def end_block_batches(s: State, height: int, beacon: bytes) -> None:
         bid, i = k[8:24], int.from_bytes(k[24:28], "big")
         it: Item = s.tables["batch_items"][item_key(bid, i)]
         if it.status == ItemStatus.ASSIGNED:
-            _decide(s, bid, i, height, beacon, eligible)
+            _decide(s, bid, i, height, beacon, eligible_for(bid))
         elif it.audit == AuditStatus.OPEN:  # an accepted item's audit is due
             _close_audit(s, bid, i, height)
     budget = MAX_ASSIGN_PER_BLOCK
@@ -433,7 +545,7 @@ def end_block_batches(s: State, height: int, beacon: bytes) -> None:
             continue
         before = b.assigned
         while budget and b.assigned < p.n_items:
-            workers, quorum = _assign(s, b, b.assigned, 0, height, beacon, eligible, ())
+            workers, quorum = _assign(s, b, b.assigned, 0, height, beacon, eligible_for(bid), ())
             if not workers:
                 break  # too few bonded workers: this batch waits
             _start(s, b, b.assigned, Item(attempt=0, assigned_height=height,
@@ -452,7 +564,7 @@ def needs_height(s: State) -> bool:
     return bool(s.open_batches)
 
 
-__all__ = ["MAX_ASSIGN_PER_BLOCK", "MAX_DECIDE_PER_BLOCK", "BatchCancel", "BatchCommit", "BatchPost", "BatchReveal",
-           "absent_penalty_of", "apply_batch_tx", "assignments_of", "draw", "end_block_batches", "held",
-           "held_limit",
-           "reputation", "slash_of"]
+__all__ = ["MAX_ASSIGN_PER_BLOCK", "MAX_DECIDE_PER_BLOCK", "BatchCancel", "BatchCommit", "BatchOffer", "BatchPost",
+           "BatchReveal", "absent_penalty_of", "apply_batch_tx", "assignments_of", "audit_share", "draw",
+           "end_block_batches", "escrow_of", "held", "held_limit", "max_open_items", "member_pay", "offers",
+           "reputation", "slash_of", "takers"]

@@ -31,8 +31,16 @@ item (:func:`node.ledger.core.batch` applies it): every worker that agreed on th
 ``min(bond, batch_slash)`` to the treasury (fate ``overruled``; it keeps the price it was paid, which the slash
 exceeds), every dissenter of that attempt that revealed the committee's result gets its slash back from the
 treasury (fate ``vindicated``), and the committee's result becomes the item's (``agreed``: the vindicated and the
-members that voted it, who hold its bytes). The members are not paid: an audit fee would need escrow the batch has
-already returned (a genesis fee for audits is future work).
+members that voted it, who hold its bytes).
+
+**Pay** (issue 24 finding 8). With genesis ``batch_audit_pay_bps``, a post escrows ``committee_size × price ×
+batch_audit_pay_bps / 10^4`` per item (:func:`node.ledger.core.batch.audit_share`); when an audit closes upheld or
+overturned, each member that voted the committee's result is paid ``price × batch_audit_pay_bps / 10^4`` from it,
+and the rest (members that voted otherwise or not at all, an undecided audit, an item never audited) returns to the
+requester. Committees are drawn only among accounts that opted in to batch work at the batch's price
+(:func:`node.ledger.core.batch.takers`). Not closed here: votes are not committed first, so a member that copies
+the votes already on the chain is paid without re-running the item (it still cannot change a verdict the members
+before it decided); a commit–reveal of audit votes, as items have, would close that.
 
 While an item's audit is open its batch stays ``running`` (the requester's results may still change).
 """

@@ -143,9 +143,14 @@ class WorkerRecord:
     """A worker's batch reputation: ``agreed``, results that matched a quorum (ever); ``run``, consecutive ones (reset
     by a dissent or an absence); ``held``, assignments not yet decided (an unbond waits for them); ``missed``,
     consecutive absences (never committed or never revealed; reset by any reveal), which shrink the worker's limit
-    of undecided assignments (:func:`node.ledger.core.batch.held_limit`)."""
+    of undecided assignments (:func:`node.ledger.core.batch.held_limit`); ``offer``, the floor of its live
+    :class:`~node.ledger.core.batchtx.BatchOffer` in base units per token (-1: no offer, never drawn); as a
+    requester, ``open_items``, the items of its batches not yet settled or cancelled (genesis
+    ``batch_max_open_items`` caps them)."""
 
     agreed: int = 0
     run: int = 0
     held: int = 0
     missed: int = 0
+    offer: int = -1
+    open_items: int = 0

@@ -7,6 +7,11 @@ a beacon to ``k`` distinct bonded workers → each worker sends a :class:`BatchC
 :class:`BatchCancel` refunds everything while no item has been assigned. The result bytes live off-chain (the blob
 store, by content hash); the ledger holds hashes only.
 
+Opt-in (issue 24 finding 2): a bonded account is drawn for batch items (and batch audits) only while its
+:class:`BatchOffer` is live and its floor per token, times the post's :meth:`BatchPost.tokens`, is at most the
+post's ``price``; ``node start --accept-batches [--batch-floor PRICE]`` publishes the offer and a node started
+without the flag withdraws it (``min_price_per_token`` = :data:`WITHDRAWN`).
+
 Replay: a post and a cancel carry the requester's account nonce; a commit and a reveal count once per (batch, item,
 attempt, worker) instead, so that a worker's many independent items never wait on each other's ordering (as
 receipts do, :mod:`node.ledger.core.tx`).
@@ -28,6 +33,13 @@ MAX_REPLICATION = 16
 MAX_REISSUES = 8
 MAX_WINDOW = 10_000  # blocks, for each of the commit and reveal windows
 MAX_GENERATE_TOKENS = 4096
+# The tokens of work one score item is counted as, for price floors: a score item is one forward pass over a text of
+# up to 64 KiB whose token count the ledger cannot see (a generate item's is its ``max_tokens``). 256 tokens is a
+# short paragraph; a requester scoring longer texts should pay above the floor, and a worker that wants more sets a
+# higher floor of its own.
+SCORE_ITEM_TOKENS = 256
+WITHDRAWN = -1  # BatchOffer.min_price_per_token of a withdrawn offer
+MAX_FLOOR = 10**15  # base units per token: a floor above it is refused (floor × tokens stays far from overflow)
 
 
 def items_root(lines: Sequence[bytes]) -> bytes:
@@ -84,6 +96,11 @@ class BatchPost(SingleSigned):
         ``replication`` replicas in each of its ``1 + max_reissues`` attempts). Reissue headroom is held in full so
         that a re-issue never waits on the requester's balance; what is not paid returns when the batch settles."""
         return self.n_items * self.replication * self.price * (1 + self.max_reissues)
+
+    def tokens(self) -> int:
+        """Tokens of work one item is counted as for price floors: ``max_tokens`` for ``generate``,
+        :data:`SCORE_ITEM_TOKENS` for ``score`` (at least 1). A post's price per token is ``price / tokens()``."""
+        return max(1, self.max_tokens) if self.kind == GENERATE else SCORE_ITEM_TOKENS
 
 
 @dataclass(frozen=True)
@@ -162,7 +179,27 @@ class BatchAuditVote(SingleSigned):
                                         "result_hash": "bytes32"}
 
 
-BATCH_TXS = (BatchPost, BatchCommit, BatchReveal, BatchCancel, BatchAuditVote)
+@dataclass(frozen=True)
+class BatchOffer(SingleSigned):
+    """Account ``sender`` opts in to batch work (issue 24 finding 2): while this offer is live and the account is
+    bonded, it may be drawn for the items and audits of a batch whose price per item per replica is at least
+    ``min_price_per_token × BatchPost.tokens()`` (base units). ``min_price_per_token`` :data:`WITHDRAWN` (-1)
+    withdraws the offer: no new draws; items already drawn are still to be done. A later offer replaces an
+    earlier one. Carries the account nonce (one offer per nonce)."""
+
+    chain_id: str
+    sender: bytes  # the worker
+    min_price_per_token: int  # base units per token of work; WITHDRAWN (-1): no offer
+    nonce: int
+    sig: bytes = b""
+
+    TAG: ClassVar[bytes] = b"tally/batch-offer/v1"
+    KIND: ClassVar[str] = "batch_offer"
+    SIGS: ClassVar[tuple[str, ...]] = ("sig",)
+    SCHEMA: ClassVar[dict[str, str]] = {"sender": "account", "min_price_per_token": "sint", "nonce": "int"}
+
+
+BATCH_TXS = (BatchPost, BatchCommit, BatchReveal, BatchCancel, BatchAuditVote, BatchOffer)
 
 for _cls in BATCH_TXS:
     TX_KINDS[_cls.KIND] = _cls

@@ -24,7 +24,9 @@ OPTIONAL_PARAMS = ("heartbeat_ms", "retention_blocks",
                    "min_validator_bond",
                    "batch_slash", "batch_absent_penalty",
                    "min_replication", "batch_max_held",
-                   "batch_audit_ppm", "min_model_servers")  # left out of the genesis hash and document when 0
+                   "batch_audit_ppm", "min_model_servers",
+                   "batch_min_token_price", "batch_max_open_items",
+                   "batch_audit_pay_bps")  # left out of the genesis hash and document when 0
 
 
 class GenesisError(ValueError):
@@ -97,6 +99,22 @@ class Params:
     # it abstains without downloading anything. 0 means 1 (a model served by one bonded server stays verifiable);
     # left out of the genesis hash and document when 0.
     min_model_servers: int = 0
+    # batch work is opted into and priced (issue 24 finding 2; node.ledger.core.batch): a batch post pays at least
+    # batch_min_token_price base units per token of work per replica (BatchPost.tokens(); 0 means 1), and one
+    # requester's batches not yet settled or cancelled hold at most batch_max_open_items items together (0 means
+    # MAX_ITEMS, one full batch). Left out of the genesis hash and document when 0.
+    batch_min_token_price: int = 0
+    batch_max_open_items: int = 0
+    # batch audit committees are paid (issue 24 finding 8; node.ledger.core.batchaudit): a post escrows
+    # committee_size × price × batch_audit_pay_bps / 10^4 per item besides its replicas' escrow; each member of an
+    # item's audit committee that voted the audit's outcome is paid price × batch_audit_pay_bps / 10^4, and the rest
+    # returns to the requester (at once for an item that is not audited). 0: members are unpaid; left out of the
+    # genesis hash and document when 0.
+    batch_audit_pay_bps: int = 0
+
+    def batch_token_floor(self) -> int:
+        """Base units per token of work a batch must pay at least: ``batch_min_token_price``, 0 meaning 1."""
+        return self.batch_min_token_price or 1
 
     def model_servers(self) -> int:
         """Bonded servers that must announce a model before a committee member fetches it (``min_model_servers``,
@@ -146,6 +164,13 @@ class Params:
             raise GenesisError("batch_audit_ppm must be in 0..1000000 (a probability in parts per million)")
         if self.min_model_servers > 1_000:
             raise GenesisError("min_model_servers must be 0 (meaning 1) or in 1..1000 bonded servers")
+        if self.batch_min_token_price > 10**15:
+            raise GenesisError("batch_min_token_price must be 0 (meaning 1) or at most 10^15 base units per token")
+        if self.batch_max_open_items > 10**9:
+            raise GenesisError("batch_max_open_items must be 0 (one full batch) or at most 10^9 items")
+        if self.batch_audit_pay_bps > 100_000:
+            raise GenesisError("batch_audit_pay_bps must be in 0..100000 (at most 10 times an item's price per "
+                               "member)")
         if self.batch_max_held > 1_000_000:
             raise GenesisError("batch_max_held must be 0 (no limit) or in 1..1000000 undecided assignments")
 
