@@ -14,9 +14,9 @@ For each size n, in fresh subprocesses (so resident memory is per size):
 2. **measure** (a second process): start time (``LedgerStore(path, g)`` + ``replay()``, warm OS page cache: the
    store was just written), VmRSS after start and after the blocks, time per empty block (``propose`` +
    ``commit_block`` + ``append``: fsynced write batch included, the bench's own byte-counting reads left out;
-   median of ``--empty``), time per block of 100
-   pre-signed real receipts (same steps, the proposer verifies every signature twice as ``propose`` does without a
-   mempool; median of ``--full``), stored bytes per live state item (keys + values under ``S/`` over the entries of
+   median of ``--empty``), time per block of ``--per-block`` (default 1000)
+   pre-signed real receipts (same steps; ``propose`` without a mempool verifies every signature once, on every core,
+   before it applies the block; median of ``--full``), stored bytes per live state item (keys + values under ``S/`` over the entries of
    every table), snapshot bytes per live item (the chunks :func:`node.ledger.snapshot.make` writes, over the items
    its manifest counts) and stored bytes per empty
    block (net bytes of keys + values the block adds to LevelDB, counted on its write batch against the values it
@@ -524,7 +524,8 @@ def report(rows: list[dict[str, Any]], empty: int = 30, full: int = 10) -> str:
         "reads, the pages of LevelDB's table files that lookups touched (ldb after: clean page-cache pages that the "
         "process holds mapped; 0 with pread).",
         f"empty blk / {per}-rcpt blk: median of {empty} / {full} (propose + commit_block + append, fsync included; "
-        "propose verifies each receipt's 2 signatures twice); (cpu): the same less the batch write + fsync, which "
+        "propose verifies each receipt's 2 signatures once, on every core); (cpu): the same less the batch write + "
+        "fsync, which "
         "on this shared disk is most of an empty block and noisy.",
         "B/live item: keys + values under S/ over every state table's entries; B/receipt: the S/r/ records alone; "
         "snap B/item: a state snapshot's chunks (node.ledger.snapshot.make, what state sync fetches) over the live "
