@@ -295,3 +295,72 @@ def test_mempool_cost_counts_the_audit_fee_escrow():
     p = post(genesis_state(g), 10, FLOOR * TOKENS, g)
     assert cost(p, g.params) == bm.escrow_of(g.params, p) == p.escrow() + 10 * 2 * FLOOR * TOKENS
     assert cost(p) == p.escrow()  # without the chain's parameters: the replicas' escrow only
+
+
+def test_an_overturning_audit_pays_the_members_that_found_the_result_and_nobody_honest_loses(tmp_path):
+    """Finding 8 with a colluding pair (workers 0 and 1 always reveal and vote X; the others R): five workers offer,
+    k = 3, so each item's committee is the two workers not drawn for it. An item the pair won is overturned by its
+    honest committee, and both members are paid; an honest item audited by the pair is undecided and pays nobody;
+    one audited by one colluder and one honest member is undecided too. Honest workers end with their whole bond,
+    every balance is the genesis one plus its replica pay and audit pay, and supply is conserved in the reopened
+    store."""
+    g = genesis(batch_audit_ppm=1_000_000, batch_audit_pay_bps=10_000, committee_size=2, verdict_timeout=4,
+                batch_slash=10 * C)
+    ch = Chain(tmp_path / "db", g)
+    five = WORKERS[:5]
+    pair = {five[0].account, five[1].account}
+    ch.block(*[offer(ch.state, w, 0, g) for w in five])
+    price = FLOOR * TOKENS
+    p = post(ch.state, 30, price, g)
+    p = BatchPost(p.chain_id, p.sender, b"\x07" * 16, *p.unsigned()[2:]).signed(REQ)  # a fixed id: a fixed draw
+    ch.block(p)
+    salt, R, X = b"s" * 32, b"R" * 32, b"X" * 32
+
+    def res(w):
+        return X if w in pair else R
+
+    for _ in range(100):
+        st = ch.state
+        b = st.tables["batches"][p.batch_id]
+        if b.status == BatchStatus.SETTLED:
+            break
+        txs = []
+        for i in range(b.assigned):
+            it = st.tables["batch_items"][item_key(p.batch_id, i)]
+            if it.status == ItemStatus.ASSIGNED:
+                for w in it.workers:
+                    if it.commitment_of(w) is None:
+                        c = commitment(p.batch_id, i, it.attempt, w, res(w), salt)
+                        txs.append(BatchCommit(st.chain_id, w, p.batch_id, i, it.attempt, c).signed(BY[w]))
+                    elif all(x != w for x, _ in it.reveals) and len(it.commits) == len(it.workers):
+                        txs.append(BatchReveal(st.chain_id, w, p.batch_id, i, it.attempt, res(w), salt)
+                                   .signed(BY[w]))
+            elif it.audit == AuditStatus.OPEN:
+                txs += [BatchAuditVote(st.chain_id, m, p.batch_id, i, res(m)).signed(BY[m])
+                        for m in it.audit_committee if all(x != m for x, _ in it.audit_votes)]
+        ch.block(*txs)
+    st = ch.reopen()
+    b = st.tables["batches"][p.batch_id]
+    items = [st.tables["batch_items"][item_key(p.batch_id, i)] for i in range(30)]
+    assert b.status == BatchStatus.SETTLED and b.escrow_left == 0 and b.paid + b.refunded == bm.escrow_of(g.params, p)
+    won = [it for it in items if pair <= set(it.workers)]
+    assert won and b.overturned == len(won)
+    expect = {w.account: 100 * C for w in five}
+    for it in items:
+        for _a, w, f, x in it.history:
+            if f.value == "agreed":
+                expect[w] += x  # the price of each agreeing replica (an overruled one keeps it)
+        if it in won:
+            assert it.audit == AuditStatus.OVERTURNED and it.result == R
+        else:
+            assert it.audit == (AuditStatus.UPHELD if not pair & set(it.audit_committee) else
+                                AuditStatus.UNDECIDED)
+        if it.audit in (AuditStatus.UPHELD, AuditStatus.OVERTURNED):
+            for m in it.audit_committee:  # both voted R: paid the item's price each
+                expect[m] += price
+    for w in five:
+        assert st.account(w.account).balance == expect[w.account], w.account in pair
+        if w.account not in pair:
+            assert st.account(w.account).bond == 200 * C  # vindicated dissents came back
+    assert st.account(REQ.account).escrow == 0
+    ch.close()
