@@ -352,8 +352,14 @@ def wallet_router(node, q, require_token) -> APIRouter:
         except ValueError as e:
             raise ApiError(400, "bad_request", str(e)) from None
         return JSON({"prompt_ids": gen.prompt_ids, "tokens": gen.tokens, "text": node.decode(gen.tokens, req.model),
-                     "route": [{"peer": p, "span": [s, e]} for p, s, e in gen.route],
+                     "route": [{"peer": p, "span": [s, e], **route_path(node, p)} for p, s, e in gen.route],
                      "receipts": [x.id.hex() for x in gen.receipts], "seconds": gen.seconds,
                      **redundancy_view(gen)})
 
     return r
+
+
+def route_path(node, peer: str) -> dict:
+    """How ``node`` reaches a route's server now: ``path`` (direct or relayed) and ``rtt_ms`` (issue 25)."""
+    net = getattr(node, "net", None)
+    return net.path_of(peer) if net is not None else {}

@@ -103,10 +103,21 @@ def kernel_routes(ip: str) -> bool:
 
 
 def local_view(bound: Iterable[str]) -> LocalView:
-    """The :class:`LocalView` of a node listening on ``bound`` (multiaddrs), from the kernel."""
+    """The :class:`LocalView` of a node listening on ``bound`` (multiaddrs), from the kernel; its route answers
+    are cached per IP for the view's life (at most 4096 IPs)."""
     bound = list(bound)
+    routes: dict[str, bool] = {}
+
+    def routable(ip: str) -> bool:
+        r = routes.get(ip)
+        if r is None:
+            if len(routes) >= 4096:
+                routes.clear()
+            r = routes[ip] = kernel_routes(ip)
+        return r
+
     return LocalView(nets=interface_networks(), loopback=any(scope(a) is Scope.LOOPBACK for a in bound),
-                     routable=kernel_routes)
+                     routable=routable)
 
 
 def classify(addr: str, view: LocalView, relayed_peer: bool) -> Kind | None:

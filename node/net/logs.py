@@ -35,8 +35,8 @@ EXPECTED = re.compile("|".join([
     r"[Dd]ial", r"unreachable", r"StreamReset", r"StreamEOF", r"stream (closed|reset)", r"Connection closed",
     r"IncompleteRead", r"EOF", r"negative cache", r"Failed to read DHT message", r"reading from stream",
     r"connect handler", r"status message", r"window update", r"Cannot flush pending messages",
-    r"Failed to fetch stored addresses", r"Cannot write to stream", r"no stream available",
-]))
+    r"Failed to fetch stored addresses", r"Cannot write to stream", r"no stream available", r"Refusing HOP",
+]), re.IGNORECASE)
 
 _installed: logging.Handler | None = None
 

@@ -53,6 +53,7 @@ OPEN_LIMITS = RelayLimits(duration=120, data=128 << 10, max_circuit_conns=RELAY_
                           max_reservations=RELAY_LIMITS.max_reservations)
 OPEN_RESERVATIONS = 4  # reservations held by non-members at once, of RELAY_LIMITS.max_reservations
 MEMBER_WAIT = 5.0  # seconds a relay request waits for its peer's hello to complete before judging it a non-member
+UNILATERAL_TIMEOUT = 3.0  # seconds DCUtR's plain dial of a (public-looking) peer may take before punching
 
 Member = Callable[[str], Awaitable[bool]]  # peer ID -> completed this genesis' hello (may wait briefly)
 
@@ -208,6 +209,68 @@ class GuardedRelayProtocol(CircuitV2Protocol):
                 self._members_of.pop(remote, None)
 
 
+class TallyDCUtR(DCUtRProtocol):
+    """py-libp2p 0.8.1's DCUtR without the slow first step for peers behind NATs (issue 25).
+
+    Before every hole punch py-libp2p tries a "unilateral upgrade": a plain dial of every direct address the
+    peerstore holds for the peer, waiting up to its 10 s dial timeout (``dcutr.py:488``). For a peer that announces
+    a relay circuit — it told us it cannot be dialled — those addresses are its private interface addresses and
+    its NAT's address, where a home router silently drops the SYN: every attempt waited 10 s before punching. Here
+    that step is skipped for such peers (``private(peer) -> True``) and bounded by :data:`UNILATERAL_TIMEOUT` for
+    the others; the hole punch itself (CONNECT, SYNC, simultaneous dials from the listen port: libp2p DCUtR spec)
+    is py-libp2p's.
+
+    py-libp2p drives a hole punch from *both* ends of a relayed connection every 2 s; two sessions started at once
+    dial each other twice, each side once as the Noise initiator and once as the responder, and a simultaneous
+    open then fails the handshake (measured: D's connections to both servers stayed relayed once the slow first
+    step no longer staggered the two ends). Here one end drives, as the DCUtR spec says: the one that *accepted*
+    the relayed connection ("B ... opens a stream to A", specs/relay/DCUtR.md); with relayed connections in both
+    directions, the end with the smaller peer ID. The other end answers CONNECT as before.
+
+    Args:
+        host: the py-libp2p host.
+        private: ``private(peer_id_str)``: the peer announces a circuit address (None: never skip).
+    """
+
+    def __init__(self, host: Any, private: Callable[[str], bool] | None = None):
+        super().__init__(host)
+        self.private = private
+        self.skipped_unilateral = 0  # unilateral upgrades not tried: the peer is behind a NAT
+
+    def drives(self, peer_id: ID) -> bool:
+        """Whether this end starts the hole punch with ``peer_id`` (see the class doc)."""
+        dirs = set()
+        for c in self.host.get_network().get_connections(peer_id):
+            addrs = [str(a) for a in _transport_addrs(c)]
+            if addrs and all("/p2p-circuit" in a for a in addrs):
+                dirs.add(bool(getattr(getattr(c, "muxed_conn", None), "is_initiator", False)))
+        if dirs == {True}:
+            return False  # we dialled the circuit: the peer that accepted it drives
+        if dirs == {True, False}:
+            return self.host.get_id().to_base58() < peer_id.to_base58()
+        return True
+
+    async def initiate_hole_punch(self, peer_id: ID) -> bool:
+        if not self.drives(peer_id):
+            return False
+        return await super().initiate_hole_punch(peer_id)
+
+    async def _try_unilateral_upgrade(self, peer_id: ID) -> bool:
+        if self.private is not None and self.private(peer_id.to_base58()):
+            self.skipped_unilateral += 1
+            return False
+        with trio.move_on_after(UNILATERAL_TIMEOUT):
+            return await super()._try_unilateral_upgrade(peer_id)
+        return False
+
+
+def _transport_addrs(conn: Any) -> list:
+    try:
+        return list(conn.get_transport_addresses())
+    except Exception:  # noqa: BLE001 - a closing connection
+        return []
+
+
 def _remote_ip(stream: Any) -> str | None:
     try:
         a = stream.get_remote_address()
@@ -222,14 +285,15 @@ class Relay:
     Args:
         host: the running py-libp2p host (``IHost``).
         hop: relay for others (public nodes).
-        dcutr: run hole punching.
+        dcutr: run hole punching (:class:`TallyDCUtR`).
         per_ip: reservations this relay grants to peers of one remote IP (:class:`GuardedRelayProtocol`).
         member: ``await member(peer_id)``: the peer completed this genesis' hello (full circuits); None: all are.
+        private: ``private(peer_id)``: the peer announces a circuit (DCUtR skips its plain dial); None: never.
     """
 
     def __init__(self, host: Any, hop: bool, dcutr: bool = True, per_ip: int = MAX_RESERVATIONS_PER_IP,
-                 member: Member | None = None):
-        self.host, self.hop, self.dcutr = host, hop, dcutr
+                 member: Member | None = None, private: Callable[[str], bool] | None = None):
+        self.host, self.hop, self.dcutr, self.private = host, hop, dcutr, private
         self.protocol = GuardedRelayProtocol(host, limits=RELAY_LIMITS, allow_hop=hop, per_ip=per_ip,
                                              member=member)
         self.transport = self.dialer = None
@@ -241,7 +305,7 @@ class Relay:
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(background_trio_service(self.protocol))
             if self.dcutr:
-                await stack.enter_async_context(background_trio_service(DCUtRProtocol(self.host)))
+                await stack.enter_async_context(background_trio_service(TallyDCUtR(self.host, self.private)))
             self._nursery = await stack.enter_async_context(trio.open_nursery())
             # reserving needs the CLIENT role; a CLIENT transport also reserves on every dial (notes §2), so
             # dialling goes through a second, STOP-only transport

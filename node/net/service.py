@@ -49,6 +49,7 @@ DIAL_TIMEOUT = 10.0  # seconds one address's dial may take (the others race mean
 VIEW_TTL = 30.0  # seconds this node's view of its own interfaces and routes is reused
 PING_PERIOD = 10.0  # seconds between two round-trip measurements of the connected peers
 MAX_PINGED = 32  # peers pinged per round
+PING_FAILS = 3  # pings in a row a connected peer may miss before its connections are closed (and redialled)
 
 
 class RelayMode(enum.Enum):
@@ -96,6 +97,7 @@ class NetworkService:
         self._exchanged: set[str] = set()
         self._changed = trio.Event()
         self.paths = PathBook()
+        self._ping_fails: dict[str, int] = {}  # connected peer -> pings missed in a row (removed on disconnect)
         self.on_rtt: Callable[[str, float], None] | None = None  # (peer, seconds) per ping, e.g. to the router
         self._view: tuple[float, LocalView] | None = None
         now = time.time()
@@ -171,6 +173,7 @@ class NetworkService:
             self.hello.forget(peer)
             self._exchanged.discard(peer)
             self.paths.disconnected(peer)
+            self._ping_fails.pop(peer, None)
         self._changed.set()
 
     async def _greet(self, peer: str) -> None:
@@ -230,6 +233,11 @@ class NetworkService:
                 bound = []
             self._view = (now, local_view(bound))
         return self._view[1]
+
+    def announces_circuit(self, peer: str) -> bool:
+        """Whether ``peer`` told us a relay circuit address: it is behind a NAT and cannot be dialled directly."""
+        e = self.book.peers.get(peer)
+        return e is not None and any("/p2p-circuit" in a for a in e.addrs)
 
     def _dialable(self, addrs: list[str]) -> list[str]:
         """Of ``/.../p2p/<id>`` addresses, those :func:`~node.net.dial.select` would dial (for the host's
@@ -407,6 +415,12 @@ class NetworkService:
             return []
         return [r.to_dict() for r in describe(lib, self.paths)]
 
+    def path_of(self, peer: str) -> dict:
+        """``{"path": "direct"|"relayed"|None, "rtt_ms": float|None}``: how ``peer`` is reached now (None: not
+        connected) and its smoothed round trip, for a generation's route."""
+        row = next((r for r in self.peers() if r["peer"] == peer), None)
+        return {"path": row["path"] if row else None, "rtt_ms": self.paths.rtt_ms(peer)}
+
     async def _ping_loop(self) -> None:
         """Every :data:`PING_PERIOD` s: measure the round trip to up to :data:`MAX_PINGED` connected, verified
         peers (libp2p ping over the connection new streams use: the direct one when there is one), and record
@@ -421,11 +435,23 @@ class NetworkService:
                     n.start_soon(self._ping_one, p)
 
     async def _ping_one(self, peer: str) -> None:
+        """One ping; a peer that misses :data:`PING_FAILS` in a row has a dead connection that py-libp2p still
+        counts as open (measured: a relayed circuit whose far end had gone kept every new stream waiting until
+        its timeout, for minutes): close its connections, so the next stream redials it."""
         from libp2p.peer.id import ID
 
         rtt = await self.paths.measure(self.host.libp2p, ID.from_base58(peer))
-        if rtt is not None and self.on_rtt is not None:
-            self.on_rtt(peer, rtt / 1000.0)
+        if rtt is not None:
+            self._ping_fails.pop(peer, None)
+            if self.on_rtt is not None:
+                self.on_rtt(peer, rtt / 1000.0)
+            return
+        n = self._ping_fails[peer] = self._ping_fails.get(peer, 0) + 1
+        if n >= PING_FAILS and peer in self.host.connected_peers():
+            self._ping_fails.pop(peer, None)
+            log.info("peer %s answered none of %d pings in %.0f s: closing its connections to redial it", peer, n,
+                     n * PING_PERIOD)
+            await self.host.disconnect(peer)
 
     def status(self) -> dict:
         """For ``/v1/status`` and logs: reachability, announced addresses, relay, peers known and connected, and
@@ -453,7 +479,8 @@ class NetworkService:
         loopback_only = all(scope(a) is Scope.LOOPBACK for a in self.host.bound_addrs())
         # a node bound to loopback alone needs no relay and no hole punching: every peer is on this machine
         self.relay = None if loopback_only else Relay(lib, hop=bool(hop), dcutr=self.dcutr,
-                                                      member=lambda p: self.hello.wait_verified(p, MEMBER_WAIT))
+                                                      member=lambda p: self.hello.wait_verified(p, MEMBER_WAIT),
+                                                      private=self.announces_circuit)
         try:
             async with trio.open_nursery() as n:
                 if self.relay is not None:

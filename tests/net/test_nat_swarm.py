@@ -126,6 +126,9 @@ def test_three_nats_direct_by_hole_punching_or_relayed_and_identical_tokens(netn
 
     gen2 = tn.wait(lambda: _generate(tn), 120, every=2.0, why="a second generation")
     assert gen2["tokens"] == want
+    hops = {h["peer"]: h for h in gen2["route"]}  # the route says how each server was reached
+    for n in ("b", "c"):
+        assert hops[ids[n]]["path"] == ("relayed" if random_ports else "direct"), gen2["route"]
     rows = _peer_rows(tn, "d")
     assert all(rows[ids[n]]["rtt_ms"] is not None for n in ("b", "c")), rows
     assert not _errors(tn), _errors(tn)
