@@ -17,9 +17,9 @@ What py-libp2p 0.8.1 does on its own (``libp2p/network/swarm.py``):
 
 1. asks :class:`Admission` whether the remote IP may open one more connection, counting per IP address, per
    subnet (/24 for IPv4, /56 for IPv6), pending (accepted, not yet upgraded) and open (pending + upgraded), a
-   token-bucket accept rate per IP and per subnet, and totals of which :attr:`AdmissionLimits.reserved` slots are
-   kept for reserved addresses (bootstrap peers', validators', peers vouched for by the node:
-   :meth:`Admission.reserve_ip`);
+   token-bucket accept rate per IP, per subnet and node-wide (unreserved addresses), and totals of which
+   :attr:`AdmissionLimits.reserved` slots are kept for reserved addresses (bootstrap peers', validators', peers
+   vouched for by the node: :meth:`Admission.reserve_ip`);
    a refused socket is closed at once, before it costs a handshake: for TCP listeners in the listener's accept
    loop itself, before a trio task or stream object exists (:mod:`node.net.listener_guard`; ``SO_LINGER`` 0);
 2. upgrades with ``inbound_upgrade_timeout`` = :attr:`AdmissionLimits.upgrade_timeout` (a few seconds);
@@ -54,6 +54,7 @@ class Refusal(enum.Enum):
 
     RATE_IP = "accept_rate_per_ip"
     RATE_SUBNET = "accept_rate_per_subnet"
+    RATE_TOTAL = "accept_rate_total"
     PENDING_IP = "pending_per_ip"
     PENDING_SUBNET = "pending_per_subnet"
     PENDING_TOTAL = "pending_total"
@@ -83,21 +84,27 @@ class AdmissionLimits:
     pending_per_subnet: int = 64
     pending_total: int = 256  # also bounds the handshakes' CPU at once
     reserved: int = 32
-    accept_rate: float = 20.0  # new connections per second per IP, sustained
-    accept_burst: int = 64
-    subnet_accept_rate: float = 100.0  # per /24 (/56): bounds the Noise handshakes one subnet makes us compute
-    subnet_accept_burst: int = 256
+    # Accept rates bound the upgrades (Noise, Yamux, identify, hello, pubsub: ~20 ms of CPU each for a fresh
+    # identity, measured on one core) that unreserved addresses can make the node compute: at most
+    # total_accept_rate x 20 ms = 1 core node-wide, subnet_accept_rate x 20 ms = 0.5 core from one /24 (/56),
+    # leaving half of total_accept_rate to every other subnet. Honest peers reconnect a few times a minute.
+    accept_rate: float = 10.0  # new connections per second per IP, sustained
+    accept_burst: int = 32
+    subnet_accept_rate: float = 25.0  # per /24 (/56)
+    subnet_accept_burst: int = 64
+    total_accept_rate: float = 50.0  # node-wide, unreserved addresses only
+    total_accept_burst: int = 128
     upgrade_timeout: float = 4.0  # seconds for Noise + Yamux negotiation of one inbound connection
     max_tracked: int = 4096  # IPs and subnets whose state is kept (LRU beyond)
 
     def __post_init__(self) -> None:
         if min(self.open_per_ip, self.open_per_subnet, self.open_total, self.pending_per_ip,
                self.pending_per_subnet, self.pending_total, self.accept_burst, self.subnet_accept_burst,
-               self.max_tracked) < 1:
+               self.total_accept_burst, self.max_tracked) < 1:
             raise ValueError("every admission limit must be >= 1")
         if not 0 <= self.reserved < min(self.open_total, self.pending_total):
             raise ValueError("reserved must be >= 0 and below open_total and pending_total")
-        if self.accept_rate <= 0 or self.subnet_accept_rate <= 0 or self.upgrade_timeout <= 0:
+        if min(self.accept_rate, self.subnet_accept_rate, self.total_accept_rate, self.upgrade_timeout) <= 0:
             raise ValueError("accept rates and upgrade_timeout must be > 0")
 
 
@@ -198,6 +205,7 @@ class Admission:
         self.refused: dict[str, int] = {r.value: 0 for r in Refusal}
         self.accepted = 0
         self._keys: OrderedDict[str, tuple[str, str]] = OrderedDict()  # raw ip -> (normal ip, subnet); LRU
+        self._total: tuple[float, float] = (float(self.limits.total_accept_burst), clock())  # (tokens, at)
 
     def keys(self, ip: str) -> tuple[str, str]:
         """``(normal_ip(ip), subnet_of(ip))``, cached for the :attr:`AdmissionLimits.max_tracked` most recent
@@ -264,6 +272,16 @@ class Admission:
             self._buckets.popitem(last=False)  # a forgotten key starts again with a full bucket: bounded harm
         return ok
 
+    def _total_ok(self, take: bool) -> bool:
+        """The node-wide token bucket of unreserved accepts (kept apart from the LRU of per-key buckets, so no
+        number of addresses can evict it): whether one token is there (taken when ``take``)."""
+        lim, now = self.limits, self.clock()
+        tokens, at = self._total
+        tokens = min(float(lim.total_accept_burst), tokens + (now - at) * lim.total_accept_rate)
+        ok = tokens >= 1.0
+        self._total = (tokens - 1.0 if ok and take else tokens, now)
+        return ok
+
     def check(self, ip: str) -> Refusal | None:
         """The reason ``ip`` may not open one more connection now, or None (no state changes but the rate)."""
         lim = self.limits
@@ -286,9 +304,12 @@ class Admission:
         if not reserved:
             if not self._rate_ok(sub, lim.subnet_accept_rate, lim.subnet_accept_burst, take=False):
                 return Refusal.RATE_SUBNET
+            if not self._total_ok(take=False):
+                return Refusal.RATE_TOTAL
             if not self._rate_ok(ip, lim.accept_rate, lim.accept_burst, take=True):
                 return Refusal.RATE_IP
             self._rate_ok(sub, lim.subnet_accept_rate, lim.subnet_accept_burst, take=True)
+            self._total_ok(take=True)
         return None
 
     def accept(self, ip: str | None) -> Ticket | None:

@@ -89,7 +89,8 @@ def test_accept_rate_per_subnet_spans_its_addresses():
 
 
 def test_five_thousand_ips_leave_no_state_behind():
-    adm = Admission(AdmissionLimits(max_tracked=1000))
+    # rates out of the way (all 5000 connect at the same instant): this is about the tables' bounds
+    adm = Admission(AdmissionLimits(max_tracked=1000, subnet_accept_burst=10**6, total_accept_burst=10**6))
     for i in range(5000):
         t = adm.accept(f"10.{i // 65536}.{(i // 256) % 256}.{i % 256}")
         assert t is not None
@@ -199,3 +200,22 @@ def test_peers_that_did_useful_work_hold_reserved_slots_until_their_vouch_ends()
     for i in range(2 * adm.limits.max_tracked):
         adm.vouch(f"p{i}", until=300.0)
     assert len(adm.vouched) == adm.limits.max_tracked  # bounded whatever the number of peers vouched for
+
+
+def test_accept_rate_node_wide_bounds_unreserved_upgrades_from_every_subnet():
+    """Many subnets at once cannot make the node compute more than ``total_accept_rate`` upgrades a second (each
+    a Noise handshake and a hello: ~20 ms of CPU); reserved addresses still get in, and the bucket refills."""
+    t = [0.0]
+    adm = Admission(AdmissionLimits(total_accept_rate=5.0, total_accept_burst=10), clock=lambda: t[0])
+    got = [adm.accept(f"10.{i}.0.1") for i in range(30)]  # 30 subnets, one connection each
+    assert sum(g is not None for g in got) == 10 and adm.refused[Refusal.RATE_TOTAL.value] == 20
+    adm.reserve_ip("10.99.0.1")
+    assert adm.accept("10.99.0.1") is not None  # reserved addresses skip the rates
+    t[0] += 1.0  # 5 tokens back
+    assert sum(adm.accept(f"10.{i}.0.2") is not None for i in range(100, 110)) == 5
+    # a refusal by the node-wide rate takes no token of the address's own bucket
+    adm2 = Admission(AdmissionLimits(total_accept_rate=1.0, total_accept_burst=1, accept_rate=1.0, accept_burst=1),
+                     clock=lambda: t[0])
+    assert adm2.accept("10.0.0.1") is not None and adm2.accept("10.0.0.2") is None
+    t[0] += 1.0
+    assert adm2.accept("10.0.0.2") is not None
