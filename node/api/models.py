@@ -153,6 +153,8 @@ class AccountOut(BaseModel):
     valid_run: int = Field(..., description="consecutive valid verdicts (lowers the sampling probability)")
     eligible: bool = Field(..., description="bonded with at least min_bond: may work and sit on committees")
     height: int
+    batch_offer: Amount | None = Field(None, description="the floor per token of this account's live batch offer "
+                                                         "(node start --accept-batches); null: not drawn for batches")
 
 
 class EventOut(BaseModel):

@@ -12,6 +12,7 @@ import time
 from collections import OrderedDict, Counter
 
 from ..identity import account_from_str
+from ..ledger.core.batch import reputation
 from ..ledger.core.block import Header, decode_block
 from ..ledger.core.capture import capture_risk
 from ..ledger.genesis import TREASURY
@@ -125,7 +126,9 @@ class Queries:
         hit = self._accounts.get(a)
         if hit is not None and hit[0] is st:
             return hit[1]
-        view = v.account_json(st.account(a), a, st.height, st.params.min_bond)
+        offer = reputation(st, a).offer  # its batch offer's floor per token (node.ledger.core.batch), -1: none
+        view = {**v.account_json(st.account(a), a, st.height, st.params.min_bond),
+                "batch_offer": v.amount(offer) if offer >= 0 else None}
         self._accounts.put(a, (st, view))
         return view
 

@@ -55,6 +55,9 @@ def test_offer_follows_the_flag_across_restarts_and_status_warns_on_a_small_netw
             a1, a2 = w1.ident.account, w2.ident.account
             await until(v, lambda st: reputation(st, a1).offer == FLOOR)
             out["nonce_after_offer"] = v.ledger.state.account(a1).nonce
+            http = httpx.Client(base_url=v.api_url, headers={"Authorization": f"Bearer {v.api_token}"})
+            out["offered"] = (await trio.to_thread.run_sync(lambda: http.get(f"/v1/accounts/{w1.ident.peer_id}"))
+                              ).json()["batch_offer"]
             s1.cancel()
             await trio.sleep(0.5)
             await start(1, False)  # same key and data dir, started without --accept-batches
@@ -63,14 +66,16 @@ def test_offer_follows_the_flag_across_restarts_and_status_warns_on_a_small_netw
             st = v.ledger.state
             out["after"] = (reputation(st, a1).offer, st.account(a1).nonce, reputation(st, a2).offer,
                             st.account(a2).nonce)
-            http = httpx.Client(base_url=v.api_url, headers={"Authorization": f"Bearer {v.api_token}"})
             out["status"] = (await trio.to_thread.run_sync(lambda: http.get("/v1/status"))).json()
+            out["withdrawn"] = (await trio.to_thread.run_sync(lambda: http.get(f"/v1/accounts/{w1.ident.peer_id}"))
+                                ).json()["batch_offer"]
             http.close()
             n.cancel_scope.cancel()
         return out
 
     o = trio.run(main)
     assert o["nonce_after_offer"] == 1  # one offer, sent once
+    assert o["offered"]["base_units"] == str(FLOOR) and o["withdrawn"] is None  # GET /v1/accounts/ID
     assert o["after"] == (WITHDRAWN, 2, WITHDRAWN, 0)  # withdrawn with one more tx; node 2 never sent anything
     warning = o["status"]["committee_warning"]
     assert "only 3 bonded account(s)" in warning and "bond at least 5 accounts" in warning
