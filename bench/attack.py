@@ -43,8 +43,8 @@ attacker's own CPU). Other load on the machine falls on both halves and lowers b
 Class 4 of the suite (a lying and a crashing state-sync peer) needs a second node started with ``--state-sync``
 and is not a steady-state attack; it is tested in ``tests/security/test_attacks.py`` and not benched here.
 
-Usage: ``.venv/bin/python bench/attack.py [--seconds 12] [--rounds 1] [--classes bomb-pre,idle,...]
-[--keep DIR]``. Compare the ratios of one run, not numbers across runs.
+Usage: ``.venv/bin/python bench/attack.py [--seconds 12] [--rounds 2] [--classes bomb-pre,idle,...]
+[--unpinned] [--quiet-baseline] [--keep DIR]``. Compare the ratios of one run, not numbers across runs.
 """
 
 from __future__ import annotations
@@ -97,42 +97,54 @@ def window(seconds: float) -> tuple[float, float]:
 
 def measure(net: Devnet, name: str, cls: str, args: list[str], src: str, seconds: float, rounds: int,
             others: dict[str, RssSampler], spin_baseline: bool) -> dict:
-    """Alternate ``rounds`` baseline and attack windows; the ratios and what the attacker reported.
+    """``rounds`` pairs of a baseline and an attack window, in the order A B, B A, ... (so that a drift of the
+    honest client's rate over the run, e.g. as the chain grows, does not favour either kind; use an even
+    ``rounds``); the ratios and what the attacker reported.
 
     An attack window is the attack itself, as the attacker process reports it (from just before its trio loop
     starts to its end, wall clock): its interpreter's start-up and imports, which take seconds on loaded cores and
     during which nothing attacks, are left out of the tokens/s, RSS and target CPU of the window. ``others``: CPU
     samplers of the server and the honest client, whose CPU seconds per window are reported too. With
     ``spin_baseline`` each baseline window is a ``spin`` control process (see the module doc) instead of a sleep."""
-    other_base = dict.fromkeys(others, 0.0)
-    other_att = dict.fromkeys(others, 0.0)
-    base_tok, base_len, base_rss, att_tok, att_len, att_rss = 0.0, 0.0, 0, 0.0, 0.0, 0
-    bad, attacks, cpu, target_base, target_att = 0, [], 0.0, 0.0, 0.0
-    for _ in range(rounds):
+    other = {"base": dict.fromkeys(others, 0.0), "attack": dict.fromkeys(others, 0.0)}
+    tok = {"base": 0.0, "attack": 0.0}
+    length = {"base": 0.0, "attack": 0.0}
+    rss = {"base": 0, "attack": 0}
+    target = {"base": 0.0, "attack": 0.0}
+    bad, attacks, cpu = 0, [], 0.0
+
+    def account(kind: str, t0: float, t1: float) -> None:
+        time.sleep(0.3)  # the RSS/CPU samplers' next sample covers t1
+        target[kind] += net.rss.cpu_between(t0, t1)
+        for k, smp in others.items():
+            other[kind][k] += smp.cpu_between(t0, t1)
+        tok[kind] += net.honest.tokens_per_s(t0, t1) * (t1 - t0)
+        length[kind] += t1 - t0
+        rss[kind] = max(rss[kind], net.rss.peak(t0, t1))
+
+    def baseline() -> None:
         if spin_baseline:
             spun = net.run_attacker("spin", src=src, seconds=seconds)
-            t0, t1 = spun["t0"], spun["t1"]
-            time.sleep(0.3)
+            account("base", spun["t0"], spun["t1"])
         else:
-            t0, t1 = window(seconds)
-        target_base += net.rss.cpu_between(t0, t1)
-        for k, smp in others.items():
-            other_base[k] += smp.cpu_between(t0, t1)
-        base_tok += net.honest.tokens_per_s(t0, t1) * (t1 - t0)
-        base_len += t1 - t0
-        base_rss = max(base_rss, net.rss.peak(t0, t1))
+            account("base", *window(seconds))
+
+    def attack() -> None:
+        nonlocal bad, cpu
         c0, t0 = children_cpu(), time.time()
         attacks.append(net.run_attacker(cls, *args, src=src, seconds=seconds))
         t0, t1 = attacks[-1].get("t0", t0), attacks[-1].get("t1", time.time())
-        time.sleep(0.3)  # the RSS/CPU sampler's next sample covers t1
         cpu += children_cpu() - c0
-        target_att += net.rss.cpu_between(t0, t1)
-        for k, smp in others.items():
-            other_att[k] += smp.cpu_between(t0, t1)
-        att_tok += net.honest.tokens_per_s(t0, t1) * (t1 - t0)
-        att_len += t1 - t0
-        att_rss = max(att_rss, net.rss.peak(t0, t1))
+        account("attack", t0, t1)
         bad += sum(1 for g in net.honest.between(t0, t1) if g.get("tokens") != net.want)
+
+    for i in range(rounds):  # A B, B A, A B, ...: a drift of the honest rate over the run cancels out
+        for step in ((baseline, attack) if i % 2 == 0 else (attack, baseline)):
+            step()
+    base_tok, base_len, base_rss, target_base, other_base = (tok["base"], length["base"], rss["base"],
+                                                             target["base"], other["base"])
+    att_tok, att_len, att_rss, target_att, other_att = (tok["attack"], length["attack"], rss["attack"],
+                                                        target["attack"], other["attack"])
     base, under = base_tok / base_len, att_tok / att_len
     return {"class": name, "tokens_s_base": base, "tokens_s_attack": under,
             "tokens_ratio": under / base if base else 0.0, "rss_base": base_rss, "rss_attack": att_rss,
@@ -161,7 +173,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Targets: tokens/s ratio >= 0.8, peak RSS ratio <= 1.5, per class.")
     p.add_argument("--seconds", type=float, default=12.0, help="length of each baseline and attack window")
-    p.add_argument("--rounds", type=int, default=1, help="baseline + attack windows per class")
+    p.add_argument("--rounds", type=int, default=2, help="baseline + attack window pairs per class (even: A B, B A)")
     p.add_argument("--classes", help="comma-separated subset of: control, bomb-pre, bomb-post, idle, idle-/24, "
                                      "identities, noread, drip, relay (default: all)")
     p.add_argument("--unpinned", action="store_true",
