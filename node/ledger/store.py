@@ -73,9 +73,6 @@ class BodiesPruned(StoreCorrupt):
 PRUNE_PER_BLOCK = 64  # old bodies one append deletes at most (a store pruned for the first time catches up)
 
 
-BLOOM_BITS = 10  # LevelDB filter bits per key in each table (about 1 % false positives)
-
-
 class LedgerStore:
     """Single-owner LevelDB ledger at ``path`` for chain ``genesis``.
 
@@ -98,10 +95,7 @@ class LedgerStore:
         path.mkdir(parents=True, exist_ok=True)
         self.read_mode = READ_MODE
         try:
-            # a Bloom filter per table (10 bits per key, LevelDB's recommended setting): every new receipt's id
-            # and session are looked up absent before they are written, and without a filter each such lookup
-            # reads a data block per level; tables written before gain theirs as LevelDB compacts them
-            self.db = plyvel.DB(str(path), create_if_missing=True, bloom_filter_bits=BLOOM_BITS)
+            self.db = plyvel.DB(str(path), create_if_missing=True)
         except plyvel.IOError as e:
             detail = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
             raise StoreLocked(f"ledger {path} is in use by another process (one node per data dir): {detail}") from None

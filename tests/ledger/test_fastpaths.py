@@ -152,23 +152,6 @@ def test_commit_writes_the_bytes_the_root_hashed_and_recent_nodes_are_the_stored
         reopened.close()
 
 
-def test_a_store_written_without_bloom_filters_opens_with_them(tmp_path):
-    g = make_genesis()
-    store = LedgerStore(tmp_path / "db", g)
-    root = store.replay().state_root()
-    store.close()
-    db = plyvel.DB(str(tmp_path / "db"))  # LevelDB's defaults: no filter policy, as stores before issue 27
-    try:
-        db.compact_range(start=b"\x00", stop=b"\xff" * 8)
-    finally:
-        db.close()
-    store = LedgerStore(tmp_path / "db", g)
-    try:
-        assert store.replay().state_root() == root
-    finally:
-        store.close()
-
-
 def test_rate_bench_prints_both_sizes(tmp_path):
     sys.path.insert(0, str(ROOT / "bench"))
     import ledger_scale
