@@ -79,7 +79,7 @@ def receipt_rate(n: int, per_block: int = 500) -> float:
     receipts = []
     for i in range(n):
         w, r = workers[i % len(workers)], requesters[i % len(requesters)]
-        rc = Receipt(g.chain_id, os.urandom(16), w.account, r.account, b"m" * 32, 0, 10, 10, os.urandom(32),
+        rc = Receipt(g.domain, os.urandom(16), w.account, r.account, b"m" * 32, 0, 10, 10, os.urandom(32),
                      os.urandom(32), 100, 0)
         receipts.append(rc.sign_worker(w).countersign(r))
     # fresh objects as a node would decode them from a block: no cached ids
@@ -215,8 +215,8 @@ def flood_cost(n: int) -> tuple[float, float]:
     val = Identity.from_seed(dev_seed(0))
     g = Genesis("bench-flood", 0, (val.account,), tuple((k.account, C, 0) for k in [val, *keys[1:]]), Params())
     to = Identity.from_seed(dev_seed(1)).account
-    msgs = [(pack((Transfer(g.chain_id, k.account, to, 10 * C + i, 0) if i % 2 else
-                   Transfer(g.chain_id, k.account, to, 1, 1000 + i)).signed(k).to_wire()), k.peer_id)
+    msgs = [(pack((Transfer(g.domain, k.account, to, 10 * C + i, 0) if i % 2 else
+                   Transfer(g.domain, k.account, to, 1, 1000 + i)).signed(k).to_wire()), k.peer_id)
             for k in keys for i in range(n)]
     out = []
     with tempfile.TemporaryDirectory() as d:

@@ -126,7 +126,7 @@ def rss_split() -> dict[str, float]:
 def make_receipt(g: Genesis, w: Identity, r: Identity, session_id: bytes, opened_height: int, salt: bytes) -> Receipt:
     """A receipt signed by worker ``w`` and countersigned by requester ``r``: 10 tokens on span [0, 10), price
     100 base units (work × ``price_per_token_block`` = 1)."""
-    rc = Receipt(g.chain_id, session_id, w.account, r.account, H(b"model"), 0, 10, 10, H(b"in", salt),
+    rc = Receipt(g.domain, session_id, w.account, r.account, H(b"model"), 0, 10, 10, H(b"in", salt),
                  H(b"out", salt), 100, opened_height)
     return rc.sign_worker(w).countersign(r)
 
@@ -326,7 +326,7 @@ def measure(path: Path, n: int, empty: int = 30, full: int = 10, per_block: int 
         if k.startswith(statedb.PREFIX["receipts"]):
             r_bytes += len(k) + len(v)
     snap_bytes = [0]  # the chunks node.ledger.snapshot.make writes (counted one at a time, not kept)
-    manifest, _ = snapshot.make(store.db, g.chain_id, put=lambda _id, data: snap_bytes.__setitem__(
+    manifest, _ = snapshot.make(store.db, g.domain, put=lambda _id, data: snap_bytes.__setitem__(
         0, snap_bytes[0] + len(data)))
     out = {
         "n": n, "read_mode": store.read_mode.value, "start_s": start_s, "rss_base_mib": rss_base, "rss_start_mib": rss_start, "rss_after_mib": rss_after,

@@ -43,7 +43,7 @@ def build(path: Path, n: int, per_block: int) -> tuple[Genesis, float]:
         txs = []
         for i in range(start, min(n, start + per_block)):
             w, r = workers[i % len(workers)], reqs[i % len(reqs)]
-            rc = Receipt(g.chain_id, os.urandom(16), w.account, r.account, b"m" * 32, 0, 10, 10,
+            rc = Receipt(g.domain, os.urandom(16), w.account, r.account, b"m" * 32, 0, 10, 10,
                          os.urandom(32), os.urandom(32), 100, state.height)
             txs.append(rc.sign_worker(w).countersign(r))
         block, new, rej = propose(state, txs, val, 1000 + state.height, store.last_commit())
@@ -76,7 +76,7 @@ def main() -> None:
         store = LedgerStore(src, g)
         t0 = time.perf_counter()
         # (a served snapshot is made once by the source; what a new node pays is the checks and the install)
-        manifest, chunks = snap.make(store.db, g.chain_id)
+        manifest, chunks = snap.make(store.db, g.domain)
         make_s = time.perf_counter() - t0
         dst = LedgerStore(Path(tmp) / "dst", g)
         # the snapshot is of the head state: the source's next block certifies it, as a peer would serve it

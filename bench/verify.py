@@ -77,7 +77,7 @@ def run_ledger(rate: float, n: int, seed: int) -> dict:
         if acc.bond < PARAMS.min_bond:
             break  # slashed below the bond a worker needs: out of business
         cheat = rng.random() < rate
-        r = Receipt(g.chain_id, rng.randbytes(16), WORKER.account, CLIENT.account, b"m" * 32, 0, BLOCKS, TOKENS,
+        r = Receipt(g.domain, rng.randbytes(16), WORKER.account, CLIENT.account, b"m" * 32, 0, BLOCKS, TOKENS,
                     rng.randbytes(32), rng.randbytes(32), PRICE, h).sign_worker(WORKER).countersign(CLIENT)
         fake[r.id] = cheat
         served += 1
@@ -90,7 +90,7 @@ def run_ledger(rate: float, n: int, seed: int) -> dict:
             rec = state.receipts[rid]
             if rec.status == "sampled" and not rec.votes:
                 verdict = INVALID if fake[rid] else VALID
-                pending_votes += [Vote(g.chain_id, rid, m, rec.round, verdict, 0).signed(
+                pending_votes += [Vote(g.domain, rid, m, rec.round, verdict, 0).signed(
                     next(k for k in MEMBERS if k.account == m)) for m in rec.committee]
                 if fake[rid] and first_catch is None:
                     first_catch = i + 1
@@ -205,7 +205,7 @@ def part_c(items: int, workers: int = 5, colluders: int = 2, k: int = 3, q: int 
     bal = ((req.account, 10**6 * C, 0),) + tuple((w.account, 0, 100 * C) for w in ws)
     g = Genesis("batch-bench", 0, (req.account,), bal, p)
     s = genesis_state(g)
-    post = BatchPost(g.chain_id, req.account, b"\x01" * 16, items_root([b"%d" % i for i in range(items)]), items,
+    post = BatchPost(g.domain, req.account, b"\x01" * 16, items_root([b"%d" % i for i in range(items)]), items,
                      "generate", 16, k, q, 16, 0, 10_000, 10_000, 0).signed(req)  # the floor: 1 per token
     s = apply_block_body(s, 1, H(b"bench-beacon", b"1"), [*batch_offers(s, ws), post])
     h = 1
@@ -248,7 +248,7 @@ def part_c_audits(items: int, audit_ppm: int, workers: int = 5, colluders: int =
     bal = ((req.account, 10**6 * C, 0),) + tuple((w.account, 0, 10**4 * C) for w in ws)
     g = Genesis("batch-bench", 0, (req.account,), bal, p)
     s = genesis_state(g)
-    post = BatchPost(g.chain_id, req.account, b"\x02" * 16, items_root([b"%d" % i for i in range(items)]), items,
+    post = BatchPost(g.domain, req.account, b"\x02" * 16, items_root([b"%d" % i for i in range(items)]), items,
                      "generate", 16, k, q, price, 0, 2, 2, 0).signed(req)
     s = apply_block_body(s, 1, H(b"bench-beacon", b"1"), [*batch_offers(s, ws), post])
     bad = {w.account for w in ws[:colluders]}
@@ -263,13 +263,13 @@ def part_c_audits(items: int, audit_ppm: int, workers: int = 5, colluders: int =
                     r = wrong if w in bad else right
                     if it.commitment_of(w) is None:
                         c = commitment(post.batch_id, i, it.attempt, w, r, salt)
-                        txs.append(BatchCommit(g.chain_id, w, post.batch_id, i, it.attempt, c).signed(by[w]))
+                        txs.append(BatchCommit(g.domain, w, post.batch_id, i, it.attempt, c).signed(by[w]))
                     elif all(x != w for x, _ in it.reveals) and len(it.commits) == len(it.workers):
-                        txs.append(BatchReveal(g.chain_id, w, post.batch_id, i, it.attempt, r, salt).signed(by[w]))
+                        txs.append(BatchReveal(g.domain, w, post.batch_id, i, it.attempt, r, salt).signed(by[w]))
             elif it.audit == AuditStatus.OPEN:
                 for m in it.audit_committee:
                     if all(x != m for x, _ in it.audit_votes):
-                        txs.append(BatchAuditVote(g.chain_id, m, post.batch_id, i, wrong if m in bad else right)
+                        txs.append(BatchAuditVote(g.domain, m, post.batch_id, i, wrong if m in bad else right)
                                    .signed(by[m]))
         s = apply_block_body(s, h, H(b"bench-beacon", str(h).encode()), txs)
     won = [s.tables["batch_items"][item_key(post.batch_id, i)] for i in range(items)]

@@ -263,7 +263,7 @@ class Node:
 
         cfg = self.cfg
         span = self._load_span(start, end, fault=cfg.fault if cfg.fault in SPAN_FAULTS else None)
-        return SpanServer(self.ident, self.genesis.chain_id, span, self.executor, self.blobs,
+        return SpanServer(self.ident, self.genesis.domain, span, self.executor, self.blobs,
                           lambda: self.ledger.state.height, self.genesis.params.price_per_token_block,
                           step_timeout=cfg.step_timeout, cache_tokens=cfg.cache_tokens, submit=self.ledger.submit,
                           penalize=self.host.penalize)

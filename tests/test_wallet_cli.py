@@ -280,7 +280,7 @@ def test_the_wallet_gives_up_saying_why_a_transaction_is_pending_or_dropped(tmp_
     (tmp_path / "node.json").write_text(json.dumps({"api": "http://127.0.0.1", "peer_id": me.peer_id}))
     api = NodeApi(tmp_path)
     api.http = TestClient(create_app(node), base_url="http://127.0.0.1")
-    gapped = Transfer(g.chain_id, me.account, KEYS[2].account, C, 1).signed(me)  # nonce 0 never sent
+    gapped = Transfer(g.domain, me.account, KEYS[2].account, C, 1).signed(me)  # nonce 0 never sent
     svc.add_tx(gapped)
     sub = {"id": gapped.id.hex(), "nonce": 1}
 

@@ -113,7 +113,7 @@ def make_router(node, require_token, ApiError) -> APIRouter:
         if b.status != BatchStatus.OPEN:
             raise ApiError(409, "not_open", f"only a batch with no item assigned can be cancelled; this one is "
                                             f"{b.status.value}")
-        await node.ledger.submit(BatchCancel(node.genesis.chain_id, me, bid, node.ledger.next_nonce(me))
+        await node.ledger.submit(BatchCancel(node.genesis.domain, me, bid, node.ledger.next_nonce(me))
                                  .signed(node.ident))
         return {"batch_id": batch_id, "status": "cancel submitted"}
 

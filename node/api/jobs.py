@@ -110,7 +110,7 @@ def make_router(node, require_token, ApiError) -> APIRouter:
             raise ApiError(403, "not_yours", "only the requester can cancel a job")
         if job.status != "open":
             raise ApiError(409, "not_open", f"only an open job can be cancelled; this one is {job.status}")
-        tx = JobCancel(node.genesis.chain_id, me, jid, node.ledger.next_nonce(me)).signed(node.ident)
+        tx = JobCancel(node.genesis.domain, me, jid, node.ledger.next_nonce(me)).signed(node.ident)
         await node.ledger.submit(tx)
         return {"job_id": job_id, "status": "cancel submitted"}
 
@@ -129,7 +129,7 @@ def make_router(node, require_token, ApiError) -> APIRouter:
         if node.jobs is not None:
             await node.jobs.release(jid, why)
         else:
-            await node.ledger.submit(JobRelease(node.genesis.chain_id, me, jid, node.ledger.next_nonce(me))
+            await node.ledger.submit(JobRelease(node.genesis.domain, me, jid, node.ledger.next_nonce(me))
                                      .signed(node.ident))
         return {"job_id": job_id, "status": "release submitted",
                 "penalty": {"base_units": str(node.genesis.params.job_release_penalty)}}

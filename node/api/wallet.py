@@ -275,20 +275,20 @@ def wallet_router(node, q, require_token) -> APIRouter:
         if to == TREASURY:
             raise ApiError(400, "bad_account", "the treasury cannot receive transfers")
         me = node.ident.account
-        tx = Transfer(node.genesis.chain_id, me, to, _amount(req.amount), _next_nonce(node, me))
+        tx = Transfer(node.genesis.domain, me, to, _amount(req.amount), _next_nonce(node, me))
         return await _submit(tx, "transfer")
 
     @r.post("/bond", dependencies=auth, response_model=m.SubmittedOut, responses=E_POST,
             summary="Lock part of this node's balance as its worker bond (needs the API token)")
     async def bond(req: m.BondRequest):
         me = node.ident.account
-        return await _submit(Bond(node.genesis.chain_id, me, _amount(req.amount), _next_nonce(node, me)), "bond")
+        return await _submit(Bond(node.genesis.domain, me, _amount(req.amount), _next_nonce(node, me)), "bond")
 
     @r.post("/unbond", dependencies=auth, response_model=m.SubmittedOut, responses=E_POST,
             summary="Release bond back to the balance once no receipt of this node is pending (needs the token)")
     async def unbond(req: m.BondRequest):
         me = node.ident.account
-        return await _submit(Unbond(node.genesis.chain_id, me, _amount(req.amount), _next_nonce(node, me)), "unbond")
+        return await _submit(Unbond(node.genesis.domain, me, _amount(req.amount), _next_nonce(node, me)), "unbond")
 
     @r.post("/validator", dependencies=auth, response_model=m.SubmittedOut, responses=E_POST,
             summary="Join the validator set (bonded with at least min_validator_bond) or leave it; effective two "
@@ -298,7 +298,7 @@ def wallet_router(node, q, require_token) -> APIRouter:
         if req.action not in kinds:
             raise ApiError(400, "bad_request", "action is join or leave")
         me = node.ident.account
-        tx = kinds[req.action](node.genesis.chain_id, me, _next_nonce(node, me)).signed(node.ident)
+        tx = kinds[req.action](node.genesis.domain, me, _next_nonce(node, me)).signed(node.ident)
         dry_run(node, tx)
         try:
             tid = await node.ledger.submit(tx)

@@ -77,7 +77,7 @@ async def post_batch(node, data: bytes, *, kind: str, replication: int = 3, quor
     q = replication // 2 + 1 if quorum is None else quorum
     me = node.ident.account
     st = node.ledger.state
-    post = BatchPost(node.genesis.chain_id, me, os.urandom(16), f.root, len(f.items), kind, max_tokens,
+    post = BatchPost(node.genesis.domain, me, os.urandom(16), f.root, len(f.items), kind, max_tokens,
                      replication, q, price, max_reissues, commit_window, reveal_window,
                      node.ledger.next_nonce(me)).signed(node.ident)
     try:  # the ledger's own checks, so a bad batch is refused now with its reason

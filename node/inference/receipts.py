@@ -160,7 +160,9 @@ class SessionTerms:
     """What both ends agree on when a session opens; every receipt of the session carries these.
 
     ``replay``: positions at the start of the session that are not billed (a failover replay), >= 0.
-    ``price_per_token_block``: base units, from genesis.
+    ``price_per_token_block``: base units, from genesis. ``chain_id``: the network's signing domain, chain id and
+    genesis hash (:attr:`node.ledger.core.genesis.Genesis.domain`): a receipt signed for one genesis does not verify
+    on a network of another that reuses the chain id.
     """
 
     chain_id: str

@@ -126,7 +126,8 @@ class SpanServer:
     """Serves one :class:`~node.compute.span.SpanModel` to clients, with a running receipt per session.
 
     Args:
-        ident: the worker's identity (signs receipts).  chain_id: the ledger's chain id.
+        ident: the worker's identity (signs receipts).  chain_id: the ledger's signing domain (``genesis.domain``:
+        chain id and genesis hash, :mod:`node.ledger.core.domain`), which every receipt binds.
         span: the loaded span.  executor: :class:`~node.compute.executor.TorchExecutor`.
         blobs: where session inputs/outputs are kept.  height: callable returning the ledger height.
         price_per_token_block: base units per token × block (genesis parameter).

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from ..encoding import H, pack
+from .core.domain import mismatch
 from .core.batch import escrow_of
 from .core.batchtx import BatchPost
 from .core.genesis import Params
@@ -296,7 +297,7 @@ class Mempool(Mapping[bytes, Tx]):
     def _admit(self, tx: Tx, peer: str | None) -> bytes:
         L = self.limits
         if tx.chain_id != self.state.chain_id:
-            raise InvalidTx(f"transaction for chain {tx.chain_id!r}, this is {self.state.chain_id!r}")
+            raise InvalidTx(mismatch(tx.chain_id, self.state.chain_id))  # chain id and genesis (core.domain)
         tid = tx.id
         if tid in self._entries or tid in self._included:
             return tid

@@ -101,7 +101,7 @@ class LightClient:
 
     def __init__(self, genesis: Any):
         gs = genesis_state(genesis)
-        self.chain_id = genesis.chain_id
+        self.chain_id = genesis.domain  # the signing domain: chain id and genesis hash (core.domain)
         self.fixed = not genesis.params.min_validator_bond
         self.height, self.hash = 0, genesis.hash
         self.header: Header | None = None

@@ -87,7 +87,9 @@ class LedgerService:
 
     @property
     def chain_id(self) -> str:
-        return self.genesis.chain_id
+        """The signing domain every transaction and vote of this network carries: ``"<chain id>/<genesis hash
+        hex>"`` (:attr:`node.ledger.core.genesis.Genesis.domain`), not the bare chain id of topics and hello."""
+        return self.genesis.domain
 
     def on_block(self, fn: Callable[[Block, State], None]) -> None:
         """Register ``fn(block, new_state)``, called after each block is stored."""

@@ -25,6 +25,7 @@ from typing import Any
 from ..encoding import DecodeError, H, pack, unpack
 from . import statedb
 from .core.block import Header
+from .core.domain import MAX_DOMAIN, mismatch
 from .core import tree as tr
 from .core.smt import EMPTY_ROOT, Root
 from .proofs import verify_header
@@ -69,8 +70,8 @@ class Manifest:
         """Raises: SnapshotError for anything malformed."""
         try:
             chain, height, last, seq, counts, root, chunks = x
-            ok = (isinstance(chain, str) and isinstance(height, int) and height >= 0 and isinstance(last, bytes)
-                  and len(last) == 32 and isinstance(seq, int) and isinstance(counts, list)
+            ok = (isinstance(chain, str) and len(chain) <= MAX_DOMAIN and isinstance(height, int) and height >= 0
+                  and isinstance(last, bytes) and len(last) == 32 and isinstance(seq, int) and isinstance(counts, list)
                   and len(counts) == len(TABLES) and all(isinstance(c, int) and c >= 0 for c in counts)
                   and isinstance(root, bytes) and len(root) == 40 and isinstance(chunks, list)
                   and len(chunks) <= MAX_CHUNKS and all(isinstance(c, bytes) and len(c) == 32 for c in chunks))
@@ -163,7 +164,8 @@ def check_chunk(manifest: Manifest, index: int, data: bytes) -> list[list]:
 
 def check_manifest(manifest: Manifest, header: Header, chain_id: str, max_chunks: int = MAX_CHUNKS) -> None:
     """Check, before any chunk is fetched, everything that binds ``manifest`` to ``header`` (header ``h + 1``,
-    whose commit the caller checks with :func:`verify_header`): the chain, the height (``h + 1``), the parent
+    whose commit the caller checks with :func:`verify_header`): the network (``chain_id``: this network's signing
+    domain, chain id and genesis hash, :mod:`node.ledger.core.domain`), the height (``h + 1``), the parent
     (the header's ``prev_hash`` is the manifest's ``last_hash``) and the state root (the manifest's ``root``
     names the header's ``state_root``, which :func:`restore` recomputes from the entries). What no header binds
     — the chunk ids and the entry counts — is bounded instead: 1 to ``max_chunks`` distinct ids, and no more
@@ -172,8 +174,9 @@ def check_manifest(manifest: Manifest, header: Header, chain_id: str, max_chunks
     Raises:
         SnapshotError: any of these does not hold (the message says which).
     """
-    if manifest.chain_id != chain_id or header.chain_id != chain_id:
-        raise SnapshotError("snapshot of another chain")
+    if manifest.chain_id != chain_id or header.chain_id != chain_id:  # signing domains: chain id and genesis hash
+        other = manifest.chain_id if manifest.chain_id != chain_id else header.chain_id
+        raise SnapshotError(mismatch(other, chain_id, "snapshot"))
     if header.height != manifest.height + 1:
         raise SnapshotError(f"header {header.height} does not commit to the state after block {manifest.height}")
     if header.prev_hash != manifest.last_hash:
@@ -206,7 +209,7 @@ def restore(store: Any, manifest: Manifest, chunks: Sequence[bytes], header: Hea
     """
     if store.head != 0 or store.base != 0:
         raise SnapshotError("state sync installs into an empty ledger only")
-    check_manifest(manifest, header, store.genesis.chain_id)
+    check_manifest(manifest, header, store.genesis.domain)
     verify_header(header, commit, validators)
     if len(chunks) != len(manifest.chunks):
         raise SnapshotError(f"{len(chunks)} chunks for a manifest of {len(manifest.chunks)}")

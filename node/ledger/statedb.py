@@ -74,7 +74,7 @@ def open_state(db: Any, genesis: Genesis) -> State:
     height, last_hash, seq, counts, root = meta
     tables = {n: Table(StoreRoot(db, PREFIX[n], CODECS[n], CACHE_ITEMS.get(n, 65536), counts.get(n)))
               for n in MAPS + SETS}
-    return State(genesis.chain_id, genesis.params, genesis.validators, height, last_hash, seq, tables=tables,
+    return State(genesis.domain, genesis.params, genesis.validators, height, last_hash, seq, tables=tables,
                  tree=tr.settled(db, root))
 
 

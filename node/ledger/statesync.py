@@ -106,6 +106,10 @@ class SnapshotServer:
         self.disk = SnapshotDir(directory, keep) if directory is not None else None
         if self.disk is not None:
             m = self.disk.latest()
+            if m is not None and m.chain_id != store.genesis.domain:  # another genesis, or signed the old way
+                log.warning("the snapshots kept in %s are of another network or an older version: not served",
+                            directory)
+                m = None
             if m is not None:
                 self.manifest, self.chunks = m, DiskChunks(self.disk, m)
                 self.kept = self._kept_on_disk(self.disk, m)
@@ -115,16 +119,16 @@ class SnapshotServer:
     def _kept_on_disk(disk: SnapshotDir, latest: snap.Manifest) -> dict[bytes, snap.Manifest]:
         """The snapshots kept in ``disk`` up to ``latest`` (their chunks stay there until a newer one replaces
         them): a peer midway through fetching the previous one can finish it."""
-        kept = {m.id: m for m in disk.manifests() if m.height <= latest.height}
+        kept = {m.id: m for m in disk.manifests() if m.height <= latest.height and m.chain_id == latest.chain_id}
         kept[latest.id] = latest
         return kept
 
     def _make(self) -> tuple[snap.Manifest, Any, int]:
         """Make a snapshot (a worker thread): into the directory when there is one, else into memory."""
         if self.disk is None:
-            m, chunks = snap.make(self.store.db, self.store.genesis.chain_id, self.chunk_bytes)
+            m, chunks = snap.make(self.store.db, self.store.genesis.domain, self.chunk_bytes)
             return m, chunks, sum(len(c) for c in chunks.values())
-        m, _ = snap.make(self.store.db, self.store.genesis.chain_id, self.chunk_bytes, put=self.disk.put_chunk)
+        m, _ = snap.make(self.store.db, self.store.genesis.domain, self.chunk_bytes, put=self.disk.put_chunk)
         self.disk.write(m)
         chunks = DiskChunks(self.disk, m)
         return m, chunks, chunks.nbytes()
@@ -309,7 +313,7 @@ async def check_offer(host: SyncHost, peer: str, store: Any, reply: dict[str, An
             raises while following headers.
     """
     m, header, commit = parse_offer(reply)
-    snap.check_manifest(m, header, store.genesis.chain_id, max_chunks)  # cheap checks before any signature
+    snap.check_manifest(m, header, store.genesis.domain, max_chunks)  # cheap checks before any signature
     validators: tuple[bytes, ...] | ValidatorSet = store.genesis.validators
     if store.genesis.params.min_validator_bond:  # follow the validator changes from genesis up to the header
         lc = await follow_headers(host, peer, store.genesis, header.height, timeout)

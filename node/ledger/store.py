@@ -42,7 +42,7 @@ import plyvel
 
 from ..encoding import pack, unpack, unpack_local
 from . import statedb
-from .core import blockcodec
+from .core import blockcodec, domain
 from .core.block import Block, decode_block
 from .core.history import HEAD_KEY, SUMMARY_FIELDS, LogHead
 from .core.chain import check_and_apply
@@ -106,6 +106,28 @@ class LedgerStore:
         elif g != genesis.hash:
             self.db.close()
             raise StoreCorrupt(f"ledger {path} belongs to another genesis; use another --data-dir")
+        self._check_signing_domain(path)
+
+    def _check_signing_domain(self, path: Path) -> None:
+        """Mark a store whose blocks are signed over the genesis-bound domain (key ``D``,
+        :data:`node.ledger.core.domain.STORE_VERSION`); refuse one written before (blocks signed over the bare
+        chain id, which no longer verify). An empty store (no block yet) is marked and used.
+
+        Raises:
+            StoreCorrupt: a store with blocks and no mark, with the command that starts the node over.
+        """
+        d = self.db.get(b"D")
+        if d == domain.STORE_VERSION:
+            return
+        if d is None and self.db.get(b"H") is None:
+            self.db.put(b"D", domain.STORE_VERSION, sync=True)
+            return
+        self.db.close()
+        raise StoreCorrupt(
+            f"ledger {path} was written by an older version whose signatures bind the chain id only; this version "
+            "binds every signature to the genesis hash and cannot verify those blocks. A devnet restarts from its "
+            f"genesis: move its ledger (and snapshots, if any) aside with `cd {path.parent} && mv {path.name} "
+            f"{path.name}.old; mv snapshots snapshots.old` and start the node again; its keys stay.")
 
     def close(self) -> None:
         if not self.db.closed:
@@ -205,7 +227,7 @@ class LedgerStore:
         Raises:
             blockcodec.RecordError: malformed.
         """
-        return blockcodec.decode_record(raw, self.genesis.chain_id, self.genesis.validators,
+        return blockcodec.decode_record(raw, self.genesis.domain, self.genesis.validators,
                                         lambda: self._commit_at(height - 1))
 
     def _commit_at(self, height: int) -> list:
@@ -261,7 +283,7 @@ class LedgerStore:
         if new.height != block.height:
             raise ValueError(f"state at height {new.height} for block {block.height}")
         blob = blockcodec.encode_record(block.to_wire(), commit, self._commit_at(block.height - 1),
-                                        self.genesis.chain_id, self.genesis.validators)
+                                        self.genesis.domain, self.genesis.validators)
         meta = self.index_meta()
         index = index_block(block, old, new)  # before the commit below: it reads ``old``
         with self.db.write_batch(sync=True) as wb:

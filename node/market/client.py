@@ -48,7 +48,7 @@ async def post_job(node, *, title: str, text: bytes, steps: int, price_per_step:
         raise JobError("lr must be a finite number >= 1e-6")
     st = node.ledger.state
     me = node.ident.account
-    post = JobPost(node.genesis.chain_id, me, os.urandom(16), title[:200], node.manifest.model_id,
+    post = JobPost(node.genesis.domain, me, os.urandom(16), title[:200], node.manifest.model_id,
                    node.blobs.put(dataset_tensors(text)), rank, targets, steps, batch_size, seq_len, lr_micro, seed,
                    segment_steps, price_per_step, st.height + deadline_blocks, sample_ppm, node.ledger.next_nonce(me))
     if st.account(me).balance < post.price:

@@ -85,7 +85,7 @@ async def post_run(node, *, title: str, text: bytes, settings: dict, deadline_bl
     data = dataset_tensors(text)
     st = node.ledger.state
     me = node.ident.account
-    post = RunPost(node.genesis.chain_id, me, os.urandom(16), title[:200], node.manifest.model_id,
+    post = RunPost(node.genesis.domain, me, os.urandom(16), title[:200], node.manifest.model_id,
                    commitments_root(data), params0=commitments_root(theta0), deadline=st.height + deadline_blocks,
                    nonce=node.ledger.next_nonce(me), **settings)
     if st.account(me).balance < post.budget:
@@ -119,7 +119,7 @@ async def run_action(node, run_id: bytes, action: str):
     if action == "join" and st.runs[run_id].post.model_id != node.manifest.model_id:  # its worker would never train
         raise RunError(f"the run trains model {st.runs[run_id].post.model_id.hex()[:16]}, this node holds "
                        f"{node.manifest.name} ({node.manifest.model_id.hex()[:16]}); start it with --model of the run")
-    tx = ACTIONS[action](node.genesis.chain_id, me, run_id, node.ledger.next_nonce(me))
+    tx = ACTIONS[action](node.genesis.domain, me, run_id, node.ledger.next_nonce(me))
     try:
         runs_mod.apply_run_tx(st.copy(), tx)
     except InvalidTx as e:

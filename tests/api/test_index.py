@@ -29,7 +29,7 @@ def test_history_receipts_and_lookups_survive_a_rebuild(tmp_path):
     g = make_genesis(committee_size=2)
     store = LedgerStore(tmp_path / "db", g)
     state = store.replay()
-    t1 = Transfer(g.chain_id, CLIENT.account, W1.account, 5 * C, 0).signed(CLIENT)
+    t1 = Transfer(g.domain, CLIENT.account, W1.account, 5 * C, 0).signed(CLIENT)
     rec = make_receipt(g, W1, height=0)
     state = _grow(store, state, g, [[t1], [rec], []])
     rr = state.receipts[rec.id]

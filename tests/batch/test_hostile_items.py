@@ -91,7 +91,7 @@ def test_nested_file_posted_raw_gets_bad_item_file_and_no_penalty(tmp_path, tiny
             await wait_offers(req, [nd.ident.account for nd in nodes[1:]])
             root = items_root(lines)
             req.batch_store.put(root, data)  # served to the workers as-is: the attacker skips parse_items
-            post = BatchPost(g.chain_id, me, os.urandom(16), root, len(lines), "generate", 3, 3, 2, 10**6, 1,
+            post = BatchPost(g.domain, me, os.urandom(16), root, len(lines), "generate", 3, 3, 2, 10**6, 1,
                              20, 20, req.ledger.next_nonce(me)).signed(req.ident)
             await req.ledger.submit(post)
             with trio.fail_after(120):

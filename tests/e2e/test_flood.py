@@ -203,7 +203,7 @@ def test_flood_is_refused_while_real_work_lands_on_time(tmp_path, tiny, spans):
                     included[t.id] = block.height
 
             v.ledger.on_block(on_block)
-            cfg = {"chain": g.chain_id, "genesis": g.hash.hex(), "target": v.ident.peer_id, "addrs": v.host.addrs}
+            cfg = {"chain": g.domain, "genesis": g.hash.hex(), "target": v.ident.peer_id, "addrs": v.host.addrs}
             proc = subprocess.Popen([sys.executable, "-m", "tests.e2e.test_flood", json.dumps(cfg)], cwd=ROOT,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=flood_log.open("w"),
                                     text=True)

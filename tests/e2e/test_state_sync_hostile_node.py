@@ -76,7 +76,7 @@ def test_state_sync_next_to_crashing_and_lying_peers(tmp_path, tiny):
             me = v.ident.account
             to = Identity.from_seed(dev_seed(7)).account
             for _ in range(3):  # some state beyond genesis
-                await v.ledger.submit(Transfer(g.chain_id, me, to, 10**6, v.ledger.next_nonce(me)).signed(v.ident))
+                await v.ledger.submit(Transfer(g.domain, me, to, 10**6, v.ledger.next_nonce(me)).signed(v.ident))
             await v.ledger.wait_for_height(12, timeout=60)
             with trio.fail_after(30):
                 while v.snapshots.manifest is None or v.store.head <= v.snapshots.manifest.height:

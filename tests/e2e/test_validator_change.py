@@ -147,7 +147,7 @@ def test_joined_validator_is_needed_and_counted_in_process(tmp_path):
                     await trio.sleep(0.05)
             joiner = nodes[2]
             assert not joiner.ledger.is_validator
-            await joiner.ledger.submit(ValidatorJoin(g.chain_id, keys[2].account,
+            await joiner.ledger.submit(ValidatorJoin(g.domain, keys[2].account,
                                                      joiner.ledger.next_nonce(keys[2].account)).signed(keys[2]))
             with trio.fail_after(60):
                 while keys[2].account not in nodes[0].ledger.state.valset():

@@ -141,7 +141,7 @@ async def light_server(tmp: Path, key: int, model_dir: Path, span: tuple[int, in
     net = NetworkService(host, via.genesis.hash)
     blobs = BlobStore(tmp / f"l{key}")
     ex = TorchExecutor(1)
-    server = SpanServer(ident, via.genesis.chain_id, SpanModel(model_dir, *span), ex, blobs,
+    server = SpanServer(ident, via.genesis.domain, SpanModel(model_dir, *span), ex, blobs,
                         lambda: via.ledger.state.height, via.genesis.params.price_per_token_block,
                         step_timeout=step_timeout, submit=via.ledger.submit, penalize=host.penalize)
     member = CommitteeMember(ident, via.ledger, host, blobs, ex, lambda s, e: SpanModel(model_dir, s, e),

@@ -214,7 +214,7 @@ def test_a_dispute_draws_a_committee_for_a_receipt_sampling_skipped():
     s = _block(s, [r], b"\x01")
     s = _block(s, [], b"\x02")  # the sampling draw: p = 0.1 %, this beacon does not pick it
     assert s.receipts[r.id].status == PENDING and s.receipts[r.id].p_ppm == 1000
-    d = Dispute(g.chain_id, client.account, r.id).signed(client)
+    d = Dispute(g.domain, client.account, r.id).signed(client)
     s = _block(s, [d], b"\x03")
     assert s.receipts[r.id].status == PENDING  # drawn at the next block, from a hash nobody knew yet
     s = _block(s, [], b"\x04")
@@ -229,14 +229,14 @@ def test_a_dispute_is_refused_with_a_reason_and_changes_nothing():
     g, s, r, client, _worker = _ledger()
     s = _block(s, [r], b"\x01")
     root = s.state_root()
-    cases = [(Dispute(g.chain_id, W2.account, r.id).signed(W2), "only the receipt's requester"),
-             (Dispute(g.chain_id, client.account, b"x" * 32).signed(client), "unknown receipt"),
-             (Dispute(g.chain_id, client.account, r.id), "bad dispute signature")]
+    cases = [(Dispute(g.domain, W2.account, r.id).signed(W2), "only the receipt's requester"),
+             (Dispute(g.domain, client.account, b"x" * 32).signed(client), "unknown receipt"),
+             (Dispute(g.domain, client.account, r.id), "bad dispute signature")]
     for tx, why in cases:
         with pytest.raises(InvalidTx, match=why):
             _block(s, [tx], b"\x05")
     assert s.state_root() == root
-    d = Dispute(g.chain_id, client.account, r.id).signed(client)
+    d = Dispute(g.domain, client.account, r.id).signed(client)
     with pytest.raises(InvalidTx, match="already disputed"):
         _block(s, [d, d], b"\x05")
     late = s

@@ -24,11 +24,11 @@ def make_genesis(**params) -> Genesis:
 def make_receipt(g: Genesis, worker: Identity, requester: Identity = CLIENT, tokens: int = 10,
                  span=(0, 4), height: int = 0, chain_id: str | None = None, sign=True,
                  rid: bytes | None = None) -> Receipt:
-    r = Receipt(chain_id or g.chain_id, rid or os.urandom(16), worker.account, requester.account, b"m" * 32,
+    r = Receipt(chain_id or g.domain, rid or os.urandom(16), worker.account, requester.account, b"m" * 32,
                 span[0], span[1], tokens, b"i" * 32, b"o" * 32,
                 tokens * (span[1] - span[0]) * g.params.price_per_token_block, height)
     return r.sign_worker(worker).countersign(requester) if sign else r
 
 
 def vote(g: Genesis, rid: bytes, voter: Identity, verdict: int, round_: int = 0) -> Vote:
-    return Vote(g.chain_id, rid, voter.account, round_, verdict, 0).signed(voter)
+    return Vote(g.domain, rid, voter.account, round_, verdict, 0).signed(voter)

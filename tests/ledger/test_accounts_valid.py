@@ -98,7 +98,7 @@ def test_every_account_field_of_every_kind_is_checked_at_decode(kind):
     # every field that names an account is of the checked kind (a new kind with a raw bytes32 account fails here)
     assert {n for n in cls.SCHEMA if n in ACCOUNT_NAMES} == set(names) and names, cls.SCHEMA
     good = [_valid_value(k, KEYS[1].account) for k in cls.SCHEMA.values()]
-    wire = {"t": kind, "c": "test-chain", "f": good, "s": [b""] * len(cls.SIGS)}
+    wire = {"t": kind, "c": make_genesis().domain, "f": good, "s": [b""] * len(cls.SIGS)}
     assert decode_tx(wire).KIND == kind  # the well-formed one decodes
     for name in names:
         i = list(cls.SCHEMA).index(name)
@@ -111,7 +111,7 @@ def test_every_account_field_of_every_kind_is_checked_at_decode(kind):
 
 def _bad_transfer(g, to: bytes) -> Transfer:
     """A transfer signed by a funded key, built in-process (bypassing the API and the decoder)."""
-    return Transfer(g.chain_id, CLIENT.account, to, 5 * C, 0).signed(CLIENT)
+    return Transfer(g.domain, CLIENT.account, to, 5 * C, 0).signed(CLIENT)
 
 
 def test_a_block_carrying_a_transfer_to_a_non_point_is_invalid(tmp_path):
@@ -133,7 +133,7 @@ def test_a_block_carrying_a_transfer_to_a_non_point_is_invalid(tmp_path):
             trio.run(follower.apply_remote, wire)
         assert follower.state.height == 0 and store.head == 0 and follower.state.accounts == before
         # the same block with a transfer to a real key is accepted by the same path: the refusal is the recipient
-        ok = Transfer(g.chain_id, CLIENT.account, W1.account, 5 * C, 0).signed(CLIENT)
+        ok = Transfer(g.domain, CLIENT.account, W1.account, 5 * C, 0).signed(CLIENT)
         good_block, _, rejected = propose(s0, [ok], VALIDATOR, 1000, ())
         assert not rejected
         wire = {"b": good_block.to_wire(), "c": [list(x) for x in commit_block(VALIDATOR, good_block)]}

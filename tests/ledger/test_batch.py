@@ -56,7 +56,7 @@ def genesis_state(g):
 def post(s, g=G, n=2, k=3, q=2, price=PRICE, reissues=1, cw=3, rw=3, kind="generate", tokens=16, nonce=None,
          batch_id=None, sender=REQ):
     lines = [f'{{"prompt": "line {i}"}}'.encode() for i in range(n)]
-    tx = BatchPost(g.chain_id, sender.account, batch_id or os.urandom(16), items_root(lines), n, kind, tokens, k,
+    tx = BatchPost(g.domain, sender.account, batch_id or os.urandom(16), items_root(lines), n, kind, tokens, k,
                    q, price, reissues, cw, rw, s.account(sender.account).nonce if nonce is None else nonce)
     return tx.signed(sender)
 
@@ -85,12 +85,12 @@ def item(s, bid, i) -> Item:
 def commit(s, bid, i, worker, result, salt=b"s" * 32, g=G):
     it = item(s, bid, i)
     c = commitment(bid, i, it.attempt, worker.account, result, salt)
-    return BatchCommit(g.chain_id, worker.account, bid, i, it.attempt, c).signed(worker)
+    return BatchCommit(g.domain, worker.account, bid, i, it.attempt, c).signed(worker)
 
 
 def reveal(s, bid, i, worker, result, salt=b"s" * 32, g=G):
     it = item(s, bid, i)
-    return BatchReveal(g.chain_id, worker.account, bid, i, it.attempt, result, salt).signed(worker)
+    return BatchReveal(g.domain, worker.account, bid, i, it.attempt, result, salt).signed(worker)
 
 
 def refused(s, tx, match):
@@ -232,7 +232,7 @@ def test_reveal_must_match_its_commitment():
     refused(s, reveal(s, p.batch_id, 0, ws[0], B), "does not match its commitment")
     refused(s, reveal(s, p.batch_id, 0, ws[0], A, salt=b"t" * 32), "does not match its commitment")
     # a commitment is bound to its worker: another worker's valid opening does not open it
-    other = BatchReveal(G.chain_id, ws[1].account, p.batch_id, 0, 0, A, b"s" * 32).signed(ws[1])
+    other = BatchReveal(G.domain, ws[1].account, p.batch_id, 0, 0, A, b"s" * 32).signed(ws[1])
     apply_tx(s.copy(), other)  # ws[1]'s own opening applies
     s = blocks(s, [reveal(s, p.batch_id, 0, ws[0], A)])
     refused(s, reveal(s, p.batch_id, 0, ws[0], A), "already revealed")
@@ -242,7 +242,7 @@ def test_copied_commitment_cannot_be_opened_by_the_copier():
     s, p = posted(n=1)
     ws = [BY_ACCOUNT[w] for w in item(s, p.batch_id, 0).workers]
     honest = commit(s, p.batch_id, 0, ws[0], A)
-    copied = BatchCommit(G.chain_id, ws[1].account, p.batch_id, 0, 0, honest.commitment).signed(ws[1])
+    copied = BatchCommit(G.domain, ws[1].account, p.batch_id, 0, 0, honest.commitment).signed(ws[1])
     s = blocks(s, [honest, copied, commit(s, p.batch_id, 0, ws[2], A)])
     refused(s, reveal(s, p.batch_id, 0, ws[1], A), "does not match its commitment")
 
@@ -264,11 +264,11 @@ def test_unassigned_worker_and_requester_refused():
     outsider = next(k for k in WORKERS if k.account not in assigned)
     refused(s, commit(s, p.batch_id, 0, outsider, A), "not assigned to this item")
     refused(s, commit(s, p.batch_id, 0, REQ, A), "not assigned to this item")
-    refused(s, BatchCommit(G.chain_id, outsider.account, p.batch_id, 5, 0, A).signed(outsider),
+    refused(s, BatchCommit(G.domain, outsider.account, p.batch_id, 5, 0, A).signed(outsider),
             "item 5 .* not assigned")
-    refused(s, BatchCommit(G.chain_id, outsider.account, os.urandom(16), 0, 0, A).signed(outsider), "unknown batch")
+    refused(s, BatchCommit(G.domain, outsider.account, os.urandom(16), 0, 0, A).signed(outsider), "unknown batch")
     ws = [BY_ACCOUNT[w] for w in assigned]
-    refused(s, BatchCommit(G.chain_id, ws[0].account, p.batch_id, 0, 1, A).signed(ws[0]), "attempt 0, not 1")
+    refused(s, BatchCommit(G.domain, ws[0].account, p.batch_id, 0, 1, A).signed(ws[0]), "attempt 0, not 1")
     forged = replace(commit(s, p.batch_id, 0, ws[0], A), sig=b"\x00" * 64)
     refused(s, forged, "bad batch_commit signature")
 
@@ -303,8 +303,8 @@ def test_cancel_before_assignment_refunds_and_after_is_refused():
     s0 = genesis_state(G)
     p = post(s0)
     s = blocks(s0, [p])
-    cancel = BatchCancel(G.chain_id, REQ.account, p.batch_id, 1).signed(REQ)
-    stranger = BatchCancel(G.chain_id, WORKERS[0].account, p.batch_id, 0).signed(WORKERS[0])
+    cancel = BatchCancel(G.domain, REQ.account, p.batch_id, 1).signed(REQ)
+    stranger = BatchCancel(G.domain, WORKERS[0].account, p.batch_id, 0).signed(WORKERS[0])
     refused(s, stranger, "no such batch of yours")
     sc = blocks(s, [cancel], [])
     b = sc.tables["batches"][p.batch_id]
@@ -317,7 +317,7 @@ def test_cancel_before_assignment_refunds_and_after_is_refused():
 def test_unbond_waits_for_undecided_assignments():
     s, p = posted(n=1)
     w = BY_ACCOUNT[item(s, p.batch_id, 0).workers[0]]
-    refused(s, Unbond(G.chain_id, w.account, C, s.account(w.account).nonce).signed(w), "batch items assigned")
+    refused(s, Unbond(G.domain, w.account, C, s.account(w.account).nonce).signed(w), "batch items assigned")
 
 
 def test_batch_waits_for_enough_bonded_workers():
@@ -328,7 +328,7 @@ def test_batch_waits_for_enough_bonded_workers():
     s = blocks(s0, [p], [BatchOffer(s0.chain_id, w.account, -1, 0).signed(w)])  # one withdraws before the draw
     b = s.tables["batches"][p.batch_id]
     assert b.status == BatchStatus.OPEN and b.assigned == 0
-    s = blocks(s, [BatchCancel(G.chain_id, REQ.account, p.batch_id, 1).signed(REQ)])
+    s = blocks(s, [BatchCancel(G.domain, REQ.account, p.batch_id, 1).signed(REQ)])
     assert s.tables["batches"][p.batch_id].status == BatchStatus.CANCELLED
 
 
@@ -571,7 +571,7 @@ def drive(s, g, p, cheat: set, limit: int = 400):
                 committees[i] = it.audit_committee
                 for m in it.audit_committee:
                     if all(x != m for x, _ in it.audit_votes):
-                        txs.append(BatchAuditVote(g.chain_id, m, p.batch_id, i, X if m in cheat else A)
+                        txs.append(BatchAuditVote(g.domain, m, p.batch_id, i, X if m in cheat else A)
                                    .signed(BY_ACCOUNT[m]))
         s = blocks(s, txs, g=g)
     raise AssertionError("batch not settled")
@@ -637,7 +637,7 @@ def test_audit_votes_count_once_from_the_committee_within_the_verdict_timeout():
     worker = BY_ACCOUNT[ws[0]]
 
     def vote(k, r=A, bid=p.batch_id):
-        return BatchAuditVote(g.chain_id, k.account, bid, 0, r).signed(k)
+        return BatchAuditVote(g.domain, k.account, bid, 0, r).signed(k)
 
     refused(s, vote(worker), "not on the item's audit committee")
     refused(s, vote(m0, bid=b"\x0a" * 16), "unknown batch item")

@@ -232,7 +232,7 @@ def test_a_state_synced_node_proves_receipts_that_leave_after_its_snapshot(tmp_p
     for i in range(12):
         state = _step(a, state, [], 1100 + i)
     assert hist.read_head(state).size == 3
-    manifest, chunks = snap.make(a.db, g.chain_id, 700)
+    manifest, chunks = snap.make(a.db, g.domain, 700)
     state = _step(a, state, [], 1200)  # certifies the snapshot's state
     block, commit = a.get_block(state.height)
     b = LedgerStore(tmp_path / "b", g)
@@ -273,17 +273,17 @@ def test_a_jobs_receipts_leave_after_the_job_ended_and_its_view_reads_them_from_
     store = LedgerStore(tmp_path / "db", g)
     state = store.replay()
     pps = 1_000_000
-    post = JobPost(g.chain_id, CLIENT.account, b"\x05" * 16, "t", b"m" * 32, b"d" * 32, 4, "q_proj,v_proj", 4, 2,
+    post = JobPost(g.domain, CLIENT.account, b"\x05" * 16, "t", b"m" * 32, b"d" * 32, 4, "q_proj,v_proj", 4, 2,
                    16, 1000, 7, 2, pps, 400, 0, state.account(CLIENT.account).nonce).signed(CLIENT)
     t = iter(range(1000, 10_000))
     state = _step(store, state, [post], next(t))
-    state = _step(store, state, [JobAccept(g.chain_id, W1.account, post.job_id, 0).signed(W1)], next(t))
+    state = _step(store, state, [JobAccept(g.domain, W1.account, post.job_id, 0).signed(W1)], next(t))
     states = [bytes([i]) * 32 for i in range(3)]
-    segs = [TrainReceipt(g.chain_id, post.job_id, W1.account, CLIENT.account, 2 * i, 2 * i + 2, states[i],
+    segs = [TrainReceipt(g.domain, post.job_id, W1.account, CLIENT.account, 2 * i, 2 * i + 2, states[i],
                          states[i + 1], bytes([9 + i]) * 32, 2_000_000, 2 * pps).signed(W1) for i in range(2)]
     for r in segs:
         state = _step(store, state, [r], next(t))
-    state = _step(store, state, [JobDeliver(g.chain_id, W1.account, post.job_id, states[2], 1).signed(W1)], next(t))
+    state = _step(store, state, [JobDeliver(g.domain, W1.account, post.job_id, states[2], 1).signed(W1)], next(t))
     for _ in range(40):  # verdicts (this node's keys vote valid), settlement, then the retention window
         if state.jobs[post.job_id].status == SETTLED:
             break

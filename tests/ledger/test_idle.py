@@ -118,7 +118,7 @@ def test_a_transfer_is_included_in_the_next_block_then_the_chain_is_quiet(tmp_pa
             await trio.sleep(0.5)
             h0 = svc.state.height
             assert h0 == 1  # quiet after the first block
-            tx = Transfer(g.chain_id, CLIENT.account, W1.account, 3 * C, svc.next_nonce(CLIENT.account)).signed(CLIENT)
+            tx = Transfer(g.domain, CLIENT.account, W1.account, 3 * C, svc.next_nonce(CLIENT.account)).signed(CLIENT)
             await svc.submit(tx)
             await wait_height(nodes, h0 + 2, timeout=10)
             loc = svc.store.tx_location(tx.id)
@@ -171,7 +171,7 @@ def test_four_validators_agree_and_stay_quiet_when_idle(tmp_path):
             n, watched = await idle_blocks(nodes, 5.0)
             sender = nodes[2]  # not necessarily the next proposer: its transaction must still get in
             h0 = max(x.state.height for x in nodes)
-            tx = Transfer(g.chain_id, CLIENT.account, W1.account, C, sender.next_nonce(CLIENT.account)).signed(CLIENT)
+            tx = Transfer(g.domain, CLIENT.account, W1.account, C, sender.next_nonce(CLIENT.account)).signed(CLIENT)
             await sender.submit(tx)
             with trio.fail_after(15):
                 while any(x.store.tx_location(tx.id) is None for x in nodes):
@@ -219,7 +219,7 @@ def test_an_open_job_needs_heights_until_it_is_cancelled():
     p = post(s)
     s = block(s, p)
     assert height_need(s) == Need.JOB  # its deadline (and a worker's start window) count in blocks
-    s = block(s, JobCancel(JG.chain_id, CLIENT.account, p.job_id, s.account(CLIENT.account).nonce).signed(CLIENT))
+    s = block(s, JobCancel(JG.domain, CLIENT.account, p.job_id, s.account(CLIENT.account).nonce).signed(CLIENT))
     assert s.jobs[p.job_id].status == "cancelled" and not needs_height(s)
 
 
@@ -330,7 +330,7 @@ def test_a_store_with_legacy_records_reads_and_verifies(tmp_path):
     g = make_genesis()
     store = LedgerStore(tmp_path / "db", g)
     state = store.replay()
-    t = Transfer(g.chain_id, CLIENT.account, W1.account, C, 0).signed(CLIENT)
+    t = Transfer(g.domain, CLIENT.account, W1.account, C, 0).signed(CLIENT)
     for i, txs in enumerate([[t], [], []]):
         block, new, _ = propose(state, txs, VALIDATOR, 1000 + i, store.last_commit())
         commit = commit_block(VALIDATOR, block)
@@ -349,17 +349,17 @@ def test_compact_record_of_a_four_validator_block_is_lossless():
     keys = [Identity.from_seed(dev_seed(i)) for i in range(4)]
     vals = tuple(k.account for k in keys)
     g = replace(make_genesis(), validators=vals)
-    parent = [list(sign_commit(k, g.chain_id, 1, b"\x07" * 32, 1)) for k in keys[:3]]
-    lc = tuple(tuple(x) for x in parent[:2] + [list(sign_commit(keys[3], g.chain_id, 1, b"\x07" * 32, 1))])
-    header = Header(g.chain_id, 2, b"\x07" * 32, 5000, keys[2].account, tx_root([]), genesis_state(g).state_root())
+    parent = [list(sign_commit(k, g.domain, 1, b"\x07" * 32, 1)) for k in keys[:3]]
+    lc = tuple(tuple(x) for x in parent[:2] + [list(sign_commit(keys[3], g.domain, 1, b"\x07" * 32, 1))])
+    header = Header(g.domain, 2, b"\x07" * 32, 5000, keys[2].account, tx_root([]), genesis_state(g).state_root())
     block = Block(header, (), lc)
-    commit = [sign_commit(k, g.chain_id, 2, block.hash, 0) for k in keys] + [(b"\x09" * 32, 0, b"junk")]
+    commit = [sign_commit(k, g.domain, 2, block.hash, 0) for k in keys] + [(b"\x09" * 32, 0, b"junk")]
     wire = {"b": block.to_wire(), "c": [list(x) for x in commit]}
-    raw = blockcodec.encode_record(block.to_wire(), commit, parent, g.chain_id, vals)
+    raw = blockcodec.encode_record(block.to_wire(), commit, parent, g.domain, vals)
     assert isinstance(unpack(raw), list) and len(raw) < len(pack(wire))
-    assert pack(blockcodec.decode_record(raw, g.chain_id, vals, lambda: parent)) == pack(wire)
-    same = blockcodec.encode_record(block.to_wire(), commit, [list(x) for x in lc], g.chain_id, vals)
+    assert pack(blockcodec.decode_record(raw, g.domain, vals, lambda: parent)) == pack(wire)
+    same = blockcodec.encode_record(block.to_wire(), commit, [list(x) for x in lc], g.domain, vals)
     assert len(same) < len(raw)  # last_commit equal to the parent's: not stored again
-    assert pack(blockcodec.decode_record(same, g.chain_id, vals, lambda: [list(x) for x in lc])) == pack(wire)
+    assert pack(blockcodec.decode_record(same, g.domain, vals, lambda: [list(x) for x in lc])) == pack(wire)
     with pytest.raises(blockcodec.RecordError):
-        blockcodec.decode_record(pack([2, [1]]), g.chain_id, vals, lambda: [])
+        blockcodec.decode_record(pack([2, [1]]), g.domain, vals, lambda: [])

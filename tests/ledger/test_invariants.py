@@ -60,11 +60,11 @@ def test_invariants_hold_over_random_sequences(actions):
             pending.append(r)
         elif kind == "transfer":
             sender = KEYS[a]
-            t = Transfer(G.chain_id, sender.account, KEYS[b].account, c * C, nonce(sender)).signed(sender)
+            t = Transfer(G.domain, sender.account, KEYS[b].account, c * C, nonce(sender)).signed(sender)
             pending.append(t)
         elif kind == "job_post":
             sender = KEYS[a]
-            tx = JobPost(G.chain_id, sender.account, bytes([len(jobs)]) * 16, "t", b"m" * 32, b"d" * 32, 4, "q_proj",
+            tx = JobPost(G.domain, sender.account, bytes([len(jobs)]) * 16, "t", b"m" * 32, b"d" * 32, 4, "q_proj",
                          b, 2, 16, 1000, 0, c, C // 10, state.height + 30, 0, nonce(sender)).signed(sender)
             jobs.append(tx)
             pending.append(tx)
@@ -76,18 +76,18 @@ def test_invariants_hold_over_random_sequences(actions):
             keys = {k.account: k for k in KEYS}
             if kind == "job_accept":
                 sender = KEYS[a] if a != job.post.sender else KEYS[(a % 4) + 1]
-                pending.append(JobAccept(G.chain_id, sender.account, job.post.job_id, nonce(sender)).signed(sender))
+                pending.append(JobAccept(G.domain, sender.account, job.post.job_id, nonce(sender)).signed(sender))
             elif kind == "job_cancel":
                 sender = keys[job.post.sender] if b % 3 else KEYS[a]
-                pending.append(JobCancel(G.chain_id, sender.account, job.post.job_id, nonce(sender)).signed(sender))
+                pending.append(JobCancel(G.domain, sender.account, job.post.job_id, nonce(sender)).signed(sender))
             elif kind == "job_deliver":
                 sender = keys.get(job.worker, KEYS[a])
-                pending.append(JobDeliver(G.chain_id, sender.account, job.post.job_id, job.last_state or b"s" * 32,
+                pending.append(JobDeliver(G.domain, sender.account, job.post.job_id, job.last_state or b"s" * 32,
                                           nonce(sender)).signed(sender))
             elif job.worker:
                 w = keys[job.worker]
                 end = min(job.post.steps, job.next_step + a % 3 + 1)
-                r = TrainReceipt(G.chain_id, job.post.job_id, job.worker, job.post.sender, job.next_step, end,
+                r = TrainReceipt(G.domain, job.post.job_id, job.worker, job.post.sender, job.next_step, end,
                                  job.last_state or b"0" * 32, bytes([end]) * 32, b"b" * 32, c,
                                  (end - job.next_step) * job.post.price_per_step).signed(w)
                 seen_receipts.append(r)
@@ -95,7 +95,7 @@ def test_invariants_hold_over_random_sequences(actions):
         elif kind in ("bond", "unbond"):
             sender = KEYS[a]
             cls = Bond if kind == "bond" else Unbond
-            pending.append(cls(G.chain_id, sender.account, c * C, nonce(sender)).signed(sender))
+            pending.append(cls(G.domain, sender.account, c * C, nonce(sender)).signed(sender))
         elif kind == "vote" and seen_receipts:
             r = seen_receipts[a % len(seen_receipts)]
             rec = state.receipts.get(r.id)

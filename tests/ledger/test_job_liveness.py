@@ -27,21 +27,21 @@ PPS = 1_000_000
 def post(s, deadline=None, sender=CLIENT):
     deadline = s.height + 50 if deadline is None else deadline
     n = s.account(sender.account).nonce
-    return JobPost(G.chain_id, sender.account, os.urandom(16), "t", b"m" * 32, b"d" * 32, 4, "q_proj,v_proj", 6, 2,
+    return JobPost(G.domain, sender.account, os.urandom(16), "t", b"m" * 32, b"d" * 32, 4, "q_proj,v_proj", 6, 2,
                    16, 1000, 7, 2, PPS, deadline, 0, n).signed(sender)
 
 
 def accept(s, job, worker=W1, nonce=None):
     n = s.account(worker.account).nonce if nonce is None else nonce
-    return JobAccept(G.chain_id, worker.account, job.job_id, n).signed(worker)
+    return JobAccept(G.domain, worker.account, job.job_id, n).signed(worker)
 
 
 def release(s, job, worker=W1):
-    return JobRelease(G.chain_id, worker.account, job.job_id, s.account(worker.account).nonce).signed(worker)
+    return JobRelease(G.domain, worker.account, job.job_id, s.account(worker.account).nonce).signed(worker)
 
 
 def segment(job, worker=W1, start=0, end=2):
-    return TrainReceipt(G.chain_id, job.job_id, worker.account, CLIENT.account, start, end, os.urandom(32),
+    return TrainReceipt(G.domain, job.job_id, worker.account, CLIENT.account, start, end, os.urandom(32),
                         os.urandom(32), os.urandom(32), 2_000_000, (end - start) * PPS).signed(worker)
 
 
@@ -103,7 +103,7 @@ def test_release_before_the_first_segment_costs_the_smaller_penalty():
     assert RELEASE_PEN < START_PEN
     assert s.supply() == G.supply
     # back to open: the requester may now cancel it and gets everything back
-    s = block(s, JobCancel(G.chain_id, CLIENT.account, p.job_id, s.account(CLIENT.account).nonce).signed(CLIENT))
+    s = block(s, JobCancel(G.domain, CLIENT.account, p.job_id, s.account(CLIENT.account).nonce).signed(CLIENT))
     assert s.jobs[p.job_id].status == CANCELLED
     assert s.account(CLIENT.account).balance == s0.account(CLIENT.account).balance
 
@@ -135,7 +135,7 @@ def test_capacity_is_bounded_by_the_bond_covering_each_unstarted_job():
     # W1 keeps min_bond plus a little: its bond covers the start penalty of exactly 4 unstarted jobs
     keep = G.params.min_bond + START_PEN - 1
     assert keep // START_PEN == 4
-    s = block(s0, Unbond(G.chain_id, W1.account, s0.account(W1.account).bond - keep, 0).signed(W1))
+    s = block(s0, Unbond(G.domain, W1.account, s0.account(W1.account).bond - keep, 0).signed(W1))
     posts = [post(s) for _ in range(6)]
     posts = [replace(p, nonce=s.account(CLIENT.account).nonce + i).signed(CLIENT) for i, p in enumerate(posts)]
     s = block(s, *posts)
@@ -143,7 +143,7 @@ def test_capacity_is_bounded_by_the_bond_covering_each_unstarted_job():
     with pytest.raises(InvalidTx, match="covers the start penalty of 4 unstarted jobs and this worker holds 4"):
         apply_tx(s.copy(), accept(s, posts[4]))
     with pytest.raises(InvalidTx, match="keep covering the start penalty of the 4 job"):  # cannot unbond away
-        apply_tx(s.copy(), Unbond(G.chain_id, W1.account, START_PEN, s.account(W1.account).nonce).signed(W1))
+        apply_tx(s.copy(), Unbond(G.domain, W1.account, START_PEN, s.account(W1.account).nonce).signed(W1))
     s = block(s, segment(posts[0]))  # a started job no longer needs the collateral
     s = block(s, accept(s, posts[4]))
     assert s.jobs[posts[4].job_id].worker == W1.account
@@ -218,24 +218,24 @@ def test_credits_are_conserved_and_no_job_is_held_unstarted_past_its_window(acti
         jobs = list(state.jobs.values())
         if kind == "post":
             k = KEYS[a]
-            pending.append(JobPost(G.chain_id, k.account, os.urandom(16), "t", b"m" * 32, b"d" * 32, 4, "q_proj", 4,
+            pending.append(JobPost(G.domain, k.account, os.urandom(16), "t", b"m" * 32, b"d" * 32, 4, "q_proj", 4,
                                    2, 16, 1000, 0, 2, PPS, state.height + b, 0, nonce(k)).signed(k))
         elif kind == "accept" and jobs:
             k, job = KEYS[a], jobs[b % len(jobs)]
-            pending.append(JobAccept(G.chain_id, k.account, job.post.job_id, nonce(k)).signed(k))
+            pending.append(JobAccept(G.domain, k.account, job.post.job_id, nonce(k)).signed(k))
         elif kind == "release" and jobs:
             job = jobs[b % len(jobs)]
             k = keys.get(job.worker, KEYS[a])
-            pending.append(JobRelease(G.chain_id, k.account, job.post.job_id, nonce(k)).signed(k))
+            pending.append(JobRelease(G.domain, k.account, job.post.job_id, nonce(k)).signed(k))
         elif kind == "train" and jobs:
             job = jobs[b % len(jobs)]
             k = keys.get(job.worker, KEYS[a])
-            pending.append(TrainReceipt(G.chain_id, job.post.job_id, k.account, job.post.sender, job.next_step,
+            pending.append(TrainReceipt(G.domain, job.post.job_id, k.account, job.post.sender, job.next_step,
                                         job.next_step + 2, job.last_state or b"0" * 32, os.urandom(32), b"b" * 32,
                                         1_000_000, 2 * PPS).signed(k))
         elif kind == "unbond":
             k = KEYS[a]
-            pending.append(Unbond(G.chain_id, k.account, b * C, nonce(k)).signed(k))
+            pending.append(Unbond(G.domain, k.account, b * C, nonce(k)).signed(k))
         else:
             for _ in range(a + 1):
                 close()

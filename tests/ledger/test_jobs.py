@@ -20,14 +20,14 @@ PPS = 1_000_000  # base units per step
 
 
 def post(s, steps=6, seg=2, deadline=50, nonce=None, job_id=None):
-    tx = JobPost(G.chain_id, CLIENT.account, job_id or os.urandom(16), "hamlet <b>", b"m" * 32, b"d" * 32, 4,
+    tx = JobPost(G.domain, CLIENT.account, job_id or os.urandom(16), "hamlet <b>", b"m" * 32, b"d" * 32, 4,
                  "q_proj,v_proj", steps, 2, 16, 1000, 7, seg, PPS, deadline, 0,
                  s.account(CLIENT.account).nonce if nonce is None else nonce)
     return tx.signed(CLIENT)
 
 
 def seg(job, start, end, before, after, loss=2_000_000, worker=W1):
-    return TrainReceipt(G.chain_id, job.job_id, worker.account, CLIENT.account, start, end, before, after,
+    return TrainReceipt(G.domain, job.job_id, worker.account, CLIENT.account, start, end, before, after,
                         os.urandom(32), loss, (end - start) * PPS).signed(worker)
 
 
@@ -50,12 +50,12 @@ def test_full_lifecycle_pays_exactly_the_price():
     p = post(s0)
     s = blocks(s0, [p])
     assert s.jobs[p.job_id].status == OPEN and s.account(CLIENT.account).escrow == p.price
-    s = blocks(s, [JobAccept(G.chain_id, W1.account, p.job_id, 0).signed(W1)])
+    s = blocks(s, [JobAccept(G.domain, W1.account, p.job_id, 0).signed(W1)])
     assert s.jobs[p.job_id].status == ACCEPTED
     states = [os.urandom(32) for _ in range(4)]
     for i in range(3):
         s = run_valid(s, seg(p, 2 * i, 2 * i + 2, states[i], states[i + 1]))
-    s = blocks(s, [JobDeliver(G.chain_id, W1.account, p.job_id, states[3], 1).signed(W1)], [])
+    s = blocks(s, [JobDeliver(G.domain, W1.account, p.job_id, states[3], 1).signed(W1)], [])
     job = s.jobs[p.job_id]
     assert job.status == SETTLED and job.refunded == 0
     client_paid = s0.account(CLIENT.account).balance - s.account(CLIENT.account).balance
@@ -71,20 +71,20 @@ def test_full_lifecycle_pays_exactly_the_price():
 def test_cancel_before_acceptance_refunds_everything_and_not_after():
     s0 = genesis_state(G)
     p = post(s0)
-    s = blocks(s0, [p], [JobCancel(G.chain_id, CLIENT.account, p.job_id, 1).signed(CLIENT)])
+    s = blocks(s0, [p], [JobCancel(G.domain, CLIENT.account, p.job_id, 1).signed(CLIENT)])
     assert s.jobs[p.job_id].status == CANCELLED
     assert s.account(CLIENT.account).balance == s0.account(CLIENT.account).balance
     p2 = post(s)
-    s = blocks(s, [p2], [JobAccept(G.chain_id, W1.account, p2.job_id, 0).signed(W1)])
+    s = blocks(s, [p2], [JobAccept(G.domain, W1.account, p2.job_id, 0).signed(W1)])
     with pytest.raises(InvalidTx, match="only an open job"):
-        apply_tx(s.copy(), JobCancel(G.chain_id, CLIENT.account, p2.job_id, s.account(CLIENT.account).nonce)
+        apply_tx(s.copy(), JobCancel(G.domain, CLIENT.account, p2.job_id, s.account(CLIENT.account).nonce)
                  .signed(CLIENT))
 
 
 def test_expiry_refunds_all_but_verified_segments():
     s0 = genesis_state(G)
     p = post(s0, deadline=12)
-    s = blocks(s0, [p], [JobAccept(G.chain_id, W1.account, p.job_id, 0).signed(W1)])
+    s = blocks(s0, [p], [JobAccept(G.domain, W1.account, p.job_id, 0).signed(W1)])
     a, b = os.urandom(32), os.urandom(32)
     s = run_valid(s, seg(p, 0, 2, a, b))
     while s.height <= 12:
@@ -100,7 +100,7 @@ def test_expiry_refunds_all_but_verified_segments():
 def test_invalid_segment_fails_job_slashes_and_refunds():
     s0 = genesis_state(G)
     p = post(s0)
-    s = blocks(s0, [p], [JobAccept(G.chain_id, W1.account, p.job_id, 0).signed(W1)])
+    s = blocks(s0, [p], [JobAccept(G.domain, W1.account, p.job_id, 0).signed(W1)])
     r = seg(p, 0, 2, os.urandom(32), os.urandom(32))
     s = blocks(s, [r], [])
     members = {k.account: k for k in KEYS}
@@ -115,7 +115,7 @@ def test_invalid_segment_fails_job_slashes_and_refunds():
 def test_nan_loss_marks_job_diverged_and_refunds_unreserved():
     s0 = genesis_state(G)
     p = post(s0)
-    s = blocks(s0, [p], [JobAccept(G.chain_id, W1.account, p.job_id, 0).signed(W1)])
+    s = blocks(s0, [p], [JobAccept(G.domain, W1.account, p.job_id, 0).signed(W1)])
     s = blocks(s, [seg(p, 0, 2, os.urandom(32), os.urandom(32), loss=-1)])
     job = s.jobs[p.job_id]
     assert job.status == DIVERGED and job.refunded == p.price - 2 * PPS and job.losses == (-1,)
@@ -124,7 +124,7 @@ def test_nan_loss_marks_job_diverged_and_refunds_unreserved():
 def test_bad_segments_are_refused():
     s0 = genesis_state(G)
     p = post(s0)
-    s = blocks(s0, [p], [JobAccept(G.chain_id, W1.account, p.job_id, 0).signed(W1)])
+    s = blocks(s0, [p], [JobAccept(G.domain, W1.account, p.job_id, 0).signed(W1)])
     a, b = os.urandom(32), os.urandom(32)
     for bad in (seg(p, 1, 3, a, b),  # does not start where the job is
                 seg(p, 0, 3, a, b),  # longer than segment_steps
@@ -135,7 +135,7 @@ def test_bad_segments_are_refused():
     with pytest.raises(InvalidTx, match="previous state_after"):
         apply_tx(s.copy(), seg(p, 2, 4, a, os.urandom(32)))
     with pytest.raises(InvalidTx, match="steps receipted"):
-        apply_tx(s.copy(), JobDeliver(G.chain_id, W1.account, p.job_id, b, 1).signed(W1))
+        apply_tx(s.copy(), JobDeliver(G.domain, W1.account, p.job_id, b, 1).signed(W1))
     assert s.jobs[p.job_id].status == ACCEPTED
 
 

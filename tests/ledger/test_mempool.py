@@ -60,7 +60,10 @@ async def produce(svc: LedgerService) -> Block:
     return block
 
 
-def pay(who: Identity, nonce: int, amount: int = C, to: Identity = W1, chain: str = "test-chain") -> Transfer:
+DOMAIN = genesis().domain  # the signing domain of make_svc's ledgers: chain id and genesis hash
+
+
+def pay(who: Identity, nonce: int, amount: int = C, to: Identity = W1, chain: str = DOMAIN) -> Transfer:
     return Transfer(chain, who.account, to.account, amount, nonce).signed(who)
 
 
@@ -78,7 +81,7 @@ def test_unfunded_sender_is_refused_with_the_reason(make_svc):
     why = refused(svc, pay(NOBODY, 0), "insufficient balance")
     assert "0 available" in why
     refused(svc, pay(NOBODY, 3), "insufficient balance")  # ahead of its nonce: must be able to pay as well
-    refused(svc, Unbond("test-chain", NOBODY.account, C, 2).signed(NOBODY), "holds no credits")
+    refused(svc, Unbond(DOMAIN, NOBODY.account, C, 2).signed(NOBODY), "holds no credits")
     refused(svc, pay(CLIENT, 0, chain="other-chain"), "chain")
     assert len(svc.mempool) == 0 and svc.mempool.stats["refused"] == 4
 
@@ -119,7 +122,7 @@ def test_queued_transactions_ahead_must_all_be_covered_by_the_balance(make_svc):
     svc.add_tx(pay(A, 2, 40 * C))
     why = refused(svc, pay(A, 3, 40 * C), "insufficient balance")
     assert f"{120 * C} base units needed with the sender's queued transactions, {100 * C}" in why
-    svc.add_tx(Bond("test-chain", A.account, 20 * C, 3).signed(A))  # 100 credits cover 40 + 40 + 20
+    svc.add_tx(Bond(DOMAIN, A.account, 20 * C, 3).signed(A))  # 100 credits cover 40 + 40 + 20
 
 
 def test_transactions_waiting_for_a_gap_expire_with_a_reason(make_svc):
@@ -346,7 +349,7 @@ def _run_post(g, nonce: int):
              outer_lr_ppm=700_000, outer_momentum_ppm=0, nesterov=1, clip_ppm=2_000_000, codec="int8",
              topk_ppm=0, price_per_step=10_000_000, aggregator_fee=20_000_000, sample_ppm=0,
              round_timeout=5, deadline=500)
-    return RunPost(g.chain_id, CLIENT.account, b"r" * 16, nonce=nonce, **f).signed(CLIENT)
+    return RunPost(g.domain, CLIENT.account, b"r" * 16, nonce=nonce, **f).signed(CLIENT)
 
 
 def test_run_join_leave_toggles_cannot_evict_transfers(tmp_path):
@@ -362,7 +365,7 @@ def test_run_join_leave_toggles_cannot_evict_transfers(tmp_path):
 
     def toggle(w, n):
         cls = RunJoin if n % 2 == 0 else RunLeave
-        return cls(g.chain_id, w.account, post.run_id, n).signed(w)
+        return cls(g.domain, w.account, post.run_id, n).signed(w)
 
     async def main():
         svc.add_tx(post)
@@ -406,10 +409,10 @@ def test_cost_counts_every_escrow(make_svc):
     a sender could queue posts it could never pay, holding slots until they expire)."""
     svc = make_svc()
     g = svc.genesis
-    post = BatchPost(g.chain_id, A.account, b"b" * 16, b"\x01" * 32, 10, "score", 0, 3, 2, C, 1, 20, 20, 2)
+    post = BatchPost(g.domain, A.account, b"b" * 16, b"\x01" * 32, 10, "score", 0, 3, 2, C, 1, 20, 20, 2)
     assert cost(post) == post.escrow() == 60 * C
     assert cost(make_receipt(g, W1)) == make_receipt(g, W1).price
     svc.add_tx(pay(A, 1, 50 * C))  # gapped: waits for nonce 0
     why = refused(svc, post.signed(A), "insufficient balance")
     assert f"{110 * C} base units needed" in why
-    assert is_free(Unbond(g.chain_id, A.account, C, 0)) and not is_free(post)
+    assert is_free(Unbond(g.domain, A.account, C, 0)) and not is_free(post)

@@ -56,7 +56,7 @@ class Chain:
                  round_timeout=5, deadline=500)
         f.update(kw)
         nonce = self.nonce(SPONSOR) if advance else self.nonces.get(SPONSOR.account, 0)
-        return RunPost(self.g.chain_id, SPONSOR.account, os.urandom(16), nonce=nonce, **f).signed(SPONSOR)
+        return RunPost(self.g.domain, SPONSOR.account, os.urandom(16), nonce=nonce, **f).signed(SPONSOR)
 
     def run(self, post):
         return self.s.runs[post.run_id]
@@ -69,25 +69,25 @@ class Chain:
                  delta_root=delta or H(b"delta", w.account, bytes([cur.round])), delta_bytes=1000,
                  loss_ppm=4_000_000, steps=post.inner_steps, price=post.receipt_price)
         f.update(kw)
-        return RoundReceipt(self.g.chain_id, post.run_id, cur.round, cur.attempt, w.account, SPONSOR.account,
+        return RoundReceipt(self.g.domain, post.run_id, cur.round, cur.attempt, w.account, SPONSOR.account,
                             params_before or run.params, **f).signed(w)
 
     def reveal(self, post, w) -> RoundReveal:
         cur = self.run(post).cur
         r = self.s.receipts[cur.receipt_of(w.account)].receipt
-        return RoundReveal(self.g.chain_id, post.run_id, cur.round, cur.attempt, w.account, r.delta_root).signed(w)
+        return RoundReveal(self.g.domain, post.run_id, cur.round, cur.attempt, w.account, r.delta_root).signed(w)
 
     def aggregate(self, post, accepted, who=None, params_next=None) -> RoundAggregate:
         run = self.run(post)
         cur = run.cur
         agg = who or BY_ACCOUNT[cur.aggregator]
-        return RoundAggregate(self.g.chain_id, post.run_id, cur.round, cur.attempt, agg.account, SPONSOR.account,
+        return RoundAggregate(self.g.domain, post.run_id, cur.round, cur.attempt, agg.account, SPONSOR.account,
                               run.params, run.momentum, params_next or H(b"theta", run.params),
                               H(b"mom", run.params), tuple(sorted(accepted)), post.aggregator_fee).signed(agg)
 
     def votes(self, rid, verdict):
         rec = self.s.receipts[rid]
-        return [Vote(self.g.chain_id, rid, m, rec.round, verdict, 0).signed(BY_ACCOUNT[m]) for m in rec.committee]
+        return [Vote(self.g.domain, rid, m, rec.round, verdict, 0).signed(BY_ACCOUNT[m]) for m in rec.committee]
 
     def settle_round(self, post, accepted=None, verdicts=None):
         """Drive the open round from commit to the next round (all workers honest unless ``verdicts`` says)."""
@@ -117,7 +117,7 @@ class Chain:
 def start(chain: Chain, **kw) -> RunPost:
     post = chain.post(**kw)
     chain.block(post)
-    chain.block(*[RunJoin(chain.g.chain_id, w.account, post.run_id, chain.nonce(w)).signed(w) for w in WORKERS])
+    chain.block(*[RunJoin(chain.g.domain, w.account, post.run_id, chain.nonce(w)).signed(w) for w in WORKERS])
     assert chain.run(post).status == RunStatus.TRAINING and chain.run(post).cur.phase == Phase.COMMIT
     return post
 
@@ -162,9 +162,9 @@ def test_commit_reveal_order_and_refusals():
     c.refuse(c.receipt(post, w2, price=post.receipt_price + 1), "price")
     # a reveal before the commit phase closed is refused: nobody can copy a Δ in time
     cur = c.run(post).cur
-    c.refuse(RoundReveal(c.g.chain_id, post.run_id, 0, 0, w1.account, r1.delta_root).signed(w1), "reveal phase")
+    c.refuse(RoundReveal(c.g.domain, post.run_id, 0, 0, w1.account, r1.delta_root).signed(w1), "reveal phase")
     outsider = KEYS[5]
-    c.refuse(RoundReceipt(c.g.chain_id, post.run_id, 0, 0, outsider.account, SPONSOR.account, cur and c.run(post).params,
+    c.refuse(RoundReceipt(c.g.domain, post.run_id, 0, 0, outsider.account, SPONSOR.account, cur and c.run(post).params,
                           *[b"\x02" * 32] * 6, 1, 0, post.inner_steps, post.receipt_price).signed(outsider),
              "not a participant")
 
@@ -283,11 +283,11 @@ def test_late_joiner_and_leaver_take_effect_at_the_next_round():
     c = Chain()
     post = c.post(min_workers=2, max_workers=4)
     c.block(post)
-    c.block(*[RunJoin(c.g.chain_id, w.account, post.run_id, c.nonce(w)).signed(w) for w in WORKERS[:3]])
+    c.block(*[RunJoin(c.g.domain, w.account, post.run_id, c.nonce(w)).signed(w) for w in WORKERS[:3]])
     assert set(c.run(post).cur.participants) == {w.account for w in WORKERS[:3]}
     late = WORKERS[3]
-    c.block(RunJoin(c.g.chain_id, late.account, post.run_id, c.nonce(late)).signed(late),
-            RunLeave(c.g.chain_id, WORKERS[0].account, post.run_id, c.nonce(WORKERS[0])).signed(WORKERS[0]))
+    c.block(RunJoin(c.g.domain, late.account, post.run_id, c.nonce(late)).signed(late),
+            RunLeave(c.g.domain, WORKERS[0].account, post.run_id, c.nonce(WORKERS[0])).signed(WORKERS[0]))
     assert late.account not in c.run(post).cur.participants
     c.settle_round(post)
     c.block()
@@ -299,12 +299,12 @@ def test_deadline_expiry_and_cancel_refund_the_sponsor():
     sp0 = c.s.account(SPONSOR.account).balance
     post = c.post(deadline=12)
     c.block(post)
-    c.block(RunCancel(c.g.chain_id, SPONSOR.account, post.run_id, c.nonce(SPONSOR)).signed(SPONSOR))
+    c.block(RunCancel(c.g.domain, SPONSOR.account, post.run_id, c.nonce(SPONSOR)).signed(SPONSOR))
     assert c.run(post).status == RunStatus.CANCELLED and c.s.account(SPONSOR.account).balance == sp0
 
     post = start(c, deadline=c.s.height + 6)
     c.block(*[c.receipt(post, BY_ACCOUNT[w]) for w in c.run(post).cur.participants[:2]])
-    c.refuse(RunCancel(c.g.chain_id, SPONSOR.account, post.run_id, 99).signed(SPONSOR), "nonce|first round")
+    c.refuse(RunCancel(c.g.domain, SPONSOR.account, post.run_id, 99).signed(SPONSOR), "nonce|first round")
     for _ in range(20):
         c.block()
     run = c.run(post)
@@ -327,7 +327,7 @@ def test_wire_round_trip_of_every_run_transaction():
     post = start(c)
     r = c.receipt(post, WORKERS[0])
     a = c.aggregate(post, [w.account for w in WORKERS], who=WORKERS[0])
-    for tx in (post, r, a, RunJoin(c.g.chain_id, WORKERS[0].account, post.run_id, 0).signed(WORKERS[0])):
+    for tx in (post, r, a, RunJoin(c.g.domain, WORKERS[0].account, post.run_id, 0).signed(WORKERS[0])):
         back = decode_tx(tx.to_wire())
         assert back == tx and back.id == tx.id
         back.check_signatures()

@@ -20,7 +20,7 @@ def _source(tmp_path, n=14):
     g = make_genesis()
     a = LedgerStore(tmp_path / "a", g)
     state = grow(a, a.replay(), g, n)
-    manifest, chunks = snap.make(a.db, g.chain_id, chunk_bytes=600)  # small chunks: several of them
+    manifest, chunks = snap.make(a.db, g.domain, chunk_bytes=600)  # small chunks: several of them
     # block n + 1 commits to the snapshot's state (the state after block n)
     block, new, rej = propose(state, [], VALIDATOR, 5000, a.last_commit())
     commit = commit_block(VALIDATOR, block)

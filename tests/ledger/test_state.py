@@ -146,12 +146,12 @@ def test_transfer_nonce_and_balance():
     g = make_genesis()
     s = genesis_state(g)
     a, b = KEYS[6], KEYS[7]
-    t = Transfer(g.chain_id, CLIENT.account, a.account, 5 * C, 0).signed(CLIENT)
+    t = Transfer(g.domain, CLIENT.account, a.account, 5 * C, 0).signed(CLIENT)
     apply_tx(s, t)
     with pytest.raises(InvalidTx, match="nonce"):
         apply_tx(s, t)
     with pytest.raises(InvalidTx, match="insufficient"):
-        apply_tx(s, Transfer(g.chain_id, a.account, b.account, 6 * C, 0).signed(a))
+        apply_tx(s, Transfer(g.domain, a.account, b.account, 6 * C, 0).signed(a))
     assert s.account(a.account).balance == 5 * C
 
 
@@ -176,8 +176,8 @@ def test_unbond_waits_for_pending_receipts():
     r = make_receipt(g, W1)
     s = run_blocks(s0, [r])
     with pytest.raises(InvalidTx, match="pending"):
-        apply_tx(s.copy(), Unbond(g.chain_id, W1.account, 10 * C, 0).signed(W1))
+        apply_tx(s.copy(), Unbond(g.domain, W1.account, 10 * C, 0).signed(W1))
     s = run_blocks(s, *([[]] * g.params.challenge_window))
-    apply_tx(s, Unbond(g.chain_id, W1.account, 10 * C, 0).signed(W1))
+    apply_tx(s, Unbond(g.domain, W1.account, 10 * C, 0).signed(W1))
     assert s.account(W1.account).bond == s0.account(W1.account).bond - 10 * C
     assert s.supply() == g.supply

@@ -35,7 +35,7 @@ def _source(tmp):
     g = make_genesis()
     src = LedgerStore(tmp / "src", g)
     state = grow(src, src.replay(), g, 4)
-    m, _ = snap.make(src.db, g.chain_id, 700)
+    m, _ = snap.make(src.db, g.domain, 700)
     block, new, _ = propose(state, [], VALIDATOR, 9000, src.last_commit())
     src.append(block, commit_block(VALIDATOR, block), state, new)
     raw = src.get_block_raw(5)
@@ -46,7 +46,7 @@ def _source(tmp):
 def _check(g, reply) -> None:
     try:
         m, header, commit = ss.parse_offer(reply)
-        snap.check_manifest(m, header, g.chain_id)
+        snap.check_manifest(m, header, g.domain)
         snap.verify_header(header, commit, g.validators)
     except (snap.SnapshotError, InvalidBlock):
         pass

@@ -313,17 +313,17 @@ def test_check_manifest_binds_the_manifest_to_its_header(source):
     g, src, server = source
     m = server.manifest
     header = Header(*src.get_block_raw(m.height + 1)["b"]["h"])
-    snap.check_manifest(m, header, g.chain_id)
-    with pytest.raises(snap.SnapshotError, match="another chain"):
+    snap.check_manifest(m, header, g.domain)
+    with pytest.raises(snap.SnapshotError, match="snapshot for chain 'test-chain'.*this is chain 'other'"):
         snap.check_manifest(m, header, "other")
     with pytest.raises(snap.SnapshotError, match="does not commit"):
         snap.check_manifest(snap.Manifest(*[*m.to_wire()[:1], m.height + 1, *m.to_wire()[2:4], m.counts,
-                                            m.root, m.chunks]), header, g.chain_id)
+                                            m.root, m.chunks]), header, g.domain)
     with pytest.raises(snap.SnapshotError, match="chunks \\(1 to 2 accepted\\)"):
-        snap.check_manifest(m, header, g.chain_id, max_chunks=2)
+        snap.check_manifest(m, header, g.domain, max_chunks=2)
     with pytest.raises(snap.SnapshotError, match="entries"):
         snap.check_manifest(snap.Manifest(m.chain_id, m.height, m.last_hash, m.seq, (1,) + (0,) * (len(m.counts) - 1),
-                                          m.root, m.chunks), header, g.chain_id)
+                                          m.root, m.chunks), header, g.domain)
 
 
 def test_a_source_that_is_always_busy_runs_out_of_time(source, tmp_path):

@@ -34,7 +34,7 @@ def served(tmp_path):
     data = pack([[0, b"\x01" * 32, os.urandom(BIG)]])
     cid = snap.chunk_id(data)
     d.put_chunk(cid, data)
-    m = snap.Manifest(g.chain_id, 5, b"\0" * 32, 0, (1,) + (0,) * (len(snap.TABLES) - 1), b"\0" * 40, (cid,))
+    m = snap.Manifest(g.domain, 5, b"\0" * 32, 0, (1,) + (0,) * (len(snap.TABLES) - 1), b"\0" * 40, (cid,))
     d.write(m)
     server = ss.SnapshotServer(store, every=0, directory=tmp_path / "snapshots")
     assert server.manifest == m

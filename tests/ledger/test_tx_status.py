@@ -30,8 +30,9 @@ def genesis():
     return replace(g, balances=g.balances + ((A.account, 100 * C, 0),))
 
 
-def pay(who: Identity, nonce: int, amount: int = C) -> Transfer:
-    return Transfer("test-chain", who.account, W1.account, amount, nonce).signed(who)
+def pay(who: Identity, nonce: int, amount: int = C, g=None) -> Transfer:
+    """A signed transfer for the network of ``g`` (default :func:`genesis`): its signing domain binds the genesis."""
+    return Transfer((g or genesis()).domain, who.account, W1.account, amount, nonce).signed(who)
 
 
 async def produce(svc: LedgerService):
@@ -162,7 +163,7 @@ def test_a_transfer_submitted_before_any_peer_is_re_sent_when_a_validator_connec
     into a block, and the follower reports it included after syncing."""
     g = make_genesis()
     sv, sf = LedgerStore(tmp_path / "v", g), LedgerStore(tmp_path / "f", g)
-    tx = pay(W1, 0)
+    tx = pay(W1, 0, g=g)
 
     async def body():
         async with P2PHost(VALIDATOR, 0, "test-chain").running() as hv, \

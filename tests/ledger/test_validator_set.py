@@ -360,7 +360,7 @@ def test_light_client_refuses_a_forged_set_and_a_short_commit():
     # a set the trusted header did not name: the attacker's own validators with all the power
     forged = ValidatorSet.of({KEYS[5].account: 10**15})
     with pytest.raises(InvalidBlock, match="not the one the trusted header"):
-        lc.update(header, [sign_commit(KEYS[5], g.chain_id, header.height, header.hash)], forged)
+        lc.update(header, [sign_commit(KEYS[5], g.domain, header.height, header.hash)], forged)
     with pytest.raises(InvalidBlock, match="more than 2/3"):
         lc.update(header, commit[:2], vs)
     with pytest.raises(InvalidBlock, match="does not follow"):
@@ -537,7 +537,7 @@ def test_light_client_skips_by_bisection_where_the_set_changed_and_refuses_forge
     header, commit, vs = items[6]
     forged = ValidatorSet.of({KEYS[5].account: 10**15})
     with pytest.raises(InvalidBlock, match="not the one it names"):
-        lc.skip(header, [sign_commit(KEYS[5], g.chain_id, header.height, header.hash)], forged)
+        lc.skip(header, [sign_commit(KEYS[5], g.domain, header.height, header.hash)], forged)
     with pytest.raises(InvalidBlock, match="more than 2/3"):
         lc.skip(header, commit[:2], vs)
     with pytest.raises(InvalidBlock, match="asked for the light block of height 20"):

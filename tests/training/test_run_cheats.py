@@ -68,7 +68,7 @@ def make_post(chain: Chain, model, **kw) -> tuple[RunPost, object, torch.Tensor,
     f.update(kw)
     trainer = rd.make_trainer(model, f)
     f["params0"] = commitments_root(trainer.params())
-    post = RunPost(chain.g.chain_id, SPONSOR.account, b"r" * 16, nonce=chain.nonce(SPONSOR), **f).signed(SPONSOR)
+    post = RunPost(chain.g.domain, SPONSOR.account, b"r" * 16, nonce=chain.nonce(SPONSOR), **f).signed(SPONSOR)
     windows = rd.run_windows(model, post, TEXT)
     _, held_ids = split_tokens(encode_text(model, TEXT))
     return post, trainer, windows, make_windows(held_ids, post.seq_len)[:32]
@@ -80,7 +80,7 @@ def play_run(model, fault: str | None):
     chain = Chain()
     post, trainer, windows, held = make_post(chain, model)
     chain.block(post)
-    chain.block(*[RunJoin(chain.g.chain_id, w.account, post.run_id, chain.nonce(w)).signed(w) for w in WORKERS])
+    chain.block(*[RunJoin(chain.g.domain, w.account, post.run_id, chain.nonce(w)).signed(w) for w in WORKERS])
     theta, mom = trainer.params(), None
     state = {w.account: Worker() for w in WORKERS}
     log = []
@@ -102,7 +102,7 @@ def play_run(model, fault: str | None):
             other = batch_tensors(windows, rd.assignment(post, bytes(32), cur.round, cur.participants,
                                                          windows.shape[0], w)) if f == "run-otherdata" else None
             work = rd.train_round(trainer, post, theta, opt_before, batches, f, me.theta, old, other)
-            r = RoundReceipt(chain.g.chain_id, post.run_id, cur.round, cur.attempt, w, SPONSOR.account, run.params,
+            r = RoundReceipt(chain.g.domain, post.run_id, cur.round, cur.attempt, w, SPONSOR.account, run.params,
                              commitments_root(opt_before), commitments_root(work.params_after),
                              commitments_root(work.opt_after), commitments_root(batches),
                              commitments_root(work.payload), work.delta_bytes, work.loss_ppm, post.inner_steps,
@@ -111,7 +111,7 @@ def play_run(model, fault: str | None):
             me.opt_after, me.theta, me.payload = work.opt_after, theta, work.payload
         chain.block(*[c[0] for c in committed.values()])
         assert chain.run(post).cur.phase == Phase.REVEAL
-        chain.block(*[RoundReveal(chain.g.chain_id, post.run_id, cur.round, cur.attempt, w, r.delta_root)
+        chain.block(*[RoundReveal(chain.g.domain, post.run_id, cur.round, cur.attempt, w, r.delta_root)
                       .signed(BY_ACCOUNT[w]) for w, (r, *_) in committed.items()])
         cur = chain.run(post).cur
         assert cur.phase == Phase.AGGREGATE
@@ -124,7 +124,7 @@ def play_run(model, fault: str | None):
             verdicts[w], _, _ = rd.replay_round(trainer, post, theta, opt_before, expected, batches,
                                                 commitments_root(batches), work.params_after, work.opt_after,
                                                 work.payload, work.delta_bytes)
-            votes += [Vote(chain.g.chain_id, r.id, m, rec.round, verdicts[w], 0).signed(BY_ACCOUNT[m])
+            votes += [Vote(chain.g.domain, r.id, m, rec.round, verdicts[w], 0).signed(BY_ACCOUNT[m])
                       for m in rec.committee]
         chain.block(*votes)
         # the aggregator was drawn when the reveal phase closed, before the verdicts: one slashed below the minimum
@@ -137,7 +137,7 @@ def play_run(model, fault: str | None):
         res, excluded = rd.aggregate_round(trainer, post, theta, mom, payloads, screens)
         mom_id = NO_MOMENTUM if res.momentum is None else commitments_root(res.momentum)
         agg = BY_ACCOUNT[cur.aggregator]
-        a = RoundAggregate(chain.g.chain_id, post.run_id, cur.round, cur.attempt, agg.account, SPONSOR.account,
+        a = RoundAggregate(chain.g.domain, post.run_id, cur.round, cur.attempt, agg.account, SPONSOR.account,
                            run.params, run.momentum, commitments_root(res.params), mom_id, tuple(sorted(res.accepted)),
                            post.aggregator_fee).signed(agg)
         chain.block(a)
@@ -146,7 +146,7 @@ def play_run(model, fault: str | None):
         again = rd.recompute_outer(trainer, post, theta, mom, {w: payloads[w] for w in res.accepted})
         ok = commitments_root(again.params) == a.params_next
         rec = chain.s.receipts[a.id]
-        chain.block(*[Vote(chain.g.chain_id, a.id, m, rec.round, VALID if ok else INVALID, 0).signed(BY_ACCOUNT[m])
+        chain.block(*[Vote(chain.g.domain, a.id, m, rec.round, VALID if ok else INVALID, 0).signed(BY_ACCOUNT[m])
                       for m in rec.committee])
         h = chain.run(post).history[-1]
         assert h.params_next == a.params_next, "the aggregate was not accepted"
@@ -221,26 +221,26 @@ def test_a_copied_delta_of_this_round_cannot_be_committed_in_time(world):
     chain = Chain()
     post, _, _, _ = make_post(chain, world)
     chain.block(post)
-    chain.block(*[RunJoin(chain.g.chain_id, w.account, post.run_id, chain.nonce(w)).signed(w) for w in WORKERS])
+    chain.block(*[RunJoin(chain.g.domain, w.account, post.run_id, chain.nonce(w)).signed(w) for w in WORKERS])
     run = chain.run(post)
     copier = CHEATER
     honest = [w for w in WORKERS if w != copier]
 
     def receipt(w, delta_root):
-        return RoundReceipt(chain.g.chain_id, post.run_id, 0, 0, w.account, SPONSOR.account, run.params,
+        return RoundReceipt(chain.g.domain, post.run_id, 0, 0, w.account, SPONSOR.account, run.params,
                             *[bytes([i]) * 32 for i in range(1, 5)], delta_root, 1000, 4_000_000, post.inner_steps,
                             post.receipt_price).signed(w)
 
     first = receipt(honest[0], bytes([9]) * 32)
     chain.block(*[first] + [receipt(w, bytes([10 + i]) * 32) for i, w in enumerate(honest[1:])])
     assert chain.run(post).cur.phase == Phase.COMMIT  # the copier has not committed: the phase waits for it
-    chain.refuse(RoundReveal(chain.g.chain_id, post.run_id, 0, 0, honest[0].account, first.delta_root)
+    chain.refuse(RoundReveal(chain.g.domain, post.run_id, 0, 0, honest[0].account, first.delta_root)
                  .signed(honest[0]), "reveal phase")
     for _ in range(post.round_timeout + 1):
         if chain.run(post).cur.phase == Phase.REVEAL:
             break
         chain.block()
     assert chain.run(post).cur.phase == Phase.REVEAL
-    chain.block(RoundReveal(chain.g.chain_id, post.run_id, 0, 0, honest[0].account, first.delta_root)
+    chain.block(RoundReveal(chain.g.domain, post.run_id, 0, 0, honest[0].account, first.delta_root)
                 .signed(honest[0]))  # now the Δ is public, and too late to copy
     chain.refuse(receipt(copier, first.delta_root), "commit phase")

@@ -65,7 +65,7 @@ async def _run(tmp_path, tiny, settings, faults=None):
             with trio.fail_after(30):
                 while post.run_id not in nd.ledger.state.runs:
                     await nd.ledger.new_block.wait()
-            await nd.ledger.submit(RunJoin(g.chain_id, me, post.run_id, nd.ledger.next_nonce(me)).signed(nd.ident))
+            await nd.ledger.submit(RunJoin(g.domain, me, post.run_id, nd.ledger.next_nonce(me)).signed(nd.ident))
         run = await wait_run(sponsor, post.run_id, {RunStatus.FINISHED, RunStatus.EXPIRED})
         for nd in nodes[1:]:  # followers apply the same blocks a little later
             await wait_run(nd, post.run_id, {RunStatus.FINISHED, RunStatus.EXPIRED}, timeout=120)

@@ -44,7 +44,7 @@ def test_a_receipt_for_an_invented_model_gets_abstentions_and_no_download(tmp_pa
                 nodes[1].held.add(invented_dir)  # the worker serves the invented model's files, unannounced
                 assert all(not n.swarm.live(invented) for n in nodes)
                 tokens, start, end = 4, 0, 3
-                r = Receipt(chain_id=g.chain_id, session_id=os.urandom(16), worker=worker.account,
+                r = Receipt(chain_id=g.domain, session_id=os.urandom(16), worker=worker.account,
                             requester=requester.account, model_id=invented, span_start=start, span_end=end,
                             tokens=tokens, inputs_root=H(b"in"), outputs_root=H(b"out"),
                             price=tokens * (end - start) * g.params.price_per_token_block,
@@ -109,7 +109,7 @@ def test_a_stalled_fetch_of_another_model_does_not_hold_back_votes_on_the_own_mo
                     while not all(nd.swarm.live(x) for nd in nodes[1:]):
                         await trio.sleep(0.1)
                     c = nodes[0]
-                    r = Receipt(chain_id=g.chain_id, session_id=os.urandom(16), worker=worker.account,
+                    r = Receipt(chain_id=g.domain, session_id=os.urandom(16), worker=worker.account,
                                 requester=requester.account, model_id=x, span_start=0, span_end=6, tokens=2,
                                 inputs_root=H(b"in"), outputs_root=H(b"out"),
                                 price=2 * 6 * g.params.price_per_token_block, opened_height=c.ledger.state.height)

@@ -3,9 +3,14 @@
 A header commits to its parent (``prev_hash``), to an RFC 9162 Merkle root over its transactions' wire bytes
 (``tx_root``) and, as in Tendermint's ``AppHash``, to the account-state root *after the parent block*
 (``state_root``). A block is final once it has a commit: precommit signatures of more than 2/3 of the
-validator set, all from one round, over ``H(tag ‖ chain ‖ height ‖ round ‖ block_hash)`` (Tendermint,
+validator set, all from one round, over ``H(tag ‖ domain ‖ height ‖ round ‖ block_hash)`` (Tendermint,
 arXiv:1807.04938). The next block repeats that commit as ``last_commit``. A commit is a list of
 ``(validator, round, signature)``. The devnet has one validator whose precommit alone is a commit.
+
+Every ``chain_id`` here (a header's, a vote digest's, a commit's) is the network's signing domain,
+``"<chain id>/<genesis hash hex>"`` (:mod:`node.ledger.core.domain`): a header, vote or commit of another genesis
+that reuses the chain id hashes differently, so its signatures do not verify here and evidence built from its
+votes slashes nobody here.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 
 from ...encoding import merkle_root, object_id, pack
 from ...keys import Identity, verify
+from .domain import is_domain
 from .tx import InvalidTx, Tx, decode_tx
 from .valset import ValidatorSet
 
@@ -80,12 +86,14 @@ PROPOSAL_TAG = b"tally/proposal/v1"
 
 
 def vote_digest(kind: str, chain_id: str, height: int, round_: int, value: bytes | None) -> bytes:
-    """Digest a validator signs for a prevote or precommit (``value`` None is nil)."""
+    """32-byte digest a validator signs for a prevote or precommit (``value`` None is nil) on the network of
+    signing domain ``chain_id`` (:attr:`node.ledger.core.genesis.Genesis.domain`)."""
     tag = PRECOMMIT_TAG if kind == "precommit" else PREVOTE_TAG
     return object_id(tag, chain_id, [height, round_, value or b""])
 
 
 def proposal_digest(chain_id: str, height: int, round_: int, block_hash: bytes, valid_round: int) -> bytes:
+    """32-byte digest a proposer signs for its proposal (``chain_id``: the signing domain)."""
     return object_id(PROPOSAL_TAG, chain_id, [height, round_, block_hash, valid_round])
 
 
@@ -135,7 +143,7 @@ def decode_block(obj: Any) -> Block:
     """Build a :class:`Block` from its wire map, checking types and the tx root.
 
     Raises:
-        InvalidBlock: malformed header, transactions or commit.
+        InvalidBlock: malformed header, transactions or commit; a header whose chain id is not a signing domain.
     """
     try:
         if not isinstance(obj, dict):
@@ -150,6 +158,8 @@ def decode_block(obj: Any) -> Block:
         if not (isinstance(chain_id, str) and isinstance(height, int) and height >= 1 and isinstance(t, int)
                 and all(isinstance(x, bytes) and len(x) == 32 for x in (prev, proposer, troot, sroot, *vals))):
             raise InvalidBlock("malformed header")
+        if not is_domain(chain_id):
+            raise InvalidBlock(f"block for chain {chain_id[:80]!r} not bound to a genesis (an older version's)")
         header = Header(chain_id, height, prev, t, proposer, troot, sroot, *vals)
         decoded = tuple(decode_tx(x) for x in txs)
         commit = tuple((bytes(v), int(r), bytes(s)) for v, r, s in lc)

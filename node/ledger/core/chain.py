@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from ...keys import Identity
 from .block import Block, Header, InvalidBlock, check_commit, sign_commit, tx_root
+from .domain import mismatch
 from .state import State, apply_block_body, apply_txs, finish_block
 from .tx import InvalidTx, Tx
 
@@ -88,7 +89,7 @@ def check_block(state: State, block: Block) -> State:
     """
     h = block.header
     if h.chain_id != state.chain_id:
-        raise InvalidBlock(f"block of chain {h.chain_id!r}")
+        raise InvalidBlock(mismatch(h.chain_id, state.chain_id, "block"))
     if h.height != state.height + 1:
         raise InvalidBlock(f"block {h.height} does not follow {state.height}")
     if h.prev_hash != state.last_hash:

@@ -12,9 +12,11 @@ from typing import Any
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ...encoding import AMOUNT_FORM, H, format_amount, pack, parse_amount
 from ...keys import account_from_str, account_to_str
+from . import domain as signing_domain
 from .sampling import PPM
 from .valset import check_genesis as check_genesis_validators
 
@@ -201,11 +203,18 @@ class Genesis:
                              for a, bal, bond in self.balances],
                 "params": self.params.consensus_fields(), "bootstrap": list(self.bootstrap)}
 
-    @property
+    @cached_property
     def hash(self) -> bytes:
+        """32-byte BLAKE2b-256 of the consensus identity (see the class docstring), computed once."""
         return H(b"tally/genesis/v1", pack([self.chain_id, self.genesis_time_ms, list(self.validators),
                                             [list(b) for b in self.balances],
                                             list(self.params.consensus_fields().values())]))
+
+    @cached_property
+    def domain(self) -> str:
+        """The signing domain ``"<chain id>/<genesis hash hex>"`` (:mod:`node.ledger.core.domain`): the value of
+        every signed object's ``chain_id`` field and of every header, vote and manifest of this network."""
+        return signing_domain.make(self.chain_id, self.hash)
 
     @property
     def supply(self) -> int:

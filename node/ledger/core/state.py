@@ -43,6 +43,7 @@ from . import runs as runs_mod
 from . import batch as batch_mod
 from .batchtx import BATCH_TXS
 from .dispute import Dispute, apply_dispute, take_dispute
+from .domain import mismatch
 from .runs import Outcome
 from .runtx import RoundAggregate, RoundReceipt, RoundReveal, RunCancel, RunJoin, RunLeave, RunPost
 from .status import FINAL, INVALID_S, PENDING, SAMPLED, SETTLED, UNVERIFIED, VALID_S
@@ -201,7 +202,7 @@ class State:
 
 
 def genesis_state(g: Genesis) -> State:
-    s = State(chain_id=g.chain_id, params=g.params, validators=g.validators, last_hash=g.hash)
+    s = State(chain_id=g.domain, params=g.params, validators=g.validators, last_hash=g.hash)
     for a, bal, bond in g.balances:
         prev = s.account(a)
         s.accounts[a] = replace(prev, balance=prev.balance + bal, bond=prev.bond + bond)
@@ -242,7 +243,8 @@ def apply_tx(s: State, tx: Tx, signatures_checked: bool = False) -> None:
         InvalidTx: wrong chain, bad signature, bad nonce, insufficient funds, replay, not a committee member…
             ``s`` is unchanged when this is raised.
     """
-    _check(tx.chain_id == s.chain_id, f"transaction for chain {tx.chain_id!r}, this is {s.chain_id!r}")
+    if tx.chain_id != s.chain_id:  # the signing domain: chain id and genesis hash (node.ledger.core.domain)
+        raise InvalidTx(mismatch(tx.chain_id, s.chain_id))
     if not signatures_checked:
         tx.check_signatures()
     # transfers, bonds, unbonds and job messages: one per account nonce

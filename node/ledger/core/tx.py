@@ -5,6 +5,11 @@ Every transaction is a frozen dataclass with a fixed field order. Its canonical 
 those bytes, and every signature is an Ed25519 signature over that 32-byte id. Two signatures over one
 object are therefore one object: a receipt's id does not depend on who signed it.
 
+The ``chain_id`` field holds the network's signing domain, ``"<chain id>/<genesis hash hex>"``
+(:attr:`node.ledger.core.genesis.Genesis.domain`, :mod:`node.ledger.core.domain`), so every id and signature binds
+the genesis hash and not only the chain id: a transaction signed for one genesis is refused by a network of another
+genesis with the same chain id (by name before any signature check, and its signatures would not verify there).
+
 Kinds:
   * :class:`Transfer` — move ``amount`` base units; per-account ``nonce``.
   * :class:`Bond` — lock ``amount`` base units of the sender's balance as a worker bond; per-account ``nonce``.
@@ -35,6 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from ...encoding import MAX_AMOUNT, object_id
 from ...keys import Identity, is_valid_account, verify
+from .domain import MAX_DOMAIN, is_domain
 
 VALID, INVALID, ABSTAIN = 0, 1, 2
 VERDICT_NAMES = {VALID: "valid", INVALID: "invalid", ABSTAIN: "abstain"}
@@ -300,17 +306,22 @@ def decode_tx(obj: Any) -> Tx:
     """Build a transaction from its wire map, checking kind, arity, every field's type and size, signature sizes,
     and that every account field is a valid Ed25519 public key.
 
-    Does not check signatures (see :meth:`Tx.check_signatures`) or state.
+    Does not check signatures (see :meth:`Tx.check_signatures`) or state, nor which network the transaction is
+    for (the mempool and the state transition compare its domain with their own).
 
     Raises:
-        InvalidTx: anything malformed, or an account field that no key could spend from.
+        InvalidTx: anything malformed, a chain id that is not a signing domain (an older version's transaction),
+            or an account field that no key could spend from.
     """
     _check(isinstance(obj, dict), "a transaction is a map")
     cls = TX_KINDS.get(obj.get("t"))
     if cls is None:
         raise InvalidTx(f"unknown transaction kind {obj.get('t')!r}")
     chain_id, f, s = obj.get("c"), obj.get("f"), obj.get("s")
-    _check(isinstance(chain_id, str) and 0 < len(chain_id) <= 64, "bad chain id")
+    _check(isinstance(chain_id, str) and 0 < len(chain_id) <= MAX_DOMAIN, "bad chain id")
+    if not is_domain(chain_id):
+        raise InvalidTx(f"transaction for chain {chain_id!r} not bound to a genesis (signed by an older version: a "
+                        "signing domain is '<chain id>/<genesis hash hex>')")
     _check(isinstance(f, list) and len(f) == len(cls.SCHEMA), "wrong number of fields")
     _check(isinstance(s, list) and len(s) == len(cls.SIGS), "wrong number of signatures")
     for (name, kind), v in zip(cls.SCHEMA.items(), f, strict=True):
