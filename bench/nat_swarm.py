@@ -119,12 +119,14 @@ def _topology(args, kind: str, model: str, cache: Path, spans: list[str]) -> dic
              "--account", f"{ids['c']}=100:200", "--account", f"{ids['d']}=1000",
              "--bootstrap", f"/ip4/{boot_ip}/tcp/{boot_port}/p2p/{ids['a']}")
         procs = {}
+        started = time.monotonic()
         for n, extra in (("a", []), ("b", ["--span", spans[0]]), ("c", ["--span", spans[1]]), ("d", [])):
             with open(tmp / f"{n}.log", "ab") as log:  # the child keeps its own descriptor
                 procs[n] = net.popen(hosts[n], [sys.executable, "-m", "node.cli", "start", "--data-dir",
                                                 str(tmp / n), "--genesis", str(genesis), "--listen", listen[n],
                                                 "--model", model, "--model-cache", str(cache), "--api-port", "0",
-                                                *extra],
+                                                *extra, *(["--log-level", "DEBUG"] if n == "d" and
+                                                          os.environ.get("TALLY_BENCH_DEBUG") else [])],
                                      stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={"PYTHONUNBUFFERED": "1"})
             deadline = time.monotonic() + START_TIMEOUT
             while not (tmp / n / "node.json").exists():
@@ -138,9 +140,19 @@ def _topology(args, kind: str, model: str, cache: Path, spans: list[str]) -> dic
         if r.returncode != 0:
             raise SystemExit(f"driver failed in {kind}: {r.stderr[-3000:]}\n{r.stdout[-2000:]}")
         out = json.loads(r.stdout.strip().splitlines()[-1])
+        hold = float(os.environ.get("TALLY_BENCH_HOLD", "0"))  # check 3: keep the swarm working this long
+        t_end = time.monotonic() + hold
+        while time.monotonic() < t_end:
+            time.sleep(min(60.0, max(0.0, t_end - time.monotonic())))
+            g = net.run(hosts["d"], [sys.executable, str(ROOT / "tests/net/api_call.py"), str(tmp / "d"), "POST",
+                                     "/v1/generate", json.dumps({"prompt_ids": PROMPT_IDS, "max_new_tokens": 8})],
+                        timeout=300)
+            out.setdefault("held_generations", []).append(g.returncode == 0)
+        out["uptime_s"] = round(time.monotonic() - started, 1)
         errors = [ln for n in "abcd" for ln in (tmp / f"{n}.log").read_text(errors="replace").splitlines()
                   if " ERROR " in ln]
         out["error_lines"] = len(errors)
+        out["errors"] = errors[:5]
         out["names"] = {ids[n]: n.upper() for n in "abcd"}
         return out
 
@@ -163,7 +175,11 @@ def run(args, model_dir: Path) -> None:
         print(f"  {k:8}: covered {r['covered_after_s']} s after D's API was up; first token {r['ttft_s']:.3f} s; "
               f"steady {r['per_token_s'] * 1e3:.1f} ms/token = {r['tokens_s']:.2f} tokens/s; paths: {paths}; "
               f"ERROR lines {r['error_lines']}"
-              + (f"; direct after {r['waited_direct_s']} s" if r.get("waited_direct_s") is not None else ""))
+              + (f"; direct after {r['waited_direct_s']} s" if r.get("waited_direct_s") is not None else "")
+              + f"; nodes up {r['uptime_s']} s" + (f", generations while held: {r['held_generations']}"
+                                                    if r.get("held_generations") else ""))
+        for e in r["errors"]:
+            print(f"    {e}")
     target = 0.8 if args.nat == "port" else 0.6
     print(f"  time to first token / steady time per token (NAT): {nat['ttft_s'] / nat['per_token_s']:.2f} "
           f"(target <= 3); on loopback: {lo['ttft_s'] / lo['per_token_s']:.2f}")

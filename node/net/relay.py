@@ -39,6 +39,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
 from .addrs import Scope, scope, strip_peer
+from .logs import reason
 
 log = logging.getLogger(__name__)
 
@@ -392,5 +393,5 @@ class Relay:
                 await self.dialer.dial(Multiaddr(circuit_addr))
             return True
         except Exception as e:
-            log.debug("relayed dial %s failed: %s: %s", circuit_addr, type(e).__name__, e)
+            log.debug("relayed dial %s failed: %s", circuit_addr, reason(e))
             return False

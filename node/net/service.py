@@ -117,6 +117,7 @@ class NetworkService:
         host.circuit_dialer = self._dial_circuit
         host.dial_hint = self._dial_known
         host.dial_filter = self._dialable
+        host.peer_dialer = self.dial_peer
 
     def _may_stay(self, peer: str) -> bool:
         """Whether ``peer`` may keep its connections: it completed the hello, or the relay serves it."""

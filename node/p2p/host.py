@@ -132,6 +132,9 @@ class P2PHost(GossipMethods):
         # False every address failed (the stream is not tried), None no address known (py-libp2p dials)
         self.dial_hint: Callable[[str], Awaitable[bool | None]] | None = None
         # of "/.../p2p/<id>" addresses, those worth putting in the peerstore (None: all)
+        # (peer, its addresses without /p2p/<peer>) -> connected? : how connect() dials one peer (node.net.service:
+        # reachable addresses only, raced, first success cancels the rest); None: every address in parallel
+        self.peer_dialer: Callable[[str, list[str]], Awaitable[bool]] | None = None
         self.dial_filter: Callable[[list[str]], list[str]] | None = None
         self._gossip_params = dict(degree=degree, degree_low=degree_low, degree_high=degree_high,
                                    heartbeat_interval=heartbeat_interval)
@@ -385,7 +388,10 @@ class P2PHost(GossipMethods):
         return [p.to_base58() for p in self._host.get_connected_peers()]
 
     async def connect(self, multiaddrs: list[str], timeout: float = 10.0) -> int:
-        """Dial every ``/.../p2p/<id>`` address in parallel (each dial ~0.25 s); failures are logged.
+        """Dial every ``/.../p2p/<id>`` address in parallel (each dial ~0.25 s); failures are logged. With a
+        :attr:`peer_dialer` (the network service's), each peer is dialled once by it instead: its reachable addresses
+        raced, the first success cancelling the rest (an unreachable address no longer holds the call until
+        ``timeout``).
 
         Addresses of this node itself are skipped. Peers already connected count as connected.
 
@@ -401,6 +407,22 @@ class P2PHost(GossipMethods):
 
         host = self._require()
         ok: set[str] = set()
+        if self.peer_dialer is not None:  # one race per peer: an unreachable address never holds up the others
+            by_peer: dict[str, list[str]] = {}
+            for a in multiaddrs:
+                head, sep, pid = a.rpartition("/p2p/")
+                if sep and pid != self._peer_id and not self.banned(pid):
+                    by_peer.setdefault(pid, []).append(head)
+
+            async def race_peer(pid: str, addrs: list[str]) -> None:
+                with trio.move_on_after(timeout):
+                    if await self.peer_dialer(pid, addrs):
+                        ok.add(pid)
+
+            async with trio.open_nursery() as n:
+                for pid, addrs in by_peer.items():
+                    n.start_soon(race_peer, pid, addrs)
+            return len(ok)
 
         async def dial(addr: str) -> None:
             try:
