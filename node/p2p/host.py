@@ -428,7 +428,7 @@ class P2PHost(GossipMethods):
             try:
                 info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
             except Exception as e:
-                log.warning("bad peer address %r: %s", addr, e)
+                log.warning("bad peer address %r: %s", addr, reason(e))
                 return
             pid = info.peer_id.to_base58()
             if pid == self._peer_id:
