@@ -119,8 +119,11 @@ class Jepsen:
     """One run: ``setup()``, ``start()``, ``run_schedule()``, ``settle()``, ``check_final()``; ``close()`` stops
     the workload (the :class:`Netns` stops the processes and removes the hosts)."""
 
-    def __init__(self, net: Netns, tmp: Path, model_cache: Path, seed: int, log=print, swarm: bool = True):
+    def __init__(self, net: Netns, tmp: Path, model_cache: Path, seed: int, log=print, swarm: bool = True,
+                 slow: bool = True, params: str = "devnet"):
         self.net, self.tmp, self.cache, self.seed, self.say = net, tmp, model_cache, seed, log
+        self.slow = slow  # one validator (drawn from the seed) behind delaying relays
+        self.params = params  # the genesis's --params (devnet: a block every block time, idle or not)
         self.swarm = swarm  # also a span server "s" (every block of the tiny model) and a client "c" generating
         self.rng = random.Random(seed)
         self.vals: dict[str, Val] = {}
@@ -139,13 +142,14 @@ class Jepsen:
             host = self.net.add_host(name)
             d = self.tmp / name
             self.vals[name] = Val(name, host, d, create_key(d), [host.ip])
-        slow = self.vals[self.rng.choice(names)]
-        slow.slow = True
+        slow = self.vals[self.rng.choice(names)]  # drawn either way: a seed draws the same schedule with or without
         self.delay = self.rng.choice([0.02, 0.05, 0.1])
         second = f"10.247.0.{200 + names.index(slow.name)}"
-        self._sh(slow.host, "ip", "addr", "add", f"{second}/24", "dev", "eth0")
-        slow.ips.append(second)
-        args = ["genesis", "new", "--chain-id", "tally-test-jepsen", "--params", "devnet", "--out",
+        if self.slow:
+            slow.slow = True
+            self._sh(slow.host, "ip", "addr", "add", f"{second}/24", "dev", "eth0")
+            slow.ips.append(second)
+        args = ["genesis", "new", "--chain-id", "tally-test-jepsen", "--params", self.params, "--out",
                 str(self.genesis_path), "--force"]
         for v in self.vals.values():
             args += ["--validator", f"{v.peer_id}=200", "--account", f"{v.peer_id}=1000", "--bootstrap", v.addr]
@@ -162,6 +166,9 @@ class Jepsen:
             self._nft(v.host, "table inet jepsen {\n  set cut { type ipv4_addr; }\n"
                               "  chain in { type filter hook input priority 0; ip saddr @cut drop; }\n"
                               "  chain out { type filter hook output priority 0; ip daddr @cut drop; }\n}\n")
+        if not self.slow:
+            self.say(f"jepsen seed {self.seed}: no slow validator")
+            return
         others = [v for n, v in self.vals.items() if not v.slow and n not in self.extra]
         self._nft(slow.host, "table inet jepsenslow {\n  chain out { type filter hook output priority 0; "
                              f"ip saddr {slow.host.ip} tcp dport {PORT} drop; }}\n}}\n")
