@@ -355,6 +355,8 @@ class Relay:
         for relay in self.relays():
             if relay in exclude or relay == self.host.get_id().to_base58():
                 continue
+            if self.private is not None and self.private(relay):
+                continue  # it announces a circuit itself: behind a NAT, only peers that punched to it reach it
             addr = self.relay_addr(relay)
             if addr is None:
                 continue
