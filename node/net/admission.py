@@ -77,7 +77,7 @@ class AdmissionLimits:
         ValueError: a limit below 1 (``reserved`` below 0 or not below both totals), or a non-positive timeout.
     """
 
-    open_per_ip: int = 16  # held identities cost the node gossip and pings: 64 from one address cost ~0.25 core
+    open_per_ip: int = 32  # held identities cost the node gossip and pings: 64 from one address cost ~0.25 core
     open_per_subnet: int = 256
     open_total: int = 768
     pending_per_ip: int = 16  # a Noise handshake takes ~10-50 ms: honest peers rarely have more than 1-2 pending
