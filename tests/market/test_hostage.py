@@ -53,9 +53,9 @@ async def wait_for(node, pred, timeout: float = 60):
         return node.ledger.state
 
 
-def unfetchable_post(sender: Identity, model_id: bytes, height: int, nonce: int) -> JobPost:
-    """A job whose dataset (a random content hash) nobody holds."""
-    return JobPost("tally-test", sender.account, os.urandom(16), "hostage", model_id, os.urandom(32), 4,
+def unfetchable_post(domain: str, sender: Identity, model_id: bytes, height: int, nonce: int) -> JobPost:
+    """A job whose dataset (a random content hash) nobody holds, signed for ``domain`` (``Genesis.domain``)."""
+    return JobPost(domain, sender.account, os.urandom(16), "hostage", model_id, os.urandom(32), 4,
                    "q_proj,v_proj", 4, 2, 16, 10_000, 0, 2, 10**7, height + 2000, 0, nonce).signed(sender)
 
 
@@ -76,13 +76,13 @@ def test_unfetchable_jobs_hold_no_worker_and_the_hostage_holder_pays(tmp_path, t
             mid = client.manifest.model_id
             st = client.ledger.state
             # two hostage posts: a requester that is offline, and a requester online without the blob
-            h1 = unfetchable_post(OFFLINE_REQUESTER, mid, st.height, 0)
-            h2 = unfetchable_post(KEYS[0], mid, st.height, client.ledger.next_nonce(KEYS[0].account))
+            h1 = unfetchable_post(g.domain, OFFLINE_REQUESTER, mid, st.height, 0)
+            h2 = unfetchable_post(g.domain, KEYS[0], mid, st.height, client.ledger.next_nonce(KEYS[0].account))
             await client.ledger.submit(h1)
             await client.ledger.submit(h2)
             await wait_for(client, lambda s: h1.job_id in s.jobs and h2.job_id in s.jobs)
             # a bonded key accepts h1 and will never train it
-            await client.ledger.submit(JobAccept("tally-test", HOSTAGE_WORKER.account, h1.job_id, 0)
+            await client.ledger.submit(JobAccept(g.domain, HOSTAGE_WORKER.account, h1.job_id, 0)
                                        .signed(HOSTAGE_WORKER))
             s = await wait_for(client, lambda s: s.jobs[h1.job_id].status == ACCEPTED)
             hostage_at = s.jobs[h1.job_id].accepted_height
@@ -170,7 +170,7 @@ def test_a_worker_that_cannot_train_releases_its_jobs_for_the_smaller_penalty(tm
             # back to open, the requester cancels both and gets the whole escrow back
             n = client.ledger.next_nonce(client.ident.account)
             for i, j in enumerate((a, b)):
-                await client.ledger.submit(JobCancel("tally-test", client.ident.account, j.job_id, n + i)
+                await client.ledger.submit(JobCancel(g.domain, client.ident.account, j.job_id, n + i)
                                            .signed(client.ident))
             s = await wait_for(client, lambda s: all(s.jobs[j.job_id].status == CANCELLED for j in (a, b)))
             return s, held_at_once, accepted_at, r, bad, dropped, supplies, worker.ident.account
