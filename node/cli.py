@@ -203,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-floor", type=_credits, metavar="CREDITS",
                    help="with --accept-batches: the least this node takes per token of batch work, in credits "
                         "(e.g. 0.0001); a score item counts as 256 tokens (default: the chain's genesis floor)")
+    s.add_argument("--lazy-head", action="store_true",
+                   help="build the client head (embeddings and LM head, ~4 CPU-seconds and the head's size in memory) "
+                        "at the first generation instead of in the background at start; for nodes that never "
+                        "generate. Default: built at start, so that the first token is not late")
     s.add_argument("--job-capacity", type=_positive, default=1, metavar="N",
                    help="with --accept-jobs: hold at most N jobs at once, trained side by side (default: "
                         "%(default)s). The ledger also needs the bond to cover the start penalty of every job held "
@@ -260,10 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .batch.cli import add_batch_parser
 
     add_batch_parser(sub, DEFAULT_DATA_DIR)
+    from .ledger.cli import add_ledger_parser
     from .net.genesis_cli import add_genesis_parser, add_key_parser
     from .wallet.cli import add_wallet_parser
-
-    from .ledger.cli import add_ledger_parser
 
     add_genesis_parser(sub)
     from .net.peers_cli import add_parsers as add_peers_parsers
@@ -332,9 +335,8 @@ def cmd_start(args) -> int:
     from .identity import KeyFileError, dev_seed
     from .ledger.genesis import GenesisError, load_genesis
     from .ledger.store import StoreCorrupt, StoreLocked
-    from .runtime import Node, NodeConfig
-
     from .lockfile import LockHeld, hold
+    from .runtime import Node, NodeConfig
 
     try:
         lock = hold(args.data_dir / "node.lock")  # noqa: F841 (held until this process exits; see node.lockfile)
@@ -388,8 +390,9 @@ def cmd_start(args) -> int:
     cfg = NodeConfig(data_dir=args.data_dir, genesis=genesis, model_dir=model_dir, span=span,
                      bootstrap=bootstrap, listen=listen, announce=args.announce, relay=args.relay,
                      p2p_port=args.port or 0, api_port=args.api_port, api_host=args.api_host,
-                     device=device, threads=args.threads, fault=args.fault, accept_jobs=args.accept_jobs, job_capacity=args.job_capacity,
-                     accept_batches=args.accept_batches, batch_floor=args.batch_floor,
+                     device=device, threads=args.threads, fault=args.fault, accept_jobs=args.accept_jobs,
+                     job_capacity=args.job_capacity,
+                     accept_batches=args.accept_batches, batch_floor=args.batch_floor, warm_head=not args.lazy_head,
                      snapshot_every=args.snapshot_every, state_sync=args.state_sync, prune_bodies=args.prune_bodies,
                      compression=args.compression, step_timeout=args.step_timeout, redundancy=args.redundancy,
                      auto_blocks=auto_blocks, fetch_model_bytes=args.fetch_caps[0] << 20,

@@ -76,6 +76,7 @@ class NodeConfig:
     model_cache: Path | None = None  # where generate finds other models by name or id (default: model_dir's parent)
     fetch_model_bytes: int = MAX_MODEL_BYTES  # cap of one model fetched for committee duty (node.verify.fetchstore)
     fetch_total_bytes: int = MAX_TOTAL_BYTES  # cap of all of them together; least recently used evicted first
+    warm_head: bool = True  # build the client head in the background at start (False: at the first generation)
 
 
 class UnknownModel(ValueError):
@@ -142,8 +143,9 @@ class LazyHead:
     """The :class:`~node.compute.head.ClientHead` of ``model_dir``, built on first use of any attribute.
 
     Building a head imports transformers (its config and norm classes: about 4 CPU-seconds, measured with
-    ``python -X importtime``), and a node that never generates (a validator, a server) never needs one, so the
-    node starts without it. The first use builds it once (thread-safe; it is first used on the executor thread
+    ``python -X importtime``), so the node starts without it and builds its own model's head in the background
+    once it is up (``NodeConfig.warm_head``, :meth:`Node._warm_head`); heads of other models it generates for are
+    built at their first generation. The first use builds it once (thread-safe; it is first used on the executor thread
     or an API thread, never the event loop) and raises what ``ClientHead`` raises (``FileNotFoundError``,
     ``ValueError``) at that use."""
 
@@ -242,11 +244,10 @@ class Node:
                                   self.manifest.model_id, device=cfg.device, fault=train_fault,
                                   capacity=cfg.job_capacity)
 
-        from .training.rounds import RUN_FAULTS
-        from .training.worker import RunWorker
-
         from .batch.tasks import BATCH_FAULTS, ItemRunner
         from .batch.worker import BatchWorker
+        from .training.rounds import RUN_FAULTS
+        from .training.worker import RunWorker
 
         self.batches = BatchWorker(self.ident, self.ledger, self.host, self.batch_store, self.executor,
                                    ItemRunner(cfg.model_dir, cfg.fault if cfg.fault in BATCH_FAULTS else None),
@@ -372,8 +373,20 @@ class Node:
                     log.info("node %s up: p2p %s, api %s, ledger height %d", self.ident.peer_id,
                              self.host.addrs[0], self.api_url, self.ledger.state.height)
                     self._warn_small_network()
+                    if self.cfg.warm_head:
+                        nursery.start_soon(self._warm_head)
         finally:
             self.store.close()
+
+    async def _warm_head(self) -> None:
+        """Build this node's client head (embeddings, final norm, LM head; the first build imports transformers,
+        about 4 CPU-seconds) on the executor right after start, so that the first generation pays only the network
+        and the servers (issue 25: the first token in seconds). ``--lazy-head`` turns it off. A head that cannot be
+        built is logged here and raises again, with its reason, at the first generation."""
+        try:
+            await self.executor.run(self.client.head.built)
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("client head not built at start (generation will fail): %s: %s", type(e).__name__, e)
 
     def _warn_small_network(self) -> None:
         """Log once, at start, when two colluders can fill every receipt committee of this network
