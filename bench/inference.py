@@ -552,12 +552,11 @@ def mem_probe(args) -> None:
     """Child mode of ``--quantize``: load ``--model-dir`` as one span plus the client head, generate greedily and
     print one JSON line (tokens/s median, tokens, RSS in MB after imports, after load, peak)."""
     import torch
+    from transformers import AutoConfig, AutoTokenizer, DynamicCache  # noqa: F401  (their lazy imports before `base`)
 
     from node.compute.head import ClientHead
     from node.compute.model import load_manifest
     from node.compute.span import SpanModel
-
-    from transformers import AutoConfig, AutoTokenizer, DynamicCache  # noqa: F401  (their lazy imports before `base`)
 
     torch.set_num_threads(args.threads)
     base = _proc_kb("VmRSS")

@@ -43,16 +43,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import nacl.signing  # noqa: E402
-
-from node.identity import Identity, dev_seed  # noqa: E402
-from node.ledger.genesis import Genesis, Params  # noqa: E402
-from node.ledger.core.state import apply_block_body, genesis_state  # noqa: E402
-from node.encoding import pack, unpack  # noqa: E402
-from node.ledger.core.tx import Receipt, decode_tx  # noqa: E402
-
 import ledger_rate  # noqa: E402  (bench/ledger_rate.py: the receipt rate at 10^4 and 10^6 live receipts)
 import ledger_scale  # noqa: E402  (bench/ledger_scale.py, beside this file: the --scale mode)
+import nacl.signing  # noqa: E402
+
+from node.encoding import pack, unpack  # noqa: E402
+from node.identity import Identity, dev_seed  # noqa: E402
+from node.ledger.core.state import apply_block_body, genesis_state  # noqa: E402
+from node.ledger.core.tx import Receipt, decode_tx  # noqa: E402
+from node.ledger.genesis import Genesis, Params  # noqa: E402
 
 C = 10**9
 
@@ -207,9 +206,9 @@ def flood_cost(n: int) -> tuple[float, float]:
 
     import trio
 
+    from node.ledger.core.tx import Transfer
     from node.ledger.service import LedgerService
     from node.ledger.store import LedgerStore
-    from node.ledger.core.tx import Transfer
 
     keys = [Identity.from_seed(dev_seed(100 + i)) for i in range(5)]
     val = Identity.from_seed(dev_seed(0))

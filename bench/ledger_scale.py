@@ -57,14 +57,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from node.encoding import H, pack, unpack  # noqa: E402
 from node.identity import Identity, dev_seed  # noqa: E402
 from node.ledger import leveldb_reads, snapshot, statedb  # noqa: E402
-from node.ledger.core import tree as tr  # noqa: E402
-from node.ledger.core import smt  # noqa: E402
+from node.ledger.core import (
+    smt,  # noqa: E402
+    tree as tr,  # noqa: E402
+)
 from node.ledger.core.chain import commit_block, propose  # noqa: E402
-from node.ledger.genesis import Genesis, Params  # noqa: E402
 from node.ledger.core.state import MAPS, SETS, ReceiptRecord  # noqa: E402
 from node.ledger.core.status import SETTLED  # noqa: E402
-from node.ledger.store import LedgerStore  # noqa: E402
 from node.ledger.core.tx import Receipt, decode_tx  # noqa: E402
+from node.ledger.genesis import Genesis, Params  # noqa: E402
+from node.ledger.store import LedgerStore  # noqa: E402
 
 C = 10**9
 SAMPLE_PPM = 10_000

@@ -41,12 +41,12 @@ sys.path.insert(0, str(ROOT))
 
 from node.encoding import H  # noqa: E402
 from node.identity import Identity, dev_seed  # noqa: E402
-from node.ledger.genesis import Genesis, Params  # noqa: E402
-from node.ledger.core.state import apply_block_body, genesis_state  # noqa: E402
-from node.ledger.core.tx import INVALID, VALID, Receipt, Vote  # noqa: E402
-from node.ledger.core.sampling import PPM, is_sampled, sampling_ppm  # noqa: E402
 from node.ledger.core.batchstate import item_key  # noqa: E402
 from node.ledger.core.batchtx import BatchPost, items_root  # noqa: E402
+from node.ledger.core.sampling import PPM, is_sampled, sampling_ppm  # noqa: E402
+from node.ledger.core.state import apply_block_body, genesis_state  # noqa: E402
+from node.ledger.core.tx import INVALID, VALID, Receipt, Vote  # noqa: E402
+from node.ledger.genesis import Genesis, Params  # noqa: E402
 
 C = 10**9
 PARAMS = Params(**json.loads((ROOT / "genesis" / "production-params.json").read_text())["params"])

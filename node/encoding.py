@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import msgpack
 import numpy as np

@@ -22,7 +22,13 @@ from pathlib import Path
 
 from .encoding import H
 from .keys import (  # re-exported: the rest of the node names keys through node.identity
-    Identity, account_from_str, account_to_str, check_account, is_valid_account, verify, verify_many,
+    Identity,
+    account_from_str,
+    account_to_str,
+    check_account,
+    is_valid_account,
+    verify,
+    verify_many,
 )
 
 __all__ = ["KEY_FILE", "SECRET_DIRS", "Identity", "KeyFileError", "account_from_str", "account_to_str",

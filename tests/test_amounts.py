@@ -10,8 +10,7 @@ from decimal import Decimal
 from fractions import Fraction
 
 import pytest
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from node.cli import build_parser
 from node.encoding import AMOUNT_FORM, MAX_AMOUNT, AmountSyntaxError, format_amount, parse_amount

@@ -13,9 +13,25 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from node.encoding import (MAX_DEPTH, DecodeError, H, canonical, decode_budget, format_amount, inclusion_proof,
-                           merkle_root, object_id, pack, parse_amount, scan_msgpack, tensor_commitment,
-                           tensor_from_wire, tensor_to_wire, unpack, verify_inclusion)
+from node.encoding import (
+    MAX_DEPTH,
+    DecodeError,
+    H,
+    canonical,
+    decode_budget,
+    format_amount,
+    inclusion_proof,
+    merkle_root,
+    object_id,
+    pack,
+    parse_amount,
+    scan_msgpack,
+    tensor_commitment,
+    tensor_from_wire,
+    tensor_to_wire,
+    unpack,
+    verify_inclusion,
+)
 
 
 def test_rfc9162_empty_and_single_leaf():

@@ -10,8 +10,19 @@ import sys
 
 import pytest
 
-from node.identity import (SECRET_DIRS, Identity, KeyFileError, account_from_str, account_to_str, dev_seed,
-                           load_or_create, read_secret, secure_data_dir, verify, write_secret)
+from node.identity import (
+    SECRET_DIRS,
+    Identity,
+    KeyFileError,
+    account_from_str,
+    account_to_str,
+    dev_seed,
+    load_or_create,
+    read_secret,
+    secure_data_dir,
+    verify,
+    write_secret,
+)
 from node.runtime import ensure_api_token
 
 

@@ -60,12 +60,11 @@ def _wants_json(request: Request) -> bool:
 
 def create_app(node) -> FastAPI:
     """The API, explorer and metrics of ``node`` (a :class:`~node.runtime.Node`)."""
+    from .cache import ResponseCache
     from .metrics import CONTENT_TYPE, metrics_registry, render
     from .pages import error_page, pages_router
     from .queries import Queries
     from .wallet import wallet_router
-
-    from .cache import ResponseCache
 
     app = FastAPI(title="Tally node API", version="1", description=__doc__, docs_url=None, redoc_url=None)
     app.add_middleware(ResponseCache, node=node)  # inner: sees only requests the security checks let through

@@ -18,8 +18,7 @@ import jinja2
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from . import charts
-from . import views as v
+from . import charts, views as v
 from .runs import RUN_STATUSES, list_runs, run_view
 from .security import ApiError
 

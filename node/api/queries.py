@@ -9,16 +9,16 @@ activity) are cached until the next block. Errors are :class:`~node.api.security
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, Counter
+from collections import Counter, OrderedDict
 
 from ..identity import account_from_str
 from ..ledger.core.batch import reputation
 from ..ledger.core.block import Header, decode_block
 from ..ledger.core.capture import capture_risk
-from ..ledger.genesis import TREASURY
 from ..ledger.core.history import read_head
 from ..ledger.core.state import FINAL
 from ..ledger.core.tx import ABSTAIN
+from ..ledger.genesis import TREASURY
 from . import views as v
 from .security import ApiError
 

@@ -13,8 +13,8 @@ from typing import Any
 from ..encoding import format_amount, unpack
 from ..identity import account_from_str, account_to_str
 from ..ledger.core.history import SUMMARY_FIELDS
-from ..ledger.genesis import TREASURY
 from ..ledger.core.tx import VERDICT_NAMES
+from ..ledger.genesis import TREASURY
 from .security import ApiError
 
 ACCOUNT_FIELDS = {"sender", "recipient", "worker", "requester", "voter", "validator"}

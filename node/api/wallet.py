@@ -18,12 +18,11 @@ from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import JSONResponse
 
 from ..encoding import parse_amount
-from ..ledger.genesis import TREASURY
 from ..ledger.core.tx import Bond, InvalidTx, Transfer, Unbond
 from ..ledger.core.valset import ValidatorJoin, ValidatorLeave
+from ..ledger.genesis import TREASURY
 from ..ledger.txstatus import TxState, TxStatus
-from . import models as m
-from . import views as v
+from . import models as m, views as v
 from .security import ApiError
 
 E = {c: {"model": m.ErrorOut} for c in (400, 403, 404, 422)}

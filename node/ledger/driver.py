@@ -39,8 +39,18 @@ from ..encoding import pack
 from ..identity import verify
 from .core.block import InvalidBlock, decode_block, proposal_digest, vote_digest
 from .core.chain import check_block, check_time, propose
-from .core.consensus import (PRECOMMIT, PREVOTE, Broadcast, Decide, Proposal, Schedule, Tendermint, Timeout,
-                             Timeouts, Vote)
+from .core.consensus import (
+    PRECOMMIT,
+    PREVOTE,
+    Broadcast,
+    Decide,
+    Proposal,
+    Schedule,
+    Tendermint,
+    Timeout,
+    Timeouts,
+    Vote,
+)
 from .core.liveness import block_due, height_need, needs_proof
 from .core.tx import Evidence, InvalidTx
 

@@ -8,7 +8,14 @@ from importlib import resources
 from pathlib import Path
 
 from .core.genesis import (  # re-exported
-    ACCOUNT_KEYS, MAX_HEARTBEAT_MS, TREASURY, Genesis, GenesisError, Params, check_bootstrap_addr, parse_genesis,
+    ACCOUNT_KEYS,
+    MAX_HEARTBEAT_MS,
+    TREASURY,
+    Genesis,
+    GenesisError,
+    Params,
+    check_bootstrap_addr,
+    parse_genesis,
 )
 
 __all__ = ["ACCOUNT_KEYS", "MAX_HEARTBEAT_MS", "TREASURY", "Genesis", "GenesisError", "Params",

@@ -52,13 +52,13 @@ from __future__ import annotations
 import enum
 import time
 from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
 from ..encoding import H, pack
-from .core.domain import mismatch
 from .core.batch import escrow_of
 from .core.batchtx import BatchPost
+from .core.domain import mismatch
 from .core.genesis import Params
 from .core.jobtx import JobPost, TrainReceipt
 from .core.runtx import RunPost

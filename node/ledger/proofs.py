@@ -16,12 +16,11 @@ from typing import Any
 from ..encoding import DecodeError, H, inclusion_proof, pack, unpack, verify_inclusion
 from ..keys import verify
 from .core.block import Block, Header, InvalidBlock, check_commit, precommit_digest
-from .core.records import CODECS
 from .core.history import HEAD_KEY, SUMMARY_FIELDS, LogHead, NodeReader, inclusion_path, read_head
-from .core.tree import entry_key, leaf_value
-from .core.smt import MAX_PROOF_BYTES
-from .core.smt import verify as verify_smt
+from .core.records import CODECS
+from .core.smt import MAX_PROOF_BYTES, verify as verify_smt
 from .core.state import State, genesis_state
+from .core.tree import entry_key, leaf_value
 from .core.valset import ValidatorSet, ValidatorSetError
 
 

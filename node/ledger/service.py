@@ -19,17 +19,17 @@ import trio
 
 from ..encoding import DecodeError, pack, unpack
 from ..identity import Identity, account_to_str
-from ..p2p.budget import Busy, Reservation, ReplyBudget
+from ..p2p.budget import Busy, ReplyBudget, Reservation
 from ..p2p.filesend import reply_deadline
 from ..p2p.framing import MAX_MESSAGE, error_reply, read_msg, write_msg
 from .core.block import Block, InvalidBlock, decode_block
 from .core.chain import check_and_apply
+from .core.state import State
+from .core.tx import InvalidTx, Tx, decode_tx
 from .genesis import Genesis
 from .mempool import Limits, Mempool, Priority, priority
 from .outbox import RESEND_FIRST, Outbox, ResendSchedule, outbox_path
-from .core.state import State
 from .store import LedgerStore
-from .core.tx import InvalidTx, Tx, decode_tx
 from .txstatus import TxState, TxStatus
 
 log = logging.getLogger("tally.ledger")

@@ -24,14 +24,14 @@ from typing import Any
 
 from ..encoding import DecodeError, H, pack, unpack
 from . import statedb
+from .core import tree as tr
 from .core.block import Header
 from .core.domain import MAX_DOMAIN, mismatch
-from .core import tree as tr
-from .core.smt import EMPTY_ROOT, Root
-from .proofs import verify_header
 from .core.records import MAPS, SETS
+from .core.smt import EMPTY_ROOT, Root
 from .core.state import State
 from .core.valset import ValidatorSet
+from .proofs import verify_header
 
 CHUNK_BYTES = 1 << 20  # bytes per chunk at most (one chunk may hold one larger entry alone)
 CHUNK_TAG = b"tally/snapshot-chunk/v1"

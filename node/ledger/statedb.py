@@ -21,12 +21,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..encoding import pack, unpack_local
-from .genesis import Genesis
 from .core import tree as tr
-from .core.smt import Root
 from .core.kv import _DEL, Batch, StoreRoot, Table
 from .core.records import CODECS, MAPS, SETS
+from .core.smt import Root
 from .core.state import State
+from .genesis import Genesis
 
 FORMAT = 2  # 1: no state root in S/m (read as no stored state: replayed once)
 META = b"S/m"

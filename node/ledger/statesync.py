@@ -67,8 +67,20 @@ from .core.state import State
 from .core.valset import ValidatorSet
 from .proofs import LightClient, light_block, parse_light_block
 from .snapstore import KEEP, ChunkSpool, DiskChunks, SnapshotDir
-from .syncfetch import (BAD_CHUNK, BAD_OFFER, LYING, SLOW, SNAPSHOT_PROTOCOL, Offer, Source, SourceState, SyncHost,
-                        SyncLimits, drop, fetch)
+from .syncfetch import (
+    BAD_CHUNK,
+    BAD_OFFER,
+    LYING,
+    SLOW,
+    SNAPSHOT_PROTOCOL,
+    Offer,
+    Source,
+    SourceState,
+    SyncHost,
+    SyncLimits,
+    drop,
+    fetch,
+)
 
 log = logging.getLogger(__name__)
 

@@ -44,16 +44,19 @@ from ..encoding import pack, unpack, unpack_local
 from . import statedb
 from .core import blockcodec, domain
 from .core.block import Block, decode_block
-from .core.history import HEAD_KEY, SUMMARY_FIELDS, LogHead
 from .core.chain import check_and_apply
+from .core.history import HEAD_KEY, SUMMARY_FIELDS, LogHead
+from .core.state import State, genesis_state
+from .core.valset import ValidatorSet
 from .explorer_index import (  # noqa: F401 (re-exported)
-    INDEX_VERSION, VALSET_PREFIX, _h, index_block, valset_entries,
+    INDEX_VERSION,
+    VALSET_PREFIX,
+    _h,
+    index_block,
+    valset_entries,
 )
 from .genesis import Genesis
 from .leveldb_reads import prefer_pread
-from .core.state import State, genesis_state
-from .core.valset import ValidatorSet
-
 
 READ_MODE = prefer_pread()  # at import, so before any database of this process opens (node/ledger/leveldb_reads.py)
 

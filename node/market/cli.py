@@ -8,7 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from ..encoding import format_amount, parse_amount
 from ..localapi import LocalApi, dataset_field
 

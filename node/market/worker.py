@@ -20,7 +20,7 @@ import logging
 import trio
 
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
-from ..compute.train import TrainSpec, Trainer, encode_text, mean_loss_ppm, split_tokens
+from ..compute.train import Trainer, TrainSpec, encode_text, mean_loss_ppm, split_tokens
 from ..encoding import H, commitments_root
 from ..identity import Identity
 from ..ledger.core.jobs import ACCEPTED, OPEN

@@ -30,13 +30,24 @@ import re
 import shutil
 import sys
 import tempfile
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 
-from node.compute.model import (HEAD_FILE, MANIFEST, Manifest, block_file, compute_model_id, config_dict,
-                                config_hash, default_cache_dir, load_manifest, save_model_dir, tensors_hash)
+from node.compute.model import (
+    HEAD_FILE,
+    MANIFEST,
+    Manifest,
+    block_file,
+    compute_model_id,
+    config_dict,
+    config_hash,
+    default_cache_dir,
+    load_manifest,
+    save_model_dir,
+    tensors_hash,
+)
 
 from . import registry
 from .arch import SUPPORTED, architecture, check_model_type

@@ -32,8 +32,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from node.compute.model import (HEAD_FILE, MANIFEST, Manifest, block_file, compute_model_id, config_dict,
-                                config_hash, load_checked, load_manifest, tensors_hash)
+from node.compute.model import (
+    HEAD_FILE,
+    MANIFEST,
+    Manifest,
+    block_file,
+    compute_model_id,
+    config_dict,
+    config_hash,
+    load_checked,
+    load_manifest,
+    tensors_hash,
+)
 
 INT8 = "int8"
 QUANTIZATIONS = (INT8,)

@@ -15,9 +15,9 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from collections.abc import Iterator
 
 REGISTRY = "registry.json"
 LOCK = ".registry.lock"

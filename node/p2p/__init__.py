@@ -4,8 +4,17 @@ See :mod:`node.p2p.host` (``P2PHost``), :mod:`node.p2p.framing` (wire format, er
 :mod:`node.p2p.gossip` (gossip semantics). Importing this package does not import py-libp2p; starting a host does.
 """
 
-from .framing import (FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, error_reply, ok_reply,
-                      read_msg, write_msg)
+from .framing import (
+                      FrameError,
+                      RemoteError,
+                      RequestTimeout,
+                      StreamClosed,
+                      check_reply,
+                      error_reply,
+                      ok_reply,
+                      read_msg,
+                      write_msg,
+)
 from .host import P2PHost, PeerUnreachable
 
 __all__ = [

@@ -227,8 +227,7 @@ def cache_signed_records(size: int = RECORD_CACHE, ttl: float = RECORD_TTL) -> N
     seconds (at most ``size`` entries, oldest forgotten; a changed record, or one past ``ttl``, which refreshes the
     peerstore's 2 h TTL, is consumed as before). Patches the name in ``libp2p.pubsub.pubsub`` and
     ``libp2p.pubsub.gossipsub`` (idempotent; the library function itself is unchanged)."""
-    from libp2p.pubsub import gossipsub as gossipsub_mod
-    from libp2p.pubsub import pubsub as pubsub_mod
+    from libp2p.pubsub import gossipsub as gossipsub_mod, pubsub as pubsub_mod
 
     original = pubsub_mod.maybe_consume_signed_record
     if getattr(original, "_tally", False):

@@ -26,22 +26,36 @@ from __future__ import annotations
 import logging
 import math
 import time
-from contextlib import asynccontextmanager
 from collections.abc import Iterable
+from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import trio
 
 from ..net.addrs import Scope, announceable, parse_addr, scope
-from ..net.admission import Admission, AdmissionLimits
-from ..net.admission import install as install_admission
+from ..net.admission import Admission, AdmissionLimits, install as install_admission
 from ..net.limits import ConnectionNotifee, Limits, PeerLimiter, StreamGate
-from ..net.logs import install as route_network_logs
-from ..net.logs import reason
-from .framing import (FrameError, ReadBusy, RemoteError, RequestTimeout, StreamClosed, check_reply, error_reply,
-                      read_msg, write_msg)
-from .gossip import (Gossip, GossipMethods, cache_signed_records, count_pubsub_traffic, make_router,
-                     raise_outbound_queue, retry_pubsub_streams)
+from ..net.logs import install as route_network_logs, reason
+from .framing import (
+    FrameError,
+    ReadBusy,
+    RemoteError,
+    RequestTimeout,
+    StreamClosed,
+    check_reply,
+    error_reply,
+    read_msg,
+    write_msg,
+)
+from .gossip import (
+    Gossip,
+    GossipMethods,
+    cache_signed_records,
+    count_pubsub_traffic,
+    make_router,
+    raise_outbound_queue,
+    retry_pubsub_streams,
+)
 from .quirks import batch_yamux_window_updates, check_port_free, exception_leaves
 from .scoring import MALFORMED_FRAME, PeerScores
 from .wirelimits import limit_for
@@ -172,10 +186,8 @@ class P2PHost(GossipMethods):
         from libp2p import new_host
         from libp2p.crypto.x25519 import create_new_key_pair as x25519_pair
         from libp2p.pubsub.pubsub import Pubsub
-        from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID
-        from libp2p.security.noise.transport import Transport as NoiseTransport
-        from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_ID
-        from libp2p.stream_muxer.yamux.yamux import Yamux
+        from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID, Transport as NoiseTransport
+        from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_ID, Yamux
 
         route_network_logs()  # py-libp2p's records through Tally's logging; normal NAT behaviour is no ERROR
         raise_outbound_queue()
@@ -402,8 +414,8 @@ class P2PHost(GossipMethods):
         Returns:
             The number of distinct peers connected among those addressed.
         """
-        from libp2p.peer.peerinfo import info_from_p2p_addr
         import multiaddr
+        from libp2p.peer.peerinfo import info_from_p2p_addr
 
         host = self._require()
         ok: set[str] = set()
@@ -501,8 +513,8 @@ class P2PHost(GossipMethods):
         """Put ``/.../p2p/<id>`` addresses in the peerstore for ``ttl`` seconds, so a later stream to that peer
         dials it on demand (peers learn each other's addresses from gossip, not only from bootstrap).
         Bad addresses and our own are ignored. Returns how many were stored."""
-        from libp2p.peer.peerinfo import info_from_p2p_addr
         import multiaddr
+        from libp2p.peer.peerinfo import info_from_p2p_addr
 
         host = self._require()
         n = 0

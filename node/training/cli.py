@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from ..encoding import parse_amount
 from ..localapi import LocalApi, dataset_field
 

@@ -28,8 +28,8 @@ from ..ledger.core import runs as runs_mod
 from ..ledger.core.runtx import RunCancel, RunJoin, RunLeave, RunPost
 from ..ledger.core.tx import InvalidTx
 from ..market.data import dataset_bytes, dataset_tensors
-from .assign import make_windows
 from . import rounds as rd
+from .assign import make_windows
 
 HELD_WINDOWS = 16  # held-out windows evaluated by fetch_params (bounds its time, not its meaning)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")

@@ -73,11 +73,25 @@ from ..identity import account_to_str
 from ..p2p.filerecv import read_file_msg
 from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, write_msg
 from ..p2p.host import PeerUnreachable
-from .blockserve import (BLOCK_PROTOCOL, MAX_FILE, MAX_MANIFEST, MAX_TOKENIZER, REQUEST_MAX, REQUEST_TIMEOUT,
-                         TOKENIZER_FILES, HeldModels)
+from .blockserve import (
+    BLOCK_PROTOCOL,
+    MAX_FILE,
+    MAX_MANIFEST,
+    MAX_TOKENIZER,
+    REQUEST_MAX,
+    REQUEST_TIMEOUT,
+    TOKENIZER_FILES,
+    HeldModels,
+)
 from .fetchstore import MAX_MODEL_BYTES, MAX_TOTAL_BYTES, FetchedModels, OverCap, bonded_peers
-from .tokfetch import (TOKENIZER_ASKED, UNVERIFIED_TOKENIZER, check_tokenizer, committed_tokenizer, install_tokenizer,
-                       tokenizer_trusted)
+from .tokfetch import (
+    TOKENIZER_ASKED,
+    UNVERIFIED_TOKENIZER,
+    check_tokenizer,
+    committed_tokenizer,
+    install_tokenizer,
+    tokenizer_trusted,
+)
 
 __all__ = ["BLOCK_PROTOCOL", "FETCH_DEADLINE", "FETCH_TIMEOUT", "MAX_FILE", "MAX_MANIFEST", "MAX_TOKENIZER",
            "REQUEST_MAX", "REQUEST_TIMEOUT", "TOKENIZER_FILES", "UNVERIFIED_TOKENIZER", "BlockFetcher",

@@ -30,10 +30,9 @@ import trio
 
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..compute.span import SpanModel
-from ..identity import Identity
+from ..identity import Identity, account_to_str
 from ..ledger.core.state import SAMPLED, State
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID, InvalidTx, Receipt, Vote
-from ..identity import account_to_str
 from .blockfetch import BlockFetcher, BlockUnavailable
 from .compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 import logging
 import math
 
+from ..blobs import fetch_blob
 from ..compute.train import Trainer, batch_for_step, encode_text, split_tokens, state_distance
 from ..encoding import commitments_root
 from ..ledger.core.jobtx import TrainReceipt
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID
 from ..market.data import dataset_bytes
-from ..blobs import fetch_blob
 from ..market.worker import spec_of
 from .blockfetch import model_dir_for, tokenizer_trusted
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from node.ledger.core.chain import commit_block, propose
 from node.ledger.core.state import VALID
-from node.ledger.store import LedgerStore
 from node.ledger.core.tx import Transfer
-
-from tests.ledger.helpers import C, CLIENT, KEYS, VALIDATOR, W1, make_genesis, make_receipt, vote
+from node.ledger.store import LedgerStore
+from tests.ledger.helpers import CLIENT, KEYS, VALIDATOR, W1, C, make_genesis, make_receipt, vote
 
 
 def _grow(store, state, g, batches):

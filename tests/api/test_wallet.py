@@ -7,8 +7,7 @@ import re
 import time
 
 import httpx
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from node.encoding import AMOUNT_FORM
 from node.identity import account_to_str

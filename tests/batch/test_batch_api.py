@@ -19,8 +19,8 @@ from node.identity import Identity, dev_seed
 from node.ledger.core.batchtx import WITHDRAWN, BatchOffer, BatchPost
 from node.runtime import Node
 
-from .offers import wait_offers
 from ..e2e.swarm import node_config, tiny_genesis
+from .offers import wait_offers
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = '{"text": "To be, or not to be"}\n{"text": "that is the question"}\n'

@@ -20,8 +20,8 @@ from node.p2p.framing import RemoteError
 from node.p2p.host import P2PHost
 from node.runtime import Node
 
-from .offers import wait_offers
 from ..e2e.swarm import C, node_config, tiny_genesis
+from .offers import wait_offers
 
 
 @pytest.fixture(scope="module")

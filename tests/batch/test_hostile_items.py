@@ -22,8 +22,8 @@ from node.ledger.core.batchtx import BatchPost, items_root
 from node.ledger.store import LedgerStore
 from node.runtime import Node
 
-from .offers import wait_offers
 from ..e2e.swarm import C, node_config, tiny_genesis
+from .offers import wait_offers
 
 NESTED = b"[" * 60_000  # the finding's line: 60 KB of nested arrays
 

@@ -18,8 +18,8 @@ from node.ledger.core.batchstate import BatchStatus, ItemStatus
 from node.ledger.core.batchtx import BatchCommit, BatchReveal
 from node.runtime import Node
 
-from .offers import wait_offers
 from ..e2e.swarm import node_config, tiny_genesis
+from .offers import wait_offers
 
 CAP = 4
 N_ITEMS = 24

@@ -11,13 +11,13 @@ import trio
 
 from node.batch.client import items_of, post_batch
 from node.compute.model import make_tiny
-from node.ledger.core.batchstate import BatchStatus, Fate
 from node.identity import Identity, dev_seed
+from node.ledger.core.batchstate import BatchStatus, Fate
 from node.ledger.core.batchtx import BatchOffer
 from node.runtime import Node
 
-from .offers import wait_offers
 from ..e2e.swarm import C, node_config, tiny_genesis
+from .offers import wait_offers
 
 
 @pytest.fixture(scope="module")

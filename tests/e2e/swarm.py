@@ -7,10 +7,9 @@ from pathlib import Path
 
 import trio
 
-from node.identity import dev_seed
+from node.identity import Identity, dev_seed
 from node.ledger.genesis import Genesis, Params
 from node.runtime import Node, NodeConfig
-from node.identity import Identity
 
 C = 10**9
 

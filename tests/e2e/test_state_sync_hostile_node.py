@@ -18,8 +18,7 @@ import trio
 
 from node.compute.model import make_tiny
 from node.identity import Identity, dev_seed
-from node.ledger import snapshot as snap
-from node.ledger import statesync as ss
+from node.ledger import snapshot as snap, statesync as ss
 from node.ledger.core.block import Header, sign_commit
 from node.ledger.core.tx import Transfer
 from node.net.service import NetworkService

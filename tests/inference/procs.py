@@ -7,9 +7,8 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
-
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import trio
 
@@ -128,10 +127,9 @@ async def light_server(tmp: Path, key: int, model_dir: Path, span: tuple[int, in
     """A span server without a ledger of its own: a libp2p host, a SpanServer and a committee member that use
     ``via``'s ledger (same process) for the height, for submitting receipts and votes and for committee duty.
     Ten full nodes in one trio loop on two cores starve each other; this keeps every wire protocol real."""
-    from node.blobs import BlobStore
+    from node.blobs import BLOB_PROTOCOL, BlobStore
     from node.compute.executor import TorchExecutor
     from node.compute.span import SpanModel
-    from node.blobs import BLOB_PROTOCOL
     from node.inference.server import INFERENCE_PROTOCOL, SpanServer, blob_handler
     from node.p2p.host import P2PHost
     from node.verify.member import CommitteeMember

@@ -18,9 +18,28 @@ from node.compute.reference import local_generate
 from node.ledger.core.state import VALID_S
 
 from ..e2e.swarm import wait_final
-from .procs import (balance, config, free_port, kill, light_client, light_server, metric, peer, spawn, spawn_client,
-                    start_nodes, stop_all, tail, wait_exit, wait_final_api, wait_info, wait_live, wait_swarm,
-                    validator_addr, write_genesis)
+from .procs import (
+    balance,
+    config,
+    free_port,
+    kill,
+    light_client,
+    light_server,
+    metric,
+    peer,
+    spawn,
+    spawn_client,
+    start_nodes,
+    stop_all,
+    tail,
+    validator_addr,
+    wait_exit,
+    wait_final_api,
+    wait_info,
+    wait_live,
+    wait_swarm,
+    write_genesis,
+)
 
 PROMPT = [5, 17, 42, 99]
 

@@ -21,11 +21,24 @@ import pytest
 from node.compute.model import ensure_smollm2
 from node.compute.reference import local_generate
 from node.identity import account_from_str
-from node.ledger.genesis import load_genesis
 from node.ledger.core.state import VALID_S
+from node.ledger.genesis import load_genesis
 
-from .procs import (balance, free_port, kill, peer, spawn, spawn_client, stop_all, tail, validator_addr, wait_exit,
-                    wait_final_api, wait_info, write_genesis)
+from .procs import (
+    balance,
+    free_port,
+    kill,
+    peer,
+    spawn,
+    spawn_client,
+    stop_all,
+    tail,
+    validator_addr,
+    wait_exit,
+    wait_final_api,
+    wait_info,
+    write_genesis,
+)
 
 PROMPT = "The three most important inventions in human history are"
 SERVERS = {1: (0, 10), 2: (0, 10), 3: (10, 20), 4: (10, 20), 5: (20, 30), 6: (20, 30)}  # dev key -> span

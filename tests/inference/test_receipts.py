@@ -7,8 +7,7 @@ import os
 import msgpack
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from node.encoding import DecodeError, commitments_root, merkle_root, tensor_commitment
 from node.inference.receipts import CLOCK, MerkleAccumulator, RunningReceipt, SessionTerms, _pack_uint

@@ -12,12 +12,17 @@ import trio
 
 from node.compute.reference import local_generate
 from node.identity import Identity, account_from_str
+from node.inference.redundant import (
+    MismatchUnresolved,
+    NoDisjointRoutes,
+    RedundantClient,
+    check_redundancy,
+    compare_hops,
+)
 from node.ledger.core.dispute import Dispute
 from node.ledger.core.state import SAMPLED, apply_block_body, genesis_state
 from node.ledger.core.status import INVALID_S, PENDING, SETTLED, VALID_S
 from node.ledger.core.tx import InvalidTx
-from node.inference.redundant import (MismatchUnresolved, NoDisjointRoutes, RedundantClient, check_redundancy,
-                                      compare_hops)
 
 from .fakenet import make_swarm
 
@@ -255,7 +260,7 @@ def test_real_nodes_corrupt_server_is_disputed_voted_invalid_and_slashed(tmp_pat
     meets a corrupt server."""
     import httpx
 
-    from tests.e2e.swarm import tiny_genesis, swarm, wait_final
+    from tests.e2e.swarm import swarm, tiny_genesis, wait_final
 
     genesis = tiny_genesis(3, sample_base_ppm=1, sample_floor_ppm=1, price_per_token_block=1, max_receipt_price=10**4)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 from node.identity import Identity, dev_seed
-from node.ledger.genesis import Genesis, Params
 from node.ledger.core.tx import Receipt, Vote
+from node.ledger.genesis import Genesis, Params
 
 C = 10**9
 KEYS = [Identity.from_seed(dev_seed(i)) for i in range(8)]

@@ -17,13 +17,13 @@ from node.encoding import H, pack, unpack
 from node.identity import Identity, account_from_str, account_to_str, check_account, is_valid_account
 from node.ledger.core.block import InvalidBlock, decode_block
 from node.ledger.core.chain import commit_block, propose
+from node.ledger.core.state import genesis_state
+from node.ledger.core.tx import INVALID, TX_KINDS, InvalidTx, Transfer, decode_tx
 from node.ledger.genesis import TREASURY, GenesisError, parse_genesis
 from node.ledger.service import LedgerService
-from node.ledger.core.state import genesis_state
 from node.ledger.store import LedgerStore
-from node.ledger.core.tx import INVALID, TX_KINDS, InvalidTx, Transfer, decode_tx
 
-from .helpers import C, CLIENT, KEYS, VALIDATOR, W1, make_genesis, make_receipt, vote
+from .helpers import CLIENT, KEYS, VALIDATOR, W1, C, make_genesis, make_receipt, vote
 
 P = 2**255 - 19  # the field prime of edwards25519 (RFC 8032, 5.1)
 

@@ -8,19 +8,24 @@ import os
 from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from node.identity import Identity, dev_seed
 from node.ledger.core import batch as bm
 from node.ledger.core.batchstate import BatchStatus, Fate, Item, ItemStatus, WorkerRecord, item_key
-from node.ledger.core.batchtx import (BatchCancel, BatchCommit, BatchOffer, BatchPost, BatchReveal, commitment,
-                                     items_root)
+from node.ledger.core.batchtx import (
+    BatchCancel,
+    BatchCommit,
+    BatchOffer,
+    BatchPost,
+    BatchReveal,
+    commitment,
+    items_root,
+)
 from node.ledger.core.chain import commit_block, propose
 from node.ledger.core.genesis import TREASURY, Genesis, Params
 from node.ledger.core.records import CODECS
-from node.ledger.core.state import apply_tx
-from node.ledger.core.state import genesis_state as bare_genesis_state
+from node.ledger.core.state import apply_tx, genesis_state as bare_genesis_state
 from node.ledger.core.tx import InvalidTx, Unbond, decode_tx
 from node.ledger.store import LedgerStore
 

@@ -15,8 +15,16 @@ import pytest
 from node.identity import Identity, dev_seed
 from node.ledger.core import batch as bm
 from node.ledger.core.batchstate import AuditStatus, BatchStatus, ItemStatus, WorkerRecord, item_key
-from node.ledger.core.batchtx import (WITHDRAWN, BatchAuditVote, BatchCommit, BatchOffer, BatchPost, BatchReveal,
-                                     commitment, items_root)
+from node.ledger.core.batchtx import (
+    WITHDRAWN,
+    BatchAuditVote,
+    BatchCommit,
+    BatchOffer,
+    BatchPost,
+    BatchReveal,
+    commitment,
+    items_root,
+)
 from node.ledger.core.chain import commit_block, propose
 from node.ledger.core.genesis import Genesis, GenesisError, Params
 from node.ledger.core.state import apply_tx, genesis_state

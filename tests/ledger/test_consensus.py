@@ -10,8 +10,20 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from node.ledger.core.consensus import (MAX_LAG, PRECOMMIT, PREVOTE, PROPOSE, Broadcast, Decide, Proposal, Schedule,
-                                        Tendermint, Timeout, Timeouts, Vote)
+from node.ledger.core.consensus import (
+    MAX_LAG,
+    PRECOMMIT,
+    PREVOTE,
+    PROPOSE,
+    Broadcast,
+    Decide,
+    Proposal,
+    Schedule,
+    Tendermint,
+    Timeout,
+    Timeouts,
+    Vote,
+)
 
 VALS = tuple(bytes([i]) * 32 for i in range(4))
 

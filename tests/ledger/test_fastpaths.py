@@ -13,8 +13,7 @@ import plyvel
 import pytest
 
 from node.encoding import DecodeError, pack, unpack, unpack_local
-from node.ledger.core import state as state_mod
-from node.ledger.core import tree as tr
+from node.ledger.core import state as state_mod, tree as tr
 from node.ledger.core.chain import commit_block, propose
 from node.ledger.core.records import CODECS, MAPS, SETS, ReceiptRecord, from_plain, to_plain
 from node.ledger.core.state import apply_block_body, genesis_state

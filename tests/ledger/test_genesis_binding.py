@@ -17,8 +17,9 @@ import pytest
 import trio
 
 from node.encoding import pack, unpack
-from node.keys import verify
 from node.inference.receipts import RunningReceipt, SessionTerms
+from node.keys import verify
+from node.ledger import snapshot as snap
 from node.ledger.core import domain
 from node.ledger.core.block import InvalidBlock, decode_block, vote_digest
 from node.ledger.core.chain import check_and_apply, commit_block, propose
@@ -26,7 +27,6 @@ from node.ledger.core.genesis import parse_genesis
 from node.ledger.core.state import apply_tx, genesis_state
 from node.ledger.core.tx import INVALID, Evidence, InvalidTx, Transfer, Vote, decode_tx
 from node.ledger.proofs import LightClient
-from node.ledger import snapshot as snap
 from node.ledger.service import SUBMIT_PROTOCOL, LedgerService
 from node.ledger.store import LedgerStore, StoreCorrupt
 from node.p2p.framing import RemoteError

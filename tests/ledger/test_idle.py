@@ -22,13 +22,13 @@ from node.identity import Identity, dev_seed
 from node.ledger.core import blockcodec
 from node.ledger.core.block import Block, Header, sign_commit, tx_root
 from node.ledger.core.chain import commit_block, propose
-from node.ledger.genesis import Genesis, GenesisError, Params, load_genesis, parse_genesis
 from node.ledger.core.jobtx import JobCancel
 from node.ledger.core.liveness import Need, block_due, height_need, needs_height, needs_proof
-from node.ledger.service import LedgerService
 from node.ledger.core.state import FINAL, SAMPLED, VALID, apply_block_body, genesis_state
-from node.ledger.store import LedgerStore
 from node.ledger.core.tx import Transfer
+from node.ledger.genesis import Genesis, GenesisError, Params, load_genesis, parse_genesis
+from node.ledger.service import LedgerService
+from node.ledger.store import LedgerStore
 from node.net.genesis_cli import DEFAULT_HEARTBEAT_MS, FlagError, apply_heartbeat, parse_duration_ms
 from node.p2p.host import P2PHost
 

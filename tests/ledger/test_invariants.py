@@ -9,11 +9,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from node.ledger.core.chain import check_and_apply, commit_block, propose
-from node.ledger.core.state import genesis_state
 from node.ledger.core.jobtx import JobAccept, JobCancel, JobDeliver, JobPost, TrainReceipt
+from node.ledger.core.state import genesis_state
 from node.ledger.core.tx import ABSTAIN, INVALID, VALID, Bond, Transfer, Unbond
 
-from .helpers import C, KEYS, VALIDATOR, make_genesis, make_receipt, vote
+from .helpers import KEYS, VALIDATOR, C, make_genesis, make_receipt, vote
 
 G = make_genesis(committee_size=2, challenge_window=2, verdict_timeout=3, max_rounds=2)
 

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from node.ledger.core.chain import check_and_apply, commit_block, propose
-from node.ledger.genesis import TREASURY, GenesisError, Params
 from node.ledger.core.jobs import ACCEPTED, CANCELLED, OPEN, RELEASED, START_TIMEOUT
 from node.ledger.core.jobtx import JobAccept, JobCancel, JobPost, JobRelease, TrainReceipt
 from node.ledger.core.state import apply_tx, genesis_state
 from node.ledger.core.tx import InvalidTx, Unbond, decode_tx
+from node.ledger.genesis import TREASURY, GenesisError, Params
 
-from .helpers import C, CLIENT, KEYS, VALIDATOR, W1, W2, make_genesis
+from .helpers import CLIENT, KEYS, VALIDATOR, W1, W2, C, make_genesis
 
 WINDOW, START_PEN, RELEASE_PEN, MAX_DEADLINE = 5, 3 * C, C, 100
 G = make_genesis(committee_size=2, job_start_window=WINDOW, job_start_penalty=START_PEN,

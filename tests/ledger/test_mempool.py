@@ -16,15 +16,15 @@ import node.keys
 import node.ledger.core.tx
 from node.encoding import pack
 from node.identity import Identity, dev_seed
+from node.ledger.core.batchtx import BatchPost
 from node.ledger.core.block import Block, Header, InvalidBlock, tx_root
 from node.ledger.core.chain import check_and_apply, commit_block, propose
-from node.ledger.core.batchtx import BatchPost
 from node.ledger.core.runtx import RunJoin, RunLeave, RunPost
+from node.ledger.core.state import SAMPLED, genesis_state
+from node.ledger.core.tx import Bond, InvalidTx, Transfer, Unbond
 from node.ledger.mempool import Limits, Mempool, Priority, cost, is_free, priority
 from node.ledger.service import LedgerService
-from node.ledger.core.state import SAMPLED, genesis_state
 from node.ledger.store import LedgerStore
-from node.ledger.core.tx import Bond, InvalidTx, Transfer, Unbond
 
 from .helpers import CLIENT, KEYS, VALIDATOR, W1, W2, W3, W4, C, make_genesis, make_receipt, vote
 

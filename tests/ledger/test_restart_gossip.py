@@ -9,7 +9,6 @@ import trio
 
 from node.identity import Identity
 from node.p2p.host import P2PHost
-
 from tests.p2p.util import CHAIN, run, running_hosts
 
 BURST = 300  # publications before the restart: far more than the seconds the test lasts

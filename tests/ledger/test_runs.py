@@ -6,17 +6,26 @@ import os
 
 import pytest
 
-from node.encoding import H
-from node.ledger.genesis import TREASURY
-from node.ledger.core.runs import Phase, RunStatus
-from node.ledger.core.runtx import NO_MOMENTUM, RoundAggregate, RoundReceipt, RoundReveal, RunCancel, RunJoin, RunLeave, RunPost
 from node.api.runs import run_view
 from node.api.views import acct
-from node.ledger.core.status import FINAL, VALID_S
+from node.encoding import H
+from node.ledger.core.runs import Phase, RunStatus
+from node.ledger.core.runtx import (
+    NO_MOMENTUM,
+    RoundAggregate,
+    RoundReceipt,
+    RoundReveal,
+    RunCancel,
+    RunJoin,
+    RunLeave,
+    RunPost,
+)
 from node.ledger.core.state import INVALID_S, SAMPLED, apply_block_body, apply_tx, genesis_state
+from node.ledger.core.status import FINAL, VALID_S
 from node.ledger.core.tx import INVALID, VALID, InvalidTx, Vote, decode_tx
+from node.ledger.genesis import TREASURY
 
-from .helpers import C, KEYS, make_genesis
+from .helpers import KEYS, C, make_genesis
 
 SPONSOR = KEYS[0]
 WORKERS = [KEYS[1], KEYS[2], KEYS[3], KEYS[4]]

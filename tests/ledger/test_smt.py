@@ -5,15 +5,30 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from node.encoding import H, pack, unpack
-from node.ledger.core.block import Header
 from node.ledger.core import smt
-from node.ledger.core.smt import (EMPTY_HASH, EMPTY_ROOT, MAX_PROOF_BYTES, CorruptNodeError, MemoryNodeStore,
-                                  MissingNodeError, OverlayNodeStore, Proof, Root, StaleNode, internal_hash,
-                                  leaf_hash, node_key, prove, tree_key, update, verify)
+from node.ledger.core.block import Header
+from node.ledger.core.smt import (
+    EMPTY_HASH,
+    EMPTY_ROOT,
+    MAX_PROOF_BYTES,
+    CorruptNodeError,
+    MemoryNodeStore,
+    MissingNodeError,
+    OverlayNodeStore,
+    Proof,
+    Root,
+    StaleNode,
+    internal_hash,
+    leaf_hash,
+    node_key,
+    prove,
+    tree_key,
+    update,
+    verify,
+)
 from node.ledger.proofs import verify_state_proof
 
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from node.ledger import snapshot as snap
-from node.ledger import statesync as ss
+from node.ledger import snapshot as snap, statesync as ss
 from node.ledger.core.chain import commit_block, propose
 from node.ledger.snapstore import SnapshotDir
 from node.ledger.store import LedgerStore

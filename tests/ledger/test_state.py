@@ -8,11 +8,11 @@ import pytest
 
 from node.ledger.core.block import InvalidBlock
 from node.ledger.core.chain import check_and_apply, commit_block, propose
-from node.ledger.genesis import TREASURY
 from node.ledger.core.state import INVALID_S, SAMPLED, SETTLED, VALID_S, apply_tx, genesis_state
 from node.ledger.core.tx import ABSTAIN, INVALID, VALID, InvalidTx, Transfer
+from node.ledger.genesis import TREASURY
 
-from .helpers import C, CLIENT, KEYS, VALIDATOR, W1, make_genesis, make_receipt, vote
+from .helpers import CLIENT, KEYS, VALIDATOR, W1, C, make_genesis, make_receipt, vote
 
 
 def run_blocks(state, *tx_batches):

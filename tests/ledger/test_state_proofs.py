@@ -5,8 +5,8 @@ restart; one changed byte fails; a proof for another key fails; stale tree nodes
 from __future__ import annotations
 
 from node.ledger.core import tree as tr
+from node.ledger.core.state import VALID, State
 from node.ledger.proofs import entry_proof, verify_account_proof, verify_entry_proof, verify_record_proof
-from node.ledger.core.state import State, VALID
 from node.ledger.store import LedgerStore
 
 from .helpers import KEYS, W1, make_genesis, make_receipt, vote

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import trio
 
-from node.ledger import snapshot as snap
-from node.ledger import statesync as ss
+from node.ledger import snapshot as snap, statesync as ss
 from node.ledger.core.chain import check_and_apply, commit_block, propose
 from node.ledger.store import LedgerStore
 from tests.p2p.util import run, running_hosts

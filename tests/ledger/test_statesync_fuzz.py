@@ -7,12 +7,10 @@ answers any request with a map."""
 from __future__ import annotations
 
 import trio
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from node.encoding import pack, unpack
-from node.ledger import snapshot as snap
-from node.ledger import statesync as ss
+from node.ledger import snapshot as snap, statesync as ss
 from node.ledger.core.block import InvalidBlock
 from node.ledger.core.chain import commit_block, propose
 from node.ledger.store import LedgerStore

@@ -12,8 +12,7 @@ import pytest
 import trio
 
 from node.encoding import pack
-from node.ledger import snapshot as snap
-from node.ledger import statesync as ss
+from node.ledger import snapshot as snap, statesync as ss
 from node.ledger.core.block import Header, sign_commit
 from node.ledger.core.chain import commit_block, propose
 from node.ledger.store import LedgerStore

@@ -11,8 +11,7 @@ import pytest
 import trio
 
 from node.encoding import pack
-from node.ledger import snapshot as snap
-from node.ledger import statesync as ss
+from node.ledger import snapshot as snap, statesync as ss
 from node.ledger.snapstore import SnapshotDir
 from node.ledger.store import LedgerStore
 from node.p2p.budget import ReplyBudget

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from node.ledger.core.chain import commit_block, propose
 from node.encoding import pack
 from node.ledger import statedb
+from node.ledger.core.chain import commit_block, propose
 from node.ledger.store import LedgerStore, StoreCorrupt, StoreLocked
 
 from .helpers import VALIDATOR, W1, W2, make_genesis, make_receipt

@@ -17,9 +17,9 @@ import trio
 
 from node.compute.model import make_tiny
 from node.identity import Identity, dev_seed
-from node.ledger.genesis import TREASURY, Genesis, Params
 from node.ledger.core.jobs import ACCEPTED, CANCELLED, OPEN, RELEASED, START_TIMEOUT
 from node.ledger.core.jobtx import JobAccept, JobCancel, JobPost
+from node.ledger.genesis import TREASURY, Genesis, Params
 from node.market.client import job_json, post_job
 
 from ..e2e.swarm import C, swarm

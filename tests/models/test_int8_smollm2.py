@@ -21,8 +21,20 @@ from node.ledger.core.status import INVALID_S, VALID_S
 from node.models import registry
 from node.models.convert import add_model
 
-from ..inference.procs import (api_call, api_get, free_port, genesis_supply, peer, spawn, stop_all, tail,
-                               validator_addr, wait_final_api, wait_info, write_genesis)
+from ..inference.procs import (
+    api_call,
+    api_get,
+    free_port,
+    genesis_supply,
+    peer,
+    spawn,
+    stop_all,
+    tail,
+    validator_addr,
+    wait_final_api,
+    wait_info,
+    write_genesis,
+)
 
 PROMPT = "The three most important inventions in human history are"
 NEW = 16

@@ -10,12 +10,14 @@ import pytest
 import torch
 import trio
 
+from node.blobs import BlobStore
 from node.compute.executor import TorchExecutor
 from node.compute.head import ClientHead
 from node.compute.model import ManifestError, block_file, load_manifest, make_tiny
 from node.compute.reference import local_generate
 from node.compute.span import SpanModel
 from node.identity import Identity
+from node.inference.server import SpanServer
 from node.ledger.core.tx import INVALID, VALID
 from node.models import registry
 from node.models.cli import main as model_cli
@@ -23,9 +25,6 @@ from node.models.convert import CheckpointError, add_model
 from node.models.quantize import Int8Linear, dequantize_block, quantize_weight
 from node.verify.compare import DEFAULT_TOLERANCE
 from node.verify.member import CommitteeMember
-
-from node.blobs import BlobStore
-from node.inference.server import SpanServer
 
 from ..inference.fakenet import CHAIN, PRICE, FakeLedger, announce, make_swarm
 

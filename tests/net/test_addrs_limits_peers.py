@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from node.net.addrs import (AddrError, Scope, announceable, default_listen, expand, parse_addr, scope,
-                            strip_peer, usable_from)
+from node.net.addrs import (
+    AddrError,
+    Scope,
+    announceable,
+    default_listen,
+    expand,
+    parse_addr,
+    scope,
+    strip_peer,
+    usable_from,
+)
 from node.net.limits import Limits, PeerLimiter
 from node.net.peers import MAX_BACKOFF, PeerBook
 

@@ -7,8 +7,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import trio
 from libp2p.peer.id import ID
-from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage
-from libp2p.relay.circuit_v2.pb.circuit_pb2 import PeerId as CircuitPeerId
+from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage, PeerId as CircuitPeerId
 from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL
 from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
 from libp2p.relay.circuit_v2.utils import read_delimited_msg, write_delimited_msg

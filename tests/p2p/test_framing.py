@@ -6,8 +6,19 @@ import pytest
 import trio
 
 from node.encoding import MAX_FRAME, pack
-from node.p2p.framing import (READ_CHUNK, FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, encode_frames,
-                              error_reply, ok_reply, read_msg, write_msg)
+from node.p2p.framing import (
+    READ_CHUNK,
+    FrameError,
+    RemoteError,
+    RequestTimeout,
+    StreamClosed,
+    check_reply,
+    encode_frames,
+    error_reply,
+    ok_reply,
+    read_msg,
+    write_msg,
+)
 
 from .util import FakeStream, run
 

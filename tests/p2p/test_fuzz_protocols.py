@@ -22,8 +22,7 @@ import tracemalloc
 import msgpack
 import pytest
 import trio
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from node.compute.model import make_tiny
 from node.encoding import DecodeError, decode_budget, pack, unpack

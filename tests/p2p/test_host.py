@@ -7,8 +7,7 @@ import pytest
 import trio
 
 from node.identity import Identity
-from node.p2p.framing import (RemoteError, RequestTimeout, StreamClosed, error_reply, read_msg,
-                              write_msg)
+from node.p2p.framing import RemoteError, RequestTimeout, StreamClosed, error_reply, read_msg, write_msg
 from node.p2p.host import P2PHost, PeerUnreachable
 
 from .util import CHAIN, run, running_hosts

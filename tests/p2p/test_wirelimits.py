@@ -12,11 +12,28 @@ import trio
 
 from node.encoding import MAX_FRAME, MAX_MESSAGE, pack
 from node.p2p import wirelimits
-from node.p2p.framing import (FrameError, ReadBusy, RemoteError, StreamClosed, check_reply, encode_frames, read_msg,
-                              write_msg)
+from node.p2p.framing import (
+    FrameError,
+    ReadBusy,
+    RemoteError,
+    StreamClosed,
+    check_reply,
+    encode_frames,
+    read_msg,
+    write_msg,
+)
 from node.p2p.gossip import TOPIC_NAMES
-from node.p2p.wirelimits import (DEFAULT, IN_PROCESS, LARGE_READ, READ_BUDGET, TABLE, ReadBudget, gossip_limit,
-                                 limit_for, stream_limit)
+from node.p2p.wirelimits import (
+    DEFAULT,
+    IN_PROCESS,
+    LARGE_READ,
+    READ_BUDGET,
+    TABLE,
+    ReadBudget,
+    gossip_limit,
+    limit_for,
+    stream_limit,
+)
 
 from .util import FakeStream, run
 

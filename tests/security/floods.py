@@ -8,12 +8,10 @@ import socket
 import trio
 from libp2p import new_host
 from libp2p.crypto.x25519 import create_new_key_pair as x25519_pair
-from libp2p.peer.peerinfo import PeerInfo
-from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID
-from libp2p.security.noise.transport import Transport as NoiseTransport
-from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_ID
-from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID, Transport as NoiseTransport
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_ID, Yamux
 from multiaddr import Multiaddr
 
 from node.identity import Identity

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from node.compute.model import make_tiny
-from node.compute.train import TrainSpec, Trainer
+from node.compute.train import Trainer, TrainSpec
 from node.training.inner import InnerTrainer, make_scratch_model
 
 TARGETS = ("q_proj", "v_proj")

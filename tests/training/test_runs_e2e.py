@@ -12,8 +12,8 @@ import trio
 
 from node.compute.model import make_tiny
 from node.ledger.core.runs import RunStatus
-from node.ledger.core.state import FINAL
 from node.ledger.core.runtx import RunJoin
+from node.ledger.core.state import FINAL
 from node.training.client import post_run
 
 from ..e2e.swarm import swarm, tiny_genesis

@@ -16,8 +16,8 @@ import pytest
 
 from node.compute.model import make_tiny
 from node.identity import account_from_str
-from node.ledger.genesis import load_genesis
 from node.ledger.core.runtx import RoundReveal
+from node.ledger.genesis import load_genesis
 from node.ledger.store import LedgerStore
 
 from ..inference.procs import (

@@ -19,8 +19,20 @@ from node.ledger.genesis import load_genesis
 from node.ledger.store import LedgerStore
 from node.market.data import shakespeare_play
 
-from ..inference.procs import (api_call, api_get, free_port, genesis_supply, kill, peer, spawn, stop_all, tail,
-                               validator_addr, wait_info, write_genesis)
+from ..inference.procs import (
+    api_call,
+    api_get,
+    free_port,
+    genesis_supply,
+    kill,
+    peer,
+    spawn,
+    stop_all,
+    tail,
+    validator_addr,
+    wait_info,
+    write_genesis,
+)
 
 WORKERS = (1, 2, 3, 4)
 ROUNDS = 2

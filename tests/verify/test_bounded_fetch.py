@@ -14,8 +14,7 @@ import trio
 from node.compute.model import block_file, load_manifest, make_tiny
 from node.ledger.core.genesis import GenesisError, Params
 from node.ledger.genesis import load_genesis, parse_genesis
-from node.verify.blockfetch import (BLOCK_PROTOCOL, REQUEST_MAX, BlockFetcher, FetchRefused, HeldModels,
-                                    bonded_peers)
+from node.verify.blockfetch import BLOCK_PROTOCOL, REQUEST_MAX, BlockFetcher, FetchRefused, HeldModels, bonded_peers
 from node.verify.fetchstore import USED_FILE, FetchedModels
 from tests.p2p.util import running_hosts
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 
 from node.encoding import H
-from node.ledger.core.tx import ABSTAIN, INVALID, VALID
 from node.ledger.core.committee import deadlocked, select_committee, tally
 from node.ledger.core.sampling import PPM, is_sampled, sampling_ppm
+from node.ledger.core.tx import ABSTAIN, INVALID, VALID
 
 
 def test_sampling_rate_matches_probability():

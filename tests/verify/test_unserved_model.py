@@ -96,8 +96,8 @@ def test_a_stalled_fetch_of_another_model_does_not_hold_back_votes_on_the_own_mo
         with trio.fail_after(200):
             spans = [(0, 3), (3, 6), (0, 6)]
             async with swarm(tmp_path, tiny_dir, spans, genesis=g) as nodes:
-                from tests.e2e.swarm import node_config
                 from node.runtime import Node
+                from tests.e2e.swarm import node_config
 
                 cfg = node_config(tmp_path, 4, g, x_dir, span=(0, 6))
                 cfg.bootstrap = nodes[0].host.addrs

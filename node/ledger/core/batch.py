@@ -77,11 +77,36 @@ from typing import TYPE_CHECKING
 
 from ...encoding import MAX_AMOUNT, H
 from . import batchaudit as audit
-from .batchstate import (TERMINAL, AuditStatus, Batch, BatchStatus, Fate, Item, ItemStatus, WorkerRecord, due_key,
-                         item_key)
-from .batchtx import (GENERATE, MAX_FLOOR, MAX_GENERATE_TOKENS, MAX_ITEMS, MAX_REISSUES, MAX_REPLICATION,
-                      MAX_WINDOW, TASK_KINDS, WITHDRAWN, BatchAuditVote, BatchCancel, BatchCommit, BatchOffer,
-                      BatchPost, BatchReveal, commitment)
+from .batchstate import (
+    TERMINAL,
+    AuditStatus,
+    Batch,
+    BatchStatus,
+    Fate,
+    Item,
+    ItemStatus,
+    WorkerRecord,
+    due_key,
+    item_key,
+)
+from .batchtx import (
+    GENERATE,
+    MAX_FLOOR,
+    MAX_GENERATE_TOKENS,
+    MAX_ITEMS,
+    MAX_REISSUES,
+    MAX_REPLICATION,
+    MAX_WINDOW,
+    TASK_KINDS,
+    WITHDRAWN,
+    BatchAuditVote,
+    BatchCancel,
+    BatchCommit,
+    BatchOffer,
+    BatchPost,
+    BatchReveal,
+    commitment,
+)
 from .genesis import TREASURY, Params
 from .tx import Tx, _check
 

@@ -26,8 +26,8 @@ written so, the wire list. An empty one-validator block becomes 157 B of value (
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ...encoding import merkle_root, pack, unpack_local
 

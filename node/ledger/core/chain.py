@@ -6,9 +6,8 @@ block and its commit, whether it came over gossip, from sync, or from its own st
 
 from __future__ import annotations
 
-from typing import Any
-
 from collections.abc import Callable
+from typing import Any
 
 from ...keys import Identity
 from .block import Block, Header, InvalidBlock, check_commit, sign_commit, tx_root

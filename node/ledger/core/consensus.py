@@ -16,10 +16,9 @@ of the power) and "f + 1" (line 55) is ``f + 1`` of power. The set may change fr
 
 from __future__ import annotations
 
-from typing import Any
-
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from .valset import ValidatorSet
 

@@ -8,11 +8,10 @@ with sampling floor ``p`` and slash ``S``, a cheater's expected loss ``p · S`` 
 
 from __future__ import annotations
 
-from typing import Any
-
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from ...encoding import AMOUNT_FORM, H, format_amount, pack, parse_amount
 from ...keys import account_from_str, account_to_str

@@ -32,8 +32,8 @@ base units from a bond to the treasury's balance, so the supply (balances + bond
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from . import history

@@ -23,8 +23,8 @@ read, for the counts); a commit is O(changes); iteration is O(n log n) (a backen
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Generic, Protocol, TypeVar
 from collections.abc import Callable, Iterator, MutableMapping
+from typing import Any, Generic, Protocol, TypeVar
 
 from ...encoding import pack, unpack, unpack_local
 

@@ -9,10 +9,10 @@ names and no type tags (an Account is six integers). Only this node's own LevelD
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 import enum
 import types
 import typing
+from dataclasses import dataclass
 from functools import cache
 from typing import Any, Union
 

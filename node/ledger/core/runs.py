@@ -57,20 +57,28 @@ A Δ revealed in an *earlier* attempt or round is a stale Δ, caught only by sam
 
 from __future__ import annotations
 
-from dataclasses import replace
 from collections.abc import Set as AbstractSet
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ...encoding import H
-from . import committee as cm
-from . import history
-from .sampling import PPM, is_sampled, sampling_ppm
+from . import committee as cm, history
 from .jobtx import parse_targets
+from .runstate import MAX_JOINED, TERMINAL, Outcome, Phase, RoundState, RoundSummary, Run, RunStatus, attempt_of
+from .runtx import (
+    CODECS,
+    INNER_STATE,
+    TRAINABLE,
+    RoundAggregate,
+    RoundReceipt,
+    RoundReveal,
+    RunCancel,
+    RunJoin,
+    RunLeave,
+    RunPost,
+)
+from .sampling import PPM, is_sampled, sampling_ppm
 from .status import INVALID_S, SAMPLED
-from .runstate import (MAX_JOINED, TERMINAL, Outcome, Phase, RoundState, RoundSummary, Run, RunStatus,
-                       attempt_of)
-from .runtx import (CODECS, INNER_STATE, TRAINABLE, RoundAggregate, RoundReceipt, RoundReveal,
-                    RunCancel, RunJoin, RunLeave, RunPost)
 from .tx import InvalidTx, Tx, _check
 
 if TYPE_CHECKING:

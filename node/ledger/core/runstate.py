@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 from .runtx import NO_MOMENTUM, RunPost
 

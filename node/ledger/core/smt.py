@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Mapping
-from hashlib import blake2b
 from dataclasses import dataclass
+from hashlib import blake2b
 from typing import Any, NamedTuple, Protocol
 
 from ...encoding import HASH_LEN, H

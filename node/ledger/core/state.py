@@ -20,37 +20,34 @@ a verdict and a slash each count once.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, cast
-
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, Protocol, cast
 
 from ...encoding import H, pack
 from ...keys import verify_many
-from . import committee as cm
-from .sampling import PPM, is_sampled, sampling_ppm
-from .genesis import TREASURY, Genesis, Params
-from .kv import _DEL, OrderedSet, Table
-from .records import MAPS, SETS
-from .records import CODECS, Account, ReceiptRecord
-from .tree import EMPTY_ROOT, SEQ_KEY, StateTree, entry_key, leaf_value, memory_tree
-from . import history as history_mod
-from . import jobs as jobs_mod
-from . import valset as valset_mod
-from .valset import VALIDATOR_TXS, ValidatorSet
-from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, JobRelease, TrainReceipt
-from . import runs as runs_mod
-from . import batch as batch_mod
+from . import (
+    batch as batch_mod,
+    committee as cm,
+    history as history_mod,
+    jobs as jobs_mod,
+    runs as runs_mod,
+    valset as valset_mod,
+)
 from .batchtx import BATCH_TXS
 from .dispute import Dispute, apply_dispute, take_dispute
 from .domain import mismatch
+from .genesis import TREASURY, Genesis, Params
+from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, JobRelease, TrainReceipt
+from .kv import _DEL, OrderedSet, Table
+from .records import CODECS, MAPS, SETS, Account, ReceiptRecord
 from .runs import Outcome
 from .runtx import RoundAggregate, RoundReceipt, RoundReveal, RunCancel, RunJoin, RunLeave, RunPost
+from .sampling import PPM, is_sampled, sampling_ppm
 from .status import FINAL, INVALID_S, PENDING, SAMPLED, SETTLED, UNVERIFIED, VALID_S
+from .tree import EMPTY_ROOT, SEQ_KEY, StateTree, entry_key, leaf_value, memory_tree
 from .tx import ABSTAIN, INVALID, VALID, Bond, Evidence, InvalidTx, Receipt, Transfer, Tx, Unbond, Vote, _check
-
-
-
+from .valset import VALIDATOR_TXS, ValidatorSet
 
 
 class Nonced(Protocol):

@@ -18,9 +18,9 @@ Where the nodes live (a :class:`StateTree` per state):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from hashlib import blake2b
 from typing import Any
-from collections.abc import Callable, Iterator
 
 from .smt import EMPTY_ROOT, Root, StaleNode, UpdateResult, prove, prune_bound, tree_key, update
 
