@@ -19,11 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from node.compute.cheats import FAULTS  # noqa: E402
-from node.compute.span import SpanModel  # noqa: E402
-from node.verify.compare import DEFAULT_TOLERANCE, distance  # noqa: E402
+from node.compute.cheats import FAULTS
+from node.compute.span import SpanModel
+from node.verify.compare import DEFAULT_TOLERANCE, distance
 
 
 def session(span, x, prompt, threads):

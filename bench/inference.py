@@ -59,9 +59,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import trio  # noqa: E402
+import trio
 
-from tests.net.netns import Netns, NetnsUnavailable  # noqa: E402  (test infra: bench runs from a checkout)
+from tests.net.netns import Netns, NetnsUnavailable
 
 CHAIN = "tally-bench"
 PRICE = 1_000_000
@@ -191,8 +191,8 @@ class BenchLedger:
 
     chain_id = CHAIN
 
-    class genesis:  # noqa: N801
-        class params:  # noqa: N801
+    class genesis:
+        class params:
             price_per_token_block = PRICE
 
     async def submit(self, tx) -> bytes:

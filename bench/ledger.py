@@ -43,15 +43,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import ledger_rate  # noqa: E402  (bench/ledger_rate.py: the receipt rate at 10^4 and 10^6 live receipts)
-import ledger_scale  # noqa: E402  (bench/ledger_scale.py, beside this file: the --scale mode)
-import nacl.signing  # noqa: E402
+import ledger_rate
+import ledger_scale
+import nacl.signing
 
-from node.encoding import pack, unpack  # noqa: E402
-from node.identity import Identity, dev_seed  # noqa: E402
-from node.ledger.core.state import apply_block_body, genesis_state  # noqa: E402
-from node.ledger.core.tx import Receipt, decode_tx  # noqa: E402
-from node.ledger.genesis import Genesis, Params  # noqa: E402
+from node.encoding import pack, unpack
+from node.identity import Identity, dev_seed
+from node.ledger.core.state import apply_block_body, genesis_state
+from node.ledger.core.tx import Receipt, decode_tx
+from node.ledger.genesis import Genesis, Params
 
 C = 10**9
 

@@ -54,19 +54,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from node.encoding import H, pack, unpack  # noqa: E402
-from node.identity import Identity, dev_seed  # noqa: E402
-from node.ledger import leveldb_reads, snapshot, statedb  # noqa: E402
+from node.encoding import H, pack, unpack
+from node.identity import Identity, dev_seed
+from node.ledger import leveldb_reads, snapshot, statedb
 from node.ledger.core import (
-    smt,  # noqa: E402
-    tree as tr,  # noqa: E402
+    smt,
+    tree as tr,
 )
-from node.ledger.core.chain import commit_block, propose  # noqa: E402
-from node.ledger.core.state import MAPS, SETS, ReceiptRecord  # noqa: E402
-from node.ledger.core.status import SETTLED  # noqa: E402
-from node.ledger.core.tx import Receipt, decode_tx  # noqa: E402
-from node.ledger.genesis import Genesis, Params  # noqa: E402
-from node.ledger.store import LedgerStore  # noqa: E402
+from node.ledger.core.chain import commit_block, propose
+from node.ledger.core.state import MAPS, SETS, ReceiptRecord
+from node.ledger.core.status import SETTLED
+from node.ledger.core.tx import Receipt, decode_tx
+from node.ledger.genesis import Genesis, Params
+from node.ledger.store import LedgerStore
 
 C = 10**9
 SAMPLE_PPM = 10_000
@@ -198,7 +198,7 @@ class _CountingBatch:
     """A ``WriteBatch`` that, when written, records the net bytes (keys + values) it adds to ``db``: each key's
     last write counted against the value it replaces (a deletion subtracts what it removes)."""
 
-    def __init__(self, db: Any, owner: "_CountingDB", **kw: Any):
+    def __init__(self, db: Any, owner: _CountingDB, **kw: Any):
         self.db, self.owner, self.kw = db, owner, kw
         self.ops: dict[bytes, bytes | None] = {}
 
@@ -208,7 +208,7 @@ class _CountingBatch:
     def delete(self, key: bytes) -> None:
         self.ops[bytes(key)] = None
 
-    def __enter__(self) -> "_CountingBatch":
+    def __enter__(self) -> _CountingBatch:
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:

@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from node.encoding import pack  # noqa: E402
-from node.ledger.core.smt import EMPTY_ROOT, MemoryNodeStore, get, prove, update, verify  # noqa: E402
+from node.encoding import pack
+from node.ledger.core.smt import EMPTY_ROOT, MemoryNodeStore, get, prove, update, verify
 
 VALUE_BYTES = 40
 

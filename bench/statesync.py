@@ -16,12 +16,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from node.identity import Identity, dev_seed  # noqa: E402
-from node.ledger import snapshot as snap  # noqa: E402
-from node.ledger.core.chain import commit_block, propose  # noqa: E402
-from node.ledger.core.tx import Receipt  # noqa: E402
-from node.ledger.genesis import Genesis, Params  # noqa: E402
-from node.ledger.store import LedgerStore  # noqa: E402
+from node.identity import Identity, dev_seed
+from node.ledger import snapshot as snap
+from node.ledger.core.chain import commit_block, propose
+from node.ledger.core.tx import Receipt
+from node.ledger.genesis import Genesis, Params
+from node.ledger.store import LedgerStore
 
 C = 10**9
 

@@ -44,17 +44,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from node.compute.model import ensure_smollm2  # noqa: E402
-from node.compute.train import encode_text, split_tokens  # noqa: E402
-from node.encoding import H  # noqa: E402
-from node.market.data import list_plays, shakespeare_play  # noqa: E402
-from node.training.assign import assign_round, batch_tensors, make_windows, screen_tensor  # noqa: E402
-from node.training.codec import Codec, decode, encode, payload_bytes  # noqa: E402
-from node.training.inner import InnerTrainer, make_scratch_model  # noqa: E402
-from node.training.outer import OuterSpec, outer_step  # noqa: E402
-from node.training.screen import screen  # noqa: E402
+from node.compute.model import ensure_smollm2
+from node.compute.train import encode_text, split_tokens
+from node.encoding import H
+from node.market.data import list_plays, shakespeare_play
+from node.training.assign import assign_round, batch_tensors, make_windows, screen_tensor
+from node.training.codec import Codec, decode, encode, payload_bytes
+from node.training.inner import InnerTrainer, make_scratch_model
+from node.training.outer import OuterSpec, outer_step
+from node.training.screen import screen
 
 REAL_RANK = 8
 REAL_TARGETS = ("q_proj", "v_proj")

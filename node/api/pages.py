@@ -11,7 +11,7 @@ the match). A missing object answers a 404 page; a malformed id a 400 page.
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path as FsPath
 
 import jinja2
@@ -32,7 +32,7 @@ def environment() -> jinja2.Environment:
     env.filters["short"] = lambda s, n=10: s if not s or len(s) <= n + 2 else f"{s[:n]}…"
     env.filters["credits"] = lambda a: "—" if a is None else a["credits"]
     env.filters["utc"] = lambda ms: "—" if ms is None else datetime.fromtimestamp(
-        ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     env.filters["pct"] = lambda x, total: f"{100 * x / total:.0f}%" if total else "—"
     return env
 

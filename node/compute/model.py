@@ -39,9 +39,10 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from node.encoding import H, merkle_root, pack, tensor_commitment
 
@@ -285,7 +286,7 @@ def save_model_dir(model, tokenizer, out_dir: Path, *, name: str | None = None) 
     if tokenizer is not None:
         tokenizer.save_pretrained(str(out))
 
-    def f32(t) -> "torch.Tensor":
+    def f32(t) -> torch.Tensor:
         return t.detach().to(device="cpu", dtype=torch.float32).clone().contiguous()
 
     head = {

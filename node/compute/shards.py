@@ -7,8 +7,9 @@ Spans are half-open block ranges ``[start, end)``. No torch here.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import AbstractSet, Iterable, Mapping
+from typing import AbstractSet
 
 
 class NoRouteError(ValueError):

@@ -56,7 +56,7 @@ class ReceiptClock:
     def __init__(self) -> None:
         self.reset()
 
-    def __enter__(self) -> "ReceiptClock":
+    def __enter__(self) -> ReceiptClock:
         self._c0 = time.thread_time()
         self._t0 = time.perf_counter()
         return self
@@ -105,7 +105,7 @@ class MerkleAccumulator:
     leaves appended so far (the empty tree hashes to ``H(b"")``).
     """
 
-    __slots__ = ("_sizes", "_hashes", "size")
+    __slots__ = ("_hashes", "_sizes", "size")
 
     def __init__(self) -> None:
         self._sizes: list[int] = []  # perfect subtree sizes, strictly decreasing

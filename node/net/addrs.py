@@ -16,7 +16,7 @@ import enum
 import ipaddress
 import socket
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 import psutil
 from multiaddr import Multiaddr

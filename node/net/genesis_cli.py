@@ -16,7 +16,7 @@ import os
 import re
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 
@@ -58,7 +58,7 @@ def parse_genesis_time(text: str) -> int:
         raise FlagError(f"--genesis-time {text!r}: give ISO 8601 UTC (e.g. 2026-01-01T00:00:00Z) or milliseconds "
                         "since the Unix epoch") from None
     if d.tzinfo is None:
-        d = d.replace(tzinfo=timezone.utc)
+        d = d.replace(tzinfo=UTC)
     ms = round(d.timestamp() * 1000)
     if ms < 0:
         raise FlagError(f"--genesis-time {text!r} is before 1970")
@@ -238,7 +238,7 @@ def _credits(units: int) -> str:
 
 def iso_time(ms: int) -> str:
     """Milliseconds since the epoch as ISO 8601 UTC (``2026-01-01T00:00:00Z``; milliseconds shown if any)."""
-    d = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    d = datetime.fromtimestamp(ms / 1000, tz=UTC)
     return d.strftime("%Y-%m-%dT%H:%M:%S") + (f".{ms % 1000:03d}" if ms % 1000 else "") + "Z"
 
 

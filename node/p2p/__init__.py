@@ -18,6 +18,15 @@ from .framing import (
 from .host import P2PHost, PeerUnreachable
 
 __all__ = [
-    "P2PHost", "PeerUnreachable", "FrameError", "RemoteError", "RequestTimeout", "StreamClosed",
-    "check_reply", "error_reply", "ok_reply", "read_msg", "write_msg",
+                      "FrameError",
+                      "P2PHost",
+                      "PeerUnreachable",
+                      "RemoteError",
+                      "RequestTimeout",
+                      "StreamClosed",
+                      "check_reply",
+                      "error_reply",
+                      "ok_reply",
+                      "read_msg",
+                      "write_msg",
 ]

@@ -31,8 +31,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable
 from functools import cache
-from typing import Awaitable, Callable
 
 import trio
 
@@ -71,7 +71,7 @@ def router_class() -> type:
     from libp2p.pubsub.gossipsub import GossipSub
 
     class TallyGossipSub(GossipSub):  # type: ignore[misc, valid-type]
-        def _prune_pending_messages(self, peer_id) -> None:  # noqa: ANN001 (py-libp2p's ID)
+        def _prune_pending_messages(self, peer_id) -> None:
             queue = self._pending_messages.get(peer_id)
             if queue is None:
                 return

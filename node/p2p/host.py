@@ -26,9 +26,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import trio
 
@@ -169,7 +169,7 @@ class P2PHost(GossipMethods):
     # ------------------------------------------------------------------ lifecycle
 
     @asynccontextmanager
-    async def running(self) -> AsyncIterator["P2PHost"]:
+    async def running(self) -> AsyncIterator[P2PHost]:
         """Start the host, listen, run pubsub + gossipsub; yield ``self``; stop everything on exit.
 
         Stopping cancels gossip reader/worker tasks, closes all connections and the listening socket (~0.1 s per

@@ -13,8 +13,8 @@ The host (:mod:`node.p2p.host`) applies this: it answers the offending stream wi
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 # offence weights (points)
 MALFORMED_FRAME = 5.0  # framing broken, msgpack undecodable, not a map

@@ -15,8 +15,8 @@ Integers enter hashes as fixed-width big-endian (round: 4 bytes, window index: 8
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -155,5 +155,14 @@ def batches_root(windows: torch.Tensor, assignment: Assignment) -> bytes:
     return commitments_root(batch_tensors(windows, assignment))
 
 
-__all__ = ["BATCHES_TAG", "make_windows", "Assignment", "round_seed", "window_order", "assign_round",
-           "batch_tensors", "screen_tensor", "batches_root"]
+__all__ = [
+    "BATCHES_TAG",
+    "Assignment",
+    "assign_round",
+    "batch_tensors",
+    "batches_root",
+    "make_windows",
+    "round_seed",
+    "screen_tensor",
+    "window_order",
+]

@@ -21,8 +21,8 @@ processes, thread counts and machines. No pickle; payloads travel as plain tenso
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -238,4 +238,4 @@ def payload_bytes(payload: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in payload)
 
 
-__all__ = ["Codec", "PPM", "INT8_LEVELS", "topk_k", "encode", "decode", "payload_bytes"]
+__all__ = ["INT8_LEVELS", "PPM", "Codec", "decode", "encode", "payload_bytes", "topk_k"]

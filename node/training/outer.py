@@ -24,8 +24,8 @@ from these explicit ops in the last bits (``shared/notes/diloco-probe.md``): the
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -204,5 +204,12 @@ def outer_step(params: list[torch.Tensor], momentum: list[torch.Tensor] | None,
                        dropped=dropped, norms=norms, scales=scales)
 
 
-__all__ = ["OuterSpec", "OuterResult", "outer_step", "delta_norm", "DROP_NON_FINITE", "DROP_SHAPE",
-           "DROP_DTYPE"]
+__all__ = [
+    "DROP_DTYPE",
+    "DROP_NON_FINITE",
+    "DROP_SHAPE",
+    "OuterResult",
+    "OuterSpec",
+    "delta_norm",
+    "outer_step",
+]

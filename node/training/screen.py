@@ -11,7 +11,7 @@ other-data updates without a full replay; a free rider (Δ = 0) passes it and is
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -24,7 +24,7 @@ class LiveSwarm:
         self.error: BaseException | None = None
         self.nodes = []
 
-    def start(self, timeout: float = 90) -> "LiveSwarm":
+    def start(self, timeout: float = 90) -> LiveSwarm:
         self.thread = threading.Thread(target=self._thread, daemon=True)
         self.thread.start()
         if not self.ready.wait(timeout) or self.error is not None:

@@ -99,7 +99,7 @@ def test_every_account_field_of_every_kind_is_checked_at_decode(kind):
     assert {n for n in cls.SCHEMA if n in ACCOUNT_NAMES} == set(names) and names, cls.SCHEMA
     good = [_valid_value(k, KEYS[1].account) for k in cls.SCHEMA.values()]
     wire = {"t": kind, "c": make_genesis().domain, "f": good, "s": [b""] * len(cls.SIGS)}
-    assert decode_tx(wire).KIND == kind  # the well-formed one decodes
+    assert kind == decode_tx(wire).KIND  # the well-formed one decodes
     for name in names:
         i = list(cls.SCHEMA).index(name)
         for what, raw in BAD.items():

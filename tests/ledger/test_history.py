@@ -261,7 +261,6 @@ def test_a_jobs_receipts_leave_after_the_job_ended_and_its_view_reads_them_from_
     then leave ``retention_blocks`` after the job settled, into the same log: the job's API view shows them
     archived with their status, steps and payouts (the paid total unchanged), each proves against a header, a
     replay of one is refused (the job ended), and a restart reopens the same state."""
-    import os
 
     from node.ledger.core.jobs import SETTLED
     from node.ledger.core.jobtx import JobAccept, JobDeliver, JobPost, TrainReceipt

@@ -68,7 +68,7 @@ def test_invariants_hold_over_random_sequences(actions):
                          b, 2, 16, 1000, 0, c, C // 10, state.height + 30, 0, nonce(sender)).signed(sender)
             jobs.append(tx)
             pending.append(tx)
-        elif kind in ("job_accept", "job_cancel", "job_deliver", "train") and (jobs and close_block() or state.jobs):
+        elif kind in ("job_accept", "job_cancel", "job_deliver", "train") and ((jobs and close_block()) or state.jobs):
             # mostly a sensible action for a job in the right status, sometimes a wrong one (must be refused)
             want = {"job_accept": "open", "job_cancel": "open", "job_deliver": "accepted", "train": "accepted"}[kind]
             fit = [j for j in state.jobs.values() if j.status == want] or list(state.jobs.values())

@@ -344,7 +344,7 @@ def test_wire_round_trip_of_every_run_transaction():
     wire["f"][9] = list(reversed(wire["f"][9]))  # accepted accounts out of canonical order
     with pytest.raises(InvalidTx, match="accepted"):
         decode_tx(wire)
-    assert NO_MOMENTUM == c.run(post).momentum
+    assert c.run(post).momentum == NO_MOMENTUM
 
 
 def test_a_finished_runs_receipts_leave_the_hot_state_after_the_retention_window():

@@ -36,8 +36,8 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 PREFIX = "tnet-"
 """Name prefix of every namespace this harness makes: ``tnet-<owner pid>-<hex4>-<name>``."""
@@ -444,7 +444,7 @@ class Netns:
             _delete_ns(ns)
         self._namespaces.clear()
 
-    def __enter__(self) -> "Netns":
+    def __enter__(self) -> Netns:
         return self
 
     def __exit__(self, *exc) -> None:

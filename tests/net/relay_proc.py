@@ -40,7 +40,7 @@ from node.p2p.host import P2PHost
 
 if str(Path(__file__).resolve().parents[2]) not in sys.path:  # run as a script: make `tests` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.net.peer_proc import CHAIN, ROOT, PeerProc  # noqa: E402
+from tests.net.peer_proc import CHAIN, ROOT, PeerProc
 
 ECHO = "/tally/test/echo/1.0.0"
 

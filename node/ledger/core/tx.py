@@ -331,9 +331,10 @@ def decode_tx(obj: Any) -> Tx:
     return cls(chain_id, *f, *s)  # the kind's own fields, checked above
 
 
-from . import (
-    batchtx,  # noqa: E402,F401  (registers the batch jobs' transaction kinds in TX_KINDS)
-    dispute,  # noqa: E402,F401  (registers the requester's Dispute of a receipt in TX_KINDS)
-    jobtx,  # noqa: E402,F401  (registers the marketplace's transaction kinds in TX_KINDS)
-    runtx,  # noqa: E402,F401  (registers the training runs' transaction kinds in TX_KINDS)
-)
+# The kinds enter TX_KINDS in this order (kept out of isort's sorting).
+# isort: off
+from . import jobtx  # noqa: E402,F401  (registers the marketplace's transaction kinds in TX_KINDS)
+from . import runtx  # noqa: E402,F401  (registers the training runs' transaction kinds in TX_KINDS)
+from . import batchtx  # noqa: E402,F401  (registers the batch jobs' transaction kinds in TX_KINDS)
+from . import dispute  # noqa: E402,F401  (registers the requester's Dispute of a receipt in TX_KINDS)
+# isort: on
