@@ -245,13 +245,13 @@ async def run_client(args, model_dir: Path, servers: list[dict], prompt: list[in
             client_receipt_cpu += run_cpu
             stats = [await host.request(s["peer"], STATS, {}, timeout=10) for s in servers]
             if args.processes or args.hosts:  # in one process, one clock: the client's reading has it all
-                for acc, st in zip(server_stats, stats):
+                for acc, st in zip(server_stats, stats, strict=False):
                     acc["receipt_s"] += st["receipt_s"]
                     acc["receipt_cpu_s"] += st["receipt_cpu_s"]
                 run_s += sum(st["receipt_s"] for st in stats)
                 run_cpu += sum(st["receipt_cpu_s"] for st in stats)
             shares.append((run_s, run_cpu, gens[-1].seconds))
-        server_stats = [{**st, **acc} for st, acc in zip(stats, server_stats)]  # latencies: the last run
+        server_stats = [{**st, **acc} for st, acc in zip(stats, server_stats, strict=False)]  # latencies: the last run
     hops = len(gens[0].route)
     positions = sum(len(prompt) + args.tokens - 1 for _ in gens)  # per hop
     wall = sum(g.seconds for g in gens)
@@ -452,8 +452,8 @@ async def _bench_hosts(args, model_dir: Path, spans, prompt: list[int], local: f
         procs = [net.popen(h, [sys.executable, __file__, "--serve", f"{s}:{e}", "--key", str(key), "--model-dir",
                                str(model_dir), "--threads", str(args.threads), "--listen-host", h.ip],
                            stdout=subprocess.PIPE, text=True, cwd=root)
-                 for key, ((s, e), h) in enumerate(zip(spans, hosts), start=1)]
-        servers = [await _wait_line(p, f"server in {h.ns}") for p, h in zip(procs, hosts)]
+                 for key, ((s, e), h) in enumerate(zip(spans, hosts, strict=False), start=1)]
+        servers = [await _wait_line(p, f"server in {h.ns}") for p, h in zip(procs, hosts, strict=False)]
         print(f"--hosts: network namespaces on one bridge, run {net.run_id}: servers "
               f"{[h.ip for h in hosts]}, client {client.ip}", flush=True)
         spec = Path(tempfile.mkdtemp(prefix="tally-bench-")) / "hosts.json"
@@ -521,7 +521,7 @@ def report(args, manifest, r: dict, local: float, local_tokens: list[int]) -> No
     print(f"  route: {[(p[:12], s, e) for p, s, e in r['route']]}; per one-token step (means, last run), server "
           f"ms: {r['server_step_ms']} from request to reply, {r['server_compute_ms']} of it in the span's forward")
     hop_ms = r["client_hop_ms"]
-    net_ms = [round(c - s, 2) for c, s in zip(hop_ms, r["server_step_ms"])]
+    net_ms = [round(c - s, 2) for c, s in zip(hop_ms, r["server_step_ms"], strict=False)]
     token_ms = 1e3 * r["shares"][-1][2] / (r["steps"] / len(r["shares"]))  # the last run, like hop_ms
     print(f"  per one-token step, client ms per hop from sending to the decoded reply: {hop_ms}; less the server's "
           f"time: {net_ms} (both ends' libp2p stack and the wire); per token {token_ms:.1f} ms, "

@@ -62,7 +62,7 @@ def raw_verify_rate(n: int) -> float:
     msgs = [os.urandom(32) for _ in range(n)]
     sigs = [sk.sign(m).signature for m in msgs]
     t0 = time.perf_counter()
-    for m, s in zip(msgs, sigs):
+    for m, s in zip(msgs, sigs, strict=True):
         vk.verify(m, s)
     return n / (time.perf_counter() - t0)
 

@@ -67,7 +67,7 @@ def load_text(which: str) -> bytes:
 
 
 def sub(a: list[torch.Tensor], b: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [(x - y).contiguous() for x, y in zip(a, b)]
+    return [(x - y).contiguous() for x, y in zip(a, b, strict=False)]
 
 
 def run_seed(args, text: bytes, seed: int, workdir: Path) -> dict:
@@ -241,7 +241,7 @@ def main(argv=None) -> int:
           f"{b['payload']:,}; data-parallel for the same {Hs} steps (fp32 gradients): {Hs} x {b['grad']:,} = "
           f"{dp_bytes:,}")
     fsd = statistics.stdev(frac) if len(frac) > 1 else 0.0
-    gap = [o - d for o, d in zip(one, dl)]
+    gap = [o - d for o, d in zip(one, dl, strict=False)]
     print(f"fraction of data-parallel's loss drop: {statistics.fmean(frac):.4f} (± {fsd:.4f}; per seed "
           f"{', '.join(f'{f:.4f}' for f in frac)}; target >= 0.95)")
     print(f"one worker minus DiLoCo: {spread(gap)} (per seed below: {sum(below)}/{len(below)})")

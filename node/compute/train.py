@@ -87,7 +87,7 @@ def batch_for_step(train_ids: torch.Tensor, spec: TrainSpec, step: int) -> torch
 def seeded_lora_init_(names: list[str], params: list[torch.Tensor], seed: int) -> None:
     """peft's LoRA init in place (A Kaiming-uniform with a = √5, B zero), drawn from a generator seeded with
     ``H(seed ‖ parameter name)`` rather than the process-global RNG, which other threads may be using."""
-    for name, p in zip(names, params):
+    for name, p in zip(names, params, strict=True):
         if "lora_B" in name:
             p.zero_()
         else:
@@ -193,7 +193,7 @@ class Trainer:
                 continue
             if fault == "diverge" and s == step_start:
                 with torch.no_grad():  # blow the adapter up: the forward pass overflows to inf/NaN
-                    for name, p in zip(self.names, self.params):
+                    for name, p in zip(self.names, self.params, strict=True):
                         if "lora_B" in name:
                             p.fill_(1e38)
             used = batch
@@ -250,7 +250,7 @@ def state_distance(committed: list[torch.Tensor], replayed: list[torch.Tensor]) 
     if len(committed) != len(replayed):
         return math.inf
     worst = 0.0
-    for a, b in zip(committed, replayed):
+    for a, b in zip(committed, replayed, strict=True):
         if a.shape != b.shape or a.dtype != b.dtype:
             return math.inf
         if a.dtype == torch.int64:

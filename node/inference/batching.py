@@ -83,7 +83,7 @@ class StepBatcher:
         if len(batch) > 1:
             try:
                 outs = self._batched([r.hidden for r in batch], [r.cache for r in batch])
-                for r, out in zip(batch, outs):
+                for r, out in zip(batch, outs, strict=True):
                     r.result = out
                 self.batches += 1
                 self.batched_steps += len(batch)
@@ -105,7 +105,7 @@ class StepBatcher:
         big = DynamicCache(config=span.config)
         for li in range(len(span.net.layers)):
             ks, vs = [], []
-            for c, n in zip(caches, lens):
+            for c, n in zip(caches, lens, strict=True):
                 k, v = c.layers[li].keys, c.layers[li].values
                 if n < longest:  # left-pad the sequence dimension
                     k = torch.nn.functional.pad(k, (0, 0, longest - n, 0))

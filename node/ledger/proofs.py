@@ -304,7 +304,7 @@ def verify_account_proof(proof: dict, header: Header, account: bytes) -> dict | 
         return None
     if not (isinstance(leaf, list) and len(leaf) == 6 and all(isinstance(x, int) for x in leaf)):
         return None
-    return dict(zip(("balance", "bond", "escrow", "nonce", "valid_run", "slashed"), leaf))
+    return dict(zip(("balance", "bond", "escrow", "nonce", "valid_run", "slashed"), leaf, strict=True))
 
 
 def verify_record_proof(proof: dict, header: Header, receipt_id: bytes) -> dict | None:

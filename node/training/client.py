@@ -175,7 +175,7 @@ def _write_params(model_dir: Path, post: RunPost, theta: list[torch.Tensor], tex
         files[1].write_text(json.dumps(cfg, indent=2, default=str))
     else:
         files = [out_dir / "model.safetensors", out_dir / "config.json"]
-        save_file({n: t.contiguous() for n, t in zip(trainer.names, theta)}, str(files[0]))
+        save_file({n: t.contiguous() for n, t in zip(trainer.names, theta, strict=True)}, str(files[0]))
         trainer.model.config.save_pretrained(str(out_dir))
         for name in TOKENIZER_FILES:
             if (Path(model_dir) / name).exists():

@@ -129,7 +129,7 @@ def encode(delta: list[torch.Tensor], codec: Codec, residual: list[torch.Tensor]
     else:
         if not isinstance(residual, (list, tuple)) or len(residual) != len(delta):
             raise ValueError(f"residual must be a list of {len(delta)} tensors")
-        for i, (r, shape) in enumerate(zip(residual, shapes)):
+        for i, (r, shape) in enumerate(zip(residual, shapes, strict=True)):
             if not isinstance(r, torch.Tensor) or tuple(r.shape) != shape:
                 raise ValueError(f"residual[{i}] must have shape {shape}")
         res = [_flat32(r, f"residual[{i}]") for i, r in enumerate(residual)]
@@ -139,7 +139,7 @@ def encode(delta: list[torch.Tensor], codec: Codec, residual: list[torch.Tensor]
             raise ValueError(f"topk_ppm must be an integer in 1..{PPM}, got {topk_ppm!r}")
         payload: list[torch.Tensor] = []
         new_res: list[torch.Tensor] = []
-        for d, r, shape in zip(ds, res, shapes):
+        for d, r, shape in zip(ds, res, shapes, strict=True):
             e = d + r
             idx = _topk_select(e, topk_k(e.size, topk_ppm))
             val = e[idx]
@@ -149,11 +149,11 @@ def encode(delta: list[torch.Tensor], codec: Codec, residual: list[torch.Tensor]
             new_res.append(_to_torch(e - dec, shape))
         return payload, new_res
 
-    kept = [_to_torch(r.copy(), shape) for r, shape in zip(res, shapes)]
+    kept = [_to_torch(r.copy(), shape) for r, shape in zip(res, shapes, strict=True)]
     if codec is Codec.NONE:
-        return [_to_torch(d.copy(), shape) for d, shape in zip(ds, shapes)], kept
+        return [_to_torch(d.copy(), shape) for d, shape in zip(ds, shapes, strict=True)], kept
     payload = []
-    for d, shape in zip(ds, shapes):
+    for d, shape in zip(ds, shapes, strict=True):
         q, s = _int8_encode(d)
         payload += [_to_torch(q, shape), torch.from_numpy(s)]
     return payload, kept

@@ -122,9 +122,9 @@ class InnerTrainer:
         Raises:
             ValueError: wrong count, shape or dtype (nothing is changed then).
         """
-        self._check(ts, [(f"param {n}", p.shape, torch.float32) for n, p in zip(self.names, self._params)])
+        self._check(ts, [(f"param {n}", p.shape, torch.float32) for n, p in zip(self.names, self._params, strict=True)])
         with torch.no_grad():
-            for p, t in zip(self._params, ts):
+            for p, t in zip(self._params, ts, strict=True):
                 p.copy_(t.to(self.device))
 
     # ------------------------------------------------------------------ optimizer state
@@ -148,9 +148,9 @@ class InnerTrainer:
         """
         n = len(self._params)
         expect = []
-        for name, p in zip(self.names, self._params):
+        for name, p in zip(self.names, self._params, strict=True):
             expect += [(f"exp_avg {name}", p.shape, torch.float32), (f"exp_avg_sq {name}", p.shape, torch.float32)]
-        expect += [(f"residual {name}", p.shape, torch.float32) for name, p in zip(self.names, self._params)]
+        expect += [(f"residual {name}", p.shape, torch.float32) for name, p in zip(self.names, self._params, strict=True)]
         expect.append(("step", torch.Size([1]), torch.int64))
         self._check(ts, expect)
         step = int(ts[-1].item())
@@ -184,7 +184,7 @@ class InnerTrainer:
         Raises:
             ValueError: wrong count, shape or dtype (nothing is changed then).
         """
-        self._check(ts, [(f"residual {n}", p.shape, torch.float32) for n, p in zip(self.names, self._params)])
+        self._check(ts, [(f"residual {n}", p.shape, torch.float32) for n, p in zip(self.names, self._params, strict=True)])
         self._residual = [t.detach().to("cpu", torch.float32).clone().contiguous() for t in ts]
 
     # ------------------------------------------------------------------ training
@@ -236,7 +236,7 @@ class InnerTrainer:
         if not isinstance(ts, (list, tuple)) or len(ts) != len(expect):
             got = len(ts) if isinstance(ts, (list, tuple)) else type(ts).__name__
             raise ValueError(f"expected {len(expect)} tensors, got {got}")
-        for t, (what, shape, dtype) in zip(ts, expect):
+        for t, (what, shape, dtype) in zip(ts, expect, strict=True):
             if not isinstance(t, torch.Tensor) or t.shape != shape or t.dtype != dtype:
                 desc = f"{tuple(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
                 raise ValueError(f"{what}: expected {tuple(shape)} {dtype}, got {desc}")

@@ -96,7 +96,7 @@ def _out(a: np.ndarray, shape: tuple[int, ...]) -> torch.Tensor:
 def _why_malformed(d: object, shapes: Sequence[tuple[int, ...]]) -> str | None:
     if not isinstance(d, (list, tuple)) or len(d) != len(shapes):
         return DROP_SHAPE
-    for t, s in zip(d, shapes):
+    for t, s in zip(d, shapes, strict=True):
         if not isinstance(t, torch.Tensor):
             return DROP_DTYPE
         if tuple(t.shape) != s:
@@ -140,7 +140,7 @@ def outer_step(params: list[torch.Tensor], momentum: list[torch.Tensor] | None,
     buf_prev = None
     if momentum is not None:
         if not isinstance(momentum, (list, tuple)) or len(momentum) != len(params) or any(
-                not isinstance(m, torch.Tensor) or tuple(m.shape) != s for m, s in zip(momentum, shapes)):
+                not isinstance(m, torch.Tensor) or tuple(m.shape) != s for m, s in zip(momentum, shapes, strict=True)):
             raise ValueError("momentum must be a list of tensors with the shapes of params")
         buf_prev = [_flat32(m, f"momentum[{i}]") for i, m in enumerate(momentum)]
 
@@ -167,8 +167,8 @@ def outer_step(params: list[torch.Tensor], momentum: list[torch.Tensor] | None,
         kept.append((worker, flat))
 
     if not kept:
-        return OuterResult(params=[_out(t, s) for t, s in zip(theta, shapes)],
-                           momentum=None if momentum is None else [_out(m, s) for m, s in zip(buf_prev, shapes)],
+        return OuterResult(params=[_out(t, s) for t, s in zip(theta, shapes, strict=True)],
+                           momentum=None if momentum is None else [_out(m, s) for m, s in zip(buf_prev, shapes, strict=True)],
                            accepted=(), dropped=dropped, norms={}, scales={})
 
     # 2. median-norm clipping

@@ -134,7 +134,7 @@ def train_round(trainer: InnerTrainer, post: RunPost, theta: list[torch.Tensor],
         losses, after = [], [t.clone() for t in theta]
     else:
         losses, after = trainer.train(used), trainer.params()
-    delta = [(a - b).contiguous() for a, b in zip(theta, after)]
+    delta = [(a - b).contiguous() for a, b in zip(theta, after, strict=True)]
     if fault == "run-scale":
         delta = [d * 100 for d in delta]
     elif fault == "run-flip":
@@ -171,7 +171,7 @@ def replay_round(trainer: InnerTrainer, post: RunPost, theta: list[torch.Tensor]
     if commitments_root(batches) != batches_root:
         return INVALID, math.inf, "batches are not the round's assignment"
     if len(opt_before) != len(expected_before) or any(
-            a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b) for a, b in zip(opt_before, expected_before)):
+            a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b) for a, b in zip(opt_before, expected_before, strict=True)):
         return INVALID, math.inf, "opt_before is not the state this worker had to start from"
     try:
         trainer.load_params(theta)
@@ -188,11 +188,11 @@ def replay_round(trainer: InnerTrainer, post: RunPost, theta: list[torch.Tensor]
             state_distance(opt_after[:2 * n] + opt_after[-1:], replayed_opt[:2 * n] + replayed_opt[-1:]))
     if not d <= ROUND_TOLERANCE:
         return INVALID, d, "the replayed steps do not reach the committed state"
-    delta = [(a - b).contiguous() for a, b in zip(theta, params_after)]
+    delta = [(a - b).contiguous() for a, b in zip(theta, params_after, strict=True)]
     want, residual = encode(delta, Codec(post.codec), opt_before[2 * n:3 * n], post.topk_ppm)
     if commitments_root(want) != commitments_root(payload) or payload_bytes(want) != delta_bytes:
         return INVALID, d, "the committed Δ is not θ_r − θ_worker encoded with the run's codec"
-    if any(not torch.equal(a, b) for a, b in zip(residual, opt_after[2 * n:3 * n])):
+    if any(not torch.equal(a, b) for a, b in zip(residual, opt_after[2 * n:3 * n], strict=True)):
         return INVALID, d, "the committed codec residual is not the encoding's"
     return VALID, d, "ok"
 

@@ -25,7 +25,7 @@ def apply_delta(params: list[torch.Tensor], delta: list[torch.Tensor]) -> list[t
     if not isinstance(params, (list, tuple)) or not isinstance(delta, (list, tuple)) or len(params) != len(delta):
         raise ValueError("params and delta must be tensor lists of one length")
     out = []
-    for i, (p, d) in enumerate(zip(params, delta)):
+    for i, (p, d) in enumerate(zip(params, delta, strict=True)):
         if not isinstance(p, torch.Tensor) or not isinstance(d, torch.Tensor):
             raise ValueError(f"tensor {i}: expected torch tensors")
         if p.shape != d.shape or p.dtype != d.dtype:

@@ -106,7 +106,7 @@ def test_post_escrows_the_budget_and_serves_theta0(live, tiny, posted):
     from node.blobs import decode_blob
 
     stored = live.call(lambda: decode_blob(c.blobs.get_wire(p.params0), p.params0))
-    assert all(torch.equal(a, b) for a, b in zip(stored, theta0)) and len(stored) == len(theta0)
+    assert all(torch.equal(a, b) for a, b in zip(stored, theta0, strict=True)) and len(stored) == len(theta0)
     data = live.call(lambda: decode_blob(c.blobs.get_wire(p.dataset_root), p.dataset_root))
     assert dataset_bytes(data) == TEXT.encode()  # the dataset blob, as job datasets are stored
     # listed, and filtered by status
@@ -130,7 +130,7 @@ def test_fetch_writes_a_peft_adapter_checked_against_the_ledger(live, posted, tm
     cfg = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
     assert cfg["r"] == 4 and sorted(cfg["target_modules"]) == ["q_proj", "v_proj"] and cfg["peft_type"] == "LORA"
     theta0 = InnerTrainer(live.model_dir, "lora", 4, ("q_proj", "v_proj"), 0.01, 7)
-    want = {n.replace(".default", ""): t for n, t in zip(theta0.names, theta0.params())}
+    want = {n.replace(".default", ""): t for n, t in zip(theta0.names, theta0.params(), strict=True)}
     assert sd.keys() == want.keys() and all(torch.equal(sd[k], want[k]) for k in want)
     # θ = θ_0 (LoRA B = 0): the held-out loss is the base model's
     assert body["heldout_loss_initial"] == pytest.approx(body["heldout_loss"], abs=1e-6)
@@ -155,7 +155,7 @@ def test_all_parameter_run_fetches_as_model_safetensors(live, tmp_path):
     trainer = InnerTrainer(live.model_dir, "all", 0, (), 0.01, 7)
     assert commitments_root(trainer.params()) == bytes.fromhex(r.json()["params0"])
     sd = model.state_dict()
-    assert all(torch.equal(sd[n], t) for n, t in zip(trainer.names, trainer.params()))
+    assert all(torch.equal(sd[n], t) for n, t in zip(trainer.names, trainer.params(), strict=True))
     assert call(live.client, "POST", f"/v1/runs/{run_id}/cancel").status_code == 200
 
 

@@ -97,15 +97,15 @@ def test_score_bytes_equal_across_thread_counts(tiny):
     finally:
         torch.set_num_threads(before)
     assert out[1] == out[2]
-    margin = max(abs(a - b) for x, y in zip(raw[1], raw[2]) for a, b in zip(x, y))
+    margin = max(abs(a - b) for x, y in zip(raw[1], raw[2], strict=False) for a, b in zip(x, y, strict=False))
     assert margin < SCORE_GRID / 100  # measured 0.0 here: far inside the grid's half step
     r0 = unpack(out[1][0])
     assert len(r0["ll_q"]) == len(r0["ids"]) - 1 and all(isinstance(v, int) and v <= 0 for v in r0["ll_q"])
     assert r0["ll_q"] == quantize(raw[1][0])
     bf16 = ItemRunner(tiny, fault="bf16")
-    assert all(bf16.run("score", {"text": t}, 0) != o for t, o in zip(TEXTS, out[1]))
+    assert all(bf16.run("score", {"text": t}, 0) != o for t, o in zip(TEXTS, out[1], strict=False))
     corrupt = ItemRunner(tiny, fault="corrupt")
-    assert all(corrupt.run("score", {"text": t}, 0) != o for t, o in zip(TEXTS, out[1]))
+    assert all(corrupt.run("score", {"text": t}, 0) != o for t, o in zip(TEXTS, out[1], strict=False))
 
 
 def test_generate_is_one_process_greedy_and_errors_are_canonical(tiny):

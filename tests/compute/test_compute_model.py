@@ -62,7 +62,7 @@ def test_deterministic_model_id(tmp_path, tiny_dir):
     m0, m0b, m1 = load_manifest(tiny_dir), load_manifest(again), load_manifest(other)
     assert m0 == m0b
     assert m1.model_id != m0.model_id
-    assert all(a != b for a, b in zip(m0.block_hashes, m1.block_hashes))
+    assert all(a != b for a, b in zip(m0.block_hashes, m1.block_hashes, strict=True))
     assert m1.config_hash == m0.config_hash  # same architecture, different weights
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from node.compute.shards import NoRouteError, assign_spans, plan_route
@@ -11,7 +13,7 @@ from node.compute.shards import NoRouteError, assign_spans, plan_route
 def test_assign_spans_covers(num_blocks, n):
     spans = assign_spans(num_blocks, n)
     assert len(spans) == n and spans[0][0] == 0 and spans[-1][1] == num_blocks
-    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
     sizes = [e - s for s, e in spans]
     assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
 

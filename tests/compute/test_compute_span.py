@@ -23,7 +23,7 @@ def chain_generate(spans, head, prompt, steps, log=None):
     h = head.embed(torch.tensor([prompt]))
     tokens = []
     for _ in range(steps + 1):
-        for s, c in zip(spans, caches):
+        for s, c in zip(spans, caches, strict=True):
             out = s.forward(h, c)
             if log is not None:
                 log.setdefault(s, []).append((h, out))

@@ -17,6 +17,7 @@ Run as ``python -m tests.e2e.test_flood '<json>'`` this module is the flooder pr
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -121,7 +122,7 @@ async def _flooder(cfg: dict) -> None:
                 results.append(await _flood_one(h, target, t))
 
             async with trio.open_nursery() as n:
-                for h, t in zip(hosts[line], txs[line]):
+                for h, t in zip(hosts[line], txs[line], strict=False):
                     n.start_soon(one, h, t)
             print(json.dumps({"phase": line, "results": results}), flush=True)
 
@@ -343,7 +344,7 @@ async def phase(v, name: str, proc, blocks, admitted, included, refusals, http_p
     real = [r.receipt.id for r in out["receipts"]] + [out["transfer"]]
     real += [vid for r in out["receipts"] for vid in _vote_ids(v, r)]
     times = [(t, n, b) for t, _, n, b in blocks if start <= t <= end]
-    intervals = [b[0] - a[0] for a, b in zip(times, times[1:])]
+    intervals = [b[0] - a[0] for a, b in itertools.pairwise(times)]
     return {"receipts": out["receipts"], "lags": [included[t] - admitted[t] for t in real],
             "api_refused": out["api_refused"], "median_interval": statistics.median(intervals),
             "blocks": len(times), "max_pool": max(n for _, n, _ in times), "max_pool_bytes": max(b for *_, b in times),

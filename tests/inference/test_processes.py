@@ -271,7 +271,7 @@ def test_four_clients_at_once(tmp_path, tiny):
                     results[key] = await c.generate(prompts[key], 32)
 
                 async with trio.open_nursery() as g:
-                    for c, key in zip(clients, prompts):
+                    for c, key in zip(clients, prompts, strict=False):
                         g.start_soon(one, c, key)
             n.cancel_scope.cancel()
             return results, peak[0], sum(s.server.batcher.batched_steps for s in servers)

@@ -50,7 +50,7 @@ def test_running_receipt_commits_to_every_step_and_bills_after_the_replay():
     steps = [torch.randn(1, n, 8) for n in (4, 1, 1, 1)]
     outs = [torch.randn(1, n, 8) for n in (4, 1, 1, 1)]
     rr = RunningReceipt(terms())
-    for i, (x, y) in enumerate(zip(steps, outs)):
+    for i, (x, y) in enumerate(zip(steps, outs, strict=False)):
         rid = rr.append(tensor_commitment(x), tensor_commitment(y), x.shape[1])
         r = rr.current()
         assert rid == r.id == rr.receipt_of(*rr.state).id  # the fast id is the Receipt's canonical id
@@ -136,4 +136,4 @@ def test_store_blob_writes_what_blob_store_reads(tmp_path):
     store_blob(blobs, root, tensors)
     assert blobs.has(root)
     got = decode_blob(blobs.get_wire(root), root)  # the committee's decoder checks the root
-    assert all(torch.equal(a, b) for a, b in zip(got, tensors))
+    assert all(torch.equal(a, b) for a, b in zip(got, tensors, strict=True))

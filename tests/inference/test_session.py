@@ -46,7 +46,7 @@ def test_generation_matches_local_and_receipts_cover_every_position(tiny, tmp_pa
     gen, servers = run(main)
     assert gen.tokens == local_generate(tiny, PROMPT, 12)
     assert len(gen.receipts) == 3 and not gen.failovers
-    for r, s in zip(gen.receipts, servers):
+    for r, s in zip(gen.receipts, servers, strict=False):
         assert r.tokens == len(PROMPT) + 11 and r.price == r.work * 100
         r.check_signatures()
         (settled,) = s.settled
@@ -230,7 +230,7 @@ def test_acknowledgements_ride_on_steps_where_the_server_offers_it(tiny, tmp_pat
 
     gen, servers = run(main)
     assert gen.tokens == local_generate(tiny, PROMPT, steps)
-    for r, s in zip(gen.receipts, servers):
+    for r, s in zip(gen.receipts, servers, strict=False):
         (settled,) = s.settled
         assert settled.reason == "closed" and settled.acked == steps and settled.receipt == r
         r.check_signatures()

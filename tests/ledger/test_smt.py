@@ -106,7 +106,7 @@ def _check_tree(store: MemoryNodeStore, root: Root, model: dict[bytes, bytes], e
 @given(HISTORY)
 def test_matches_dict_model_and_every_proof_verifies(history):
     store, roots, models = _run(history)
-    for root, model in zip(roots, models):  # every version stays readable before pruning
+    for root, model in zip(roots, models, strict=True):  # every version stays readable before pruning
         _check_tree(store, root, model, POOL)
 
 
@@ -114,7 +114,7 @@ def test_matches_dict_model_and_every_proof_verifies(history):
 @given(HISTORY)
 def test_root_depends_only_on_contents(history):
     store, roots, models = _run(history)
-    for root, model in zip(roots, models):
+    for root, model in zip(roots, models, strict=True):
         fresh = update(MemoryNodeStore(), 0, EMPTY_ROOT, model)
         assert fresh.root.hash == root.hash
     # Within a batch, the order of the changes does not matter: same root, writes and stale nodes.

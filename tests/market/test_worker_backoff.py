@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import trio
@@ -45,9 +46,9 @@ def test_failing_job_is_retried_with_backoff_not_every_block():
             n.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    gaps = [b - a for a, b in zip(attempts, attempts[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
     assert 4 <= len(attempts) <= 6, attempts  # 0, 2, 6, 14, 30 s (+ block granularity), not 120 tries
-    assert all(g2 > g1 for g1, g2 in zip(gaps, gaps[1:])), gaps  # the wait doubles
+    assert all(g2 > g1 for g1, g2 in itertools.pairwise(gaps)), gaps  # the wait doubles
     assert not w.training and w.failures[jid][0] == len(attempts)
 
 

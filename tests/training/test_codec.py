@@ -54,7 +54,7 @@ def test_int8_zero_tensor_and_exact_codes():
     out = decode(payload, Codec.INT8, [(3, 4), (4,)])
     assert torch.equal(out[0], z) and out[1][2] == 0 and out[1][0] == d[0]
     assert payload_bytes(payload) == 12 + 4 + 4 + 4
-    assert all(torch.equal(r, torch.zeros_like(t)) for r, t in zip(res, [z, d]))
+    assert all(torch.equal(r, torch.zeros_like(t)) for r, t in zip(res, [z, d], strict=True))
 
 
 def test_int8_non_finite_stays_detectable():
@@ -75,9 +75,9 @@ def test_none_is_identity_and_keeps_residual():
     d = [_randn(4, 3, seed=1), _randn(5, seed=2)]
     r = [torch.full((4, 3), 0.5), torch.full((5,), -1.0)]
     payload, res = encode(d, Codec.NONE, r)
-    assert all(torch.equal(a, b) for a, b in zip(payload, d))
-    assert all(torch.equal(a, b) for a, b in zip(res, r))
-    assert all(torch.equal(a, b) for a, b in zip(decode(payload, Codec.NONE, [(4, 3), (5,)]), d))
+    assert all(torch.equal(a, b) for a, b in zip(payload, d, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(res, r, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(decode(payload, Codec.NONE, [(4, 3), (5,)]), d, strict=True))
     payload[0][0, 0] = 99.0  # payloads are copies, not views of the caller's tensors
     assert d[0][0, 0] != 99.0
 
@@ -108,7 +108,7 @@ def test_topk_error_feedback_loses_nothing():
             sum_delta[i] += delta[i].double()
             sum_sent[i] += sent[i].double()
             sum_abs[i] += delta[i].double().abs()
-    for sd, ss, sa, res in zip(sum_delta, sum_sent, sum_abs, residual):
+    for sd, ss, sa, res in zip(sum_delta, sum_sent, sum_abs, residual, strict=True):
         gap = float((ss + res.double() - sd).abs().max())
         # Only e = Δ + r rounds (r' = e − decoded is exact: 0 where sent, e elsewhere), by ≤ |e|·2^-24 per
         # round, and |e| ≤ Σ|Δ| up to that rounding.

@@ -46,9 +46,9 @@ def test_lora_init_is_the_trainers(tiny):
     ref = Trainer(tiny, TrainSpec(rank=4, targets=TARGETS, steps=1, batch_size=1, seq_len=8, lr=1e-2, seed=7,
                                   segment_steps=1))
     assert tr.names == ref.names and all("lora_" in n for n in tr.names)
-    for a, b in zip(tr.params(), ref.params):
+    for a, b in zip(tr.params(), ref.params, strict=True):
         assert torch.equal(a, b.detach())
-    assert all(torch.count_nonzero(p) == 0 for n, p in zip(tr.names, tr.params()) if "lora_B" in n)
+    assert all(torch.count_nonzero(p) == 0 for n, p in zip(tr.names, tr.params(), strict=True) if "lora_B" in n)
     st = tr.opt_state()
     n = len(tr.names)
     assert len(st) == 3 * n + 1 and st[-1].dtype == torch.int64 and st[-1].tolist() == [0]
@@ -74,13 +74,13 @@ def test_state_round_trip_reproduces_training_bit_for_bit(tiny, trainable):
     b.load_opt_state(opt)
     losses_b = b.train(batches(2, start=3))
     assert losses_a == losses_b
-    for x, y in zip(after_a, b.params()):
+    for x, y in zip(after_a, b.params(), strict=True):
         assert torch.equal(x, y)
-    for x, y in zip(opt_a, b.opt_state()):
+    for x, y in zip(opt_a, b.opt_state(), strict=True):
         assert torch.equal(x, y)
     assert opt_a[-1].tolist() == [5]
     n = len(a.names)
-    assert all(torch.equal(r, x) for r, x in zip(res, opt_a[2 * n:3 * n]))  # training leaves the residual alone
+    assert all(torch.equal(r, x) for r, x in zip(res, opt_a[2 * n:3 * n], strict=True))  # training leaves the residual alone
 
 
 def test_reset_zeroes_moments_and_step_keeps_residual(tiny):
@@ -92,14 +92,14 @@ def test_reset_zeroes_moments_and_step_keeps_residual(tiny):
     st = tr.opt_state()
     n = len(tr.names)
     assert all(torch.count_nonzero(t) == 0 for t in st[:2 * n])
-    assert all(torch.equal(r, t) for r, t in zip(res, st[2 * n:3 * n]))
+    assert all(torch.equal(r, t) for r, t in zip(res, st[2 * n:3 * n], strict=True))
     assert st[-1].tolist() == [0]
     # a reset trainer steps exactly like a fresh one loaded with the same θ
     theta = tr.params()
     fresh = make(tiny)
     fresh.load_params(theta)
     assert tr.train(batches(1, start=4)) == fresh.train(batches(1, start=4))
-    for x, y in zip(tr.params(), fresh.params()):
+    for x, y in zip(tr.params(), fresh.params(), strict=True):
         assert torch.equal(x, y)
 
 
@@ -114,7 +114,7 @@ def test_loss_falls_on_repeated_text(tiny, trainable, lr):
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0] - 0.3
     assert after < before - 0.3
-    changed = [not torch.equal(a, b) for a, b in zip(theta0, tr.params())]
+    changed = [not torch.equal(a, b) for a, b in zip(theta0, tr.params(), strict=True)]
     assert all(changed) if trainable == "lora" else sum(changed) >= len(changed) - 1  # rotary has no params
     if trainable == "all":
         assert len(tr.names) == len(dict(tr.model.named_parameters()))
@@ -140,8 +140,8 @@ def test_bad_input_is_rejected_and_changes_nothing(tiny):
         tr.eval_loss(torch.zeros((0, 9), dtype=torch.long))
     with pytest.raises(ValueError, match="trainable"):
         InnerTrainer(tiny, "some", 4, TARGETS, 1e-2, 0)
-    assert all(torch.equal(a, b) for a, b in zip(theta, tr.params()))
-    assert all(torch.equal(a, b) for a, b in zip(opt, tr.opt_state()))
+    assert all(torch.equal(a, b) for a, b in zip(theta, tr.params(), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(opt, tr.opt_state(), strict=True))
 
 
 def test_scratch_model_is_deterministic_and_trains(tmp_path):

@@ -80,13 +80,13 @@ def test_nesterov_matches_float64_hand_computation_over_rounds():
         deltas = [(_w(k), _rand(SHAPES, 100 * r + k, 0.01)) for k in range(3)]
         res = outer_step(theta, buf, deltas, spec)
         g = [sum(d[i].double() for _, d in deltas) / 3 for i in range(len(SHAPES))]
-        b64 = g if b64 is None else [b * 0.9 + gi for b, gi in zip(b64, g)]
-        th64 = [t - 0.7 * (gi + 0.9 * b) for t, gi, b in zip(th64, g, b64)]
+        b64 = g if b64 is None else [b * 0.9 + gi for b, gi in zip(b64, g, strict=True)]
+        th64 = [t - 0.7 * (gi + 0.9 * b) for t, gi, b in zip(th64, g, b64, strict=True)]
         theta, buf = res.params, res.momentum
-        for t, t64 in zip(theta, th64):
+        for t, t64 in zip(theta, th64, strict=True):
             assert torch.allclose(t.double(), t64, atol=1e-5, rtol=0)
     # and it really moved: three rounds of Nesterov with lr 0.7 is far from θ_0
-    assert max(float((a.double() - b.double()).abs().max()) for a, b in zip(theta, _rand(SHAPES, 2))) > 0.01
+    assert max(float((a.double() - b.double()).abs().max()) for a, b in zip(theta, _rand(SHAPES, 2), strict=True)) > 0.01
 
 
 def test_non_finite_and_malformed_deltas_are_dropped():

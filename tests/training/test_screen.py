@@ -17,14 +17,14 @@ from node.training.screen import apply_delta, screen
 
 def _quadratic(target):
     def loss(ps):
-        return float(sum(((p.double() - t.double()) ** 2).sum() for p, t in zip(ps, target)))
+        return float(sum(((p.double() - t.double()) ** 2).sum() for p, t in zip(ps, target, strict=True)))
     return loss
 
 
 g = torch.Generator().manual_seed(0)
 TARGET = [torch.randn(6, 4, generator=g), torch.randn(9, generator=g)]
 THETA = [torch.randn(6, 4, generator=g), torch.randn(9, generator=g)]
-GRAD_STEP = [(p - t) for p, t in zip(THETA, TARGET)]  # Δ = c·(θ − θ*) moves θ − Δ toward θ* for 0 < c < 2
+GRAD_STEP = [(p - t) for p, t in zip(THETA, TARGET, strict=True)]  # Δ = c·(θ − θ*) moves θ − Δ toward θ* for 0 < c < 2
 
 
 @settings(max_examples=40, deadline=None)
@@ -83,7 +83,7 @@ def tiny_round(tmp_path, one_thread):
     train, held = windows[:32], windows[32:36]
 
     def loss_on(ps, x):
-        logits = functional_call(model, dict(zip(names, ps)), (x[:, :-1],), {"use_cache": False}).logits
+        logits = functional_call(model, dict(zip(names, ps, strict=True)), (x[:, :-1],), {"use_cache": False}).logits
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
 
     def loss_fn(ps):
@@ -98,7 +98,7 @@ def tiny_round(tmp_path, one_thread):
         loss_on(ps, train[(step * 4) % 32:(step * 4) % 32 + 4]).backward()
         opt.step()
     model.eval()
-    delta = [(t - p.detach()).contiguous() for t, p in zip(theta, ps)]
+    delta = [(t - p.detach()).contiguous() for t, p in zip(theta, ps, strict=True)]
     return loss_fn, theta, delta
 
 
