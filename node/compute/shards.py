@@ -132,7 +132,7 @@ def choose_route(spans: Iterable[SpanInfo], num_blocks: int, start: int = 0, end
             continue
         if s.free_cache is not None and s.free_cache < need_cache:
             continue
-        cost = int(round((s.step_seconds() + max(0.0, rtt.get(s.peer, 0.0)) + HOP_OVERHEAD_S) * 1e6))
+        cost = round((s.step_seconds() + max(0.0, rtt.get(s.peer, 0.0)) + HOP_OVERHEAD_S) * 1e6)
         edges.setdefault(s.start, []).append((cost, s))
     best: dict[int, tuple[int, tuple[str, ...]]] = {start: (0, ())}
     back: dict[int, tuple[int, SpanInfo]] = {}

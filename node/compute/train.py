@@ -272,4 +272,4 @@ def mean_loss_ppm(losses: list[float]) -> int:
     """Mean loss in millionths of a nat per token, or -1 when any loss is not finite (diverged)."""
     if not losses or not all(math.isfinite(x) for x in losses):
         return -1
-    return int(round(sum(losses) / len(losses) * 1e6))
+    return round(sum(losses) / len(losses) * 1e6)

@@ -40,7 +40,7 @@ def to_ppm(d: float) -> int:
     """Distance in integer parts per million, saturated at 2^31 − 1 (inf included)."""
     if not math.isfinite(d):
         return 2**31 - 1
-    return min(2**31 - 1, int(round(d * 1e6)))
+    return min(2**31 - 1, round(d * 1e6))
 
 
 def is_valid(d: float, tolerance: float = DEFAULT_TOLERANCE) -> bool:

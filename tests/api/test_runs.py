@@ -160,7 +160,7 @@ def test_all_parameter_run_fetches_as_model_safetensors(live, tmp_path):
 
 
 def test_join_leave_cancel(live, posted):
-    out, _, acc0 = posted
+    out, _, _acc0 = posted
     rid = out["run_id"]
     sponsor, w1, w2 = live.nodes
     assert call(w1, "POST", f"/v1/runs/{rid}/join").status_code == 200

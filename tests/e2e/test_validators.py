@@ -65,7 +65,7 @@ def test_four_validators_finalize_without_forks(tmp_path, tiny):
         async with validators(tmp_path, tiny) as nodes:
             await wait_all_height(nodes, 8)
             assert_no_fork(nodes)
-            blk, commit = nodes[1].store.get_block(5)
+            _blk, commit = nodes[1].store.get_block(5)
             assert len({v for v, _, _ in commit}) >= 3  # > 2/3 of 4 precommits
             return [t for nd in nodes for t in nd.ledger.driver.decide_times]
 

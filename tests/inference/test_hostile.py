@@ -104,7 +104,7 @@ async def _serving(tiny, tmp_path, scores):
 
 async def _attack(attacker: P2PHost, host: P2PHost, first: bytes, second: bytes | None) -> dict | None:
     """Send one malformed message; return the server's reply (None if the stream was refused)."""
-    for attempt in range(5):  # a persistent attacker: reconnect when the node has just disconnected it
+    for _attempt in range(5):  # a persistent attacker: reconnect when the node has just disconnected it
         if host.peer_id not in attacker.connected_peers():
             await attacker.connect(host.addrs)
         try:
@@ -190,7 +190,7 @@ def test_repeat_offender_is_disconnected_and_refused_while_others_are_served(tin
     scores = PeerScores()  # defaults: 5 points per malformed frame, disconnected at -20, banned for 60 s
 
     async def main():
-        host, server, span = await _serving(tiny, tmp_path, scores)
+        host, _server, span = await _serving(tiny, tmp_path, scores)
         attacker, honest = P2PHost(Identity.generate(), 0, CHAIN), P2PHost(Identity.generate(), 0, CHAIN)
         async with host.running(), attacker.running(), honest.running():
             await attacker.connect(host.addrs)

@@ -37,7 +37,7 @@ async def _swarm(nursery, tiny, tmp_path, per_span=1, **kw):
 def test_generation_matches_local_and_receipts_cover_every_position(tiny, tmp_path):
     async def main():
         async with trio.open_nursery() as n:
-            net, servers, client = await _swarm(n, tiny, tmp_path)
+            _net, servers, client = await _swarm(n, tiny, tmp_path)
             gen = await client.generate(PROMPT, 12)
             await trio.sleep(0.05)
             n.cancel_scope.cancel()
@@ -99,7 +99,7 @@ def test_compression_is_recorded_and_committees_verify_it(tiny, tmp_path, codec)
 
     async def main():
         async with trio.open_nursery() as n:
-            net, servers, client = await _swarm(n, tiny, tmp_path)
+            _net, _servers, client = await _swarm(n, tiny, tmp_path)
             gen = await client.generate(PROMPT, 10, compression=codec)
             member = _member(tiny, client)
             verdicts = [await member.check(r) for r in gen.receipts]
@@ -165,7 +165,7 @@ def test_no_replacement_raises_no_route_and_pays_what_was_received(tiny, tmp_pat
 
     async def main():
         async with trio.open_nursery() as n:
-            net, servers, client = await _swarm(n, tiny, tmp_path)
+            net, _servers, client = await _swarm(n, tiny, tmp_path)
 
             async def on_token(i, tok, route):
                 if i == 5:
@@ -188,7 +188,7 @@ def test_a_failing_forward_still_settles_the_acknowledged_steps(tiny, tmp_path):
     ``internal`` error, no penalty for the client, and a receipt for the steps already acknowledged."""
     async def main():
         async with trio.open_nursery() as n:
-            net, servers, client = await _swarm(n, tiny, tmp_path, per_span=2)
+            net, _servers, client = await _swarm(n, tiny, tmp_path, per_span=2)
             broken = []
 
             async def on_token(i, tok, route):
@@ -222,7 +222,7 @@ def test_acknowledgements_ride_on_steps_where_the_server_offers_it(tiny, tmp_pat
 
     async def main():
         async with trio.open_nursery() as n:
-            net, servers, client = await _swarm(n, tiny, tmp_path, inline_acks=inline)
+            _net, servers, client = await _swarm(n, tiny, tmp_path, inline_acks=inline)
             gen = await client.generate(PROMPT, steps)
             await trio.sleep(0.05)
             n.cancel_scope.cancel()

@@ -102,7 +102,7 @@ def test_every_account_field_of_every_kind_is_checked_at_decode(kind):
     assert kind == decode_tx(wire).KIND  # the well-formed one decodes
     for name in names:
         i = list(cls.SCHEMA).index(name)
-        for what, raw in BAD.items():
+        for _what, raw in BAD.items():
             f = list(good)
             f[i] = raw
             with pytest.raises(InvalidTx, match=f"'{name}' is not a valid Ed25519 public key"):

@@ -22,7 +22,7 @@ def _source(tmp_path, n=14):
     state = grow(a, a.replay(), g, n)
     manifest, chunks = snap.make(a.db, g.domain, chunk_bytes=600)  # small chunks: several of them
     # block n + 1 commits to the snapshot's state (the state after block n)
-    block, new, rej = propose(state, [], VALIDATOR, 5000, a.last_commit())
+    block, new, _rej = propose(state, [], VALIDATOR, 5000, a.last_commit())
     commit = commit_block(VALIDATOR, block)
     a.append(block, commit, state, new)
     return g, a, new, manifest, [chunks[c] for c in manifest.chunks], block, commit
@@ -39,7 +39,7 @@ def test_a_synced_node_reaches_the_same_state_and_follows_the_chain(tmp_path):
     b.append(block, commit, state, new)
     assert new.state_root() == a_state.state_root()
     for _ in range(3):  # both keep making the same chain
-        blk, na, rej = propose(a_state, [], VALIDATOR, 6000 + a_state.height, a.last_commit())
+        blk, na, _rej = propose(a_state, [], VALIDATOR, 6000 + a_state.height, a.last_commit())
         c = commit_block(VALIDATOR, blk)
         a.append(blk, c, a_state, na)
         nb = check_and_apply(new, blk, c)

@@ -17,7 +17,7 @@ from .helpers import CLIENT, KEYS, VALIDATOR, W1, C, make_genesis, make_receipt,
 
 def run_blocks(state, *tx_batches):
     for txs in tx_batches:
-        block, state, rejected = propose(state, list(txs), VALIDATOR, 0, ())
+        _block, state, rejected = propose(state, list(txs), VALIDATOR, 0, ())
         assert not rejected, rejected
     return state
 

@@ -42,8 +42,8 @@ def test_wrong_genesis_refused_at_connection_with_both_hashes_and_same_genesis_s
     async def main():
         async with AsyncExitStack() as st:
             a, na = await st.enter_async_context(node(G1))
-            b, nb = await st.enter_async_context(node(G1))
-            x, nx = await st.enter_async_context(node(G2))
+            b, _nb = await st.enter_async_context(node(G1))
+            x, _nx = await st.enter_async_context(node(G2))
             assert await b.connect(a.addrs) == 1
             reply = await b.request(a.peer_id, ECHO, {"x": 7}, timeout=10)
             assert reply["echo"] == 7 and na.hello.verified(b.peer_id)
@@ -83,7 +83,7 @@ def test_a_stream_and_connection_flood_is_limited_while_another_peer_is_served()
 
     async def main():
         async with AsyncExitStack() as st:
-            a, na = await st.enter_async_context(node(G1, limits=limits))
+            a, _na = await st.enter_async_context(node(G1, limits=limits))
             honest, _ = await st.enter_async_context(node(G1))
             bad, _ = await st.enter_async_context(node(G1))
             await honest.connect(a.addrs)

@@ -61,7 +61,7 @@ def main(mode: str, threads: int, out: Path, n_beacons: int) -> None:
                            "delta_bytes": torch.tensor([work.delta_bytes])}, str(path))
                 continue
             d = load_file(str(path))
-            verdict, dist, why = rd.replay_round(
+            verdict, dist, _why = rd.replay_round(
                 trainer, p, theta, _unpack(d, "opt_before"), rd.zero_opt(trainer), batches,
                 commitments_root(batches), _unpack(d, "params_after"), _unpack(d, "opt_after"),
                 _unpack(d, "payload"), int(d["delta_bytes"].item()))

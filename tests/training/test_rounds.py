@@ -50,7 +50,7 @@ def world(tmp_path_factory):
 def play_round(world, beacon, theta, fault=None, history=None):
     """Every worker trains one round from ``theta``; worker 3 (index 2) cheats with ``fault``. Returns the
     per-worker (opt_before, work, assignment) and the batches."""
-    model, p, trainer, windows = world
+    _model, p, trainer, windows = world
     history = history or {}
     out = {}
     for i, w in enumerate(WORKERS):
@@ -67,7 +67,7 @@ def play_round(world, beacon, theta, fault=None, history=None):
 
 
 def replay(world, theta, r):
-    model, p, trainer, windows = world
+    _model, p, trainer, _windows = world
     expected = rd.expected_opt_before(trainer, p, r["prev"])
     w = r["work"]
     return rd.replay_round(trainer, p, theta, r["opt_before"], expected, r["batches"], commitments_root(r["batches"]),
@@ -77,7 +77,7 @@ def replay(world, theta, r):
 @pytest.fixture(scope="module")
 def round0(world):
     """An honest round 0 (its θ, Δs and states are the history that the stale and replay cheats reuse)."""
-    model, p, trainer, windows = world
+    _model, p, trainer, windows = world
     theta0 = trainer.params()
     played = play_round(world, H(b"beacon0"), theta0)
     res, excluded = rd.aggregate_round(trainer, p, theta0, None, {w: r["work"].payload for w, r in played.items()},
@@ -88,10 +88,10 @@ def round0(world):
 
 
 def test_honest_round_replays_valid_passes_the_screen_and_lowers_the_loss(world, round0):
-    model, p, trainer, windows = world
+    _model, p, trainer, windows = world
     theta0, played, res, excluded, _ = round0
     assert not excluded and res.accepted == tuple(WORKERS)
-    for w, r in played.items():
+    for _w, r in played.items():
         verdict, d, why = replay(world, theta0, r)
         assert verdict == VALID and d <= rd.ROUND_TOLERANCE, why
     held = windows[-64:]
@@ -106,8 +106,8 @@ def test_honest_round_replays_valid_passes_the_screen_and_lowers_the_loss(world,
 
 @pytest.mark.parametrize("fault", CHEATS)
 def test_each_cheat_is_caught_by_replay_and_damaging_ones_by_the_screen(world, round0, fault):
-    model, p, trainer, windows = world
-    theta0, _, res0, _, history = round0
+    _model, p, trainer, windows = world
+    _theta0, _, res0, _, history = round0
     theta1 = res0.params
     played = play_round(world, H(b"beacon1"), theta1, fault=fault, history=history)
     cheat = WORKERS[2]

@@ -134,7 +134,7 @@ def play_run(model, fault: str | None):
         # the drawn aggregator screens and aggregates the revealed Δs whose receipts are not invalid
         payloads = {w: c[1].payload for w, c in committed.items() if chain.s.receipts[c[0].id].status != INVALID_S}
         screens = {w: screen_tensor(windows, committed[w][5]) for w in payloads}
-        res, excluded = rd.aggregate_round(trainer, post, theta, mom, payloads, screens)
+        res, _excluded = rd.aggregate_round(trainer, post, theta, mom, payloads, screens)
         mom_id = NO_MOMENTUM if res.momentum is None else commitments_root(res.momentum)
         agg = BY_ACCOUNT[cur.aggregator]
         a = RoundAggregate(chain.g.domain, post.run_id, cur.round, cur.attempt, agg.account, SPONSOR.account,
@@ -167,7 +167,7 @@ def honest(world):
 # 9 min of wall time); the default suite is at its 15 min budget on 2 cores, so they run in CI's slow step
 @pytest.mark.slow
 def test_an_honest_run_accepts_every_contribution_and_pays_it_once(honest):
-    chain, post, loss, log = honest
+    chain, post, _loss, log = honest
     run = chain.run(post)
     assert run.status == RunStatus.FINISHED and run.round == ROUNDS
     for verdicts, excluded, accepted in log:

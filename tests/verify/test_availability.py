@@ -52,7 +52,7 @@ def test_members_fall_back_to_the_requester_then_abstain(tmp_path, tiny):
             return (first, recs_a, second, recs_b, w1.ident.account, w2.ident.account, before, after,
                     client.genesis.params)
 
-    first, recs_a, second, recs_b, a1, a2, before, after, params = trio.run(main)
+    _first, recs_a, second, recs_b, _a1, a2, before, after, params = trio.run(main)
     assert all(r.status == "valid" for r in recs_a.values())  # worker 1's from the requester, checked by root
     r2 = recs_b[second[a2].id]
     assert r2.status == "unverified" and r2.round == params.max_rounds - 1

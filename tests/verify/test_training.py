@@ -48,7 +48,7 @@ def work(tiny, p, fault=None, threads=None, start=0, end=4, before=None):
             t.load_state(before)
         s0 = t.state_tensors()
         ids, _ = split_tokens(encode_text(tiny, TEXT))
-        losses, batches = t.train_steps(ids, start, end, fault)
+        _losses, batches = t.train_steps(ids, start, end, fault)
         s1 = t.state_tensors()
     finally:
         torch.set_num_threads(old)
