@@ -59,6 +59,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import contextlib
+
 import trio
 
 from tests.net.netns import Netns, NetnsUnavailable
@@ -148,10 +150,8 @@ async def relay(target_host: str, target_port: int, delay: float, task_status=tr
                     await dst.send_all(chunk)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     return
-            try:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, AttributeError):
                 await dst.send_eof()
-            except (trio.BrokenResourceError, trio.ClosedResourceError, AttributeError):
-                pass
 
         async with trio.open_nursery() as n:
             n.start_soon(reader)

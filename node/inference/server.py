@@ -32,6 +32,7 @@ serving everyone else.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -256,10 +257,8 @@ class SpanServer:
         self._offence(peer, weight)
         code = getattr(e, "code", "bad_frame" if isinstance(e, FrameError) else "bad_request")
         with trio.move_on_after(2.0):
-            try:
+            with contextlib.suppress(StreamClosed, RequestTimeout, FrameError):
                 await write_msg(stream, error_reply(code, str(e)))
-            except (StreamClosed, RequestTimeout, FrameError):
-                pass
 
     async def handle(self, stream, peer: str) -> None:
         """Serve one session on ``stream`` from ``peer`` (the requester); see the module docstring."""
@@ -285,10 +284,8 @@ class SpanServer:
         except Exception as e:  # our fault (out of memory, a bug): no penalty, but the session still settles
             log.exception("session %s from %s failed", sess.sid.hex()[:12], peer[:16])
             with trio.move_on_after(2.0):
-                try:
+                with contextlib.suppress(StreamClosed, RequestTimeout, FrameError):
                     await write_msg(stream, error_reply("internal", f"{type(e).__name__}: {e}"))
-                except (StreamClosed, RequestTimeout, FrameError):
-                    pass
         finally:
             self.active -= 1
             self.reserved -= sess.max_length

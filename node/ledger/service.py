@@ -10,6 +10,7 @@ each block's commit against the validator set of its height (:mod:`node.ledger.c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -303,10 +304,8 @@ class LedgerService:
 
     def request_sync(self, peer: str) -> None:
         """Ask the sync task to catch up from ``peer`` soon (non-blocking)."""
-        try:
+        with contextlib.suppress(trio.WouldBlock):
             self._sync_requests.send_nowait(peer)
-        except trio.WouldBlock:
-            pass
 
     async def apply_remote(self, wire: dict) -> bool:
         """Check and store a block with its commit from a peer. Returns True if it extended our chain.

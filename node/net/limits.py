@@ -24,6 +24,7 @@ handful of streams per request and one or two connections per peer, far below th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import OrderedDict, defaultdict, deque
@@ -228,17 +229,13 @@ class StreamGate:
 
 
 async def _close(conn: Any) -> None:
-    try:
+    with contextlib.suppress(Exception):  # closing a connection that may already be gone: libp2p raises many types
         await conn.close()
-    except Exception:
-        pass
 
 
 async def _reset(stream: Any) -> None:
-    try:
+    with contextlib.suppress(Exception):  # resetting a stream that may already be gone: libp2p raises many types
         await stream.reset()
-    except Exception:
-        pass
 
 
 def _outbound(conn: Any) -> bool:

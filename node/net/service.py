@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import time
@@ -164,10 +165,8 @@ class NetworkService:
 
     def _on_connected(self, peer: str, conn: Any) -> None:
         self.book.connected(peer, time.time())
-        try:
+        with contextlib.suppress(RuntimeError):  # shutting down
             self.host.spawn(self._greet, peer)
-        except RuntimeError:
-            pass  # shutting down
 
     def _on_disconnected(self, peer: str, conn: Any) -> None:
         if peer not in self.host.connected_peers():

@@ -27,7 +27,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import trio
@@ -596,11 +596,9 @@ class P2PHost(GossipMethods):
                 if not busy:
                     self.penalize(remote, MALFORMED_FRAME)
                 with trio.move_on_after(1.0):
-                    try:
+                    with suppress(StreamClosed, RequestTimeout, FrameError):
                         await write_msg(stream, error_reply(e.code, e.message) if busy
                                         else error_reply("bad_frame", str(e)))
-                    except (StreamClosed, RequestTimeout, FrameError):
-                        pass
                 await _reset(stream)
             except (StreamClosed, RequestTimeout) as e:
                 log.debug("%s handler, peer %s: %s: %s", protocol_id, remote, type(e).__name__, e)
@@ -730,16 +728,12 @@ def _late_spawn(e: BaseException) -> bool:
 
 
 async def _reset(stream) -> None:
-    with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-        try:
-            await stream.reset()
-        except Exception:
-            pass
+    # best-effort cleanup of a stream that may already be gone
+    with trio.CancelScope(shield=True), trio.move_on_after(1.0), suppress(Exception):
+        await stream.reset()
 
 
 async def _close(stream) -> None:
     with trio.move_on_after(1.0):
-        try:
+        with suppress(Exception):  # best-effort cleanup of a stream that may already be gone
             await stream.close()
-        except Exception:
-            pass

@@ -47,7 +47,7 @@ def test_foreign_host_origin_and_bad_tokens_change_nothing(live, caplog):
             r = httpx.post(api + path, json=body, headers=headers, params={"token": token}, timeout=30)
             assert r.status_code == 401 and r.json()["code"] == "unauthorized", (path, headers, r.text)
             refused.append(r)
-    for kind, headers in FOREIGN:  # reads too: a rebinding page must not read balances
+    for _kind, headers in FOREIGN:  # reads too: a rebinding page must not read balances
         r = get(f"{api}/v1/accounts/{peer}", headers=headers)
         assert r.status_code == 403, headers
         r = get(f"{api}/", headers={**headers, "Accept": "text/html"})

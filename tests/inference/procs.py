@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 
 import trio
@@ -77,10 +77,8 @@ def stop_all(procs) -> None:
     for p in procs:
         kill(p, signal.SIGKILL)
     for p in procs:
-        try:
+        with suppress(subprocess.TimeoutExpired):
             p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def wait_exit(proc: subprocess.Popen, timeout: float = 10.0) -> None:

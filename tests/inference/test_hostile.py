@@ -3,6 +3,7 @@ disconnected, and the node keeps serving valid requests with bounded memory (rea
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import struct
 
@@ -120,10 +121,8 @@ async def _attack(attacker: P2PHost, host: P2PHost, first: bytes, second: bytes 
         return None
     finally:
         with trio.move_on_after(1):
-            try:
+            with contextlib.suppress(GONE):
                 await s.reset()
-            except GONE:
-                pass
 
 
 async def _exchange(s, first: bytes, second: bytes | None) -> dict:

@@ -29,6 +29,7 @@ finds out by creating a namespace, a bridge, a veth pair and a NAT table (not by
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ipaddress
 import os
 import secrets
@@ -118,10 +119,8 @@ def _kill_ns_processes(ns: str) -> None:
     out = _run(["ip", "netns", "pids", ns], check=False).stdout
     for tok in out.split():
         if tok.isdigit() and int(tok) != os.getpid():
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(int(tok), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def _delete_ns(ns: str) -> None:
@@ -436,10 +435,8 @@ class Netns:
                 p.wait(timeout=max(0.05, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     p.wait(timeout=2.0)
-                except subprocess.TimeoutExpired:
-                    pass
         for ns in reversed(self._namespaces):
             _delete_ns(ns)
         self._namespaces.clear()

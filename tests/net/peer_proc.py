@@ -22,6 +22,7 @@ Parent side: :class:`PeerProc` starts one and wraps the protocol, every wait bou
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -115,10 +116,8 @@ class PeerProc:
 
     def stop(self, timeout: float = 5.0) -> int | None:
         """Close stdin (the child stops) and wait; kill it after ``timeout`` s. Returns its exit code."""
-        try:
+        with contextlib.suppress(OSError):
             self.proc.stdin.close()
-        except OSError:
-            pass
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:

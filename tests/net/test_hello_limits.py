@@ -4,7 +4,7 @@ exchange finds peers, and a peer flooding streams and connections is limited whi
 from __future__ import annotations
 
 import logging
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 
 import trio
 from libp2p.peer.id import ID
@@ -112,10 +112,8 @@ def test_a_stream_and_connection_flood_is_limited_while_another_peer_is_served()
                 addr = Multiaddr(a.bound_addrs()[0])
                 for _ in range(200):
                     with trio.move_on_after(2):
-                        try:
+                        with suppress(Exception):  # the node refuses most dials: any failure is expected
                             await net.dial_addr(addr, ID.from_base58(a.peer_id))
-                        except Exception:
-                            pass
 
             async def floods():
                 await stream_flood()
