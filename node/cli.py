@@ -90,7 +90,7 @@ def _bootstrap_addr(text: str) -> str:
     try:
         ma = Multiaddr(text)
         ma.value_for_protocol("p2p")
-    except Exception:
+    except Exception:  # noqa: BLE001 - multiaddr's parser raises many unrelated types
         raise argparse.ArgumentTypeError(f"{text!r} is not a multiaddr with a peer ID, e.g. "
                                          "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...") from None
     return text

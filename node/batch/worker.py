@@ -449,7 +449,7 @@ class BatchWorker:
         except InvalidTx as e:
             log.info("%s of batch %s item %d refused by the local node (sent again in %d blocks): %s", tx.KIND,
                      tx.batch_id.hex()[:12], tx.item, RESEND_BLOCKS, e)
-        except Exception as e:  # gossip or a validator failing: the resend after RESEND_BLOCKS tries again
+        except Exception as e:  # noqa: BLE001 - gossip or a validator failing: the resend after RESEND_BLOCKS retries
             log.info("%s of batch %s item %d not sent: %s: %s", tx.KIND, tx.batch_id.hex()[:12], tx.item,
                      type(e).__name__, e)
         finally:

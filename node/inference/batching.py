@@ -88,12 +88,12 @@ class StepBatcher:
                 self.batches += 1
                 self.batched_steps += len(batch)
                 return
-            except Exception:  # a batch must never cost a session its step: fall back to one at a time
+            except Exception:  # noqa: BLE001 - a batch must never cost a session its step: fall back to one at a time
                 pass
         for r in batch:
             try:
                 r.result = self.span.forward(r.hidden, r.cache)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - handed to the request's own task, which raises it
                 r.error = e
 
     def _batched(self, hiddens: list[torch.Tensor], caches: list) -> list[torch.Tensor]:

@@ -160,7 +160,7 @@ class LedgerService:
             if v != self.ident.account and peer in self.host.connected_peers():
                 try:
                     await self.host.request(peer, SUBMIT_PROTOCOL, {"tx": tx.to_wire()}, timeout=5)
-                except Exception as e:  # gossip still carries it
+                except Exception as e:  # noqa: BLE001 - gossip still carries it
                     log.debug("direct submit to %s failed: %s", peer[:16], e)
 
     # ---------------------------------------------------------------- pending transactions: status, re-send, outbox
@@ -442,7 +442,7 @@ class LedgerService:
                 asked = True
                 try:
                     await self.sync_from(peer)
-                except Exception as e:
+                except Exception as e:  # noqa: BLE001 - a peer's bad data must never kill the sync loop
                     log.info("sync from %s failed: %s", peer[:16], e)
             period = quiet if asked and self.state.height == height else base  # behind or alone: ask again soon
 

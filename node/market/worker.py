@@ -180,7 +180,7 @@ class JobWorker:
             self.unusable.add(jid)
             log.info("skipping job %s for good: its dataset cannot be trained on (%s: %s)", jid.hex()[:12],
                      type(e).__name__, e)
-        except Exception as e:  # unavailable (requester offline, blob missing), too slow, or a local error
+        except Exception as e:  # noqa: BLE001 - unavailable (requester offline, blob missing), too slow, local error
             n = self.skipped.get(jid, (0, 0.0))[0] + 1
             delay = backoff(n)
             self.skipped[jid] = (n, trio.current_time() + delay)

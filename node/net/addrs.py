@@ -53,7 +53,7 @@ def parse_addr(text: str, *, for_listen: bool) -> str:
     """
     try:
         ma = Multiaddr(text)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - multiaddr's parser raises many unrelated types
         raise AddrError(f"{text!r} is not a multiaddr ({e}); expected e.g. /ip4/0.0.0.0/tcp/{DEFAULT_PORT}") from None
     names = [p.name for p in ma.protocols()]
     if not for_listen and "p2p-circuit" in names:

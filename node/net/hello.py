@@ -143,7 +143,7 @@ class Hello:
                 return self._check(peer, {"chain_id": None, "genesis": e.message.rsplit(" ", 1)[-1]})
             log.debug("hello to %s: %s", peer, e)
             return False
-        except Exception as e:  # unreachable, reset, timeout: the connection is gone or not a Tally node
+        except Exception as e:  # noqa: BLE001 - unreachable, reset, timeout: the connection is gone or not a Tally node
             log.debug("hello to %s failed: %s: %s", peer, type(e).__name__, e)
             return False
         obs = reply.get("observed")

@@ -171,7 +171,7 @@ class PeerLimiter:
 def _peer_of(obj: Any) -> str:
     try:
         return obj.muxed_conn.peer_id.to_base58()
-    except Exception:
+    except Exception:  # noqa: BLE001 - any object libp2p hands us: no peer id is the answer
         return ""
 
 

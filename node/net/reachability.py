@@ -116,7 +116,7 @@ async def probe(host: Requester, peers: list[str], candidates: list[str], timeou
         nonlocal answered
         try:
             reply = await host.request(peer, DIALBACK_PROTOCOL, {"addrs": cands}, timeout=timeout)
-        except Exception as e:  # RemoteError, unreachable, timeout: this peer tells nothing
+        except Exception as e:  # noqa: BLE001 - RemoteError, unreachable, timeout: this peer tells nothing
             log.debug("dial-back via %s: %s: %s", peer, type(e).__name__, e)
             return
         answered += 1
@@ -140,7 +140,7 @@ async def dial_fresh(network: Any, peer: str, addr: str, timeout: float) -> bool
         with trio.fail_after(timeout):
             conn = await network.dial_addr(Multiaddr(addr), ID.from_base58(peer))
         return True
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - dial errors come in many libp2p types
         log.debug("dial-back to %s at %s failed: %s: %s", peer, addr, type(e).__name__, e)
         return False
     finally:

@@ -63,7 +63,7 @@ def _remote_addr(stream: Any) -> tuple[str, int] | None:
     try:
         a = stream.get_remote_address()
         return (str(a[0]), int(a[1])) if a else None
-    except Exception:
+    except Exception:  # noqa: BLE001 - libp2p's stream types differ: no address is the answer
         return None
 
 
@@ -196,7 +196,7 @@ class NetworkService:
     async def _exchange(self, peer: str) -> None:
         try:
             reply = await self.host.request(peer, PEERS_PROTOCOL, {"want": MAX_EXCHANGED}, timeout=10.0)
-        except Exception as e:  # an old or busy peer: discovery goes on through gossip
+        except Exception as e:  # noqa: BLE001 - an old or busy peer: discovery goes on through gossip
             log.debug("peer exchange with %s: %s", peer, reason(e))
             return
         rows = reply.get("peers")

@@ -271,7 +271,7 @@ def _topic_validator(topic: str, validate: GossipValidator | None) -> Callable[[
             return True
         try:
             origin = ID(msg.from_id).to_base58()
-        except Exception:
+        except Exception:  # noqa: BLE001 - a peer's bytes: an undecodable origin is refused
             return False
         try:
             return bool(validate(bytes(msg.data), origin))
@@ -347,7 +347,7 @@ class Gossip:
                 counts.delivered[short] += 1
                 try:
                     origin = ID(msg.from_id).to_base58()
-                except Exception:
+                except Exception:  # noqa: BLE001 - a peer's bytes: an undecodable origin is left empty
                     origin = ""
                 _enqueue(send, topic, data, origin)
 

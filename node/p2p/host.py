@@ -276,7 +276,7 @@ class P2PHost(GossipMethods):
                     cs.deadline = trio.current_time() + 3.0
                     try:
                         await host.close()
-                    except Exception as e:
+                    except Exception as e:  # noqa: BLE001 - shutting down: py-libp2p's close may raise anything
                         log.debug("host close: %s: %s", type(e).__name__, e)
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
@@ -439,7 +439,7 @@ class P2PHost(GossipMethods):
         async def dial(addr: str) -> None:
             try:
                 info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a bad address in any libp2p way is logged and skipped
                 log.warning("bad peer address %r: %s", addr, reason(e))
                 return
             pid = info.peer_id.to_base58()
@@ -459,7 +459,7 @@ class P2PHost(GossipMethods):
                 with trio.fail_after(timeout):
                     await host.connect(info)
                 ok.add(pid)
-            except Exception as e:  # dial errors come in many libp2p types; none may stop the others
+            except Exception as e:  # noqa: BLE001 - dial errors come in many libp2p types; none may stop the others
                 log.debug("connect to %s failed: %s", addr, reason(e))  # expected behind NATs: callers retry
 
         async with trio.open_nursery() as n:
@@ -480,7 +480,7 @@ class P2PHost(GossipMethods):
         host = self._require()
         try:
             info = info_from_p2p_addr(multiaddr.Multiaddr(multiaddr_))
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a bad address in any libp2p way is not a peer address
             log.debug("not a peer address %r: %s", multiaddr_, reason(e))
             return False
         pid = info.peer_id
@@ -494,7 +494,7 @@ class P2PHost(GossipMethods):
             with trio.fail_after(timeout):
                 await dial(info.addrs[0], pid)
             return True
-        except Exception as e:  # OSError, SwarmException, TooSlowError, a Noise failure: that address failed
+        except Exception as e:  # noqa: BLE001 - OSError, SwarmException, TooSlowError, Noise: that address failed
             log.debug("dial %s failed: %s", multiaddr_, reason(e))
             return pid in host.get_connected_peers()
 
@@ -506,7 +506,7 @@ class P2PHost(GossipMethods):
         try:
             return [str(a) for a in host.get_peerstore().addrs(ID.from_base58(peer_id))
                     if "/p2p-circuit" not in str(a)]
-        except Exception:
+        except Exception:  # noqa: BLE001 - a bad id or a missing entry: no addresses
             return []
 
     def remember(self, multiaddrs: list[str], ttl: int = 120) -> int:
@@ -525,7 +525,7 @@ class P2PHost(GossipMethods):
             if parsed is None:
                 try:
                     info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
-                except Exception:
+                except Exception:  # noqa: BLE001 - a bad address in any libp2p way is skipped
                     continue
                 if len(self._parsed) >= PARSED_CACHE:
                     self._parsed.clear()
@@ -564,7 +564,7 @@ class P2PHost(GossipMethods):
         with trio.move_on_after(timeout):
             try:
                 await self._host.disconnect(ID.from_base58(peer_id))
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - best effort: the peer may already be gone
                 log.debug("disconnect %s: %s: %s", peer_id, type(e).__name__, e)
 
     # ------------------------------------------------------------------ streams
@@ -668,7 +668,7 @@ class P2PHost(GossipMethods):
         host = self._require()
         try:
             pid = ID.from_base58(peer_id)
-        except Exception:
+        except Exception:  # noqa: BLE001 - ID.from_base58 raises several types
             raise PeerUnreachable(f"not a peer ID: {peer_id!r}") from None
         if self.banned(peer_id):
             raise PeerUnreachable(f"{peer_id} is banned (node.p2p.scoring)")
@@ -684,7 +684,7 @@ class P2PHost(GossipMethods):
             raise PeerUnreachable(f"no stream to {peer_id} for {protocol_id} within {timeout} s") from None
         except PeerUnreachable:
             raise
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - every libp2p failure becomes PeerUnreachable
             raise PeerUnreachable(f"{peer_id} {protocol_id}: {type(e).__name__}: {e}") from None
 
     async def request(self, peer_id: str, protocol_id: str, msg: dict, timeout: float,

@@ -34,7 +34,7 @@ class LiveSwarm:
     def _thread(self) -> None:
         try:
             trio.run(self._main)
-        except BaseException as e:  # surfaced by start()
+        except BaseException as e:  # noqa: BLE001 - surfaced by start()
             self.error = e
             self.ready.set()
 

@@ -80,7 +80,7 @@ def test_concurrent_conversion_converges(tmp_path):
     def worker():
         try:
             results.append(make_tiny(tmp_path, seed=3))
-        except BaseException as e:  # pragma: no cover - reported below
+        except BaseException as e:  # noqa: BLE001 - pragma: no cover - reported below
             errors.append(e)
 
     threads = [threading.Thread(target=worker) for _ in range(3)]

@@ -78,11 +78,11 @@ def _conns(host: P2PHost, peer: str) -> list[dict]:
     for c in host.libp2p.get_network().get_connections(ID.from_base58(peer)):
         try:
             addrs = [str(a) for a in c.get_transport_addresses()]
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - diagnostics only: any failure is shown
             addrs = [f"? {type(e).__name__}"]
         try:
             remote = c.muxed_conn.get_remote_address()
-        except Exception:
+        except Exception:  # noqa: BLE001 - diagnostics only: no address
             remote = None
         out.append({"addrs": addrs, "remote": list(remote) if remote else None})
     return out
@@ -143,7 +143,7 @@ async def _child(args) -> None:
                     try:
                         with trio.fail_after(30):
                             say(await _command(host, relay, json.loads(line)))
-                    except Exception as e:
+                    except Exception as e:  # noqa: BLE001 - any failure is reported to the test as an error line
                         say({"ok": False, "error": f"{type(e).__name__}: {e}"})
 
 

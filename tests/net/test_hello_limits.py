@@ -104,7 +104,7 @@ def test_a_stream_and_connection_flood_is_limited_while_another_peer_is_served()
                         with trio.move_on_after(2):
                             s = await lib.new_stream(ID.from_base58(a.peer_id), [ECHO])
                             held.append(s)
-                    except Exception:
+                    except Exception:  # noqa: BLE001 - the node refuses most streams: any failure is expected
                         pass
 
             async def conn_flood():
