@@ -85,10 +85,11 @@ def scrape(api: str) -> tuple[int, dict[str, float]]:
 def start(tmp: Path, key: int, genesis: Path, cache: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
     d = tmp / f"p{key}"
     d.mkdir(parents=True, exist_ok=True)
+    log = open(d / "stdout.log", "ab")  # noqa: SIM115 - the child's log, open for its life
     proc = subprocess.Popen([sys.executable, "-m", "node.cli", "start", "--data-dir", str(d), "--model", "tiny",
                              "--model-cache", str(cache), "--api-port", "0", "--genesis", str(genesis),
                              "--dev-account", str(key), *extra],
-                            stdout=open(d / "stdout.log", "ab"), stderr=subprocess.STDOUT, cwd=ROOT)
+                            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     return proc, d
 
 

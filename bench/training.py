@@ -124,7 +124,8 @@ def run_seed(args, text: bytes, seed: int, workdir: Path) -> dict:
             decoded = decode(payload, codec, diloco.shapes)
             if args.screen_windows:
                 sw = screen_tensor(windows, assignment[w])
-                _, _, ok = screen(lambda ps: loss_on(diloco, ps, sw), theta, decoded, args.screen_tol)
+                # screen() calls the closure before this iteration ends
+                _, _, ok = screen(lambda ps: loss_on(diloco, ps, sw), theta, decoded, args.screen_tol)  # noqa: B023
                 screened, passed = screened + 1, passed + int(ok)
             deltas.append((w, decoded))
         res = outer_step(theta, momentum, deltas, spec)

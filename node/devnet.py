@@ -47,7 +47,7 @@ def _spawn(args, i: int, data_dir: Path, extra: list[str]) -> subprocess.Popen:
     if args.model_cache:
         cmd += ["--model-cache", str(args.model_cache)]
     data_dir.mkdir(parents=True, exist_ok=True)
-    out = open(data_dir / "stdout.log", "wb")
+    out = open(data_dir / "stdout.log", "wb")  # noqa: SIM115 - the child's log, open for its life
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 

@@ -30,7 +30,7 @@ def hold(path: Path) -> IO:
         LockHeld: somebody else holds it (with the pid they wrote).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "a+")
+    f = open(path, "a+")  # noqa: SIM115 - returned open: holding it holds the lock
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -7,9 +7,8 @@ Spans are half-open block ranges ``[start, end)``. No torch here.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set as AbstractSet
 from dataclasses import dataclass
-from typing import AbstractSet
 
 
 class NoRouteError(ValueError):

@@ -50,7 +50,7 @@ class LedgerService:
 
     def __init__(self, store: LedgerStore, genesis: Genesis, ident: Identity, host,
                  clock: Callable[[], float] = time.time, consensus_fault: str | None = None,
-                 mempool_limits: Limits = Limits()):
+                 mempool_limits: Limits = Limits()):  # noqa: B008 - frozen: one shared default is safe
         self.store, self.genesis, self.ident, self.host = store, genesis, ident, host
         self.clock = clock
         self.state: State = store.replay()

@@ -37,7 +37,7 @@ def devnet(tmp_path_factory):
     """``node devnet --model tiny`` left running after its demo; yields (api URL, data dir)."""
     tmp = tmp_path_factory.mktemp("devnet")
     root = tmp / "net"
-    log = open(tmp / "devnet.log", "w+")
+    log = open(tmp / "devnet.log", "w+")  # noqa: SIM115 - the devnet's log, read while it runs
     proc = subprocess.Popen([sys.executable, "-m", "node.cli", "devnet", "--model", "tiny", "--data-dir", str(root),
                              "--api-port", "0", "--model-cache", str(tmp / "models")],
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

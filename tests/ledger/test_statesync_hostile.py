@@ -313,7 +313,7 @@ def test_check_manifest_binds_the_manifest_to_its_header(source):
     m = server.manifest
     header = Header(*src.get_block_raw(m.height + 1)["b"]["h"])
     snap.check_manifest(m, header, g.domain)
-    with pytest.raises(snap.SnapshotError, match="snapshot for chain 'test-chain'.*this is chain 'other'"):
+    with pytest.raises(snap.SnapshotError, match=r"snapshot for chain 'test-chain'.*this is chain 'other'"):
         snap.check_manifest(m, header, "other")
     with pytest.raises(snap.SnapshotError, match="does not commit"):
         snap.check_manifest(snap.Manifest(*[*m.to_wire()[:1], m.height + 1, *m.to_wire()[2:4], m.counts,

@@ -176,7 +176,7 @@ def check_available() -> None:
 
 def _probe() -> tuple[bool, str]:
     if os.geteuid() != 0:
-        return False, "network namespaces need root (this process runs as uid %d)" % os.geteuid()
+        return False, f"network namespaces need root (this process runs as uid {os.geteuid()})"
     if shutil.which("ip") is None:
         return False, "`ip` (iproute2) is not installed: run scripts/setup-netns"
     tool = _nat_tool()

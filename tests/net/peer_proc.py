@@ -93,7 +93,7 @@ class PeerProc:
         try:
             line = self._lines.get(timeout=timeout)
         except queue.Empty:
-            raise RuntimeError(f"peer in {self.host.ns}: no answer within {timeout} s\n{self.stderr_tail()}")
+            raise RuntimeError(f"peer in {self.host.ns}: no answer within {timeout} s\n{self.stderr_tail()}") from None
         if line is None:
             self.proc.wait(5)
             raise RuntimeError(f"peer in {self.host.ns} exited ({self.proc.returncode})\n{self.stderr_tail()}")

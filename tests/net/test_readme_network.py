@@ -54,7 +54,7 @@ def test_the_readme_network_section_works_as_written(netns, tmp_path):
         if line.startswith("bash scripts/setup"):
             return ""  # already done for the checkout these hosts share
         if line.startswith(".venv/bin/node start "):  # a node runs until stopped: in the background
-            log = open(dirs[host] / "node.log", "ab")
+            log = open(dirs[host] / "node.log", "ab")  # noqa: SIM115 - the node's log, open for its life
             procs[host] = netns.popen(hosts[host], ["bash", "-c", line], env=env, cwd=dirs[host], stdout=log,
                                       stderr=subprocess.STDOUT)
             info = dirs[host] / "tally" / "node.json"
