@@ -3,6 +3,7 @@ counter agrees with a full key dump."""
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -37,7 +38,9 @@ def test_counting_batch_matches_a_key_dump(tmp_path):
             wb.put(b"twice", b"22")  # the last write of a key is what lands
         assert counting.last_net == _dump(db) - before
         assert db.get(b"twice") == b"22" and db.get(b"gone") is None and db.get(b"grow") == b"z" * 40
-        assert counting.last_write_s >= 0
+        # timed by this synced write: a finite, positive float (it starts at 0.0, so a write that was not timed fails)
+        assert isinstance(counting.last_write_s, float) and math.isfinite(counting.last_write_s)
+        assert counting.last_write_s > 0 and counting.last_count_s > 0
     finally:
         db.close()
 
