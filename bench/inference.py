@@ -2,8 +2,8 @@
 
 Prints, from one run on this machine:
   * tokens/s of greedy generation through 3 local span servers over libp2p (TCP + Noise + Yamux on 127.0.0.1,
-    the real session protocol with per-step receipts), beside tokens/s of the same model generating in one process (:func:`node.compute.reference.local_generate`); the ratio is the
-    figure (target >= 0.8);
+    the real session protocol with per-step receipts), beside tokens/s of the same model generating in one process
+    (:func:`node.compute.reference.local_generate`); the ratio is the figure (target >= 0.8);
   * bytes on the wire per token per hop (every byte of the client's TCP connections to the servers, as the
     kernel counted them with ``ss``: Noise, Yamux, framing, acks, gossip included) beside the raw hidden-state
     bytes of the same steps (input + output, float32) (target <= 1.1);

@@ -16,9 +16,9 @@ For each size n, in fresh subprocesses (so resident memory is per size):
    ``commit_block`` + ``append``: fsynced write batch included, the bench's own byte-counting reads left out;
    median of ``--empty``), time per block of ``--per-block`` (default 1000)
    pre-signed real receipts (same steps; ``propose`` without a mempool verifies every signature once, on every core,
-   before it applies the block; median of ``--full``), stored bytes per live state item (keys + values under ``S/`` over the entries of
-   every table), snapshot bytes per live item (the chunks :func:`node.ledger.snapshot.make` writes, over the items
-   its manifest counts) and stored bytes per empty
+   before it applies the block; median of ``--full``), stored bytes per live state item (keys + values under ``S/`` over
+   the entries of every table), snapshot bytes per live item (the chunks :func:`node.ledger.snapshot.make` writes, over
+   the items its manifest counts) and stored bytes per empty
    block (net bytes of keys + values the block adds to LevelDB, counted on its write batch against the values it
    replaces; the counter is checked once per size against a full key dump before and after one more, untimed,
    block at the end).

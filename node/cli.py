@@ -228,10 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--state-sync", action="store_true",
                    help="on an empty ledger, start from the newest snapshot a bootstrap peer offers, checked "
                         "against a header signed by more than 2/3 of the validators (the genesis set, or on a chain "
-                        "whose validators change the set reached by following the peer's headers), instead of replaying "
-                        "the chain from genesis; the blocks before it are not fetched")
+                        "whose validators change the set reached by following the peer's headers), instead of "
+                        "replaying the chain from genesis; the blocks before it are not fetched")
     s.add_argument("--log-level", default="INFO", type=str.upper,
-                   choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], help="logging level (default: %(default)s)")
+                   choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+                   help="logging level (default: %(default)s)")
 
     d = sub.add_parser("devnet", help="run the demo swarm: >= 3 servers on 127.0.0.1, generate, verify, settle",
                        description="Start a validator/client node and N span servers as separate processes on "

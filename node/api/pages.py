@@ -3,8 +3,8 @@ a job title is text, never markup) with a small local script for live refresh (`
 
 Pages: ``/`` (head, finality, validators, peers, swarm coverage, latest blocks and receipts), ``/blocks``,
 ``/blocks/{height}``, ``/tx/{id}``, ``/receipts``, ``/receipts/{id}``, ``/accounts/{peer}``, ``/validators``,
-``/swarm``, ``/peers`` (each connected peer's path, address and round trip), ``/models``, ``/verification``, ``/jobs``, ``/jobs/{id}``, ``/runs``, ``/runs/{id}``,
-``/batches``, ``/batches/{id}`` and ``/search?q=`` (303 to
+``/swarm``, ``/peers`` (each connected peer's path, address and round trip), ``/models``, ``/verification``, ``/jobs``,
+``/jobs/{id}``, ``/runs``, ``/runs/{id}``, ``/batches``, ``/batches/{id}`` and ``/search?q=`` (303 to
 the match). A missing object answers a 404 page; a malformed id a 400 page.
 """
 
@@ -85,7 +85,8 @@ def pages_router(node, q) -> APIRouter:
 
     @r.get("/receipts")
     async def receipts(cursor: str | None = Query(None, max_length=64),
-                       status: str | None = Query(None, pattern="^(pending|sampled|valid|invalid|settled|unverified)$")):
+                       status: str | None = Query(
+                           None, pattern="^(pending|sampled|valid|invalid|settled|unverified)$")):
         return page("receipts.html", page=q.receipts(50, cursor, status), status_filter=status)
 
     @r.get("/receipts/{receipt_id}")

@@ -3,12 +3,12 @@
 Output cheats change what :meth:`SpanModel.forward` returns: ``corrupt`` (Gaussian noise of half the output's
 std), ``random`` (fresh random states with the output's mean and std), ``zeros``, ``nan`` (NaN in one of every 8
 positions), ``half-tokens`` (only half the tokens processed: the first half of a multi-token call, every other
-single-token step; the rest passed through unchanged), ``replay`` (outputs recorded from an earlier session returned for the same positions).
-Weight cheats run :meth:`forward` on other weights than the committed model: ``skip-block`` (the span's last
-block skipped), ``perturb`` (every weight scaled by 1 + 1 % Gaussian noise), ``other-model`` (random weights of
-the same shapes), ``bf16`` (the span in bfloat16), ``int8`` (every linear weight quantized to int8 and back as
-``node model add --quantize int8`` does: the cheaper int8 copy served under the float model's id). :meth:`SpanModel.prefill` — what a committee runs — is never
-affected.
+single-token step; the rest passed through unchanged), ``replay`` (outputs recorded from an earlier session returned for
+the same positions). Weight cheats run :meth:`forward` on other weights than the committed model: ``skip-block`` (the
+span's last block skipped), ``perturb`` (every weight scaled by 1 + 1 % Gaussian noise), ``other-model`` (random weights
+of the same shapes), ``bf16`` (the span in bfloat16), ``int8`` (every linear weight quantized to int8 and back as
+``node model add --quantize int8`` does: the cheaper int8 copy served under the float model's id).
+:meth:`SpanModel.prefill` — what a committee runs — is never affected.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Model conversion and the on-disk model format shared by servers, clients and verifiers.
 
-A *model dir* holds one Llama-family causal LM (architectures: :mod:`node.models.arch`) split into independently hashed pieces::
+A *model dir* holds one Llama-family causal LM (architectures: :mod:`node.models.arch`) split into independently hashed
+pieces::
 
     config.json              transformers config (``config.save_pretrained``), without any quantization_config
     tokenizer.json, ...      tokenizer files, when the model has a tokenizer (the tiny test model has none)
@@ -260,7 +261,8 @@ def load_span_config(model_dir: Path):
 # ---------------------------------------------------------------- writing
 
 def save_model_dir(model, tokenizer, out_dir: Path, *, name: str | None = None) -> Manifest:
-    """Write ``model`` (a ``LlamaForCausalLM`` or another :mod:`node.models.arch` architecture) and optional ``tokenizer`` into ``out_dir`` in the Tally format.
+    """Write ``model`` (a ``LlamaForCausalLM`` or another :mod:`node.models.arch` architecture) and optional
+    ``tokenizer`` into ``out_dir`` in the Tally format.
 
     ``manifest.json`` is written last. ``name`` defaults to ``out_dir.name``. Returns the manifest.
 
@@ -394,7 +396,8 @@ def ensure_smollm2(cache_dir: Path | None = None, progress: bool = True) -> Path
             tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
         _say(progress, "writing per-block safetensors")
         m = save_model_dir(model, tok, tmp, name=SMOLLM2_NAME)
-        _say(progress, f"done in {time.monotonic() - t0:.1f} s: {m.num_blocks} blocks, model id {m.model_id.hex()[:16]}…")
+        _say(progress, f"done in {time.monotonic() - t0:.1f} s: {m.num_blocks} blocks, "
+                       f"model id {m.model_id.hex()[:16]}…")
 
     return _convert_once(cache_dir, SMOLLM2_NAME, build, progress)
 
@@ -415,7 +418,8 @@ TINY_CONFIG = dict(
 
 
 def make_tiny(cache_dir: Path, seed: int = 0) -> Path:
-    """Write a tiny random Llama (``TINY_CONFIG``, weights from ``torch.manual_seed(seed)``) to ``cache_dir/tiny-<seed>/``.
+    """Write a tiny random Llama (``TINY_CONFIG``, weights from ``torch.manual_seed(seed)``) to
+    ``cache_dir/tiny-<seed>/``.
 
     Deterministic: the same seed gives the same files and model id. Idempotent and process-safe like
     :func:`ensure_smollm2`; the global torch RNG state is restored afterwards. Returns the model dir.

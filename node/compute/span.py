@@ -108,7 +108,8 @@ class SpanModel:
     def _run(self, hidden: torch.Tensor, cache, net=None) -> torch.Tensor:
         past = cache.get_seq_length()
         self._check(hidden, past)
-        if past and cache.layers and cache.layers[0].keys is not None and cache.layers[0].keys.shape[0] != hidden.shape[0]:
+        if (past and cache.layers and cache.layers[0].keys is not None
+                and cache.layers[0].keys.shape[0] != hidden.shape[0]):
             raise ValueError("batch size differs from the one this cache was started with")
         net = self.net if net is None else net
         dtype = next(p for p in net.parameters() if p.is_floating_point()).dtype

@@ -18,9 +18,9 @@ receipt after step ``n``. A server that says ``inline_acks`` in its open reply a
 as an ``ack`` field of the next ``step`` or of ``close`` (it is taken before the step runs): a client then sends
 no separate ``ack`` message while it generates: one message fewer per hop per token, of three (a message through
 py-libp2p 0.8.1's Noise + Yamux on trio costs about 0.5 ms of CPU at each end on loopback, ~20 trio scheduler
-passes, measured with a 2.3 KB echo between two processes). A client that pauses between tokens sends its acknowledgements at once as ``ack``
-messages; so does every client of a server without ``inline_acks`` (the field is optional both ways: older
-clients and servers keep working). Wire tensors and codecs: :mod:`node.inference.wire`.
+passes, measured with a 2.3 KB echo between two processes). A client that pauses between tokens sends its
+acknowledgements at once as ``ack`` messages; so does every client of a server without ``inline_acks`` (the field is
+optional both ways: older clients and servers keep working). Wire tensors and codecs: :mod:`node.inference.wire`.
 
 The requester is the authenticated remote peer (its Noise-verified peer ID is its account). When a session ends
 — closed, or the client vanished (EOF, reset, or no message within ``step_timeout``), or a bad message — the

@@ -150,7 +150,8 @@ class InnerTrainer:
         expect = []
         for name, p in zip(self.names, self._params, strict=True):
             expect += [(f"exp_avg {name}", p.shape, torch.float32), (f"exp_avg_sq {name}", p.shape, torch.float32)]
-        expect += [(f"residual {name}", p.shape, torch.float32) for name, p in zip(self.names, self._params, strict=True)]
+        expect += [(f"residual {name}", p.shape, torch.float32)
+                   for name, p in zip(self.names, self._params, strict=True)]
         expect.append(("step", torch.Size([1]), torch.int64))
         self._check(ts, expect)
         step = int(ts[-1].item())
@@ -184,7 +185,8 @@ class InnerTrainer:
         Raises:
             ValueError: wrong count, shape or dtype (nothing is changed then).
         """
-        self._check(ts, [(f"residual {n}", p.shape, torch.float32) for n, p in zip(self.names, self._params, strict=True)])
+        self._check(ts, [(f"residual {n}", p.shape, torch.float32)
+                         for n, p in zip(self.names, self._params, strict=True)])
         self._residual = [t.detach().to("cpu", torch.float32).clone().contiguous() for t in ts]
 
     # ------------------------------------------------------------------ training

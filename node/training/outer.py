@@ -168,7 +168,8 @@ def outer_step(params: list[torch.Tensor], momentum: list[torch.Tensor] | None,
 
     if not kept:
         return OuterResult(params=[_out(t, s) for t, s in zip(theta, shapes, strict=True)],
-                           momentum=None if momentum is None else [_out(m, s) for m, s in zip(buf_prev, shapes, strict=True)],
+                           momentum=None if momentum is None
+                           else [_out(m, s) for m, s in zip(buf_prev, shapes, strict=True)],
                            accepted=(), dropped=dropped, norms={}, scales={})
 
     # 2. median-norm clipping

@@ -75,7 +75,8 @@ async def check_round_receipt(member, r: RoundReceipt) -> tuple[int, float]:
                                  timeout=FETCH_TIMEOUT)
         commit = next((c for c in _all_commits(run) if c[1] == r.id), None)
         prev_id = commit[2] if commit else b""
-        prev = await fetch_blob(member.host, member.blobs, prev_id, [r.worker], timeout=FETCH_TIMEOUT) if prev_id else None
+        prev = (await fetch_blob(member.host, member.blobs, prev_id, [r.worker], timeout=FETCH_TIMEOUT)
+                if prev_id else None)
     except (BlobUnavailable, ValueError) as e:
         log.info("abstain on round receipt %s: %s", r.id.hex()[:16], e)
         return ABSTAIN, math.inf

@@ -171,7 +171,8 @@ def replay_round(trainer: InnerTrainer, post: RunPost, theta: list[torch.Tensor]
     if commitments_root(batches) != batches_root:
         return INVALID, math.inf, "batches are not the round's assignment"
     if len(opt_before) != len(expected_before) or any(
-            a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b) for a, b in zip(opt_before, expected_before, strict=True)):
+            a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b)
+            for a, b in zip(opt_before, expected_before, strict=True)):
         return INVALID, math.inf, "opt_before is not the state this worker had to start from"
     try:
         trainer.load_params(theta)

@@ -4,8 +4,9 @@ Before a worker's Δ enters the outer step it is applied alone to the round's gl
 that worker's own held-out screen windows (drawn with its batches by ``node.training.assign`` but never trained
 on): an update that raises the loss there is excluded. This is the loss-improvement check Templar's validators
 run on miners' updates (tplr-ai/templar, "Templar Incentive Mechanism", loss-based gradient evaluation:
-``L_before − L_after`` on the miner's own deterministic data assignment). It is cheap (two forward passes) and catches sign-flipped, scaled-up, NaN and
-other-data updates without a full replay; a free rider (Δ = 0) passes it and is left to replay and payment rules.
+``L_before − L_after`` on the miner's own deterministic data assignment). It is cheap (two forward passes) and catches
+sign-flipped, scaled-up, NaN and other-data updates without a full replay; a free rider (Δ = 0) passes it and is left to
+replay and payment rules.
 """
 
 from __future__ import annotations

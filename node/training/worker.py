@@ -200,8 +200,9 @@ class RunWorker:
             if cur.phase == Phase.COMMIT and key not in self.committed and rid not in self.busy:
                 self.busy.add(rid)
                 nursery.start_soon(self._guard, rid, self._train, run)
-            elif (cur.phase == Phase.AGGREGATE and cur.aggregator == me and (*key, cur.aggregator) not in self.aggregated
-                  and rid not in self.busy and all(st.receipts[x].status != SAMPLED for _, x, _ in cur.commits)):
+            elif (cur.phase == Phase.AGGREGATE and cur.aggregator == me
+                  and (*key, cur.aggregator) not in self.aggregated and rid not in self.busy
+                  and all(st.receipts[x].status != SAMPLED for _, x, _ in cur.commits)):
                 self.busy.add(rid)
                 nursery.start_soon(self._guard, rid, self._aggregate, run)
 

@@ -96,8 +96,9 @@ def test_post_escrows_the_budget_and_serves_theta0(live, tiny, posted):
     assert on_ledger.status == RunStatus.WAITING and on_ledger.escrow_left == budget
     assert (p.sender, p.model_id, p.trainable, p.rank, p.targets, p.seed) == (
         c.ident.account, c.manifest.model_id, "lora", 4, "q_proj,v_proj", 7)
+    # the documented defaults for what RUN leaves out
     assert (p.lr_micro, p.outer_lr_ppm, p.outer_momentum_ppm, p.nesterov, p.clip_ppm, p.codec, p.inner_state,
-            p.sample_ppm) == (10_000, 1_000_000, 0, 1, 2_000_000, "int8", "reset", 100_000)  # the documented defaults for what RUN leaves out
+            p.sample_ppm) == (10_000, 1_000_000, 0, 1, 2_000_000, "int8", "reset", 100_000)
     assert p.title == RUN["title"] and run["title"] == RUN["title"]
     # θ_0 is InnerTrainer's seeded init on the node's model, computed here independently, and stored by that id
     theta0 = InnerTrainer(tiny, "lora", 4, ("q_proj", "v_proj"), 0.01, 7).params()
@@ -308,7 +309,8 @@ def test_cli_post_help_status_and_errors(live, posted, capsys):
     assert code == 0
     flat = " ".join(helps.split())
     for flag, default in (("--inner-steps", "25"), ("--codec", "int8"), ("--inner-state", "reset"),
-                          ("--outer-lr", "1.0"), ("--outer-momentum", "0.0"), ("--price-per-step", "0.01"), ("--sample-ppm", "100000")):
+                          ("--outer-lr", "1.0"), ("--outer-momentum", "0.0"), ("--price-per-step", "0.01"),
+                          ("--sample-ppm", "100000")):
         assert flag in flat and f"(default: {default}" in flat, flag
     code, listed, _ = run_cli(capsys, d0, "list", "--status", "finished")
     assert code == 0 and out["run_id"] not in listed

@@ -139,9 +139,9 @@ def test_a_second_devnet_on_a_running_devnets_dir_refuses_and_wipes_nothing(tmp_
     # a node running in the devnet's dir — even one still booting, before its node.json exists — holds
     # node.lock from its first moment: devnet refuses to wipe it
     sleeper = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
-                                "from node.lockfile import hold\nf = hold(Path(sys.argv[1]))\nprint('held', flush=True)\n"
-                                "time.sleep(60)", str(root / "node0" / "node.lock")], cwd=ROOT, stdout=subprocess.PIPE,
-                               text=True)
+                                "from node.lockfile import hold\nf = hold(Path(sys.argv[1]))\n"
+                                "print('held', flush=True)\ntime.sleep(60)", str(root / "node0" / "node.lock")],
+                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert sleeper.stdout.readline().strip() == "held"
         r = devnet(tmp_path, "--model", "tiny", "--model-cache", str(tmp_path / "models"), timeout=120)

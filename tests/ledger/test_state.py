@@ -69,7 +69,8 @@ def test_receipt_replay_other_chain_and_bad_signatures_refused():
     r = make_receipt(g, W1)
     w = s.copy()
     apply_tx(w, r)
-    prefix = replace(r, tokens=r.tokens - 1, price=r.price - (r.span_end - r.span_start) * g.params.price_per_token_block)
+    prefix = replace(r, tokens=r.tokens - 1,
+                     price=r.price - (r.span_end - r.span_start) * g.params.price_per_token_block)
     prefix = prefix.sign_worker(W1).countersign(CLIENT)
     for bad in (r,  # replay of the same receipt
                 prefix,  # another receipt of the same session (e.g. an earlier, shorter one): paid once only

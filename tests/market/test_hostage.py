@@ -98,8 +98,8 @@ def test_unfetchable_jobs_hold_no_worker_and_the_hostage_holder_pays(tmp_path, t
             reopened = s.jobs[h1.job_id]
             s = await wait_for(client, lambda s: s.height >= reopened.dropped[0][2] + 20)  # a few more blocks
             skipped = {nd.ident.account: dict(nd.jobs.skipped) for nd in nodes[1:]}
-            return (s.detach(), hostage_at, posted_at, real_accepted, real_started_at, reopened, supplies, held_by, workers,
-                    skipped, job_json(s.jobs[h1.job_id], s))
+            return (s.detach(), hostage_at, posted_at, real_accepted, real_started_at, reopened, supplies, held_by,
+                    workers, skipped, job_json(s.jobs[h1.job_id], s))
 
     with caplog.at_level(logging.INFO, logger="tally.market"):
         s, hostage_at, posted_at, real_acc, real_started_at, reopened, supplies, held_by, workers, skipped, h1_json = \

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_devnet_job_on_hamlet_with_the_real_model(tmp_path):
     r = subprocess.run([sys.executable, "-m", "node.cli", "devnet", "--once", "--no-inference", "--job", "hamlet",
                         "--job-steps", "60", "--api-port", "0", "--data-dir", str(tmp_path / "devnet")],
-                       capture_output=True, text=True, timeout=3000, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                       capture_output=True, text=True, timeout=3000, cwd=ROOT,
+                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
     out = r.stdout
     assert r.returncode == 0, out[-4000:] + r.stderr[-4000:]
     assert "settled" in out and out.count("verdict valid") == 6

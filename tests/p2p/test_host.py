@@ -315,8 +315,8 @@ def test_a_message_the_validator_refuses_is_neither_delivered_nor_relayed():
 
 def test_a_peer_that_never_subscribes_costs_a_bounded_queue_and_no_log_lines(caplog):
     """B subscribes to ``tx`` only. A publishes 300 messages on ``consensus``: py-libp2p holds each for B in case
-    B's subscription is on the way; A holds at most PENDING_PER_PEER (+ the newest) for B, none older than PENDING_TTL, and logs
-    nothing about it (py-libp2p 0.8.1 held 100 and logged a WARNING per publication once full)."""
+    B's subscription is on the way; A holds at most PENDING_PER_PEER (+ the newest) for B, none older than PENDING_TTL,
+    and logs nothing about it (py-libp2p 0.8.1 held 100 and logged a WARNING per publication once full)."""
     import logging
 
     from node.p2p.gossip import PENDING_PER_PEER, PENDING_TTL

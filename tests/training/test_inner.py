@@ -80,7 +80,8 @@ def test_state_round_trip_reproduces_training_bit_for_bit(tiny, trainable):
         assert torch.equal(x, y)
     assert opt_a[-1].tolist() == [5]
     n = len(a.names)
-    assert all(torch.equal(r, x) for r, x in zip(res, opt_a[2 * n:3 * n], strict=True))  # training leaves the residual alone
+    # training leaves the residual alone
+    assert all(torch.equal(r, x) for r, x in zip(res, opt_a[2 * n:3 * n], strict=True))
 
 
 def test_reset_zeroes_moments_and_step_keeps_residual(tiny):

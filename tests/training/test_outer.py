@@ -86,7 +86,8 @@ def test_nesterov_matches_float64_hand_computation_over_rounds():
         for t, t64 in zip(theta, th64, strict=True):
             assert torch.allclose(t.double(), t64, atol=1e-5, rtol=0)
     # and it really moved: three rounds of Nesterov with lr 0.7 is far from θ_0
-    assert max(float((a.double() - b.double()).abs().max()) for a, b in zip(theta, _rand(SHAPES, 2), strict=True)) > 0.01
+    assert max(float((a.double() - b.double()).abs().max())
+               for a, b in zip(theta, _rand(SHAPES, 2), strict=True)) > 0.01
 
 
 def test_non_finite_and_malformed_deltas_are_dropped():

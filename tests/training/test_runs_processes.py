@@ -61,8 +61,8 @@ def _watch(tmp, procs, run_id: str, timeout: float) -> dict:
     round 1's commit phase before its receipt is on the ledger; once round 2 is open, the late worker (up and
     bonded since the start, but not joined: it has trained nothing) joins. Returns what was seen:
     ``killed_commits`` (who had committed at the kill), ``r1_waiting`` (round 1's opened height and attempt
-    when it was seen in its commit phase with every live participant's commit in), ``joined_at`` (the run's round and phase when the late join was sent), ``run`` (the
-    final view)."""
+    when it was seen in its commit phase with every live participant's commit in), ``joined_at`` (the run's round and
+    phase when the late join was sent), ``run`` (the final view)."""
     seen: dict = {}
     deadline = time.monotonic() + timeout
     victim, late = peer(VICTIM), peer(LATE)

@@ -25,7 +25,8 @@ def test_nan_hop_is_rejected_banned_and_routed_around(tmp_path, tiny):
         async with swarm(tmp_path, tiny, spans, faults={2: "nan"}) as nodes:
             client, bad, spare = nodes[0], nodes[2], nodes[4]
             real = spare.server.announcement
-            spare.server.announcement = lambda *a, **k: {**real(*a, **k), "latency": 5.0}  # looks slow: not chosen first
+            # looks slow: not chosen first
+            spare.server.announcement = lambda *a, **k: {**real(*a, **k), "latency": 5.0}
             await trio.sleep(1.5)  # the slow-looking announcement reaches the client
             gen = await client.generate(prompt, 12)
             recs = await wait_final(client, [r.id for r in gen.receipts])
