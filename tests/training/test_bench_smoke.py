@@ -1,5 +1,6 @@
-"""bench/training.py --quick runs end to end (real codec, outer step, assignment, screen, SmolLM2 byte count)
-and prints the report lines the issue names, in a form that parses."""
+"""bench/training.py with its own settings and one seed runs end to end (real codec, outer step, assignment, screen,
+SmolLM2 byte count), prints the report lines the issue names in a form that parses, and meets the three targets its
+report prints: 4 workers below one worker, fraction of data-parallel's loss drop >= 0.95, bytes ratio <= 0.01."""
 
 from __future__ import annotations
 
@@ -11,26 +12,41 @@ from pathlib import Path
 
 import pytest
 
+from node.compute.model import SMOLLM2_NAME, default_cache_dir, find_gguf
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow  # 14 s: the default suite stood at 14 min 40 s of its 15 min budget on 2 cores (CI's slow step runs it)
-def test_quick_run_prints_parsable_report(tmp_path):
-    smollm2 = Path.home() / ".cache" / "tally" / "models" / "smollm2-135m" / "manifest.json"
-    if not smollm2.is_file():
-        pytest.skip("SmolLM2-135M is not converted here (bytes are counted on the real model)")
+def _smollm2_or_skip() -> None:
+    """The bench counts bytes on SmolLM2-135M, found where the node finds models (``$TALLY_MODEL_CACHE``, else
+    ``~/.cache/tally/models``) or converted there by the bench from the bundled GGUF; skip only when neither is
+    possible."""
+    if (default_cache_dir() / SMOLLM2_NAME / "manifest.json").is_file():
+        return
+    try:
+        find_gguf()
+    except RuntimeError as e:
+        pytest.skip(f"SmolLM2-135M is neither converted in {default_cache_dir()} nor convertible here: {e}")
+
+
+@pytest.mark.slow  # ~50 s on a quiet 2-core machine (one seed of the bench's own settings); CI's slow step runs it
+def test_one_seed_meets_the_printed_targets(tmp_path):
+    _smollm2_or_skip()
     out_json = tmp_path / "r.json"
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "training.py"), "--quick", "--json", str(out_json)],
-                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "training.py"), "--seeds", "1", "--json", str(out_json)],
+                       capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.splitlines()
     ratio = [float(m.group(1)) for ln in lines if (m := re.fullmatch(r"bytes ratio to data-parallel: ([0-9.]+)", ln))]
     below = [m.group(1) for ln in lines if (m := re.fullmatch(r"4 workers below one worker: (true|false)", ln))]
     frac = [float(m.group(1)) for ln in lines
             if (m := re.match(r"fraction of data-parallel's loss drop: (-?[0-9.]+) ", ln))]
-    assert len(ratio) == 1 and len(below) == 1 and len(frac) == 1, r.stdout
+    verdict = [m.group(1) for ln in lines if (m := re.match(
+        r"targets: 4 workers below one worker; fraction >= 0\.95; bytes ratio <= 0\.01 \(int8, H >= 25\) -- "
+        r"(met|NOT all met); wall \d+ s$", ln))]
+    assert len(ratio) == 1 and len(below) == 1 and len(frac) == 1 and len(verdict) == 1, r.stdout
     seeds = [ln for ln in lines if ln.startswith("seed ")]
-    assert len(seeds) == 2
+    assert len(seeds) == 1
     assert "trained from scratch" in r.stdout and "too slow" in r.stdout
 
     res = json.loads(out_json.read_text())
@@ -49,3 +65,9 @@ def test_quick_run_prints_parsable_report(tmp_path):
     for s in res["seeds"]:
         assert s["diloco"] < s["base"] and s["single"] < s["base"] and s["dp"] < s["base"]
         assert s["screened"] == res["args"]["rounds"] * res["args"]["workers"]
+
+    # the three targets, each as the report prints it, then its own verdict line
+    assert below[0] == "true", r.stdout  # 4 workers below one worker
+    assert frac[0] >= 0.95, r.stdout  # fraction of data-parallel's loss drop
+    assert ratio[0] <= 0.01, r.stdout  # bytes ratio to data-parallel (int8, H >= 25)
+    assert verdict[0] == "met", r.stdout
