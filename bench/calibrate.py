@@ -29,7 +29,8 @@ from node.verify.compare import DEFAULT_TOLERANCE, distance
 def session(span, x, prompt, threads):
     torch.set_num_threads(threads)
     cache = span.new_cache()
-    outs = [span.forward(x[:, :prompt], cache)] + [span.forward(x[:, t:t + 1], cache) for t in range(prompt, x.shape[1])]
+    outs = [span.forward(x[:, :prompt], cache)]
+    outs += [span.forward(x[:, t:t + 1], cache) for t in range(prompt, x.shape[1])]
     return torch.cat(outs, dim=1)
 
 

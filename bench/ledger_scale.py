@@ -331,15 +331,19 @@ def measure(path: Path, n: int, empty: int = 30, full: int = 10, per_block: int 
     manifest, _ = snapshot.make(store.db, g.domain, put=lambda _id, data: snap_bytes.__setitem__(
         0, snap_bytes[0] + len(data)))
     out = {
-        "n": n, "read_mode": store.read_mode.value, "start_s": start_s, "rss_base_mib": rss_base, "rss_start_mib": rss_start, "rss_after_mib": rss_after,
-        "empty_ms": statistics.median(empty_t) * 1e3, "empty_p90_ms": sorted(empty_t)[int(0.9 * (len(empty_t) - 1))] * 1e3,
-        "full_ms": statistics.median(full_t) * 1e3, "per_block": per_block, "rss_phases_mib": {"start": phases_start, **phases},
+        "n": n, "read_mode": store.read_mode.value, "start_s": start_s, "rss_base_mib": rss_base,
+        "rss_start_mib": rss_start, "rss_after_mib": rss_after,
+        "empty_ms": statistics.median(empty_t) * 1e3,
+        "empty_p90_ms": sorted(empty_t)[int(0.9 * (len(empty_t) - 1))] * 1e3,
+        "full_ms": statistics.median(full_t) * 1e3, "per_block": per_block,
+        "rss_phases_mib": {"start": phases_start, **phases},
         "empty_cpu_ms": statistics.median(a - b for a, b in zip(empty_t, write_t, strict=False)) * 1e3,
         "full_cpu_ms": statistics.median(a - b for a, b in zip(full_t, full_w, strict=False)) * 1e3,
         "empty_write_ms": statistics.median(write_t) * 1e3, "full_write_ms": statistics.median(full_w) * 1e3,
         "empty_b": statistics.median(empty_b), "empty_b_max": max(empty_b[1:] or empty_b), "check_b": dumped,
         "bytes_per_item": s_bytes / max(1, sum(items.values())),
-        "snapshot_bytes": snap_bytes[0], "snapshot_per_item": snap_bytes[0] / max(1, sum(manifest.counts)), "bytes_per_receipt": r_bytes / max(1, items["receipts"]),
+        "snapshot_bytes": snap_bytes[0], "snapshot_per_item": snap_bytes[0] / max(1, sum(manifest.counts)),
+        "bytes_per_receipt": r_bytes / max(1, items["receipts"]),
         "items": items, "accounts": items["accounts"], "open_receipts": items["open_receipts"], "height": state.height,
     }
     store.close()
@@ -488,8 +492,9 @@ def run_scale(sizes: list[int], timeout: float = 1800, empty: int = 30, full: in
             hi["capped"] = capped_measure(dirs[hi["n"]], hi["items"]["receipts"],
                                           cap * lo["rss_after_mib"], timeout, empty, full)
             if mmap_too:
-                hi["capped_mmap"] = capped_measure(Path(tmp) / f"ledger-{hi['n']}-mmap", hi["mmap"]["items"]["receipts"],
-                                                   cap * lo["rss_after_mib"], timeout, empty, full, mmap=True)
+                hi["capped_mmap"] = capped_measure(Path(tmp) / f"ledger-{hi['n']}-mmap",
+                                                   hi["mmap"]["items"]["receipts"], cap * lo["rss_after_mib"],
+                                                   timeout, empty, full, mmap=True)
         if mmap_too and keep is None:
             for n in sizes:
                 shutil.rmtree(base / f"ledger-{n}-mmap", ignore_errors=True)
@@ -501,20 +506,24 @@ def report(rows: list[dict[str, Any]], empty: int = 30, full: int = 10) -> str:
     """The printed table, ratios and targets for ``rows`` (from :func:`measure`), smallest size first."""
     per = rows[0]["per_block"]
     lines = [
-        "ledger at scale (bench/ledger_scale.py): each size's store holds n synthetic FINAL receipts (+ their sessions)",
+        "ledger at scale (bench/ledger_scale.py): each size's store holds n synthetic FINAL receipts "
+        "(+ their sessions)",
         "written straight into the state tables, NOT through n signed blocks; each size built and measured in fresh",
         f"processes. One validator, {rows[0]['accounts']} accounts, 1 % sampling, challenge window 4, fsynced blocks.",
         f"LevelDB reads its tables with {rows[0]['read_mode']} (the node's setting: node/ledger/leveldb_reads.py).",
         "",
-        f"{'receipts':>9} {'start s':>8} {'RSS base':>9} {'RSS start':>10} {'RSS after':>10} {'anon after':>11} {'ldb after':>10} "
+        f"{'receipts':>9} {'start s':>8} {'RSS base':>9} {'RSS start':>10} {'RSS after':>10} {'anon after':>11} "
+        f"{'ldb after':>10} "
         f"{'empty blk':>10} "
-        f"{'(cpu)':>7} {f'{per}-rcpt blk':>13} {'(cpu)':>8} {'B/live item':>12} {'B/receipt':>10} {'snap B/item':>12} {'B/empty blk':>12} {'disk MiB':>9} {'build s':>8}",
+        f"{'(cpu)':>7} {f'{per}-rcpt blk':>13} {'(cpu)':>8} {'B/live item':>12} {'B/receipt':>10} "
+        f"{'snap B/item':>12} {'B/empty blk':>12} {'disk MiB':>9} {'build s':>8}",
     ]
     for r in rows:
         lines.append(
             f"{_size(r['n']):>9} {r['start_s']:8.3f} {r['rss_base_mib']:7.1f}Mi {r['rss_start_mib']:8.1f}Mi "
             f"{r['rss_after_mib']:8.1f}Mi {r['rss_phases_mib']['after']['RssAnon']:9.1f}Mi "
-            f"{r['rss_phases_mib']['after']['ldb']:8.1f}Mi {r['empty_ms']:8.2f}ms {r['empty_cpu_ms']:5.2f}ms {r['full_ms']:11.1f}ms "
+            f"{r['rss_phases_mib']['after']['ldb']:8.1f}Mi {r['empty_ms']:8.2f}ms {r['empty_cpu_ms']:5.2f}ms "
+            f"{r['full_ms']:11.1f}ms "
             f"{r['full_cpu_ms']:6.1f}ms {r['bytes_per_item']:12.0f} "
             f"{r['bytes_per_receipt']:10.0f} {r['snapshot_per_item']:12.0f} {r['empty_b']:12.0f} {r['disk_mib']:9.1f} "
             f"{r['write_s'] + r['compact_s']:8.0f}")
@@ -548,8 +557,10 @@ def report(rows: list[dict[str, Any]], empty: int = 30, full: int = 10) -> str:
         ]
         for r in rows:
             mm = r["mmap"]
-            lines.append(f"{_size(r['n']):>9} {mm['rss_after_mib']:8.1f}Mi {mm['rss_phases_mib']['after']['RssAnon']:9.1f}Mi "
-                         f"{mm['rss_phases_mib']['after']['ldb']:8.1f}Mi {mm['empty_ms']:8.2f}ms {mm['full_ms']:11.1f}ms")
+            lines.append(f"{_size(r['n']):>9} {mm['rss_after_mib']:8.1f}Mi "
+                         f"{mm['rss_phases_mib']['after']['RssAnon']:9.1f}Mi "
+                         f"{mm['rss_phases_mib']['after']['ldb']:8.1f}Mi {mm['empty_ms']:8.2f}ms "
+                         f"{mm['full_ms']:11.1f}ms")
         lines.append("")
     lo, hi = rows[0], rows[-1]
     name = f"{_size(hi['n'])} / {_size(lo['n'])}"
@@ -563,7 +574,8 @@ def report(rows: list[dict[str, Any]], empty: int = 30, full: int = 10) -> str:
                       ("full_cpu_ms", f"time per {per}-receipt block less write + fsync")):
         lines.append(f"ratio {name}, {what}: {hi[key] / lo[key]:.2f}x (shown, not a target)")
     if "mmap" in lo and "mmap" in hi:
-        for key, what in (("rss_after_mib", "resident memory (after blocks)"), ("full_ms", f"time per {per}-receipt block")):
+        for key, what in (("rss_after_mib", "resident memory (after blocks)"),
+                          ("full_ms", f"time per {per}-receipt block")):
             lines.append(f"ratio {name}, {what}, memory-mapped reads: {hi['mmap'][key] / lo['mmap'][key]:.2f}x "
                          "(shown, not a target)")
         lines.append(f"pread / memory-mapped, {per}-receipt block: {lo['full_ms'] / lo['mmap']['full_ms']:.2f}x at "
@@ -591,7 +603,8 @@ def report(rows: list[dict[str, Any]], empty: int = 30, full: int = 10) -> str:
                                                                   hi.get("mmap"))):
         if not c or not unc:
             continue
-        lines += ["", f"{how}, held to {c['cap_mib']:.0f} MiB (a memory cgroup of {c['cap_mib'] / lo['rss_after_mib']:.1f}x the "
+        lines += ["", f"{how}, held to {c['cap_mib']:.0f} MiB "
+                  f"(a memory cgroup of {c['cap_mib'] / lo['rss_after_mib']:.1f}x the "
                   f"{_size(lo['n'])} resident memory, page cache included; the store's pages dropped first), "
                   f"{_size(hi['n'])}: peak {c['cap_max_usage_mib']:.0f} MiB, limit hit {c['cap_failcnt']} times, "
                   f"{c['cap_major_faults']} major faults; empty block {c['empty_ms']:.2f} ms, {per}-receipt block "
@@ -632,7 +645,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--full", type=int, default=10, help="full blocks timed per size (default %(default)s)")
     ap.add_argument("--per-block", type=int, default=PER_BLOCK,
                     help="receipts per full block (default %(default)s: issue 27's check 2)")
-    ap.add_argument("--profile", action="store_true", help="cProfile the empty and the full blocks; top functions to stderr")
+    ap.add_argument("--profile", action="store_true",
+                    help="cProfile the empty and the full blocks; top functions to stderr")
     ap.add_argument("--keep", type=Path, default=None, help="build the stores under this directory and keep them")
     ap.add_argument("--cap", type=float, default=None, metavar="X",
                     help="also measure the largest size in a memory cgroup of X times the smallest size's resident "

@@ -82,7 +82,8 @@ def run_size(n: int, batches: int, rnd: random.Random) -> dict[str, float]:
     return {
         "n": n, "build_s": build_s,
         "writes": statistics.mean(writes), "stale": statistics.mean(stale), "wbytes": statistics.mean(wbytes),
-        "batch_ms": 1e3 * statistics.median(t_upd), "batch_cpu_ms": 1e3 * statistics.median(cpu_upd), "commit_ms": 1e3 * statistics.median(t_commit),
+        "batch_ms": 1e3 * statistics.median(t_upd), "batch_cpu_ms": 1e3 * statistics.median(cpu_upd),
+        "commit_ms": 1e3 * statistics.median(t_commit),
         "proof_b": statistics.mean(sizes), "proof_max": max(sizes),
         "prove_us": 1e6 * statistics.median(t_prove), "verify_us": 1e6 * statistics.median(t_verify),
         "nodes": len(store.nodes), "node_bytes": sum(len(k) + len(x) for k, x in store.nodes.items()),

@@ -60,7 +60,8 @@ def build(path: Path, n: int, per_block: int) -> tuple[Genesis, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--receipts", type=int, default=100_000, help="receipts in the chain (default %(default)s: issue 13, check 3)")
+    ap.add_argument("--receipts", type=int, default=100_000,
+                    help="receipts in the chain (default %(default)s: issue 13, check 3)")
     ap.add_argument("--per-block", type=int, default=500)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

@@ -119,8 +119,10 @@ def fast_first_catch(rate: float, n: int, seed: int) -> int | None:
 
 
 def part_a(trials: int) -> None:
-    print(f"== A. cheaters vs genesis parameters (genesis/production-params.json): sampling {PARAMS.sample_base_ppm / PPM:g}"
-          f" for new workers, halving every {PARAMS.adapt_step} valid verdicts, floor {PARAMS.sample_floor_ppm / PPM:g}; "
+    print(f"== A. cheaters vs genesis parameters (genesis/production-params.json): "
+          f"sampling {PARAMS.sample_base_ppm / PPM:g}"
+          f" for new workers, halving every {PARAMS.adapt_step} valid verdicts, "
+          f"floor {PARAMS.sample_floor_ppm / PPM:g}; "
           f"slash {PARAMS.slash_amount / C:g} credits; receipt price {PRICE / C:g} credits")
     n = 2000
     fast = [fast_first_catch(0.05, n, s) for s in range(50 * trials)]
