@@ -9,6 +9,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,9 +144,9 @@ class LazyHead:
     """The :class:`~node.compute.head.ClientHead` of ``model_dir``, built on first use of any attribute.
 
     Building a head imports transformers (its config and norm classes: about 4 CPU-seconds, measured with
-    ``python -X importtime``), so the node starts without it and builds its own model's head in the background
-    once it is up (``NodeConfig.warm_head``, :meth:`Node._warm_head`); heads of other models it generates for are
-    built at their first generation. The first use builds it once (thread-safe; it is first used on the executor thread
+    ``python -X importtime``), so the node builds its own model's head on its executor while it starts
+    (``NodeConfig.warm_head``, :meth:`Node._warm_head`); heads of other models it generates for are built at
+    their first generation. The first use builds it once (thread-safe; it is first used on the executor thread
     or an API thread, never the event loop) and raises what ``ClientHead`` raises (``FileNotFoundError``,
     ``ValueError``) at that use."""
 
@@ -330,8 +331,13 @@ class Node:
         from .inference.server import INFERENCE_PROTOCOL
 
         await self.executor.run(self._build_services)
+        head_ready = trio.Event()
         try:
             async with self.host.running():
+                if self.cfg.warm_head:  # built while the node connects; the API opens once it is ready
+                    self.host.spawn(self._warm_head, head_ready)
+                else:
+                    head_ready.set()
                 if self.server is not None:
                     self.host.set_handler(INFERENCE_PROTOCOL, self.server.handle)
                 # bulk replies: streamed from disk under one per-peer and node-wide budget (node.p2p.budget)
@@ -367,26 +373,31 @@ class Node:
                     if self.server is not None:
                         nursery.start_soon(self.server.announce_loop, self.host, self.cfg.announce_period,
                                            self.cfg.announce_ttl)
+                    await head_ready.wait()
                     self.api_url = await nursery.start(serve_api, self, self.cfg.api_host, self.cfg.api_port)
                     self._write_info()
                     self.started.set()
                     log.info("node %s up: p2p %s, api %s, ledger height %d", self.ident.peer_id,
                              self.host.addrs[0], self.api_url, self.ledger.state.height)
                     self._warn_small_network()
-                    if self.cfg.warm_head:
-                        nursery.start_soon(self._warm_head)
         finally:
             self.store.close()
 
-    async def _warm_head(self) -> None:
+    async def _warm_head(self, done: trio.Event) -> None:
         """Build this node's client head (embeddings, final norm, LM head; the first build imports transformers,
-        about 4 CPU-seconds) on the executor right after start, so that the first generation pays only the network
-        and the servers (issue 25: the first token in seconds). ``--lazy-head`` turns it off. A head that cannot be
-        built is logged here and raises again, with its reason, at the first generation."""
+        about 4 CPU-seconds) and run it once (:meth:`ClientHead.warm_up`) on the executor while the node connects
+        (one torch call at a time there: no two threads race through transformers' lazy imports), then set
+        ``done``: the API opens (and ``node.json`` is written) only after it, so that the first generation pays
+        only the network and the servers (issue 25: the first token in seconds). ``--lazy-head`` turns it off. A
+        head that cannot be built is logged here and raises again, with its reason, at the first generation."""
         try:
-            await self.executor.run(self.client.head.built)
+            t0 = time.monotonic()
+            await self.executor.run(lambda: self.client.head.built().warm_up())  # one torch call at a time
+            log.debug("client head built in %.1f s", time.monotonic() - t0)
         except (OSError, ValueError, KeyError) as e:
             log.warning("client head not built at start (generation will fail): %s: %s", type(e).__name__, e)
+        finally:
+            done.set()
 
     def _warn_small_network(self) -> None:
         """Log once, at start, when two colluders can fill every receipt committee of this network

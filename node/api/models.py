@@ -461,6 +461,9 @@ class GenerateOut(BaseModel):
     route: list[SpanOut]
     receipts: list[str]
     seconds: float
+    first_token_s: float | None = Field(None, description="seconds from the start of the generation to its first "
+                                        "new token (the rest is later tokens and settling receipts); null with "
+                                        "redundancy 2")
     redundancy: int = 1
     routes: list[list[SpanOut]] | None = Field(None, description="with redundancy 2: the two compared routes")
     mismatch: MismatchOut | None = None

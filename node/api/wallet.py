@@ -353,7 +353,7 @@ def wallet_router(node, q, require_token) -> APIRouter:
         return JSON({"prompt_ids": gen.prompt_ids, "tokens": gen.tokens, "text": node.decode(gen.tokens, req.model),
                      "route": [{"peer": p, "span": [s, e], **route_path(node, p)} for p, s, e in gen.route],
                      "receipts": [x.id.hex() for x in gen.receipts], "seconds": gen.seconds,
-                     **redundancy_view(gen)})
+                     "first_token_s": gen.first_token_s, **redundancy_view(gen)})
 
     return r
 

@@ -102,6 +102,12 @@ class ClientHead:
                 out = torch.tanh(out / self._softcap) * self._softcap
         return out.to("cpu", torch.float32).clone()
 
+    def warm_up(self) -> int:
+        """Embed token 0 and take the greedy token after it: the process's first embedding lookup, RMSNorm and
+        LM-head matmul (allocator and kernel set-up, hundreds of ms in a fresh process) happen here rather than in
+        the first generation. Returns that token."""
+        return self.next_token(self.embed(torch.zeros(1, 1, dtype=torch.long)))
+
     def next_token(self, hidden: torch.Tensor) -> int:
         """Greedy next token: argmax of the logits at the last position of ``hidden`` ``(1, tokens, hidden)``.
 

@@ -172,6 +172,7 @@ class Generation:
     seconds: float
     failovers: list[Failover] = field(default_factory=list)
     compression: str = "none"
+    first_token_s: float | None = None  # seconds from the call to the first new token (None: not measured)
 
 
 @dataclass
@@ -482,7 +483,8 @@ class RouteClient:
                 1; ``route`` the current ``[(peer, start, end), ...]``).
 
         Returns the new tokens, the countersigned receipts (already submitted to the ledger, replaced hops'
-        included) and the failovers.
+        included), the failovers, ``seconds`` (the whole call) and ``first_token_s`` (seconds until the first new
+        token; the rest is later tokens and settling the sessions).
 
         Raises:
             PromptTooLong: checked before any session opens (no receipt, no charge).
@@ -494,6 +496,7 @@ class RouteClient:
         codec = check_codec(compression or self.compression)
         t0 = time.perf_counter()
         run = _Run(total, codec, [Hop(s.peer, s.start, s.end, codec) for s in self._plan(total)])
+        first: float | None = None
         try:
             hidden = await self.executor.run(self.head.embed, torch.tensor([prompt_ids], dtype=torch.long))
             await self._open_all(run)  # then the first step follows at once (servers time out idle sessions)
@@ -505,6 +508,8 @@ class RouteClient:
                         await self._flush(run)  # the round's receipt work, before the LM head (no GIL contention)
                         tok, hidden = await self.executor.run(self._next, hidden, len(new) + 1 < max_new_tokens)
                         new.append(tok)
+                        if first is None:
+                            first = time.perf_counter() - t0
                         if on_token is not None:
                             await self._release_acks(run)  # the caller may pause: acknowledge everything now
                             for h in run.hops:  # this token's acknowledgements are on the wire first
@@ -524,7 +529,7 @@ class RouteClient:
             raise
         receipts = await self._finish(run, close=True)
         return Generation(list(prompt_ids), new, receipts, [(h.peer, h.start, h.end) for h in run.hops],
-                          time.perf_counter() - t0, run.failovers, codec)
+                          time.perf_counter() - t0, run.failovers, codec, first)
 
 
 async def _abort(hop: Hop) -> None:

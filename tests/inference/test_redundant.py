@@ -290,7 +290,8 @@ def test_real_nodes_corrupt_server_is_disputed_voted_invalid_and_slashed(tmp_pat
     m = gen["mismatch"]
     assert m is not None and m["step"] == 1 and m["hops_a"] == [{"peer": bad.peer_id, "span": [0, 6]}], m
     assert len(m["disputed"]) == 2 and len(gen["receipts"]) == 3 and m["distance_ppm"] > m["tolerance_ppm"]
-    assert gen["route"] == m["finish"] and len(gen["routes"]) == 2
+    # the route's hops also say how each server is reached (path, rtt_ms): the finish route's peers and spans
+    assert [{k: h[k] for k in ("peer", "span")} for h in gen["route"]] == m["finish"] and len(gen["routes"]) == 2
     disputed = {rid: recs[bytes.fromhex(rid)] for rid in m["disputed"]}
     by_worker = {rec.receipt.worker: rec for rec in disputed.values()}
     assert by_worker[bad.account].status == INVALID_S and len(by_worker[bad.account].committee) == 2

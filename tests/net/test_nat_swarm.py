@@ -129,6 +129,10 @@ def test_three_nats_direct_by_hole_punching_or_relayed_and_identical_tokens(netn
     hops = {h["peer"]: h for h in gen2["route"]}  # the route says how each server was reached
     for n in ("b", "c"):
         assert hops[ids[n]]["path"] == ("relayed" if random_ports else "direct"), gen2["route"]
-    rows = _peer_rows(tn, "d")
-    assert all(rows[ids[n]]["rtt_ms"] is not None for n in ("b", "c")), rows
+    def measured():  # a path that changed (relayed -> direct) has no round trip until its next ping
+        rows = _peer_rows(tn, "d")
+        return rows if all(rows.get(ids[n], {}).get("rtt_ms") is not None for n in ("b", "c")) else None
+
+    rows = tn.wait(measured, 60, every=2.0, why="round trips to B and C measured")
+    assert all(rows[ids[n]]["rtt_ms"] > 0 for n in ("b", "c")), rows
     assert not _errors(tn), _errors(tn)
