@@ -77,7 +77,7 @@ class NodeConfig:
     model_cache: Path | None = None  # where generate finds other models by name or id (default: model_dir's parent)
     fetch_model_bytes: int = MAX_MODEL_BYTES  # cap of one model fetched for committee duty (node.verify.fetchstore)
     fetch_total_bytes: int = MAX_TOTAL_BYTES  # cap of all of them together; least recently used evicted first
-    warm_head: bool = True  # build the client head in the background at start (False: at the first generation)
+    warm_head: bool = True  # build the client head while starting, before the API opens (False: at first use)
 
 
 class UnknownModel(ValueError):
