@@ -60,7 +60,9 @@ def test_foreign_host_origin_and_bad_tokens_change_nothing(live, caplog):
     ok = httpx.post(f"{api}/v1/transfer", json=BODIES["/v1/transfer"],
                     headers={**live.auth, "Origin": api}, timeout=30)
     assert ok.status_code == 200, ok.text
-    assert snapshot(live)[0] != before[0]
+    # the transfer is in the mempool, or already in a block (mempool empty again, the sender's nonce moved on)
+    after = snapshot(live)
+    assert after[:2] != before[:2], "an accepted transfer changed neither the mempool nor the accounts"
     assert "access-control-allow-origin" not in ok.headers
     assert not any(token in rec.getMessage() for rec in server_side(caplog))
 
