@@ -15,9 +15,9 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from ..compute.families import SUPPORTED
 from ..compute.model import ManifestError, config_dict, load_manifest
 from ..models import registry
-from ..models.families import SUPPORTED
 
 
 class ModelServerOut(BaseModel):

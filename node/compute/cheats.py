@@ -19,7 +19,7 @@ import math
 import torch
 
 from ..encoding import H, pack
-from ..models.quantize import dequantize_weight, is_linear_weight, quantize_weight
+from .int8 import dequantize_weight, is_linear_weight, quantize_weight
 
 OUTPUT_FAULTS = ("corrupt", "random", "zeros", "nan", "half-tokens", "replay")
 WEIGHT_FAULTS = ("skip-block", "perturb", "other-model", "bf16", "int8")

@@ -1,6 +1,6 @@
 """The client's part of the model: token embedding, final RMSNorm and LM head (``head.safetensors``).
 
-Per architecture (:mod:`node.models.arch`): Gemma multiplies the embedding by sqrt(hidden_size) and its RMSNorm
+Per architecture (:mod:`node.compute.arch`): Gemma multiplies the embedding by sqrt(hidden_size) and its RMSNorm
 scales by ``1 + weight``; Gemma 2/3 soft-cap the final logits (``cap · tanh(logits / cap)``), as transformers'
 ``Gemma2ForCausalLM`` / ``Gemma3ForCausalLM`` do.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from node.models.arch import embed_scale, final_softcap, norm_class
+from node.compute.arch import embed_scale, final_softcap, norm_class
 
 from .model import HEAD_FILE, load_checked, load_manifest, load_span_config
 

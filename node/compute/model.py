@@ -1,6 +1,6 @@
 """Model conversion and the on-disk model format shared by servers, clients and verifiers.
 
-A *model dir* holds one Llama-family causal LM (architectures: :mod:`node.models.arch`) split into independently hashed
+A *model dir* holds one Llama-family causal LM (architectures: :mod:`node.compute.arch`) split into independently hashed
 pieces::
 
     config.json              transformers config (``config.save_pretrained``), without any quantization_config
@@ -14,7 +14,7 @@ pieces::
                               "block_hashes": [hex], "head_hash": hex, "config_hash": hex, "model_id": hex,
                               "quantization": "int8" -- only in an int8 model}
 
-All tensors are float32 and contiguous, except in an int8 model (:mod:`node.models.quantize`): its blocks' linear
+All tensors are float32 and contiguous, except in an int8 model (:mod:`node.compute.int8`): its blocks' linear
 weights are int8 with a float32 ``*.weight_scale`` each, and ``config.json`` says ``"tally_quantization": "int8"``.
 
 Hashes (``H`` = BLAKE2b-256 from :mod:`node.encoding`):
@@ -142,7 +142,7 @@ class Manifest:
     head_hash: bytes
     config_hash: bytes
     model_id: bytes
-    quantization: str | None = None  # "int8" (node.models.quantize) or None for float32 weights
+    quantization: str | None = None  # "int8" (node.compute.int8) or None for float32 weights
 
     def to_json(self) -> dict:
         out = {
@@ -261,7 +261,7 @@ def load_span_config(model_dir: Path):
 # ---------------------------------------------------------------- writing
 
 def save_model_dir(model, tokenizer, out_dir: Path, *, name: str | None = None) -> Manifest:
-    """Write ``model`` (a ``LlamaForCausalLM`` or another :mod:`node.models.arch` architecture) and optional
+    """Write ``model`` (a ``LlamaForCausalLM`` or another :mod:`node.compute.arch` architecture) and optional
     ``tokenizer`` into ``out_dir`` in the Tally format.
 
     ``manifest.json`` is written last. ``name`` defaults to ``out_dir.name``. Returns the manifest.

@@ -1,7 +1,7 @@
 """Single-process reference run of a model dir, to compare a distributed route against.
 
 It deliberately does not reuse :class:`SpanModel` / :class:`ClientHead`: it rebuilds one ordinary
-``<X>ForCausalLM`` (:mod:`node.models.arch`) from ``config.json``, ``head.safetensors`` and every
+``<X>ForCausalLM`` (:mod:`node.compute.arch`) from ``config.json``, ``head.safetensors`` and every
 ``block_NNN.safetensors`` (each checked
 against the manifest) and decodes greedily with transformers' own forward and ``DynamicCache``.
 """
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from node.models.arch import architecture, materialize_buffers
-from node.models.quantize import dequantize_block
+from node.compute.arch import architecture, materialize_buffers
+from node.compute.int8 import dequantize_block
 
 from .model import HEAD_FILE, block_file, load_checked, load_manifest, load_span_config
 
@@ -23,7 +23,7 @@ def load_causal_lm(model_dir: Path):
 
     Raises:
         FileNotFoundError: a file is missing.  ValueError: a file does not match the manifest.
-        node.models.arch.UnsupportedArchitecture: config.json names an architecture Tally does not run.
+        node.compute.arch.UnsupportedArchitecture: config.json names an architecture Tally does not run.
     """
     model_dir = Path(model_dir)
     manifest = load_manifest(model_dir)

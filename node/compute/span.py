@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
+from node.compute.arch import architecture, materialize_buffers
+from node.compute.int8 import load_block
 from node.encoding import pack
-from node.models.arch import architecture, materialize_buffers
-from node.models.quantize import load_block
 
 from .cheats import FAULTS, apply_output_fault, cheat_net
 from .model import block_file, load_checked, load_manifest, load_span_config
@@ -24,14 +24,14 @@ class SpanModel:
     """Decoder blocks ``[start, end)`` of the model in ``model_dir``, ready for inference.
 
     Attributes: ``start``, ``end``, ``model_id`` (32 bytes), ``hidden_size``, ``max_length`` (tokens a session may
-    hold), ``manifest``, ``device``, ``fault``, ``arch`` (:class:`node.models.arch.Arch`), ``batchable`` (False
+    hold), ``manifest``, ``device``, ``fault``, ``arch`` (:class:`node.compute.arch.Arch`), ``batchable`` (False
     when a block attends through a sliding window: its steps are not batched across sessions).
 
     ``fault`` makes a cheating server for devnet/tests (see :mod:`node.compute.cheats`): it changes
     :meth:`forward`, never :meth:`prefill`.
 
     An int8 model (``manifest.quantization``) keeps its int8 weights resident (``int8_resident``, the default;
-    False dequantizes them to float32 at load, for measurement) -- see :mod:`node.models.quantize`.
+    False dequantizes them to float32 at load, for measurement) -- see :mod:`node.compute.int8`.
 
     Raises (constructor):
         FileNotFoundError: model dir, manifest or a block file is missing.
@@ -63,7 +63,7 @@ class SpanModel:
             cfg.layer_types = list(cfg.layer_types[start:end])
         self.config = cfg
 
-        self.arch = architecture(cfg)  # Llama, Mistral, Qwen2/3, Gemma2/3: see node.models.arch
+        self.arch = architecture(cfg)  # Llama, Mistral, Qwen2/3, Gemma2/3: see node.compute.arch
         with torch.device("meta"):  # no allocation or random init; real weights are assigned below
             net = self.arch.base_cls(cfg)
         net.embed_tokens = torch.nn.Identity()
@@ -71,7 +71,7 @@ class SpanModel:
         for i in range(end - start):
             idx = start + i
             sd = load_checked(self.model_dir, block_file(idx), self.manifest.block_hashes[idx], f"block {idx}")
-            # int8 model: int8 weights stay resident, dequantized per matmul (node.models.quantize)
+            # int8 model: int8 weights stay resident, dequantized per matmul (node.compute.int8)
             load_block(net.layers[i], sd, self.manifest.quantization, f"block {idx}", resident=int8_resident)
         materialize_buffers(net, cfg)  # rotary buffers must be real, not meta
         # server-side batching pads every layer's cache to one length; a sliding-window layer keeps only its

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .families import SUPPORTED
+from node.compute.families import SUPPORTED
 
 _EPILOG = (f"Architectures: {', '.join(sorted(SUPPORTED.values()))}. Serve an added model with "
            "'node start --model NAME' (or its id). Pickled checkpoints (pytorch_model.bin, *.pt) are refused.")

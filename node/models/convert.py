@@ -13,7 +13,7 @@ tokenizer taken from the file.
 
 Refused, with nothing written: a pickled checkpoint (``pytorch_model.bin``, ``*.pt``, ``*.pth``, ``*.ckpt`` or a
 "safetensors" file that is really a zip/pickle — recognised by name and magic bytes and never opened by a
-loader; there is no ``torch.load`` here), an architecture outside :data:`node.models.arch.SUPPORTED`, a missing
+loader; there is no ``torch.load`` here), an architecture outside :data:`node.compute.arch.SUPPORTED`, a missing
 tokenizer, a truncated or corrupt safetensors file (bad header, data not covering the header's offsets, a tensor
 of the wrong shape, missing or unexpected tensors, NaN/inf weights), a quantized HF checkpoint
 (``quantization_config``).
@@ -28,13 +28,12 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 
 import torch
 
+from node.compute.arch import SUPPORTED, architecture, check_model_type
 from node.compute.model import (
     HEAD_FILE,
     MANIFEST,
@@ -50,7 +49,7 @@ from node.compute.model import (
 )
 
 from . import registry
-from .arch import SUPPORTED, architecture, check_model_type
+from .progress import progress_iter
 from .quantize import QuantizePlan
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -62,23 +61,6 @@ _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")  # old checkpoints stored 
 
 class CheckpointError(ValueError):
     """The checkpoint cannot be added; the message says why and what to do. Nothing was written."""
-
-
-# ---------------------------------------------------------------- progress
-
-def progress_iter(items: Iterable, total: int, desc: str, enabled: bool) -> Iterable:
-    """``items`` with a tqdm bar on stdout when it is a terminal, else a plain ``desc i/total`` line per item."""
-    if not enabled:
-        yield from items
-        return
-    if sys.stdout.isatty():
-        from tqdm import tqdm
-
-        yield from tqdm(items, total=total, desc=desc, unit="block", file=sys.stdout)
-        return
-    for i, x in enumerate(items, start=1):
-        yield x
-        print(f"{desc} {i}/{total}", flush=True)
 
 
 # ---------------------------------------------------------------- refusals

@@ -13,6 +13,7 @@ import trio
 from node.blobs import BlobStore
 from node.compute.executor import TorchExecutor
 from node.compute.head import ClientHead
+from node.compute.int8 import Int8Linear, dequantize_block, quantize_weight
 from node.compute.model import ManifestError, block_file, load_manifest, make_tiny
 from node.compute.reference import local_generate
 from node.compute.span import SpanModel
@@ -22,7 +23,6 @@ from node.ledger.core.tx import INVALID, VALID
 from node.models import registry
 from node.models.cli import main as model_cli
 from node.models.convert import CheckpointError, add_model
-from node.models.quantize import Int8Linear, dequantize_block, quantize_weight
 from node.verify.compare import DEFAULT_TOLERANCE
 from node.verify.member import CommitteeMember
 

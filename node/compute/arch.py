@@ -11,8 +11,9 @@ and the LM head (with Gemma 2/3's final-logit soft-capping ``cap · tanh(logits 
 What each family needs beyond Llama, all inside transformers' own layer classes: Mistral — sliding-window
 attention over every layer; Qwen2 — q/k/v biases; Qwen3 — q/k RMSNorm per head; Gemma2 — attention-logit
 soft-capping, alternating sliding/global layers, pre/post-feedforward norms; Gemma3 (text) — q/k norms,
-sliding/global layers with their own rope bases (``rope_parameters[layer_type]``). This module imports nothing
-from :mod:`node.compute` (which imports it).
+sliding/global layers with their own rope bases (``rope_parameters[layer_type]``). The spans
+(:mod:`node.compute.span`), the client head (:mod:`node.compute.head`), the one-process reference model and
+``node model add`` (:mod:`node.models.convert`) all build from here.
 """
 
 from __future__ import annotations

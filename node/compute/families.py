@@ -1,6 +1,6 @@
 """The decoder families Tally can split into spans, by Hugging Face ``model_type``, with their display names.
 
-Kept apart from :mod:`node.models.arch` (which imports torch) so that the CLI can name them in ``--help``
+Kept apart from :mod:`node.compute.arch` (which imports torch) so that the CLI can name them in ``--help``
 without paying torch's import (about 2 s) on every command."""
 
 from __future__ import annotations

@@ -1,0 +1,21 @@
+"""Progress output of the model commands (``node model add``, ``--quantize``): a bar on a terminal, lines elsewhere."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+
+
+def progress_iter(items: Iterable, total: int, desc: str, enabled: bool) -> Iterable:
+    """``items`` with a tqdm bar on stdout when it is a terminal, else a plain ``desc i/total`` line per item."""
+    if not enabled:
+        yield from items
+        return
+    if sys.stdout.isatty():
+        from tqdm import tqdm  # only on a terminal: tqdm is not needed for the plain-line output
+
+        yield from tqdm(items, total=total, desc=desc, unit="block", file=sys.stdout)
+        return
+    for i, x in enumerate(items, start=1):
+        yield x
+        print(f"{desc} {i}/{total}", flush=True)
