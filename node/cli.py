@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from .cliargs import resolve_device, resolve_model
+
 DEFAULT_DATA_DIR = Path(os.environ.get("TALLY_HOME", Path.home() / ".tally"))
 TEST_SWITCH_HELP = ("TEST SWITCH, devnet/test chains only: make this node cheat. 'corrupt': the server adds noise "
                     "to every output it returns, so committees must vote its receipts invalid and slash its bond "
@@ -291,38 +293,6 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "only through servers announcing that model")
     p.add_argument("--model-cache", type=Path, help="model cache dir (default: $TALLY_MODEL_CACHE or "
                                                     "~/.cache/tally/models)")
-
-
-def resolve_model(args) -> Path:
-    from .compute.model import default_cache_dir, ensure_smollm2, make_tiny
-
-    cache = args.model_cache or default_cache_dir()
-    if args.model == "tiny":
-        return make_tiny(cache, seed=0)
-    if args.model == "smollm2":
-        return ensure_smollm2(cache)
-    from .compute.model import ManifestError
-    from .models.convert import model_dir_of
-    from .models.registry import RegistryError
-
-    try:
-        return model_dir_of(args.model, cache)
-    except (RegistryError, ManifestError, FileNotFoundError) as e:
-        sys.exit(f"node: --model {args.model}: {e}")
-
-
-def resolve_device(gpu: int | None) -> str:
-    """``"cpu"`` or ``"cuda:N"``; exits with a clear message when CUDA device N does not exist."""
-    if gpu is None:
-        return "cpu"
-    import torch
-
-    if not torch.cuda.is_available():
-        sys.exit(f"node: --gpu {gpu}: no CUDA device is available (torch {torch.__version__}, "
-                 f"built with CUDA {torch.version.cuda}); run without --gpu to use the CPU")
-    if not 0 <= gpu < torch.cuda.device_count():
-        sys.exit(f"node: --gpu {gpu}: only {torch.cuda.device_count()} CUDA device(s) present")
-    return f"cuda:{gpu}"
 
 
 def is_dev_chain(chain_id: str) -> bool:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 
+from .cliargs import resolve_device, resolve_model
 from .encoding import format_amount
 
 
@@ -114,7 +115,6 @@ def _get(client: httpx.Client, url: str) -> dict:
 def run_devnet(args) -> int:
     """Run the demo; returns 0 when the tokens are identical, every receipt got the expected verdict and the
     balances add up."""
-    from .cli import resolve_device, resolve_model
     from .compute.model import load_manifest
     from .compute.shards import assign_spans
 
