@@ -26,6 +26,7 @@ from .ledger.genesis import Genesis
 from .ledger.service import LedgerService
 from .ledger.statesync import SnapshotServer, state_sync
 from .ledger.store import LedgerStore
+from .models.lookup import find_model_dir
 from .net.limits import Limits
 from .net.service import NetworkService, RelayMode
 from .p2p.host import P2PHost
@@ -78,43 +79,6 @@ class NodeConfig:
     fetch_model_bytes: int = MAX_MODEL_BYTES  # cap of one model fetched for committee duty (node.verify.fetchstore)
     fetch_total_bytes: int = MAX_TOTAL_BYTES  # cap of all of them together; least recently used evicted first
     warm_head: bool = True  # build the client head while starting, before the API opens (False: at first use)
-
-
-class UnknownModel(ValueError):
-    """A generate request names a model whose head this node does not hold."""
-
-
-def find_model_dir(ref: str, cache: Path) -> Path:
-    """The model dir in ``cache`` for ``ref``: a model added with ``node model add`` (name or id, see
-    :func:`node.models.registry.resolve`), else a converted built-in (``tiny-0``, ``smollm2-135m``; ``tiny`` and
-    ``smollm2`` name those) whose manifest has that name or an id starting with ``ref`` (at least 8 hex digits).
-
-    Raises:
-        UnknownModel: no such model in ``cache`` (the message says how to add one).
-    """
-    from .compute.model import ManifestError, load_manifest
-    from .models.convert import model_dir_of
-    from .models.registry import MIN_ID_PREFIX, RegistryError
-
-    try:
-        return model_dir_of(ref, cache)
-    except (RegistryError, ManifestError, FileNotFoundError):
-        pass
-    want = {"tiny": "tiny-0", "smollm2": "smollm2-135m"}.get(ref, ref)
-    low = ref.lower()
-    hits = []
-    for d in sorted(Path(cache).glob("*/manifest.json")) if Path(cache).is_dir() else []:
-        try:
-            m = load_manifest(d.parent)
-        except (ManifestError, OSError):
-            continue
-        if m.name == want or (len(low) >= MIN_ID_PREFIX and m.model_id.hex().startswith(low)):
-            hits.append(d.parent)
-    if len(hits) == 1:
-        return hits[0]
-    raise UnknownModel(f"model {ref!r}: " + (f"{len(hits)} models in {cache} match; give the full id" if hits else
-                       f"not in the model cache {cache}; this node can generate only for a model whose head and "
-                       "tokenizer it holds: add it with 'node model add PATH --name NAME' (same --model-cache)"))
 
 
 def ensure_api_token(data_dir: Path) -> str:
@@ -454,10 +418,10 @@ class Node:
     def client_for(self, model: str | None = None):
         """The :class:`~node.inference.client.RouteClient` of ``model`` (a name or id; None or "": this node's
         model). Its routes use only servers announcing that model id. Built on first use from the model dir in
-        ``cfg.model_cache`` (:func:`find_model_dir`; its head is loaded at the first generation).
+        ``cfg.model_cache`` (:func:`node.models.lookup.find_model_dir`; its head is loaded at the first generation).
 
         Raises:
-            UnknownModel: this node holds no such model.
+            node.models.lookup.UnknownModel: this node holds no such model.
         """
         if not model or model == self.manifest.name or (
                 len(model) >= 8 and self.manifest.model_id.hex().startswith(model.lower())):

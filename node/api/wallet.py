@@ -325,7 +325,7 @@ def wallet_router(node, q, require_token) -> APIRouter:
     async def generate(req: m.GenerateRequest):
         from ..compute.shards import NoRouteError
         from ..inference.client import HopFailed, PromptTooLong
-        from ..runtime import UnknownModel
+        from ..models.lookup import UnknownModel
 
         if (req.prompt is None) == (req.prompt_ids is None):
             raise ApiError(400, "bad_request", "give exactly one of prompt or prompt_ids")

@@ -22,7 +22,8 @@ from node.compute.span import SpanModel
 from node.identity import Identity
 from node.ledger.core.status import VALID_S
 from node.ledger.core.tx import ABSTAIN, INVALID, VALID, Receipt
-from node.runtime import Node, UnknownModel
+from node.models.lookup import UnknownModel
+from node.runtime import Node
 from node.verify.blockfetch import BLOCK_PROTOCOL, REQUEST_MAX, BlockFetcher, BlockUnavailable, HeldModels
 from node.verify.member import CommitteeMember
 from tests.e2e.swarm import node_config, tiny_genesis, wait_final
