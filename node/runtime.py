@@ -79,6 +79,9 @@ class NodeConfig:
     fetch_model_bytes: int = MAX_MODEL_BYTES  # cap of one model fetched for committee duty (node.verify.fetchstore)
     fetch_total_bytes: int = MAX_TOTAL_BYTES  # cap of all of them together; least recently used evicted first
     warm_head: bool = True  # build the client head while starting, before the API opens (False: at first use)
+    # keep connections to the servers of the current route (RouteClient.keep_route_connected) on a node that serves
+    # no span and warms its head: its first generation finds them connected (issue 25). None: that default.
+    warm_route: bool | None = None
 
 
 def ensure_api_token(data_dir: Path) -> str:
@@ -337,6 +340,8 @@ class Node:
                     if self.server is not None:
                         nursery.start_soon(self.server.announce_loop, self.host, self.cfg.announce_period,
                                            self.cfg.announce_ttl)
+                    if self._warms_route():
+                        nursery.start_soon(self.client.keep_route_connected)
                     await head_ready.wait()
                     self.api_url = await nursery.start(serve_api, self, self.cfg.api_host, self.cfg.api_port)
                     self._write_info()
@@ -346,6 +351,14 @@ class Node:
                     self._warn_small_network()
         finally:
             self.store.close()
+
+    def _warms_route(self) -> bool:
+        """Whether this node keeps its route's servers connected ahead of a generation: ``cfg.warm_route``, by
+        default a node that generates (its head is warmed) and serves no span of its own. Servers leave it off: a
+        mesh of servers dialling one another's routes would only add connections nobody generates through."""
+        if self.cfg.warm_route is not None:
+            return self.cfg.warm_route
+        return self.cfg.warm_head and self.cfg.span is None
 
     async def _warm_head(self, done: trio.Event) -> None:
         """Build this node's client head (embeddings, final norm, LM head; the first build imports transformers,

@@ -31,7 +31,7 @@ import torch
 import trio
 
 from ..blobs import BlobStore
-from ..compute.shards import SpanInfo, choose_route
+from ..compute.shards import NoRouteError, SpanInfo, choose_route
 from ..encoding import DecodeError, unpack
 from ..identity import Identity, account_from_str, verify
 from ..ledger.core.tx import Receipt
@@ -44,6 +44,8 @@ from .wire import check_codec, decode_hidden, encode_hidden
 
 MAX_TTL = 300.0  # seconds; a longer announced ttl is clamped
 RTT_EWMA = 0.2
+ROUTE_WARM_PERIOD = 2.0  # seconds between re-plans of the route kept connected (RouteClient.keep_route_connected)
+ROUTE_WARM_MAX = 8  # servers of one route kept connected ahead of a generation
 
 log = logging.getLogger("tally.client")
 
@@ -226,6 +228,33 @@ class RouteClient:
         """The route a generation would take now, ``[(peer, start, end), ...]`` (raises NoRouteError)."""
         return [(s.peer, s.start, s.end) for s in self._plan(0)]
 
+    async def keep_route_connected(self, period: float = ROUTE_WARM_PERIOD) -> None:
+        """Keep a connection open to each server of the route a generation would take now, re-planned every
+        ``period`` seconds, so that the first generation after the swarm is covered opens its sessions on
+        connections that exist (issue 25: a dial through a relay — TCP, Noise, yamux and the hello, several round
+        trips — otherwise lands on the first token). Dials are in parallel, at most :data:`ROUTE_WARM_MAX` peers,
+        each bounded by ``step_timeout``; a failed dial is one DEBUG line and is retried at the next period.
+        Runs until cancelled."""
+        while True:
+            try:
+                peers = list(dict.fromkeys(s.peer for s in self._plan(0)))[:ROUTE_WARM_MAX]
+            except NoRouteError:
+                peers = []
+            connected = set(self.host.connected_peers())
+            missing = [p for p in peers if p not in connected]
+            if missing:
+                async with trio.open_nursery() as n:
+                    for peer in missing:
+                        n.start_soon(self._warm_dial, peer)
+            await trio.sleep(period)
+
+    async def _warm_dial(self, peer: str) -> None:
+        try:
+            with trio.move_on_after(self.step_timeout):
+                await self._dial(peer)
+        except HOP_ERRORS as e:
+            log.debug("could not connect ahead to route server %s: %s: %s", peer[:16], type(e).__name__, e)
+
     # ------------------------------------------------------------------ one hop
 
     async def _dial(self, peer: str) -> None:
@@ -238,13 +267,18 @@ class RouteClient:
             await self.host.connect(addrs[:4], timeout=self.step_timeout)
 
     async def _open(self, hop: Hop, max_length: int) -> None:
+        t0 = time.perf_counter()
         await self._dial(hop.peer)
+        t1 = time.perf_counter()
         hop.stream = await self.host.open_stream(hop.peer, INFERENCE_PROTOCOL)
+        t2 = time.perf_counter()
         hop.session_id = new_session_id()
         await write_msg(hop.stream, {"type": "open", "session_id": hop.session_id,
                                      "model_id": self.manifest.model_id, "start": hop.start, "end": hop.end,
                                      "max_length": max_length, "compression": hop.codec, "replay": hop.replay})
         reply = check_reply(await read_msg(hop.stream, timeout=self.step_timeout, max_message=CONTROL_MAX))
+        log.debug("session on %s opened: dial %.3f s, stream %.3f s, open %.3f s", hop.peer[:16], t1 - t0,
+                  t2 - t1, time.perf_counter() - t2)
         height = reply.get("height")
         if not isinstance(height, int) or isinstance(height, bool) or height < 0:
             raise HopFailed(f"server {hop.peer[:16]} sent a bad opened height")
@@ -499,7 +533,9 @@ class RouteClient:
         first: float | None = None
         try:
             hidden = await self.executor.run(self.head.embed, torch.tensor([prompt_ids], dtype=torch.long))
+            t_embed = time.perf_counter()
             await self._open_all(run)  # then the first step follows at once (servers time out idle sessions)
+            t_open = time.perf_counter()
             new: list[int] = []
             try:
                 async with trio.open_nursery() as run.bg:  # acknowledgements, written off the critical path
@@ -510,6 +546,9 @@ class RouteClient:
                         new.append(tok)
                         if first is None:
                             first = time.perf_counter() - t0
+                            log.debug("first token after %.3f s: embed %.3f s, open %d sessions %.3f s, "
+                                      "first step %.3f s", first, t_embed - t0, len(run.hops), t_open - t_embed,
+                                      first - (t_open - t0))
                         if on_token is not None:
                             await self._release_acks(run)  # the caller may pause: acknowledge everything now
                             for h in run.hops:  # this token's acknowledgements are on the wire first
