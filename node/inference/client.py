@@ -77,6 +77,8 @@ class SwarmTable:
     entries: dict[str, dict] = field(default_factory=dict)
     clock: object = time.monotonic
     rtt: dict[str, float] = field(default_factory=dict)
+    # set (and replaced) when a peer announces a span it did not announce before: a route may have changed
+    changed: trio.Event = field(default_factory=trio.Event)
 
     async def on_announcement(self, data: bytes, from_peer: str) -> None:
         try:
@@ -98,6 +100,9 @@ class SwarmTable:
                 "throughput": _num(a.get("throughput")), "latency": _num(a.get("latency")),
                 "free_cache": int(free) if isinstance(free, int) and free >= 0 else None,
                 "refreshes": (prev["refreshes"] + 1) if prev else 0}
+            if prev is None or (prev["model_id"], prev["start"], prev["end"]) != (a["model_id"], start, end):
+                self.changed.set()
+                self.changed = trio.Event()
         except (DecodeError, KeyError, TypeError, ValueError) as e:
             log.debug("bad announcement from %s: %s", from_peer, e)
 
@@ -230,11 +235,11 @@ class RouteClient:
 
     async def keep_route_connected(self, period: float = ROUTE_WARM_PERIOD) -> None:
         """Keep a connection open to each server of the route a generation would take now, re-planned every
-        ``period`` seconds, so that the first generation after the swarm is covered opens its sessions on
-        connections that exist (issue 25: a dial through a relay — TCP, Noise, yamux and the hello, several round
-        trips — otherwise lands on the first token). Dials are in parallel, at most :data:`ROUTE_WARM_MAX` peers,
-        each bounded by ``step_timeout``; a failed dial is one DEBUG line and is retried at the next period.
-        Runs until cancelled."""
+        ``period`` seconds and whenever a server announces a new span, so that the first generation after the
+        swarm is covered opens its sessions on connections that exist (issue 25: a dial through a relay — TCP,
+        Noise, yamux and the hello, several round trips — otherwise lands on the first token). Dials are in
+        parallel, at most :data:`ROUTE_WARM_MAX` peers, each bounded by ``step_timeout``; a failed dial is one
+        DEBUG line and is retried at the next period. Runs until cancelled."""
         while True:
             try:
                 peers = list(dict.fromkeys(s.peer for s in self._plan(0)))[:ROUTE_WARM_MAX]
@@ -246,7 +251,8 @@ class RouteClient:
                 async with trio.open_nursery() as n:
                     for peer in missing:
                         n.start_soon(self._warm_dial, peer)
-            await trio.sleep(period)
+            with trio.move_on_after(period):
+                await self.swarm.changed.wait()
 
     async def _warm_dial(self, peer: str) -> None:
         try:
