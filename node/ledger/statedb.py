@@ -160,7 +160,7 @@ def settle_state(state: State) -> None:
     state.encoded = None
     assert state.tree is not None and state.tree.root is not None
     state.tree = tr.settled(state.tables["accounts"].root.backend, state.tree.root,  # type: ignore[union-attr]
-                            state.tree)  # its nodes stay in memory a while (tree.Recent)
+                            state.tree)  # its nodes stay in memory a while (tree.NodeCache)
 
 
 def _view(state: State, height: int, last_hash: bytes, seq: int, befores: dict[str, dict], tree: Any) -> State:

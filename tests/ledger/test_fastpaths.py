@@ -115,7 +115,7 @@ def test_propose_checks_each_signature_once_and_equals_a_validators_state(monkey
         assert dict(new.tables[name].items()) == dict(other.tables[name].items()), name
 
 
-def test_commit_writes_the_bytes_the_root_hashed_and_recent_nodes_are_the_stored_ones(tmp_path):
+def test_commit_writes_the_bytes_the_root_hashed_and_cached_nodes_are_the_stored_ones(tmp_path):
     g = make_genesis(challenge_window=2)
     store = LedgerStore(tmp_path / "db", g)
     try:
@@ -126,6 +126,7 @@ def test_commit_writes_the_bytes_the_root_hashed_and_recent_nodes_are_the_stored
             assert not rejected
             new.state_root()  # as the commit does first: encodes this block's writes once
             encoded = {n: dict(m) for n, m in (new.encoded or {}).items()}
+            new_nodes = list(new.tree.pending)  # committed below: held in memory afterwards
             store.append(block, commit_block(VALIDATOR, block), state, new)
             state = new
             assert state.encoded is None  # dropped once committed
@@ -134,17 +135,17 @@ def test_commit_writes_the_bytes_the_root_hashed_and_recent_nodes_are_the_stored
                 for k, raw in rows.items():
                     assert store.db.get(PREFIX[name] + k) == raw == CODECS[name].dumps(state.tables[name][k])
             base = state.tree.base
-            assert isinstance(base, tr.LevelNodes) and 1 <= len(base.recent.gens) <= tr.RECENT_VERSIONS
-            for gen in base.recent.gens:
-                for nk, raw in gen.items():
-                    assert store.db.get(tr.NODES + nk) == raw
+            assert isinstance(base, tr.LevelNodes) and 0 < len(base.cache) <= 2 * base.cache.limit
+            for nk, raw in base.cache.items():  # every node held in memory is the stored one
+                assert store.db.get(tr.NODES + nk) == raw
+            assert all(nk in base.cache.hot or nk in base.cache.cold for nk in new_nodes)
         root = state.state_root()
     finally:
         store.close()
     reopened = LedgerStore(tmp_path / "db", g)  # a fresh process reads every node from LevelDB: the same root
     try:
         again = reopened.replay()
-        assert again.state_root() == root and not again.tree.base.recent.gens
+        assert again.state_root() == root and not len(again.tree.base.cache)
         assert len(again.receipts) == 6 * 30
         assert reopened.verify() == []
     finally:

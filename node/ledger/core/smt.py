@@ -169,16 +169,22 @@ def node_key(version: int, depth: int, key: bytes | int) -> bytes:
 
 
 def _nk(version: bytes, depth: int, kint: int) -> bytes:
-    """:func:`node_key` with the version already as its 8 bytes and the key as an int (the hot path)."""
-    nb = (depth + 7) >> 3  # the first depth bits of the key, in nb bytes with the low bits zero
-    return version + depth.to_bytes(2, "big") + ((kint >> (DEPTH - depth)) << ((nb << 3) - depth)).to_bytes(nb, "big")
+    """:func:`node_key` with the version already as its 8 bytes and the key as an int."""
+    return version + _suffix(depth, kint)
+
+
+_DEPTH_BYTES = [d.to_bytes(2, "big") for d in range(DEPTH + 1)]
+_ZERO_VERSION = bytes(8)  # version 0, as node keys and internal nodes write it (an empty child's)
+
+
+def _suffix(depth: int, kint: int) -> bytes:
+    """What follows the version in the key of the node at ``depth`` on the path of ``kint``: ``depth (2 B) ‖
+    its first depth bits (ceil(depth/8) B, low bits zero)``. One node's keys at every version share it."""
+    nb = (depth + 7) >> 3
+    return _DEPTH_BYTES[depth] + ((kint >> (DEPTH - depth)) << ((nb << 3) - depth)).to_bytes(nb, "big")
 
 
 # ---------------------------------------------------------------- node encoding
-
-def _enc_internal(lh: bytes, lv: int, rh: bytes, rv: int) -> bytes:
-    return b"\x01" + lh + lv.to_bytes(8, "big") + rh + rv.to_bytes(8, "big")
-
 
 class _Node(NamedTuple):
     leaf: bool
@@ -190,22 +196,35 @@ class _Node(NamedTuple):
 def _load(store: NodeStore, h: bytes, version: int, depth: int, kint: int) -> _Node:
     data = store.get(_nk(version.to_bytes(8, "big"), depth, kint))
     if data is None:
-        raise MissingNodeError(f"tree node at version {version}, depth {depth} is not in the store "
-                               "(its version was pruned, or its writes were never committed)")
+        raise _missing(version, depth)
     if len(data) == _INTERNAL_LEN and data[0] == _INTERNAL:
         lh, rh = data[1:33], data[41:73]
         if internal_hash(lh, rh) != h:
             raise CorruptNodeError(f"internal node at version {version}, depth {depth} does not match its hash")
         kids = ((lh, int.from_bytes(data[33:41], "big")), (rh, int.from_bytes(data[73:81], "big")))
         return _Node(False, b"", b"", kids)
+    key, value = _leaf_of(data, h, version, depth, kint)
+    return _Node(True, key, value, ((EMPTY_HASH, 0), (EMPTY_HASH, 0)))
+
+
+def _missing(version: int | bytes, depth: int) -> MissingNodeError:
+    v = version if isinstance(version, int) else int.from_bytes(version, "big")
+    return MissingNodeError(f"tree node at version {v}, depth {depth} is not in the store "
+                            "(its version was pruned, or its writes were never committed)")
+
+
+def _leaf_of(data: bytes, h: bytes, version: int | bytes, depth: int, kint: int) -> tuple[bytes, bytes]:
+    """``(key, value)`` of the stored leaf ``data`` on the path of ``kint`` at ``depth``, checked against its hash
+    ``h``. Raises: CorruptNodeError (not a leaf, wrong hash, off its path)."""
+    v = version if isinstance(version, int) else int.from_bytes(version, "big")
     if len(data) >= 1 + KEY_LEN and data[0] == _LEAF:
         key, value = data[1:33], data[33:]
         if leaf_hash(key, value) != h:
-            raise CorruptNodeError(f"leaf at version {version}, depth {depth} does not match its hash")
+            raise CorruptNodeError(f"leaf at version {v}, depth {depth} does not match its hash")
         if (int.from_bytes(key, "big") ^ kint) >> (DEPTH - depth):
-            raise CorruptNodeError(f"leaf at version {version}, depth {depth} is off its path")
-        return _Node(True, key, value, ((EMPTY_HASH, 0), (EMPTY_HASH, 0)))
-    raise CorruptNodeError(f"malformed tree node at version {version}, depth {depth}")
+            raise CorruptNodeError(f"leaf at version {v}, depth {depth} is off its path")
+        return key, value
+    raise CorruptNodeError(f"malformed tree node at version {v}, depth {depth}")
 
 
 def _bit(kint: int, depth: int) -> int:
@@ -213,80 +232,88 @@ def _bit(kint: int, depth: int) -> int:
 
 
 # ---------------------------------------------------------------- update
+#
+# The update walks the stored tree once, down the paths of the sorted changes only (each stored node on them is
+# read, checked and, if changed, rewritten exactly once per batch: shared upper paths once, not once per key).
+# It runs ~10 node visits per changed key per block, so it is written for CPython's costs: versions travel as the
+# 8 bytes that node keys and internal nodes hold (no int conversions), a node's key suffix is computed once and
+# used for its old and new versions, and loading and joining an internal node happen inline in :func:`_apply`.
 
 @dataclass
 class _Leaf:
     """A leaf to place at the top of the subtree being rebuilt; ``old`` is its stored node (depth, node key,
-    hash, version) when its key and value are unchanged, so it is not rewritten if it stays at that depth."""
+    hash, version bytes) when its key and value are unchanged, so it is not rewritten if it stays at that depth."""
 
     kint: int
     key: bytes
     value: bytes
-    old: tuple[int, bytes, bytes, int] | None = None
+    old: tuple[int, bytes, bytes, bytes] | None = None
 
 
-class _Sub(NamedTuple):
-    """A non-empty subtree at this depth, by reference: an internal node (new or kept) or a kept node of unknown
-    kind (``known`` false: it may be a leaf, to lift if its sibling empties)."""
-
-    hash: bytes
-    version: int
-    known: bool
-
-
+# A non-empty subtree at this depth, by reference: ``(hash, version bytes, known)``, an internal node (new or
+# kept) or a kept node of unknown kind (``known`` false: it may be a leaf, to lift if its sibling empties). A
+# plain tuple (not a NamedTuple): one is made per node visited.
+_Sub = tuple[bytes, bytes, bool]
 _Result = _Leaf | _Sub | None
 
 
 class _Ctx:
     def __init__(self, store: NodeStore, version: int) -> None:
-        self.store, self.version = store, version
+        self.get = store.get
         self.vbytes = version.to_bytes(8, "big")  # the version as node keys begin with it
         self.writes: dict[bytes, bytes] = {}
-        self.stale: list[StaleNode] = []
-
-    def retire(self, nk: bytes) -> None:
-        self.stale.append(StaleNode(self.version, nk))
+        self.stale: list[bytes] = []  # node keys made stale by this version
 
 
-def _place(ctx: _Ctx, depth: int, r: _Result) -> tuple[bytes, int]:
-    """The (hash, version) reference of ``r`` placed at ``depth``, writing a leaf that is new or has moved."""
+def _place(ctx: _Ctx, depth: int, r: _Result) -> tuple[bytes, bytes]:
+    """The (hash, version bytes) reference of ``r`` placed at ``depth``, writing a leaf that is new or has
+    moved."""
     if r is None:
-        return EMPTY_HASH, 0
-    if isinstance(r, _Sub):
-        return r.hash, r.version
-    if r.old is not None:
-        if r.old[0] == depth:
-            return r.old[2], r.old[3]
-        ctx.retire(r.old[1])
-    ctx.writes[_nk(ctx.vbytes, depth, r.kint)] = b"\x00" + r.key + r.value
-    return leaf_hash(r.key, r.value), ctx.version
+        return EMPTY_HASH, _ZERO_VERSION
+    if isinstance(r, tuple):
+        return r[0], r[1]
+    old = r.old
+    if old is not None:
+        if old[0] == depth:
+            return old[2], old[3]
+        ctx.stale.append(old[1])
+    ctx.writes[ctx.vbytes + _suffix(depth, r.kint)] = b"\x00" + r.key + r.value
+    return leaf_hash(r.key, r.value), ctx.vbytes
 
 
-def _join(ctx: _Ctx, depth: int, kint: int, left: _Result, right: _Result,
-          old: tuple[bytes, int, tuple[tuple[bytes, int], tuple[bytes, int]]] | None) -> _Result:
-    """Combine the rebuilt children of the subtree at ``depth`` (path of ``kint``), replacing internal node
-    ``old`` (hash, version, children) if given; lifts a lone leaf, keeps ``old`` when nothing changed."""
+def _lift(ctx: _Ctx, depth: int, kint: int, only: _Sub) -> _Leaf | None:
+    """``only``, the one non-empty child (a kept one of unknown kind) of the node at ``depth`` on the path of
+    ``kint``, as a leaf to lift, or None when it is internal (it stays where it is)."""
+    side_kint = kint ^ (1 << (DEPTH - 1 - depth))  # the changes, and so kint, are on the other side
+    h, vb = only[0], only[1]
+    nk = vb + _suffix(depth + 1, side_kint)
+    data = ctx.get(nk)
+    if data is None:
+        raise _missing(vb, depth + 1)
+    if len(data) == _INTERNAL_LEN and data[0] == _INTERNAL:
+        if internal_hash(data[1:33], data[41:73]) != h:
+            raise CorruptNodeError(f"internal node at version {int.from_bytes(vb, 'big')}, depth {depth + 1} "
+                                   "does not match its hash")
+        return None
+    key, value = _leaf_of(data, h, vb, depth + 1, side_kint)
+    return _Leaf(int.from_bytes(key, "big"), key, value, (depth + 1, nk, h, vb))
+
+
+def _join_new(ctx: _Ctx, depth: int, kint: int, left: _Result, right: _Result) -> _Result:
+    """A new subtree at ``depth`` (path of ``kint``) from its rebuilt children: lifts a lone leaf, else writes
+    the internal node."""
     if left is None or right is None:
         only = right if left is None else left
         if only is None or isinstance(only, _Leaf):
-            if old is not None:
-                ctx.retire(node_key(old[1], depth, kint))
             return only
-        if not only.known:  # a kept sibling: lift it if it is a leaf
-            side_kint = kint ^ (1 << (DEPTH - 1 - depth))  # the changes, and so kint, are on the other side
-            n = _load(ctx.store, only.hash, only.version, depth + 1, side_kint)
-            if n.leaf:
-                if old is not None:
-                    ctx.retire(node_key(old[1], depth, kint))
-                o = (depth + 1, node_key(only.version, depth + 1, side_kint), only.hash, only.version)
-                return _Leaf(int.from_bytes(n.key, "big"), n.key, n.value, o)
-    lref, rref = _place(ctx, depth + 1, left), _place(ctx, depth + 1, right)
-    if old is not None:
-        if (lref, rref) == old[2]:
-            return _Sub(old[0], old[1], True)
-        ctx.retire(node_key(old[1], depth, kint))
-    ctx.writes[_nk(ctx.vbytes, depth, kint)] = _enc_internal(lref[0], lref[1], rref[0], rref[1])
-    return _Sub(internal_hash(lref[0], rref[0]), ctx.version, True)
+        if not only[2]:
+            lifted = _lift(ctx, depth, kint, only)
+            if lifted is not None:
+                return lifted
+    lh, lv = _place(ctx, depth + 1, left)
+    rh, rv = _place(ctx, depth + 1, right)
+    ctx.writes[ctx.vbytes + _suffix(depth, kint)] = b"\x01" + lh + lv + rh + rv
+    return (blake2b(b"\x01" + lh + rh, digest_size=HASH_LEN).digest(), ctx.vbytes, True)
 
 
 def _split(kints: list[int], lo: int, hi: int, depth: int) -> int:
@@ -303,42 +330,87 @@ def _build(ctx: _Ctx, depth: int, items: list[_Leaf], kints: list[int], lo: int,
     mid = _split(kints, lo, hi, depth)
     left = _build(ctx, depth + 1, items, kints, lo, mid)
     right = _build(ctx, depth + 1, items, kints, mid, hi)
-    return _join(ctx, depth, kints[lo], left, right, None)
+    return _join_new(ctx, depth, kints[lo], left, right)
 
 
-def _apply(ctx: _Ctx, h: bytes, version: int, depth: int, ch: list[tuple[int, bytes, bytes | None]],
+def _apply_leaf(ctx: _Ctx, data: bytes, h: bytes, vb: bytes, nk: bytes, depth: int,
+                ch: list[tuple[int, bytes, bytes | None]], lo: int, hi: int) -> _Result:
+    """Apply the changes ``ch[lo:hi]`` to the stored leaf ``data`` (node key ``nk``) at ``depth``."""
+    key, value = _leaf_of(data, h, vb, depth, ch[lo][0])
+    kept = _Leaf(int.from_bytes(key, "big"), key, value, (depth, nk, h, vb))
+    items, seen = [], False
+    for k, ckey, v in ch[lo:hi]:  # merge the stored leaf into the sorted changes
+        if not seen and kept.kint <= k:
+            seen = True
+            if kept.kint < k or v == value:
+                items.append(kept)
+                if kept.kint == k:
+                    continue
+        if v is not None:
+            items.append(_Leaf(k, ckey, v))
+    if not seen:
+        items.append(kept)
+    elif all(x is not kept for x in items):
+        ctx.stale.append(nk)  # the leaf was deleted or given a new value
+    return _build(ctx, depth, items, [x.kint for x in items], 0, len(items))
+
+
+def _apply(ctx: _Ctx, h: bytes, vb: bytes, depth: int, ch: list[tuple[int, bytes, bytes | None]],
            kints: list[int], lo: int, hi: int) -> _Result:
-    """Apply the changes ``ch[lo:hi]`` (sorted, non-empty) to the stored subtree ``(h, version)`` at ``depth``."""
+    """Apply the changes ``ch[lo:hi]`` (sorted, non-empty) to the stored subtree ``(h, vb)`` at ``depth``."""
     if h == EMPTY_HASH:
         items = [_Leaf(k, key, v) for k, key, v in ch[lo:hi] if v is not None]
         return _build(ctx, depth, items, [x.kint for x in items], 0, len(items))
     kint = kints[lo]
-    node = _load(ctx.store, h, version, depth, kint)
-    if node.leaf:
-        nk = node_key(version, depth, kint)
-        kept = _Leaf(int.from_bytes(node.key, "big"), node.key, node.value, (depth, nk, h, version))
-        items, seen = [], False
-        for k, key, v in ch[lo:hi]:  # merge the stored leaf into the sorted changes
-            if not seen and kept.kint <= k:
-                seen = True
-                if kept.kint < k or v == node.value:
-                    items.append(kept)
-                    if kept.kint == k:
-                        continue
-            if v is not None:
-                items.append(_Leaf(k, key, v))
-        if not seen:
-            items.append(kept)
-        elif all(x is not kept for x in items):
-            ctx.retire(nk)  # the leaf was deleted or given a new value
-        return _build(ctx, depth, items, [x.kint for x in items], 0, len(items))
-    (lh, lv), (rh, rv) = node.children
-    mid = _split(kints, lo, hi, depth)
-    left = _apply(ctx, lh, lv, depth + 1, ch, kints, lo, mid) if mid > lo else (
-        _Sub(lh, lv, False) if lh != EMPTY_HASH else None)
-    right = _apply(ctx, rh, rv, depth + 1, ch, kints, mid, hi) if hi > mid else (
-        _Sub(rh, rv, False) if rh != EMPTY_HASH else None)
-    return _join(ctx, depth, kint, left, right, (h, version, node.children))
+    suffix = _suffix(depth, kint)
+    nk = vb + suffix
+    data = ctx.get(nk)
+    if data is None:
+        raise _missing(vb, depth)
+    if len(data) != _INTERNAL_LEN or data[0] != _INTERNAL:
+        return _apply_leaf(ctx, data, h, vb, nk, depth, ch, lo, hi)
+    lh, rh = data[1:33], data[41:73]
+    if blake2b(b"\x01" + lh + rh, digest_size=HASH_LEN).digest() != h:
+        raise CorruptNodeError(f"internal node at version {int.from_bytes(vb, 'big')}, depth {depth} does not "
+                               "match its hash")
+    lv, rv = data[33:41], data[73:81]
+    shift = DEPTH - depth
+    mid = bisect.bisect_left(kints, (kint >> shift << shift) | (1 << (shift - 1)), lo, hi)
+    d1 = depth + 1
+    left: _Result
+    right: _Result
+    if mid > lo:
+        left = _apply(ctx, lh, lv, d1, ch, kints, lo, mid)
+    else:
+        left = (lh, lv, False) if lh != EMPTY_HASH else None
+    if hi > mid:
+        right = _apply(ctx, rh, rv, d1, ch, kints, mid, hi)
+    else:
+        right = (rh, rv, False) if rh != EMPTY_HASH else None
+    # join the rebuilt children, replacing this node: lift a lone leaf, keep the node when nothing changed
+    if left is None or right is None:
+        only = right if left is None else left
+        if only is None or isinstance(only, _Leaf):
+            ctx.stale.append(nk)
+            return only
+        if not only[2]:
+            lifted = _lift(ctx, depth, kint, only)
+            if lifted is not None:
+                ctx.stale.append(nk)
+                return lifted
+    if isinstance(left, tuple):
+        nlh, nlv = left[0], left[1]
+    else:
+        nlh, nlv = _place(ctx, d1, left)
+    if isinstance(right, tuple):
+        nrh, nrv = right[0], right[1]
+    else:
+        nrh, nrv = _place(ctx, d1, right)
+    if nlh == lh and nrh == rh and nlv == lv and nrv == rv:
+        return (h, vb, True)
+    ctx.stale.append(nk)
+    ctx.writes[ctx.vbytes + suffix] = b"\x01" + nlh + nlv + nrh + nrv
+    return (blake2b(b"\x01" + nlh + nrh, digest_size=HASH_LEN).digest(), ctx.vbytes, True)
 
 
 def _check_key(key: Any) -> None:
@@ -376,15 +448,15 @@ def update(store: NodeStore, version: int, root: Root, changes: Mapping[bytes, b
     if not ch:
         return UpdateResult(root, {}, ())
     ctx = _Ctx(store, version)
-    r = _apply(ctx, root.hash, root.version, 0, ch, [c[0] for c in ch], 0, len(ch))
+    r = _apply(ctx, root.hash, root.version.to_bytes(8, "big"), 0, ch, [c[0] for c in ch], 0, len(ch))
     if r is None:
         new = root if empty else Root(EMPTY_HASH, version)
     else:
         h, v = _place(ctx, 0, r)
-        new = Root(h, v)
+        new = Root(h, int.from_bytes(v, "big"))
     if new.hash == root.hash and not empty:
         return UpdateResult(root, {}, ())  # nothing changed (every change was a no-op)
-    return UpdateResult(new, ctx.writes, tuple(ctx.stale))
+    return UpdateResult(new, ctx.writes, tuple([StaleNode(version, nk) for nk in ctx.stale]))
 
 
 # ---------------------------------------------------------------- reads and proofs

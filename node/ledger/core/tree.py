@@ -66,49 +66,84 @@ class _Shared:
         return self.nodes.get(node_key)
 
 
-RECENT_VERSIONS = 2  # committed versions whose node writes LevelNodes keeps in memory (see Recent)
+CACHE_NODES = 1 << 16  # nodes per generation of a NodeCache (two generations: at most twice this many held)
 
 
-class Recent:
-    """The node writes of the last :data:`RECENT_VERSIONS` committed versions, in memory.
+class NodeCache:
+    """Committed tree nodes in memory, by node key: the node writes of the blocks this node committed and the
+    nodes it read from LevelDB, shared by the trees of successive committed states.
 
-    Every block rewrites the top of the tree (with ``c`` changes, about the top ``log2 c`` levels of every
-    changed path), so the next block's update reads those nodes first: from here in one dict lookup instead of
-    a LevelDB read each. Node keys begin with the version that wrote them and a version is written once, so a
-    node held here is always the stored one; pruning deletes only nodes stale for :data:`RETAIN` versions,
-    far older than these. Memory: the node writes of :data:`RECENT_VERSIONS` blocks (about 150 bytes per node
-    written)."""
+    Every block rewrites the top of the tree and reads the rest of every changed path, so most of the next
+    block's reads are of nodes just written or just read: from here in a dict lookup instead of a LevelDB read
+    each. Node keys begin with the version that wrote them and a version is written once, so a node held here is
+    always the stored one; :func:`stage` drops the nodes it prunes.
 
-    def __init__(self) -> None:
-        self.gens: list[dict[bytes, bytes]] = []
+    Bounded: two generations of at most ``limit`` nodes each (an approximate LRU, O(1) per operation: a hit in
+    the older generation moves to the newer; when the newer one holds ``limit`` nodes it becomes the older and
+    the older is forgotten). Memory: about 250 bytes per node held (key, node bytes, dict slot), ~32 MiB at
+    most with the default :data:`CACHE_NODES`.
+    """
+
+    def __init__(self, limit: int = CACHE_NODES) -> None:
+        self.limit = limit
+        self.hot: dict[bytes, bytes] = {}
+        self.cold: dict[bytes, bytes] = {}
+
+    def __len__(self) -> int:
+        return len(self.hot) + len(self.cold)
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every ``(node key, node bytes)`` held (a node may appear in both generations, with the same bytes)."""
+        yield from self.hot.items()
+        yield from self.cold.items()
 
     def get(self, node_key: bytes) -> bytes | None:
-        for gen in self.gens:
-            v = gen.get(node_key)
-            if v is not None:
-                return v
-        return None
+        raw = self.hot.get(node_key)
+        if raw is None:
+            raw = self.cold.get(node_key)
+            if raw is not None:
+                self.put(node_key, raw)
+        return raw
+
+    def put(self, node_key: bytes, raw: bytes) -> None:
+        """Hold ``raw``, the committed node under ``node_key``, in the newer generation."""
+        hot = self.hot
+        hot[node_key] = raw
+        if len(hot) >= self.limit:
+            self.cold, self.hot = hot, {}
 
     def add(self, writes: dict[bytes, bytes]) -> None:
-        """Remember ``writes`` (node key -> bytes), committed just now; forget the oldest version beyond
-        :data:`RECENT_VERSIONS`."""
-        if writes:
-            self.gens.insert(0, writes)
-            del self.gens[RECENT_VERSIONS:]
+        """Hold ``writes`` (node key -> bytes), committed just now (all of them, or none when they are more than
+        ``limit``: a whole tree written at once)."""
+        if 0 < len(writes) <= self.limit:
+            self.hot.update(writes)
+            if len(self.hot) >= self.limit:
+                self.cold, self.hot = self.hot, {}
+
+    def drop(self, node_key: bytes) -> None:
+        """Forget ``node_key`` (its node is being deleted)."""
+        self.hot.pop(node_key, None)
+        self.cold.pop(node_key, None)
 
 
 class LevelNodes:
-    """The committed tree's nodes in LevelDB (a :class:`node.ledger.core.smt.NodeStore`), the most recent
-    versions' through :class:`Recent` (shared by the trees of successive committed states)."""
+    """The committed tree's nodes in LevelDB (a :class:`node.ledger.core.smt.NodeStore`), through a
+    :class:`NodeCache` (shared by the trees of successive committed states)."""
 
-    def __init__(self, db: Any, recent: Recent | None = None):
+    def __init__(self, db: Any, cache: NodeCache | None = None):
         self.db = db
-        self.recent = recent if recent is not None else Recent()
+        self.cache = cache if cache is not None else NodeCache()
 
     def get(self, node_key: bytes) -> bytes | None:
-        raw: bytes | None = self.recent.get(node_key)
+        c = self.cache
+        raw: bytes | None = c.hot.get(node_key)
         if raw is None:
-            raw = self.db.get(NODES + node_key)
+            raw = c.cold.get(node_key)
+            if raw is None:
+                raw = self.db.get(NODES + node_key)
+                if raw is None:
+                    return None
+            c.put(node_key, raw)
         return raw
 
 
@@ -163,7 +198,9 @@ class StateTree:
         if not changes:
             self.root = parent_root
             return parent_root
-        res: UpdateResult = update(self, version, parent_root, changes)
+        # a tree with nothing pending above its base reads the base directly (one call less per node read)
+        reader = self.base if self.parent is None and not self.pending else self
+        res: UpdateResult = update(reader, version, parent_root, changes)
         self.pending, self.stale, self.root = dict(res.writes), res.stale, res.root
         return res.root
 
@@ -186,29 +223,34 @@ def stage(batch: Any, tree: StateTree, height: int, prune_stale: Callable[[bytes
         batch.put(NODES + k, v)
     for s in tree.stale:
         batch.put(STALE + s.index_key(), b"")
+    cache = tree.base.cache if isinstance(tree.base, LevelNodes) else None
     if height > RETAIN:
         for ik in prune_stale(STALE + prune_bound(height - RETAIN)):
             batch.delete(ik)
-            batch.delete(NODES + StaleNode.from_index_key(ik[len(STALE):]).node_key)
+            nk = StaleNode.from_index_key(ik[len(STALE):]).node_key
+            batch.delete(NODES + nk)
+            if cache is not None:
+                cache.drop(nk)
 
 
 def settled(db: Any, root: Root, after: StateTree | None = None) -> StateTree:
     """The tree of the committed state whose root is ``root``. ``after``: the tree whose pending writes were
-    just committed as ``root`` (their nodes, and the recent ones its base held, stay in memory: :class:`Recent`)."""
-    recent = None
+    just committed as ``root`` (their nodes, and the ones its base held, stay in memory: :class:`NodeCache`)."""
+    cache = None
     if after is not None and isinstance(after.base, LevelNodes):
-        recent = after.base.recent
-        recent.add(after.pending)
-    return StateTree(None, LevelNodes(db, recent), root)
+        cache = after.base.cache
+        cache.add(after.pending)
+    return StateTree(None, LevelNodes(db, cache), root)
 
 
 __all__ = [
+    "CACHE_NODES",
     "EMPTY_ROOT",
     "RETAIN",
     "SEQ_KEY",
     "TAG",
     "LevelNodes",
-    "Recent",
+    "NodeCache",
     "StateTree",
     "entry_key",
     "leaf_value",
