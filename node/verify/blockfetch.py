@@ -69,7 +69,6 @@ import trio
 
 from ..compute.model import HEAD_FILE, MANIFEST, Manifest, ManifestError, block_file, load_manifest, tensors_hash
 from ..encoding import DecodeError
-from ..identity import account_to_str
 from ..p2p.filerecv import read_file_msg
 from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, write_msg
 from ..p2p.host import PeerUnreachable
@@ -96,7 +95,7 @@ from .tokfetch import (
 __all__ = ["BLOCK_PROTOCOL", "FETCH_DEADLINE", "FETCH_TIMEOUT", "MAX_FILE", "MAX_MANIFEST", "MAX_TOKENIZER",
            "REQUEST_MAX", "REQUEST_TIMEOUT", "TOKENIZER_FILES", "UNVERIFIED_TOKENIZER", "BlockFetcher",
            "BlockUnavailable", "FetchRefused", "HeldModels", "bonded_peers", "check_block", "check_block_file",
-           "model_dir_for", "tokenizer_trusted"]
+           "tokenizer_trusted"]
 
 log = logging.getLogger("tally.blockfetch")
 
@@ -106,22 +105,6 @@ BUSY_ROUNDS = 3  # times the peers that answered ``busy`` are asked again, after
 BUSY_PAUSE = 1.0  # seconds
 MAX_PEERS = 8  # peers asked per file before giving up
 PARALLEL = 4  # blocks fetched at once
-
-
-async def model_dir_for(member, model_id: bytes, holders: Iterable[bytes]) -> Path | None:
-    """The dir of ``model_id`` in which committee ``member`` (a :class:`~node.verify.member.CommitteeMember`:
-    ``model_id``, ``model_dir``, ``fetcher``) replays training: its own model, or the whole model fetched by content
-    hash (:meth:`BlockFetcher.ensure_model`, also asking ``holders``, accounts); None (the member abstains)
-    without a fetcher or when no peer has it."""
-    if model_id == member.model_id:
-        return member.model_dir
-    if member.fetcher is None:
-        return None
-    try:
-        return await member.fetcher.ensure_model(model_id, [account_to_str(a) for a in holders])
-    except (BlockUnavailable, ValueError) as e:
-        log.info("abstain: model %s: %s", model_id.hex()[:16], e)
-        return None
 
 
 class BlockUnavailable(LookupError):

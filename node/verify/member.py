@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 import trio
@@ -39,6 +41,17 @@ from .compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
 log = logging.getLogger("tally.verify")
 MAX_PENDING = 64  # committee checks waiting for a lane or running; more stay in the queue (1,000 at most)
 
+
+class ReceiptChecker(Protocol):
+    """A capability's committee check of one kind of receipt: ``await check(member, receipt)`` returns
+    ``(verdict, distance)`` (VALID / INVALID / ABSTAIN of :mod:`node.ledger.core.tx`; the distance in the check's
+    own unit, ``inf`` when there is none). It may raise; the member then abstains. The capability's package owns
+    it and its caches (``node.market.check.TrainingCheck``, ``node.training.replay.RunChecks``); the runtime hands
+    them to :class:`CommitteeMember`, which imports no capability."""
+
+    async def __call__(self, member: Any, receipt: Any, /) -> tuple[int, float]: ...
+
+
 class CommitteeMember:
     """Watches blocks for committee duty and votes.
 
@@ -49,12 +62,17 @@ class CommitteeMember:
             blocks cannot be had.
         fetcher: :class:`~node.verify.blockfetch.BlockFetcher`, or None (other models: ABSTAIN).
         tolerance: maximum honest distance (see :mod:`node.verify.compare`).
+        checkers: receipt type -> :class:`ReceiptChecker` for the receipts other capabilities define (fine-tune
+            segments, training-run rounds and aggregates); an inference :class:`~node.ledger.core.tx.Receipt` is
+            this member's own :meth:`check`, and a receipt of a type with no checker gets ABSTAIN.
     """
 
     def __init__(self, ident: Identity, ledger, host, blobs: BlobStore, executor,
                  load_span: Callable, model_id: bytes, tolerance: float = DEFAULT_TOLERANCE, max_spans: int = 2,
-                 model_dir=None, fetcher: BlockFetcher | None = None):
+                 model_dir=None, fetcher: BlockFetcher | None = None,
+                 checkers: Mapping[type, ReceiptChecker] | None = None):
         self.ident, self.ledger, self.host, self.blobs, self.executor = ident, ledger, host, blobs, executor
+        self.checkers: dict[type, ReceiptChecker] = dict(checkers or {})
         self.model_dir, self.fetcher = model_dir, fetcher
         self.load_span, self.model_id, self.tolerance = load_span, model_id, tolerance
         self._spans: OrderedDict[tuple, object] = OrderedDict()
@@ -88,23 +106,12 @@ class CommitteeMember:
                 n.start_soon(self._check_and_vote, receipt, round_, lane, room)
 
     async def _check_and_vote(self, receipt, round_: int, lane: trio.Semaphore, room: trio.Semaphore) -> None:
-        """Check one receipt in ``lane`` and submit the vote; releases ``room`` when done."""
-        from ..ledger.core.jobtx import TrainReceipt
-        from ..ledger.core.runtx import RoundAggregate, RoundReceipt
-        from ..training.replay import check_aggregate, check_round_receipt
-        from .training import check_training
-
+        """Check one receipt in ``lane`` (its type's checker, see ``checkers``) and submit the vote; releases
+        ``room`` when done."""
         try:
             async with lane:
                 try:
-                    if isinstance(receipt, TrainReceipt):
-                        verdict, d = await check_training(self, receipt)
-                    elif isinstance(receipt, RoundReceipt):
-                        verdict, d = await check_round_receipt(self, receipt)
-                    elif isinstance(receipt, RoundAggregate):
-                        verdict, d = await check_aggregate(self, receipt)
-                    else:
-                        verdict, d = await self.check(receipt)
+                    verdict, d = await self._checker_for(receipt)(self, receipt)
                 except Exception:
                     log.exception("re-execution of %s failed", receipt.id.hex()[:16])
                     verdict, d = ABSTAIN, float("inf")
@@ -119,6 +126,28 @@ class CommitteeMember:
                      receipt.id.hex()[:16], d)
         finally:
             room.release()
+
+    def _checker_for(self, receipt) -> ReceiptChecker:
+        """The check of ``receipt``: the registered checker of its type, this member's own :meth:`check` for an
+        inference receipt, else one that raises (the member abstains)."""
+        for kind, check in self.checkers.items():
+            if isinstance(receipt, kind):
+                return check
+        return _check_inference
+
+    async def model_dir_for(self, model_id: bytes, holders: Iterable[bytes]) -> Path | None:
+        """The dir of ``model_id`` in which this member replays a receipt of another capability: its own model,
+        or the whole model fetched by content hash (:meth:`BlockFetcher.ensure_model`, also asking ``holders``,
+        accounts); None (the member abstains) without a fetcher or when no peer has it."""
+        if model_id == self.model_id:
+            return self.model_dir
+        if self.fetcher is None:
+            return None
+        try:
+            return await self.fetcher.ensure_model(model_id, [account_to_str(a) for a in holders])
+        except (BlockUnavailable, ValueError) as e:
+            log.info("abstain: model %s: %s", model_id.hex()[:16], e)
+            return None
 
     async def fetch(self, receipt: Receipt, root: bytes) -> list[torch.Tensor]:
         """Tensors with Merkle root ``root``, from the worker then the requester, checked against the root.
@@ -183,3 +212,14 @@ class CommitteeMember:
         d = distance(y, y_hat)
         self.last_distances.append(d)
         return (VALID if is_valid(d, self.tolerance) else INVALID), d
+
+
+async def _check_inference(member: CommitteeMember, receipt: Receipt, /) -> tuple[int, float]:
+    """The :class:`ReceiptChecker` of an inference receipt: :meth:`CommitteeMember.check`.
+
+    Raises:
+        TypeError: ``receipt`` is of a type no checker was registered for (the member abstains on it).
+    """
+    if not isinstance(receipt, Receipt):
+        raise TypeError(f"no committee check for {type(receipt).__name__}")
+    return await member.check(receipt)

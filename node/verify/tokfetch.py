@@ -13,9 +13,9 @@ model into several ids. Their tokenizer files stay **unverified**: every fetched
 :data:`UNVERIFIED_TOKENIZER` marker (written before the dir is moved into place, so no crash leaves a fetched dir
 looking like the node's own), and only a committed, checked tokenizer removes it. A replay of training on an
 unverified tokenizer abstains instead of voting INVALID when the worker's committed batches do not match
-(:func:`tokenizer_trusted`, :mod:`node.verify.training`, :mod:`node.training.replay`); a replay whose batches match
-used the committed token ids, whichever tokenizer produced them. Nothing here runs code from the files: every
-tokenizer load passes ``trust_remote_code=False``.
+(:func:`node.compute.model.tokenizer_trusted`, which owns the marker; :mod:`node.market.check`,
+:mod:`node.training.replay`); a replay whose batches match used the committed token ids, whichever tokenizer
+produced them. Nothing here runs code from the files: every tokenizer load passes ``trust_remote_code=False``.
 """
 
 from __future__ import annotations
@@ -23,22 +23,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..compute.model import ManifestError, config_dict
+from ..compute.model import UNVERIFIED_TOKENIZER, ManifestError, config_dict, tokenizer_trusted
 from ..encoding import H
 from .blockserve import TOKENIZER_FILES
 
 COMMIT_KEY = "tally_tokenizer"  # config.json key: {tokenizer file name: hex hash of its bytes}
-UNVERIFIED_TOKENIZER = "tokenizer.unverified"  # marker file: this dir's tokenizer came from a peer, unchecked
 TOKENIZER_ASKED = "tokenizer.asked"  # marker file: peers were asked for the tokenizer (with or without a reply)
 
 __all__ = ["COMMIT_KEY", "TOKENIZER_ASKED", "UNVERIFIED_TOKENIZER", "check_tokenizer", "committed_tokenizer",
            "install_tokenizer", "tokenizer_trusted"]
-
-
-def tokenizer_trusted(model_dir: Path) -> bool:
-    """False for a fetched dir whose tokenizer files (or their absence) are a peer's: nothing the model id covers
-    vouches for them (:data:`UNVERIFIED_TOKENIZER`)."""
-    return not (Path(model_dir) / UNVERIFIED_TOKENIZER).exists()
 
 
 def committed_tokenizer(model_dir: Path) -> dict[str, bytes] | None:

@@ -16,8 +16,8 @@ from node.compute.train import Trainer, encode_text, split_tokens
 from node.encoding import commitments_root
 from node.ledger.core.jobtx import JobPost, TrainReceipt
 from node.ledger.core.tx import INVALID, VALID
+from node.market.check import TRAIN_TOLERANCE, replay_segment
 from node.market.worker import spec_of
-from node.verify.training import TRAIN_TOLERANCE, replay_segment
 
 from .conftest import ARCHS, DESIGN
 

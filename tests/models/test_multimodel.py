@@ -233,8 +233,8 @@ def test_a_member_of_another_model_fetches_the_whole_model_and_replays_a_trainin
     from dataclasses import replace
 
     from node.compute.model import HEAD_FILE
+    from node.market.check import replay_segment
     from node.verify.blockfetch import UNVERIFIED_TOKENIZER, tokenizer_trusted
-    from node.verify.training import replay_segment
     from tests.verify.test_training import TEXT, post, work
 
     _, _, b_dir = models

@@ -1,4 +1,4 @@
-"""Committee replay of training segments (node/verify/training.py) on the tiny model: honest replays across
+"""Committee replay of training segments (node/market/check.py) on the tiny model: honest replays across
 thread counts pass, every training cheat is caught, and wrong data commitments are caught."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from node.compute.train import Trainer, encode_text, split_tokens, state_distanc
 from node.encoding import commitments_root
 from node.ledger.core.jobtx import JobPost, TrainReceipt
 from node.ledger.core.tx import INVALID, VALID
-from node.verify.training import TRAIN_TOLERANCE, replay_segment
+from node.market.check import TRAIN_TOLERANCE, replay_segment
 
 TEXT = (Path(__file__).resolve().parents[2] / "docs" / "DESIGN.md").read_bytes()
 
