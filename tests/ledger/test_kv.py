@@ -99,3 +99,37 @@ def test_ordered_sets_keep_insertion_order_like_a_dict():
     d[b"c"] = None
     assert list(s) == list(d) == [b"a", b"b", b"d", b"c"] and len(s) == 4 and bool(s)
     assert s.pop(b"zz", "none") == "none"
+
+
+class _CountingReads:
+    """A real LevelDB that counts its point reads."""
+
+    def __init__(self, db):
+        self.db, self.gets = db, 0
+
+    def get(self, key):
+        self.gets += 1
+        return self.db.get(key)
+
+    def iterator(self, **kw):
+        return self.db.iterator(**kw)
+
+
+def test_an_empty_stored_table_answers_absent_without_reading_leveldb(tmp_path):
+    db = plyvel.DB(str(tmp_path / "db"), create_if_missing=True)
+    reads = _CountingReads(db)
+    t = Table(StoreRoot(reads, b"t/", INT, count=0))  # a table nothing was ever stored in (disputes, jobs, ...)
+    assert b"x" not in t and t.get(b"y") is None and reads.gets == 0
+    work = t.child()
+    work[b"x"] = 5
+    with db.write_batch() as wb:
+        work.stage(wb)
+    work.settle()
+    assert work.get(b"x") == 5 and b"z" not in work and reads.gets == 1  # stored now: an absent key is read
+    work2 = work.child()
+    del work2[b"x"]
+    with db.write_batch() as wb:
+        work2.stage(wb)
+    work2.settle()
+    assert b"x" not in work2 and b"z" not in work2 and len(work2) == 0 and reads.gets == 1  # empty again
+    db.close()

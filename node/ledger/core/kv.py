@@ -108,6 +108,8 @@ class StoreRoot(Generic[V]):
         if v is not None:
             self._cache.move_to_end(k)
             return v
+        if not self.count:  # nothing stored (an unused table: disputes, jobs, runs, ...): no LevelDB read
+            return _DEL
         raw = self.backend.get(self.prefix + k)
         v = _DEL if raw is None else self.codec.loads_local(raw)
         self._remember(k, v)

@@ -456,7 +456,8 @@ def update(store: NodeStore, version: int, root: Root, changes: Mapping[bytes, b
         new = Root(h, int.from_bytes(v, "big"))
     if new.hash == root.hash and not empty:
         return UpdateResult(root, {}, ())  # nothing changed (every change was a no-op)
-    return UpdateResult(new, ctx.writes, tuple([StaleNode(version, nk) for nk in ctx.stale]))
+    mk = tuple.__new__  # StaleNode(version, nk) without the NamedTuple's Python-level __new__ (one per node)
+    return UpdateResult(new, ctx.writes, tuple([mk(StaleNode, (version, nk)) for nk in ctx.stale]))
 
 
 # ---------------------------------------------------------------- reads and proofs

@@ -221,8 +221,11 @@ def stage(batch: Any, tree: StateTree, height: int, prune_stale: Callable[[bytes
     :data:`RETAIN` versions. ``prune_stale(bound)`` yields the stale index keys below ``bound``."""
     for k, v in tree.pending.items():
         batch.put(NODES + k, v)
-    for s in tree.stale:
-        batch.put(STALE + s.index_key(), b"")
+    since, prefix = -1, b""
+    for s in tree.stale:  # STALE + s.index_key(), the version's bytes made once per version
+        if s.since != since:
+            since, prefix = s.since, STALE + s.since.to_bytes(8, "big")
+        batch.put(prefix + s.node_key, b"")
     cache = tree.base.cache if isinstance(tree.base, LevelNodes) else None
     if height > RETAIN:
         for ik in prune_stale(STALE + prune_bound(height - RETAIN)):
