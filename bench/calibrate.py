@@ -1,6 +1,6 @@
 """Calibrate the comparison tolerance: honest distances versus cheat distances, measured side by side.
 
-For sessions through a span of the model, measures the distance (``node.verify.compare.distance``: worst
+For sessions through a span of the model, measures the distance (``node.compute.compare.distance``: worst
 per-token relative L2) between a worker's committed outputs and a committee's re-execution:
   * honest: incremental decoding (KV cache) vs one prefill; worker and committee at 1 or 2 torch threads;
     the committee's prefill as a batch of one or stacked with another session (batch of two);
@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch
 
 from node.compute.cheats import FAULTS
+from node.compute.compare import DEFAULT_TOLERANCE, distance
 from node.compute.span import SpanModel
-from node.verify.compare import DEFAULT_TOLERANCE, distance
 
 
 def session(span, x, prompt, threads):

@@ -46,10 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from node.compute.data import list_plays, shakespeare_play
 from node.compute.model import ensure_smollm2
 from node.compute.train import encode_text, split_tokens
 from node.encoding import H
-from node.market.data import list_plays, shakespeare_play
 from node.training.assign import assign_round, batch_tensors, make_windows, screen_tensor
 from node.training.codec import Codec, decode, encode, payload_bytes
 from node.training.inner import InnerTrainer, make_scratch_model

@@ -153,9 +153,9 @@ def part_a(trials: int) -> None:
 def part_b(model: str, sessions: int) -> None:
     import torch
 
+    from node.compute.compare import distance, is_valid
     from node.compute.model import ensure_smollm2, make_tiny
     from node.compute.span import SpanModel
-    from node.verify.compare import distance, is_valid
 
     torch.set_num_threads(1)
     model_dir = make_tiny(Path("/tmp/tally-bench-models"), 0) if model == "tiny" else ensure_smollm2()

@@ -133,7 +133,7 @@ def run_devnet(args) -> int:
         if args.job_steps < 1:
             print("devnet: --job-steps must be at least 1", file=sys.stderr)
             return 2
-        from .market.data import shakespeare_play
+        from .compute.data import shakespeare_play
 
         try:
             shakespeare_play(args.job)  # checked before anything starts (downloads the sdist once)

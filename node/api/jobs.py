@@ -78,8 +78,8 @@ def make_router(node, require_token, ApiError) -> APIRouter:
 
     @r.post("/v1/jobs", dependencies=[Depends(require_token)])
     async def post(req: JobRequest) -> dict:
+        from ..compute.data import shakespeare_play
         from ..market.client import JobError, post_job
-        from ..market.data import shakespeare_play
 
         if (req.text is None) == (req.play is None):
             raise ApiError(400, "bad_request", "give exactly one of text or play")

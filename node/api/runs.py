@@ -275,7 +275,7 @@ def make_router(node, require_token, ApiError) -> APIRouter:
         """Post a run from this node's account: θ_0 is computed on this node's model and served with the dataset
         to the workers (keep the node running); the budget ``rounds × (max_workers × inner_steps ×
         price_per_step + aggregator_fee)`` goes into escrow."""
-        from ..market.data import shakespeare_play
+        from ..compute.data import shakespeare_play
         from ..training.client import RunError, post_run
 
         if (req.text is None) == (req.play is None):

@@ -307,7 +307,7 @@ def wallet_router(node, q, require_token) -> APIRouter:
 
     def redundancy_view(gen) -> dict:
         """The redundancy fields of a generate reply (node.inference.redundant)."""
-        from ..verify.compare import to_ppm
+        from ..compute.compare import to_ppm
 
         if getattr(gen, "redundancy", 1) != 2:
             return {"redundancy": 1}

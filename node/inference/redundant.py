@@ -6,7 +6,7 @@ replicates work the same way (Anderson, "BOINC: A Platform for Volunteer Computi
 route A, the fastest, and route B, the fastest among the servers A does not use (no server in common; failover
 replacements keep it so). Each step's input goes through both routes at once. Then, at every block boundary where
 a hop of A and a hop of B both end, the two hidden states must be within the committee's tolerance
-(:func:`node.verify.compare.distance` ≤ :data:`node.verify.compare.DEFAULT_TOLERANCE`: the bound a committee uses
+(:func:`node.compute.compare.distance` ≤ :data:`node.compute.compare.DEFAULT_TOLERANCE`: the bound a committee uses
 to vote a re-execution valid), and the two greedy next tokens must be equal. Where the routes split the model
 differently, a mismatch is located to the *segment* between two common boundaries, whose hops it names.
 
@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 import torch
 import trio
 
+from ..compute.compare import DEFAULT_TOLERANCE, distance, is_valid
 from ..compute.shards import NoRouteError
 from ..identity import account_from_str
 from ..ledger.core.dispute import Dispute
 from ..ledger.core.tx import Receipt
 from ..p2p.quirks import exception_leaves
-from ..verify.compare import DEFAULT_TOLERANCE, distance, is_valid
 from .client import HOP_ERRORS, Generation, Hop, HopFailed, RouteClient, _abort, _Run
 from .wire import check_codec
 
@@ -64,7 +64,7 @@ class NoDisjointRoutes(NoRouteError):
 @dataclass
 class Mismatch:
     """The two routes disagreed at step ``token`` (1-based) on blocks ``span``: hidden states at its end at
-    ``distance`` (relative L2, :mod:`node.verify.compare`) above ``tolerance``, or different next tokens
+    ``distance`` (relative L2, :mod:`node.compute.compare`) above ``tolerance``, or different next tokens
     (``next_tokens``). ``hops_a``/``hops_b``: ``(peer, start, end)`` of each side's hops in that segment;
     ``disputed``: ids of the receipts sent to a committee; ``finish``: the third route, empty when none exists."""
 

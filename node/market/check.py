@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..blobs import BlobStore, fetch_blob
+from ..compute.data import dataset_bytes
 from ..compute.model import tokenizer_trusted
 from ..compute.train import Trainer, batch_for_step, encode_text, split_tokens, state_distance
 from ..encoding import commitments_root
 from ..ledger.core.jobtx import TrainReceipt
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID
-from .data import dataset_bytes
 from .worker import spec_of
 
 log = logging.getLogger("tally.verify")

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..blobs import fetch_blob
+from ..compute.data import dataset_bytes, dataset_tensors
 from ..compute.train import Trainer, encode_text, split_tokens
 from ..encoding import format_amount
 from ..identity import account_to_str
 from ..ledger.core.jobs import ACCEPTED, STATUS_TEXT
 from ..ledger.core.jobtx import JobPost
-from .data import dataset_bytes, dataset_tensors
 from .worker import spec_of
 
 

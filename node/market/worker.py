@@ -20,13 +20,13 @@ import logging
 import trio
 
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
+from ..compute.data import dataset_bytes
 from ..compute.train import Trainer, TrainSpec, encode_text, mean_loss_ppm, split_tokens
 from ..encoding import H, commitments_root
 from ..identity import Identity
 from ..ledger.core.jobs import ACCEPTED, OPEN
 from ..ledger.core.jobtx import JobAccept, JobDeliver, JobPost, JobRelease, TrainReceipt, parse_targets
 from ..ledger.core.tx import InvalidTx, Tx
-from .data import dataset_bytes
 
 log = logging.getLogger("tally.market")
 

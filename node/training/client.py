@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 
 from ..blobs import BlobUnavailable, fetch_blob
+from ..compute.data import dataset_bytes, dataset_tensors
 from ..compute.train import encode_text, split_tokens
 from ..encoding import commitments_root, format_amount
 from ..ledger.core import runs as runs_mod
 from ..ledger.core.runtx import RunCancel, RunJoin, RunLeave, RunPost
 from ..ledger.core.tx import InvalidTx
-from ..market.data import dataset_bytes, dataset_tensors
 from . import rounds as rd
 from .assign import make_windows
 

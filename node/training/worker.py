@@ -24,13 +24,13 @@ from dataclasses import dataclass, field, replace
 import trio
 
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
+from ..compute.data import dataset_bytes
 from ..encoding import commitments_root
 from ..identity import Identity
 from ..ledger.core.runs import Phase, attempt_of
 from ..ledger.core.runtx import NO_MOMENTUM, RoundAggregate, RoundReceipt, RoundReveal
 from ..ledger.core.status import INVALID_S, SAMPLED
 from ..ledger.core.tx import InvalidTx
-from ..market.data import dataset_bytes
 from . import rounds as rd
 from .assign import batch_tensors, screen_tensor
 

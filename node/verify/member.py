@@ -3,7 +3,7 @@
 When a block makes this node a member of a receipt's committee (:mod:`node.ledger.core.state`), the member fetches
 the session's step inputs and committed outputs by their Merkle roots — from the worker, or from the requester
 if the worker does not answer; both must match the roots in the receipt — runs the span once over the
-concatenated inputs, measures :func:`node.verify.compare.distance`, and signs a :class:`~node.ledger.core.tx.Vote`.
+concatenated inputs, measures :func:`node.compute.compare.distance`, and signs a :class:`~node.ledger.core.tx.Vote`.
 A member that cannot re-execute (blob unavailable, out of memory, unknown model) votes ABSTAIN, which never
 penalises the worker.
 
@@ -31,12 +31,12 @@ import torch
 import trio
 
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
+from ..compute.compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
 from ..compute.span import SpanModel
 from ..identity import Identity, account_to_str
 from ..ledger.core.state import SAMPLED, State
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID, InvalidTx, Receipt, Vote
 from .blockfetch import BlockFetcher, BlockUnavailable
-from .compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
 
 log = logging.getLogger("tally.verify")
 MAX_PENDING = 64  # committee checks waiting for a lane or running; more stay in the queue (1,000 at most)
@@ -61,7 +61,7 @@ class CommitteeMember:
             brings from peers (checked against that model id), or gets ABSTAIN when there is no fetcher or the
             blocks cannot be had.
         fetcher: :class:`~node.verify.blockfetch.BlockFetcher`, or None (other models: ABSTAIN).
-        tolerance: maximum honest distance (see :mod:`node.verify.compare`).
+        tolerance: maximum honest distance (see :mod:`node.compute.compare`).
         checkers: receipt type -> :class:`ReceiptChecker` for the receipts other capabilities define (fine-tune
             segments, training-run rounds and aggregates); an inference :class:`~node.ledger.core.tx.Receipt` is
             this member's own :meth:`check`, and a receipt of a type with no checker gets ABSTAIN.

@@ -16,10 +16,10 @@ import torch
 
 from node.api.pages import environment
 from node.api.runs import run_view
+from node.compute.data import dataset_bytes
 from node.encoding import commitments_root
 from node.ledger.core.runs import RunStatus
 from node.ledger.core.tx import INVALID
-from node.market.data import dataset_bytes
 from node.training.inner import InnerTrainer
 
 from ..ledger.test_runs import WORKERS, Chain, start

@@ -34,13 +34,13 @@ import pytest
 
 from node.batch.client import items_of
 from node.batch.tasks import ItemRunner
+from node.compute.data import shakespeare_play
 from node.compute.model import make_tiny
 from node.compute.reference import load_causal_lm, local_generate
 from node.identity import account_from_str, account_to_str
 from node.ledger.core.batchstate import BatchStatus, Fate, ItemStatus
 from node.ledger.genesis import load_genesis
 from node.ledger.store import LedgerStore
-from node.market.data import shakespeare_play
 
 from ..inference.procs import (
     ROOT,

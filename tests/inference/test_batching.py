@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 import trio
 
+from node.compute.compare import distance
 from node.compute.executor import TorchExecutor
 from node.compute.span import SpanModel
 from node.inference.batching import StepBatcher
-from node.verify.compare import distance
 
 
 def test_concurrent_decode_steps_are_batched_and_match_one_at_a_time(tiny):

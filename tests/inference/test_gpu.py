@@ -11,12 +11,12 @@ import pytest
 import torch
 import trio
 
+from node.compute.compare import DEFAULT_TOLERANCE, distance
 from node.compute.executor import TorchExecutor
 from node.compute.reference import local_generate
 from node.compute.span import SpanModel
 from node.identity import Identity
 from node.inference.batching import StepBatcher
-from node.verify.compare import DEFAULT_TOLERANCE, distance
 
 from .fakenet import make_swarm
 

@@ -11,6 +11,7 @@ import torch
 import trio
 
 from node.blobs import BlobStore
+from node.compute.compare import DEFAULT_TOLERANCE
 from node.compute.executor import TorchExecutor
 from node.compute.head import ClientHead
 from node.compute.int8 import Int8Linear, dequantize_block, quantize_weight
@@ -23,7 +24,6 @@ from node.ledger.core.tx import INVALID, VALID
 from node.models import registry
 from node.models.cli import main as model_cli
 from node.models.convert import CheckpointError, add_model
-from node.verify.compare import DEFAULT_TOLERANCE
 from node.verify.member import CommitteeMember
 
 from ..inference.fakenet import CHAIN, PRICE, FakeLedger, announce, make_swarm

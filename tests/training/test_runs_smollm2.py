@@ -13,11 +13,11 @@ import time
 
 import pytest
 
+from node.compute.data import shakespeare_play
 from node.compute.model import ensure_smollm2
 from node.identity import account_from_str
 from node.ledger.genesis import load_genesis
 from node.ledger.store import LedgerStore
-from node.market.data import shakespeare_play
 
 from ..inference.procs import (
     api_call,

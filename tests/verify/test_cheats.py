@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from node.compute.cheats import FAULTS
+from node.compute.compare import DEFAULT_TOLERANCE, distance, is_valid
 from node.compute.model import make_tiny
 from node.compute.span import SpanModel
-from node.verify.compare import DEFAULT_TOLERANCE, distance, is_valid
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ import math
 import pytest
 import torch
 
+from node.compute.compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
 from node.compute.model import make_tiny
 from node.compute.span import SpanModel
-from node.verify.compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
 
 
 @pytest.fixture(scope="module")

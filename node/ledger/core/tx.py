@@ -223,7 +223,7 @@ class Vote(SingleSigned):
     """A committee member's signed verdict on a sampled receipt in escalation ``round``.
 
     ``verdict`` is VALID (0), INVALID (1) or ABSTAIN (2); ``distance_ppm`` is the measured distance between the
-    committed outputs and the re-execution in parts per million (see :mod:`node.verify.compare`).
+    committed outputs and the re-execution in parts per million (see :mod:`node.compute.compare`).
     """
 
     chain_id: str

