@@ -267,12 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .batch.cli import add_batch_parser
 
     add_batch_parser(sub, DEFAULT_DATA_DIR)
+    from .genesis_cli import add_genesis_parser, add_key_parser
     from .ledger.cli import add_ledger_parser
-    from .net.genesis_cli import add_genesis_parser, add_key_parser
     from .wallet.cli import add_wallet_parser
 
     add_genesis_parser(sub)
-    from .net.peers_cli import add_parsers as add_peers_parsers
+    from .peers_cli import add_parsers as add_peers_parsers
 
     add_peers_parsers(sub, DEFAULT_DATA_DIR)  # node peers, node status
     add_key_parser(sub, DEFAULT_DATA_DIR)
@@ -428,11 +428,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_run_command(args)
     if args.cmd in ("peers", "status"):
-        from .net.peers_cli import run as run_peers_command
+        from .peers_cli import run as run_peers_command
 
         return run_peers_command(args)
     if args.cmd in ("genesis", "key"):
-        from .net.genesis_cli import run_genesis_command, run_key_command
+        from .genesis_cli import run_genesis_command, run_key_command
 
         return run_genesis_command(args) if args.cmd == "genesis" else run_key_command(args)
     if args.cmd == "wallet":

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from node.encoding import BASE_UNITS
+from node.genesis_cli import FlagError, parse_genesis_time
 from node.identity import Identity, dev_seed
 from node.ledger.genesis import Genesis, GenesisError, Params, load_genesis, parse_genesis
-from node.net.genesis_cli import FlagError, parse_genesis_time
 
 ROOT = Path(__file__).resolve().parents[1]
 C = BASE_UNITS

@@ -18,6 +18,7 @@ import pytest
 import trio
 
 from node.encoding import pack, unpack
+from node.genesis_cli import DEFAULT_HEARTBEAT_MS, FlagError, apply_heartbeat, parse_duration_ms
 from node.identity import Identity, dev_seed
 from node.ledger.core import blockcodec
 from node.ledger.core.block import Block, Header, sign_commit, tx_root
@@ -29,7 +30,6 @@ from node.ledger.core.tx import Transfer
 from node.ledger.genesis import Genesis, GenesisError, Params, load_genesis, parse_genesis
 from node.ledger.service import LedgerService
 from node.ledger.store import LedgerStore
-from node.net.genesis_cli import DEFAULT_HEARTBEAT_MS, FlagError, apply_heartbeat, parse_duration_ms
 from node.p2p.host import P2PHost
 
 from .helpers import CLIENT, KEYS, VALIDATOR, W1, C, make_genesis, make_receipt, vote

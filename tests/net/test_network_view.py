@@ -11,7 +11,7 @@ import httpx
 import trio
 
 from node.compute.model import make_tiny
-from node.net.peers_cli import format_peers, format_status
+from node.peers_cli import format_peers, format_status
 from tests.e2e.swarm import swarm
 
 from .tally import ROOT

@@ -20,10 +20,10 @@ from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 
-from ..encoding import format_amount, parse_amount
-from ..identity import KEY_FILE, KeyFileError, account_from_str, account_to_str, load_or_create
-from ..ledger.core.sampling import PPM
-from ..ledger.genesis import Genesis, GenesisError, Params, check_bootstrap_addr, load_genesis, parse_genesis
+from .encoding import format_amount, parse_amount
+from .identity import KEY_FILE, KeyFileError, account_from_str, account_to_str, load_or_create
+from .ledger.core.sampling import PPM
+from .ledger.genesis import Genesis, GenesisError, Params, check_bootstrap_addr, load_genesis, parse_genesis
 
 DEVNET_CHAIN = "tally-devnet"
 PARAM_SOURCES = ("production", "devnet")

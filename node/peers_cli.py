@@ -64,7 +64,7 @@ def format_status(st: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run ``node peers`` or ``node status`` (``args.cmd``); an unreachable node exits 1 with one line on
     stderr."""
-    from ..wallet.client import NodeApi, WalletError
+    from .wallet.client import NodeApi, WalletError
 
     try:
         api = NodeApi(args.data_dir)
