@@ -45,6 +45,7 @@ from typing import Any
 import trio
 
 from .listener_guard import ListenerGuard, guard_listeners
+from .shun import ShunList, ShunPolicy
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,10 @@ class Refusal(enum.Enum):
     OPEN_TOTAL = "open_total"
     NO_ADDRESS = "no_address"
     UPGRADE_FAILED = "upgrade_failed"  # counted after the fact: timeout, bad Noise, no common muxer
+
+
+_CHARGED_TO_IP = frozenset({Refusal.RATE_IP, Refusal.PENDING_IP, Refusal.OPEN_IP})
+_CHARGED_TO_SUBNET = frozenset({Refusal.RATE_SUBNET, Refusal.PENDING_SUBNET, Refusal.OPEN_SUBNET})
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,11 @@ class AdmissionLimits:
     total_accept_burst: int = 128
     upgrade_timeout: float = 4.0  # seconds for Noise + Yamux negotiation of one inbound connection
     max_tracked: int = 4096  # IPs and subnets whose state is kept (LRU beyond)
+    # A source refused shun_after times within one second (per IP or per subnet reasons only) has its SYNs dropped
+    # in the kernel for shun_seconds (node.net.shun, node.net.synfilter); shun_after 0: never.
+    shun_after: int = 64
+    shun_seconds: float = 5.0
+    shun_max: int = 128  # sources shunned at once
 
     def __post_init__(self) -> None:
         if min(self.open_per_ip, self.open_per_subnet, self.open_total, self.pending_per_ip,
@@ -106,6 +116,11 @@ class AdmissionLimits:
             raise ValueError("reserved must be >= 0 and below open_total and pending_total")
         if min(self.accept_rate, self.subnet_accept_rate, self.total_accept_rate, self.upgrade_timeout) <= 0:
             raise ValueError("accept rates and upgrade_timeout must be > 0")
+        self.shun_policy()  # raises ValueError for a bad shun setting
+
+    def shun_policy(self) -> ShunPolicy:
+        """The :class:`~node.net.shun.ShunPolicy` of these limits."""
+        return ShunPolicy(self.shun_after, self.shun_seconds, self.shun_max, self.max_tracked)
 
 
 def _parse_ip(ip: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -206,6 +221,9 @@ class Admission:
         self.accepted = 0
         self._keys: OrderedDict[str, tuple[str, str]] = OrderedDict()  # raw ip -> (normal ip, subnet); LRU
         self._total: tuple[float, float] = (float(self.limits.total_accept_burst), clock())  # (tokens, at)
+        # sources refused too often: their SYNs dropped in the kernel for a while (node.net.shun)
+        self.shun = ShunList(self.limits.shun_policy(), clock, reserved=self.ip_reserved,
+                             reserved_ips=lambda: list(self.reserved_ips))
 
     def keys(self, ip: str) -> tuple[str, str]:
         """``(normal_ip(ip), subnet_of(ip))``, cached for the :attr:`AdmissionLimits.max_tracked` most recent
@@ -229,6 +247,7 @@ class Admission:
         self.reserved_ips.move_to_end(ip)
         while len(self.reserved_ips) > self.limits.max_tracked:
             self.reserved_ips.popitem(last=False)
+        self.shun.lift_covering(ip)
 
     def ip_reserved(self, ip: str) -> bool:
         """Whether connections from ``ip`` are reserved now; an expired reservation is forgotten here."""
@@ -322,6 +341,10 @@ class Admission:
         why = self.check(ip)
         if why is not None:
             self.refused[why.value] += 1
+            if why in _CHARGED_TO_IP:
+                self.shun.refused(ip, subnet=False)
+            elif why in _CHARGED_TO_SUBNET:
+                self.shun.refused(sub, subnet=True)
             return None
         self.pending_ip.add(ip, 1)
         self.pending_sub.add(sub, 1)
@@ -345,7 +368,8 @@ class Admission:
     def stats(self) -> dict:
         """Counters for ``/v1/status``: open and pending inbound connections, accepted, refused by reason."""
         return {"inbound_open": self.open, "inbound_pending": self.pending, "inbound_accepted": self.accepted,
-                "refused_before_handshake": {k: v for k, v in self.refused.items() if v}}
+                "refused_before_handshake": {k: v for k, v in self.refused.items() if v},
+                "shunned_now": len(self.shun), "shuns": self.shun.shuns}
 
 
 def _remote_ip(rwc: Any) -> str | None:

@@ -17,6 +17,11 @@ that accepts the raw socket, asks the swarm's :class:`~node.net.admission.Admiss
 * admits by returning the ``trio.SocketStream`` to ``trio.serve_listeners``, which spawns the handler task as
   before; the connection's :class:`~node.net.admission.Ticket` is handed to that task through :func:`take_ticket`.
 
+A source refused too often (:mod:`node.net.shun`: 64 refusals within a second, by default) is shunned for a while:
+the guard attaches a socket filter to each listening socket that drops its SYNs in the kernel
+(:mod:`node.net.synfilter`), so a churn that goes on costs the node no accept at all; the accept loop's wait is
+bounded by the next shun's end, when the filter is attached again without it.
+
 trio's own ``SocketListener.accept`` semantics are kept: ``EBADF`` becomes ``trio.ClosedResourceError``, the errnos
 trio ignores on accept are retried, other ``OSError`` s (``EMFILE``...) propagate to ``serve_listeners``, which
 backs off. Each accept is a trio checkpoint (``trio.socket`` ``accept`` yields), so a flood of refusals cannot
@@ -27,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
+import math
 import socket as stdlib_socket
 import struct
 import weakref
@@ -35,8 +42,12 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from . import synfilter
+
 if TYPE_CHECKING:
     from .admission import Admission, Ticket
+
+log = logging.getLogger(__name__)
 
 _LINGER_RST = struct.pack("ii", 1, 0)  # struct linger {l_onoff = 1, l_linger = 0}: close() sends RST
 
@@ -72,6 +83,25 @@ class ListenerGuard:
         self.guarded: weakref.WeakSet[Any] = weakref.WeakSet()
         # admitted stream -> its ticket, until the handler task takes it (weak: a stream dropped unhandled frees it)
         self._tickets: weakref.WeakKeyDictionary[Any, Ticket] = weakref.WeakKeyDictionary()
+        self._filter_state: tuple[int, int] = (0, 0)  # (id of the ShunList, its version) last attached
+
+    def _sync_filter(self) -> float | None:
+        """End the admission's due shuns and, if its set of shunned prefixes changed since the last sync, attach
+        the new SYN filter (:mod:`node.net.synfilter`) to every guarded listener's socket. Returns the seconds
+        until the next shun ends (None: none left), which bounds the accept loop's wait."""
+        shun = self.admission().shun
+        wait = shun.expire()
+        state = (id(shun), shun.version)
+        if state != self._filter_state:
+            prefixes = shun.prefixes()
+            for listener in list(self.guarded):
+                if not synfilter.attach(listener.socket, prefixes):
+                    break  # no socket filters here: refusals stay in the accept loop
+            if prefixes:
+                log.info("shunned %d source(s): their SYNs are dropped for up to %.0f s (%s)", len(prefixes),
+                         shun.policy.seconds, ", ".join(str(p) for p in prefixes[:4]))
+            self._filter_state = state
+        return wait
 
     def take_ticket(self, stream: Any) -> Ticket | None:
         """The ticket taken in the accept loop for ``stream`` (a ``trio.SocketStream``), once; None when the
@@ -87,11 +117,17 @@ class ListenerGuard:
         if not isinstance(listener, trio.SocketListener) or listener in self.guarded:
             return False
         sock = listener.socket
+        self._sync_filter()  # a listener started while sources are shunned drops their SYNs too
 
         async def accept() -> trio.SocketStream:
             while True:
+                wait = self._sync_filter()
                 try:
-                    conn, addr = await sock.accept()
+                    conn = None
+                    with trio.move_on_after(wait if wait is not None else math.inf):
+                        conn, addr = await sock.accept()
+                    if conn is None:
+                        continue  # a shun ended: the filter is synced at the top of the loop
                 except OSError as exc:
                     if exc.errno == errno.EBADF:
                         raise trio.ClosedResourceError from None
@@ -103,7 +139,7 @@ class ListenerGuard:
                 if ticket is None:
                     self.refused_in_accept += 1
                     reset_close(conn)
-                    continue
+                    continue  # and if that refusal shunned its source, the filter is synced at the loop's top
                 stream = trio.SocketStream(conn)
                 self._tickets[stream] = ticket
                 return stream

@@ -60,8 +60,9 @@ def churn(ip: str, port: int, n: int, within: float = 30.0) -> dict:
 def test_a_churn_over_the_accept_rate_is_reset_in_the_accept_loop_of_that_node_only():
     """600 connections one after another from one address, over its accept burst of 8 at 2/s: the rest are reset
     without a trio task each, and counted as refused by the flooded node only; the other node in the process (its
-    own, default limits) sees nothing; both then serve fresh peers from the attacker's and another address."""
-    limits = AdmissionLimits(accept_rate=2.0, accept_burst=8, pending_per_ip=8)
+    own, default limits) sees nothing; both then serve fresh peers from the attacker's and another address.
+    Shunning is off here (``shun_after=0``): this is the accept loop's own refusal (tests/net/test_shun.py shuns)."""
+    limits = AdmissionLimits(accept_rate=2.0, accept_burst=8, pending_per_ip=8, shun_after=0)
 
     async def main():
         async with node(admission=limits) as (a, na), node() as (b, nb):
