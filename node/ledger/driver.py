@@ -31,12 +31,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import trio
 
 from ..encoding import pack
-from ..identity import verify
+from ..identity import Identity, verify
 from .core.block import InvalidBlock, decode_block, proposal_digest, vote_digest
 from .core.chain import check_block, check_time, propose
 from .core.consensus import (
@@ -52,10 +53,9 @@ from .core.consensus import (
     Vote,
 )
 from .core.liveness import block_due, height_need, needs_proof
-from .core.tx import Evidence, InvalidTx
-
-if TYPE_CHECKING:
-    from .service import LedgerService
+from .core.state import State
+from .core.tx import Evidence, InvalidTx, Tx
+from .genesis import Genesis
 
 log = logging.getLogger("tally.consensus")
 
@@ -67,12 +67,42 @@ IDLE_POLL = 1.0  # seconds between two looks at the mempool while a quiet height
 # a transaction admitted through LedgerService.add_tx wakes the waiting height at once, see tx_added)
 
 
+class ConsensusLedger(Protocol):
+    """What the driver needs of the ledger service that runs it (the consumer's view of
+    :class:`node.ledger.service.LedgerService`, which imports this module): the head state and its genesis, the
+    store (``head_time_ms``, ``last_commit``, ``get_block_raw``), the mempool (``verified``), the gossip host
+    (``publish``, ``topic``, ``mesh_peers``), a wall clock in seconds, and the calls below."""
+
+    ident: Identity
+    state: State
+    genesis: Genesis
+    store: Any
+    mempool: Any
+    host: Any
+    clock: Callable[[], float]
+
+    @property
+    def chain_id(self) -> str: ...
+
+    def candidates(self) -> list[Tx]: ...
+
+    def drop_rejected(self, rejected) -> None: ...
+
+    def request_sync(self, peer: str) -> None: ...
+
+    def on_block(self, fn: Callable[..., None]) -> None: ...
+
+    async def submit(self, tx: Tx) -> bytes: ...
+
+    async def commit_decided(self, block, commit, new_state: State) -> bool: ...
+
+
 class ConsensusDriver:
     """Runs this validator's consensus. ``fault="equivocate"`` is a test switch: from height 3 on, the
     validator also signs a conflicting prevote for the first prevote it casts (double signing), which the
     others must report."""
 
-    def __init__(self, ledger: LedgerService, timeouts: Timeouts | None = None, fault: str | None = None):
+    def __init__(self, ledger: ConsensusLedger, timeouts: Timeouts | None = None, fault: str | None = None):
         self.ledger = ledger
         self.ident = ledger.ident
         self.chain_id = ledger.chain_id

@@ -27,6 +27,7 @@ from .core.block import Block, InvalidBlock, decode_block
 from .core.chain import check_and_apply
 from .core.state import State
 from .core.tx import InvalidTx, Tx, decode_tx
+from .driver import ConsensusDriver
 from .genesis import Genesis
 from .mempool import Limits, Mempool, Priority, priority
 from .outbox import RESEND_FIRST, Outbox, ResendSchedule, outbox_path
@@ -69,9 +70,7 @@ class LedgerService:
         self.reply_budget = ReplyBudget()  # sync replies' memory, per peer and node-wide (a node shares its own)
         self.driver = None
         if self.is_validator or genesis.params.min_validator_bond:  # a node that may join the set later
-            from .driver import ConsensusDriver  # runs the machine too: it votes once it is a member
-
-            self.driver = ConsensusDriver(self, fault=consensus_fault)
+            self.driver = ConsensusDriver(self, fault=consensus_fault)  # runs the machine too: votes once a member
 
     def reset_to(self, state: State) -> None:
         """Take ``state`` (just installed by state sync, :func:`node.ledger.statesync.state_sync`) as the head,
