@@ -1,0 +1,16 @@
+"""The node's HTTP surface (FastAPI, served by hypercorn on the node's trio loop): the wallet/credits JSON API under
+``/v1``, each capability's endpoints, the block explorer and ``/metrics``.
+
+* :mod:`~node.api.app` -- ``create_app(node)``: the app, its error handlers and its routers;
+  :mod:`~node.api.serve` -- serving it inside the node's nursery.
+* Routers: :mod:`~node.api.wallet` (accounts, transfers, bonds, proofs, generate), :mod:`~node.api.jobs`
+  (fine-tune jobs), :mod:`~node.api.runs` (training runs), :mod:`~node.api.batches` (batch jobs),
+  :mod:`~node.api.modelsapi` (``/v1/models``).
+* The explorer: :mod:`~node.api.pages` (server-rendered pages, ``templates/``, ``static/``),
+  :mod:`~node.api.charts` (SVG chart geometry).
+* The read side: :mod:`~node.api.queries` (everything a page or route shows), :mod:`~node.api.views` (JSON views
+  of ledger objects), :mod:`~node.api.cache` (a response cache for the hottest reads).
+* :mod:`~node.api.models` -- request and response models: the OpenAPI schema.
+* :mod:`~node.api.security` -- loopback Host, same-origin, the API token, response headers;
+  :mod:`~node.api.metrics` -- Prometheus text.
+"""

@@ -1,0 +1,11 @@
+"""Inference, the capability every node runs: serving a span of a model to clients, generating through a route of
+servers, and the running receipts both ends sign after every step (DESIGN.md, Receipts).
+
+* :mod:`~node.inference.server` -- the span server: the session protocol, receipts, announcements;
+  :mod:`~node.inference.batching` -- concurrent sessions' decoding steps as one forward.
+* :mod:`~node.inference.client` -- the swarm table, routing, failover and greedy generation;
+  :mod:`~node.inference.redundant` -- each step on two disjoint routes, compared.
+* :mod:`~node.inference.receipts` -- running receipts; :mod:`~node.inference.wire` -- hidden states on the wire.
+
+Committees check these receipts in :mod:`node.verify.member`; the ledger's half is :mod:`node.ledger.core.state`.
+"""

@@ -1,0 +1,11 @@
+"""Fine-tune jobs, the marketplace capability: a requester posts a LoRA job with its dataset and escrow, a bonded
+worker trains it segment by segment with a training receipt per segment, committees replay sampled segments.
+
+* :mod:`~node.market.worker` -- the worker: fetch and check the dataset, accept, train, deliver;
+  :mod:`~node.market.client` -- the requester's side; :mod:`~node.market.cli` -- ``node job``.
+* :mod:`~node.market.check` -- :class:`~node.market.check.TrainingCheck`, the committee's replay of a segment
+  (registered with :class:`node.verify.member.CommitteeMember` by the runtime).
+
+The ledger's half is :mod:`node.ledger.core.jobtx` and :mod:`node.ledger.core.jobs`; the API's is
+:mod:`node.api.jobs`.
+"""

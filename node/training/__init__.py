@@ -1,0 +1,18 @@
+"""Collaborative training runs, a capability: DiLoCo with receipts (docs/training-runs.md). Workers train H inner
+steps from the run's parameters, commit and reveal pseudo-gradients; an aggregator applies the outer step;
+committees replay sampled rounds and every aggregate.
+
+* Pure parts: :mod:`~node.training.assign` (beacon-drawn batch assignment), :mod:`~node.training.codec`
+  (pseudo-gradient codecs), :mod:`~node.training.outer` (the outer step), :mod:`~node.training.screen` (the loss
+  screen).
+* In torch: :mod:`~node.training.inner` (a worker's inner loop), :mod:`~node.training.rounds` (train, replay,
+  aggregate one round).
+* The node's part: :mod:`~node.training.worker` (the run worker, driven by blocks), :mod:`~node.training.replay`
+  (:class:`~node.training.replay.RunChecks`, the committee checks, registered with the committee member by the
+  runtime).
+* :mod:`~node.training.client` -- the sponsor's and a worker's side outside the node; :mod:`~node.training.cli` --
+  ``node run``.
+
+The ledger's half is :mod:`node.ledger.core.runtx` and :mod:`node.ledger.core.runs`; the API's is
+:mod:`node.api.runs`.
+"""
