@@ -44,7 +44,7 @@ from ..encoding import pack, unpack, unpack_local
 from . import statedb
 from .core import blockcodec, domain
 from .core.block import Block, decode_block
-from .core.chain import check_and_apply
+from .core.chain import check_and_apply, paused_gc
 from .core.history import HEAD_KEY, SUMMARY_FIELDS, LogHead
 from .core.state import State, genesis_state
 from .core.valset import ValidatorSet
@@ -285,6 +285,10 @@ class LedgerStore:
             raise ValueError(f"append of block {block.height} on head {self.head}")
         if new.height != block.height:
             raise ValueError(f"state at height {new.height} for block {block.height}")
+        with paused_gc():  # the state root and the batch: ~10^5 short-lived objects (chain.paused_gc)
+            self._append(block, commit, old, new)
+
+    def _append(self, block: Block, commit, old: State, new: State) -> None:
         blob = blockcodec.encode_record(block.to_wire(), commit, self._commit_at(block.height - 1),
                                         self.genesis.domain, self.genesis.validators)
         meta = self.index_meta()

@@ -19,6 +19,8 @@ ALLOWED = {
     "itertools", "json", "math", "operator", "re", "struct", "types", "typing",
     "concurrent",  # a thread pool for checking many signatures at once (node.keys.verify_many)
     "os",          # os.cpu_count() only, for that pool's size (see the test below)
+    "contextlib",  # contextmanager (pure)
+    "gc",          # pausing the cyclic collector for one block's work (chain.paused_gc): no effect on results
     "msgpack", "numpy", "nacl", "base58",
     "multiaddr",   # parsing bootstrap addresses in genesis documents (no sockets)
     "node",
