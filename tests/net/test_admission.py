@@ -13,6 +13,7 @@ import time
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from pathlib import Path
 
+import pytest
 import trio
 from libp2p.host.ping import PingService
 from libp2p.peer.id import ID
@@ -87,6 +88,7 @@ async def churn(target: P2PHost, ip: str, n: int) -> int:
     return ok
 
 
+@pytest.mark.slow  # ~30 s of connection churn; the default suite must stay under 15 min
 def test_connections_that_closed_give_their_inbound_slot_back():
     """Finding 6: py-libp2p 0.8.1 holds one of its 250 inbound slots per upgraded connection until the swarm
     stops, so a banned peer's 260 short connections locked every new peer out for good."""
@@ -233,6 +235,7 @@ def test_a_peer_that_never_says_hello_is_disconnected():
     run(main, timeout=60)
 
 
+@pytest.mark.slow  # ~35 s; the default suite must stay under 15 min
 def test_a_banned_identity_that_probed_every_protocol_and_keeps_reconnecting_locks_nobody_out():
     """Finding 6 as reported: one identity sends malformed frames on every protocol the node serves until it is
     banned, then keeps reconnecting (300 times). Every refusal is counted (the report saw refused_connections stop

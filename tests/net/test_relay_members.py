@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 from contextlib import AsyncExitStack, asynccontextmanager
 
+import pytest
 import trio
 from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.protocol_buffer import StatusCode
@@ -124,6 +125,7 @@ def test_members_get_full_circuits_and_other_peers_the_circuit_relay_defaults():
     run(main, timeout=120)
 
 
+@pytest.mark.slow  # ~25 s; the default suite must stay under 15 min
 def test_non_members_hold_a_few_reservations_members_are_not_crowded_out():
     async def main():
         async with AsyncExitStack() as st:
