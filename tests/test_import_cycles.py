@@ -19,8 +19,6 @@ KNOWN: dict[frozenset[str], str] = {
         "records", "runs", "runstate", "runtx", "state", "tx", "valset")):
         "issue 26's 17-file cycle: state.py dispatches every capability's transactions, which name State in "
         "their types; the plan is a narrow state view and one LedgerModule tuple in the core",
-    frozenset({"node.net.admission", "node.net.listener_guard"}):
-        "issue 23 work in progress in node/net (the listener guard refuses connections before the handshake)",
     frozenset({"node.net", "node.p2p"}):  # package level, see below
         "p2p.host uses net's admission, addrs, limits and logs, and net's services use the host (pyproject's "
         "layers contract marks them 'net : p2p'); splitting net into the parts below the host and above it ends it",

@@ -431,7 +431,8 @@ def install(network: Any, admission: Admission, outbound_headroom: int = 256) ->
 
     async def handle_inbound(read_write_closer: Any, maddr: Any) -> None:
         adm: Admission = network._tally_admission
-        ticket = guard.take_ticket(getattr(read_write_closer, "stream", None))
+        taken = guard.take_ticket(getattr(read_write_closer, "stream", None))
+        ticket = taken if isinstance(taken, Ticket) else None
         if ticket is None:  # not through a guarded listener (another transport, or the listener's first accept)
             ticket = adm.accept(_remote_ip(read_write_closer))
         if ticket is None:

@@ -38,14 +38,22 @@ import socket as stdlib_socket
 import struct
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
 from . import synfilter
+from .shun import ShunList
 
-if TYPE_CHECKING:
-    from .admission import Admission, Ticket
+
+class Gate(Protocol):
+    """What the guard needs of the swarm's admission (:class:`node.net.admission.Admission`): a decision per
+    remote address (an opaque ticket, or None for a refusal) and its shun list. Declared here, by the consumer,
+    so that the admission may import the guard without a cycle."""
+
+    shun: ShunList
+
+    def accept(self, ip: str | None) -> object | None: ...
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +85,12 @@ class ListenerGuard:
         guarded: the ``trio.SocketListener`` objects whose ``accept`` this guard replaced.
     """
 
-    def __init__(self, admission: Callable[[], Admission]):
+    def __init__(self, admission: Callable[[], Gate]):
         self.admission = admission
         self.refused_in_accept = 0
         self.guarded: weakref.WeakSet[Any] = weakref.WeakSet()
         # admitted stream -> its ticket, until the handler task takes it (weak: a stream dropped unhandled frees it)
-        self._tickets: weakref.WeakKeyDictionary[Any, Ticket] = weakref.WeakKeyDictionary()
+        self._tickets: weakref.WeakKeyDictionary[Any, object] = weakref.WeakKeyDictionary()
         self._filter_state: tuple[int, int] = (0, 0)  # (id of the ShunList, its version) last attached
 
     def _sync_filter(self) -> float | None:
@@ -103,7 +111,7 @@ class ListenerGuard:
             self._filter_state = state
         return wait
 
-    def take_ticket(self, stream: Any) -> Ticket | None:
+    def take_ticket(self, stream: Any) -> object | None:
         """The ticket taken in the accept loop for ``stream`` (a ``trio.SocketStream``), once; None when the
         stream did not come through a guarded listener (then the caller asks the admission itself)."""
         try:
