@@ -34,8 +34,10 @@ enters a mempool or a valid block, from gossip, a block or the API alike. The le
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, fields as dc_fields, replace
 from functools import cached_property
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 from ...encoding import MAX_AMOUNT, object_id
@@ -63,6 +65,25 @@ def _is_bytes(v: Any, n: int | None = None) -> bool:
     return isinstance(v, bytes) and (n is None or len(v) == n)
 
 
+_UNSIGNED: dict[type, Callable[[Any], list[Any]]] = {}  # per kind: tx -> its unsigned field values
+
+
+def _unsigned_getter(cls: type) -> Callable[[Any], list[Any]]:
+    """``tx -> [its unsigned field values]`` for transactions of kind ``cls`` (built once per kind; one C call,
+    :func:`operator.attrgetter`, for the lookups)."""
+    got = _UNSIGNED.get(cls)
+    if got is None:
+        sigs = getattr(cls, "SIGS", ())
+        names = tuple(f.name for f in dc_fields(cls) if f.name not in sigs and f.name != "chain_id")
+        if len(names) == 1:
+            one = attrgetter(names[0])
+            got = _UNSIGNED[cls] = lambda tx: [one(tx)]
+        else:
+            many = attrgetter(*names)
+            got = _UNSIGNED[cls] = lambda tx: list(many(tx))
+    return got
+
+
 @dataclass(frozen=True)
 class Tx:
     """Base class. Subclasses list their unsigned fields first and signature fields (``SIGS``) last."""
@@ -76,7 +97,9 @@ class Tx:
         chain_id: str
 
     def unsigned(self) -> list[Any]:
-        return [getattr(self, f.name) for f in dc_fields(self) if f.name not in self.SIGS and f.name != "chain_id"]
+        """The signed fields' values in declaration order, the chain id and signatures left out (the field
+        names are looked up once per kind, :func:`_unsigned_getter`, not reflected on every call)."""
+        return _unsigned_getter(type(self))(self)
 
     @cached_property
     def id(self) -> bytes:
