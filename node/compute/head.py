@@ -105,8 +105,14 @@ class ClientHead:
     def warm_up(self) -> int:
         """Embed token 0 and take the greedy token after it: the process's first embedding lookup, RMSNorm and
         LM-head matmul (allocator and kernel set-up, hundreds of ms in a fresh process) happen here rather than in
-        the first generation. Returns that token."""
-        return self.next_token(self.embed(torch.zeros(1, 1, dtype=torch.long)))
+        the first generation; and load the tokenizer (when the dir has one) and decode that token, since the API
+        decodes every generation's tokens (loading SmolLM2's tokenizer took ~1.5 s on a loaded 2-core machine, in
+        the first generation's reply before). Returns that token."""
+        tok = self.next_token(self.embed(torch.zeros(1, 1, dtype=torch.long)))
+        if self.tokenizer is not None:
+            self.tokenizer.decode([tok], skip_special_tokens=True)
+            self.tokenizer.encode("warm")
+        return tok
 
     def next_token(self, hidden: torch.Tensor) -> int:
         """Greedy next token: argmax of the logits at the last position of ``hidden`` ``(1, tokens, hidden)``.
