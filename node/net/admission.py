@@ -365,7 +365,7 @@ class Admission:
         self.open_sub.add(t.subnet, -1)
         self.open -= 1
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """Counters for ``/v1/status``: open and pending inbound connections, accepted, refused by reason."""
         return {"inbound_open": self.open, "inbound_pending": self.pending, "inbound_accepted": self.accepted,
                 "refused_before_handshake": {k: v for k, v in self.refused.items() if v},
@@ -415,7 +415,7 @@ def install(network: Any, admission: Admission, outbound_headroom: int = 256) ->
     listen = network.listen
 
     async def listen_guarded(*maddrs: Any) -> bool:
-        ok = await listen(*maddrs)
+        ok = bool(await listen(*maddrs))
         guard_listeners(network, guard)  # refusals in the accept loop from now on (node.net.listener_guard)
         return ok
 

@@ -183,7 +183,7 @@ def select(addrs: Iterable[str], view: LocalView, remembered: str | None = None,
 Attempt = Callable[[T], Awaitable[bool]]
 
 
-async def race(candidates: list[T], attempt: Attempt, delay: float = ATTEMPT_DELAY) -> T | None:
+async def race(candidates: list[T], attempt: Attempt[T], delay: float = ATTEMPT_DELAY) -> T | None:
     """Happy eyeballs (RFC 8305 §5): start ``attempt(candidates[0])``; start the next candidate when the previous
     attempt has failed or ``delay`` seconds have passed, whichever is first; the first attempt that returns True
     wins and every other one is cancelled.

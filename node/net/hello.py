@@ -33,16 +33,17 @@ REFUSE_S = 600.0  # seconds a peer of another genesis stays banned (its connecti
 class HelloHost(Protocol):
     """What :class:`Hello` needs of the host (:class:`node.p2p.host.P2PHost`)."""
 
-    peer_id: str
+    @property
+    def peer_id(self) -> str: ...
 
-    async def request(self, peer_id: str, protocol_id: str, msg: dict, timeout: float) -> dict: ...
+    async def request(self, peer_id: str, protocol_id: str, msg: dict[str, Any], timeout: float) -> dict[str, Any]: ...
 
     def penalize(self, peer_id: str, weight: float, ban_s: float | None = None) -> bool: ...
 
     def announced(self) -> list[str]: ...
 
 
-def _put(table: OrderedDict, key: str, value: Any, limit: int) -> None:
+def _put(table: OrderedDict[str, Any], key: str, value: Any, limit: int) -> None:
     """``table[key] = value`` as the most recent entry; the oldest are dropped beyond ``limit``."""
     table.pop(key, None)
     table[key] = value
@@ -76,7 +77,7 @@ class Hello:
         self.observed: OrderedDict[str, str] = OrderedDict()  # peer -> how it saw our connection, "/ip4/A/tcp/P"
         self.agents: OrderedDict[str, str] = OrderedDict()
 
-    def message(self) -> dict:
+    def message(self) -> dict[str, Any]:
         """This node's hello (also its reply, plus ``observed``)."""
         return {"chain_id": self.chain_id, "genesis": self.genesis_hash.hex(), "agent": AGENT,
                 "addrs": self.host.announced()}
@@ -108,7 +109,7 @@ class Hello:
         self._verified.pop(peer, None)
         self._events.pop(peer, None)
 
-    def _check(self, peer: str, msg: dict) -> bool:
+    def _check(self, peer: str, msg: dict[str, Any]) -> bool:
         chain, genesis = msg.get("chain_id"), msg.get("genesis")
         agent = msg.get("agent")
         if isinstance(agent, str):
@@ -151,7 +152,8 @@ class Hello:
             _put(self.observed, peer, obs, MAX_OBSERVED)
         return self._check(peer, reply)
 
-    async def handle(self, msg: dict, remote: str, remote_addr: tuple[str, int] | None = None) -> dict:
+    async def handle(self, msg: dict[str, Any], remote: str,
+                     remote_addr: tuple[str, int] | None = None) -> dict[str, Any]:
         """Answer a hello. Raises :class:`RemoteError` ``wrong_genesis`` (message ending in our hash)."""
         if not self._check(remote, msg):
             raise RemoteError("wrong_genesis", f"this node runs chain {self.chain_id!r} with genesis "

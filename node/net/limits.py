@@ -89,7 +89,7 @@ class PeerLimiter:
         self.clock = clock
         self.streams: dict[str, int] = defaultdict(int)  # only peers with streams open
         self._buckets: OrderedDict[str, _Bucket] = OrderedDict()  # LRU, at most limits.max_tracked
-        self._conn_times: OrderedDict[str, deque] = OrderedDict()  # LRU, at most limits.max_tracked
+        self._conn_times: OrderedDict[str, deque[float]] = OrderedDict()  # LRU, at most limits.max_tracked
         self.conns: dict[str, int] = defaultdict(int)
         self.reserved: set[str] = set()  # peers not held to max_conns (validators, bootstrap peers)
         # peers that did useful work lately are not held to max_conns either while their vouch lasts
@@ -170,7 +170,7 @@ class PeerLimiter:
 
 def _peer_of(obj: Any) -> str:
     try:
-        return obj.muxed_conn.peer_id.to_base58()
+        return str(obj.muxed_conn.peer_id.to_base58())
     except Exception:  # noqa: BLE001 - any object libp2p hands us: no peer id is the answer
         return ""
 
@@ -273,6 +273,7 @@ class ConnectionNotifee:
 
     async def connected(self, network: Any, conn: Any) -> None:
         peer = _peer_of(conn)
+        why: str | None
         if self.host.banned(peer):
             why = "banned"
             self.limiter.refused_conns += 1

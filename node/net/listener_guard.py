@@ -152,7 +152,7 @@ class ListenerGuard:
                 self._tickets[stream] = ticket
                 return stream
 
-        listener.accept = accept  # this listener object only
+        listener.accept = accept  # type: ignore[method-assign]  # this listener object only, on purpose
         self.guarded.add(listener)
         return True
 

@@ -52,7 +52,7 @@ class PeerPath:
     rtt_ms: float | None
     conns: int
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -113,7 +113,7 @@ class PathBook:
         self._kind: OrderedDict[str, PathKind] = OrderedDict()  # peer -> last path logged
 
     @staticmethod
-    def _put(table: OrderedDict, key: str, value: Any, cap: int) -> None:
+    def _put(table: OrderedDict[str, Any], key: str, value: Any, cap: int) -> None:
         table[key] = value
         table.move_to_end(key)
         while len(table) > cap:

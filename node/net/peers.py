@@ -52,6 +52,8 @@ class PeerBook:
             self._load()
 
     def _load(self) -> None:
+        if self.path is None:
+            return
         try:
             doc = json.loads(self.path.read_text())
         except (OSError, ValueError):

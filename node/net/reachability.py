@@ -22,6 +22,7 @@ import contextlib
 import enum
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import trio
@@ -52,19 +53,19 @@ class Dialer(Protocol):
 
 
 class Requester(Protocol):
-    async def request(self, peer_id: str, protocol_id: str, msg: dict, timeout: float) -> dict: ...
+    async def request(self, peer_id: str, protocol_id: str, msg: dict[str, Any], timeout: float) -> dict[str, Any]: ...
 
 
 class DialBackServer:
     """Serves dial-back requests (see module doc). ``clock``: monotonic seconds."""
 
-    def __init__(self, dialer: Dialer, clock=time.monotonic):
+    def __init__(self, dialer: Dialer, clock: Callable[[], float] = time.monotonic):
         self.dialer, self.clock = dialer, clock
         self._last: dict[str, float] = {}
         self._slots = trio.Semaphore(MAX_CONCURRENT)
         self.served = 0
 
-    async def handle(self, msg: dict, remote: str, remote_addr: tuple[str, int] | None) -> dict:
+    async def handle(self, msg: dict[str, Any], remote: str, remote_addr: tuple[str, int] | None) -> dict[str, Any]:
         """Dial back ``msg["addrs"]`` that share the requester's observed IP.
 
         Raises:
@@ -81,7 +82,8 @@ class DialBackServer:
         if len(self._last) > 4096:
             self._last.pop(next(iter(self._last)))
         seen_ip = remote_addr[0] if remote_addr else None
-        ok, bad = [], []
+        ok: list[str] = []
+        bad: list[str] = []
         try:
             self._slots.acquire_nowait()
         except trio.WouldBlock:

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Set as AbstractSet
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
+
+if TYPE_CHECKING:  # mypy reads trio's types from trio-typing (a py-libp2p dependency) here
+    from trio_typing import TaskStatus
 from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
 from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
@@ -109,7 +112,7 @@ class GuardedRelayProtocol(CircuitV2Protocol):
         self._ip_of: dict[ID, str | None] = {}  # reservation holder -> the IP it reserved from
 
     @property
-    def limits(self) -> RelayLimits:  # type: ignore[override]
+    def limits(self) -> RelayLimits:
         """The limits py-libp2p applies: the current circuit's (set in :meth:`_handle_connect`), else the
         members' limits (reservations, and the relay resource manager's counts)."""
         return _CIRCUIT_LIMITS.get() or self._member_limits
@@ -264,7 +267,7 @@ class TallyDCUtR(DCUtRProtocol):
         return False
 
 
-def _transport_addrs(conn: Any) -> list:
+def _transport_addrs(conn: Any) -> list[str]:
     try:
         return list(conn.get_transport_addresses())
     except Exception:  # noqa: BLE001 - a closing connection
@@ -296,11 +299,12 @@ class Relay:
         self.host, self.hop, self.dcutr, self.private = host, hop, dcutr, private
         self.protocol = GuardedRelayProtocol(host, limits=RELAY_LIMITS, allow_hop=hop, per_ip=per_ip,
                                              member=member)
-        self.transport = self.dialer = None
+        self.transport: CircuitV2Transport | None = None
+        self.dialer: CircuitV2Transport | None = None
         self.reserved_on: str | None = None  # relay peer ID holding our reservation
         self.circuit_addrs: list[str] = []  # what we announce while reserved
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run the relay protocol (and DCUtR) until cancelled."""
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(background_trio_service(self.protocol))
@@ -345,7 +349,7 @@ class Relay:
                 return strip_peer(s)
         return None
 
-    async def reserve(self, exclude: set[str] = frozenset()) -> str | None:
+    async def reserve(self, exclude: AbstractSet[str] = frozenset()) -> str | None:
         """Reserve a slot on one connected relay (not in ``exclude``). Returns its peer ID, or None.
 
         On success :attr:`circuit_addrs` holds ``<relay addr>/p2p/<relay>/p2p-circuit``."""

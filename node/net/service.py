@@ -22,11 +22,14 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence, Set as AbstractSet
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
+
+if TYPE_CHECKING:  # mypy reads trio's types from trio-typing (a py-libp2p dependency) here
+    from trio_typing import TaskStatus
 
 from ..p2p.framing import RemoteError, error_reply, read_msg, write_msg
 from ..p2p.host import P2PHost
@@ -80,7 +83,7 @@ class NetworkService:
         dcutr: run hole punching (DCUtR).
     """
 
-    def __init__(self, host: P2PHost, genesis_hash: bytes, bootstrap: list[str] = (),
+    def __init__(self, host: P2PHost, genesis_hash: bytes, bootstrap: Sequence[str] = (),
                  data_dir: Path | None = None, relay: RelayMode = RelayMode.AUTO, target: int = 8,
                  dcutr: bool = True):
         self.host = host
@@ -151,7 +154,7 @@ class NetworkService:
             reply = error_reply(e.code, e.message)
         await write_msg(stream, reply, timeout=5.0)
 
-    async def _handle_peers(self, msg: dict, remote: str) -> dict:
+    async def _handle_peers(self, msg: dict[str, Any], remote: str) -> dict[str, Any]:
         connected = set(self.host.connected_peers())
         rows = [{"peer": p, "addrs": usable_from(a, {Scope.LOOPBACK})[:4]}
                 for p, a in self.book.sample(MAX_EXCHANGED + 1, connected) if p != remote]
@@ -247,7 +250,7 @@ class NetworkService:
             if "/p2p/" in a:
                 peer = a.rsplit("/p2p/", 1)[1]
                 by_peer.setdefault(peer, []).append(strip_peer(a))
-        out = []
+        out: list[str] = []
         for peer, plain in by_peer.items():
             e = self.book.peers.get(peer)
             known = plain + (e.addrs if e is not None else [])
@@ -255,7 +258,7 @@ class NetworkService:
             out.extend(f"{a}/p2p/{peer}" for a in plain if a in keep)
         return out
 
-    def candidates(self, peer: str, addrs: list[str] = ()) -> list[str]:
+    def candidates(self, peer: str, addrs: Sequence[str] = ()) -> list[str]:
         """The addresses of ``peer`` worth dialling now, best first: ``addrs`` and those in the address book,
         filtered and ordered by :func:`~node.net.dial.select` (the path that worked last first)."""
         e = self.book.peers.get(peer)
@@ -270,7 +273,7 @@ class NetworkService:
             return await self._dial_circuit(f"{addr}/p2p/{peer}")
         return await self.host.dial_addr(f"{addr}/p2p/{peer}", DIAL_TIMEOUT)
 
-    async def dial_peer(self, peer: str, addrs: list[str] = ()) -> bool:
+    async def dial_peer(self, peer: str, addrs: Sequence[str] = ()) -> bool:
         """Connect ``peer`` by racing :meth:`candidates` (happy eyeballs, :func:`node.net.dial.race`). True when a
         connection exists afterwards; the winning address is remembered. A failure is one DEBUG line."""
         if peer in self.host.connected_peers():
@@ -392,7 +395,7 @@ class NetworkService:
                 log.info("relay %s went away; reserving elsewhere", self.relay.reserved_on)
                 await self._rereserve(exclude={self.relay.reserved_on})
 
-    async def _rereserve(self, exclude: set[str] = frozenset()) -> bool:
+    async def _rereserve(self, exclude: AbstractSet[str] = frozenset()) -> bool:
         """Drop our reservation (and stop announcing its circuit address), reserve on a connected relay not in
         ``exclude``, and announce the new circuit address. True when a slot was reserved."""
         if self.relay is None:
@@ -404,7 +407,7 @@ class NetworkService:
             return True
         return False
 
-    def peers(self) -> list[dict]:
+    def peers(self) -> list[dict[str, Any]]:
         """The connected peers, one row each: ``peer``, ``path`` (``direct`` or ``relayed``), ``addr`` (the
         connection's remote address; a circuit address when relayed), ``relay`` (the relay's peer ID when
         relayed), ``rtt_ms`` (smoothed ping round trip in milliseconds, None until measured), ``conns``
@@ -415,7 +418,7 @@ class NetworkService:
             return []
         return [r.to_dict() for r in describe(lib, self.paths)]
 
-    def path_of(self, peer: str) -> dict:
+    def path_of(self, peer: str) -> dict[str, Any]:
         """``{"path": "direct"|"relayed"|None, "rtt_ms": float|None}``: how ``peer`` is reached now (None: not
         connected) and its smoothed round trip, for a generation's route."""
         row = next((r for r in self.peers() if r["peer"] == peer), None)
@@ -453,7 +456,7 @@ class NetworkService:
                      n * PING_PERIOD)
             await self.host.disconnect(peer)
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         """For ``/v1/status`` and logs: reachability, announced addresses, relay, peers known and connected, and
         each connected peer's path and round trip (:meth:`peers`)."""
         return {"reachability": self.reachability.value, "announced": self.host.addrs,
@@ -468,7 +471,7 @@ class NetworkService:
                 "closed_without_hello": self.host.conn_notifee.closed_without_hello if self.host.conn_notifee else 0,
                 **self.host.admission.stats(), "peers": self.peers()}
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until cancelled (inside ``host.running()``)."""
         lib = self.host.libp2p
         # AUTO: every node that listens beyond loopback relays, within RELAY_LIMITS; a relay behind a NAT is
