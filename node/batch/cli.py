@@ -8,7 +8,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TextIO, cast
 
 from ..encoding import parse_amount
 from ..ledger.core.batchtx import MAX_GENERATE_TOKENS, MAX_REPLICATION, TASK_KINDS
@@ -27,7 +29,7 @@ def _amount(text: str) -> str:
     return text
 
 
-def _int_in(low: int, high: int):
+def _int_in(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             n = int(text)
@@ -39,7 +41,7 @@ def _int_in(low: int, high: int):
     return parse
 
 
-def add_batch_parser(sub, default_data_dir: Path) -> None:
+def add_batch_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], default_data_dir: Path) -> None:
     b = sub.add_parser("batch", help="batch jobs checked by majority vote: post, status, fetch, cancel",
                        description="Pay credits for generation or scoring of many items, each done by k bonded "
                                    "workers drawn by a block beacon and decided by majority vote (commit-reveal): "
@@ -100,14 +102,20 @@ def read_items(path: Path, kind: str) -> str:
         sys.exit(f"node batch: {path}: not UTF-8")
 
 
-def summary(b: dict) -> str:
+def _call(api: LocalApi, method: str, path: str, **kw: Any) -> dict[str, Any]:
+    """``api.call`` without ``missing_ok``: the node's JSON object (a 404 or any error ends the command there)."""
+    # cast: LocalApi.call returns None only for a 404 with missing_ok=True, which this never passes
+    return cast(dict[str, Any], api.call(method, path, **kw))
+
+
+def summary(b: dict[str, Any]) -> str:
     rate = "—" if b["agreement_rate"] is None else f"{100 * b['agreement_rate']:.1f} %"
     return (f"batch {b['batch_id']}  {b['status']:9} {b['kind']:8} {b['decided']}/{b['n_items']} decided "
             f"({b['accepted']} accepted, {b['refunded_items']} refunded), agreement {rate}, paid "
             f"{b['paid']['credits']} credits, slashed {b['slashed']['credits']}")
 
 
-def follow(api: LocalApi, batch_id: str, out=sys.stdout) -> dict:
+def follow(api: LocalApi, batch_id: str, out: TextIO = sys.stdout) -> dict[str, Any]:
     """Poll until the batch is settled or cancelled: a tqdm bar on a terminal, else one plain line per change."""
     deadline = time.monotonic() + 60
     while (b := api.call("GET", f"/v1/batches/{batch_id}", missing_ok=True)) is None:  # not in a block yet
@@ -134,20 +142,20 @@ def follow(api: LocalApi, batch_id: str, out=sys.stdout) -> dict:
             if b["status"] in FINAL or time.monotonic() > end:
                 return b
             time.sleep(1)
-            b = api.call("GET", f"/v1/batches/{batch_id}")
+            b = _call(api, "GET", f"/v1/batches/{batch_id}")
     finally:
         if bar is not None:
             bar.close()
 
 
-def run_batch_command(args) -> int:
+def run_batch_command(args: argparse.Namespace) -> int:
     if args.batch_cmd == "post":
         text = read_items(args.file, args.kind)  # before contacting the node
         api = LocalApi(args.data_dir, "node batch")
         body = {"items": text, "kind": args.kind, "replication": args.replication, "quorum": args.quorum,
                 "price": args.price, "max_tokens": args.max_tokens, "max_reissues": args.max_reissues,
                 "commit_window": args.commit_window, "reveal_window": args.reveal_window}
-        out = api.call("POST", "/v1/batches", json=body)
+        out = _call(api, "POST", "/v1/batches", json=body)
         esc = int(out["escrow"]["base_units"])
         print(f"posted batch {out['batch_id']} ({out['n_items']} items, {esc / 1e9:g} credits in escrow)")
         if args.follow:
@@ -156,13 +164,13 @@ def run_batch_command(args) -> int:
     api = LocalApi(args.data_dir, "node batch")
     if args.batch_cmd == "status":
         if args.batch_id is None:
-            for b in api.call("GET", "/v1/batches")["batches"]:
+            for b in _call(api, "GET", "/v1/batches")["batches"]:
                 print(summary(b))
             return 0
-        b = follow(api, args.batch_id) if args.follow else api.call("GET", f"/v1/batches/{args.batch_id}")
+        b = follow(api, args.batch_id) if args.follow else _call(api, "GET", f"/v1/batches/{args.batch_id}")
         print(json.dumps(b, indent=2) if args.json else summary(b))
     elif args.batch_cmd == "fetch":
-        res = api.call("POST", f"/v1/batches/{args.batch_id}/fetch", json={})
+        res = _call(api, "POST", f"/v1/batches/{args.batch_id}/fetch", json={})
         lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in res["results"])
         if args.out is None:
             sys.stdout.write(lines)
@@ -173,5 +181,5 @@ def run_batch_command(args) -> int:
             print(f"{len(res['results'])} accepted results of {res['n_items']} items written to {args.out} "
                   f"(batch {res['status']})", file=sys.stderr)
     elif args.batch_cmd == "cancel":
-        print(api.call("POST", f"/v1/batches/{args.batch_id}/cancel")["status"])
+        print(_call(api, "POST", f"/v1/batches/{args.batch_id}/cancel")["status"])
     return 0

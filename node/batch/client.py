@@ -5,17 +5,21 @@ from __future__ import annotations
 
 import os
 from collections import Counter, defaultdict
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
+from ..compute.model import Manifest
 from ..encoding import DecodeError, format_amount, unpack
-from ..identity import account_to_str
+from ..identity import Identity, account_to_str
 from ..ledger.core.batchstate import AuditStatus, Batch, Fate, Item, ItemStatus, item_key
 from ..ledger.core.batchtx import GENERATE, BatchPost
-from .items import ContentStore, ItemsError, parse_items
+from ..ledger.core.genesis import Genesis
+from ..ledger.core.state import State
+from ..ledger.core.tx import Tx
+from .items import ContentStore, ItemFile, ItemsError, parse_items
 from .tasks import dequantize
-from .worker import fetch_content, result_check
+from .worker import Requester, fetch_content, result_check
 
 DEFAULT_COMMIT_WINDOW = 600  # blocks (5 minutes on the devnet's 2 blocks/s): items are drawn 64 per block
 DEFAULT_REVEAL_WINDOW = 120
@@ -26,11 +30,48 @@ class BatchError(ValueError):
     """A batch request that cannot be carried out (bad file or parameters, unknown batch, nothing accepted)."""
 
 
-def _amt(x: int) -> dict:
+class RequesterLedger(Protocol):
+    """What the requester's side needs of :class:`node.ledger.service.LedgerService`."""
+
+    @property
+    def state(self) -> State: ...
+
+    def next_nonce(self, account: bytes) -> int: ...
+
+    async def submit(self, tx: Tx) -> bytes: ...
+
+
+class RequesterNode(Protocol):
+    """What :func:`post_batch` and :func:`fetch_results` need of :class:`node.runtime.Node`."""
+
+    @property
+    def ident(self) -> Identity: ...
+
+    @property
+    def genesis(self) -> Genesis: ...
+
+    @property
+    def manifest(self) -> Manifest: ...
+
+    @property
+    def ledger(self) -> RequesterLedger: ...
+
+    @property
+    def host(self) -> Requester: ...
+
+    @property
+    def batch_store(self) -> ContentStore: ...
+
+    def decode(self, ids: list[int]) -> str | None:
+        """The text of token ``ids``, or None when the model has no tokenizer."""
+        ...
+
+
+def _amt(x: int) -> dict[str, str]:
     return {"base_units": str(x), "credits": format_amount(x)}
 
 
-def check_lengths(f, max_tokens: int, max_length: int, vocab: int) -> None:
+def check_lengths(f: ItemFile, max_tokens: int, max_length: int, vocab: int) -> None:
     """Refuse ``generate`` items whose ``prompt_ids`` cannot run (id outside the vocabulary, or prompt + tokens over
     ``max_length``). Text prompts are measured by the workers' tokenizer and get an ``error`` result instead.
 
@@ -50,7 +91,7 @@ def check_lengths(f, max_tokens: int, max_length: int, vocab: int) -> None:
                              f"max_length {max_length}")
 
 
-async def post_batch(node, data: bytes, *, kind: str, replication: int = 3, quorum: int | None = None,
+async def post_batch(node: RequesterNode, data: bytes, *, kind: str, replication: int = 3, quorum: int | None = None,
                      price: int = 10**6, max_tokens: int = 32, max_reissues: int = 1,
                      commit_window: int = DEFAULT_COMMIT_WINDOW, reveal_window: int = DEFAULT_REVEAL_WINDOW
                      ) -> BatchPost:
@@ -90,16 +131,16 @@ async def post_batch(node, data: bytes, *, kind: str, replication: int = 3, quor
     return post
 
 
-def items_of(state, b: Batch) -> list[Item]:
+def items_of(state: State, b: Batch) -> list[Item]:
     """The assigned items of ``b`` in index order."""
     return [state.tables["batch_items"][item_key(b.post.batch_id, i)] for i in range(b.assigned)]
 
 
-def batch_json(b: Batch, state, with_items: bool = False) -> dict[str, Any]:
+def batch_json(b: Batch, state: State, with_items: bool = False) -> dict[str, Any]:
     """A batch for the API: counts, progress (decided / n), agreement rate (revealed replicas of decided attempts
     that matched the quorum's result), and per-worker payouts and penalties (base units with decimals)."""
     p = b.post
-    fates: Counter = Counter()
+    fates: Counter[Fate] = Counter()
     paid: dict[bytes, int] = defaultdict(int)
     taken: dict[bytes, int] = defaultdict(int)
     items = items_of(state, b)
@@ -159,7 +200,7 @@ def decode_result(data: bytes, kind: str) -> dict[str, Any]:
     return {"ids": list(obj["ids"]), "logprobs": dequantize(list(obj["ll_q"])), "grid": 2.0 ** obj["grid_log2"]}
 
 
-async def fetch_results(node, batch_id: bytes) -> list[dict[str, Any]]:
+async def fetch_results(node: RequesterNode, batch_id: bytes) -> list[dict[str, Any]]:
     """The accepted results of a batch, in item order: ``{"item", "input", "result", "result_hash", "workers"}``,
     each fetched by hash from the workers that agreed (checked on arrival, kept in the local store). Refunded and
     undecided items are left out. Generated ids come with ``"text"`` when the model has a tokenizer.

@@ -26,6 +26,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..encoding import H
 from ..ledger.core.batchtx import GENERATE, MAX_ITEMS, SCORE, TASK_KINDS, items_root
@@ -54,7 +55,7 @@ class ItemFile:
 
     kind: str
     lines: tuple[bytes, ...]
-    items: tuple[dict, ...]
+    items: tuple[dict[str, Any], ...]
 
     @property
     def root(self) -> bytes:
@@ -65,7 +66,7 @@ class ItemFile:
         return b"".join(line + b"\n" for line in self.lines)
 
 
-def _check_item(obj, kind: str, n: int) -> dict:
+def _check_item(obj: object, kind: str, n: int) -> dict[str, Any]:
     if not isinstance(obj, dict):
         raise ItemsError(f"line {n}: an item is a JSON object, got {type(obj).__name__}")
     if kind == GENERATE:

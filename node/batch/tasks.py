@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -52,6 +52,12 @@ SCORE_GRID = 2.0 ** GRID_LOG2  # nats per quantization step of a score result
 BATCH_FAULTS = ("corrupt", "bf16")
 
 
+class Tokenizer(Protocol):
+    """What :class:`ItemRunner` needs of a Hugging Face tokenizer."""
+
+    def encode(self, text: str, /) -> list[int]: ...
+
+
 class ItemRunner:
     """Runs items of either kind on the full model of ``model_dir`` (loaded on first use). Not thread-safe: call it
     from the node's torch executor only.
@@ -63,18 +69,18 @@ class ItemRunner:
         ValueError: unknown fault.
     """
 
-    def __init__(self, model_dir: Path, fault: str | None = None):
+    def __init__(self, model_dir: Path, fault: str | None = None) -> None:
         if fault not in (None, *BATCH_FAULTS):
             raise ValueError(f"batch fault must be one of {', '.join(BATCH_FAULTS)} (got {fault!r})")
         self.model_dir, self.fault = Path(model_dir), fault
         self.manifest = load_manifest(self.model_dir)
-        self._model = None
-        self._bf16 = None
-        self._tok = None
+        self._model: torch.nn.Module | None = None
+        self._bf16: torch.nn.Module | None = None
+        self._tok: Tokenizer | None = None
         self._tok_loaded = False
 
     @property
-    def model(self):
+    def model(self) -> torch.nn.Module:
         if self._model is None:
             self._model = load_causal_lm(self.model_dir)
         return self._model
@@ -91,7 +97,7 @@ class ItemRunner:
             return list(self._tok.encode(text))
         return [b % self.manifest.vocab_size for b in text.encode("utf-8")]
 
-    def run(self, kind: str, item: dict, max_tokens: int) -> bytes:
+    def run(self, kind: str, item: dict[str, Any], max_tokens: int) -> bytes:
         """The canonical result bytes of ``item`` (already checked by :func:`node.batch.items.parse_items`).
 
         Raises:
@@ -111,7 +117,7 @@ class ItemRunner:
             return "too_long"
         return None
 
-    def _generate(self, item: dict, max_tokens: int) -> dict[str, Any]:
+    def _generate(self, item: dict[str, Any], max_tokens: int) -> dict[str, Any]:
         ids = list(item["prompt_ids"]) if "prompt_ids" in item else self.tokenize(item["prompt"])
         if not ids:
             return {"error": "empty_prompt"}

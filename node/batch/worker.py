@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import trio
+from libp2p.abc import INetStream
 
 from ..encoding import DecodeError
 from ..identity import Identity, account_from_str, account_to_str
@@ -38,6 +39,7 @@ from ..ledger.core.batch import assignments_of
 from ..ledger.core.batchaudit import audits_of
 from ..ledger.core.batchstate import AuditStatus, Batch, Item, ItemStatus, item_key
 from ..ledger.core.batchtx import BatchAuditVote, BatchCommit, BatchReveal, commitment
+from ..ledger.core.state import State
 from ..ledger.core.tx import InvalidTx, Tx
 from ..p2p.budget import ReplyBudget
 from ..p2p.filesend import STALL, serve_file, write_error
@@ -58,8 +60,8 @@ MAX_OUTSTANDING = 32  # commits and reveals sent and not yet on the ledger (nor 
 class LedgerView(Protocol):
     """What the worker needs of :class:`node.ledger.service.LedgerService`."""
 
-    state: Any
-    genesis: Any
+    @property
+    def state(self) -> State: ...
 
     @property
     def chain_id(self) -> str: ...
@@ -72,8 +74,8 @@ class LedgerView(Protocol):
 class Requester(Protocol):
     """What the worker needs of :class:`node.p2p.host.P2PHost`."""
 
-    async def request(self, peer_id: str, protocol_id: str, msg: dict, timeout: float,
-                      max_message: int = ...) -> dict: ...
+    async def request(self, peer_id: str, protocol_id: str, msg: dict[str, Any], timeout: float,
+                      max_message: int = ...) -> dict[str, Any]: ...
 
 
 class Executor(Protocol):
@@ -83,7 +85,7 @@ class Executor(Protocol):
 class Runner(Protocol):
     """:class:`node.batch.tasks.ItemRunner`."""
 
-    def run(self, kind: str, item: dict, max_tokens: int) -> bytes: ...
+    def run(self, kind: str, item: dict[str, Any], max_tokens: int) -> bytes: ...
 
 
 class Unavailable(LookupError):
@@ -100,7 +102,7 @@ class StateView(Protocol):
     """What :class:`ContentAccess` needs of :class:`node.ledger.service.LedgerService`: the current state."""
 
     @property
-    def state(self) -> Any: ...
+    def state(self) -> State: ...
 
 
 class ContentAccess:
@@ -123,18 +125,18 @@ class ContentAccess:
         ledger: the node's ledger (its ``state`` is read at each request).
     """
 
-    def __init__(self, ledger: StateView):
+    def __init__(self, ledger: StateView) -> None:
         self.ledger = ledger
         self._height = -1
         self._open: dict[bytes, list[bytes]] | None = None  # items_root or result -> ids of open batches
         self._sets: dict[bytes, tuple[frozenset[bytes], frozenset[bytes], frozenset[bytes]]] = {}
 
-    def _fresh(self, st: Any) -> None:
+    def _fresh(self, st: State) -> None:
         if st.height != self._height:
             self._height, self._open, self._sets = st.height, None, {}
 
-    def _batch_sets(self, st: Any, bid: bytes, cache: bool = True) -> tuple[frozenset[bytes], frozenset[bytes],
-                                                                            frozenset[bytes]] | None:
+    def _batch_sets(self, st: State, bid: bytes,
+                    cache: bool = True) -> tuple[frozenset[bytes], frozenset[bytes], frozenset[bytes]] | None:
         """``(file readers, result readers, result keys)`` of batch ``bid``, or None when there is no such
         batch. ``cache``: keep them for the rest of the height."""
         got = self._sets.get(bid)
@@ -161,7 +163,7 @@ class ContentAccess:
             self._sets[bid] = got
         return got
 
-    def _open_index(self, st: Any) -> dict[bytes, list[bytes]]:
+    def _open_index(self, st: State) -> dict[bytes, list[bytes]]:
         if self._open is None:
             index: dict[bytes, list[bytes]] = {}
             for bid in st.open_batches:
@@ -196,8 +198,9 @@ class ContentAccess:
         return False
 
 
-async def content_handler(store: ContentStore, access: ContentAccess, budget: ReplyBudget, stream, peer: str, *,
-                          stall: float = STALL, request_timeout: float = CONTENT_REQUEST_TIMEOUT) -> None:
+async def content_handler(store: ContentStore, access: ContentAccess, budget: ReplyBudget, stream: INetStream,
+                          peer: str, *, stall: float = STALL,
+                          request_timeout: float = CONTENT_REQUEST_TIMEOUT) -> None:
     """The ``BATCH_PROTOCOL`` stream handler: ``{"type": "get", "key": 32 B, "batch": 16 B (optional)}`` →
     ``{"status": "ok", "data": bytes}``, streamed from disk (:func:`node.p2p.filesend.serve_file`: one 1 MiB frame
     at a time, 2 MiB of ``budget`` reserved for ``peer``, ``stall`` seconds per frame, 10 s + 1 s per MiB in
@@ -272,6 +275,7 @@ def result_check(key: bytes) -> Callable[[bytes], bool]:
 
 Slot = tuple[bytes, int, int]  # (batch id, item, attempt); attempt AUDIT: this node's audit of the decided item
 AUDIT = -1
+Duty = BatchCommit | BatchReveal | BatchAuditVote  # what the worker sends for a slot
 
 
 class SaltBook:
@@ -349,7 +353,7 @@ class BatchWorker:
                 self._wake = trio.Event()
                 await self._step(nursery)
 
-    def _prune(self, st) -> None:
+    def _prune(self, st: State) -> None:
         for slot in list(self.book.entries):
             bid, i, a = slot
             it: Item | None = st.tables["batch_items"].get(item_key(bid, i))
@@ -366,12 +370,12 @@ class BatchWorker:
         for bid in [bid for bid in self.files if bid not in st.open_batches and bid not in busy]:
             del self.files[bid]  # closed: its items are decided (an audit drawn later fetches it again)
 
-    async def _step(self, nursery) -> None:
+    async def _step(self, nursery: trio.Nursery) -> None:
         st = self.ledger.state
         me = self.ident.account
         self._prune(st)
         nxt = st.height + 1  # the height a transaction sent now lands in, at the earliest
-        ready: list[tuple[int, int, Any, tuple[str, Slot]]] = []  # (deadline height, n, tx, key)
+        ready: list[tuple[int, int, Duty, tuple[str, Slot]]] = []  # (deadline height, n, tx, key)
         outstanding = len(self._inflight)  # sent, not on the ledger yet, not due for a resend
         for slot in assignments_of(st, me):
             bid, i, a = slot
@@ -431,7 +435,7 @@ class BatchWorker:
         sent = self.sent.get(key)
         return sent is None or height - sent >= RESEND_BLOCKS
 
-    def _send(self, nursery, tx, key: tuple[str, Slot], st) -> None:
+    def _send(self, nursery: trio.Nursery, tx: Duty, key: tuple[str, Slot], st: State) -> None:
         """Submit in the background: a submit waits on gossip and on direct sends to validators, and one slow
         validator must not hold back this worker's other commits and reveals. At most :data:`SUBMITS` run at
         once, and :meth:`_step` keeps at most :data:`MAX_OUTSTANDING` out: seen without either, five workers with
@@ -442,7 +446,7 @@ class BatchWorker:
         self._inflight.add(key)
         nursery.start_soon(self._submit, tx, key)
 
-    async def _submit(self, tx, key: tuple[str, Slot]) -> None:
+    async def _submit(self, tx: Duty, key: tuple[str, Slot]) -> None:
         try:
             async with self._submits:
                 await self.ledger.submit(tx.signed(self.ident))
