@@ -4,11 +4,33 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from pathlib import Path
 
+import trio
+from multiaddr import Multiaddr
+
+from .batch.cli import add_batch_parser, run_batch_command
 from .cliargs import resolve_device, resolve_model
+from .compute.model import load_manifest
+from .devnet import run_devnet
+from .encoding import parse_amount
+from .genesis_cli import add_genesis_parser, add_key_parser, run_genesis_command, run_key_command
+from .identity import KeyFileError, dev_seed
+from .ledger.cli import add_ledger_parser, run_ledger_command
+from .ledger.core.batchtx import MAX_FLOOR
+from .ledger.genesis import GenesisError, load_genesis
+from .ledger.store import StoreCorrupt, StoreLocked
+from .lockfile import LockHeld, hold
+from .market.cli import add_job_parser, run_job_command
+from .models.cli import add_model_parser, run_model_command
+from .net.addrs import DEFAULT_PORT, AddrError, default_listen, parse_addr
+from .p2p.quirks import check_port_free
+from .peers_cli import add_parsers as add_peers_parsers, run as run_peers_command
+from .training.cli import add_run_parser, run_run_command
+from .wallet.cli import add_wallet_parser, run_wallet_command
 
 DEFAULT_DATA_DIR = Path(os.environ.get("TALLY_HOME", Path.home() / ".tally"))
 TEST_SWITCH_HELP = ("TEST SWITCH, devnet/test chains only: make this node cheat. 'corrupt': the server adds noise "
@@ -59,8 +81,6 @@ def _positive(text: str) -> int:
 
 def _credits(text: str) -> int:
     """A decimal credit amount (0 allowed) in base units, for argparse."""
-    from .encoding import parse_amount
-
     try:
         return parse_amount(text, allow_zero=True)
     except ValueError as e:
@@ -74,8 +94,6 @@ def _count(text: str) -> int:
 
 def _seconds(text: str) -> float:
     """argparse type: a finite number of seconds > 0 (e.g. ``5`` or ``0.5``)."""
-    import math
-
     try:
         x = float(text)
     except ValueError:
@@ -87,8 +105,6 @@ def _seconds(text: str) -> float:
 
 def _bootstrap_addr(text: str) -> str:
     """argparse type: a multiaddr that names its peer, e.g. ``/ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...``."""
-    from multiaddr import Multiaddr
-
     try:
         ma = Multiaddr(text)
         ma.value_for_protocol("p2p")
@@ -100,8 +116,6 @@ def _bootstrap_addr(text: str) -> str:
 
 def _listen_addr(text: str) -> str:
     """argparse type: a TCP multiaddr to bind, e.g. ``/ip4/0.0.0.0/tcp/4001``."""
-    from .net.addrs import AddrError, parse_addr
-
     try:
         return parse_addr(text, for_listen=True)
     except AddrError as e:
@@ -110,8 +124,6 @@ def _listen_addr(text: str) -> str:
 
 def _announce_addr(text: str) -> str:
     """argparse type: a dialable multiaddr, e.g. ``/ip4/203.0.113.7/tcp/4001`` or ``/dns4/host/tcp/4001``."""
-    from .net.addrs import AddrError, parse_addr
-
     try:
         return parse_addr(text, for_listen=False)
     except AddrError as e:
@@ -258,29 +270,21 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "Shakespeare play (e.g. hamlet) and follow it to settlement")
     d.add_argument("--job-steps", type=int, default=60, help="training steps of the --job (default: %(default)s)")
     d.add_argument("--no-inference", action="store_true", help="skip the inference demo (with --job)")
-    from .market.cli import add_job_parser
-
     add_job_parser(sub, DEFAULT_DATA_DIR)
-    from .training.cli import add_run_parser
-
     add_run_parser(sub, DEFAULT_DATA_DIR)
-    from .batch.cli import add_batch_parser
-
     add_batch_parser(sub, DEFAULT_DATA_DIR)
-    from .genesis_cli import add_genesis_parser, add_key_parser
-    from .ledger.cli import add_ledger_parser
-    from .wallet.cli import add_wallet_parser
-
     add_genesis_parser(sub)
-    from .peers_cli import add_parsers as add_peers_parsers
-
     add_peers_parsers(sub, DEFAULT_DATA_DIR)  # node peers, node status
     add_key_parser(sub, DEFAULT_DATA_DIR)
     add_wallet_parser(sub, DEFAULT_DATA_DIR)
     add_ledger_parser(sub, DEFAULT_DATA_DIR)
-    from .models.cli import add_model_parser
-
     add_model_parser(sub)
+    # each subcommand names the function that runs it (argparse's set_defaults(func=...))
+    for name, func in (("start", cmd_start), ("devnet", run_devnet), ("job", run_job_command),
+                       ("run", run_run_command), ("batch", run_batch_command), ("genesis", run_genesis_command),
+                       ("key", run_key_command), ("peers", run_peers_command), ("status", run_peers_command),
+                       ("wallet", run_wallet_command), ("ledger", run_ledger_command), ("model", run_model_command)):
+        sub.choices[name].set_defaults(func=func)
     return p
 
 
@@ -301,13 +305,7 @@ def is_dev_chain(chain_id: str) -> bool:
 
 
 def cmd_start(args) -> int:
-    import trio
-
-    from .identity import KeyFileError, dev_seed
-    from .ledger.genesis import GenesisError, load_genesis
-    from .ledger.store import StoreCorrupt, StoreLocked
-    from .lockfile import LockHeld, hold
-    from .runtime import Node, NodeConfig
+    from .runtime import Node, NodeConfig  # here, not at the top: it imports torch and libp2p (~2 s)
 
     try:
         lock = hold(args.data_dir / "node.lock")  # noqa: F841 (held until this process exits; see node.lockfile)
@@ -317,8 +315,6 @@ def cmd_start(args) -> int:
     _setup_logging(args.log_level, args.data_dir)
     device = resolve_device(args.gpu)
     if args.api_port:
-        from .p2p.quirks import check_port_free
-
         try:
             check_port_free(args.api_host, args.api_port)
         except OSError as e:
@@ -330,8 +326,6 @@ def cmd_start(args) -> int:
     bootstrap = args.bootstrap or list(genesis.bootstrap)  # --bootstrap replaces the genesis file's list
     if args.batch_floor is not None and not args.accept_batches:
         sys.exit("node: --batch-floor sets the price of --accept-batches; give both")
-    from .ledger.core.batchtx import MAX_FLOOR
-
     if args.batch_floor is not None and args.batch_floor > MAX_FLOOR:
         sys.exit(f"node: --batch-floor is at most {MAX_FLOOR / 10**9:g} credits per token")
     if (args.fault or args.dev_account is not None) and not is_dev_chain(genesis.chain_id):
@@ -345,8 +339,6 @@ def cmd_start(args) -> int:
         dev_account = 0  # a lone node on the embedded devnet becomes its validator
         logging.getLogger("tally.node").info("no key and no --bootstrap on the devnet: using dev key 0 (validator)")
     model_dir = resolve_model(args)
-    from .compute.model import load_manifest
-
     manifest = load_manifest(model_dir)
     span, auto_blocks = args.span, None
     if span == "all":
@@ -393,8 +385,6 @@ def cmd_start(args) -> int:
 def _default_listen(chain_id: str, port: int | None) -> list[str]:
     """Devnet and test chains (:func:`is_dev_chain`) listen on 127.0.0.1 (any free port unless ``--port``);
     every other chain on all interfaces, TCP 4001 (or ``--port``), IPv6 too where the host has it."""
-    from .net.addrs import DEFAULT_PORT, default_listen
-
     if is_dev_chain(chain_id):
         return [f"/ip4/127.0.0.1/tcp/{port or 0}"]
     return default_listen(DEFAULT_PORT if port is None else port)
@@ -412,44 +402,9 @@ def _setup_logging(level: str, data_dir: Path | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default: ``sys.argv[1:]``) and run the subcommand; its exit status."""
     args = build_parser().parse_args(argv)
-    if args.cmd == "start":
-        return cmd_start(args)
-    if args.cmd == "job":
-        from .market.cli import run_job_command
-
-        return run_job_command(args)
-    if args.cmd == "batch":
-        from .batch.cli import run_batch_command
-
-        return run_batch_command(args)
-    if args.cmd == "run":
-        from .training.cli import run_run_command
-
-        return run_run_command(args)
-    if args.cmd in ("peers", "status"):
-        from .peers_cli import run as run_peers_command
-
-        return run_peers_command(args)
-    if args.cmd in ("genesis", "key"):
-        from .genesis_cli import run_genesis_command, run_key_command
-
-        return run_genesis_command(args) if args.cmd == "genesis" else run_key_command(args)
-    if args.cmd == "wallet":
-        from .wallet.cli import run_wallet_command
-
-        return run_wallet_command(args)
-    if args.cmd == "ledger":
-        from .ledger.cli import run_ledger_command
-
-        return run_ledger_command(args)
-    if args.cmd == "model":
-        from .models.cli import run_model_command
-
-        return run_model_command(args)
-    from .devnet import run_devnet
-
-    return run_devnet(args)
+    return int(args.func(args))
 
 
 if __name__ == "__main__":
