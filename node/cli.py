@@ -155,7 +155,28 @@ def build_parser() -> argparse.ArgumentParser:
         prog="node",
         description="Tally: serve and check transformer spans for credits on a peer-to-peer network.")
     sub = p.add_subparsers(dest="cmd", required=True)
+    _add_start_parser(sub)
+    _add_devnet_parser(sub)
+    add_job_parser(sub, DEFAULT_DATA_DIR)
+    add_run_parser(sub, DEFAULT_DATA_DIR)
+    add_batch_parser(sub, DEFAULT_DATA_DIR)
+    add_genesis_parser(sub)
+    add_peers_parsers(sub, DEFAULT_DATA_DIR)  # node peers, node status
+    add_key_parser(sub, DEFAULT_DATA_DIR)
+    add_wallet_parser(sub, DEFAULT_DATA_DIR)
+    add_ledger_parser(sub, DEFAULT_DATA_DIR)
+    add_model_parser(sub)
+    # each subcommand names the function that runs it (argparse's set_defaults(func=...))
+    for name, func in (("start", cmd_start), ("devnet", run_devnet), ("job", run_job_command),
+                       ("run", run_run_command), ("batch", run_batch_command), ("genesis", run_genesis_command),
+                       ("key", run_key_command), ("peers", run_peers_command), ("status", run_peers_command),
+                       ("wallet", run_wallet_command), ("ledger", run_ledger_command), ("model", run_model_command)):
+        sub.choices[name].set_defaults(func=func)
+    return p
 
+
+def _add_start_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``node start``: run one node."""
     s = sub.add_parser("start", help="run a node (embedded devnet genesis unless --genesis is given)",
                        description="Run one Tally node: libp2p host, ledger, span server, committee member and "
                                    "the local HTTP API (http://127.0.0.1:<api-port>/docs).")
@@ -248,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
                    help="logging level (default: %(default)s)")
 
+
+def _add_devnet_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """``node devnet``: the demo swarm."""
     d = sub.add_parser("devnet", help="run the demo swarm: >= 3 servers on 127.0.0.1, generate, verify, settle",
                        description="Start a validator/client node and N span servers as separate processes on "
                                    "127.0.0.1, generate text greedily through the route, wait for every receipt's "
@@ -270,22 +294,6 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "Shakespeare play (e.g. hamlet) and follow it to settlement")
     d.add_argument("--job-steps", type=int, default=60, help="training steps of the --job (default: %(default)s)")
     d.add_argument("--no-inference", action="store_true", help="skip the inference demo (with --job)")
-    add_job_parser(sub, DEFAULT_DATA_DIR)
-    add_run_parser(sub, DEFAULT_DATA_DIR)
-    add_batch_parser(sub, DEFAULT_DATA_DIR)
-    add_genesis_parser(sub)
-    add_peers_parsers(sub, DEFAULT_DATA_DIR)  # node peers, node status
-    add_key_parser(sub, DEFAULT_DATA_DIR)
-    add_wallet_parser(sub, DEFAULT_DATA_DIR)
-    add_ledger_parser(sub, DEFAULT_DATA_DIR)
-    add_model_parser(sub)
-    # each subcommand names the function that runs it (argparse's set_defaults(func=...))
-    for name, func in (("start", cmd_start), ("devnet", run_devnet), ("job", run_job_command),
-                       ("run", run_run_command), ("batch", run_batch_command), ("genesis", run_genesis_command),
-                       ("key", run_key_command), ("peers", run_peers_command), ("status", run_peers_command),
-                       ("wallet", run_wallet_command), ("ledger", run_ledger_command), ("model", run_model_command)):
-        sub.choices[name].set_defaults(func=func)
-    return p
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
