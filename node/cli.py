@@ -239,9 +239,10 @@ def _add_start_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="with --accept-batches: the least this node takes per token of batch work, in credits "
                         "(e.g. 0.0001); a score item counts as 256 tokens (default: the chain's genesis floor)")
     s.add_argument("--lazy-head", action="store_true",
-                   help="build the client head (embeddings and LM head, ~4 CPU-seconds and the head's size in memory) "
-                        "at the first generation instead of in the background at start; for nodes that never "
-                        "generate. Default: built at start, so that the first token is not late")
+                   help="build the client head and tokenizer (~4 CPU-seconds and the head's size in memory) at the "
+                        "first generation instead of before the API opens, and keep no connections to the route's "
+                        "servers ahead of a generation; for nodes that never generate. Default: both at start, so "
+                        "that the first token is not late")
     s.add_argument("--job-capacity", type=_positive, default=1, metavar="N",
                    help="with --accept-jobs: hold at most N jobs at once, trained side by side (default: "
                         "%(default)s). The ledger also needs the bond to cover the start penalty of every job held "
