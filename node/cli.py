@@ -261,6 +261,13 @@ def _add_start_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
                         "blocks come (headers and commits are kept forever, so light clients and proofs still "
                         "work). A pruning node cannot run `node ledger verify` from genesis nor serve the older "
                         "blocks to peers that sync (default: %(default)s, keep every block)")
+    s.add_argument("--state-sync-max", type=_positive, default=1024, metavar="MIB",
+                   help="with --state-sync: the most snapshot chunks fetched from peers, in MiB; a larger offer is "
+                        "refused and its sources dropped (default: %(default)s)")
+    s.add_argument("--read-pool", type=_positive, default=256, metavar="MIB",
+                   help="MiB of memory shared by all peers' large messages (over 1 MiB) being read at once; a "
+                        "read that finds the pool full is refused at once (default: %(default)s; one peer holds "
+                        "at most 72 MiB of it)")
     s.add_argument("--state-sync", action="store_true",
                    help="on an empty ledger, start from the newest snapshot a bootstrap peer offers, checked "
                         "against a header signed by more than 2/3 of the validators (the genesis set, or on a chain "
@@ -366,6 +373,7 @@ def cmd_start(args) -> int:
                      job_capacity=args.job_capacity,
                      accept_batches=args.accept_batches, batch_floor=args.batch_floor, warm_head=not args.lazy_head,
                      snapshot_every=args.snapshot_every, state_sync=args.state_sync, prune_bodies=args.prune_bodies,
+                     state_sync_max_bytes=args.state_sync_max << 20, read_pool_bytes=args.read_pool << 20,
                      compression=args.compression, step_timeout=args.step_timeout, redundancy=args.redundancy,
                      auto_blocks=auto_blocks, fetch_model_bytes=args.fetch_caps[0] << 20,
                      fetch_total_bytes=args.fetch_caps[1] << 20,

@@ -10,7 +10,7 @@ import os
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import trio
@@ -24,13 +24,16 @@ from .keys import account_to_str
 from .ledger.core.tx import Receipt
 from .ledger.genesis import Genesis
 from .ledger.service import LedgerService
+from .ledger.snapshot import CHUNK_BYTES
 from .ledger.statesync import SnapshotServer, state_sync
 from .ledger.store import LedgerStore
+from .ledger.syncfetch import SyncLimits
 from .market.check import TrainingCheck
 from .models.lookup import find_model_dir
 from .net.limits import Limits
 from .net.service import NetworkService, RelayMode
 from .p2p.host import P2PHost
+from .p2p.wirelimits import READ_BUDGET
 from .training.replay import RunChecks
 from .verify.blockfetch import BLOCK_PROTOCOL, BlockFetcher, HeldModels, bonded_peers
 from .verify.fetchstore import MAX_MODEL_BYTES, MAX_TOTAL_BYTES
@@ -84,6 +87,10 @@ class NodeConfig:
     # keep connections to the servers of the current route (RouteClient.keep_route_connected) on a node that serves
     # no span and warms its head: its first generation finds them connected (issue 25). None: that default.
     warm_route: bool | None = None
+    # bytes of the process-wide pool for large reads from peers (node.p2p.wirelimits.ReadBudget; None: 256 MiB)
+    read_pool_bytes: int | None = None
+    # bytes of chunks one state sync fetches at most (node.ledger.syncfetch.SyncLimits.max_bytes; None: 1 GiB)
+    state_sync_max_bytes: int | None = None
 
 
 def ensure_api_token(data_dir: Path) -> str:
@@ -147,6 +154,8 @@ class Node:
 
         check_announce_timing(cfg.announce_period, cfg.announce_ttl or cfg.announce_period * TTL_PERIODS)
         self.cfg = cfg
+        if cfg.read_pool_bytes is not None:  # one node per process: the pool is the process's
+            READ_BUDGET.configure(cfg.read_pool_bytes)
         self.ident: Identity = load_or_create(cfg.data_dir, cfg.seed)
         self.api_token = ensure_api_token(cfg.data_dir)
         self.genesis = cfg.genesis
@@ -268,12 +277,24 @@ class Node:
         if peers:
             self.host.vouch(peers)
 
+    def _sync_limits(self) -> SyncLimits:
+        """:class:`SyncLimits` with ``cfg.state_sync_max_bytes`` (its chunk count raised to match, so that a larger
+        snapshot is not refused by count first)."""
+        lim = SyncLimits()
+        cap = self.cfg.state_sync_max_bytes
+        if cap is None:
+            return lim
+        chunks = max(lim.max_chunks, -(-cap // CHUNK_BYTES))  # chunks of ~1 MiB
+        offer = max(lim.max_offer_bytes, chunks * 40 + (64 << 10))  # ~34 B per chunk id, plus header and commit
+        return replace(lim, max_bytes=cap, max_chunks=chunks, max_offer_bytes=offer)
+
     async def _state_sync(self) -> None:
         """Install a snapshot that a connected peer offers (checked against a finalised header); the ledger then
         follows the chain from the block after it. Without a usable offer, the node replays from genesis."""
         peers = self.host.connected_peers()
         try:  # state_sync penalises and skips whatever a peer does; this guards the node against the rest
-            synced = await state_sync(self.store, self.host, peers, spool_dir=self.cfg.data_dir) if peers else None
+            synced = (await state_sync(self.store, self.host, peers, limits=self._sync_limits(),
+                                       spool_dir=self.cfg.data_dir) if peers else None)
         except Exception:
             if self.store.head or self.store.base:  # a snapshot was installed, then something local failed
                 raise
