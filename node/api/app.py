@@ -64,12 +64,13 @@ def create_app(node) -> FastAPI:
     from .metrics import CONTENT_TYPE, metrics_registry, render
     from .pages import error_page, pages_router
     from .queries import Queries
-    from .wallet import wallet_router
+    from .wallet import router as wallet_router
 
     app = FastAPI(title="Tally node API", version="1", description=__doc__, docs_url=None, redoc_url=None)
     app.add_middleware(ResponseCache, node=node)  # inner: sees only requests the security checks let through
     app.add_middleware(SecurityMiddleware)  # outermost (Starlette runs the last added first)
     q = Queries(node)
+    app.state.node = node  # read by the routers' dependencies (node.api.deps)
     app.state.queries = q
 
     def error(request: Request, status: int, code: str, message: str, details=None) -> Response:
@@ -108,7 +109,7 @@ def create_app(node) -> FastAPI:
         return error(request, 500, "internal", "internal error")
 
     require_token = token_checker(node.api_token)
-    app.include_router(wallet_router(node, q, require_token))
+    app.include_router(wallet_router)
     from .jobs import make_router as jobs_router  # the job marketplace's endpoints
     from .models import ErrorOut
 

@@ -22,6 +22,9 @@ import hmac
 import json
 import re
 
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
 LOOPBACK_HOST = re.compile(r"^(127\.\d{1,3}\.\d{1,3}\.\d{1,3}|localhost|\[::1\])(:\d{1,5})?$")
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -86,20 +89,26 @@ class SecurityMiddleware:
         await self.app(scope, receive, send_with_headers)
 
 
+BEARER = HTTPBearer(auto_error=False, scheme_name="api_token",
+                    description="the node's API token: the contents of <data-dir>/api_token")
+
+
+def require_token(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(BEARER)) -> None:
+    """A FastAPI dependency (an HTTP bearer security scheme in the OpenAPI schema) that lets a request through only
+    if it carries ``Authorization: Bearer <token>`` with the token of the app's node (``app.state.node.api_token``,
+    compared in constant time).
+
+    Raises:
+        ApiError: 401 ``unauthorized`` (no token, or another one).
+    """
+    want = request.app.state.node.api_token.encode()
+    token = creds.credentials.strip() if creds is not None else ""
+    if not hmac.compare_digest(token.encode("utf-8", "replace"), want):
+        raise ApiError(401, "unauthorized", "missing or wrong API token (Authorization: Bearer "
+                                            "$(cat <data-dir>/api_token))")
+
+
 def token_checker(expected: str):
-    """A FastAPI dependency (an HTTP bearer security scheme in the OpenAPI schema) that raises 401
-    ``unauthorized`` unless the request carries ``Authorization: Bearer <expected>``."""
-    from fastapi import Depends
-    from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-
-    bearer = HTTPBearer(auto_error=False, scheme_name="api_token",
-                        description="the node's API token: the contents of <data-dir>/api_token")
-    want = expected.encode()
-
-    def require_token(creds: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-        token = creds.credentials.strip() if creds is not None else ""
-        if not hmac.compare_digest(token.encode("utf-8", "replace"), want):
-            raise ApiError(401, "unauthorized", "missing or wrong API token (Authorization: Bearer "
-                                                "$(cat <data-dir>/api_token))")
-
+    """Kept while the job, run and batch routers still take a token check: :func:`require_token` (the app's node's
+    token; ``expected`` is that token, see :func:`node.api.app.create_app`)."""
     return require_token

@@ -1,0 +1,119 @@
+"""The API's typed seam to the node: :class:`NodeAPI` names what the routers use of a running
+:class:`node.runtime.Node`, and FastAPI dependencies hand it (and the :class:`~node.api.queries.Queries` views
+over it) to the module-level routers.
+
+:func:`node.api.app.create_app` puts the node in ``app.state.node`` and its views in ``app.state.queries``; an
+endpoint asks for them with ``node: NodeDep`` and ``queries: QueriesDep``. The routers therefore hold no node of
+their own: one router object serves every app built in a process (the tests build several), each request reading
+the node of the app it reached. The token check is :func:`node.api.security.require_token` (``AUTH``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
+
+from fastapi import Depends, Request
+
+from .queries import Queries
+from .security import require_token
+
+if TYPE_CHECKING:  # types only: the API sits above all of these (see the layers contract in pyproject.toml)
+    from ..blobs import BlobStore
+    from ..compute.model import Manifest
+    from ..inference.client import Generation, SwarmTable
+    from ..keys import Identity
+    from ..ledger.core.genesis import Genesis
+    from ..ledger.service import LedgerService
+    from ..ledger.store import LedgerStore
+
+
+class ModelSettings(Protocol):
+    """What the API reads of the node's configuration (``node.cfg``)."""
+
+    @property
+    def model_dir(self) -> Path: ...
+
+    @property
+    def span(self) -> tuple[int, int] | None: ...
+
+
+class NodeAPI(Protocol):
+    """What the API's routers use of :class:`node.runtime.Node` (read-only properties, so the node's plain
+    attributes satisfy them). Attributes a node may lack (``jobs``, ``batches``, ``net``, ``server``) are None
+    when the node runs without that service; the routes that need them say so in their replies."""
+
+    @property
+    def api_token(self) -> str: ...
+
+    @property
+    def cfg(self) -> ModelSettings: ...
+
+    @property
+    def ident(self) -> Identity: ...
+
+    @property
+    def genesis(self) -> Genesis: ...
+
+    @property
+    def manifest(self) -> Manifest: ...
+
+    @property
+    def ledger(self) -> LedgerService: ...
+
+    @property
+    def store(self) -> LedgerStore: ...
+
+    @property
+    def swarm(self) -> SwarmTable: ...
+
+    @property
+    def server(self) -> Any: ...  # node.inference.server.SpanServer or None: ``active`` (sessions open now)
+
+    @property
+    def jobs(self) -> Any: ...  # node.market.worker.JobWorker or None: ``progress``, ``release``
+
+    @property
+    def batches(self) -> Any: ...  # node.batch.worker.BatchWorker or None: ``done``
+
+    @property
+    def net(self) -> Any: ...  # node.net.service.NetworkService or None: ``path_of(peer)``
+
+    @property
+    def host(self) -> Any: ...  # node.p2p.host.P2PHost: handed to the capabilities' clients (post, fetch)
+
+    @property
+    def blobs(self) -> BlobStore: ...
+
+    def client_for(self, model: str | None = None) -> Any:
+        """The route client of ``model`` (name or id; None: this node's model); ``manifest.vocab_size``.
+
+        Raises:
+            node.models.lookup.UnknownModel: the node holds no such model.
+        """
+        ...
+
+    def encode_prompt(self, text: str, model: str | None = None) -> list[int]: ...
+
+    def decode(self, ids: list[int], model: str | None = None) -> str | None: ...
+
+    async def generate(self, prompt_ids: list[int], max_new_tokens: int, model: str | None = None,
+                       redundancy: int | None = None) -> Generation: ...
+
+
+async def get_node(request: Request) -> NodeAPI:
+    """The node of the app that ``request`` reached (``app.state.node``). A coroutine, so FastAPI calls it on the
+    event loop rather than in its thread pool."""
+    node: NodeAPI = request.app.state.node
+    return node
+
+
+async def get_queries(request: Request) -> Queries:
+    """The :class:`~node.api.queries.Queries` views of the app's node (``app.state.queries``)."""
+    queries: Queries = request.app.state.queries
+    return queries
+
+
+NodeDep = Annotated[NodeAPI, Depends(get_node)]
+QueriesDep = Annotated[Queries, Depends(get_queries)]
+AUTH = [Depends(require_token)]  # ``dependencies=AUTH``: the route needs the API token (401 without it)
