@@ -62,7 +62,7 @@ def create_app(node) -> FastAPI:
     """The API, explorer and metrics of ``node`` (a :class:`~node.runtime.Node`)."""
     from .cache import ResponseCache
     from .metrics import CONTENT_TYPE, metrics_registry, render
-    from .pages import error_page, pages_router
+    from .pages import error_page, router as pages_router
     from .queries import Queries
     from .wallet import router as wallet_router
 
@@ -124,7 +124,7 @@ def create_app(node) -> FastAPI:
     from .modelsapi import models_router  # /v1/models: every model known, its coverage and servers
 
     app.include_router(models_router(node), responses=errors)
-    app.include_router(pages_router(node, q))
+    app.include_router(pages_router)
 
     registry = metrics_registry(node, q)
 
