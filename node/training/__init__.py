@@ -9,7 +9,8 @@ committees replay sampled rounds and every aggregate.
   aggregate one round).
 * The node's part: :mod:`~node.training.worker` (the run worker, driven by blocks), :mod:`~node.training.replay`
   (:class:`~node.training.replay.RunChecks`, the committee checks, registered with the committee member by the
-  runtime).
+  runtime). :mod:`~node.training.seams` -- the Protocols of what these need of the node's executor, host and
+  ledger.
 * :mod:`~node.training.client` -- the sponsor's and a worker's side outside the node; :mod:`~node.training.cli` --
   ``node run``.
 

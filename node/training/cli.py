@@ -7,7 +7,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TextIO, cast
 
 from ..encoding import parse_amount
 from ..localapi import LocalApi, dataset_field
@@ -30,7 +32,7 @@ Talks to the local node (its API URL and token are read from --data-dir); post, 
 that node's key."""
 
 
-def _amount_arg(allow_zero: bool):
+def _amount_arg(allow_zero: bool) -> Callable[[str], str]:
     def check(text: str) -> str:
         try:
             parse_amount(text, allow_zero=allow_zero)
@@ -40,7 +42,7 @@ def _amount_arg(allow_zero: bool):
     return check
 
 
-def _fraction(lo_open: bool):
+def _fraction(lo_open: bool) -> Callable[[str], float]:
     def check(text: str) -> float:
         try:
             x = float(text)
@@ -52,7 +54,7 @@ def _fraction(lo_open: bool):
     return check
 
 
-def add_run_parser(sub, default_data_dir: Path) -> None:
+def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], default_data_dir: Path) -> None:
     """Add ``node run post|list|status|join|leave|cancel|fetch`` to the ``node`` command's subparsers."""
     r = sub.add_parser("run", help="collaborative training runs: post, list, status, join, leave, cancel, fetch",
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,11 +151,17 @@ def _Api(data_dir: Path) -> LocalApi:
     return LocalApi(data_dir, "node run")
 
 
-def _loss(x) -> str:
+def _call(api: LocalApi, method: str, path: str, **kw: Any) -> dict[str, Any]:
+    """``api.call`` without ``missing_ok``: the node's JSON object (a 404 or any error ends the command there)."""
+    # cast: LocalApi.call returns None only for a 404 with missing_ok=True, which this never passes
+    return cast(dict[str, Any], api.call(method, path, **kw))
+
+
+def _loss(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
 
 
-def _line(run: dict) -> str:
+def _line(run: dict[str, Any]) -> str:
     """One plain progress line of a run."""
     cur = run["current"]
     where = f"round {run['round']}/{run['rounds']}"
@@ -168,7 +176,7 @@ def _line(run: dict) -> str:
             f"last round loss {_loss(last)}; θ {run['params'][:12]}")
 
 
-def _follow(api: LocalApi, run_id: str, out=None) -> dict:
+def _follow(api: LocalApi, run_id: str, out: TextIO | None = None) -> dict[str, Any]:
     """Poll the run every second until it ends: a tqdm bar over its rounds on a terminal, else one plain line on
     ``out`` (default: stdout) whenever its round, phase, commitments or status change. Returns the final run."""
     out = out or sys.stdout
@@ -196,13 +204,13 @@ def _follow(api: LocalApi, run_id: str, out=None) -> dict:
             if run["status"] in FINAL:
                 return run
             time.sleep(1)
-            run = api.call("GET", f"/v1/runs/{run_id}")
+            run = _call(api, "GET", f"/v1/runs/{run_id}")
     finally:
         if bar is not None:
             bar.close()
 
 
-def _summary(run: dict) -> str:
+def _summary(run: dict[str, Any]) -> str:
     s = run["settings"]
     method = (f"LoRA r={s['rank']} on {','.join(s['targets'])}" if s["trainable"] == "lora" else "all parameters")
     lines = [
@@ -229,7 +237,7 @@ def _summary(run: dict) -> str:
     return "\n".join(lines)
 
 
-def run_run_command(args) -> int:
+def run_run_command(args: argparse.Namespace) -> int:
     """Carry out a parsed ``node run`` command; returns the exit code (errors exit with a message)."""
     api = _Api(args.data_dir)
     if args.run_cmd == "post":
@@ -239,27 +247,27 @@ def run_run_command(args) -> int:
                 "sample_ppm", "round_timeout", "deadline_blocks")
         body = {k: getattr(args, k) for k in keys}
         body.update(dataset_field(args, "node run"))
-        out = api.call("POST", "/v1/runs", json=body)
+        out = _call(api, "POST", "/v1/runs", json=body)
         print(f"posted run {out['run_id']} (budget {out['budget']['credits']} credits in escrow; θ_0 "
               f"{out['params0']})")
         if args.follow:
             print(_summary(_follow(api, out["run_id"])))
     elif args.run_cmd == "list":
         q = {"status": args.status} if args.status else {}
-        body = api.call("GET", "/v1/runs", params=q)
+        body = _call(api, "GET", "/v1/runs", params=q)
         for r in body["runs"]:
             print(f"{r['run_id']}  {r['status']:10} {r['round']:>4}/{r['rounds']:<4} {r['workers']:>3} workers "
                   f"{r['budget']['credits']:>12} credits  {r['title']!r}")
         if not body["runs"]:
             print("no runs")
     elif args.run_cmd == "status":
-        run = _follow(api, args.run_id) if args.follow else api.call("GET", f"/v1/runs/{args.run_id}")
+        run = _follow(api, args.run_id) if args.follow else _call(api, "GET", f"/v1/runs/{args.run_id}")
         print(json.dumps(run, indent=2) if args.json else _summary(run))
     elif args.run_cmd in ("join", "leave", "cancel"):
-        out = api.call("POST", f"/v1/runs/{args.run_id}/{args.run_cmd}")
+        out = _call(api, "POST", f"/v1/runs/{args.run_id}/{args.run_cmd}")
         print(f"{out['status']} (tx {out['tx']})")
     elif args.run_cmd == "fetch":
-        out = api.call("POST", f"/v1/runs/{args.run_id}/fetch", json={"out_dir": str(args.out.resolve())})
+        out = _call(api, "POST", f"/v1/runs/{args.run_id}/fetch", json={"out_dir": str(args.out.resolve())})
         print(f"parameters {out['params']} (after {out['round']}/{out['rounds']} rounds, run {out['status']}) "
               f"written to {args.out}")
         print(f"held-out loss: θ_0 {_loss(out['heldout_loss_initial'])}, fetched {_loss(out['heldout_loss'])} "

@@ -18,22 +18,28 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
-from ..blobs import BlobUnavailable, fetch_blob
+from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..compute.data import dataset_bytes, dataset_tensors
+from ..compute.model import Manifest
 from ..compute.train import encode_text, split_tokens
 from ..encoding import commitments_root, format_amount
+from ..identity import Identity
 from ..ledger.core import runs as runs_mod
+from ..ledger.core.genesis import Genesis
+from ..ledger.core.runstate import Run
 from ..ledger.core.runtx import RunCancel, RunJoin, RunLeave, RunPost
 from ..ledger.core.tx import InvalidTx
 from . import rounds as rd
 from .assign import make_windows
+from .seams import BlobHost, Executor, RunLedger
 
 HELD_WINDOWS = 16  # held-out windows evaluated by fetch_params (bounds its time, not its meaning)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
-ACTIONS = {"join": RunJoin, "leave": RunLeave, "cancel": RunCancel}
+ACTIONS: dict[str, type[RunJoin | RunLeave | RunCancel]] = {"join": RunJoin, "leave": RunLeave, "cancel": RunCancel}
 
 
 class RunError(ValueError):
@@ -41,7 +47,42 @@ class RunError(ValueError):
     run rules, parameters unavailable). The message says why; nothing was stored or submitted."""
 
 
-def _prepare(model_dir: Path, text: bytes, s: dict) -> tuple[list[torch.Tensor], int]:
+class ModelConfig(Protocol):
+    """The part of :class:`node.runtime.NodeConfig` read here: the node's model dir."""
+
+    @property
+    def model_dir(self) -> Path: ...
+
+
+class SponsorNode(Protocol):
+    """What :func:`post_run`, :func:`run_action` and :func:`fetch_params` need of :class:`node.runtime.Node`."""
+
+    @property
+    def cfg(self) -> ModelConfig: ...
+
+    @property
+    def ident(self) -> Identity: ...
+
+    @property
+    def genesis(self) -> Genesis: ...
+
+    @property
+    def manifest(self) -> Manifest: ...
+
+    @property
+    def ledger(self) -> RunLedger: ...
+
+    @property
+    def host(self) -> BlobHost: ...
+
+    @property
+    def blobs(self) -> BlobStore: ...
+
+    @property
+    def executor(self) -> Executor: ...
+
+
+def _prepare(model_dir: Path, text: bytes, s: dict[str, Any]) -> tuple[list[torch.Tensor], int]:
     """θ_0 and the number of training windows of ``text`` (executor thread).
 
     Raises:
@@ -65,7 +106,8 @@ def _prepare(model_dir: Path, text: bytes, s: dict) -> tuple[list[torch.Tensor],
     return theta0, n
 
 
-async def post_run(node, *, title: str, text: bytes, settings: dict, deadline_blocks: int) -> RunPost:
+async def post_run(node: SponsorNode, *, title: str, text: bytes, settings: dict[str, Any],
+                   deadline_blocks: int) -> RunPost:
     """Compute θ_0 in the node's executor, then store the dataset and θ_0 as blobs and submit a signed
     :class:`RunPost` from the node's account at its next nonce.
 
@@ -103,7 +145,7 @@ async def post_run(node, *, title: str, text: bytes, settings: dict, deadline_bl
     return post
 
 
-async def run_action(node, run_id: bytes, action: str):
+async def run_action(node: SponsorNode, run_id: bytes, action: str) -> RunJoin | RunLeave | RunCancel:
     """Submit this node's :class:`RunJoin` / :class:`RunLeave` / :class:`RunCancel` (``action``: join, leave,
     cancel) for ``run_id`` after checking it against the run rules. Returns the submitted transaction.
 
@@ -129,7 +171,7 @@ async def run_action(node, run_id: bytes, action: str):
     return tx
 
 
-def param_holders(run) -> list[bytes]:
+def param_holders(run: Run) -> list[bytes]:
     """Who should hold θ_r of ``run``: the last round's aggregator and accepted workers (each recomputes
     θ_{r+1}), then the sponsor (θ_0) and the joined workers."""
     out: list[bytes] = []
@@ -141,7 +183,7 @@ def param_holders(run) -> list[bytes]:
 
 
 def _write_params(model_dir: Path, post: RunPost, theta: list[torch.Tensor], text: bytes | None,
-                  out_dir: Path) -> dict:
+                  out_dir: Path) -> dict[str, Any]:
     """Write θ under ``out_dir`` and measure held-out loss of θ_0 and θ (executor thread).
 
     Raises:
@@ -184,7 +226,7 @@ def _write_params(model_dir: Path, post: RunPost, theta: list[torch.Tensor], tex
     return {"heldout_loss_initial": base, "heldout_loss": tuned, "files": [str(f) for f in files]}
 
 
-async def fetch_params(node, run_id: bytes, out_dir: Path) -> dict:
+async def fetch_params(node: SponsorNode, run_id: bytes, out_dir: Path) -> dict[str, Any]:
     """Fetch ``run_id``'s current parameters θ (the ledger's ``run.params``; the final ones once the run
     finished) by content hash from the local store or the peers of :func:`param_holders` (each reply checked
     against the id), write them under ``out_dir`` (see the module doc) and measure the mean held-out loss

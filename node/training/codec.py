@@ -129,8 +129,8 @@ def encode(delta: list[torch.Tensor], codec: Codec, residual: list[torch.Tensor]
     else:
         if not isinstance(residual, (list, tuple)) or len(residual) != len(delta):
             raise ValueError(f"residual must be a list of {len(delta)} tensors")
-        for i, (r, shape) in enumerate(zip(residual, shapes, strict=True)):
-            if not isinstance(r, torch.Tensor) or tuple(r.shape) != shape:
+        for i, (rt, shape) in enumerate(zip(residual, shapes, strict=True)):
+            if not isinstance(rt, torch.Tensor) or tuple(rt.shape) != shape:
                 raise ValueError(f"residual[{i}] must have shape {shape}")
         res = [_flat32(r, f"residual[{i}]") for i, r in enumerate(residual)]
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -207,7 +208,7 @@ class InnerTrainer:
             logits = self.model(input_ids=x[:, :-1], use_cache=False).logits
             loss = _shifted_loss(logits, x[:, 1:])
             self.opt.zero_grad(set_to_none=False)
-            loss.backward()
+            torch.autograd.backward(loss)  # loss.backward(), whose signature torch leaves unannotated
             self.opt.step()
             self.step += 1
             losses.append(float(loss.detach()))
@@ -255,7 +256,7 @@ def _shifted_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
-def make_scratch_model(out_dir: Path, seed: int = 0, **overrides) -> Path:
+def make_scratch_model(out_dir: Path, seed: int = 0, **overrides: Any) -> Path:
     """Write a small randomly initialised Llama (``SCRATCH_CONFIG`` updated by ``overrides``; weights from
     ``torch.manual_seed(seed)``, transformers' normal init with std ``initializer_range``) to ``out_dir`` in the
     Tally model-dir format, without a tokenizer (byte-level: token = byte mod vocab). For training from scratch.

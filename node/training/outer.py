@@ -137,7 +137,7 @@ def outer_step(params: list[torch.Tensor], momentum: list[torch.Tensor] | None,
         raise ValueError("params must be a list of tensors")
     shapes = [tuple(p.shape) if isinstance(p, torch.Tensor) else () for p in params]
     theta = [_flat32(p, f"params[{i}]") for i, p in enumerate(params)]
-    buf_prev = None
+    buf_prev: list[np.ndarray] | None = None
     if momentum is not None:
         if not isinstance(momentum, (list, tuple)) or len(momentum) != len(params) or any(
                 not isinstance(m, torch.Tensor) or tuple(m.shape) != s for m, s in zip(momentum, shapes, strict=True)):
@@ -155,10 +155,10 @@ def outer_step(params: list[torch.Tensor], momentum: list[torch.Tensor] | None,
     # 1. canonical order; drop malformed and non-finite deltas
     dropped: dict[bytes, str] = {}
     kept: list[tuple[bytes, list[np.ndarray]]] = []
-    for worker, d in sorted(deltas, key=lambda e: e[0]):
-        why = _why_malformed(d, shapes)
+    for worker, tensors in sorted(deltas, key=lambda e: e[0]):
+        why = _why_malformed(tensors, shapes)
         if why is None:
-            flat = [_flat32(t, "delta") for t in d]
+            flat = [_flat32(t, "delta") for t in tensors]
             if not all(bool(np.all(np.isfinite(a))) for a in flat):
                 why = DROP_NON_FINITE
         if why is not None:
@@ -168,7 +168,7 @@ def outer_step(params: list[torch.Tensor], momentum: list[torch.Tensor] | None,
 
     if not kept:
         return OuterResult(params=[_out(t, s) for t, s in zip(theta, shapes, strict=True)],
-                           momentum=None if momentum is None
+                           momentum=None if buf_prev is None  # None exactly when momentum is
                            else [_out(m, s) for m, s in zip(buf_prev, shapes, strict=True)],
                            accepted=(), dropped=dropped, norms={}, scales={})
 

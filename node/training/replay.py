@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,10 +24,12 @@ from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..compute.model import tokenizer_trusted
 from ..encoding import commitments_root
 from ..ledger.core.runs import Phase, attempt_of
+from ..ledger.core.runstate import Run
 from ..ledger.core.runtx import RoundAggregate, RoundReceipt
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID
 from . import rounds as rd
 from .assign import batch_tensors
+from .seams import BlobHost, Executor, LedgerReader
 from .worker import FETCH_TIMEOUT, RunCache, load_run, recompute_aggregate, theta_holders
 
 log = logging.getLogger("tally.verify")
@@ -40,10 +42,17 @@ class ReplayMember(Protocol):
     :class:`node.verify.member.CommitteeMember`, which this package does not import): the ledger (``state``,
     ``new_block``), the host and blob store to fetch from, the torch executor, and the model dir to replay in."""
 
-    ledger: Any
-    host: Any
-    blobs: BlobStore
-    executor: Any
+    @property
+    def ledger(self) -> LedgerReader: ...
+
+    @property
+    def host(self) -> BlobHost: ...
+
+    @property
+    def blobs(self) -> BlobStore: ...
+
+    @property
+    def executor(self) -> Executor: ...
 
     async def model_dir_for(self, model_id: bytes, holders: Iterable[bytes]) -> Path | None: ...
 
@@ -69,7 +78,7 @@ class RunChecks:
         return await check_aggregate(member, a, self.cache)
 
 
-def _reveal_missed(run, r: RoundReceipt) -> bool:
+def _reveal_missed(run: Run, r: RoundReceipt) -> bool:
     """True when the ledger shows that ``r``'s worker let its attempt's reveal phase end without revealing."""
     cur = run.cur
     if cur is not None and (cur.round, cur.attempt) == (r.round, r.attempt):
@@ -107,7 +116,7 @@ async def check_round_receipt(member: ReplayMember, r: RoundReceipt, cache: RunC
         return ABSTAIN, math.inf
     opt_before, params_after, opt_after, payload = got
     try:
-        cache = await load_run(cache, member.executor, member.host, member.blobs, model_dir, run)
+        loaded = await load_run(cache, member.executor, member.host, member.blobs, model_dir, run)
         theta = await fetch_blob(member.host, member.blobs, r.params_before, theta_holders(state, run) + [r.worker],
                                  timeout=FETCH_TIMEOUT)
         commit = next((c for c in _all_commits(run) if c[1] == r.id), None)
@@ -117,20 +126,23 @@ async def check_round_receipt(member: ReplayMember, r: RoundReceipt, cache: RunC
     except (BlobUnavailable, ValueError) as e:
         log.info("abstain on round receipt %s: %s", r.id.hex()[:16], e)
         return ABSTAIN, math.inf
-    beacon, parts = attempt_of(run, r.round, r.attempt)
+    opened = attempt_of(run, r.round, r.attempt)
+    if opened is None:  # the ledger took the receipt in an attempt that opened: not reached
+        return ABSTAIN, math.inf
+    beacon, parts = opened
     try:
-        a = rd.assignment(run.post, beacon, r.round, parts, cache.windows.shape[0], r.worker)
+        a = rd.assignment(run.post, beacon, r.round, parts, loaded.windows.shape[0], r.worker)
     except ValueError:
         return INVALID, math.inf
-    batches = batch_tensors(cache.windows, a)
+    batches = batch_tensors(loaded.windows, a)
     if not tokenizer_trusted(model_dir) and commitments_root(batches) != r.batches_root:
         # our batches come from a tokenizer a peer sent (another model's dir): they, not the worker, may be wrong
         log.info("abstain on round receipt %s: batches differ under a fetched tokenizer", r.id.hex()[:16])
         return ABSTAIN, math.inf
 
-    def replay():
-        expected = rd.expected_opt_before(cache.trainer, run.post, prev)
-        return rd.replay_round(cache.trainer, run.post, theta, opt_before, expected, batches, r.batches_root,
+    def replay() -> tuple[int, float, str]:
+        expected = rd.expected_opt_before(loaded.trainer, run.post, prev)
+        return rd.replay_round(loaded.trainer, run.post, theta, opt_before, expected, batches, r.batches_root,
                                params_after, opt_after, payload, r.delta_bytes)
 
     try:
@@ -143,7 +155,7 @@ async def check_round_receipt(member: ReplayMember, r: RoundReceipt, cache: RunC
     return verdict, d
 
 
-def _all_commits(run):
+def _all_commits(run: Run) -> Iterator[tuple[bytes, bytes, bytes]]:
     if run.cur is not None:
         yield from run.cur.commits
     for h in run.history:
@@ -162,9 +174,9 @@ async def check_aggregate(member: ReplayMember, a: RoundAggregate, cache: RunCac
         return ABSTAIN, math.inf
     holders = [a.aggregator] + theta_holders(state, run)
     try:
-        cache = await load_run(cache, member.executor, member.host, member.blobs, model_dir, run)
+        loaded = await load_run(cache, member.executor, member.host, member.blobs, model_dir, run)
         res, params_id, mom_id = await recompute_aggregate(
-            cache, member.executor, member.host, member.blobs, state, run.post, run.cur.commits, a.accepted,
+            loaded, member.executor, member.host, member.blobs, state, run.post, run.cur.commits, a.accepted,
             a.aggregator, a.params_before, a.momentum_before, holders)
     except (BlobUnavailable, ValueError) as e:
         log.info("abstain on aggregate %s: %s", a.id.hex()[:16], e)

@@ -18,8 +18,10 @@ the ledger (:mod:`node.ledger.core.runs`) and fetched by content hash; these fun
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -59,7 +61,7 @@ def outer_spec(post: RunPost) -> OuterSpec:
                      nesterov=bool(post.nesterov), clip_mult=post.clip_ppm / 1e6)
 
 
-def make_trainer(model_dir: Path, post, device: str = "cpu") -> InnerTrainer:
+def make_trainer(model_dir: Path, post: RunPost | dict[str, Any], device: str = "cpu") -> InnerTrainer:
     """The run's :class:`InnerTrainer` (θ_0 of a LoRA run is its seeded init; of an ``all`` run the model's).
 
     ``post``: a :class:`RunPost`, or a mapping of its fields (a sponsor's settings before the post exists).
@@ -76,7 +78,8 @@ def run_windows(model_dir: Path, post: RunPost, text: bytes) -> torch.Tensor:
     return make_windows(train_ids, post.seq_len)
 
 
-def assignment(post: RunPost, beacon: bytes, round_: int, participants, n_windows: int, worker: bytes) -> Assignment:
+def assignment(post: RunPost, beacon: bytes, round_: int, participants: Iterable[bytes], n_windows: int,
+               worker: bytes) -> Assignment:
     """``worker``'s batches and screen windows in this round attempt.
 
     Raises:

@@ -19,8 +19,11 @@ round and does what the phase asks:
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
+import torch
 import trio
 
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
@@ -28,11 +31,16 @@ from ..compute.data import dataset_bytes
 from ..encoding import commitments_root
 from ..identity import Identity
 from ..ledger.core.runs import Phase, attempt_of
-from ..ledger.core.runtx import NO_MOMENTUM, RoundAggregate, RoundReceipt, RoundReveal
+from ..ledger.core.runstate import Run
+from ..ledger.core.runtx import NO_MOMENTUM, RoundAggregate, RoundReceipt, RoundReveal, RunPost
+from ..ledger.core.state import State
 from ..ledger.core.status import INVALID_S, SAMPLED
 from ..ledger.core.tx import InvalidTx
 from . import rounds as rd
 from .assign import batch_tensors, screen_tensor
+from .inner import InnerTrainer
+from .outer import OuterResult
+from .seams import BlobHost, Executor, RunLedger
 
 log = logging.getLogger("tally.training")
 
@@ -45,10 +53,10 @@ class _Sealed:
     """What a worker committed to and serves only after the commit phase (tensor lists), and the id of the round
     receipt that commits to it (served only if that receipt is on the ledger)."""
 
-    opt_before: list
-    params_after: list
-    opt_after: list
-    payload: list
+    opt_before: list[torch.Tensor]
+    params_after: list[torch.Tensor]
+    opt_after: list[torch.Tensor]
+    payload: list[torch.Tensor]
     receipt: bytes = b""
 
 
@@ -57,12 +65,22 @@ class RunCache:
     """Per-run torch objects of one node: the trainer (one run's model in memory at a time) and windows."""
 
     run_id: bytes = b""
-    trainer: object = None
-    windows: object = None
-    verified: set = field(default_factory=set)  # ids of θ this node re-computed and found right
+    trainer: InnerTrainer | None = None
+    windows: torch.Tensor | None = None  # int64 (n, seq_len + 1)
+    verified: set[bytes] = field(default_factory=set)  # ids of θ this node re-computed and found right
 
 
-def theta_holders(state, run) -> list[bytes]:
+@dataclass(frozen=True)
+class LoadedRun:
+    """A :class:`RunCache` that :func:`load_run` filled: its trainer, its windows and its ``verified`` set (the
+    same set object, so additions land in the cache)."""
+
+    trainer: InnerTrainer
+    windows: torch.Tensor
+    verified: set[bytes]
+
+
+def theta_holders(state: State, run: Run) -> list[bytes]:
     """Who holds θ_r and the momentum, most likely first: for θ_0 the sponsor; later the last aggregator and the
     committee that re-computed its aggregate (both store it), then the last round's accepted workers (who
     fetched it to check it), then the sponsor."""
@@ -72,24 +90,25 @@ def theta_holders(state, run) -> list[bytes]:
         rec = state.receipts.get(h.aggregate)
         out += [h.aggregator, *(rec.committee if rec is not None else ()), *h.accepted]
     out.append(run.post.sender)
-    seen: set[bytes] = set()
-    return [a for a in out if not (a in seen or seen.add(a))]
+    return list(dict.fromkeys(out))  # each account once, at its first place
 
 
-async def load_run(cache: RunCache, executor, host, blobs: BlobStore, model_dir, run) -> RunCache:
-    """The run's trainer and windows (dataset fetched by hash from the sponsor or the workers)."""
-    if cache.run_id == run.post.run_id and cache.trainer is not None:
-        return cache
+async def load_run(cache: RunCache, executor: Executor, host: BlobHost, blobs: BlobStore, model_dir: Path,
+                   run: Run) -> LoadedRun:
+    """The run's trainer and windows (dataset fetched by hash from the sponsor or the workers), kept in ``cache``."""
+    if cache.run_id == run.post.run_id and cache.trainer is not None and cache.windows is not None:
+        return LoadedRun(cache.trainer, cache.windows, cache.verified)
     post = run.post
     text = dataset_bytes(await fetch_blob(host, blobs, post.dataset_root, [post.sender, *run.workers],
                                           timeout=FETCH_TIMEOUT))
     trainer = await executor.run(rd.make_trainer, model_dir, post)
     windows = await executor.run(rd.run_windows, model_dir, post, text)
     cache.run_id, cache.trainer, cache.windows, cache.verified = post.run_id, trainer, windows, set()
-    return cache
+    return LoadedRun(trainer, windows, cache.verified)
 
 
-async def check_theta(cache: RunCache, executor, host, blobs: BlobStore, state, run) -> list:
+async def check_theta(cache: LoadedRun, executor: Executor, host: BlobHost, blobs: BlobStore, state: State,
+                      run: Run) -> list[torch.Tensor]:
     """θ_r of ``run`` fetched by its id and, for r > 0, re-computed from the last round's accepted Δs.
 
     Raises:
@@ -113,8 +132,10 @@ async def check_theta(cache: RunCache, executor, host, blobs: BlobStore, state, 
     return theta
 
 
-async def recompute_aggregate(cache: RunCache, executor, host, blobs: BlobStore, state, post, commits, accepted,
-                              aggregator: bytes, params_before: bytes, momentum_before: bytes, holders: list[bytes]):
+async def recompute_aggregate(cache: LoadedRun, executor: Executor, host: BlobHost, blobs: BlobStore, state: State,
+                              post: RunPost, commits: Iterable[tuple[bytes, bytes, bytes]], accepted: Iterable[bytes],
+                              aggregator: bytes, params_before: bytes, momentum_before: bytes,
+                              holders: list[bytes]) -> tuple[OuterResult, bytes, bytes]:
     """Fetch θ_r, the outer momentum (none for ``NO_MOMENTUM``) and the ``accepted`` workers' Δs by content hash and
     re-compute the outer step (:func:`node.training.rounds.recompute_outer`). Returns ``(OuterResult, θ_{r+1} id,
     momentum id)`` — what a worker checks before training and a committee checks in an aggregate.
@@ -131,7 +152,8 @@ async def recompute_aggregate(cache: RunCache, executor, host, blobs: BlobStore,
     return res, commitments_root(res.params), mom_id
 
 
-async def fetch_payloads(host, blobs: BlobStore, state, commits, workers, aggregator: bytes) -> dict:
+async def fetch_payloads(host: BlobHost, blobs: BlobStore, state: State, commits: Iterable[tuple[bytes, bytes, bytes]],
+                         workers: Iterable[bytes], aggregator: bytes) -> dict[bytes, list[torch.Tensor]]:
     """``{worker: Δ payload}`` of ``workers`` (their round receipts among ``commits``, roots from the ledger
     ``state``), from each worker or else the aggregator, who kept them.
 
@@ -139,7 +161,7 @@ async def fetch_payloads(host, blobs: BlobStore, state, commits, workers, aggreg
         BlobUnavailable: nobody serves one of them.
     """
     rids = {w: rid for w, rid, _ in commits}
-    out = {}
+    out: dict[bytes, list[torch.Tensor]] = {}
     for w in workers:
         root = state.receipts[rids[w]].receipt.delta_root
         out[w] = await fetch_blob(host, blobs, root, [w, aggregator], timeout=FETCH_TIMEOUT)
@@ -156,8 +178,8 @@ class RunWorker:
         ValueError: a fault on a chain that is not a devnet or test chain.
     """
 
-    def __init__(self, ident: Identity, ledger, host, blobs: BlobStore, executor, model_dir, model_id: bytes,
-                 fault: str | None = None):
+    def __init__(self, ident: Identity, ledger: RunLedger, host: BlobHost, blobs: BlobStore, executor: Executor,
+                 model_dir: Path, model_id: bytes, fault: str | None = None) -> None:
         if fault is not None and not ledger.chain_id.startswith(DEV_CHAINS):
             raise ValueError("cheat switches exist only on devnet and test chains")
         self.ident, self.ledger, self.host, self.blobs, self.executor = ident, ledger, host, blobs, executor
@@ -169,11 +191,12 @@ class RunWorker:
         self.aggregated: set[tuple[bytes, int, int, bytes]] = set()
         self.busy: set[bytes] = set()
         self.retry_at: dict[bytes, tuple[int, float]] = {}  # run -> (failures, trio time of the next try)
-        self.last_payload: dict[bytes, list] = {}  # run -> our previous Δ (the run-replay cheat)
-        self.stale: dict[bytes, list] = {}  # run -> the θ we trained from before (the run-stale cheat)
+        self.last_payload: dict[bytes, list[torch.Tensor]] = {}  # run -> our previous Δ (the run-replay cheat)
+        self.stale: dict[bytes, list[torch.Tensor]] = {}  # run -> the θ we trained from before (the run-stale cheat)
         self.log: list[str] = []  # what happened, for status and tests
 
     async def run(self) -> None:
+        """Forever: at start and after each block, :meth:`_step` (a failed step is logged; the next block retries)."""
         async with trio.open_nursery() as nursery:
             while True:
                 try:
@@ -182,7 +205,7 @@ class RunWorker:
                     log.exception("training run step failed")
                 await self.ledger.new_block.wait()
 
-    async def _step(self, nursery) -> None:
+    async def _step(self, nursery: trio.Nursery) -> None:
         st = self.ledger.state
         me = self.ident.account
         for rid in list(st.open_runs):
@@ -206,7 +229,7 @@ class RunWorker:
                 self.busy.add(rid)
                 nursery.start_soon(self._guard, rid, self._aggregate, run)
 
-    async def _guard(self, rid: bytes, fn, run) -> None:
+    async def _guard(self, rid: bytes, fn: Callable[[Run], Awaitable[None]], run: Run) -> None:
         try:
             await fn(run)
             self.retry_at.pop(rid, None)
@@ -220,9 +243,11 @@ class RunWorker:
 
     # ------------------------------------------------------------------ a worker's round
 
-    async def _train(self, run) -> None:
+    async def _train(self, run: Run) -> None:
         me = self.ident.account
         post, cur = run.post, run.cur
+        if cur is None:  # _step starts this only for an open round
+            raise ValueError("the run has no open round")
         key = (post.run_id, cur.round, cur.attempt)
         if self.fault == "run-copyroot":
             await self._copy_root(run, key)
@@ -238,7 +263,7 @@ class RunWorker:
         opt_before = await self.executor.run(rd.expected_opt_before, trainer, post, prev)
         a = rd.assignment(post, cur.beacon, cur.round, cur.participants, cache.windows.shape[0], me)
         batches = batch_tensors(cache.windows, a)
-        other = None
+        other: list[torch.Tensor] | None = None
         if self.fault == "run-otherdata":
             b = rd.assignment(post, bytes(32), cur.round, cur.participants, cache.windows.shape[0], me)
             other = batch_tensors(cache.windows, b)
@@ -260,7 +285,7 @@ class RunWorker:
         log.info("run %s round %d: committed (loss %.3f, Δ %d bytes)", post.run_id.hex()[:12], cur.round,
                  work.loss_ppm / 1e6, work.delta_bytes)
 
-    async def _copy_root(self, run, key) -> None:
+    async def _copy_root(self, run: Run, key: tuple[bytes, int, int]) -> None:
         """The ``run-copyroot`` cheat (test chains): train nothing, wait for another participant's round receipt of
         this attempt on the ledger, and submit it as ours (our account and signature, its Δ root and every other
         field). The ledger refuses it (a Δ root is committed once per attempt); the refusal is logged."""
@@ -287,7 +312,7 @@ class RunWorker:
                     other.worker.hex()[:12], other.delta_root.hex()[:16])
         self.log.append("copy accepted")
 
-    async def _reveal(self, run, key) -> None:
+    async def _reveal(self, run: Run, key: tuple[bytes, int, int]) -> None:
         """The commit phase of ``key``'s attempt closed: serve what we committed (and reveal it if the reveal
         phase is open). What the ledger never took is never served: if another participant's receipt with our Δ
         root landed first (a copy raced ahead of ours, refused as a duplicate root), serving the bytes would let
@@ -312,16 +337,22 @@ class RunWorker:
 
     # ------------------------------------------------------------------ the aggregator
 
-    async def _aggregate(self, run) -> None:
+    async def _aggregate(self, run: Run) -> None:
         st = self.ledger.state
         post, cur = run.post, run.cur
+        if cur is None:  # _step starts this only for an open round
+            raise ValueError("the run has no open round")
         self.aggregated.add((post.run_id, cur.round, cur.attempt, cur.aggregator))
         cache = await load_run(self.cache, self.executor, self.host, self.blobs, self.model_dir, run)
         theta = await fetch_blob(self.host, self.blobs, run.params, theta_holders(st, run), timeout=FETCH_TIMEOUT)
         mom = None if run.momentum == NO_MOMENTUM else await fetch_blob(
             self.host, self.blobs, run.momentum, theta_holders(st, run), timeout=FETCH_TIMEOUT)
-        beacon, parts = attempt_of(run, cur.round, cur.attempt)
-        payloads, screens = {}, {}
+        opened = attempt_of(run, cur.round, cur.attempt)
+        if opened is None:  # the open attempt is always recorded (node.ledger.core.runstate)
+            raise ValueError(f"round {cur.round} attempt {cur.attempt} never opened")
+        beacon, parts = opened
+        payloads: dict[bytes, list[torch.Tensor]] = {}
+        screens: dict[bytes, torch.Tensor] = {}
         for w in cur.reveals:
             rec = st.receipts[cur.receipt_of(w)]
             if rec.status == INVALID_S:
