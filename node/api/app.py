@@ -110,11 +110,11 @@ def create_app(node) -> FastAPI:
 
     require_token = token_checker(node.api_token)
     app.include_router(wallet_router)
-    from .jobs import make_router as jobs_router  # the job marketplace's endpoints
+    from .jobs import router as jobs_router  # the job marketplace's endpoints
     from .models import ErrorOut
 
     errors = {c: {"model": ErrorOut} for c in (400, 401, 403, 404, 409, 422, 503)}
-    app.include_router(jobs_router(node, require_token, ApiError), responses=errors)
+    app.include_router(jobs_router, responses=errors)
     from .runs import make_router as runs_router  # collaborative training runs
 
     app.include_router(runs_router(node, require_token, ApiError), responses=errors)

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from ..encoding import AMOUNT_FORM, parse_amount
 from ..ledger.core.jobtx import JobCancel, JobRelease
 from ..ledger.core.tx import InvalidTx
+from .deps import AUTH, NodeAPI, NodeDep
 from .models import AmountText
+from .security import ApiError
 
 
 class JobRequest(BaseModel):
@@ -40,110 +42,121 @@ class FetchRequest(BaseModel):
     out_dir: str = Field(..., max_length=4096, description="directory on this machine for the peft adapter")
 
 
-def make_router(node, require_token, ApiError) -> APIRouter:
-    r = APIRouter()
+router = APIRouter()
+"""The ``/v1/jobs`` routes; each reads the node of the app it reached (:data:`~node.api.deps.NodeDep`)."""
 
-    def _job(job_id: str):
-        try:
-            jid = bytes.fromhex(job_id)
-        except ValueError:
-            jid = b""
-        job = node.ledger.state.jobs.get(jid) if len(jid) == 16 else None
-        if job is None:
-            raise ApiError(404, "not_found", "no such job (ids are 32 hex characters)")
-        return jid, job
 
-    @r.get("/v1/jobs")
-    async def list_jobs(status: str | None = None, limit: int = 50, offset: int = 0) -> dict:
-        from ..market.client import job_json
+def _job(node: NodeAPI, job_id: str):
+    """``(job id, job)`` of ``job_id`` on the ledger.
 
-        st = node.ledger.state
-        jobs = [j for j in sorted(st.jobs.values(), key=lambda j: (-j.height, j.post.id))  # newest first
-                if status is None or j.status == status]
-        limit = max(1, min(limit, 500))
-        page = jobs[max(0, offset):max(0, offset) + limit]
-        return {"total": len(jobs), "jobs": [job_json(j, st, node.store.archived_summary) for j in page]}
+    Raises:
+        ApiError: 404 ``not_found`` (malformed id or no such job).
+    """
+    try:
+        jid = bytes.fromhex(job_id)
+    except ValueError:
+        jid = b""
+    job = node.ledger.state.jobs.get(jid) if len(jid) == 16 else None
+    if job is None:
+        raise ApiError(404, "not_found", "no such job (ids are 32 hex characters)")
+    return jid, job
 
-    @r.get("/v1/jobs/{job_id}")
-    async def get_job(job_id: str) -> dict:
-        from ..market.client import job_json
 
-        _, job = _job(job_id)
-        out = job_json(job, node.ledger.state, node.store.archived_summary)
-        if node.jobs is not None and job.worker == node.ident.account:
-            prog = node.jobs.progress.get(job.post.job_id)
-            if prog:
-                out["local_step_losses"] = [x if x == x and abs(x) != float("inf") else None for x in prog["losses"]]
-        return out
+@router.get("/v1/jobs")
+async def list_jobs(node: NodeDep, status: str | None = None, limit: int = 50, offset: int = 0) -> dict:
+    from ..market.client import job_json  # imports torch (the trainer): loaded on the first job request
 
-    @r.post("/v1/jobs", dependencies=[Depends(require_token)])
-    async def post(req: JobRequest) -> dict:
-        from ..compute.data import shakespeare_play
-        from ..market.client import JobError, post_job
+    st = node.ledger.state
+    jobs = [j for j in sorted(st.jobs.values(), key=lambda j: (-j.height, j.post.id))  # newest first
+            if status is None or j.status == status]
+    limit = max(1, min(limit, 500))
+    page = jobs[max(0, offset):max(0, offset) + limit]
+    return {"total": len(jobs), "jobs": [job_json(j, st, node.store.archived_summary) for j in page]}
 
-        if (req.text is None) == (req.play is None):
-            raise ApiError(400, "bad_request", "give exactly one of text or play")
-        try:
-            price = parse_amount(req.price_per_step)
-        except ValueError as e:
-            raise ApiError(400, "bad_amount", str(e)) from None
-        try:
-            text = req.text.encode() if req.text is not None else shakespeare_play(req.play)
-            title = req.title or (req.play or "untitled job")
-            p = await post_job(node, title=title, text=text, steps=req.steps, price_per_step=price,
-                               batch_size=req.batch_size, seq_len=req.seq_len, rank=req.rank, targets=req.targets,
-                               lr=req.lr, seed=req.seed, segment_steps=req.segment_steps,
-                               deadline_blocks=req.deadline_blocks, sample_ppm=req.sample_ppm)
-        except KeyError as e:
-            raise ApiError(400, "unknown_play", str(e.args[0])) from None
-        except (JobError, InvalidTx) as e:
-            raise ApiError(400, "bad_job", str(e)) from None
-        except RuntimeError as e:
-            raise ApiError(503, "dataset_unavailable", str(e)) from None
-        return {"job_id": p.job_id.hex(), "price": {"base_units": str(p.price)}, "status": "submitted"}
 
-    @r.post("/v1/jobs/{job_id}/cancel", dependencies=[Depends(require_token)])
-    async def cancel(job_id: str) -> dict:
-        jid, job = _job(job_id)
-        me = node.ident.account
-        if job.post.sender != me:
-            raise ApiError(403, "not_yours", "only the requester can cancel a job")
-        if job.status != "open":
-            raise ApiError(409, "not_open", f"only an open job can be cancelled; this one is {job.status}")
-        tx = JobCancel(node.genesis.domain, me, jid, node.ledger.next_nonce(me)).signed(node.ident)
-        await node.ledger.submit(tx)
-        return {"job_id": job_id, "status": "cancel submitted"}
+@router.get("/v1/jobs/{job_id}")
+async def get_job(node: NodeDep, job_id: str) -> dict:
+    from ..market.client import job_json  # imports torch (the trainer): loaded on the first job request
 
-    @r.post("/v1/jobs/{job_id}/release", dependencies=[Depends(require_token)])
-    async def release(job_id: str) -> dict:
-        """The worker gives back a job it accepted and cannot do, before its first segment is on the ledger; its
-        bond pays the genesis ``job_release_penalty`` (less than letting the start window run out)."""
-        jid, job = _job(job_id)
-        me = node.ident.account
-        if job.worker != me or job.status != "accepted":
-            raise ApiError(403, "not_yours", "only the worker holding an accepted job can release it")
-        if job.segments:
-            raise ApiError(409, "started", "the job has started (a segment is on the ledger): it can no longer be "
-                                           "released; deliver it or let it reach its deadline")
-        why = "released through the API"
-        if node.jobs is not None:
-            await node.jobs.release(jid, why)
-        else:
-            await node.ledger.submit(JobRelease(node.genesis.domain, me, jid, node.ledger.next_nonce(me))
-                                     .signed(node.ident))
-        return {"job_id": job_id, "status": "release submitted",
-                "penalty": {"base_units": str(node.genesis.params.job_release_penalty)}}
+    _, job = _job(node, job_id)
+    out = job_json(job, node.ledger.state, node.store.archived_summary)
+    if node.jobs is not None and job.worker == node.ident.account:
+        prog = node.jobs.progress.get(job.post.job_id)
+        if prog:
+            out["local_step_losses"] = [x if x == x and abs(x) != float("inf") else None for x in prog["losses"]]
+    return out
 
-    @r.post("/v1/jobs/{job_id}/fetch", dependencies=[Depends(require_token)])
-    async def fetch(job_id: str, req: FetchRequest) -> dict:
-        from ..market.client import JobError, fetch_adapter
 
-        jid, _ = _job(job_id)
-        try:
-            return await fetch_adapter(node, jid, Path(req.out_dir).expanduser())
-        except JobError as e:
-            raise ApiError(409, "not_delivered", str(e)) from None
-        except OSError as e:
-            raise ApiError(400, "bad_out_dir", str(e)) from None
+@router.post("/v1/jobs", dependencies=AUTH)
+async def post(node: NodeDep, req: JobRequest) -> dict:
+    from ..compute.data import shakespeare_play  # these import torch: loaded on the first job request
+    from ..market.client import JobError, post_job
 
-    return r
+    if (req.text is None) == (req.play is None):
+        raise ApiError(400, "bad_request", "give exactly one of text or play")
+    try:
+        price = parse_amount(req.price_per_step)
+    except ValueError as e:
+        raise ApiError(400, "bad_amount", str(e)) from None
+    try:
+        text = req.text.encode() if req.text is not None else shakespeare_play(req.play)
+        title = req.title or (req.play or "untitled job")
+        p = await post_job(node, title=title, text=text, steps=req.steps, price_per_step=price,
+                           batch_size=req.batch_size, seq_len=req.seq_len, rank=req.rank, targets=req.targets,
+                           lr=req.lr, seed=req.seed, segment_steps=req.segment_steps,
+                           deadline_blocks=req.deadline_blocks, sample_ppm=req.sample_ppm)
+    except KeyError as e:
+        raise ApiError(400, "unknown_play", str(e.args[0])) from None
+    except (JobError, InvalidTx) as e:
+        raise ApiError(400, "bad_job", str(e)) from None
+    except RuntimeError as e:
+        raise ApiError(503, "dataset_unavailable", str(e)) from None
+    return {"job_id": p.job_id.hex(), "price": {"base_units": str(p.price)}, "status": "submitted"}
+
+
+@router.post("/v1/jobs/{job_id}/cancel", dependencies=AUTH)
+async def cancel(node: NodeDep, job_id: str) -> dict:
+    jid, job = _job(node, job_id)
+    me = node.ident.account
+    if job.post.sender != me:
+        raise ApiError(403, "not_yours", "only the requester can cancel a job")
+    if job.status != "open":
+        raise ApiError(409, "not_open", f"only an open job can be cancelled; this one is {job.status}")
+    tx = JobCancel(node.genesis.domain, me, jid, node.ledger.next_nonce(me)).signed(node.ident)
+    await node.ledger.submit(tx)
+    return {"job_id": job_id, "status": "cancel submitted"}
+
+
+@router.post("/v1/jobs/{job_id}/release", dependencies=AUTH)
+async def release(node: NodeDep, job_id: str) -> dict:
+    """The worker gives back a job it accepted and cannot do, before its first segment is on the ledger; its
+    bond pays the genesis ``job_release_penalty`` (less than letting the start window run out)."""
+    jid, job = _job(node, job_id)
+    me = node.ident.account
+    if job.worker != me or job.status != "accepted":
+        raise ApiError(403, "not_yours", "only the worker holding an accepted job can release it")
+    if job.segments:
+        raise ApiError(409, "started", "the job has started (a segment is on the ledger): it can no longer be "
+                                       "released; deliver it or let it reach its deadline")
+    why = "released through the API"
+    if node.jobs is not None:
+        await node.jobs.release(jid, why)
+    else:
+        await node.ledger.submit(JobRelease(node.genesis.domain, me, jid, node.ledger.next_nonce(me))
+                                 .signed(node.ident))
+    return {"job_id": job_id, "status": "release submitted",
+            "penalty": {"base_units": str(node.genesis.params.job_release_penalty)}}
+
+
+@router.post("/v1/jobs/{job_id}/fetch", dependencies=AUTH)
+async def fetch(node: NodeDep, job_id: str, req: FetchRequest) -> dict:
+    from ..market.client import JobError, fetch_adapter  # imports torch: loaded on the first job request
+
+    jid, _ = _job(node, job_id)
+    try:
+        return await fetch_adapter(node, jid, Path(req.out_dir).expanduser())
+    except JobError as e:
+        raise ApiError(409, "not_delivered", str(e)) from None
+    except OSError as e:
+        raise ApiError(400, "bad_out_dir", str(e)) from None
+
