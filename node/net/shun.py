@@ -97,7 +97,10 @@ class ShunList:
         self._counts[key] = (second, n)
         while len(self._counts) > p.max_tracked:
             self._counts.popitem(last=False)
-        if n < p.after or len(self._until) >= p.max_entries or self._protected(key, subnet):
+        if n < p.after or len(self._until) >= p.max_entries:
+            return False
+        if self._protected(key, subnet):
+            self._counts[key] = (second, 0)  # looked up again only after another `after` refusals
             return False
         try:
             self._prefixes[key] = prefix_of(key)
