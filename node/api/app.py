@@ -115,9 +115,9 @@ def create_app(node) -> FastAPI:
 
     errors = {c: {"model": ErrorOut} for c in (400, 401, 403, 404, 409, 422, 503)}
     app.include_router(jobs_router, responses=errors)
-    from .runs import make_router as runs_router  # collaborative training runs
+    from .runs import router as runs_router  # collaborative training runs
 
-    app.include_router(runs_router(node, require_token, ApiError), responses=errors)
+    app.include_router(runs_router, responses=errors)
     from .batches import make_router as batches_router  # batch jobs checked by majority vote
 
     app.include_router(batches_router(node, require_token, ApiError), responses=errors)

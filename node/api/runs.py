@@ -14,14 +14,16 @@ from pathlib import Path
 from typing import Literal
 
 import trio
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..encoding import AMOUNT_FORM, parse_amount
 from ..ledger.core.runs import RunStatus
 from ..ledger.core.runtx import RoundReceipt
 from ..ledger.core.tx import VERDICT_NAMES
+from .deps import AUTH, NodeAPI, NodeDep
 from .models import AmountText
+from .security import ApiError
 from .views import acct, amount, hexid
 
 PPM = 1_000_000
@@ -79,7 +81,7 @@ class RunFetchRequest(BaseModel):
                          description="directory on this machine for the adapter (lora) or model files (all)")
 
 
-def ledger_settings(req: RunRequest, ApiError) -> dict:
+def ledger_settings(req: RunRequest) -> dict:
     """The :class:`~node.ledger.core.runtx.RunPost` fields of ``req`` in ledger units.
 
     Raises:
@@ -110,6 +112,7 @@ def ledger_settings(req: RunRequest, ApiError) -> dict:
 
 
 # ------------------------------------------------------------------ views
+
 
 def _verdicts(rec) -> list[dict]:
     return [{"voter": acct(v), "round": rd, "verdict": VERDICT_NAMES.get(x, str(x)), "distance_ppm": d}
@@ -241,93 +244,107 @@ def list_runs(state, status: str | None, limit: int, offset: int) -> dict:
 
 # ------------------------------------------------------------------ router
 
-def make_router(node, require_token, ApiError) -> APIRouter:
-    r = APIRouter()
+router = APIRouter()
+"""The ``/v1/runs`` routes; each reads the node of the app it reached (:data:`~node.api.deps.NodeDep`)."""
 
-    def _run(run_id: str):
+
+def _run(node: NodeAPI, run_id: str):
+    """``(run id, run)`` of ``run_id`` on the ledger.
+
+    Raises:
+        ApiError: 400 ``bad_id`` (not 32 hex characters) or 404 ``not_found``.
+    """
+    try:
+        rid = bytes.fromhex(run_id)
+    except ValueError:
+        rid = b""
+    if len(rid) != 16:
+        raise ApiError(400, "bad_id", "a run id is 32 hex characters")
+    run = node.ledger.state.runs.get(rid)
+    if run is None:
+        raise ApiError(404, "not_found", "no such run on the ledger")
+    return rid, run
+
+
+@router.get("/v1/runs")
+async def get_runs(node: NodeDep, status: str | None = Query(None, pattern=f"^({RUN_STATUSES})$",
+                                                              description="only runs in this status"),
+                   limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0, le=10**9)) -> dict:
+    """Collaborative training runs on the ledger, newest first."""
+    return list_runs(node.ledger.state, status, limit, offset)
+
+
+@router.get("/v1/runs/{run_id}")
+async def get_run(node: NodeDep, run_id: str) -> dict:
+    """One run: settings, money, every finished round (workers, receipts' verdicts, loss, Δ bytes), the open
+    round and the raw ledger record."""
+    _, run = _run(node, run_id)
+    return run_view(run, node.ledger.state, node.store.archived_summary)
+
+
+@router.post("/v1/runs", dependencies=AUTH)
+async def post(node: NodeDep, req: RunRequest) -> dict:
+    """Post a run from this node's account: θ_0 is computed on this node's model and served with the dataset
+    to the workers (keep the node running); the budget ``rounds × (max_workers × inner_steps ×
+    price_per_step + aggregator_fee)`` goes into escrow."""
+    from ..compute.data import shakespeare_play  # these import torch: loaded on the first run request
+    from ..training.client import RunError, post_run
+
+    if (req.text is None) == (req.play is None):
+        raise ApiError(400, "bad_request", "give exactly one of text or play")
+    settings = ledger_settings(req)
+    try:
+        text = req.text.encode() if req.text is not None else await trio.to_thread.run_sync(
+            shakespeare_play, req.play)  # may download the sdist once: off the event loop
+        p = await post_run(node, title=req.title or (req.play or "untitled run"), text=text,
+                           settings=settings, deadline_blocks=req.deadline_blocks)
+    except KeyError as e:
+        raise ApiError(400, "unknown_play", str(e.args[0])) from None
+    except RunError as e:
+        raise ApiError(400, "bad_run", str(e)) from None
+    except RuntimeError as e:
+        raise ApiError(503, "dataset_unavailable", str(e)) from None
+    return {"run_id": p.run_id.hex(), "params0": p.params0.hex(), "dataset": p.dataset_root.hex(),
+            "budget": amount(p.budget), "tx": p.id.hex(), "status": "submitted"}
+
+
+def _action(name: str, doc: str) -> None:
+    """Register ``POST /v1/runs/{run_id}/<name>`` (join, leave, cancel: :func:`node.training.client.run_action`)
+    with the docstring ``doc``; 409 ``refused`` with the run rules' reason."""
+
+    async def handler(node: NodeDep, run_id: str) -> dict:
+        from ..training.client import RunError, run_action  # imports torch: loaded on first use
+
+        rid, _ = _run(node, run_id)
         try:
-            rid = bytes.fromhex(run_id)
-        except ValueError:
-            rid = b""
-        if len(rid) != 16:
-            raise ApiError(400, "bad_id", "a run id is 32 hex characters")
-        run = node.ledger.state.runs.get(rid)
-        if run is None:
-            raise ApiError(404, "not_found", "no such run on the ledger")
-        return rid, run
-
-    @r.get("/v1/runs")
-    async def get_runs(status: str | None = Query(None, pattern=f"^({RUN_STATUSES})$",
-                                                  description="only runs in this status"),
-                       limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0, le=10**9)) -> dict:
-        """Collaborative training runs on the ledger, newest first."""
-        return list_runs(node.ledger.state, status, limit, offset)
-
-    @r.get("/v1/runs/{run_id}")
-    async def get_run(run_id: str) -> dict:
-        """One run: settings, money, every finished round (workers, receipts' verdicts, loss, Δ bytes), the open
-        round and the raw ledger record."""
-        _, run = _run(run_id)
-        return run_view(run, node.ledger.state, node.store.archived_summary)
-
-    @r.post("/v1/runs", dependencies=[Depends(require_token)])
-    async def post(req: RunRequest) -> dict:
-        """Post a run from this node's account: θ_0 is computed on this node's model and served with the dataset
-        to the workers (keep the node running); the budget ``rounds × (max_workers × inner_steps ×
-        price_per_step + aggregator_fee)`` goes into escrow."""
-        from ..compute.data import shakespeare_play
-        from ..training.client import RunError, post_run
-
-        if (req.text is None) == (req.play is None):
-            raise ApiError(400, "bad_request", "give exactly one of text or play")
-        settings = ledger_settings(req, ApiError)
-        try:
-            text = req.text.encode() if req.text is not None else await trio.to_thread.run_sync(
-                shakespeare_play, req.play)  # may download the sdist once: off the event loop
-            p = await post_run(node, title=req.title or (req.play or "untitled run"), text=text,
-                               settings=settings, deadline_blocks=req.deadline_blocks)
-        except KeyError as e:
-            raise ApiError(400, "unknown_play", str(e.args[0])) from None
+            tx = await run_action(node, rid, name)
         except RunError as e:
-            raise ApiError(400, "bad_run", str(e)) from None
-        except RuntimeError as e:
-            raise ApiError(503, "dataset_unavailable", str(e)) from None
-        return {"run_id": p.run_id.hex(), "params0": p.params0.hex(), "dataset": p.dataset_root.hex(),
-                "budget": amount(p.budget), "tx": p.id.hex(), "status": "submitted"}
+            raise ApiError(409, "refused", str(e)) from None
+        return {"run_id": run_id, "tx": tx.id.hex(), "status": f"{name} submitted"}
 
-    def _action(name: str, doc: str):
-        async def handler(run_id: str) -> dict:
-            from ..training.client import RunError, run_action
+    handler.__doc__ = doc
+    handler.__name__ = f"run_{name}"
+    router.post(f"/v1/runs/{{run_id}}/{name}", dependencies=AUTH)(handler)
 
-            rid, _ = _run(run_id)
-            try:
-                tx = await run_action(node, rid, name)
-            except RunError as e:
-                raise ApiError(409, "refused", str(e)) from None
-            return {"run_id": run_id, "tx": tx.id.hex(), "status": f"{name} submitted"}
 
-        handler.__doc__ = doc
-        handler.__name__ = f"run_{name}"
-        r.post(f"/v1/runs/{{run_id}}/{name}", dependencies=[Depends(require_token)])(handler)
+_action("join", "Join the run as a worker from this node's account (it must be bonded; not the sponsor). "
+                "Takes part from the next round that opens.")
+_action("leave", "Leave the run (this node's account); a receipt already committed is still paid on its "
+                 "verdict.")
+_action("cancel", "The sponsor cancels a run whose first round never opened: the whole escrow returns.")
 
-    _action("join", "Join the run as a worker from this node's account (it must be bonded; not the sponsor). "
-                    "Takes part from the next round that opens.")
-    _action("leave", "Leave the run (this node's account); a receipt already committed is still paid on its "
-                     "verdict.")
-    _action("cancel", "The sponsor cancels a run whose first round never opened: the whole escrow returns.")
 
-    @r.post("/v1/runs/{run_id}/fetch", dependencies=[Depends(require_token)])
-    async def fetch(run_id: str, req: RunFetchRequest) -> dict:
-        """Fetch the run's current (final, once finished) parameters by content hash, checked against the
-        ledger, and write them under ``out_dir``: a peft adapter (LoRA) or model safetensors (all)."""
-        from ..training.client import RunError, fetch_params
+@router.post("/v1/runs/{run_id}/fetch", dependencies=AUTH)
+async def fetch(node: NodeDep, run_id: str, req: RunFetchRequest) -> dict:
+    """Fetch the run's current (final, once finished) parameters by content hash, checked against the
+    ledger, and write them under ``out_dir``: a peft adapter (LoRA) or model safetensors (all)."""
+    from ..training.client import RunError, fetch_params  # imports torch: loaded on first use
 
-        rid, _ = _run(run_id)
-        try:
-            return await fetch_params(node, rid, Path(req.out_dir).expanduser())
-        except RunError as e:
-            raise ApiError(409, "unavailable", str(e)) from None
-        except OSError as e:
-            raise ApiError(400, "bad_out_dir", str(e)) from None
+    rid, _ = _run(node, run_id)
+    try:
+        return await fetch_params(node, rid, Path(req.out_dir).expanduser())
+    except RunError as e:
+        raise ApiError(409, "unavailable", str(e)) from None
+    except OSError as e:
+        raise ApiError(400, "bad_out_dir", str(e)) from None
 
-    return r
