@@ -22,7 +22,14 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..ledger.core.tx import InvalidTx
-from .security import ApiError, SecurityMiddleware, token_checker
+from . import batches, jobs, modelsapi, pages, runs, wallet
+from .cache import ResponseCache
+from .deps import NodeAPI
+from .metrics import CONTENT_TYPE, metrics_registry, render
+from .models import ErrorOut
+from .pages import error_page
+from .queries import Queries
+from .security import ApiError, SecurityMiddleware
 from .views import amount, proof_from_json, receipt_json  # noqa: F401  (re-exported for callers and tests)
 
 log = logging.getLogger("tally.api")
@@ -58,73 +65,69 @@ def _wants_json(request: Request) -> bool:
     return path.startswith(JSON_PATHS) or "text/html" not in request.headers.get("accept", "")
 
 
-def create_app(node) -> FastAPI:
-    """The API, explorer and metrics of ``node`` (a :class:`~node.runtime.Node`)."""
-    from .cache import ResponseCache
-    from .metrics import CONTENT_TYPE, metrics_registry, render
-    from .pages import error_page, router as pages_router
-    from .queries import Queries
-    from .wallet import router as wallet_router
+def _error(request: Request, status: int, code: str, message: str, details=None) -> Response:
+    """``{"code", "message"[, "details"]}`` with ``status`` for API paths and clients that do not ask for HTML; the
+    explorer's error page otherwise."""
+    if _wants_json(request):
+        body = {"code": code, "message": message, **({"details": details} if details is not None else {})}
+        return JSONResponse(body, status_code=status)
+    return error_page(request, status, code, message)
 
+
+async def _api_error(request: Request, exc: ApiError) -> Response:
+    return _error(request, exc.status, exc.code, exc.message)
+
+
+async def _invalid_tx(request: Request, exc: InvalidTx) -> Response:  # the mempool's reason for a refusal
+    return _error(request, 400, "invalid_tx", str(exc))
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    code = HTTP_CODES.get(exc.status_code, "http_error")
+    message = exc.detail if isinstance(exc.detail, str) else code
+    if exc.status_code == 404:
+        message = "no such page or resource"
+    return _error(request, exc.status_code, code, message)
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+    details = [{"loc": [str(x) for x in e.get("loc", ())], "msg": str(e.get("msg", "")),
+                "type": str(e.get("type", ""))} for e in exc.errors()[:20]]
+    first = details[0] if details else {"loc": [], "msg": "invalid request"}
+    message = f"{'.'.join(first['loc'])}: {first['msg']}" if first["loc"] else first["msg"]
+    return _error(request, 422, "bad_request", message, details)
+
+
+async def _internal(request: Request, exc: Exception) -> Response:
+    log.error("internal error on %s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+    return _error(request, 500, "internal", "internal error")
+
+
+ERROR_HANDLERS = ((ApiError, _api_error), (InvalidTx, _invalid_tx), (StarletteHTTPException, _http_error),
+                  (RequestValidationError, _validation_error), (Exception, _internal))
+ERRORS = {c: {"model": ErrorOut} for c in (400, 401, 403, 404, 409, 422, 503)}
+# (router, the error responses it documents): /v1 and the pages declare theirs; jobs, runs, batches and models
+# get ERRORS at inclusion
+ROUTERS = ((wallet.router, None), (jobs.router, ERRORS), (runs.router, ERRORS), (batches.router, ERRORS),
+           (modelsapi.router, ERRORS), (pages.router, None))
+
+
+def create_app(node: NodeAPI) -> FastAPI:
+    """The API, explorer and metrics of ``node`` (a :class:`~node.runtime.Node`). The module-level routers reach
+    the node through ``app.state.node`` (:mod:`node.api.deps`); one process may build several apps."""
     app = FastAPI(title="Tally node API", version="1", description=__doc__, docs_url=None, redoc_url=None)
     app.add_middleware(ResponseCache, node=node)  # inner: sees only requests the security checks let through
     app.add_middleware(SecurityMiddleware)  # outermost (Starlette runs the last added first)
     q = Queries(node)
     app.state.node = node  # read by the routers' dependencies (node.api.deps)
     app.state.queries = q
-
-    def error(request: Request, status: int, code: str, message: str, details=None) -> Response:
-        if _wants_json(request):
-            body = {"code": code, "message": message, **({"details": details} if details is not None else {})}
-            return JSONResponse(body, status_code=status)
-        return error_page(request, status, code, message)
-
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError):
-        return error(request, exc.status, exc.code, exc.message)
-
-    @app.exception_handler(InvalidTx)
-    async def _invalid_tx(request: Request, exc: InvalidTx):  # the mempool's reason for refusing a submission
-        return error(request, 400, "invalid_tx", str(exc))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException):
-        code = HTTP_CODES.get(exc.status_code, "http_error")
-        message = exc.detail if isinstance(exc.detail, str) else code
-        if exc.status_code == 404:
-            message = "no such page or resource"
-        return error(request, exc.status_code, code, message)
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError):
-        details = [{"loc": [str(x) for x in e.get("loc", ())], "msg": str(e.get("msg", "")),
-                    "type": str(e.get("type", ""))} for e in exc.errors()[:20]]
-        first = details[0] if details else {"loc": [], "msg": "invalid request"}
-        message = f"{'.'.join(first['loc'])}: {first['msg']}" if first["loc"] else first["msg"]
-        return error(request, 422, "bad_request", message, details)
-
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception):
-        log.error("internal error on %s %s: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
-        return error(request, 500, "internal", "internal error")
-
-    require_token = token_checker(node.api_token)
-    app.include_router(wallet_router)
-    from .jobs import router as jobs_router  # the job marketplace's endpoints
-    from .models import ErrorOut
-
-    errors = {c: {"model": ErrorOut} for c in (400, 401, 403, 404, 409, 422, 503)}
-    app.include_router(jobs_router, responses=errors)
-    from .runs import router as runs_router  # collaborative training runs
-
-    app.include_router(runs_router, responses=errors)
-    from .batches import make_router as batches_router  # batch jobs checked by majority vote
-
-    app.include_router(batches_router(node, require_token, ApiError), responses=errors)
-    from .modelsapi import models_router  # /v1/models: every model known, its coverage and servers
-
-    app.include_router(models_router(node), responses=errors)
-    app.include_router(pages_router)
+    for exc, handler in ERROR_HANDLERS:
+        app.add_exception_handler(exc, handler)
+    for router, errors in ROUTERS:
+        if errors is None:
+            app.include_router(router)
+        else:
+            app.include_router(router, responses=errors)
 
     registry = metrics_registry(node, q)
 

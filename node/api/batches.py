@@ -3,14 +3,16 @@ rate and payouts, fetch the accepted results, cancel a batch nothing of which is
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from ..encoding import AMOUNT_FORM, parse_amount
 from ..ledger.core.batchstate import BatchStatus
 from ..ledger.core.batchtx import MAX_GENERATE_TOKENS, MAX_REISSUES, MAX_REPLICATION, MAX_WINDOW, BatchCancel
 from ..ledger.core.tx import InvalidTx
+from .deps import AUTH, NodeAPI, NodeDep
 from .models import AmountText
+from .security import ApiError
 
 
 class BatchRequest(BaseModel):
@@ -32,89 +34,99 @@ class BatchFetchRequest(BaseModel):
     include_input: bool = Field(True, description="repeat each item's input line in its result")
 
 
-def make_router(node, require_token, ApiError) -> APIRouter:
-    r = APIRouter()
+router = APIRouter()
+"""The ``/v1/batches`` routes; each reads the node of the app it reached (:data:`~node.api.deps.NodeDep`)."""
 
-    def _batch(batch_id: str):
-        try:
-            bid = bytes.fromhex(batch_id)
-        except ValueError:
-            bid = b""
-        b = node.ledger.state.tables["batches"].get(bid) if len(bid) == 16 else None
-        if b is None:
-            raise ApiError(404, "not_found", "no such batch (ids are 32 hex characters)")
-        return bid, b
 
-    @r.get("/v1/batches")
-    async def list_batches(status: str | None = None, limit: int = 50, offset: int = 0) -> dict:
-        """Batches, newest first, without their items."""
-        from ..batch.client import batch_json
+def _batch(node: NodeAPI, batch_id: str):
+    """``(batch id, batch)`` of ``batch_id`` on the ledger.
 
-        st = node.ledger.state
-        bs = [b for b in sorted(st.tables["batches"].values(), key=lambda b: (-b.height, b.post.id))
-              if status is None or b.status.value == status]
-        limit = max(1, min(limit, 500))
-        return {"total": len(bs), "batches": [batch_json(b, st) for b in bs[max(0, offset):max(0, offset) + limit]]}
+    Raises:
+        ApiError: 404 ``not_found`` (malformed id or no such batch).
+    """
+    try:
+        bid = bytes.fromhex(batch_id)
+    except ValueError:
+        bid = b""
+    b = node.ledger.state.tables["batches"].get(bid) if len(bid) == 16 else None
+    if b is None:
+        raise ApiError(404, "not_found", "no such batch (ids are 32 hex characters)")
+    return bid, b
 
-    @r.get("/v1/batches/{batch_id}")
-    async def get_batch(batch_id: str, items: bool = False) -> dict:
-        """One batch: progress (decided / n), agreement rate, payouts and penalties per worker; ``items=true``
-        adds every assigned item's workers, commit and reveal counts and accepted result hash."""
-        from ..batch.client import batch_json
 
-        _, b = _batch(batch_id)
-        out = batch_json(b, node.ledger.state, with_items=items)
-        w = getattr(node, "batches", None)
-        if w is not None:
-            out["local_results_computed"] = w.done
-        return out
+@router.get("/v1/batches")
+async def list_batches(node: NodeDep, status: str | None = None, limit: int = 50, offset: int = 0) -> dict:
+    """Batches, newest first, without their items."""
+    from ..batch.client import batch_json  # imports torch (its tasks): loaded on the first batch request
 
-    @r.post("/v1/batches", dependencies=[Depends(require_token)])
-    async def post(req: BatchRequest) -> dict:
-        """Check the item file, keep it on this node (workers fetch it from here) and post the batch with escrow.
-        A bad file or parameter is refused with its reason (the line number for a file); nothing is posted."""
-        from ..batch.client import BatchError, post_batch
+    st = node.ledger.state
+    bs = [b for b in sorted(st.tables["batches"].values(), key=lambda b: (-b.height, b.post.id))
+          if status is None or b.status.value == status]
+    limit = max(1, min(limit, 500))
+    return {"total": len(bs), "batches": [batch_json(b, st) for b in bs[max(0, offset):max(0, offset) + limit]]}
 
-        try:
-            price = parse_amount(req.price)
-        except ValueError as e:
-            raise ApiError(400, "bad_amount", str(e)) from None
-        try:
-            p = await post_batch(node, req.items.encode("utf-8"), kind=req.kind, replication=req.replication,
-                                 quorum=req.quorum, price=price, max_tokens=req.max_tokens,
-                                 max_reissues=req.max_reissues, commit_window=req.commit_window,
-                                 reveal_window=req.reveal_window)
-        except (BatchError, InvalidTx) as e:
-            raise ApiError(400, "bad_batch", str(e)) from None
-        return {"batch_id": p.batch_id.hex(), "n_items": p.n_items, "escrow": {"base_units": str(p.escrow())},
-                "status": "submitted"}
 
-    @r.post("/v1/batches/{batch_id}/fetch", dependencies=[Depends(require_token)])
-    async def fetch(batch_id: str, req: BatchFetchRequest | None = None) -> dict:
-        """The accepted results, each fetched by hash from the workers that agreed on it (and kept here)."""
-        from ..batch.client import BatchError, fetch_results
+@router.get("/v1/batches/{batch_id}")
+async def get_batch(node: NodeDep, batch_id: str, items: bool = False) -> dict:
+    """One batch: progress (decided / n), agreement rate, payouts and penalties per worker; ``items=true``
+    adds every assigned item's workers, commit and reveal counts and accepted result hash."""
+    from ..batch.client import batch_json  # imports torch (its tasks): loaded on the first batch request
 
-        bid, b = _batch(batch_id)
-        try:
-            rows = await fetch_results(node, bid)
-        except BatchError as e:
-            raise ApiError(503, "results_unavailable", str(e)) from None
-        if req is not None and not req.include_input:
-            for row in rows:
-                row.pop("input", None)
-        return {"batch_id": batch_id, "status": b.status.value, "n_items": b.post.n_items, "results": rows}
+    _, b = _batch(node, batch_id)
+    out = batch_json(b, node.ledger.state, with_items=items)
+    w = getattr(node, "batches", None)
+    if w is not None:
+        out["local_results_computed"] = w.done
+    return out
 
-    @r.post("/v1/batches/{batch_id}/cancel", dependencies=[Depends(require_token)])
-    async def cancel(batch_id: str) -> dict:
-        bid, b = _batch(batch_id)
-        me = node.ident.account
-        if b.post.sender != me:
-            raise ApiError(403, "not_yours", "only the requester can cancel a batch")
-        if b.status != BatchStatus.OPEN:
-            raise ApiError(409, "not_open", f"only a batch with no item assigned can be cancelled; this one is "
-                                            f"{b.status.value}")
-        await node.ledger.submit(BatchCancel(node.genesis.domain, me, bid, node.ledger.next_nonce(me))
-                                 .signed(node.ident))
-        return {"batch_id": batch_id, "status": "cancel submitted"}
 
-    return r
+@router.post("/v1/batches", dependencies=AUTH)
+async def post(node: NodeDep, req: BatchRequest) -> dict:
+    """Check the item file, keep it on this node (workers fetch it from here) and post the batch with escrow.
+    A bad file or parameter is refused with its reason (the line number for a file); nothing is posted."""
+    from ..batch.client import BatchError, post_batch  # imports torch: loaded on first use
+
+    try:
+        price = parse_amount(req.price)
+    except ValueError as e:
+        raise ApiError(400, "bad_amount", str(e)) from None
+    try:
+        p = await post_batch(node, req.items.encode("utf-8"), kind=req.kind, replication=req.replication,
+                             quorum=req.quorum, price=price, max_tokens=req.max_tokens,
+                             max_reissues=req.max_reissues, commit_window=req.commit_window,
+                             reveal_window=req.reveal_window)
+    except (BatchError, InvalidTx) as e:
+        raise ApiError(400, "bad_batch", str(e)) from None
+    return {"batch_id": p.batch_id.hex(), "n_items": p.n_items, "escrow": {"base_units": str(p.escrow())},
+            "status": "submitted"}
+
+
+@router.post("/v1/batches/{batch_id}/fetch", dependencies=AUTH)
+async def fetch(node: NodeDep, batch_id: str, req: BatchFetchRequest | None = None) -> dict:
+    """The accepted results, each fetched by hash from the workers that agreed on it (and kept here)."""
+    from ..batch.client import BatchError, fetch_results  # imports torch: loaded on first use
+
+    bid, b = _batch(node, batch_id)
+    try:
+        rows = await fetch_results(node, bid)
+    except BatchError as e:
+        raise ApiError(503, "results_unavailable", str(e)) from None
+    if req is not None and not req.include_input:
+        for row in rows:
+            row.pop("input", None)
+    return {"batch_id": batch_id, "status": b.status.value, "n_items": b.post.n_items, "results": rows}
+
+
+@router.post("/v1/batches/{batch_id}/cancel", dependencies=AUTH)
+async def cancel(node: NodeDep, batch_id: str) -> dict:
+    bid, b = _batch(node, batch_id)
+    me = node.ident.account
+    if b.post.sender != me:
+        raise ApiError(403, "not_yours", "only the requester can cancel a batch")
+    if b.status != BatchStatus.OPEN:
+        raise ApiError(409, "not_open", f"only a batch with no item assigned can be cancelled; this one is "
+                                        f"{b.status.value}")
+    await node.ledger.submit(BatchCancel(node.genesis.domain, me, bid, node.ledger.next_nonce(me))
+                             .signed(node.ident))
+    return {"batch_id": batch_id, "status": "cancel submitted"}
+

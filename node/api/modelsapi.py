@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from ..compute.families import SUPPORTED
 from ..compute.model import ManifestError, config_dict, load_manifest
 from ..models import registry
+from .deps import NodeAPI, NodeDep
 
 
 class ModelServerOut(BaseModel):
@@ -44,7 +45,7 @@ class ModelsOut(BaseModel):
     models: list[ModelOut] = Field(..., description="this node's model first, then local models, then announced")
 
 
-def _local(node) -> dict[bytes, dict]:
+def _local(node: NodeAPI) -> dict[bytes, dict]:
     """``{model id: row}`` of the model dirs in the node's cache (unreadable dirs skipped) and its own model."""
     cache = Path(getattr(node.cfg, "model_cache", None) or Path(node.cfg.model_dir).parent)
     try:
@@ -67,7 +68,7 @@ def _local(node) -> dict[bytes, dict]:
     return out
 
 
-def models_view(node) -> dict:
+def models_view(node: NodeAPI) -> dict:
     """The body of ``GET /v1/models`` (see the module docstring) for a running :class:`~node.runtime.Node`."""
     rows = _local(node)
     mine = node.manifest.model_id
@@ -98,13 +99,11 @@ def models_view(node) -> dict:
     return {"models": out}
 
 
-def models_router(node) -> APIRouter:
-    """``GET /v1/models`` for ``node``."""
-    r = APIRouter(prefix="/v1", tags=["swarm"])
+router = APIRouter(prefix="/v1", tags=["swarm"])
+"""``GET /v1/models`` for the node of the app it reached (:data:`~node.api.deps.NodeDep`)."""
 
-    @r.get("/models", response_model=ModelsOut,
-           summary="Models this node knows (its cache and the swarm): id, name, quantization, block coverage")
-    async def models():
-        return JSONResponse(models_view(node))
 
-    return r
+@router.get("/models", response_model=ModelsOut,
+            summary="Models this node knows (its cache and the swarm): id, name, quantization, block coverage")
+async def models(node: NodeDep):
+    return JSONResponse(models_view(node))

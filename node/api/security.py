@@ -107,8 +107,3 @@ def require_token(request: Request, creds: HTTPAuthorizationCredentials | None =
         raise ApiError(401, "unauthorized", "missing or wrong API token (Authorization: Bearer "
                                             "$(cat <data-dir>/api_token))")
 
-
-def token_checker(expected: str):
-    """Kept while the job, run and batch routers still take a token check: :func:`require_token` (the app's node's
-    token; ``expected`` is that token, see :func:`node.api.app.create_app`)."""
-    return require_token
