@@ -13,9 +13,11 @@ the data dir, and static files come only from the package's ``static/`` folder (
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -91,9 +93,10 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> Response
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
-    details = [{"loc": [str(x) for x in e.get("loc", ())], "msg": str(e.get("msg", "")),
-                "type": str(e.get("type", ""))} for e in exc.errors()[:20]]
-    first = details[0] if details else {"loc": [], "msg": "invalid request"}
+    details: list[dict[str, Any]] = [
+        {"loc": [str(x) for x in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+        for e in exc.errors()[:20]]
+    first: dict[str, Any] = details[0] if details else {"loc": [], "msg": "invalid request"}
     message = f"{'.'.join(first['loc'])}: {first['msg']}" if first["loc"] else first["msg"]
     return _error(request, 422, "bad_request", message, details)
 
@@ -103,13 +106,17 @@ async def _internal(request: Request, exc: Exception) -> Response:
     return _error(request, 500, "internal", "internal error")
 
 
-ERROR_HANDLERS = ((ApiError, _api_error), (InvalidTx, _invalid_tx), (StarletteHTTPException, _http_error),
-                  (RequestValidationError, _validation_error), (Exception, _internal))
-ERRORS = {c: {"model": ErrorOut} for c in (400, 401, 403, 404, 409, 422, 503)}
+Handler = Callable[[Request, Any], Awaitable[Response]]
+Responses = dict[int | str, dict[str, Any]]
+ERROR_HANDLERS: tuple[tuple[type[Exception], Handler], ...] = (
+    (ApiError, _api_error), (InvalidTx, _invalid_tx), (StarletteHTTPException, _http_error),
+    (RequestValidationError, _validation_error), (Exception, _internal))
+ERRORS: Responses = {c: {"model": ErrorOut} for c in (400, 401, 403, 404, 409, 422, 503)}
 # (router, the error responses it documents): /v1 and the pages declare theirs; jobs, runs, batches and models
 # get ERRORS at inclusion
-ROUTERS = ((wallet.router, None), (jobs.router, ERRORS), (runs.router, ERRORS), (batches.router, ERRORS),
-           (modelsapi.router, ERRORS), (pages.router, None))
+ROUTERS: tuple[tuple[APIRouter, Responses | None], ...] = (
+    (wallet.router, None), (jobs.router, ERRORS), (runs.router, ERRORS), (batches.router, ERRORS),
+    (modelsapi.router, ERRORS), (pages.router, None))
 
 
 def create_app(node: NodeAPI) -> FastAPI:

@@ -19,6 +19,7 @@ from .queries import Queries
 from .security import require_token
 
 if TYPE_CHECKING:  # types only: the API sits above all of these (see the layers contract in pyproject.toml)
+    from ..batch.items import ContentStore
     from ..blobs import BlobStore
     from ..compute.model import Manifest
     from ..inference.client import Generation, SwarmTable
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # types only: the API sits above all of these (see the layers
     from ..ledger.core.genesis import Genesis
     from ..ledger.service import LedgerService
     from ..ledger.store import LedgerStore
+    from ..training.seams import Executor
 
 
 class ModelSettings(Protocol):
@@ -35,7 +37,10 @@ class ModelSettings(Protocol):
     def model_dir(self) -> Path: ...
 
     @property
-    def span(self) -> tuple[int, int] | None: ...
+    def model_cache(self) -> Path | None: ...  # other models' dirs (None: the parent of model_dir)
+
+    @property
+    def span(self) -> tuple[int, int] | str | None: ...  # the decoder blocks served ("auto" until resolved)
 
 
 class NodeAPI(Protocol):
@@ -84,6 +89,12 @@ class NodeAPI(Protocol):
 
     @property
     def blobs(self) -> BlobStore: ...
+
+    @property
+    def batch_store(self) -> ContentStore: ...  # a batch's item files and results (node.batch.client)
+
+    @property
+    def executor(self) -> Executor: ...  # the torch thread (node.training.client computes θ_0 there)
 
     def client_for(self, model: str | None = None) -> Any:
         """The route client of ``model`` (name or id; None: this node's model); ``manifest.vocab_size``.
