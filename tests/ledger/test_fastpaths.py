@@ -227,3 +227,47 @@ def test_block_work_runs_with_the_cyclic_collector_paused_and_restored(tmp_path)
         assert gc.isenabled()
     finally:
         store.close()
+
+
+def test_stores_with_snappy_tables_and_without_read_each_other(tmp_path):
+    """LedgerStore writes tables uncompressed (store.COMPRESSION); a store whose tables were written with Snappy
+    (every store before issue 27) opens with the same state and verifies, and an older reader (LevelDB's default
+    options) reads what it writes now."""
+    g = make_genesis(challenge_window=2)
+    path = tmp_path / "db"
+
+    def grow(store, state, blocks):
+        for _ in range(blocks):
+            h = state.height + 1
+            block, new, rejected = propose(state, _receipts(g, 20, height=state.height), VALIDATOR, 1000 * h,
+                                           store.last_commit())
+            assert not rejected
+            store.append(block, commit_block(VALIDATOR, block), state, new)
+            state = new
+        return state
+
+    def compact_as(compression):  # rewrite every table with ``compression``, as an older node would have
+        db = plyvel.DB(str(path), compression=compression)
+        db.compact_range(start=b"\x00", stop=b"\xff" * 40)
+        db.close()
+
+    store = LedgerStore(path, g)
+    state = grow(store, store.replay(), 4)
+    root, accounts, n = state.state_root(), dict(state.accounts.items()), len(state.receipts)
+    store.close()
+    compact_as("snappy")
+    store = LedgerStore(path, g)
+    try:
+        again = store.replay()
+        assert again.state_root() == root and dict(again.accounts.items()) == accounts and len(again.receipts) == n
+        assert store.verify() == []
+        state = grow(store, again, 3)  # written uncompressed beside the Snappy tables
+        root = state.state_root()
+    finally:
+        store.close()
+    compact_as("snappy")  # an older node's LevelDB reads and rewrites the mixed store
+    store = LedgerStore(path, g)
+    try:
+        assert store.replay().state_root() == root and store.verify() == []
+    finally:
+        store.close()
