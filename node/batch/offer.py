@@ -18,14 +18,16 @@ runs on every node, so they are committed and revealed as usual.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import trio
 
 from ..identity import Identity
 from ..ledger.core.batch import reputation
 from ..ledger.core.batchtx import WITHDRAWN, BatchOffer
+from ..ledger.core.block import Block
+from ..ledger.core.state import State
 from ..ledger.core.tx import InvalidTx, Tx
 
 log = logging.getLogger("tally.batch")
@@ -33,13 +35,18 @@ log = logging.getLogger("tally.batch")
 class OfferLedger(Protocol):
     """What :class:`OfferKeeper` needs of :class:`node.ledger.service.LedgerService`."""
 
-    state: Any
-    mempool: Any  # node.ledger.mempool.Mempool: tx id -> queued tx (KeyError when not queued)
+    @property
+    def state(self) -> State: ...
+
+    @property
+    def mempool(self) -> Mapping[bytes, Tx]:
+        """:class:`node.ledger.mempool.Mempool`: tx id -> queued tx (KeyError when not queued)."""
+        ...
 
     @property
     def chain_id(self) -> str: ...
 
-    def on_block(self, fn: Callable[[Any, Any], None]) -> None: ...
+    def on_block(self, fn: Callable[[Block, State], None]) -> None: ...
 
     def next_nonce(self, account: bytes) -> int: ...
 
@@ -64,7 +71,7 @@ class OfferKeeper:
         self._wake = trio.Event()
         ledger.on_block(lambda block, state: self._wake.set())
 
-    def pending(self, st: Any) -> BatchOffer | None:
+    def pending(self, st: State) -> BatchOffer | None:
         """The offer to send now against state ``st`` (unsigned), or None: the ledger already holds what this
         node wants, the last offer sent is still queued in the mempool, or the account is not bonded (an offer
         only; a withdrawal is always sent)."""

@@ -28,7 +28,7 @@ import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import trio
 from libp2p.abc import INetStream
@@ -39,6 +39,7 @@ from ..ledger.core.batch import assignments_of
 from ..ledger.core.batchaudit import audits_of
 from ..ledger.core.batchstate import AuditStatus, Batch, Item, ItemStatus, item_key
 from ..ledger.core.batchtx import BatchAuditVote, BatchCommit, BatchReveal, commitment
+from ..ledger.core.block import Block
 from ..ledger.core.state import State
 from ..ledger.core.tx import InvalidTx, Tx
 from ..p2p.budget import ReplyBudget
@@ -66,7 +67,7 @@ class LedgerView(Protocol):
     @property
     def chain_id(self) -> str: ...
 
-    def on_block(self, fn: Callable[[Any, Any], None]) -> None: ...
+    def on_block(self, fn: Callable[[Block, State], None]) -> None: ...
 
     async def submit(self, tx: Tx) -> bytes: ...
 
@@ -78,8 +79,13 @@ class Requester(Protocol):
                       max_message: int = ...) -> dict[str, Any]: ...
 
 
+T = TypeVar("T")
+
+
 class Executor(Protocol):
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+    """The node's torch executor (:class:`node.compute.executor.TorchExecutor`): ``fn(*args)`` on its thread."""
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T: ...
 
 
 class Runner(Protocol):
