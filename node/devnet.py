@@ -19,6 +19,8 @@ import httpx
 
 from .cliargs import resolve_device, resolve_model
 from .encoding import format_amount
+from .ledger.core.jobs import JobStatus
+from .ledger.core.status import FINAL
 
 
 class DevnetError(RuntimeError):
@@ -217,7 +219,7 @@ def _inference_demo(http, api, accounts, manifest, model_dir: Path, args) -> boo
     print(f"   {len(gen['tokens'])} tokens in {gen['seconds']:.2f} s "
           f"({len(gen['tokens']) / gen['seconds']:.1f} tokens/s)")
     print("== waiting for committee verdicts", flush=True)
-    final = {"valid", "invalid", "settled", "unverified"}
+    final = FINAL  # receipt statuses no block changes
     deadline = time.monotonic() + 300
     while True:
         got = [http.get(f"{api}/v1/receipts/{rid}") for rid in gen["receipts"]]
@@ -282,7 +284,7 @@ def _job_demo(http, api, accounts, root: Path, args) -> bool:
         loss = "NaN" if seg["loss"] is None else f"{seg['loss']:.3f}"
         print(f"   steps {seg['steps'][0]:>3}-{seg['steps'][1]:<3} loss {loss}  verdict {seg['status']}  "
               f"committee {', '.join(name.get(m, m[:12]) for m in seg['committee'])}")
-    ok = job["status"] == "settled"
+    ok = job["status"] == JobStatus.SETTLED
     if ok:
         out = http.post(f"{api}/v1/jobs/{jid}/fetch", json={"out_dir": str((root / "adapter").resolve())}).json()
         print(f"   adapter {out['adapter'][:16]}… fetched by content hash into {root / 'adapter'}")

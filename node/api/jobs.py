@@ -9,6 +9,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from ..encoding import AMOUNT_FORM, parse_amount
+from ..ledger.core.jobs import JobStatus
 from ..ledger.core.jobtx import JobCancel, JobRelease
 from ..ledger.core.tx import InvalidTx
 from .deps import AUTH, NodeAPI, NodeDep
@@ -120,7 +121,7 @@ async def cancel(node: NodeDep, job_id: str) -> dict:
     me = node.ident.account
     if job.post.sender != me:
         raise ApiError(403, "not_yours", "only the requester can cancel a job")
-    if job.status != "open":
+    if job.status != JobStatus.OPEN:
         raise ApiError(409, "not_open", f"only an open job can be cancelled; this one is {job.status}")
     tx = JobCancel(node.genesis.domain, me, jid, node.ledger.next_nonce(me)).signed(node.ident)
     await node.ledger.submit(tx)
@@ -133,7 +134,7 @@ async def release(node: NodeDep, job_id: str) -> dict:
     bond pays the genesis ``job_release_penalty`` (less than letting the start window run out)."""
     jid, job = _job(node, job_id)
     me = node.ident.account
-    if job.worker != me or job.status != "accepted":
+    if job.worker != me or job.status != JobStatus.ACCEPTED:
         raise ApiError(403, "not_yours", "only the worker holding an accepted job can release it")
     if job.segments:
         raise ApiError(409, "started", "the job has started (a segment is on the ledger): it can no longer be "

@@ -17,6 +17,7 @@ from ..ledger.core.block import Header, decode_block
 from ..ledger.core.capture import capture_risk
 from ..ledger.core.history import read_head
 from ..ledger.core.state import FINAL
+from ..ledger.core.status import INVALID_S, VALID_S
 from ..ledger.core.tx import ABSTAIN
 from ..ledger.genesis import TREASURY
 from . import views as v
@@ -262,7 +263,7 @@ class Queries:
                 votes[verdict] += 1
                 if verdict == ABSTAIN:
                     at(rec.height)["abstain"] += 1
-            if rec.status in ("valid", "invalid"):
+            if rec.status in (VALID_S, INVALID_S):
                 at(rec.final_height)[rec.status] += 1
             if rec.slashed:
                 slashes += 1

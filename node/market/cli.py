@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ..encoding import format_amount, parse_amount
+from ..ledger.core.jobs import TERMINAL
 from ..localapi import LocalApi, dataset_field
 
 
@@ -79,7 +80,7 @@ def _Api(data_dir: Path) -> LocalApi:
     return LocalApi(data_dir, "node job")
 
 
-FINAL = {"settled", "cancelled", "expired", "failed", "diverged"}
+FINAL = TERMINAL  # job statuses no block changes
 
 
 def _follow(api: LocalApi, job_id: str) -> dict:

@@ -26,7 +26,7 @@ from ..encoding import commitments_root
 from ..ledger.core.runs import Phase, attempt_of
 from ..ledger.core.runstate import Run
 from ..ledger.core.runtx import RoundAggregate, RoundReceipt
-from ..ledger.core.tx import ABSTAIN, INVALID, VALID
+from ..ledger.core.tx import ABSTAIN, INVALID, VALID, Verdict
 from . import rounds as rd
 from .assign import batch_tensors
 from .seams import BlobHost, Executor, LedgerReader
@@ -151,7 +151,7 @@ async def check_round_receipt(member: ReplayMember, r: RoundReceipt, cache: RunC
         log.warning("abstain on round receipt %s: %s", r.id.hex()[:16], e)
         return ABSTAIN, math.inf
     log.info("round receipt %s of run %s round %d: %s (%s, distance %.3g)", r.id.hex()[:16], r.run_id.hex()[:12],
-             r.round, "valid" if verdict == VALID else "invalid", why, d)
+             r.round, Verdict(verdict).label, why, d)
     return verdict, d
 
 
@@ -189,5 +189,5 @@ async def check_aggregate(member: ReplayMember, a: RoundAggregate, cache: RunCac
     # a mismatch on a fetched tokenizer (another model's dir) may be the screen's windows, not the aggregator
     verdict = VALID if ok else INVALID if tokenizer_trusted(model_dir) else ABSTAIN
     log.info("aggregate %s of run %s round %d: %s", a.id.hex()[:16], a.run_id.hex()[:12], a.round,
-             {VALID: "valid", INVALID: "invalid", ABSTAIN: "abstain (fetched tokenizer)"}[verdict])
+             Verdict(verdict).label + (" (fetched tokenizer)" if verdict == ABSTAIN else ""))
     return verdict, (0.0 if ok else math.inf)

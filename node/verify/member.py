@@ -35,7 +35,7 @@ from ..compute.compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
 from ..compute.span import SpanModel
 from ..identity import Identity, account_to_str
 from ..ledger.core.state import SAMPLED, State
-from ..ledger.core.tx import ABSTAIN, INVALID, VALID, InvalidTx, Receipt, Vote
+from ..ledger.core.tx import ABSTAIN, INVALID, VALID, InvalidTx, Receipt, Verdict, Vote
 from .blockfetch import BlockFetcher, BlockUnavailable
 
 log = logging.getLogger("tally.verify")
@@ -122,7 +122,7 @@ class CommitteeMember:
                 log.info("vote on %s refused: %s", receipt.id.hex()[:16], e)
                 return
             self.checked += 1
-            log.info("voted %s on %s (distance %.3g)", {0: "valid", 1: "invalid", 2: "abstain"}[verdict],
+            log.info("voted %s on %s (distance %.3g)", Verdict(verdict).label,
                      receipt.id.hex()[:16], d)
         finally:
             room.release()

@@ -32,6 +32,7 @@ base units from a bond to the treasury's balance, so the supply (balances + bond
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -45,9 +46,22 @@ from .tx import InvalidTx, Tx, _check
 if TYPE_CHECKING:
     from .state import State
 
-OPEN, ACCEPTED, DELIVERED, SETTLED = "open", "accepted", "delivered", "settled"
-CANCELLED, EXPIRED, FAILED, DIVERGED = "cancelled", "expired", "failed", "diverged"
-TERMINAL = {SETTLED, CANCELLED, EXPIRED, FAILED, DIVERGED}
+class JobStatus(enum.StrEnum):
+    """A fine-tune job's status on the ledger (stored and served as its value, equal to that string)."""
+
+    OPEN = "open"
+    ACCEPTED = "accepted"
+    DELIVERED = "delivered"
+    SETTLED = "settled"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    FAILED = "failed"
+    DIVERGED = "diverged"
+
+
+OPEN, ACCEPTED, DELIVERED, SETTLED = JobStatus.OPEN, JobStatus.ACCEPTED, JobStatus.DELIVERED, JobStatus.SETTLED
+CANCELLED, EXPIRED, FAILED, DIVERGED = JobStatus.CANCELLED, JobStatus.EXPIRED, JobStatus.FAILED, JobStatus.DIVERGED
+TERMINAL: frozenset[str] = frozenset({SETTLED, CANCELLED, EXPIRED, FAILED, DIVERGED})
 # why a worker lost a job it had accepted (``Job.dropped``)
 START_TIMEOUT, RELEASED = "start_timeout", "released"
 STATUS_TEXT = {

@@ -33,6 +33,7 @@ enters a mempool or a valid block, from gossip, a block or the API alike. The le
 
 from __future__ import annotations
 
+import enum
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, fields as dc_fields, replace
@@ -44,8 +45,23 @@ from ...encoding import MAX_AMOUNT, object_id
 from ...keys import Identity, is_valid_account, verify
 from .domain import MAX_DOMAIN, is_domain
 
-VALID, INVALID, ABSTAIN = 0, 1, 2
-VERDICT_NAMES = {VALID: "valid", INVALID: "invalid", ABSTAIN: "abstain"}
+
+class Verdict(enum.IntEnum):
+    """A committee member's vote on a receipt, and a committee's final verdict. An ``IntEnum``: signed, stored and
+    sent as the int (0, 1, 2), equal to it, so votes decoded from the wire or the store compare the same."""
+
+    VALID = 0
+    INVALID = 1
+    ABSTAIN = 2  # the member could not re-execute; never penalises the worker
+
+    @property
+    def label(self) -> str:
+        """``valid``, ``invalid`` or ``abstain``: the word the API, the explorer and the CLI show."""
+        return self.name.lower()
+
+
+VALID, INVALID, ABSTAIN = Verdict.VALID, Verdict.INVALID, Verdict.ABSTAIN
+VERDICT_NAMES: dict[int, str] = {v.value: v.label for v in Verdict}
 
 
 class InvalidTx(ValueError):
