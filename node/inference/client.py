@@ -214,6 +214,7 @@ class RouteClient:
         self.compression = check_codec(compression)
         self.max_failovers = max_failovers
         self.submit = submit
+        self._dialing: dict[str, trio.Event] = {}  # peer -> set when the dial in flight to it ends
 
     def check_length(self, n_prompt: int, max_new_tokens: int) -> int:
         """Total session length; raises :class:`PromptTooLong` before any session is opened."""
@@ -264,13 +265,28 @@ class RouteClient:
     # ------------------------------------------------------------------ one hop
 
     async def _dial(self, peer: str) -> None:
-        """Connect to ``peer`` at the addresses it announced (only addresses naming it) if not connected."""
+        """Connect to ``peer`` at the addresses it announced (only addresses naming it) if not connected. A dial
+        to ``peer`` already in flight (:meth:`keep_route_connected`'s, or another generation's) is waited for, not
+        raced by a second one: through a relay each dial costs several round trips and a circuit."""
         if peer in self.host.connected_peers():
             return
+        pending = self._dialing.get(peer)
+        if pending is not None:
+            with trio.move_on_after(self.step_timeout):
+                await pending.wait()
+            if peer in self.host.connected_peers():
+                return
         e = self.swarm.entries.get(peer)
         addrs = [a for a in (e["addrs"] if e else []) if isinstance(a, str) and a.endswith("/p2p/" + peer)]
-        if addrs:
+        if not addrs:
+            return
+        done = self._dialing[peer] = trio.Event()
+        try:
             await self.host.connect(addrs[:4], timeout=self.step_timeout)
+        finally:
+            done.set()
+            if self._dialing.get(peer) is done:
+                del self._dialing[peer]
 
     async def _open(self, hop: Hop, max_length: int) -> None:
         t0 = time.perf_counter()
