@@ -54,8 +54,8 @@ def dry_run(node: NodeAPI, tx) -> None:
     """
     w = node.ledger.state.copy()
     me = node.ident.account
-    mine = sorted((t for t in node.ledger.mempool.values() if getattr(t, "sender", None) == me
-                   and hasattr(t, "nonce")), key=lambda t: t.nonce)
+    nonced = [(sn[1], t) for t in node.ledger.mempool.values() if (sn := t.sender_nonce) is not None and sn[0] == me]
+    mine = [t for _n, t in sorted(nonced, key=lambda x: x[0])]
     for t in mine:
         with contextlib.suppress(InvalidTx):  # one the ledger would refuse is skipped, as a block would
             apply_tx(w, t)

@@ -316,7 +316,7 @@ class Mempool(Mapping[bytes, Tx]):
                             f"move no credits (joins, leaves, cancels, unbonds: at most {L.max_free_per_sender}); "
                             "wait for the next block")
         gapped = False
-        if hasattr(tx, "nonce"):
+        if tx.sender_nonce is not None:
             gapped = self._check_nonced(tx)
         size = len(pack(tx.to_wire()))
         victims = self._victims(tx, cls, size, gapped)
@@ -329,12 +329,12 @@ class Mempool(Mapping[bytes, Tx]):
         self._seq += 1
         e = _Entry(tx, size, cls, who, peer, self.state.height, key, self._seq, free=free, ready=not gapped)
         self._insert(e)
-        if gapped:
-            self._future.setdefault(tx.sender, {})[tx.nonce] = tid  # type: ignore[attr-defined]
+        if gapped and (sn := tx.sender_nonce) is not None:  # only a nonce-ordered transaction can be gapped
+            self._future.setdefault(sn[0], {})[sn[1]] = tid
         else:
             self._ready[tid] = None
-            if hasattr(tx, "nonce"):
-                self._promote(tx.sender)  # type: ignore[attr-defined]
+            if (sn := tx.sender_nonce) is not None:
+                self._promote(sn[0])
         self.stats["admitted"] += 1
         if victims:
             ready_gone = False
@@ -411,7 +411,7 @@ class Mempool(Mapping[bytes, Tx]):
         by_sender: dict[bytes, list[_Entry]] = {}
         for t in self._ready:
             e = self._entries[t]
-            if hasattr(e.tx, "nonce") and e.payer != exclude:
+            if e.tx.sender_nonce is not None and e.payer != exclude:
                 by_sender.setdefault(e.payer, []).append(e)
         out: list[_Entry] = []
         for sender in sorted(by_sender, key=lambda s: -self._per_payer[s]):
@@ -440,12 +440,13 @@ class Mempool(Mapping[bytes, Tx]):
         if e is None:
             return None
         self._ready.pop(tid, None)
-        if hasattr(e.tx, "nonce"):
-            fut = self._future.get(e.tx.sender)  # type: ignore[attr-defined]
-            if fut is not None and fut.get(e.tx.nonce) == tid:  # type: ignore[attr-defined]
-                del fut[e.tx.nonce]  # type: ignore[attr-defined]
+        if (sn := e.tx.sender_nonce) is not None:
+            sender, nonce = sn
+            fut = self._future.get(sender)
+            if fut is not None and fut.get(nonce) == tid:
+                del fut[nonce]
                 if not fut:
-                    del self._future[e.tx.sender]  # type: ignore[attr-defined]
+                    del self._future[sender]
         for counter, k in ((self._per_payer, e.payer), (self._per_peer, e.peer),
                            (self._free_per_payer, e.payer if e.free else None)):
             if k is not None:
@@ -518,9 +519,10 @@ class Mempool(Mapping[bytes, Tx]):
         for tid in order:
             e = self._entries[tid]
             tx = e.tx
-            if hasattr(tx, "nonce") and tx.nonce > self.view().account(tx.sender).nonce:  # type: ignore[attr-defined]
+            sn = tx.sender_nonce
+            if sn is not None and sn[1] > self.view().account(sn[0]).nonce:
                 e.ready = False  # a predecessor went away: wait again, as a gapped transaction
-                self._future.setdefault(tx.sender, {})[tx.nonce] = tid  # type: ignore[attr-defined]
+                self._future.setdefault(sn[0], {})[sn[1]] = tid
                 continue
             try:
                 if self._pending is None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Protocol, cast
+from typing import Any
 
 from ...encoding import H, pack
 from ...keys import verify_many
@@ -48,13 +48,6 @@ from .status import FINAL, INVALID_S, PENDING, SAMPLED, SETTLED, UNVERIFIED, VAL
 from .tree import EMPTY_ROOT, SEQ_KEY, StateTree, entry_key, leaf_value, memory_tree
 from .tx import ABSTAIN, INVALID, VALID, Bond, Evidence, InvalidTx, Receipt, Transfer, Tx, Unbond, Vote, _check
 from .valset import VALIDATOR_TXS, ValidatorSet
-
-
-class Nonced(Protocol):
-    """A transaction ordered by its sender's account nonce: transfers, bonds, unbonds, job and run messages."""
-
-    sender: bytes
-    nonce: int
 
 
 class State:
@@ -245,10 +238,10 @@ def apply_tx(s: State, tx: Tx, signatures_checked: bool = False) -> None:
     if not signatures_checked:
         tx.check_signatures()
     # transfers, bonds, unbonds and job messages: one per account nonce
-    nonced = cast(Nonced, tx) if hasattr(tx, "nonce") else None
+    nonced = tx.sender_nonce  # (sender, nonce) of a transaction ordered by its sender's account nonce
     if nonced is not None:
-        expected = s.account(nonced.sender).nonce
-        _check(nonced.nonce == expected, f"bad nonce {nonced.nonce}, expected {expected}")
+        expected = s.account(nonced[0]).nonce
+        _check(nonced[1] == expected, f"bad nonce {nonced[1]}, expected {expected}")
     if isinstance(tx, Transfer):
         sender = s.account(tx.sender)
         _check(sender.balance >= tx.amount, "insufficient balance")
@@ -309,8 +302,8 @@ def apply_tx(s: State, tx: Tx, signatures_checked: bool = False) -> None:
     else:  # pragma: no cover - decode_tx only builds the kinds above
         raise InvalidTx("unknown transaction")
     if nonced is not None:  # every branch checks before it changes anything: we get here only when tx applied
-        acc = s.account(nonced.sender)
-        s.accounts[nonced.sender] = replace(acc, nonce=acc.nonce + 1)
+        acc = s.account(nonced[0])
+        s.accounts[nonced[0]] = replace(acc, nonce=acc.nonce + 1)
 
 
 def _apply_receipt(s: State, r: Receipt) -> None:

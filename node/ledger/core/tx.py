@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields as dc_fields, replace
 from functools import cached_property
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, cast
 
 from ...encoding import MAX_AMOUNT, object_id
 from ...keys import Identity, is_valid_account, verify
@@ -100,6 +100,11 @@ def _unsigned_getter(cls: type) -> Callable[[Any], list[Any]]:
     return got
 
 
+class _Nonced(Protocol):
+    sender: bytes
+    nonce: int
+
+
 @dataclass(frozen=True)
 class Tx:
     """Base class. Subclasses list their unsigned fields first and signature fields (``SIGS``) last."""
@@ -121,6 +126,16 @@ class Tx:
     def id(self) -> bytes:
         """32-byte id: hash of the domain tag, chain id and unsigned fields (computed once per object)."""
         return object_id(self.TAG, self.chain_id, self.unsigned())
+
+    @property
+    def sender_nonce(self) -> tuple[bytes, int] | None:
+        """``(sender, nonce)`` of a transaction ordered by its sender's account nonce (its kind's ``SCHEMA`` has a
+        ``nonce`` field: transfers, bonds, unbonds, job, run and batch messages), else None (receipts, votes,
+        consensus messages...). The one test of that, instead of probing attributes."""
+        if "nonce" not in self.SCHEMA:
+            return None
+        nonced = cast("_Nonced", self)
+        return nonced.sender, nonced.nonce
 
     def to_wire(self) -> dict[Any, Any]:
         return {"t": self.KIND, "c": self.chain_id, "f": self.unsigned(),
