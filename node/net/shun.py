@@ -80,8 +80,7 @@ class ShunList:
         self.clock = clock or (lambda: 0.0)
         self.reserved, self.reserved_ips = reserved, reserved_ips
         self._counts: OrderedDict[str, tuple[int, int]] = OrderedDict()  # key -> (window second, refusals)
-        self._until: dict[str, float] = {}  # shunned key -> monotonic end
-        self._prefixes: dict[str, Prefix] = {}
+        self._shunned: dict[str, tuple[float, Prefix]] = {}  # shunned key -> (monotonic end, its network)
         self.version = 0
         self.shuns = 0
 
@@ -89,7 +88,7 @@ class ShunList:
         """Count one refusal charged to ``key`` (a normalised address, or a subnet when ``subnet``); True when it
         made ``key`` shunned now."""
         p = self.policy
-        if p.after == 0 or key in self._until:
+        if p.after == 0 or key in self._shunned:
             return False
         second = int(self.clock())
         window, n = self._counts.pop(key, (second, 0))
@@ -97,16 +96,15 @@ class ShunList:
         self._counts[key] = (second, n)
         while len(self._counts) > p.max_tracked:
             self._counts.popitem(last=False)
-        if n < p.after or len(self._until) >= p.max_entries:
+        if n < p.after or len(self._shunned) >= p.max_entries:
             return False
         if self._protected(key, subnet):
             self._counts[key] = (second, 0)  # looked up again only after another `after` refusals
             return False
         try:
-            self._prefixes[key] = prefix_of(key)
+            self._shunned[key] = (self.clock() + p.seconds, prefix_of(key))
         except ValueError:
             return False
-        self._until[key] = self.clock() + p.seconds
         del self._counts[key]
         self.version += 1
         self.shuns += 1
@@ -130,25 +128,24 @@ class ShunList:
             addr = ipaddress.ip_address(ip)
         except ValueError:
             return
-        gone = [k for k, net in self._prefixes.items() if addr.version == net.version and addr in net]
+        gone = [k for k, (_end, net) in self._shunned.items() if addr.version == net.version and addr in net]
         for k in gone:
             self._drop(k)
 
     def _drop(self, key: str) -> None:
-        del self._until[key]
-        del self._prefixes[key]
+        del self._shunned[key]
         self.version += 1
 
     def expire(self) -> float | None:
         """End the shuns that are due; the seconds until the next one ends (None: no shun left)."""
         now = self.clock()
-        for k in [k for k, until in self._until.items() if until <= now]:
+        for k in [k for k, (end, _net) in self._shunned.items() if end <= now]:
             self._drop(k)
-        return min(self._until.values()) - now if self._until else None
+        return min(end for end, _net in self._shunned.values()) - now if self._shunned else None
 
     def prefixes(self) -> list[Prefix]:
         """The shunned prefixes now (what the kernel filter drops)."""
-        return list(self._prefixes.values())
+        return [net for _end, net in self._shunned.values()]
 
     def __len__(self) -> int:
-        return len(self._until)
+        return len(self._shunned)
