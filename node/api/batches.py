@@ -13,6 +13,7 @@ from ..ledger.core.tx import InvalidTx
 from .deps import AUTH, NodeAPI, NodeDep
 from .models import AmountText
 from .security import ApiError
+from .views import hex_id
 
 
 class BatchRequest(BaseModel):
@@ -44,12 +45,9 @@ def _batch(node: NodeAPI, batch_id: str):
     Raises:
         ApiError: 404 ``not_found`` (malformed id or no such batch).
     """
-    try:
-        bid = bytes.fromhex(batch_id)
-    except ValueError:
-        bid = b""
-    b = node.ledger.state.tables["batches"].get(bid) if len(bid) == 16 else None
-    if b is None:
+    bid = hex_id(batch_id, 16)
+    b = node.ledger.state.tables["batches"].get(bid) if bid is not None else None
+    if bid is None or b is None:
         raise ApiError(404, "not_found", "no such batch (ids are 32 hex characters)")
     return bid, b
 

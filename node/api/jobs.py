@@ -15,6 +15,7 @@ from ..ledger.core.tx import InvalidTx
 from .deps import AUTH, NodeAPI, NodeDep
 from .models import AmountText
 from .security import ApiError
+from .views import hex_id
 
 
 class JobRequest(BaseModel):
@@ -53,12 +54,9 @@ def _job(node: NodeAPI, job_id: str):
     Raises:
         ApiError: 404 ``not_found`` (malformed id or no such job).
     """
-    try:
-        jid = bytes.fromhex(job_id)
-    except ValueError:
-        jid = b""
-    job = node.ledger.state.jobs.get(jid) if len(jid) == 16 else None
-    if job is None:
+    jid = hex_id(job_id, 16)
+    job = node.ledger.state.jobs.get(jid) if jid is not None else None
+    if jid is None or job is None:
         raise ApiError(404, "not_found", "no such job (ids are 32 hex characters)")
     return jid, job
 

@@ -24,7 +24,7 @@ from ..ledger.core.tx import VERDICT_NAMES
 from .deps import AUTH, NodeAPI, NodeDep
 from .models import AmountText
 from .security import ApiError
-from .views import acct, amount, hexid
+from .views import acct, amount, hex_id, hexid
 
 PPM = 1_000_000
 RUN_STATUSES = "|".join(s.value for s in RunStatus)
@@ -254,11 +254,8 @@ def _run(node: NodeAPI, run_id: str):
     Raises:
         ApiError: 400 ``bad_id`` (not 32 hex characters) or 404 ``not_found``.
     """
-    try:
-        rid = bytes.fromhex(run_id)
-    except ValueError:
-        rid = b""
-    if len(rid) != 16:
+    rid = hex_id(run_id, 16)
+    if rid is None:
         raise ApiError(400, "bad_id", "a run id is 32 hex characters")
     run = node.ledger.state.runs.get(rid)
     if run is None:

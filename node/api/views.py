@@ -38,13 +38,19 @@ def hexid(b: bytes | None) -> str | None:
     return b.hex() if isinstance(b, bytes) else None
 
 
-def parse_id(text: str, what: str, n: int = 32) -> bytes:
-    """Hex id of ``n`` bytes. Raises ApiError 400 ``bad_id``."""
+def hex_id(text: str, n: int = 32) -> bytes | None:
+    """``text`` as an id of ``n`` bytes, or None when it is not ``2n`` hex characters."""
     try:
         b = bytes.fromhex(text)
     except ValueError:
-        b = b""
-    if len(b) != n:
+        return None
+    return b if len(b) == n else None
+
+
+def parse_id(text: str, what: str, n: int = 32) -> bytes:
+    """Hex id of ``n`` bytes. Raises ApiError 400 ``bad_id``."""
+    b = hex_id(text, n)
+    if b is None:
         raise ApiError(400, "bad_id", f"{what} must be {2 * n} hex characters")
     return b
 
