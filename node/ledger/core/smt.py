@@ -115,8 +115,8 @@ class StaleNode(NamedTuple):
     @classmethod
     def from_index_key(cls, data: bytes) -> StaleNode:
         """Raises: ValueError for bytes too short to be a stale index key."""
-        if len(data) < 18:
-            raise ValueError("a stale index key is at least 18 bytes")
+        if len(data) < 17:
+            raise ValueError("a stale index key is at least 17 bytes")
         return cls(int.from_bytes(data[:8], "big"), data[8:])
 
 

@@ -1,0 +1,549 @@
+"""The state tree stored as a 16-ary (Jellyfish) tree: the binary sparse Merkle tree of :mod:`.smt`, same hashes.
+
+The map, its hashes, its roots and its proofs are exactly those of :mod:`node.ledger.core.smt` (byte for byte:
+``tests/ledger/test_jmt.py`` checks it against that module on random histories); only the way nodes are stored
+differs. The layout is Aptos' Jellyfish Merkle tree (aptos-core ``storage/jellyfish-merkle/src/node_type/mod.rs``:
+``InternalNode`` holds up to 16 children by nibble and ``InternalNode::merkle_hash`` hashes them as a 4-level
+binary subtree; Gao et al., "Jellyfish Merkle Tree", Diem, 2021):
+
+* A stored *internal node* at nibble depth ``j`` (path length ``j`` nibbles, binary depth ``4j``) stands for the
+  binary subtree of depths ``4j .. 4j + 4``. It exists exactly where the binary subtree at depth ``4j`` holds at
+  least two leaves. It records each of its 16 child slots (by the key's nibble ``j``) as empty, a leaf or an
+  internal node, with the child's ``(hash, version)``. Its hash is the binary hash of those 16 slots
+  (:func:`_reduce`: two empties make an empty, an empty beside a leaf lifts the leaf, anything else is
+  ``H(0x01 ‖ left ‖ right)``), which is the binary tree's compression rule, so it equals the binary node's hash.
+* A *leaf* sits in the slot of its key's nibble under the deepest internal node on its path (at the root when
+  the map holds one entry); its bytes and hash are the binary tree's (``0x00 ‖ key ‖ value``).
+* Node keys: ``version (8 B, big-endian) ‖ j (1 B) ‖ the first j nibbles of the path (ceil(j/2) B, low nibble
+  zero)``. A changed key rewrites about ``log16 n`` nodes (5 at 10^6 entries, against ~20 binary ones), and the
+  nodes one update writes share its version prefix, so they are adjacent in LevelDB.
+* Node bytes: internal ``0x01 ‖ present bitmap (2 B) ‖ leaf bitmap (2 B) ‖ (hash ‖ version) per present slot``
+  (bit ``s`` is slot ``s``; 45 to 645 B); leaf ``0x00 ‖ key ‖ value``.
+
+Versioning, stale nodes and exact pruning work as in :mod:`.smt`: every write goes to a fresh key of the new
+version, and a replaced node is recorded stale since that version (:class:`node.ledger.core.smt.StaleNode`).
+
+Complexity: :func:`update` with ``c`` changes reads and writes O(c · log16 n) nodes, each read node checked
+against its parent's hash (at most 15 hashes) and each written one hashed (at most 15); :func:`get` and
+:func:`prove` read O(log16 n) nodes; proofs are the binary :class:`node.ledger.core.smt.Proof` and verify with
+:func:`node.ledger.core.smt.verify`, which needs no store. Pure, like :mod:`.smt`: storage arrives through a
+:class:`node.ledger.core.smt.NodeStore` and writes go back to the caller.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from hashlib import blake2b
+from typing import Any
+
+from ...encoding import HASH_LEN, H
+from .smt import (
+    DEPTH,
+    EMPTY_HASH,
+    EMPTY_ROOT,
+    KEY_LEN,
+    MAX_VERSION,
+    CorruptNodeError,
+    MissingNodeError,
+    NodeStore,
+    Proof,
+    Root,
+    StaleNode,
+    UpdateResult,
+    leaf_hash,
+)
+
+NIBBLES = DEPTH // 4  # 64 nibbles in a key: internal nodes at nibble depths 0..63, leaves at 0..64
+_ZERO_VERSION = bytes(8)
+_NIB = [bytes([j]) for j in range(NIBBLES + 1)]
+_EMPTY16 = [EMPTY_HASH] * 16
+_HEADER = 5  # 0x01 ‖ present bitmap ‖ leaf bitmap
+_CHILD = HASH_LEN + 8
+_E, _L, _I = 0, 1, 2  # slot kinds: empty, leaf, internal
+
+
+def node_key(version: int, nibbles: int, key: bytes | int) -> bytes:
+    """Storage key of the node at nibble depth ``nibbles`` (0..64) on the path of ``key`` (bytes or its
+    big-endian int) written at ``version``: ``version (8 B) ‖ nibbles (1 B) ‖ the path (ceil(nibbles/2) B)``."""
+    k = key if isinstance(key, int) else int.from_bytes(key, "big")
+    return version.to_bytes(8, "big") + _suffix(nibbles, k)
+
+
+def _suffix(j: int, kint: int) -> bytes:
+    """What follows the version in the key of the node at nibble depth ``j`` on the path of ``kint``."""
+    nb = (j + 1) >> 1
+    return _NIB[j] + ((kint >> (DEPTH - 4 * j)) << ((nb << 3) - 4 * j)).to_bytes(nb, "big")
+
+
+def _missing(vb: bytes, j: int) -> MissingNodeError:
+    return MissingNodeError(f"tree node at version {int.from_bytes(vb, 'big')}, nibble depth {j} is not in the "
+                            "store (its version was pruned, or its writes were never committed)")
+
+
+# ---------------------------------------------------------------- node encoding and hashing
+
+def _reduce(hs: list[bytes], ks: list[int]) -> tuple[list[bytes], list[int]]:
+    """One binary level up: pairs of (hash, kind) to their parents, with the binary tree's compression (an
+    empty beside a leaf lifts the leaf; two empties stay empty)."""
+    nh: list[bytes] = []
+    nk: list[int] = []
+    for i in range(0, len(hs), 2):
+        a, b = ks[i], ks[i + 1]
+        if b == _E and a != _I:
+            nh.append(hs[i])
+            nk.append(a)
+        elif a == _E and b != _I:
+            nh.append(hs[i + 1])
+            nk.append(b)
+        else:
+            nh.append(blake2b(b"\x01" + hs[i] + hs[i + 1], digest_size=HASH_LEN).digest())
+            nk.append(_I)
+    return nh, nk
+
+
+def _merkle(hs: list[bytes], ks: list[int]) -> tuple[bytes, int]:
+    """``(hash, kind)`` of the 4-level binary subtree over 16 slots (Aptos ``InternalNode::merkle_hash``)."""
+    for _ in range(4):
+        hs, ks = _reduce(hs, ks)
+    return hs[0], ks[0]
+
+
+def _levels(hs: list[bytes], ks: list[int]) -> list[tuple[list[bytes], list[int]]]:
+    """Every binary level of a node: ``[root level (1 entry), 2, 4, 8, the 16 slots]``."""
+    out = [(hs, ks)]
+    for _ in range(4):
+        hs, ks = _reduce(hs, ks)
+        out.append((hs, ks))
+    out.reverse()
+    return out
+
+
+def _decode(data: bytes, vb: bytes, j: int) -> tuple[list[bytes], list[bytes], list[int]]:
+    """The 16 slots ``(hashes, version bytes, kinds)`` of the stored internal node ``data``.
+    Raises: CorruptNodeError for bytes that are not a canonical internal node."""
+    n = len(data)
+    if n < _HEADER + _CHILD or data[0] != 1:
+        raise _malformed(vb, j)
+    present = (data[1] << 8) | data[2]
+    leaves = (data[3] << 8) | data[4]
+    if leaves & ~present or n != _HEADER + _CHILD * present.bit_count():
+        raise _malformed(vb, j)
+    hs = list(_EMPTY16)
+    vs = [_ZERO_VERSION] * 16
+    ks = [_E] * 16
+    off = _HEADER
+    for s in range(16):
+        if present >> s & 1:
+            hs[s] = data[off:off + HASH_LEN]
+            vs[s] = data[off + HASH_LEN:off + _CHILD]
+            ks[s] = _L if leaves >> s & 1 else _I
+            off += _CHILD
+    return hs, vs, ks
+
+
+def _malformed(vb: bytes, j: int) -> CorruptNodeError:
+    return CorruptNodeError(f"malformed tree node at version {int.from_bytes(vb, 'big')}, nibble depth {j}")
+
+
+def _check(h: bytes, hs: list[bytes], ks: list[int], vb: bytes, j: int) -> None:
+    got, kind = _merkle(hs, ks)
+    if kind != _I:
+        raise _malformed(vb, j)
+    if got != h:
+        raise CorruptNodeError(f"internal node at version {int.from_bytes(vb, 'big')}, nibble depth {j} does not "
+                               "match its hash")
+
+
+def _encode(hs: list[bytes], vs: list[bytes], ks: list[int]) -> bytes:
+    present = leaves = 0
+    parts: list[bytes] = []
+    for s in range(16):
+        k = ks[s]
+        if k:
+            present |= 1 << s
+            if k == _L:
+                leaves |= 1 << s
+            parts.append(hs[s])
+            parts.append(vs[s])
+    return bytes((1, present >> 8, present & 255, leaves >> 8, leaves & 255)) + b"".join(parts)
+
+
+def _leaf_of(data: bytes, h: bytes, vb: bytes, j: int, kint: int) -> tuple[bytes, bytes]:
+    """``(key, value)`` of the stored leaf ``data`` at nibble depth ``j`` on the path of ``kint``, checked against
+    its hash ``h``. Raises: CorruptNodeError (not a leaf, wrong hash, off its path)."""
+    if len(data) >= 1 + KEY_LEN and data[0] == 0:
+        key, value = data[1:1 + KEY_LEN], data[1 + KEY_LEN:]
+        if leaf_hash(key, value) != h:
+            raise CorruptNodeError(f"leaf at version {int.from_bytes(vb, 'big')}, nibble depth {j} does not match "
+                                   "its hash")
+        if (int.from_bytes(key, "big") ^ kint) >> (DEPTH - 4 * j):
+            raise CorruptNodeError(f"leaf at version {int.from_bytes(vb, 'big')}, nibble depth {j} is off its path")
+        return key, value
+    raise _malformed(vb, j)
+
+
+def _slot_path(kint: int, j: int, s: int) -> int:
+    """A key int on the path of slot ``s`` of the node at nibble depth ``j`` on the path of ``kint``."""
+    shift = DEPTH - 4 * j - 4
+    return (((kint >> (shift + 4)) << 4) | s) << shift
+
+
+# ---------------------------------------------------------------- update
+
+class _Leaf:
+    """A leaf to place in a slot; ``old`` is its stored node (nibble depth, node key, hash, version bytes) when
+    its key and value are unchanged, so that it is not rewritten if it stays in the same slot."""
+
+    __slots__ = ("key", "kint", "old", "value")
+
+    def __init__(self, kint: int, key: bytes, value: bytes, old: tuple[int, bytes, bytes, bytes] | None = None):
+        self.kint, self.key, self.value, self.old = kint, key, value, old
+
+
+_Ref = tuple[bytes, bytes]  # an internal node, by (hash, version bytes)
+_Result = _Leaf | _Ref | None
+
+
+class _Ctx:
+    def __init__(self, get: Callable[[bytes], bytes | None], vbytes: bytes) -> None:
+        self.get = get
+        self.vbytes = vbytes
+        self.writes: dict[bytes, bytes] = {}
+        self.stale: list[bytes] = []
+
+
+def _place(ctx: _Ctx, j: int, r: _Leaf) -> tuple[bytes, bytes]:
+    """``(hash, version bytes)`` of the leaf ``r`` placed at nibble depth ``j`` (written if new or moved)."""
+    old = r.old
+    if old is not None:
+        if old[0] == j:
+            return old[2], old[3]
+        ctx.stale.append(old[1])
+    ctx.writes[ctx.vbytes + _suffix(j, r.kint)] = b"\x00" + r.key + r.value
+    return leaf_hash(r.key, r.value), ctx.vbytes
+
+
+def _node(ctx: _Ctx, j: int, kint: int, hs: list[bytes], vs: list[bytes], ks: list[int]) -> _Ref:
+    """Write the internal node of slots ``hs, vs, ks`` at nibble depth ``j`` on the path of ``kint``."""
+    ctx.writes[ctx.vbytes + _suffix(j, kint)] = _encode(hs, vs, ks)
+    return _merkle(hs, ks)[0], ctx.vbytes
+
+
+def _build(ctx: _Ctx, j: int, items: list[_Leaf], kints: list[int], lo: int, hi: int) -> _Result:
+    """The subtree at nibble depth ``j`` holding exactly ``items[lo:hi]`` (sorted by key), written bottom-up."""
+    if hi - lo <= 1:
+        return items[lo] if hi > lo else None
+    hs, vs, ks = list(_EMPTY16), [_ZERO_VERSION] * 16, [_E] * 16
+    shift = DEPTH - 4 * j - 4
+    i = lo
+    while i < hi:
+        top = kints[i] >> shift
+        e = bisect.bisect_left(kints, (top + 1) << shift, i, hi)
+        s = top & 15
+        r = _build(ctx, j + 1, items, kints, i, e)
+        if isinstance(r, _Leaf):
+            hs[s], vs[s] = _place(ctx, j + 1, r)
+            ks[s] = _L
+        elif r is not None:
+            hs[s], vs[s] = r
+            ks[s] = _I
+        i = e
+    return _node(ctx, j, kints[lo], hs, vs, ks)
+
+
+def _build_new(ctx: _Ctx, j: int, ch: list[tuple[int, bytes, bytes | None]], lo: int, hi: int) -> _Result:
+    items = [_Leaf(k, key, v) for k, key, v in ch[lo:hi] if v is not None]
+    return _build(ctx, j, items, [x.kint for x in items], 0, len(items))
+
+
+def _apply_leaf(ctx: _Ctx, data: bytes, h: bytes, vb: bytes, nk: bytes, j: int,
+                ch: list[tuple[int, bytes, bytes | None]], lo: int, hi: int) -> _Result:
+    """Apply the changes ``ch[lo:hi]`` to the stored leaf ``data`` (node key ``nk``) at nibble depth ``j``."""
+    key, value = _leaf_of(data, h, vb, j, ch[lo][0])
+    kept = _Leaf(int.from_bytes(key, "big"), key, value, (j, nk, h, vb))
+    items: list[_Leaf] = []
+    seen = False
+    for k, ckey, v in ch[lo:hi]:  # merge the stored leaf into the sorted changes
+        if not seen and kept.kint <= k:
+            seen = True
+            if kept.kint < k or v == value:
+                items.append(kept)
+                if kept.kint == k:
+                    continue
+        if v is not None:
+            items.append(_Leaf(k, ckey, v))
+    if not seen:
+        items.append(kept)
+    elif all(x is not kept for x in items):
+        ctx.stale.append(nk)  # the leaf was deleted or given a new value
+    return _build(ctx, j, items, [x.kint for x in items], 0, len(items))
+
+
+def _apply(ctx: _Ctx, h: bytes, vb: bytes, j: int, ch: list[tuple[int, bytes, bytes | None]],
+           kints: list[int], lo: int, hi: int) -> _Result:
+    """Apply the changes ``ch[lo:hi]`` (sorted, non-empty) to the stored subtree ``(h, vb)`` at nibble depth
+    ``j``: each stored node on the changed paths is read and checked once, and rewritten once if it changed."""
+    kint = kints[lo]
+    suffix = _suffix(j, kint)
+    nk = vb + suffix
+    data = ctx.get(nk)
+    if data is None:
+        raise _missing(vb, j)
+    if data[:1] == b"\x00":
+        return _apply_leaf(ctx, data, h, vb, nk, j, ch, lo, hi)
+    hs, vs, ks = _decode(data, vb, j)
+    _check(h, hs, ks, vb, j)
+    shift = DEPTH - 4 * j - 4
+    placed: list[tuple[int, _Leaf]] = []
+    changed = False
+    i = lo
+    while i < hi:
+        top = kints[i] >> shift
+        e = bisect.bisect_left(kints, (top + 1) << shift, i, hi)
+        s = top & 15
+        r = _build_new(ctx, j + 1, ch, i, e) if ks[s] == _E else _apply(ctx, hs[s], vs[s], j + 1, ch, kints, i, e)
+        if r is None:
+            if ks[s] != _E:
+                hs[s], vs[s], ks[s], changed = EMPTY_HASH, _ZERO_VERSION, _E, True
+        elif isinstance(r, _Leaf):
+            placed.append((s, r))
+            ks[s] = _L
+        elif r[0] != hs[s] or r[1] != vs[s]:
+            hs[s], vs[s], ks[s], changed = r[0], r[1], _I, True
+        i = e
+    # lift a lone leaf, drop an empty node
+    live = [s for s in range(16) if ks[s] != _E]
+    if len(live) <= 1 and (not live or ks[live[0]] == _L):
+        ctx.stale.append(nk)
+        if not live:
+            return None
+        s = live[0]
+        if placed:
+            return placed[0][1]
+        pk = _slot_path(kint, j, s)
+        lnk = vs[s] + _suffix(j + 1, pk)
+        ldata = ctx.get(lnk)
+        if ldata is None:
+            raise _missing(vs[s], j + 1)
+        lkey, lvalue = _leaf_of(ldata, hs[s], vs[s], j + 1, pk)
+        return _Leaf(int.from_bytes(lkey, "big"), lkey, lvalue, (j + 1, lnk, hs[s], vs[s]))
+    for s, leaf in placed:
+        nh, nv = _place(ctx, j + 1, leaf)
+        if nh != hs[s] or nv != vs[s]:
+            hs[s], vs[s], changed = nh, nv, True
+    if not changed:
+        return h, vb
+    ctx.stale.append(nk)
+    return _node(ctx, j, kint, hs, vs, ks)
+
+
+def _check_key(key: Any) -> None:
+    if not isinstance(key, bytes) or len(key) != KEY_LEN:
+        raise ValueError(f"a tree key is {KEY_LEN} bytes (hash your key with tree_key)")
+
+
+def _root_of(ctx: _Ctx, r: _Result, root: Root, version: int, empty: bool) -> Root:
+    if r is None:
+        return root if empty else Root(EMPTY_HASH, version)
+    h, v = _place(ctx, 0, r) if isinstance(r, _Leaf) else r
+    return Root(h, int.from_bytes(v, "big"))
+
+
+def update(store: NodeStore, version: int, root: Root, changes: Mapping[bytes, bytes | None]) -> UpdateResult:
+    """Apply ``changes`` (key -> new value, or None to delete; deleting an absent key is a no-op) to the tree
+    ``root`` as version ``version``. Returns the new root, the node writes and the stale nodes; stores nothing.
+    Same contract and same roots as :func:`node.ledger.core.smt.update`; the writes are 16-ary nodes.
+
+    Cost: O(len(changes) · log16 n) node reads and writes, n the number of keys; all changes of one call are
+    sorted and applied in one walk, so a node shared by several changed paths is read and written once.
+
+    Raises:
+        ValueError: a key that is not 32 bytes, a value that is not bytes or None, ``version`` not an int in
+            ``[0, 2^64)``, or not greater than ``root.version`` (at least it, for an empty root).
+        MissingNodeError, CorruptNodeError: ``root``'s nodes are not (intact) in ``store``.
+    """
+    if not isinstance(root, Root) or not isinstance(root.hash, bytes) or len(root.hash) != HASH_LEN:
+        raise ValueError("root must be a Root (32-byte hash, version)")
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_VERSION:
+        raise ValueError("version must be an int in [0, 2^64)")
+    empty = root.hash == EMPTY_HASH
+    if version < root.version or (version == root.version and not empty):
+        raise ValueError(f"version {version} must be greater than the root's version {root.version}")
+    ch: list[tuple[int, bytes, bytes | None]] = []
+    for key, value in changes.items():
+        _check_key(key)
+        if value is not None and not isinstance(value, bytes):
+            raise ValueError("a tree value is bytes, or None to delete")
+        ch.append((int.from_bytes(key, "big"), key, value))
+    if not ch:
+        return UpdateResult(root, {}, ())
+    ch.sort(key=lambda c: c[0])
+    ctx = _Ctx(store.get, version.to_bytes(8, "big"))
+    if empty:
+        r = _build_new(ctx, 0, ch, 0, len(ch))
+    else:
+        r = _apply(ctx, root.hash, root.version.to_bytes(8, "big"), 0, ch, [c[0] for c in ch], 0, len(ch))
+    new = _root_of(ctx, r, root, version, empty)
+    if new.hash == root.hash and not empty:
+        return UpdateResult(root, {}, ())  # nothing changed (every change was a no-op)
+    mk = tuple.__new__  # StaleNode(version, nk) without the NamedTuple's Python-level __new__ (one per node)
+    return UpdateResult(new, ctx.writes, tuple([mk(StaleNode, (version, nk)) for nk in ctx.stale]))
+
+
+def build_sorted(leaves: Iterable[tuple[bytes, bytes]], version: int,
+                 emit: Callable[[bytes, bytes], None]) -> Root:
+    """Build the tree of ``leaves`` (``(key, value)``, keys strictly increasing) as version ``version`` in one
+    streaming pass, calling ``emit(node key, node bytes)`` for each node (bottom-up). Memory: O(64 · 16) node
+    slots whatever the number of leaves, for a one-time rebuild of a large store (the layout migration).
+    The root equals :func:`update` of the same map onto :data:`node.ledger.core.smt.EMPTY_ROOT`.
+
+    Raises: ValueError for keys that are not 32 bytes or not strictly increasing.
+    """
+    it = iter(leaves)
+    vbytes = version.to_bytes(8, "big")
+    ctx = _Ctx(lambda nk: None, vbytes)
+    pending: list[_Leaf | None] = [None]
+    last = [-1]
+
+    def pull() -> _Leaf | None:
+        nxt = next(it, None)
+        if nxt is None:
+            return None
+        key, value = nxt
+        _check_key(key)
+        k = int.from_bytes(key, "big")
+        if k <= last[0]:
+            raise ValueError("leaves must be sorted by key, without repeats")
+        last[0] = k
+        return _Leaf(k, key, value)
+
+    def flush() -> None:
+        for nk, raw in ctx.writes.items():
+            emit(nk, raw)
+        ctx.writes.clear()
+
+    def sub(j: int, first: _Leaf) -> _Result:
+        nxt = pending[0]
+        if nxt is None or (nxt.kint ^ first.kint) >> (DEPTH - 4 * j):
+            return first  # alone below depth j
+        hs, vs, ks = list(_EMPTY16), [_ZERO_VERSION] * 16, [_E] * 16
+        shift = DEPTH - 4 * j - 4
+        cur = first
+        while True:
+            s = (cur.kint >> shift) & 15
+            r = sub(j + 1, cur)
+            if isinstance(r, _Leaf):
+                hs[s], vs[s] = _place(ctx, j + 1, r)
+                ks[s] = _L
+            else:
+                assert r is not None
+                hs[s], vs[s] = r
+                ks[s] = _I
+            nxt = pending[0]
+            if nxt is None or (nxt.kint ^ first.kint) >> (DEPTH - 4 * j):
+                break
+            pending[0] = pull()
+            cur = nxt
+        ref = _node(ctx, j, first.kint, hs, vs, ks)
+        if len(ctx.writes) >= 4096:
+            flush()
+        return ref
+
+    first = pull()
+    if first is None:
+        return EMPTY_ROOT
+    pending[0] = pull()
+    r = sub(0, first)
+    root = _root_of(ctx, r, EMPTY_ROOT, version, True)
+    flush()
+    return root
+
+
+# ---------------------------------------------------------------- reads and proofs
+
+def _walk(store: NodeStore, root: Root, key: bytes) -> tuple[list[bytes], tuple[bytes, bytes] | None]:
+    """The binary siblings on ``key``'s path from the root down and the leaf ``(key, value)`` found at its end
+    (None: an empty subtree), reading one stored node per nibble level."""
+    _check_key(key)
+    kint = int.from_bytes(key, "big")
+    h, vb = root.hash, root.version.to_bytes(8, "big")
+    siblings: list[bytes] = []
+    get = store.get
+    for j in range(NIBBLES + 1):
+        if h == EMPTY_HASH:
+            return siblings, None
+        data = get(vb + _suffix(j, kint))
+        if data is None:
+            raise _missing(vb, j)
+        if data[:1] == b"\x00":
+            return siblings, _leaf_of(data, h, vb, j, kint)
+        if j == NIBBLES:
+            break
+        hs, vs, ks = _decode(data, vb, j)
+        levels = _levels(hs, ks)
+        if levels[0][1][0] != _I:
+            raise _malformed(vb, j)
+        if levels[0][0][0] != h:
+            raise CorruptNodeError(f"internal node at version {int.from_bytes(vb, 'big')}, nibble depth {j} does "
+                                   "not match its hash")
+        nib = (kint >> (DEPTH - 4 * j - 4)) & 15
+        for t in range(1, 5):
+            idx = nib >> (4 - t)
+            lh, lk = levels[t]
+            siblings.append(lh[idx ^ 1])
+            kind = lk[idx]
+            if kind == _E:
+                return siblings, None
+            if kind == _L:  # the range's lone leaf: the binary path ends here
+                width = 1 << (4 - t)
+                s = next(x for x in range(idx * width, (idx + 1) * width) if ks[x] != _E)
+                pk = _slot_path(kint, j, s)
+                ldata = get(vs[s] + _suffix(j + 1, pk))
+                if ldata is None:
+                    raise _missing(vs[s], j + 1)
+                return siblings, _leaf_of(ldata, hs[s], vs[s], j + 1, pk)
+        h, vb = hs[nib], vs[nib]
+    raise CorruptNodeError("tree path longer than 256")
+
+
+def get(store: NodeStore, root: Root, key: bytes) -> bytes | None:
+    """The value of ``key`` in the tree ``root``, or None. Every node read is checked against its hash.
+
+    Raises: ValueError for a key that is not 32 bytes; MissingNodeError, CorruptNodeError as :func:`update`.
+    """
+    leaf = _walk(store, root, key)[1]
+    return leaf[1] if leaf is not None and leaf[0] == key else None
+
+
+def prove(store: NodeStore, root: Root, key: bytes) -> Proof:
+    """A binary proof (:class:`node.ledger.core.smt.Proof`, the same bytes as :func:`node.ledger.core.smt.prove`
+    gives for the same map) of ``key``'s value in ``root``, or of its absence.
+
+    Raises: ValueError for a key that is not 32 bytes; MissingNodeError, CorruptNodeError as :func:`update`.
+    """
+    siblings, leaf = _walk(store, root, key)
+    return Proof(tuple(siblings), None if leaf is None else (leaf[0], H(leaf[1])))
+
+
+def leaves(store: NodeStore, root: Root) -> Iterator[tuple[bytes, bytes]]:
+    """Every ``(key, value)`` of the tree ``root``, in key order (a depth-first walk; each node checked).
+
+    Raises: MissingNodeError, CorruptNodeError as :func:`update`.
+    """
+    if root.hash == EMPTY_HASH:
+        return
+    todo: list[tuple[bytes, bytes, int, int]] = [(root.hash, root.version.to_bytes(8, "big"), 0, 0)]
+    while todo:
+        h, vb, j, kint = todo.pop()
+        data = store.get(vb + _suffix(j, kint))
+        if data is None:
+            raise _missing(vb, j)
+        if data[:1] == b"\x00":
+            yield _leaf_of(data, h, vb, j, kint)
+            continue
+        hs, vs, ks = _decode(data, vb, j)
+        _check(h, hs, ks, vb, j)
+        for s in range(15, -1, -1):
+            if ks[s] != _E:
+                todo.append((hs[s], vs[s], j + 1, _slot_path(kint, j, s)))
