@@ -33,12 +33,13 @@ from typing import Any, Protocol, TypeVar
 import trio
 from libp2p.abc import INetStream
 
-from ..encoding import DecodeError
+from ..duty.runner import DutyRunner
+from ..encoding import DecodeError, pack
 from ..identity import Identity, account_from_str, account_to_str
 from ..ledger.core.batch import assignments_of
 from ..ledger.core.batchaudit import audits_of
 from ..ledger.core.batchstate import AuditStatus, Batch, Item, ItemStatus, item_key
-from ..ledger.core.batchtx import BatchAuditVote, BatchCommit, BatchReveal, commitment
+from ..ledger.core.batchtx import BatchAuditVote, BatchCommit, BatchReveal, commitment, items_root
 from ..ledger.core.block import Block
 from ..ledger.core.state import State
 from ..ledger.core.tx import InvalidTx, Tx
@@ -267,8 +268,6 @@ async def fetch_content(host: Requester, store: ContentStore, key: bytes, holder
 
 def items_check(root: bytes) -> Callable[[bytes], bool]:
     """A ``check`` for :func:`fetch_content`: the bytes' lines hash to ``root``."""
-    from ..ledger.core.batchtx import items_root
-
     def ok(data: bytes) -> bool:
         raw = data[:-1] if data.endswith(b"\n") else data
         return items_root(raw.split(b"\n")) == root
@@ -281,7 +280,7 @@ def result_check(key: bytes) -> Callable[[bytes], bool]:
 
 Slot = tuple[bytes, int, int]  # (batch id, item, attempt); attempt AUDIT: this node's audit of the decided item
 AUDIT = -1
-Duty = BatchCommit | BatchReveal | BatchAuditVote  # what the worker sends for a slot
+SlotTx = BatchCommit | BatchReveal | BatchAuditVote  # what the worker sends for a slot
 
 
 class SaltBook:
@@ -348,16 +347,16 @@ class BatchWorker:
         self._limit = trio.CapacityLimiter(PARALLEL)
         self._submits = trio.CapacityLimiter(SUBMITS)
         self._inflight: set[tuple[str, Slot]] = set()  # commits and reveals queued for or in a submit
-        self._wake = trio.Event()
-        ledger.on_block(lambda block, state: self._wake.set())
+        self.duty_runner = DutyRunner(self, ledger)  # steps at each block, and when a result is ready
+
+    @property
+    def name(self) -> str:
+        """The duty's name in logs (:class:`node.duty.runner.Duty`)."""
+        return "batch worker"
 
     async def run(self) -> None:
-        """Forever: at each block, work on this node's assignments."""
-        async with trio.open_nursery() as nursery:
-            while True:
-                await self._wake.wait()
-                self._wake = trio.Event()
-                await self._step(nursery)
+        """Forever: at each block, work on this node's assignments (:class:`node.duty.runner.DutyRunner`)."""
+        await self.duty_runner.run()
 
     def _prune(self, st: State) -> None:
         for slot in list(self.book.entries):
@@ -376,12 +375,15 @@ class BatchWorker:
         for bid in [bid for bid in self.files if bid not in st.open_batches and bid not in busy]:
             del self.files[bid]  # closed: its items are decided (an audit drawn later fetches it again)
 
-    async def _step(self, nursery: trio.Nursery) -> None:
+    async def step(self, nursery: trio.Nursery) -> None:
+        """One look at the state (:class:`node.duty.runner.Duty`): start running the items assigned to this node
+        that have no result yet, and send the commits, reveals and audit votes that are due (paced: see
+        :meth:`_send`)."""
         st = self.ledger.state
         me = self.ident.account
         self._prune(st)
         nxt = st.height + 1  # the height a transaction sent now lands in, at the earliest
-        ready: list[tuple[int, int, Duty, tuple[str, Slot]]] = []  # (deadline height, n, tx, key)
+        ready: list[tuple[int, int, SlotTx, tuple[str, Slot]]] = []  # (deadline height, n, tx, key)
         outstanding = len(self._inflight)  # sent, not on the ledger yet, not due for a resend
         for slot in assignments_of(st, me):
             bid, i, a = slot
@@ -441,10 +443,10 @@ class BatchWorker:
         sent = self.sent.get(key)
         return sent is None or height - sent >= RESEND_BLOCKS
 
-    def _send(self, nursery: trio.Nursery, tx: Duty, key: tuple[str, Slot], st: State) -> None:
+    def _send(self, nursery: trio.Nursery, tx: SlotTx, key: tuple[str, Slot], st: State) -> None:
         """Submit in the background: a submit waits on gossip and on direct sends to validators, and one slow
         validator must not hold back this worker's other commits and reveals. At most :data:`SUBMITS` run at
-        once, and :meth:`_step` keeps at most :data:`MAX_OUTSTANDING` out: seen without either, five workers with
+        once, and :meth:`step` keeps at most :data:`MAX_OUTSTANDING` out: seen without either, five workers with
         ~120 results each sent them all at once, hit the mempool's per-account cap, and the validator's gossip
         queues to them overflowed and dropped blocks, leaving them minutes behind and syncing. The resend clock
         starts when the submit ends."""
@@ -452,7 +454,7 @@ class BatchWorker:
         self._inflight.add(key)
         nursery.start_soon(self._submit, tx, key)
 
-    async def _submit(self, tx: Duty, key: tuple[str, Slot]) -> None:
+    async def _submit(self, tx: SlotTx, key: tuple[str, Slot]) -> None:
         try:
             async with self._submits:
                 await self.ledger.submit(tx.signed(self.ident))
@@ -496,8 +498,6 @@ class BatchWorker:
             done.set()
 
     async def _work(self, slot: Slot) -> None:
-        from ..encoding import pack
-
         bid, i, a = slot
         try:
             async with self._limit:
@@ -520,7 +520,7 @@ class BatchWorker:
                 else:
                     self.book.add(slot, key, os.urandom(32))  # before the commit is ever sent
                 self.done += 1
-                self._wake.set()  # commit now rather than at the next block
+                self.duty_runner.wake()  # commit now rather than at the next block
         except Exception:
             log.exception("batch %s item %d failed here; retried at the next block", bid.hex()[:12], i)
         finally:

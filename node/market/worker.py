@@ -22,11 +22,12 @@ import trio
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..compute.data import dataset_bytes
 from ..compute.train import Trainer, TrainSpec, encode_text, mean_loss_ppm, split_tokens
+from ..duty.runner import DutyRunner
 from ..encoding import H, commitments_root
 from ..identity import Identity
 from ..ledger.core.jobs import ACCEPTED, OPEN
 from ..ledger.core.jobtx import JobAccept, JobDeliver, JobPost, JobRelease, TrainReceipt, parse_targets
-from ..ledger.core.tx import InvalidTx, Tx
+from ..ledger.core.tx import InvalidTx
 
 log = logging.getLogger("tally.market")
 
@@ -80,18 +81,19 @@ class JobWorker:
         self.skipped: dict[bytes, tuple[int, float]] = {}  # job id -> (failed fetches, trio time of next try)
         self.failures: dict[bytes, tuple[int, float]] = {}  # job id -> (failed trainings, trio time of next try)
         self.progress: dict[bytes, dict] = {}  # job id -> {"step", "losses"} (local view for the API)
-        self._wake = trio.Event()
-        ledger.on_block(lambda block, state: self._wake.set())
+        self.duty_runner = DutyRunner(self, ledger)  # steps at each block, and when a dataset is checked
 
     # ------------------------------------------------------------------ the loop
 
+    @property
+    def name(self) -> str:
+        """The duty's name in logs (:class:`node.duty.runner.Duty`)."""
+        return "job worker"
+
     async def run(self) -> None:
-        """Forever, at each block: train the jobs we hold, fetch datasets of open jobs, accept while there is room."""
-        async with trio.open_nursery() as nursery:
-            while True:
-                await self._wake.wait()
-                self._wake = trio.Event()
-                await self._step(nursery)
+        """Forever, at each block: train the jobs we hold, fetch datasets of open jobs, accept while there is room
+        (:class:`node.duty.runner.DutyRunner`)."""
+        await self.duty_runner.run()
 
     def _held(self, st) -> list[bytes]:
         me = self.ident.account
@@ -113,7 +115,10 @@ class JobWorker:
                 and st.height < job.post.deadline and all(d[0] != me for d in job.dropped)
                 and jid not in self.unusable)
 
-    async def _step(self, nursery) -> None:
+    async def step(self, nursery: trio.Nursery) -> None:
+        """One look at the state (:class:`node.duty.runner.Duty`): (re)start training the jobs this node holds,
+        resend an accept or release that did not land, and while there is room accept open jobs whose dataset is
+        checked, or start fetching one."""
         st = self.ledger.state
         me = self.ident.account
         if st.account(me).bond < self.ledger.genesis.params.min_bond:
@@ -192,13 +197,14 @@ class JobWorker:
             self.ready.add(jid)
         finally:
             self.fetching.discard(jid)
-            self._wake.set()
+            self.duty_runner.wake()
 
     # ------------------------------------------------------------------ holding a job
 
-    async def release(self, jid: bytes, why: str) -> bytes:
-        """Give back accepted job ``jid`` (before its first segment) with a ``job_release``; returns the tx id.
-        The job stops being trained here. The ledger refuses it once a segment is on the ledger."""
+    async def release(self, jid: bytes, why: str) -> bytes | None:
+        """Give back accepted job ``jid`` (before its first segment) with a ``job_release``; returns the tx id, or
+        None when the local node refused it (logged; sent again after :data:`RESEND_BLOCKS` blocks). The job stops
+        being trained here. The ledger refuses it once a segment is on the ledger."""
         return await self._release(jid, why)
 
     async def _release(self, jid: bytes, why: str) -> bytes | None:
@@ -208,7 +214,7 @@ class JobWorker:
         tx = JobRelease(self.ledger.chain_id, me, jid, self.ledger.next_nonce(me)).signed(self.ident)
         return await self._submit(tx)
 
-    async def _submit(self, tx: Tx) -> bytes | None:
+    async def _submit(self, tx: JobAccept | JobRelease) -> bytes | None:
         """Submit ``tx``; a refusal (e.g. a full mempool) is logged and left to the resend after ``RESEND_BLOCKS``."""
         try:
             return await self.ledger.submit(tx)

@@ -22,14 +22,17 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import trio
 
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..compute.data import dataset_bytes
+from ..duty.runner import DutyRunner
 from ..encoding import commitments_root
 from ..identity import Identity
+from ..ledger.core.block import Block
 from ..ledger.core.runs import Phase, attempt_of
 from ..ledger.core.runstate import Run
 from ..ledger.core.runtx import NO_MOMENTUM, RoundAggregate, RoundReceipt, RoundReveal, RunPost
@@ -46,6 +49,13 @@ log = logging.getLogger("tally.training")
 
 FETCH_TIMEOUT = 8.0  # seconds per holder for a blob (then the next holder is tried)
 DEV_CHAINS = ("tally-devnet", "tally-test")
+
+
+class WorkerLedger(RunLedger, Protocol):
+    """The ledger as the run worker uses it: a :class:`~node.training.seams.RunLedger` whose block listeners
+    (``fn(block, new_state)`` after each stored block) drive the worker's :class:`~node.duty.runner.DutyRunner`."""
+
+    def on_block(self, fn: Callable[[Block, State], None]) -> None: ...
 
 
 @dataclass
@@ -178,7 +188,7 @@ class RunWorker:
         ValueError: a fault on a chain that is not a devnet or test chain.
     """
 
-    def __init__(self, ident: Identity, ledger: RunLedger, host: BlobHost, blobs: BlobStore, executor: Executor,
+    def __init__(self, ident: Identity, ledger: WorkerLedger, host: BlobHost, blobs: BlobStore, executor: Executor,
                  model_dir: Path, model_id: bytes, fault: str | None = None) -> None:
         if fault is not None and not ledger.chain_id.startswith(DEV_CHAINS):
             raise ValueError("cheat switches exist only on devnet and test chains")
@@ -194,18 +204,21 @@ class RunWorker:
         self.last_payload: dict[bytes, list[torch.Tensor]] = {}  # run -> our previous Δ (the run-replay cheat)
         self.stale: dict[bytes, list[torch.Tensor]] = {}  # run -> the θ we trained from before (the run-stale cheat)
         self.log: list[str] = []  # what happened, for status and tests
+        self.duty_runner = DutyRunner(self, ledger, at_start=True)  # at start (a restart may have work) and per block
+
+    @property
+    def name(self) -> str:
+        """The duty's name in logs (:class:`node.duty.runner.Duty`)."""
+        return "training-run worker"
 
     async def run(self) -> None:
-        """Forever: at start and after each block, :meth:`_step` (a failed step is logged; the next block retries)."""
-        async with trio.open_nursery() as nursery:
-            while True:
-                try:
-                    await self._step(nursery)
-                except Exception:  # never take the node down; the next block retries
-                    log.exception("training run step failed")
-                await self.ledger.new_block.wait()
+        """Forever: at start and after each block, :meth:`step` (:class:`node.duty.runner.DutyRunner`: a failed
+        step is logged and retried at a later block, backing off)."""
+        await self.duty_runner.run()
 
-    async def _step(self, nursery: trio.Nursery) -> None:
+    async def step(self, nursery: trio.Nursery) -> None:
+        """One look at the open runs (:class:`node.duty.runner.Duty`): serve and reveal what an attempt that moved
+        on committed to, start training a round this node takes part in, or aggregating one it was drawn for."""
         st = self.ledger.state
         me = self.ident.account
         for rid in list(st.open_runs):
@@ -246,7 +259,7 @@ class RunWorker:
     async def _train(self, run: Run) -> None:
         me = self.ident.account
         post, cur = run.post, run.cur
-        if cur is None:  # _step starts this only for an open round
+        if cur is None:  # step starts this only for an open round
             raise ValueError("the run has no open round")
         key = (post.run_id, cur.round, cur.attempt)
         if self.fault == "run-copyroot":
@@ -340,7 +353,7 @@ class RunWorker:
     async def _aggregate(self, run: Run) -> None:
         st = self.ledger.state
         post, cur = run.post, run.cur
-        if cur is None:  # _step starts this only for an open round
+        if cur is None:  # step starts this only for an open round
             raise ValueError("the run has no open round")
         self.aggregated.add((post.run_id, cur.round, cur.attempt, cur.aggregator))
         cache = await load_run(self.cache, self.executor, self.host, self.blobs, self.model_dir, run)
