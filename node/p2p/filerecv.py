@@ -33,6 +33,7 @@ def _io_errors() -> tuple[type[BaseException], ...]:
     errors: tuple[type[BaseException], ...] = (EOFError, ConnectionError, trio.BrokenResourceError,
                                                trio.ClosedResourceError)
     try:
+        # local: optional here (in-memory streams run without it) and ~1.3 s to import
         from libp2p.exceptions import BaseLibp2pError
         from libp2p.io.exceptions import IOException
         from libp2p.stream_muxer.exceptions import MuxedStreamError

@@ -68,6 +68,7 @@ def router_class() -> type:
     idle. This subclass keeps the same queue (appended in time order) but drops expired entries from its head
     only when the oldest has expired, trims the oldest beyond the cap without a log line, and uses
     ``PENDING_PER_PEER`` / ``PENDING_TTL``."""
+    # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
     from libp2p.pubsub.gossipsub import GossipSub
 
     class TallyGossipSub(GossipSub):  # type: ignore[misc, valid-type]
@@ -89,6 +90,7 @@ def router_class() -> type:
 
 def make_router(*, degree: int, degree_low: int, degree_high: int, heartbeat_interval: float):
     """A ``GossipSub`` router with Tally's settings (see module docstring). ``heartbeat_interval`` in seconds."""
+    # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
     from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11
 
     return router_class()(
@@ -107,6 +109,7 @@ def raise_outbound_queue() -> None:
     ``libp2p.pubsub.pubsub``) and drops RPCs when it is full, so a burst of more than ~32 publications loses
     messages. Point that module's ``RpcQueue`` at a subclass with ``OUTBOUND_QUEUE`` slots (idempotent; the
     library class itself is unchanged)."""
+    # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
     from libp2p.pubsub import pubsub as pubsub_mod
     from libp2p.pubsub.rpc_queue import DefaultMaxMessageSize, RpcQueue
 
@@ -119,7 +122,7 @@ def raise_outbound_queue() -> None:
         def __init__(self, max_size: int = OUTBOUND_QUEUE, max_message_size: int = DefaultMaxMessageSize):
             super().__init__(max_size, max_message_size)
 
-    pubsub_mod.RpcQueue = _DeepRpcQueue
+    pubsub_mod.RpcQueue = _DeepRpcQueue  # type: ignore[misc]  # the patch itself: a subclass of the same class
 
 
 def retry_pubsub_streams() -> None:
@@ -131,6 +134,7 @@ def retry_pubsub_streams() -> None:
     the validator's ``/meshsub`` negotiation within 10 s, and never heard a single server. Patch
     ``Pubsub._handle_new_peer`` to raise ``StreamFailure`` as a ``SwarmException`` so that the library's own
     retry loop handles it (idempotent; the library class is patched once per process)."""
+    # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
     from libp2p.host.exceptions import StreamFailure
     from libp2p.network.exceptions import SwarmException
     from libp2p.pubsub.pubsub import Pubsub
@@ -145,8 +149,8 @@ def retry_pubsub_streams() -> None:
         except StreamFailure as e:
             raise SwarmException(f"pubsub stream to {peer_id}: {e}") from e
 
-    _handle_new_peer._tally = True
-    Pubsub._handle_new_peer = _handle_new_peer
+    _handle_new_peer.__dict__["_tally"] = True
+    Pubsub._handle_new_peer = _handle_new_peer  # type: ignore[method-assign]  # the patch itself (same signature)
 
 
 class GossipCounts:
@@ -182,6 +186,7 @@ def count_pubsub_traffic() -> None:
     """Count every RPC item py-libp2p 0.8.1's ``Pubsub`` writes (``Pubsub.write_msg``) and every published
     message it receives (``Pubsub.push_msg``) into the ``GossipCounts`` at ``pubsub._tally_counts`` when one is
     set (:class:`Gossip` sets it). Idempotent; the library class is patched once per process."""
+    # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
     from libp2p.pubsub.pubsub import Pubsub
 
     if getattr(Pubsub.write_msg, "_tally", False):
@@ -215,8 +220,9 @@ def count_pubsub_traffic() -> None:
                 c.received[short_topic(t)] += 1
         await push_msg(self, msg_forwarder, msg)
 
-    counted_write._tally = True
-    Pubsub.write_msg, Pubsub.push_msg = counted_write, counted_push
+    counted_write.__dict__["_tally"] = True
+    Pubsub.write_msg = counted_write  # type: ignore[method-assign]  # the patch itself (same signature)
+    Pubsub.push_msg = counted_push  # type: ignore[method-assign]  # the patch itself (same signature)
 
 
 def cache_signed_records(size: int = RECORD_CACHE, ttl: float = RECORD_TTL) -> None:
@@ -227,6 +233,7 @@ def cache_signed_records(size: int = RECORD_CACHE, ttl: float = RECORD_TTL) -> N
     seconds (at most ``size`` entries, oldest forgotten; a changed record, or one past ``ttl``, which refreshes the
     peerstore's 2 h TTL, is consumed as before). Patches the name in ``libp2p.pubsub.pubsub`` and
     ``libp2p.pubsub.gossipsub`` (idempotent; the library function itself is unchanged)."""
+    # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
     from libp2p.pubsub import gossipsub as gossipsub_mod, pubsub as pubsub_mod
 
     original = pubsub_mod.maybe_consume_signed_record
@@ -250,7 +257,7 @@ def cache_signed_records(size: int = RECORD_CACHE, ttl: float = RECORD_TTL) -> N
                 accepted.popitem(last=False)
         return ok
 
-    consume._tally = True
+    consume.__dict__["_tally"] = True
     pubsub_mod.maybe_consume_signed_record = consume
     gossipsub_mod.maybe_consume_signed_record = consume
 
@@ -259,6 +266,7 @@ def _topic_validator(topic: str, validate: GossipValidator | None) -> Callable[[
     """py-libp2p's synchronous topic validator ``(forwarder ID, rpc Message) -> bool`` around ``validate``: a
     payload over the topic's size in :mod:`node.p2p.wirelimits` is refused first (neither delivered nor
     relayed)."""
+    # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
     from libp2p.peer.id import ID
 
     limit = gossip_limit(topic).request
@@ -335,6 +343,7 @@ class Gossip:
         self._nursery.start_soon(self._worker, topic, handler, recv)
 
     async def _reader(self, topic: str, sub, seen: _LRU, send) -> None:
+        # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
         from libp2p.peer.id import ID
 
         counts, short = self.counts, short_topic(topic)
@@ -414,7 +423,21 @@ def _enqueue(send, topic: str, data: bytes, origin: str) -> None:
 
 class GossipMethods:
     """The gossip half of :class:`node.p2p.host.P2PHost` (topics, subscribe, publish, mesh), which sets
-    ``chain_id``, ``genesis_hash``, ``_gossip`` and ``_require``."""
+    ``chain_id``, ``genesis_hash`` and ``_gossip``."""
+
+    chain_id: str
+    genesis_hash: bytes | None
+    _gossip: Gossip | None
+
+    def _running_gossip(self) -> Gossip:
+        """The running :class:`Gossip`.
+
+        Raises:
+            RuntimeError: not running.
+        """
+        if self._gossip is None:
+            raise RuntimeError("host is not running (use `async with host.running()`)")
+        return self._gossip
 
     def topic(self, name: str) -> str:
         """Full topic name ``tally/<chain_id>/<genesis hash, 8 bytes hex>/<name>`` (``tally/<chain_id>/<name>``
@@ -437,8 +460,7 @@ class GossipMethods:
         Raises:
             RuntimeError: not running, or already subscribed to ``topic``.
         """
-        self._require()
-        await self._gossip.subscribe(topic, handler, validate)
+        await self._running_gossip().subscribe(topic, handler, validate)
 
     async def publish(self, topic: str, data: bytes) -> None:
         """Sign and publish ``data`` (at most ``gossip.MAX_GOSSIP`` = 512 KiB) on ``topic``.
@@ -452,8 +474,7 @@ class GossipMethods:
             TypeError: ``data`` is not bytes.
             ValueError: ``data`` is too large.
         """
-        self._require()
-        await self._gossip.publish(topic, data)
+        await self._running_gossip().publish(topic, data)
 
     def topic_peers(self, topic: str) -> list[str]:
         """Connected peers known to be subscribed to ``topic`` ([] when not running)."""
@@ -474,5 +495,4 @@ class GossipMethods:
             RuntimeError: not running.
             RequestTimeout: not reached within ``timeout`` seconds.
         """
-        self._require()
-        await self._gossip.wait_for_topic_peers(topic, n, timeout, mesh)
+        await self._running_gossip().wait_for_topic_peers(topic, n, timeout, mesh)

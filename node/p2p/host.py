@@ -28,8 +28,10 @@ import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager, suppress
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
+import multiaddr
+import nacl.signing
 import trio
 
 from ..net.addrs import Scope, announceable, parse_addr, scope
@@ -60,6 +62,10 @@ from .quirks import batch_yamux_window_updates, check_port_free, exception_leave
 from .scoring import MALFORMED_FRAME, PeerScores
 from .wirelimits import limit_for
 
+if TYPE_CHECKING:
+    from libp2p.abc import IHost
+    from libp2p.network.swarm import Swarm
+
 log = logging.getLogger(__name__)
 
 VOUCH_TTL = 3600.0  # seconds a peer whose receipt landed keeps reserved slots (P2PHost.vouch)
@@ -74,12 +80,19 @@ RequestHandler = Callable[[dict, str], Awaitable[dict]]
 def libp2p_keypair(identity: Any) -> Any:
     """The libp2p ``KeyPair`` of a node's :class:`node.identity.Identity`, so that peer ID and account are one
     Ed25519 key. (py-libp2p is imported where the host starts, as in :meth:`P2PHost.running`.)"""
-    import nacl.signing
+    # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
     from libp2p.crypto.ed25519 import Ed25519PrivateKey
     from libp2p.crypto.keys import KeyPair
 
     priv = Ed25519PrivateKey(nacl.signing.SigningKey(identity.seed))
     return KeyPair(priv, priv.get_public_key())
+
+
+def _swarm(host: IHost) -> Swarm:
+    """The host's network, which ``libp2p.new_host`` always builds as a ``Swarm`` (``set_resource_manager`` and
+    ``unblock_peer`` are the Swarm's, not in ``INetworkService``)."""
+    return cast("Swarm", host.get_network())
+
 
 class PeerUnreachable(Exception):
     """No stream could be opened to the peer: unknown address, dial failure, or protocol not supported."""
@@ -150,14 +163,14 @@ class P2PHost(GossipMethods):
         # reachable addresses only, raced, first success cancels the rest); None: every address in parallel
         self.peer_dialer: Callable[[str, list[str]], Awaitable[bool]] | None = None
         self.dial_filter: Callable[[list[str]], list[str]] | None = None
-        self._gossip_params = dict(degree=degree, degree_low=degree_low, degree_high=degree_high,
+        self._gossip_params: dict[str, Any] = dict(degree=degree, degree_low=degree_low, degree_high=degree_high,
                                    heartbeat_interval=heartbeat_interval)
         self._handlers: dict[str, Any] = {}
-        self._host = None
+        self._host: IHost | None = None
         self._gossip: Gossip | None = None
         self._peer_id: str = identity.peer_id
         self.scores = scores if scores is not None else PeerScores()
-        self._nursery = None
+        self._nursery: trio.Nursery | None = None
         # py-libp2p asks for the host's addresses on every pubsub RPC it sends (its signed peer record) and
         # presence gossip repeats every peer's addresses twice a second: pure-Python multiaddr parsing of the
         # same strings was a quarter of a busy test process's CPU (profiled), so results are cached
@@ -182,9 +195,10 @@ class P2PHost(GossipMethods):
         """
         if self._host is not None:
             raise RuntimeError("host already running")
-        import multiaddr
+        # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
         from libp2p import new_host
         from libp2p.crypto.x25519 import create_new_key_pair as x25519_pair
+        from libp2p.custom_types import TProtocol
         from libp2p.pubsub.pubsub import Pubsub
         from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_ID, Transport as NoiseTransport
         from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_ID, Yamux
@@ -204,14 +218,14 @@ class P2PHost(GossipMethods):
         host = new_host(
             key_pair=kp,
             sec_opt={NOISE_ID: NoiseTransport(kp, noise_privkey=x25519_pair().private_key)},
-            muxer_opt={YAMUX_ID: Yamux},
+            muxer_opt={TProtocol(YAMUX_ID): Yamux},
             listen_addrs=listen,
             addrs_factory=lambda _candidates: self._factory_addrs(multiaddr.Multiaddr),
         )
         self._memoize_get_addrs(host)
         # py-libp2p's resource manager caps streams node-wide and leaks slots on refusals (node.net.limits):
         # Tally's per-peer limits replace it
-        host.get_network().set_resource_manager(None)
+        _swarm(host).set_resource_manager(None)
         # py-libp2p's accept path holds an inbound slot per connection until the swarm stops, and caps nothing
         # per address: Tally's admission replaces it (node.net.admission)
         install_admission(host.get_network(), self.admission)
@@ -224,7 +238,7 @@ class P2PHost(GossipMethods):
         # (issue 28). Nanoseconds, as go-libp2p does: a restart always starts above anything published before.
         pubsub.counter = time.time_ns()
         for proto, fn in self._handlers.items():
-            host.set_stream_handler(proto, fn)
+            host.set_stream_handler(TProtocol(proto), fn)
         body_done = False
         try:
             async with self._serve(host, pubsub, gossipsub, listen):
@@ -247,6 +261,7 @@ class P2PHost(GossipMethods):
 
     @asynccontextmanager
     async def _serve(self, host, pubsub, gossipsub, listen) -> AsyncIterator[None]:
+        # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
         from libp2p.tools.anyio_service import background_trio_service
 
         async with host.run(listen):
@@ -259,9 +274,7 @@ class P2PHost(GossipMethods):
                         self._host, self._gossip = host, Gossip(pubsub, nursery, self._peer_id)
                         self._nursery = nursery
                         self.conn_notifee = ConnectionNotifee(
-                            self.limiter, self, nursery.start_soon,
-                            lambda p, c: [f(p, c) for f in self.on_connected],
-                            lambda p, c: [f(p, c) for f in self.on_disconnected],
+                            self.limiter, self, nursery.start_soon, self._connected, self._disconnected,
                             may_stay=lambda: self.is_member)
                         host.get_network().register_notifee(self.conn_notifee)
                         log.info("p2p host %s listening on %s", self._peer_id, self.addrs)
@@ -291,15 +304,24 @@ class P2PHost(GossipMethods):
 
     async def start_service(self, fn: Callable[..., Awaitable[Any]]) -> Any:
         """``await nursery.start(fn)`` in the host's background nursery: returns when ``fn`` reports started."""
-        self._require()
+        if self._nursery is None:
+            raise RuntimeError("host is not running (use `async with host.running()`)")
         return await self._nursery.start(fn)
+
+    def _connected(self, peer: str, conn: Any) -> None:
+        for f in self.on_connected:
+            f(peer, conn)
+
+    def _disconnected(self, peer: str, conn: Any) -> None:
+        for f in self.on_disconnected:
+            f(peer, conn)
 
     @property
     def libp2p(self):
         """The running py-libp2p ``IHost`` (for :mod:`node.net`)."""
         return self._require()
 
-    def _require(self):
+    def _require(self) -> IHost:
         if self._host is None:
             raise RuntimeError("host is not running (use `async with host.running()`)")
         return self._host
@@ -414,7 +436,7 @@ class P2PHost(GossipMethods):
         Returns:
             The number of distinct peers connected among those addressed.
         """
-        import multiaddr
+        # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
         from libp2p.peer.peerinfo import info_from_p2p_addr
 
         host = self._require()
@@ -426,9 +448,11 @@ class P2PHost(GossipMethods):
                 if sep and pid != self._peer_id and not self.banned(pid):
                     by_peer.setdefault(pid, []).append(head)
 
+            dialer = self.peer_dialer
+
             async def race_peer(pid: str, addrs: list[str]) -> None:
                 with trio.move_on_after(timeout):
-                    if await self.peer_dialer(pid, addrs):
+                    if await dialer(pid, addrs):
                         ok.add(pid)
 
             async with trio.open_nursery() as n:
@@ -455,7 +479,7 @@ class P2PHost(GossipMethods):
                     return
                 # Tally backs off per peer itself (node.net.peers); py-libp2p's 60 s negative cache would keep a
                 # restarted server unreachable for a minute after one failed dial
-                host.get_network().unblock_peer(info.peer_id)
+                _swarm(host).unblock_peer(info.peer_id)
                 with trio.fail_after(timeout):
                     await host.connect(info)
                 ok.add(pid)
@@ -474,7 +498,7 @@ class P2PHost(GossipMethods):
         Returns:
             True when connected within ``timeout`` seconds; a failure is one DEBUG line with its reason.
         """
-        import multiaddr
+        # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
         from libp2p.peer.peerinfo import info_from_p2p_addr
 
         host = self._require()
@@ -500,6 +524,7 @@ class P2PHost(GossipMethods):
 
     def stored_addrs(self, peer_id: str) -> list[str]:
         """The direct addresses py-libp2p's peerstore holds for ``peer_id`` (no ``/p2p``), [] if none."""
+        # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
         from libp2p.peer.id import ID
 
         host = self._require()
@@ -513,7 +538,7 @@ class P2PHost(GossipMethods):
         """Put ``/.../p2p/<id>`` addresses in the peerstore for ``ttl`` seconds, so a later stream to that peer
         dials it on demand (peers learn each other's addresses from gossip, not only from bootstrap).
         Bad addresses and our own are ignored. Returns how many were stored."""
-        import multiaddr
+        # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
         from libp2p.peer.peerinfo import info_from_p2p_addr
 
         host = self._require()
@@ -534,7 +559,7 @@ class P2PHost(GossipMethods):
             if pid_str != self._peer_id:
                 host.get_peerstore().add_addrs(pid, addrs, ttl)
                 if pid not in host.get_connected_peers():
-                    host.get_network().unblock_peer(pid)  # it is alive: it just told us so
+                    _swarm(host).unblock_peer(pid)  # it is alive: it just told us so
                 n += 1
         return n
 
@@ -557,6 +582,7 @@ class P2PHost(GossipMethods):
 
     async def disconnect(self, peer_id: str, timeout: float = 3.0) -> None:
         """Close every connection to ``peer_id`` (no error if there is none)."""
+        # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
         from libp2p.peer.id import ID
 
         if self._host is None:
@@ -580,6 +606,7 @@ class P2PHost(GossipMethods):
         Messages the handler reads with ``read_msg(stream)`` get the protocol's limits
         (:mod:`node.p2p.wirelimits`).
         """
+        # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
         from libp2p.custom_types import TProtocol
 
         async def wrapped(stream) -> None:
@@ -592,13 +619,14 @@ class P2PHost(GossipMethods):
                 await handler(stream, remote)
             except (FrameError, ReadBusy) as e:
                 log.debug("%s handler, peer %s: bad frame or busy: %s", protocol_id, remote, e)
-                busy = isinstance(e, ReadBusy)  # this node's large-read pool is full: no fault of the peer's
-                if not busy:
+                if isinstance(e, ReadBusy):  # this node's large-read pool is full: no fault of the peer's
+                    reply = error_reply(e.code, e.message)
+                else:
                     self.penalize(remote, MALFORMED_FRAME)
+                    reply = error_reply("bad_frame", str(e))
                 with trio.move_on_after(1.0):
                     with suppress(StreamClosed, RequestTimeout, FrameError):
-                        await write_msg(stream, error_reply(e.code, e.message) if busy
-                                        else error_reply("bad_frame", str(e)))
+                        await write_msg(stream, reply)
                 await _reset(stream)
             except (StreamClosed, RequestTimeout) as e:
                 log.debug("%s handler, peer %s: %s: %s", protocol_id, remote, type(e).__name__, e)
@@ -662,6 +690,7 @@ class P2PHost(GossipMethods):
             PeerUnreachable: bad peer ID, a banned peer (never dialled), no address, dial failure, protocol not
                 supported, or ``timeout`` seconds elapsed.
         """
+        # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
         from libp2p.custom_types import TProtocol
         from libp2p.peer.id import ID
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 
 
 def route_libp2p_logging(level: int = logging.WARNING) -> None:
@@ -29,8 +30,6 @@ def check_port_free(host: str, port: int) -> None:
     Raises:
         OSError: the port is in use.
     """
-    import socket
-
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
         family, _, _, _, addr = socket.getaddrinfo(bare, port, type=socket.SOCK_STREAM)[0]
