@@ -420,6 +420,7 @@ def install(network: Any, admission: Admission, outbound_headroom: int = 256) ->
         return ok
 
     network.listen = listen_guarded
+    # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
     from libp2p.network.connection.raw_connection import RawConnection
 
     cfg = network.connection_config

@@ -215,6 +215,7 @@ class StreamGate:
         """Never dial a banned peer. py-libp2p dials on its own whenever something opens a stream to an
         unconnected peer (gossipsub's heartbeat does, to every peer it once saw): measured, two nodes of different
         genesis re-dialled each other twice a second through it, so one always appeared connected."""
+        # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
         from libp2p.network.exceptions import SwarmException
 
         dial = network.dial_peer

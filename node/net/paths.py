@@ -161,6 +161,7 @@ class PathBook:
     async def measure(self, host: Any, peer_id: Any) -> float | None:
         """Ping ``peer_id`` (a py-libp2p ``ID``) once over its best connection; returns the smoothed round trip
         in ms, None when the ping failed (logged at DEBUG: a peer may not serve ping)."""
+        # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
         from libp2p.host.ping import ID as PING, perform_ping_roundtrip
 
         stream = None

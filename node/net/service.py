@@ -441,6 +441,7 @@ class NetworkService:
         """One ping; a peer that misses :data:`PING_FAILS` in a row has a dead connection that py-libp2p still
         counts as open (measured: a relayed circuit whose far end had gone kept every new stream waiting until
         its timeout, for minutes): close its connections, so the next stream redials it."""
+        # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
         from libp2p.peer.id import ID
 
         rtt = await self.paths.measure(self.host.libp2p, ID.from_base58(peer))
