@@ -13,7 +13,7 @@ import pytest
 import trio
 
 import node.keys
-import node.ledger.core.tx
+import node.ledger.core.txbase
 from node.encoding import pack
 from node.identity import Identity, dev_seed
 from node.ledger.core.batchtx import BatchPost
@@ -225,7 +225,7 @@ def test_signatures_are_checked_once_per_transaction_not_per_block(make_svc, mon
         return real(*args)
 
     monkeypatch.setattr(node.keys, "verify", counting)  # what verify_many (block building) calls
-    monkeypatch.setattr(node.ledger.core.tx, "verify", counting)  # what Tx.check_signatures calls
+    monkeypatch.setattr(node.ledger.core.txbase, "verify", counting)  # what Tx.check_signatures calls
     svc = make_svc()
     g = svc.genesis
     s0 = genesis_state(g)  # the state before block 1 (svc.state is replaced by each committed block)

@@ -73,7 +73,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from ...encoding import MAX_AMOUNT, H
 from . import batchaudit as audit
@@ -90,6 +89,7 @@ from .batchstate import (
     item_key,
 )
 from .batchtx import (
+    BATCH_TXS,
     GENERATE,
     MAX_FLOOR,
     MAX_GENERATE_TOKENS,
@@ -108,10 +108,10 @@ from .batchtx import (
     commitment,
 )
 from .genesis import TREASURY, Params
-from .tx import Tx, _check
-
-if TYPE_CHECKING:
-    from .state import State
+from .kv import Codec
+from .module import Module, ident
+from .txbase import Tx, _check
+from .view import StateView
 
 MAX_ASSIGN_PER_BLOCK = 64  # new items drawn per block, over all batches
 MAX_DECIDE_PER_BLOCK = 64  # items decided (and possibly re-issued) per block, over all batches
@@ -145,19 +145,19 @@ def draw(beacon: bytes, batch_id: bytes, item: int, attempt: int, candidates: It
     return tuple(first[:kk]), max(kk // 2 + 1, kk - (k - quorum))
 
 
-def _worker(s: State, w: bytes) -> WorkerRecord:
+def _worker(s: StateView, w: bytes) -> WorkerRecord:
     rec: WorkerRecord = s.tables["batch_workers"].get(w, WorkerRecord())
     return rec
 
 
-def _set_worker(s: State, w: bytes, rec: WorkerRecord) -> None:
+def _set_worker(s: StateView, w: bytes, rec: WorkerRecord) -> None:
     if rec == WorkerRecord():
         s.tables["batch_workers"].pop(w, None)
     else:
         s.tables["batch_workers"][w] = rec
 
 
-def offers(s: State, eligible: Iterable[bytes]) -> dict[bytes, int]:
+def offers(s: StateView, eligible: Iterable[bytes]) -> dict[bytes, int]:
     """The floor (base units per token) of every account of ``eligible`` (bonded accounts) with a live offer."""
     out = {}
     for w in eligible:
@@ -197,7 +197,7 @@ def escrow_of(p: Params, post: BatchPost) -> int:
     return post.escrow() + post.n_items * audit_share(p, post)
 
 
-def held(s: State, worker: bytes) -> int:
+def held(s: StateView, worker: bytes) -> int:
     """Assignments of ``worker`` not yet decided (its bond cannot be unbonded while any is)."""
     return _worker(s, worker).held
 
@@ -215,12 +215,12 @@ def held_limit(p: Params, rec: WorkerRecord) -> int:
     return max(1, p.batch_max_held >> min(rec.missed, MAX_MISSED_SHIFT))
 
 
-def reputation(s: State, worker: bytes) -> WorkerRecord:
+def reputation(s: StateView, worker: bytes) -> WorkerRecord:
     """``worker``'s batch record: quorum agreements ever, consecutive ones, undecided assignments."""
     return _worker(s, worker)
 
 
-def assignments_of(s: State, worker: bytes) -> list[tuple[bytes, int, int]]:
+def assignments_of(s: StateView, worker: bytes) -> list[tuple[bytes, int, int]]:
     """``(batch id, item, attempt)`` of every undecided assignment of ``worker`` (what its worker loop queries).
     O(undecided items of open batches)."""
     out = []
@@ -233,7 +233,7 @@ def assignments_of(s: State, worker: bytes) -> list[tuple[bytes, int, int]]:
     return out
 
 
-def _move_bond(s: State, w: bytes, amount: int, slash: bool) -> int:
+def _move_bond(s: StateView, w: bytes, amount: int, slash: bool) -> int:
     acc = s.account(w)
     took = min(acc.bond, amount)
     s.accounts[w] = replace(acc, bond=acc.bond - took, slashed=acc.slashed + (took if slash else 0))
@@ -242,7 +242,7 @@ def _move_bond(s: State, w: bytes, amount: int, slash: bool) -> int:
     return took
 
 
-def _return_bond(s: State, w: bytes, amount: int) -> int:
+def _return_bond(s: StateView, w: bytes, amount: int) -> int:
     """The reverse of a slash by :func:`_move_bond`: up to ``amount`` base units go back from the treasury to
     ``w``'s bond (and off its slashed total). Returns what was returned (less if the treasury holds less)."""
     t = s.account(TREASURY)
@@ -253,7 +253,7 @@ def _return_bond(s: State, w: bytes, amount: int) -> int:
     return back
 
 
-def _pay(s: State, batch: Batch, to: bytes, amount: int, refund: bool) -> Batch:
+def _pay(s: StateView, batch: Batch, to: bytes, amount: int, refund: bool) -> Batch:
     """Move ``amount`` from the requester's escrow to ``to``'s balance (to the requester itself for a refund)."""
     req = batch.post.sender
     acc = s.account(req)
@@ -265,7 +265,7 @@ def _pay(s: State, batch: Batch, to: bytes, amount: int, refund: bool) -> Batch:
     return replace(batch, escrow_left=batch.escrow_left - amount, paid=batch.paid + amount)
 
 
-def _set_batch(s: State, b: Batch) -> None:
+def _set_batch(s: StateView, b: Batch) -> None:
     bid = b.post.batch_id
     s.tables["batches"][bid] = b
     if b.status in TERMINAL:
@@ -277,7 +277,7 @@ def _set_batch(s: State, b: Batch) -> None:
         s.open_batches[bid] = None
 
 
-def _check_post(s: State, tx: BatchPost) -> None:
+def _check_post(s: StateView, tx: BatchPost) -> None:
     _check(tx.batch_id not in s.tables["batches"], "a batch with this id exists")
     _check(1 <= tx.n_items <= MAX_ITEMS, f"n_items must be in 1..{MAX_ITEMS} (got {tx.n_items})")
     _check(tx.kind in TASK_KINDS, f"kind must be one of {', '.join(TASK_KINDS)} (got {tx.kind!r})")
@@ -321,7 +321,7 @@ def _check_post(s: State, tx: BatchPost) -> None:
            "raise the price or lower k (workers opt in with 'node start --accept-batches --batch-floor')")
 
 
-def _open_item(s: State, tx: BatchCommit | BatchReveal) -> tuple[Batch, Item]:
+def _open_item(s: StateView, tx: BatchCommit | BatchReveal) -> tuple[Batch, Item]:
     b: Batch | None = s.tables["batches"].get(tx.batch_id)
     _check(b is not None, "unknown batch")
     assert b is not None
@@ -333,7 +333,7 @@ def _open_item(s: State, tx: BatchCommit | BatchReveal) -> tuple[Batch, Item]:
     return b, it
 
 
-def apply_batch_tx(s: State, tx: Tx) -> None:
+def apply_batch_tx(s: StateView, tx: Tx) -> None:
     """Apply a batch transaction to ``s`` in place (every check first: a refused tx changes nothing). The caller,
     :func:`node.ledger.core.state.apply_tx`, checks signatures and the nonce of posts and cancels.
 
@@ -404,7 +404,7 @@ def apply_batch_tx(s: State, tx: Tx) -> None:
         s.tables["batch_items"][key] = it
 
 
-def _assign(s: State, b: Batch, i: int, attempt: int, height: int, beacon: bytes, eligible: list[bytes],
+def _assign(s: StateView, b: Batch, i: int, attempt: int, height: int, beacon: bytes, eligible: list[bytes],
             exclude: tuple[bytes, ...], limit: bool = True) -> tuple[tuple[bytes, ...], int]:
     """Draw an item's workers among ``eligible`` (the batch's :func:`takers`) but the requester and ``exclude``;
     with ``limit`` (and genesis ``batch_max_held``), only among those below their :func:`held_limit`."""
@@ -416,7 +416,7 @@ def _assign(s: State, b: Batch, i: int, attempt: int, height: int, beacon: bytes
                 lambda w: params.adapt_step > 0 and _worker(s, w).run >= params.adapt_step)
 
 
-def _start(s: State, b: Batch, i: int, it: Item) -> None:
+def _start(s: StateView, b: Batch, i: int, it: Item) -> None:
     for w in it.workers:
         r = _worker(s, w)
         _set_worker(s, w, replace(r, held=r.held + 1))
@@ -424,7 +424,7 @@ def _start(s: State, b: Batch, i: int, it: Item) -> None:
     s.tables["batch_due"][due_key(it.due, b.post.batch_id, i)] = 0
 
 
-def _decide(s: State, bid: bytes, i: int, height: int, beacon: bytes, eligible: list[bytes]) -> None:
+def _decide(s: StateView, bid: bytes, i: int, height: int, beacon: bytes, eligible: list[bytes]) -> None:
     b: Batch = s.tables["batches"][bid]
     p = b.post
     it: Item = s.tables["batch_items"][item_key(bid, i)]
@@ -486,7 +486,7 @@ def _decide(s: State, bid: bytes, i: int, height: int, beacon: bytes, eligible: 
     _set_batch(s, _maybe_settle(s, b, height))
 
 
-def _maybe_settle(s: State, b: Batch, height: int) -> Batch:
+def _maybe_settle(s: StateView, b: Batch, height: int) -> Batch:
     """Settle ``b`` once every item is decided and no audit is open."""
     if b.decided == b.post.n_items and not b.auditing and b.status not in TERMINAL:
         if b.escrow_left:  # nothing should be left (each item returned its own share); kept exact regardless
@@ -495,7 +495,7 @@ def _maybe_settle(s: State, b: Batch, height: int) -> Batch:
     return b
 
 
-def _close_audit(s: State, bid: bytes, i: int, height: int) -> None:
+def _close_audit(s: StateView, bid: bytes, i: int, height: int) -> None:
     """An audit's voting is over: apply its verdict (:mod:`node.ledger.core.batchaudit`)."""
     b: Batch = s.tables["batches"][bid]
     it: Item = s.tables["batch_items"][item_key(bid, i)]
@@ -536,7 +536,7 @@ def _close_audit(s: State, bid: bytes, i: int, height: int) -> None:
     _set_batch(s, _maybe_settle(s, b, height))
 
 
-def end_block_batches(s: State, height: int, beacon: bytes) -> None:
+def end_block_batches(s: StateView, height: int, beacon: bytes) -> None:
     """Per-block batch work after the transactions, ``beacon`` being this block's hash: decide up to
     :data:`MAX_DECIDE_PER_BLOCK` items due at or before ``height`` (re-issuing those without a quorum), then assign up
     to :data:`MAX_ASSIGN_PER_BLOCK` new items of batches posted before this block."""
@@ -584,9 +584,26 @@ def end_block_batches(s: State, height: int, beacon: bytes) -> None:
             break
 
 
-def needs_height(s: State) -> bool:
+def needs_height(s: StateView) -> bool:
     """True while a batch is open (its items are assigned, decided or re-issued by ``end_block``)."""
     return bool(s.open_batches)
+
+
+# ------------------------------------------------------------------ the module (node.ledger.core.modules)
+
+
+def _unbond_blocker(s: StateView, worker: bytes, _bond_after: int) -> str | None:
+    if held(s, worker) == 0:
+        return None
+    return "batch items assigned to this worker are undecided; unbond after they are decided"
+
+
+MODULE = Module("batches", txs=BATCH_TXS,
+                maps={"batches": Batch, "batch_items": Item,  # batch id ‖ item (4 bytes) -> Item
+                      "batch_due": Codec(ident, int),  # decision height (8 bytes) ‖ batch id ‖ item -> 0
+                      "batch_workers": WorkerRecord},
+                sets=("open_batches",), on_apply=apply_batch_tx, on_end_block=end_block_batches,
+                on_unbond=_unbond_blocker)
 
 
 __all__ = ["MAX_ASSIGN_PER_BLOCK", "MAX_DECIDE_PER_BLOCK", "BatchCancel", "BatchCommit", "BatchOffer", "BatchPost",

@@ -50,7 +50,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from ...encoding import H
 from . import committee as cm
@@ -58,10 +57,8 @@ from .batchstate import AuditStatus, Batch, Item, ItemStatus, due_key, item_key
 from .batchtx import BatchAuditVote
 from .genesis import Params
 from .sampling import is_sampled
-from .tx import _check
-
-if TYPE_CHECKING:
-    from .state import State
+from .txbase import _check
+from .view import StateView
 
 
 def audit_id(batch_id: bytes, item: int) -> bytes:
@@ -85,7 +82,7 @@ def draw_audit(p: Params, beacon: bytes, batch_id: bytes, i: int, it: Item, requ
     return replace(it, audit=AuditStatus.OPEN, audit_committee=com, audit_due=height + p.verdict_timeout)
 
 
-def apply_audit_vote(s: State, tx: BatchAuditVote) -> None:
+def apply_audit_vote(s: StateView, tx: BatchAuditVote) -> None:
     """Record a committee member's result hash (checks first; a refused vote changes nothing).
 
     Raises:
@@ -121,7 +118,7 @@ def verdict(it: Item) -> tuple[AuditStatus, bytes | None]:
     return (AuditStatus.OVERTURNED if support[found] > support[it.result] else AuditStatus.UNDECIDED), found
 
 
-def audits_of(s: State, member: bytes) -> list[tuple[bytes, int]]:
+def audits_of(s: StateView, member: bytes) -> list[tuple[bytes, int]]:
     """``(batch id, item)`` of every open audit on whose committee ``member`` sits and has not voted (what its
     worker loop queries). O(items of open batches)."""
     out = []

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ...encoding import H, merkle_root
-from .tx import TX_KINDS, SingleSigned
+from .txbase import SingleSigned
 
 GENERATE, SCORE = "generate", "score"
 TASK_KINDS = (GENERATE, SCORE)
@@ -200,6 +200,3 @@ class BatchOffer(SingleSigned):
 
 
 BATCH_TXS = (BatchPost, BatchCommit, BatchReveal, BatchCancel, BatchAuditVote, BatchOffer)
-
-for _cls in BATCH_TXS:
-    TX_KINDS[_cls.KIND] = _cls

@@ -22,10 +22,10 @@ from ...encoding import merkle_root, object_id, pack
 from ...keys import Identity, verify
 from .domain import is_domain
 from .tx import InvalidTx, Tx, decode_tx
+from .txbase import vote_digest
 from .valset import ValidatorSet
 
 BLOCK_TAG = b"tally/block/v1"
-PRECOMMIT_TAG = b"tally/precommit/v1"
 MAX_TXS_PER_BLOCK = 2000
 
 
@@ -81,15 +81,7 @@ def tx_root(txs: list[Tx] | tuple[Tx, ...]) -> bytes:
     return merkle_root([pack(t.to_wire()) for t in txs])
 
 
-PREVOTE_TAG = b"tally/prevote/v1"
 PROPOSAL_TAG = b"tally/proposal/v1"
-
-
-def vote_digest(kind: str, chain_id: str, height: int, round_: int, value: bytes | None) -> bytes:
-    """32-byte digest a validator signs for a prevote or precommit (``value`` None is nil) on the network of
-    signing domain ``chain_id`` (:attr:`node.ledger.core.genesis.Genesis.domain`)."""
-    tag = PRECOMMIT_TAG if kind == "precommit" else PREVOTE_TAG
-    return object_id(tag, chain_id, [height, round_, value or b""])
 
 
 def proposal_digest(chain_id: str, height: int, round_: int, block_hash: bytes, valid_round: int) -> bytes:

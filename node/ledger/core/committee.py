@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from ...encoding import H
-from .tx import ABSTAIN, INVALID, VALID
+from .txbase import ABSTAIN, INVALID, VALID, Verdict
 
 
 def committee_size(k: int, round_: int) -> int:
@@ -34,7 +34,7 @@ def select_committee(beacon: bytes, receipt_id: bytes, round_: int, eligible: It
     return tuple(ranked[: committee_size(k, round_)])
 
 
-def tally(votes: Mapping[bytes, int], size: int) -> int | None:
+def tally(votes: Mapping[bytes, int], size: int) -> Verdict | None:
     """Final verdict (VALID or INVALID) if > 2/3 of a committee of ``size`` agree, else None."""
     if size <= 0:
         return None

@@ -18,13 +18,13 @@ already before a committee (sampled) is refused with that reason: it is being ch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
+from .kv import Codec
+from .module import Module, ident
 from .status import PENDING, SAMPLED
-from .tx import TX_KINDS, Receipt, SingleSigned, _check
-
-if TYPE_CHECKING:  # the state imports this module: the type is named only for the checker
-    from .state import State
+from .txbase import Receipt, SingleSigned, _check
+from .view import StateView
 
 
 @dataclass(frozen=True)
@@ -42,10 +42,8 @@ class Dispute(SingleSigned):
     SCHEMA: ClassVar[dict[str, str]] = {"sender": "account", "receipt_id": "bytes32"}
 
 
-TX_KINDS[Dispute.KIND] = Dispute
 
-
-def apply_dispute(s: State, d: Dispute) -> None:
+def apply_dispute(s: StateView, d: Dispute) -> None:
     """Record ``d`` in ``s.tables["disputes"]`` (at the height of the block being applied).
 
     Raises:
@@ -65,7 +63,7 @@ def apply_dispute(s: State, d: Dispute) -> None:
     s.tables["disputes"][d.receipt_id] = height
 
 
-def take_dispute(s: State, receipt_id: bytes, height: int) -> bool:
+def take_dispute(s: StateView, receipt_id: bytes, height: int) -> bool:
     """End of block ``height``: True (and the dispute row removed) when ``receipt_id`` was disputed in an earlier
     block, so its committee is drawn now with this block's hash as the beacon. A dispute included in this very
     block waits one block: its beacon is a hash nobody knew when the dispute was sent."""
@@ -75,6 +73,10 @@ def take_dispute(s: State, receipt_id: bytes, height: int) -> bool:
         return False
     disputes.pop(receipt_id, None)
     return True
+
+
+MODULE = Module("disputes", txs=(Dispute,), maps={"disputes": Codec(ident, int)},  # receipt id -> height
+                on_apply=apply_dispute, on_force=take_dispute)
 
 
 __all__ = ["Dispute", "apply_dispute", "take_dispute"]

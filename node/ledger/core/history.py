@@ -28,6 +28,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ...encoding import H, leaf_hash, node_hash, pack
+from .kv import Codec
+from .module import Module, ident
+from .view import StateView
 
 MAX_RETIRE_PER_BLOCK = 256  # receipts that leave the hot state in one block (the rest wait a height)
 HEAD_KEY = b"head"
@@ -251,6 +254,22 @@ def retire(s: Any, height: int) -> list[Append]:
     s.archived.extend(out)
     return out
 
+
+# ------------------------------------------------------------------ the module (node.ledger.core.modules)
+
+
+def _end_block(s: StateView, height: int, _block_hash: bytes) -> None:
+    retire(s, height)
+
+
+def _retire_ids(x: Any) -> tuple[bytes, ...]:
+    return tuple(bytes(i) for i in x)
+
+
+MODULE = Module("history", maps={
+    "history": Codec(ident, ident),  # b"head" -> [size, root, frontier] (LogHead)
+    "retire": Codec(list, _retire_ids),  # leave height -> receipt ids
+}, on_end_block=_end_block)  # final receipts past the retention window leave (empty while retention_blocks is 0)
 
 __all__ = [
     "EMPTY_LOG_ROOT",

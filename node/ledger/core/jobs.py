@@ -35,16 +35,16 @@ from __future__ import annotations
 import enum
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import history
 from .genesis import TREASURY
-from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, JobRelease, TrainReceipt, parse_targets
+from .jobtx import JOB_TXS, JobAccept, JobCancel, JobDeliver, JobPost, JobRelease, TrainReceipt, parse_targets
+from .module import Module, PlainReceipt, admit_receipt
 from .status import FINAL
-from .tx import InvalidTx, Tx, _check
+from .txbase import InvalidTx, Tx, Verdict, _check
+from .view import StateView
 
-if TYPE_CHECKING:
-    from .state import State
 
 class JobStatus(enum.StrEnum):
     """A fine-tune job's status on the ledger (stored and served as its value, equal to that string)."""
@@ -103,7 +103,7 @@ class Job:
                 "final_height": self.final_height, "dropped": [list(d) for d in self.dropped]}
 
 
-def _refund_left(s: State, job: Job, status: str, height: int) -> Job:
+def _refund_left(s: StateView, job: Job, status: str, height: int) -> Job:
     left = job.escrow_left
     if left:
         req = s.account(job.post.sender)
@@ -112,7 +112,7 @@ def _refund_left(s: State, job: Job, status: str, height: int) -> Job:
     return replace(job, status=status, escrow_left=0, refunded=job.refunded + left, final_height=height)
 
 
-def _set(s: State, job: Job) -> None:
+def _set(s: StateView, job: Job) -> None:
     jid = job.post.job_id
     s.jobs[jid] = job
     if job.status in TERMINAL:
@@ -121,13 +121,13 @@ def _set(s: State, job: Job) -> None:
         s.open_jobs[jid] = None
 
 
-def unstarted_held(s: State, worker: bytes) -> int:
+def unstarted_held(s: StateView, worker: bytes) -> int:
     """How many jobs ``worker`` holds accepted without a first segment (each backed by ``job_start_penalty``)."""
     return sum(1 for jid in s.open_jobs
                if (j := s.jobs[jid]).status == ACCEPTED and j.worker == worker and not j.segments)
 
 
-def _reopen(s: State, job: Job, reason: str, penalty: int, height: int) -> Job:
+def _reopen(s: StateView, job: Job, reason: str, penalty: int, height: int) -> Job:
     """Take ``job`` from its worker (before its first segment): back to open; ``min(bond, penalty)`` base units
     move from the worker's bond to the treasury."""
     acc = s.account(job.worker)
@@ -139,7 +139,7 @@ def _reopen(s: State, job: Job, reason: str, penalty: int, height: int) -> Job:
                    dropped=job.dropped + ((job.worker, reason, height, paid),))
 
 
-def apply_job_tx(s: State, tx: Tx) -> None:
+def apply_job_tx(s: StateView, tx: Tx) -> None:
     """Apply a marketplace transaction to ``s`` in place (checks first; a refused tx changes nothing). The
     caller, :func:`node.ledger.core.state.apply_tx`, checks and advances the sender's nonce.
 
@@ -206,7 +206,7 @@ def apply_job_tx(s: State, tx: Tx) -> None:
         _set(s, _reopen(s, job, RELEASED, s.params.job_release_penalty, height))
 
 
-def check_train_receipt(s: State, r: TrainReceipt) -> Job:
+def check_train_receipt(s: StateView, r: TrainReceipt) -> Job:
     """Checks of a training receipt against its job (before anything moves). Returns the job."""
     job: Job = s.jobs.get(r.job_id)
     _check(job is not None, "training receipt for an unknown job")
@@ -223,7 +223,7 @@ def check_train_receipt(s: State, r: TrainReceipt) -> Job:
     return job
 
 
-def record_train_receipt(s: State, r: TrainReceipt, job: Job) -> None:
+def record_train_receipt(s: StateView, r: TrainReceipt, job: Job) -> None:
     """Reserve the segment's price and advance the job (after :func:`check_train_receipt`)."""
     height = s.height + 1
     job = replace(job, escrow_left=job.escrow_left - r.price, segments=job.segments + (r.id,),
@@ -233,7 +233,7 @@ def record_train_receipt(s: State, r: TrainReceipt, job: Job) -> None:
     _set(s, job)
 
 
-def on_final(s: State, r: TrainReceipt, valid: bool, height: int) -> None:
+def on_final(s: StateView, r: TrainReceipt, valid: bool, height: int) -> None:
     """A training receipt reached a final status: an invalid one fails its job and refunds unspent escrow."""
     job = s.jobs[r.job_id]
     if not valid and job.status not in (FAILED,):
@@ -241,7 +241,7 @@ def on_final(s: State, r: TrainReceipt, valid: bool, height: int) -> None:
         _set(s, job)
 
 
-def end_block_jobs(s: State, height: int, final_status: AbstractSet[str]) -> None:
+def end_block_jobs(s: StateView, height: int, final_status: AbstractSet[str]) -> None:
     """Expire undelivered jobs past their deadline; return to open (the worker paying ``job_start_penalty``)
     accepted jobs with no segment by the end of block ``accepted_height + job_start_window``; settle delivered
     jobs whose segments are all final."""
@@ -254,3 +254,42 @@ def end_block_jobs(s: State, height: int, final_status: AbstractSet[str]) -> Non
             _set(s, _reopen(s, job, START_TIMEOUT, s.params.job_start_penalty, height))
         elif job.status == DELIVERED and all(s.receipts[r].status in final_status for r in job.segments):
             _set(s, _refund_left(s, job, SETTLED, height))
+
+
+# ------------------------------------------------------------------ the module (node.ledger.core.modules)
+
+
+class _TrainReceipts(PlainReceipt):
+    """Training receipts: sampled at least at their job's ``sample_ppm``; an invalid one fails its job."""
+
+    def sample_ppm(self, s: StateView, r: TrainReceipt, ppm: int) -> int:
+        need: int = s.jobs[r.job_id].post.sample_ppm  # the job may require a higher rate
+        return max(ppm, need)
+
+    def finalized(self, s: StateView, r: TrainReceipt, verdict: Verdict, owed: int, height: int) -> None:
+        on_final(s, r, verdict == Verdict.VALID, height)
+
+
+def _apply(s: StateView, tx: Tx) -> None:
+    if isinstance(tx, TrainReceipt):
+        job = check_train_receipt(s, tx)
+        admit_receipt(s, tx)
+        record_train_receipt(s, tx, job)
+    else:
+        apply_job_tx(s, tx)
+
+
+def _end_block(s: StateView, height: int, _block_hash: bytes) -> None:
+    end_block_jobs(s, height, FINAL)
+
+
+def _unbond_blocker(s: StateView, worker: bytes, bond_after: int) -> str | None:
+    held = unstarted_held(s, worker)
+    if bond_after >= s.params.job_start_penalty * held:
+        return None
+    return f"the bond must keep covering the start penalty of the {held} job(s) this worker holds unstarted"
+
+
+MODULE = Module("jobs", txs=JOB_TXS, maps={"jobs": Job}, sets=("open_jobs",),
+                receipt_kinds={TrainReceipt: _TrainReceipts()}, on_apply=_apply, on_end_block=_end_block,
+                on_unbond=_unbond_blocker)

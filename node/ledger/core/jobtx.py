@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ...keys import Identity
-from .tx import TX_KINDS, SingleSigned, Tx
+from .txbase import SingleSigned, Tx
 
 # The linear layers of a Llama-architecture decoder block that LoRA may adapt (peft ``target_modules`` names):
 # attention projections and MLP. A post naming anything else would be accepted by a worker and then fail in
@@ -180,5 +180,5 @@ class TrainReceipt(Tx):
         return [(self.worker, self.id, self.sig, "training receipt")]
 
 
-for _cls in (JobPost, JobAccept, JobDeliver, JobCancel, JobRelease, TrainReceipt):
-    TX_KINDS[_cls.KIND] = _cls
+# the kinds of the jobs module (node.ledger.core.jobs.MODULE), in registry order
+JOB_TXS = (JobPost, JobAccept, JobDeliver, JobCancel, JobRelease, TrainReceipt)

@@ -12,70 +12,14 @@ import dataclasses
 import enum
 import types
 import typing
-from dataclasses import dataclass
 from functools import cache
 from typing import Any, Union
 
-from .batchstate import Batch, Item, WorkerRecord
-from .jobs import Job
 from .kv import Codec
-from .runs import Run
-from .status import PENDING
-from .tx import TX_KINDS, Receipt, Tx, decode_tx
-
-MAPS = ("accounts", "receipts", "evidence", "sessions", "jobs", "runs", "history", "retire",
-        "validators",  # validators: node.ledger.core.valset (empty while min_validator_bond is 0); history, retire:
-        # node.ledger.core.history (empty, so absent from the root, while genesis retention_blocks is 0)
-        "batches", "batch_items", "batch_due", "batch_workers",  # node.ledger.core.batch (empty until a batch post)
-        "disputes")  # node.ledger.core.dispute: receipt id -> height (empty, so absent from the root, until one)
-SETS = ("open_receipts", "open_jobs", "open_runs", "open_batches")
-
-
-@dataclass(frozen=True)
-class Account:
-    """Per-account state in base units. ``valid_run``: consecutive valid verdicts (adaptive sampling)."""
-
-    balance: int = 0
-    bond: int = 0
-    escrow: int = 0
-    nonce: int = 0
-    valid_run: int = 0
-    slashed: int = 0
-
-    def to_list(self) -> list[int]:
-        return [self.balance, self.bond, self.escrow, self.nonce, self.valid_run, self.slashed]
-
-
-
-
-@dataclass(frozen=True)
-class ReceiptRecord:
-    """Ledger summary of a receipt (no tensors) and its verification status."""
-
-    receipt: Receipt
-    height: int
-    status: str = PENDING
-    p_ppm: int = 0
-    round: int = 0
-    round_height: int = 0
-    committee: tuple[bytes, ...] = ()
-    votes: tuple[tuple[bytes, int, int, int], ...] = ()  # (voter, round, verdict, distance_ppm)
-    final_height: int = 0
-    payouts: tuple[tuple[bytes, int], ...] = ()  # (account, base units), incl. the requester's refund
-    slashed: int = 0
-
-    def round_votes(self) -> dict[bytes, int]:
-        return {v: verdict for v, r, verdict, _ in self.votes if r == self.round}
-
-    def to_dict(self) -> dict[Any, Any]:
-        r = self.receipt
-        return {"id": r.id, "receipt": r.to_wire(), "height": self.height, "status": self.status,
-                "p_ppm": self.p_ppm, "round": self.round, "committee": list(self.committee),
-                "votes": [list(v) for v in self.votes], "final_height": self.final_height,
-                "payouts": [list(p) for p in self.payouts], "slashed": self.slashed}
-
-
-
+from .module import ident
+from .modules import MODULE_MAPS, MODULE_SETS
+from .rows import Account, ReceiptRecord
+from .tx import TX_KINDS, Tx, decode_tx
 
 _SCALARS = frozenset({int, str, bytes, bool, type(None)})
 
@@ -221,28 +165,43 @@ def _records(cls: type) -> Codec[Any]:
     return Codec(to_plain, lambda x: from_plain(x, cls), lambda x: from_plain(x, cls, True))
 
 
-def _ident(x: Any) -> Any:
-    return x
+# The core's own tables (accounts, receipts and what settles them) and their codecs; each module's follow
+# (node.ledger.core.modules: the maps and sets its LedgerModule declares).
+CORE_MAPS: dict[str, Codec[Any]] = {
+    "accounts": Codec(lambda a: a.to_list(), lambda x: Account(*x)),
+    "receipts": _records(ReceiptRecord),
+    "evidence": Codec(list, lambda x: (int(x[0]), int(x[1]))),  # evidence key -> (height, slashed)
+    "sessions": Codec(ident, bytes),  # H(worker ‖ session id) -> receipt id
+}
+CORE_SETS = ("open_receipts",)
+
+# The order of the tables: a wire format (a state snapshot's chunk names a table by its index in MAPS + SETS,
+# node.ledger.snapshot), so it stays as it was before modules declared their tables; a table of a module added
+# later comes after these, in the module tuple's order.
+_ORDER = ("accounts", "receipts", "evidence", "sessions", "jobs", "runs", "history", "retire", "validators",
+          "batches", "batch_items", "batch_due", "batch_workers", "disputes",
+          "open_receipts", "open_jobs", "open_runs", "open_batches")
+
+
+def _ordered(names: list[str]) -> tuple[str, ...]:
+    return tuple(sorted(names, key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), names.index(n))))
+
+
+MAPS = _ordered([*CORE_MAPS, *MODULE_MAPS])
+SETS = _ordered([*CORE_SETS, *MODULE_SETS])
+
+
+def _codec(v: Any) -> Codec[Any]:
+    """A module's table declaration as a codec: a Codec as it is, a record type (dataclass) by its fields."""
+    return v if isinstance(v, Codec) else _records(v)
 
 
 # How each state table's values are stored (LevelDB, node.ledger.statedb) and hashed into the state root
 # (node.ledger.core.tree): the same bytes for both.
 CODECS: dict[str, Codec[Any]] = {
-    "accounts": Codec(lambda a: a.to_list(), lambda x: Account(*x)),
-    "receipts": _records(ReceiptRecord),
-    "evidence": Codec(list, lambda x: (int(x[0]), int(x[1]))),
-    "sessions": Codec(_ident, bytes),
-    "jobs": _records(Job),
-    "runs": _records(Run),
-    # node.ledger.core.valset: account -> (power at height, height+1, height+2, member)
-    "validators": Codec(list, lambda x: (int(x[0]), int(x[1]), int(x[2]), int(x[3]))),
-    "history": Codec(_ident, _ident),  # b"head" -> [size, root, frontier] (node.ledger.core.history.LogHead)
-    "retire": Codec(list, lambda x: tuple(bytes(i) for i in x)),  # leave height -> receipt ids
-    # node.ledger.core.batch (records in node.ledger.core.batchstate)
-    "batches": _records(Batch),
-    "batch_items": _records(Item),  # batch id ‖ item (4 bytes) -> Item
-    "batch_due": Codec(_ident, int),  # decision height (8 bytes) ‖ batch id ‖ item -> 0
-    "batch_workers": _records(WorkerRecord),
-    "disputes": Codec(_ident, int),  # node.ledger.core.dispute: receipt id -> height of the disputing block
-    **{name: Codec(_ident, int) for name in SETS},
+    **CORE_MAPS,
+    **{name: _codec(v) for name, v in MODULE_MAPS.items()},
+    **{name: Codec(ident, int) for name in SETS},
 }
+
+__all__ = ["CODECS", "MAPS", "SETS", "Account", "ReceiptRecord", "from_plain", "to_plain"]

@@ -59,15 +59,18 @@ from __future__ import annotations
 
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ...encoding import H
 from . import committee as cm, history
 from .jobtx import parse_targets
+from .module import Module, Payouts, PlainReceipt, admit_receipt
+from .rows import ReceiptRecord
 from .runstate import MAX_JOINED, TERMINAL, Outcome, Phase, RoundState, RoundSummary, Run, RunStatus, attempt_of
 from .runtx import (
     CODECS,
     INNER_STATE,
+    RUN_TXS,
     TRAINABLE,
     RoundAggregate,
     RoundReceipt,
@@ -78,13 +81,12 @@ from .runtx import (
     RunPost,
 )
 from .sampling import PPM, is_sampled, sampling_ppm
-from .status import INVALID_S, SAMPLED
-from .tx import InvalidTx, Tx, _check
+from .status import FINAL, INVALID_S, PENDING, SAMPLED, SETTLED
+from .txbase import InvalidTx, Tx, Verdict, _check
+from .view import StateView
 
-if TYPE_CHECKING:
-    from .state import State
 
-def _set(s: State, run: Run) -> None:
+def _set(s: StateView, run: Run) -> None:
     rid = run.post.run_id
     s.runs[rid] = run
     if run.status in TERMINAL and run.final_height:  # an expired run stays open until its escrow is returned
@@ -93,7 +95,7 @@ def _set(s: State, run: Run) -> None:
         s.open_runs[rid] = None
 
 
-def _sponsor_pays(s: State, run: Run, to: bytes, amount: int) -> None:
+def _sponsor_pays(s: StateView, run: Run, to: bytes, amount: int) -> None:
     """``amount`` leaves the sponsor's escrow for ``to``'s balance."""
     if amount:
         sp = s.account(run.post.sender)
@@ -106,14 +108,14 @@ def _round_key(run_id: bytes, round_: int, attempt: int) -> bytes:
     return H(b"tally/run-round/v1", run_id, round_.to_bytes(4, "big"), attempt.to_bytes(4, "big"))
 
 
-def _active(s: State, run: Run) -> tuple[bytes, ...]:
+def _active(s: StateView, run: Run) -> tuple[bytes, ...]:
     """The next round's participants: joined workers still bonded, the first ``max_workers`` by join order,
     sorted by account (the canonical order of assignments and of the outer step)."""
     ok = [w for w in run.workers if s.account(w).bond >= s.params.min_bond][: run.post.max_workers]
     return tuple(sorted(ok))
 
 
-def _open_round(s: State, run: Run, height: int, beacon: bytes, attempt: int) -> Run:
+def _open_round(s: StateView, run: Run, height: int, beacon: bytes, attempt: int) -> Run:
     parts = _active(s, run)
     if len(parts) < run.post.min_workers:
         return replace(run, status=RunStatus.WAITING, cur=None)
@@ -123,7 +125,7 @@ def _open_round(s: State, run: Run, height: int, beacon: bytes, attempt: int) ->
                    attempts=run.attempts + ((run.round, attempt, beacon, parts),))
 
 
-def _resolve(s: State, run: Run, rid: bytes, pay: bool) -> Run:
+def _resolve(s: StateView, run: Run, rid: bytes, pay: bool) -> Run:
     """Apply the round's decision ``pay`` to receipt ``rid``: now if it is final (held), else remember it."""
     for i, (hid, worker, amount) in enumerate(run.held):
         if hid == rid:
@@ -135,7 +137,7 @@ def _resolve(s: State, run: Run, rid: bytes, pay: bool) -> Run:
     return replace(run, decided=run.decided + ((rid, pay),))
 
 
-def _fail_attempt(s: State, run: Run, height: int, beacon: bytes, reason: str) -> Run:
+def _fail_attempt(s: StateView, run: Run, height: int, beacon: bytes, reason: str) -> Run:
     """Too few workers committed or revealed: pay the revealed/committed work on its verdict (it was done as
     asked), refund what was withheld, and re-open the round with a fresh beacon."""
     cur = run.cur
@@ -160,7 +162,7 @@ def run_floor_ppm(price: int, slashable: int) -> int:
     return min(PPM, PPM * price // (slashable + price) + 1)
 
 
-def _sample_commits(s: State, run: Run, height: int, beacon: bytes) -> None:
+def _sample_commits(s: StateView, run: Run, height: int, beacon: bytes) -> None:
     """Draw which of the round's receipts a committee replays (beacon: the block that closed the commits)."""
     p = s.params
     assert run.cur is not None
@@ -177,7 +179,7 @@ def _sample_commits(s: State, run: Run, height: int, beacon: bytes) -> None:
         s.receipts[rid] = replace(rec, p_ppm=ppm)
 
 
-def _draw_aggregator(s: State, run: Run, beacon: bytes) -> bytes:
+def _draw_aggregator(s: StateView, run: Run, beacon: bytes) -> bytes:
     cur = run.cur
     assert cur is not None
     key = _round_key(run.post.run_id, cur.round, cur.attempt)
@@ -190,7 +192,7 @@ def _draw_aggregator(s: State, run: Run, beacon: bytes) -> bytes:
 
 # ------------------------------------------------------------------ transactions
 
-def check_post(s: State, tx: RunPost) -> None:
+def check_post(s: StateView, tx: RunPost) -> None:
     """Every rule of a run post (raises :class:`InvalidTx`; changes nothing)."""
     height = s.height + 1
     p = s.params
@@ -227,7 +229,7 @@ def check_post(s: State, tx: RunPost) -> None:
            f"balance cannot cover the run's budget of {tx.budget} base units")
 
 
-def apply_run_tx(s: State, tx: Tx) -> None:
+def apply_run_tx(s: StateView, tx: Tx) -> None:
     """Apply a run transaction (post, join, leave, cancel, reveal) in place; checks first, so a refused one
     changes nothing. The caller checks and advances nonces.
 
@@ -275,7 +277,7 @@ def apply_run_tx(s: State, tx: Tx) -> None:
         raise InvalidTx("unknown run transaction")
 
 
-def check_round_receipt(s: State, r: RoundReceipt) -> Run:
+def check_round_receipt(s: StateView, r: RoundReceipt) -> Run:
     """Rules of a round receipt against its run (raises :class:`InvalidTx`; changes nothing). Returns the run."""
     run: Run = s.runs.get(r.run_id)
     _check(run is not None, "round receipt for an unknown run")
@@ -300,7 +302,7 @@ def check_round_receipt(s: State, r: RoundReceipt) -> Run:
     return run
 
 
-def record_round_receipt(s: State, r: RoundReceipt, run: Run) -> None:
+def record_round_receipt(s: StateView, r: RoundReceipt, run: Run) -> None:
     """Reserve the receipt's price and record the commitment (after :func:`check_round_receipt`)."""
     cur = run.cur
     assert cur is not None
@@ -311,7 +313,7 @@ def record_round_receipt(s: State, r: RoundReceipt, run: Run) -> None:
                     receipts=run.receipts + (r.id,)))
 
 
-def check_aggregate(s: State, a: RoundAggregate) -> Run:
+def check_aggregate(s: StateView, a: RoundAggregate) -> Run:
     """Rules of an aggregate (raises :class:`InvalidTx`; changes nothing). Returns the run."""
     run: Run = s.runs.get(a.run_id)
     _check(run is not None, "aggregate for an unknown run")
@@ -337,7 +339,7 @@ def check_aggregate(s: State, a: RoundAggregate) -> Run:
     return run
 
 
-def record_aggregate(s: State, a: RoundAggregate, run: Run) -> None:
+def record_aggregate(s: StateView, a: RoundAggregate, run: Run) -> None:
     cur = run.cur
     assert cur is not None
     _set(s, replace(run, escrow_left=run.escrow_left - a.price, receipts=run.receipts + (a.id,),
@@ -346,7 +348,7 @@ def record_aggregate(s: State, a: RoundAggregate, run: Run) -> None:
 
 # ------------------------------------------------------------------ verdicts
 
-def on_final(s: State, r: RoundReceipt | RoundAggregate, outcome: Outcome, amount: int, height: int) -> None:
+def on_final(s: StateView, r: RoundReceipt | RoundAggregate, outcome: Outcome, amount: int, height: int) -> None:
     """A round receipt or aggregate became final. ``amount``: what is owed to its worker (the price less the
     committee's fee; 0 when invalid), still in the sponsor's escrow. The caller paid the committee / slashed."""
     run = s.runs[r.run_id]
@@ -412,7 +414,7 @@ def on_final(s: State, r: RoundReceipt | RoundAggregate, outcome: Outcome, amoun
 
 # ------------------------------------------------------------------ per block
 
-def end_block_runs(s: State, height: int, block_hash: bytes, final_status: AbstractSet[str]) -> None:
+def end_block_runs(s: StateView, height: int, block_hash: bytes, final_status: AbstractSet[str]) -> None:
     """Open rounds, close phases at their ends or timeouts, sample closed commitments, draw aggregators, expire
     runs past their deadline, and return the unspent escrow of ended runs once all their receipts are final."""
     for rid in list(s.open_runs):
@@ -451,7 +453,7 @@ def phase_timeout(round_timeout: int, attempt: int) -> int:
     return round_timeout * min(attempt + 1, MAX_TIMEOUT_STEPS)
 
 
-def _advance(s: State, run: Run, height: int, beacon: bytes) -> Run:
+def _advance(s: StateView, run: Run, height: int, beacon: bytes) -> Run:
     cur = run.cur
     assert cur is not None
     p = run.post
@@ -486,6 +488,66 @@ def _advance(s: State, run: Run, height: int, beacon: bytes) -> Run:
                 cur = replace(cur, tried=tried, aggregator=b"", ready_height=0)
                 return replace(run, cur=replace(cur, aggregator=_draw_aggregator(s, replace(run, cur=cur), beacon)))
     return run
+
+
+# ------------------------------------------------------------------ the module (node.ledger.core.modules)
+
+
+class _RunReceipts(PlainReceipt):
+    """Round receipts and aggregates: the run, not the requester's escrow alone, pays them (:func:`on_final`).
+    A round receipt is sampled when its round's commit phase closes; every aggregate is re-computed."""
+
+    def __init__(self, aggregate: bool):
+        self.aggregate = aggregate
+
+    def sampled_later(self, rec: ReceiptRecord) -> bool:
+        return not self.aggregate and rec.status == PENDING and not rec.p_ppm
+
+    def sample_ppm(self, s: StateView, r: RoundReceipt | RoundAggregate, ppm: int) -> int:
+        return PPM if self.aggregate else ppm
+
+    def split(self, s: StateView, r: RoundReceipt | RoundAggregate, verdict: Verdict, payouts: Payouts
+              ) -> tuple[Payouts, int]:
+        # the run holds the worker's part (or takes back the refund) itself
+        owed = dict(payouts).get(r.worker, 0) if verdict == Verdict.VALID else 0
+        keep = r.worker if verdict == Verdict.VALID else r.requester
+        payouts = [(a, amt) for a, amt in payouts if a != keep]
+        req = s.account(r.requester)  # undo the release of escrow: what the run still owes stays in escrow
+        s.accounts[r.requester] = replace(req, escrow=req.escrow + (owed if verdict == Verdict.VALID else r.price))
+        return payouts, owed
+
+    def finalized(self, s: StateView, r: RoundReceipt | RoundAggregate, verdict: Verdict, owed: int,
+                  height: int) -> None:
+        on_final(s, r, Outcome.VALID if verdict == Verdict.VALID else Outcome.INVALID, owed, height)
+
+    def settle_unchecked(self, s: StateView, rec: ReceiptRecord, status: str, height: int) -> bool:
+        r: Any = rec.receipt  # a RoundReceipt or RoundAggregate (this kind's records only)
+        s.receipts[r.id] = replace(rec, status=status, final_height=height)  # paid by the run once its round decides
+        s.open_receipts.pop(r.id, None)
+        on_final(s, r, Outcome.UNCHECKED if status == SETTLED else Outcome.UNVERIFIED, r.price, height)
+        return True
+
+
+def _apply(s: StateView, tx: Tx) -> None:
+    if isinstance(tx, RoundReceipt):
+        run = check_round_receipt(s, tx)
+        admit_receipt(s, tx)
+        record_round_receipt(s, tx, run)
+    elif isinstance(tx, RoundAggregate):
+        run = check_aggregate(s, tx)
+        admit_receipt(s, tx)
+        record_aggregate(s, tx, run)
+    else:
+        apply_run_tx(s, tx)
+
+
+def _end_block(s: StateView, height: int, block_hash: bytes) -> None:
+    end_block_runs(s, height, block_hash, FINAL)
+
+
+MODULE = Module("runs", txs=RUN_TXS, maps={"runs": Run}, sets=("open_runs",),
+                receipt_kinds={RoundReceipt: _RunReceipts(False), RoundAggregate: _RunReceipts(True)},
+                on_apply=_apply, on_end_block=_end_block)
 
 
 __all__ = [

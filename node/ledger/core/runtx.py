@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from ...keys import Identity
-from .tx import TX_KINDS, SingleSigned, Tx
+from .txbase import SingleSigned, Tx
 
 TRAINABLE = ("lora", "all")
 CODECS = ("none", "int8", "topk")
@@ -282,5 +282,5 @@ class RoundAggregate(Tx):
 
 NO_MOMENTUM = b"\x00" * 32  # momentum_before of a run's first outer step
 
-for _cls in (RunPost, RunJoin, RunLeave, RunCancel, RoundReceipt, RoundReveal, RoundAggregate):
-    TX_KINDS[_cls.KIND] = _cls
+# the kinds of the runs module (node.ledger.core.runs.MODULE), in registry order
+RUN_TXS = (RunPost, RunJoin, RunLeave, RunCancel, RoundReceipt, RoundReveal, RoundAggregate)

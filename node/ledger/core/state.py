@@ -26,28 +26,19 @@ from typing import Any
 
 from ...encoding import H, pack
 from ...keys import verify_many
-from . import (
-    batch as batch_mod,
-    committee as cm,
-    history as history_mod,
-    jobs as jobs_mod,
-    runs as runs_mod,
-    valset as valset_mod,
-)
-from .batchtx import BATCH_TXS
-from .dispute import Dispute, apply_dispute, take_dispute
+from . import committee as cm, history as history_mod, valset as valset_mod
 from .domain import mismatch
 from .genesis import TREASURY, Genesis, Params
-from .jobtx import JobAccept, JobCancel, JobDeliver, JobPost, JobRelease, TrainReceipt
 from .kv import _DEL, OrderedSet, Table
+from .module import LedgerModule, Module, no_force
+from .modules import MODULES, RECEIPT_KINDS, module_of
 from .records import CODECS, MAPS, SETS, Account, ReceiptRecord
-from .runs import Outcome
-from .runtx import RoundAggregate, RoundReceipt, RoundReveal, RunCancel, RunJoin, RunLeave, RunPost
 from .sampling import PPM, is_sampled, sampling_ppm
 from .status import FINAL, INVALID_S, PENDING, SAMPLED, SETTLED, UNVERIFIED, VALID_S
 from .tree import EMPTY_ROOT, SEQ_KEY, StateTree, entry_key, leaf_value, memory_tree
-from .tx import ABSTAIN, INVALID, VALID, Bond, Evidence, InvalidTx, Receipt, Transfer, Tx, Unbond, Vote, _check
-from .valset import VALIDATOR_TXS, ValidatorSet
+from .tx import ABSTAIN, INVALID, VALID, Bond, Evidence, InvalidTx, Receipt, Transfer, Tx, Unbond, Verdict, Vote
+from .txbase import _check
+from .valset import ValidatorSet
 
 
 class State:
@@ -204,8 +195,6 @@ def genesis_state(g: Genesis) -> State:
 
 # ------------------------------------------------------------------ transactions
 
-RUN_RECEIPTS = (RoundReceipt, RoundAggregate)
-
 
 def _credit(s: State, a: bytes, amount: int) -> None:
     s.accounts[a] = replace(s.account(a), balance=s.account(a).balance + amount)
@@ -242,68 +231,44 @@ def apply_tx(s: State, tx: Tx, signatures_checked: bool = False) -> None:
     if nonced is not None:
         expected = s.account(nonced[0]).nonce
         _check(nonced[1] == expected, f"bad nonce {nonced[1]}, expected {expected}")
-    if isinstance(tx, Transfer):
-        sender = s.account(tx.sender)
-        _check(sender.balance >= tx.amount, "insufficient balance")
-        _check(tx.recipient != TREASURY, "the treasury cannot receive transfers")
-        s.accounts[tx.sender] = replace(sender, balance=sender.balance - tx.amount)
-        _credit(s, tx.recipient, tx.amount)
-    elif isinstance(tx, Bond):
-        acc = s.account(tx.sender)
-        _check(acc.balance >= tx.amount, "insufficient balance")
-        s.accounts[tx.sender] = replace(acc, balance=acc.balance - tx.amount, bond=acc.bond + tx.amount)
-    elif isinstance(tx, Unbond):
-        acc = s.account(tx.sender)
-        _check(acc.bond >= tx.amount, "unbond exceeds the bond")
-        _check(not any(s.receipts[r].receipt.worker == tx.sender for r in s.open_receipts),
-               "receipts of this worker are still pending; unbond after they are final")
-        held = jobs_mod.unstarted_held(s, tx.sender)
-        _check(acc.bond - tx.amount >= s.params.job_start_penalty * held,
-               f"the bond must keep covering the start penalty of the {held} job(s) this worker holds unstarted")
-        _check(not valset_mod.leaves_none(s, tx.sender, acc.bond - tx.amount),
-               "unbonding below min_validator_bond would leave the chain without validators")
-        _check(batch_mod.held(s, tx.sender) == 0,
-               "batch items assigned to this worker are undecided; unbond after they are decided")
-        s.accounts[tx.sender] = replace(acc, balance=acc.balance + tx.amount, bond=acc.bond - tx.amount)
-    elif isinstance(tx, Receipt):
-        _apply_receipt(s, tx)
-    elif isinstance(tx, TrainReceipt):
-        job = jobs_mod.check_train_receipt(s, tx)
-        _check(tx.id not in s.receipts, "receipt already on the ledger (replay)")
-        _check(s.account(tx.worker).bond >= s.params.min_bond, "worker is not bonded")
-        s.receipts[tx.id] = ReceiptRecord(receipt=tx, height=s.height + 1)  # type: ignore[arg-type]
-        s.open_receipts[tx.id] = None
-        jobs_mod.record_train_receipt(s, tx, job)
-    elif isinstance(tx, (JobPost, JobAccept, JobCancel, JobDeliver, JobRelease)):
-        jobs_mod.apply_job_tx(s, tx)
-    elif isinstance(tx, (RoundReceipt, RoundAggregate)):
-        run = (runs_mod.check_round_receipt(s, tx) if isinstance(tx, RoundReceipt)
-               else runs_mod.check_aggregate(s, tx))
-        _check(tx.id not in s.receipts, "receipt already on the ledger (replay)")
-        _check(s.account(tx.worker).bond >= s.params.min_bond, "worker is not bonded")
-        s.receipts[tx.id] = ReceiptRecord(receipt=tx, height=s.height + 1)  # type: ignore[arg-type]
-        s.open_receipts[tx.id] = None
-        if isinstance(tx, RoundReceipt):
-            runs_mod.record_round_receipt(s, tx, run)
-        else:
-            runs_mod.record_aggregate(s, tx, run)
-    elif isinstance(tx, (RunPost, RunJoin, RunLeave, RunCancel, RoundReveal)):
-        runs_mod.apply_run_tx(s, tx)
-    elif isinstance(tx, BATCH_TXS):
-        batch_mod.apply_batch_tx(s, tx)
-    elif isinstance(tx, VALIDATOR_TXS):
-        valset_mod.apply_validator_tx(s, tx)
-    elif isinstance(tx, Vote):
-        _apply_vote(s, tx)
-    elif isinstance(tx, Evidence):
-        _apply_evidence(s, tx)
-    elif isinstance(tx, Dispute):  # the requester forces a committee (node.ledger.core.dispute)
-        apply_dispute(s, tx)
-    else:  # pragma: no cover - decode_tx only builds the kinds above
-        raise InvalidTx("unknown transaction")
+    core = _CORE.get(type(tx))
+    if core is not None:
+        core(s, tx)
+    else:
+        m = module_of(type(tx))
+        if m is None:  # pragma: no cover - decode_tx only builds the registered kinds
+            raise InvalidTx("unknown transaction")
+        m.apply(s, tx)
     if nonced is not None:  # every branch checks before it changes anything: we get here only when tx applied
         acc = s.account(nonced[0])
         s.accounts[nonced[0]] = replace(acc, nonce=acc.nonce + 1)
+
+
+def _apply_transfer(s: State, tx: Transfer) -> None:
+    sender = s.account(tx.sender)
+    _check(sender.balance >= tx.amount, "insufficient balance")
+    _check(tx.recipient != TREASURY, "the treasury cannot receive transfers")
+    s.accounts[tx.sender] = replace(sender, balance=sender.balance - tx.amount)
+    _credit(s, tx.recipient, tx.amount)
+
+
+def _apply_bond(s: State, tx: Bond) -> None:
+    acc = s.account(tx.sender)
+    _check(acc.balance >= tx.amount, "insufficient balance")
+    s.accounts[tx.sender] = replace(acc, balance=acc.balance - tx.amount, bond=acc.bond + tx.amount)
+
+
+def _apply_unbond(s: State, tx: Unbond) -> None:
+    """Release bond to balance unless the worker has receipts not final, or a module holds work of it (each
+    module's :meth:`~node.ledger.core.module.LedgerModule.unbond_blocker`, in the tuple's order)."""
+    acc = s.account(tx.sender)
+    _check(acc.bond >= tx.amount, "unbond exceeds the bond")
+    _check(not any(s.receipts[r].receipt.worker == tx.sender for r in s.open_receipts),
+           "receipts of this worker are still pending; unbond after they are final")
+    for m in MODULES:
+        why = m.unbond_blocker(s, tx.sender, acc.bond - tx.amount)
+        _check(why is None, why or "")
+    s.accounts[tx.sender] = replace(acc, balance=acc.balance + tx.amount, bond=acc.bond - tx.amount)
 
 
 def _apply_receipt(s: State, r: Receipt) -> None:
@@ -352,6 +317,12 @@ def _apply_evidence(s: State, e: Evidence) -> None:
     s.evidence[e.key] = (s.height + 1, slashed)
 
 
+# the core's own kinds (node.ledger.core.txbase.CORE_TXS) -> their rule; every other kind is a module's
+_CORE: dict[type[Tx], Callable[[State, Any], None]] = {
+    Transfer: _apply_transfer, Bond: _apply_bond, Unbond: _apply_unbond, Receipt: _apply_receipt,
+    Vote: _apply_vote, Evidence: _apply_evidence}
+
+
 # ------------------------------------------------------------------ settlement
 
 def _release_escrow(s: State, r: Receipt) -> None:
@@ -359,7 +330,7 @@ def _release_escrow(s: State, r: Receipt) -> None:
     s.accounts[r.requester] = replace(req, escrow=req.escrow - r.price)
 
 
-def _finalize(s: State, rec: ReceiptRecord, verdict: int, height: int) -> None:
+def _finalize(s: State, rec: ReceiptRecord, verdict: Verdict, height: int) -> None:
     r, p = rec.receipt, s.params
     _release_escrow(s, r)
     voters = [m for m, verd in rec.round_votes().items() if verd == verdict]
@@ -386,29 +357,22 @@ def _finalize(s: State, rec: ReceiptRecord, verdict: int, height: int) -> None:
         payouts.append((TREASURY, slashed - share * len(voters)))
         status = INVALID_S
     owed = 0
-    if isinstance(r, RUN_RECEIPTS):  # the run holds the worker's part (or takes back the refund) itself
-        owed = dict(payouts).get(r.worker, 0) if verdict == VALID else 0
-        keep = r.worker if verdict == VALID else r.requester
-        payouts = [(a, amt) for a, amt in payouts if a != keep]
-        req = s.account(r.requester)  # undo _release_escrow: what the run still owes stays in escrow
-        s.accounts[r.requester] = replace(req, escrow=req.escrow + (owed if verdict == VALID else r.price))
+    kind = RECEIPT_KINDS.get(type(r))  # a module's receipt: who it pays on this verdict (node.ledger.core.module)
+    if kind is not None:
+        payouts, owed = kind.split(s, r, verdict, payouts)
     for a, amt in payouts:
         _credit(s, a, amt)
     s.receipts[r.id] = replace(rec, status=status, final_height=height, payouts=tuple(payouts), slashed=slashed)
     s.open_receipts.pop(r.id, None)
     history_mod.schedule_leave(s, s.receipts[r.id])
-    if isinstance(r, TrainReceipt):
-        jobs_mod.on_final(s, r, verdict == VALID, height)
-    elif isinstance(r, RUN_RECEIPTS):
-        runs_mod.on_final(s, r, Outcome.VALID if verdict == VALID else Outcome.INVALID, owed, height)
+    if kind is not None:
+        kind.finalized(s, r, verdict, owed, height)
 
 
 def _settle_unchecked(s: State, rec: ReceiptRecord, status: str, height: int) -> None:
     r = rec.receipt
-    if isinstance(r, RUN_RECEIPTS):  # paid by the run once its round decides (node.ledger.core.runs)
-        s.receipts[r.id] = replace(rec, status=status, final_height=height)
-        s.open_receipts.pop(r.id, None)
-        runs_mod.on_final(s, r, Outcome.UNCHECKED if status == SETTLED else Outcome.UNVERIFIED, r.price, height)
+    kind = RECEIPT_KINDS.get(type(r))
+    if kind is not None and kind.settle_unchecked(s, rec, status, height):  # settled by its module
         return
     _release_escrow(s, r)
     _credit(s, r.worker, r.price)
@@ -424,16 +388,15 @@ def end_block(s: State, height: int, block_hash: bytes) -> None:
     p = s.params
     for rid in list(s.open_receipts):
         rec = s.receipts[rid]
-        if isinstance(rec.receipt, RoundReceipt) and rec.status == PENDING and not rec.p_ppm:
-            continue  # sampled when its round's commit phase closes (node.ledger.core.runs)
+        kind = RECEIPT_KINDS.get(type(rec.receipt))  # None: an inference receipt (the core's rules alone)
+        if kind is not None and kind.sampled_later(rec):
+            continue  # sampled by its module (a round receipt: when its round's commit phase closes)
         if rec.status == PENDING and rec.height == height - 1:
             worker = s.account(rec.receipt.worker)
             ppm = sampling_ppm(p.sample_base_ppm, p.sample_floor_ppm, worker.valid_run, p.adapt_step)
-            if isinstance(rec.receipt, TrainReceipt):  # a job may require a higher sampling rate
-                ppm = max(ppm, s.jobs[rec.receipt.job_id].post.sample_ppm)
-            elif isinstance(rec.receipt, RoundAggregate):  # every aggregate is re-computed
-                ppm = PPM
-            if take_dispute(s, rid, height):  # disputed by its requester in an earlier block: always checked
+            if kind is not None:  # a job may require a higher sampling rate; every aggregate is re-computed
+                ppm = kind.sample_ppm(s, rec.receipt, ppm)
+            if _forced(s, rid, height):  # e.g. disputed by its requester in an earlier block: always checked
                 ppm = PPM
             if is_sampled(block_hash, rid, ppm):
                 com = cm.select_committee(block_hash, rid, 0, s.eligible(),
@@ -442,7 +405,7 @@ def end_block(s: State, height: int, block_hash: bytes) -> None:
                     s.receipts[rid] = replace(rec, status=SAMPLED, p_ppm=ppm, committee=com, round_height=height)
                     continue
             s.receipts[rid] = replace(rec, p_ppm=ppm)
-        elif rec.status == PENDING and take_dispute(s, rid, height):  # node.ledger.core.dispute
+        elif rec.status == PENDING and _forced(s, rid, height):  # e.g. a dispute (node.ledger.core.dispute)
             com = cm.select_committee(block_hash, rid, 0, s.eligible(),
                                       (rec.receipt.worker, rec.receipt.requester), p.committee_size)
             if com:
@@ -465,11 +428,18 @@ def end_block(s: State, height: int, block_hash: bytes) -> None:
                     _settle_unchecked(s, rec, UNVERIFIED, height)
                 else:
                     s.receipts[rid] = replace(rec, round=nxt, committee=com, round_height=height)
-    jobs_mod.end_block_jobs(s, height, FINAL)
-    runs_mod.end_block_runs(s, height, block_hash, FINAL)
-    batch_mod.end_block_batches(s, height, block_hash)  # assign, decide, re-issue batch items (node.ledger.core.batch)
-    history_mod.retire(s, height)  # final receipts past the retention window leave (node.ledger.core.history)
-    valset_mod.end_block_validators(s)  # validator changes move one height on (node.ledger.core.valset)
+    for m in MODULES:  # the tuple's order (node.ledger.core.modules): jobs, runs, batches, history, staking
+        m.end_block(s, height, block_hash)
+
+
+def _forced(s: State, receipt_id: bytes, height: int) -> bool:
+    """Whether a module requires a committee on the pending receipt now (a dispute); asked in the tuple's order,
+    the first yes ends the asking."""
+    return any(m.forces_check(s, receipt_id, height) for m in _FORCING)
+
+
+# the modules that may force a committee (the others' forces_check is the default no, not asked on the hot path)
+_FORCING: tuple[LedgerModule, ...] = tuple(m for m in MODULES if not (isinstance(m, Module) and m.on_force is no_force))
 
 
 def apply_txs(s: State, txs: list[Tx], verified: Callable[[Tx], bool] | None = None

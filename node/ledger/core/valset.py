@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from ...encoding import merkle_root, pack, unpack
-from .tx import TX_KINDS, SingleSigned, _check
+from .txbase import SingleSigned, _check
 
 VALSET_TAG = b"tally/valset/v1"
 
@@ -218,9 +218,6 @@ class ValidatorLeave(SingleSigned):
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
     SCHEMA: ClassVar[dict[str, str]] = {"sender": "account", "nonce": "int"}
 
-
-for _cls in (ValidatorJoin, ValidatorLeave):
-    TX_KINDS[_cls.KIND] = _cls
 
 VALIDATOR_TXS = (ValidatorJoin, ValidatorLeave)
 
