@@ -54,17 +54,16 @@ import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..encoding import H, pack
-from .core.batch import escrow_of
-from .core.batchtx import BatchPost
 from .core.domain import mismatch
 from .core.genesis import Params
-from .core.jobtx import JobPost, TrainReceipt
-from .core.runtx import RunPost
 from .core.state import State, apply_tx
-from .core.tx import Bond, Evidence, InvalidTx, Receipt, Transfer, Tx, Vote
+from .core.tx import InvalidTx, Tx
 from .txstatus import TxState, TxStatus
+
+K = TypeVar("K", str, bytes)
 
 
 class Priority(enum.IntEnum):
@@ -103,33 +102,16 @@ def priority(tx: Tx) -> Priority:
 
 
 def payer(tx: Tx) -> bytes:
-    """The account whose per-sender cap ``tx`` counts against."""
-    if isinstance(tx, Receipt):
-        return tx.requester
-    if isinstance(tx, TrainReceipt):
-        return tx.worker
-    if isinstance(tx, Vote):
-        return tx.voter
-    if isinstance(tx, Evidence):
-        return tx.validator
-    return tx.sender  # type: ignore[attr-defined]  (every other kind is signed by its sender)
+    """The account whose per-sender cap ``tx`` counts against: :attr:`~node.ledger.core.txbase.Tx.payer`."""
+    return tx.payer
 
 
 def cost(tx: Tx, params: Params | None = None) -> int:
-    """Base units ``tx`` takes from its payer's balance when it applies, escrows included (transfer, bond:
-    amount; receipt, job post: price, escrowed; run post: budget, escrowed; batch post:
-    :func:`~node.ledger.core.batch.escrow_of` under the chain's ``params``, its replicas' escrow and its audit fee
-    (without ``params``, :meth:`~node.ledger.core.batchtx.BatchPost.escrow`: the replicas' escrow only); anything
-    else 0)."""
-    if isinstance(tx, (Transfer, Bond)):
-        return tx.amount
-    if isinstance(tx, (Receipt, JobPost)):
-        return tx.price
-    if isinstance(tx, RunPost):
-        return tx.budget
-    if isinstance(tx, BatchPost):
-        return tx.escrow() if params is None else escrow_of(params, tx)
-    return 0
+    """Base units ``tx`` takes from its payer's balance when it applies, escrows included:
+    :meth:`~node.ledger.core.txbase.Tx.cost` (transfer, bond: amount; receipt, job post: price, escrowed; run
+    post: budget, escrowed; batch post: its replicas' escrow and, under the chain's ``params``, its audit fee;
+    anything else 0)."""
+    return tx.cost(params)
 
 
 def is_free(tx: Tx) -> bool:
@@ -141,6 +123,13 @@ def is_free(tx: Tx) -> bool:
 def sig_key(tx: Tx) -> bytes:
     """BLAKE2b-256 of the id and the signature bytes: two objects with one key are the same signed object."""
     return H(tx.id, *[getattr(tx, s) for s in tx.SIGS])
+
+
+def _decrement(counter: Counter[K], k: K) -> None:
+    """One less of ``k`` in ``counter``; a count that reaches 0 leaves it (the counters hold live keys only)."""
+    counter[k] -= 1
+    if counter[k] <= 0:
+        del counter[k]
 
 
 @dataclass
@@ -447,12 +436,11 @@ class Mempool(Mapping[bytes, Tx]):
                 del fut[nonce]
                 if not fut:
                     del self._future[sender]
-        for counter, k in ((self._per_payer, e.payer), (self._per_peer, e.peer),
-                           (self._free_per_payer, e.payer if e.free else None)):
-            if k is not None:
-                counter[k] -= 1
-                if counter[k] <= 0:
-                    del counter[k]
+        _decrement(self._per_payer, e.payer)
+        if e.peer is not None:
+            _decrement(self._per_peer, e.peer)
+        if e.free:
+            _decrement(self._free_per_payer, e.payer)
         self._count[e.cls] -= 1
         self._bytes[e.cls] -= e.size
         return e

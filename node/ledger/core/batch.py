@@ -105,7 +105,10 @@ from .batchtx import (
     BatchOffer,
     BatchPost,
     BatchReveal,
+    audit_share,
     commitment,
+    escrow_of,
+    member_pay,
 )
 from .genesis import TREASURY, Params
 from .kv import Codec
@@ -178,23 +181,6 @@ def max_open_items(p: Params) -> int:
     """Items one requester's open batches may hold together: genesis ``batch_max_open_items``, 0 meaning
     :data:`MAX_ITEMS`."""
     return p.batch_max_open_items or MAX_ITEMS
-
-
-def member_pay(p: Params, post: BatchPost) -> int:
-    """Base units an audit committee member that voted the audit's outcome is paid for one item of ``post``:
-    ``price × batch_audit_pay_bps / 10^4`` (0 when the genesis pays no audit fee)."""
-    return post.price * p.batch_audit_pay_bps // 10_000
-
-
-def audit_share(p: Params, post: BatchPost) -> int:
-    """Base units of audit fee one item escrows at the post: ``committee_size ×`` :func:`member_pay`."""
-    return p.committee_size * member_pay(p, post)
-
-
-def escrow_of(p: Params, post: BatchPost) -> int:
-    """Every base unit a post moves into escrow: :meth:`BatchPost.escrow` (the replicas') plus ``n_items ×``
-    :func:`audit_share`."""
-    return post.escrow() + post.n_items * audit_share(p, post)
 
 
 def held(s: StateView, worker: bytes) -> int:

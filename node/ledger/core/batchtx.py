@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ...encoding import H, merkle_root
-from .txbase import SingleSigned
+from .txbase import FeeParams, SingleSigned
 
 GENERATE, SCORE = "generate", "score"
 TASK_KINDS = (GENERATE, SCORE)
@@ -89,6 +89,11 @@ class BatchPost(SingleSigned):
         "sender": "account", "batch_id": "bytes16", "items_root": "bytes32", "n_items": "int", "kind": "str",
         "max_tokens": "int", "replication": "int", "quorum": "int", "price": "int", "max_reissues": "int",
         "commit_window": "int", "reveal_window": "int", "nonce": "int"}
+
+    def cost(self, params: FeeParams | None = None) -> int:
+        """Base units the post moves into escrow: :func:`escrow_of` under the chain's ``params`` (its replicas'
+        escrow and its audit fee); without them, :meth:`escrow` (the replicas' escrow only)."""
+        return self.escrow() if params is None else escrow_of(params, self)
 
     def escrow(self) -> int:
         """Base units moved from the requester's balance into escrow at the post:
@@ -197,6 +202,23 @@ class BatchOffer(SingleSigned):
     KIND: ClassVar[str] = "batch_offer"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
     SCHEMA: ClassVar[dict[str, str]] = {"sender": "account", "min_price_per_token": "sint", "nonce": "int"}
+
+
+def member_pay(p: FeeParams, post: BatchPost) -> int:
+    """Base units an audit committee member that voted the audit's outcome is paid for one item of ``post``:
+    ``price × batch_audit_pay_bps / 10^4`` (0 when the genesis pays no audit fee)."""
+    return post.price * p.batch_audit_pay_bps // 10_000
+
+
+def audit_share(p: FeeParams, post: BatchPost) -> int:
+    """Base units of audit fee one item escrows at the post: ``committee_size ×`` :func:`member_pay`."""
+    return p.committee_size * member_pay(p, post)
+
+
+def escrow_of(p: FeeParams, post: BatchPost) -> int:
+    """Every base unit a post moves into escrow: :meth:`BatchPost.escrow` (the replicas') plus ``n_items ×``
+    :func:`audit_share`."""
+    return post.escrow() + post.n_items * audit_share(p, post)
 
 
 BATCH_TXS = (BatchPost, BatchCommit, BatchReveal, BatchCancel, BatchAuditVote, BatchOffer)

@@ -69,6 +69,7 @@ class JobPost(SingleSigned):
     sig: bytes = b""
 
     TAG: ClassVar[bytes] = b"tally/job-post/v1"
+    COST: ClassVar[str] = "price"  # the job's whole price, escrowed at the post
     KIND: ClassVar[str] = "job_post"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
     SCHEMA: ClassVar[dict[str, str]] = {
@@ -166,6 +167,7 @@ class TrainReceipt(Tx):
     sig: bytes = b""
 
     TAG: ClassVar[bytes] = b"tally/train-receipt/v1"
+    PAYER: ClassVar[str] = "worker"  # paid from the job's escrow: the worker sends it
     KIND: ClassVar[str] = "train_receipt"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
     SCHEMA: ClassVar[dict[str, str]] = {

@@ -82,6 +82,7 @@ class RunPost(SingleSigned):
     sig: bytes = b""
 
     TAG: ClassVar[bytes] = b"tally/run-post/v1"
+    COST: ClassVar[str] = "budget"  # escrowed at the post
     KIND: ClassVar[str] = "run_post"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
     SCHEMA: ClassVar[dict[str, str]] = {
