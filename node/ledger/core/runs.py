@@ -66,7 +66,7 @@ from . import committee as cm, history
 from .jobtx import parse_targets
 from .module import Module, Payouts, PlainReceipt, admit_receipt
 from .rows import ReceiptRecord
-from .runstate import MAX_JOINED, TERMINAL, Outcome, Phase, RoundState, RoundSummary, Run, RunStatus, attempt_of
+from .runstate import MAX_JOINED, TERMINAL, Phase, RoundState, RoundSummary, Run, RunStatus, attempt_of
 from .runtx import (
     CODECS,
     INNER_STATE,
@@ -81,7 +81,7 @@ from .runtx import (
     RunPost,
 )
 from .sampling import PPM, is_sampled, sampling_ppm
-from .status import FINAL, INVALID_S, PENDING, SAMPLED, SETTLED
+from .status import FINAL, INVALID_S, PENDING, SAMPLED, SETTLED, VALID_S, ReceiptStatus
 from .txbase import InvalidTx, Tx, Verdict, _check
 from .view import StateView
 
@@ -348,12 +348,15 @@ def record_aggregate(s: StateView, a: RoundAggregate, run: Run) -> None:
 
 # ------------------------------------------------------------------ verdicts
 
-def on_final(s: StateView, r: RoundReceipt | RoundAggregate, outcome: Outcome, amount: int, height: int) -> None:
-    """A round receipt or aggregate became final. ``amount``: what is owed to its worker (the price less the
+def on_final(s: StateView, r: RoundReceipt | RoundAggregate, status: ReceiptStatus, amount: int, height: int
+             ) -> None:
+    """A round receipt or aggregate became final with ``status`` (``valid`` or ``invalid``: a committee's verdict;
+    ``settled``: not sampled, or no committee could be drawn; ``unverified``: no quorum after every escalation).
+    ``amount``: what is owed to its worker (the price less the
     committee's fee; 0 when invalid), still in the sponsor's escrow. The caller paid the committee / slashed."""
     run = s.runs[r.run_id]
     if isinstance(r, RoundReceipt):
-        if outcome == Outcome.INVALID:
+        if status == INVALID_S:
             run = replace(run, escrow_left=run.escrow_left + r.price,
                           decided=tuple(d for d in run.decided if d[0] != r.id))
         else:
@@ -365,7 +368,7 @@ def on_final(s: StateView, r: RoundReceipt | RoundAggregate, outcome: Outcome, a
         _set(s, run)
         return
     cur = run.cur
-    applies = outcome in (Outcome.VALID, Outcome.UNCHECKED)
+    applies = status in (VALID_S, SETTLED)
     if not applies:
         run = replace(run, escrow_left=run.escrow_left + r.price)
     if cur is None or cur.aggregate != r.id or run.status in TERMINAL:
@@ -518,13 +521,13 @@ class _RunReceipts(PlainReceipt):
 
     def finalized(self, s: StateView, r: RoundReceipt | RoundAggregate, verdict: Verdict, owed: int,
                   height: int) -> None:
-        on_final(s, r, Outcome.VALID if verdict == Verdict.VALID else Outcome.INVALID, owed, height)
+        on_final(s, r, VALID_S if verdict == Verdict.VALID else INVALID_S, owed, height)
 
     def settle_unchecked(self, s: StateView, rec: ReceiptRecord, status: str, height: int) -> bool:
         r: Any = rec.receipt  # a RoundReceipt or RoundAggregate (this kind's records only)
         s.receipts[r.id] = replace(rec, status=status, final_height=height)  # paid by the run once its round decides
         s.open_receipts.pop(r.id, None)
-        on_final(s, r, Outcome.UNCHECKED if status == SETTLED else Outcome.UNVERIFIED, r.price, height)
+        on_final(s, r, ReceiptStatus(status), r.price, height)  # settled or unverified
         return True
 
 
@@ -554,7 +557,6 @@ __all__ = [
     "MAX_JOINED",
     "MAX_TIMEOUT_STEPS",
     "TERMINAL",
-    "Outcome",
     "Phase",
     "RoundState",
     "RoundSummary",

@@ -30,15 +30,6 @@ class Phase(str, enum.Enum):
     CHECK = "check"
 
 
-class Outcome(str, enum.Enum):
-    """How a receipt's final state reached :func:`on_final`."""
-
-    VALID = "valid"  # a committee quorum found it valid
-    INVALID = "invalid"
-    UNCHECKED = "unchecked"  # not sampled (or no committee could be drawn): settled after the challenge window
-    UNVERIFIED = "unverified"  # sampled, but no quorum after every escalation
-
-
 @dataclass(frozen=True)
 class RoundState:
     """The open round. ``commits``: ``(worker, receipt id, expected opt_before or b"")`` in commit order;
