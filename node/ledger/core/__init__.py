@@ -2,7 +2,31 @@
 
 Modules here receive their storage through typed seams (``typing.Protocol``) and return the writes for the
 caller to commit, so the edges (``node/ledger/store.py``, the service, the driver) decide when and where bytes
-reach disk. Today: :mod:`node.ledger.core.smt`, the sparse Merkle tree behind the state root.
+reach disk.
+
+A map, from the bottom up:
+
+* leaves: :mod:`~node.ledger.core.domain` (signing domains), :mod:`~node.ledger.core.sampling`,
+  :mod:`~node.ledger.core.status` (``ReceiptStatus``), :mod:`~node.ledger.core.kv` (tables over a key-value
+  seam), :mod:`~node.ledger.core.smt` and :mod:`~node.ledger.core.tree` (the state root),
+  :mod:`~node.ledger.core.consensus` (Tendermint as a pure machine).
+* transactions: :mod:`~node.ledger.core.txbase` (``Tx``, ``Verdict``, the core's own kinds: transfers, bonds,
+  unbonds, inference receipts, votes, evidence); :mod:`~node.ledger.core.valset` (validator sets) and
+  :mod:`~node.ledger.core.genesis` (parameters).
+* the seams a capability is written against: :mod:`~node.ledger.core.rows` (``Account``, ``ReceiptRecord``),
+  :mod:`~node.ledger.core.view` (``StateView``, the narrow state), :mod:`~node.ledger.core.module`
+  (``LedgerModule``, ``ReceiptKind``, ``Module``).
+* the capabilities, each a module: fine-tune jobs (:mod:`~node.ledger.core.jobtx`, :mod:`~node.ledger.core.jobs`),
+  training runs (:mod:`~node.ledger.core.runtx`, :mod:`~node.ledger.core.runstate`, :mod:`~node.ledger.core.runs`),
+  batch jobs (:mod:`~node.ledger.core.batchtx`, :mod:`~node.ledger.core.batchstate`,
+  :mod:`~node.ledger.core.batchaudit`, :mod:`~node.ledger.core.batch`), the receipt history
+  (:mod:`~node.ledger.core.history`), the validator set's changes (:mod:`~node.ledger.core.staking`), disputes.
+* the registry: :mod:`~node.ledger.core.modules` (``MODULES``: the transaction registry, the dispatch and the
+  end-block order), :mod:`~node.ledger.core.tx` (``TX_KINDS``, ``decode_tx``), :mod:`~node.ledger.core.records`
+  (every table's codec, in snapshot order).
+* the state and blocks: :mod:`~node.ledger.core.state` (``State``, ``apply_tx``, ``end_block``: the core's own
+  kinds, receipt settlement, then the modules), :mod:`~node.ledger.core.block`, :mod:`~node.ledger.core.chain`,
+  :mod:`~node.ledger.core.liveness`, :mod:`~node.ledger.core.capture`, :mod:`~node.ledger.core.blockcodec`.
 
 This package re-exports nothing, so importing one core module never loads another.
 """

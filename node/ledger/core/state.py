@@ -405,7 +405,7 @@ def end_block(s: State, height: int, block_hash: bytes) -> None:
                     s.receipts[rid] = replace(rec, status=SAMPLED, p_ppm=ppm, committee=com, round_height=height)
                     continue
             s.receipts[rid] = replace(rec, p_ppm=ppm)
-        elif rec.status == PENDING and _forced(s, rid, height):  # e.g. a dispute (node.ledger.core.dispute)
+        elif rec.status == PENDING and _forced(s, rid, height):  # e.g. a requester's dispute
             com = cm.select_committee(block_hash, rid, 0, s.eligible(),
                                       (rec.receipt.worker, rec.receipt.requester), p.committee_size)
             if com:
