@@ -58,7 +58,7 @@ from node.encoding import H, pack, unpack
 from node.identity import Identity, dev_seed
 from node.ledger import leveldb_reads, snapshot, statedb
 from node.ledger.core import (
-    smt,
+    jmt,
     tree as tr,
 )
 from node.ledger.core.chain import commit_block, propose
@@ -172,7 +172,7 @@ def build(path: Path, n: int, chunk: int = 10_000) -> dict[str, Any]:
     counts["receipts"] = counts.get("receipts", 0) + n
     counts["sessions"] = counts.get("sessions", 0) + n
     # the state root covers them too: one tree update (version 1; the next block takes version 2)
-    res = smt.update(tr.LevelNodes(db), root.version + 1, root, changes)
+    res = jmt.update(tr.LevelNodes(db), root.version + 1, root, changes)
     items = list(res.writes.items())
     for lo in range(0, len(items), 50_000):
         with db.write_batch() as wb:

@@ -7,7 +7,9 @@ Keys (values msgpack, see :mod:`node.ledger.core.records`):
                            {table: [[key, value before or None], ...]}, its state root]`` (what the head
                            header commits to)
   ``S/<t>/`` + key         one entry of table ``<t>`` (:data:`PREFIX`)
-  ``T/n/``, ``T/x/``       the state tree's nodes and stale-node index (:mod:`node.ledger.core.tree`)
+  ``T/N/``, ``T/X/``, ``T/v``  the state tree's nodes, stale-node index and layout (:mod:`node.ledger.core.tree`);
+                           ``T/n/``, ``T/x/`` held the binary layout of stores written before it, ``T/m/`` is the
+                           scratch space of the one-time rebuild from that layout (:func:`migrate_tree`)
 
 A node opens the state it last committed (:func:`open_state`) instead of replaying the chain: start time does not
 grow with the chain's length. Each block's changes, the new ``S/m`` and ``S/u`` are written with the block in one
@@ -18,15 +20,18 @@ the state after the stored head, whole. Full re-verification from genesis is
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ..encoding import pack, unpack_local
-from .core import tree as tr
+from .core import jmt, tree as tr
 from .core.kv import _DEL, Batch, StoreRoot, Table
 from .core.records import CODECS, MAPS, SETS
 from .core.smt import Root
 from .core.state import State
 from .genesis import Genesis
+
+log = logging.getLogger(__name__)
 
 FORMAT = 2  # 1: no state root in S/m (read as no stored state: replayed once)
 META = b"S/m"
@@ -36,6 +41,9 @@ PREFIX = {"accounts": b"S/a/", "receipts": b"S/r/", "evidence": b"S/e/", "sessio
           "history": b"S/h/", "retire": b"S/t/", "validators": b"S/v/",
           "batches": b"S/b/", "batch_items": b"S/i/", "batch_due": b"S/d/", "batch_workers": b"S/w/",
           "open_batches": b"S/y/", "disputes": b"S/z/"}
+SCRATCH = b"T/m/"  # + tree key -> leaf value, during a migration: the leaves, sorted by LevelDB
+TREE_PREFIXES = [tr.NODES, tr.STALE, tr.OLD_NODES, tr.OLD_STALE, SCRATCH]
+MIGRATE_BATCH = 20_000  # writes per LevelDB batch during a migration (bounds its memory)
 CACHE_ITEMS = {"receipts": 16384, "jobs": 4096, "runs": 1024}  # decoded values kept (others: kv.CACHE_ITEMS)
 
 
@@ -71,6 +79,7 @@ def open_state(db: Any, genesis: Genesis) -> State:
     meta = read_meta(db)
     if meta is None:
         raise StateFormatError("no state stored")
+    migrate_tree(db)
     height, last_hash, seq, counts, root = meta
     tables = {n: Table(StoreRoot(db, PREFIX[n], CODECS[n], CACHE_ITEMS.get(n, 65536), counts.get(n)))
               for n in MAPS + SETS}
@@ -86,9 +95,10 @@ def _meta(state: State, root: Root, counts: dict[str, int] | None = None) -> byt
 def dump_state(db: Any, batch: Batch, state: State) -> None:
     """Write every entry of ``state`` (any layout) and its whole state tree (built afresh, O(n log n)) into
     ``batch``, after deleting whatever state is stored."""
-    for prefix in [PREFIX[n] for n in MAPS + SETS] + [tr.NODES, tr.STALE]:
+    for prefix in [PREFIX[n] for n in MAPS + SETS] + TREE_PREFIXES:
         for k in db.iterator(prefix=prefix, include_value=False):
             batch.delete(k)
+    batch.put(tr.LAYOUT_KEY, tr.LAYOUT)
     whole = state.tree is not None and state._parent is None and state.tree.parent is None \
         and isinstance(state.tree.base, tr._Shared) and not state.tree.base.nodes
     fresh = state if whole else State(state.chain_id, state.params, state.validators, state.height,
@@ -112,9 +122,10 @@ def write_raw(db: Any, batch: Batch, entries: Any, tree: Any, height: int, last_
               counts: dict[str, int]) -> None:
     """Write stored bytes as they are (``(table, key, bytes)``, from a checked snapshot) with their ``tree``
     and meta into ``batch``, after deleting whatever state is stored."""
-    for prefix in [PREFIX[n] for n in MAPS + SETS] + [tr.NODES, tr.STALE]:
+    for prefix in [PREFIX[n] for n in MAPS + SETS] + TREE_PREFIXES:
         for k in db.iterator(prefix=prefix, include_value=False):
             batch.delete(k)
+    batch.put(tr.LAYOUT_KEY, tr.LAYOUT)
     for name, k, raw in entries:
         batch.put(PREFIX[name] + k, raw)
     tr.stage(batch, tree, 0, lambda bound: iter(()))
@@ -202,3 +213,122 @@ def differences(a: State, b: State, limit: int = 10) -> list[str]:
                 out.append(f"{name} {k.hex()[:16]}: {'absent' if va is None else 'differs'} / "
                            f"{'absent' if vb is None else 'differs'}")
     return out
+
+
+# ---------------------------------------------------------------- the one-time rebuild of the tree's layout
+
+class _Chunks:
+    """LevelDB writes in batches of :data:`MIGRATE_BATCH` (not synced: the final switch is, after them)."""
+
+    def __init__(self, db: Any) -> None:
+        self.db, self.wb, self.n = db, db.write_batch(), 0
+
+    def put(self, k: bytes, v: bytes) -> None:
+        self.wb.put(k, v)
+        self._count()
+
+    def delete(self, k: bytes) -> None:
+        self.wb.delete(k)
+        self._count()
+
+    def _count(self) -> None:
+        self.n += 1
+        if self.n % MIGRATE_BATCH == 0:
+            self.wb.write()
+            self.wb = self.db.write_batch()
+
+    def close(self) -> None:
+        self.wb.write()
+
+
+def _clear(db: Any, prefixes: list[bytes]) -> None:
+    out = _Chunks(db)
+    for prefix in prefixes:
+        for k in db.iterator(prefix=prefix, include_value=False):
+            out.delete(k)
+    out.close()
+
+
+def migrate_tree(db: Any) -> bool:
+    """Rebuild the state tree of a store written in the binary node layout (no :data:`tr.LAYOUT_KEY`) in the
+    16-ary layout (:mod:`node.ledger.core.jmt`), once; :func:`open_state` calls it. Returns whether it rebuilt.
+
+    It rebuilds the versions the store reads: the head state's root and, when there is an undo record, its
+    parent's (older versions are not kept). The leaves come from the stored entries (the parent's: the entries
+    with the undo record's values put back), sorted by LevelDB under :data:`SCRATCH`; the parent's tree is then
+    streamed out bottom-up (:func:`node.ledger.core.jmt.build_sorted`) and the head block's changes applied to it
+    as one update, so the head's nodes and stale index are exactly what committing the block would have written.
+    Both roots are checked against the stored ones. Memory: one block's undo record and :data:`MIGRATE_BATCH`
+    writes at a time. Time: O(n log n) in LevelDB, about a minute per 10^6 entries.
+
+    Crash-safe: nothing the binary layout uses is touched until the synced write of the layout key, after every
+    new node is written; a crash before it leaves the old layout whole and the next open starts over (clearing
+    what the interrupted attempt wrote); after it, the old nodes are deleted, and a crash midway leaves the rest
+    for the next open to delete.
+
+    Raises:
+        StateFormatError: the stored entries do not give the stored roots (a damaged store).
+    """
+    if db.get(tr.LAYOUT_KEY) == tr.LAYOUT:
+        if any(True for _ in db.iterator(prefix=tr.OLD_NODES, include_value=False)) or \
+                any(True for _ in db.iterator(prefix=SCRATCH, include_value=False)):
+            _clear(db, [tr.OLD_NODES, tr.OLD_STALE, SCRATCH])  # an interrupted cleanup's leftovers
+        return False
+    meta = read_meta(db)
+    if meta is None:
+        return False  # no state stored: dump_state writes the layout with the first one
+    log.warning("ledger state: rebuilding the state tree in the 16-ary node layout (once; ~1 min per 10^6 entries)")
+    _height, _last, seq, _counts, root = meta
+    _clear(db, [tr.NODES, tr.STALE, SCRATCH])  # what an interrupted attempt wrote
+    befores: dict[bytes, bytes | None] = {}  # tree key -> the parent state's leaf value (None: absent)
+    parent: Root | None = None
+    raw = db.get(UNDO)
+    if raw is not None:
+        _ph, _plast, pseq, undo, proot = unpack_local(raw)
+        for name, rows in undo.items():
+            codec = CODECS[name]
+            for k, v in rows:
+                befores[tr.entry_key(name, bytes(k))] = \
+                    None if v is None else tr.leaf_value(codec.dumps(codec.decode_local(v)))
+        befores[tr.SEQ_KEY] = tr.leaf_value(pack(pseq))
+        parent = Root.from_bytes(proot)
+    out = _Chunks(db)
+    for name in MAPS + SETS:
+        p = PREFIX[name]
+        for k, v in db.iterator(prefix=p):
+            out.put(SCRATCH + tr.entry_key(name, k[len(p):]), tr.leaf_value(v))
+    out.put(SCRATCH + tr.SEQ_KEY, tr.leaf_value(pack(seq)))
+    for tk, lv in befores.items():  # after the head's entries: the parent's values win
+        if lv is None:
+            out.delete(SCRATCH + tk)
+        else:
+            out.put(SCRATCH + tk, lv)
+    out.close()
+    base = parent if parent is not None else root
+    out = _Chunks(db)
+    leaves = ((k[len(SCRATCH):], v) for k, v in db.iterator(prefix=SCRATCH))
+    built = jmt.build_sorted(leaves, base.version, lambda nk, v: out.put(tr.NODES + nk, v))
+    out.close()
+    if built.hash != base.hash:
+        raise StateFormatError("the stored entries do not give the stored state root (a damaged store)")
+    if parent is not None and parent != root:
+        changes: dict[bytes, bytes | None] = {tr.SEQ_KEY: tr.leaf_value(pack(seq))}
+        for name, rows in undo.items():
+            for k, _v in rows:
+                now = db.get(PREFIX[name] + bytes(k))
+                changes[tr.entry_key(name, bytes(k))] = None if now is None else tr.leaf_value(now)
+        res = jmt.update(tr.LevelNodes(db, tr.NodeCache()), root.version, parent, changes)
+        if res.root != root:
+            raise StateFormatError("the stored entries do not give the stored state root (a damaged store)")
+        out = _Chunks(db)
+        for nk, v in res.writes.items():
+            out.put(tr.NODES + nk, v)
+        for s in res.stale:
+            out.put(tr.STALE + s.index_key(), b"")
+        out.close()
+    with db.write_batch(sync=True) as wb:  # the switch
+        wb.put(tr.LAYOUT_KEY, tr.LAYOUT)
+    _clear(db, [tr.OLD_NODES, tr.OLD_STALE, SCRATCH])
+    db.compact_range(start=b"T/", stop=b"T0")  # drop the deleted nodes' tombstones now, not during blocks
+    log.warning("ledger state: the state tree is in the 16-ary layout (root %s)", root.hash.hex()[:16])
+    return True

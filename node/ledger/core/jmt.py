@@ -61,6 +61,7 @@ _EMPTY16 = [EMPTY_HASH] * 16
 _HEADER = 5  # 0x01 ‖ present bitmap ‖ leaf bitmap
 _CHILD = HASH_LEN + 8
 _E, _L, _I = 0, 1, 2  # slot kinds: empty, leaf, internal
+_OFFSETS = range(_HEADER, _HEADER + 16 * _CHILD, _CHILD)  # the children of a full node
 
 
 def node_key(version: int, nibbles: int, key: bytes | int) -> bytes:
@@ -109,14 +110,92 @@ def _merkle(hs: list[bytes], ks: list[int]) -> tuple[bytes, int]:
     return hs[0], ks[0]
 
 
-def _levels(hs: list[bytes], ks: list[int]) -> list[tuple[list[bytes], list[int]]]:
-    """Every binary level of a node: ``[root level (1 entry), 2, 4, 8, the 16 slots]``."""
-    out = [(hs, ks)]
+# A node's binary subtree, level by level: ``(LH, LK)``, the hashes and kinds at binary level ``t`` below the node
+# (``t`` = 0: the node itself, 1 entry; ``t`` = 4: its 16 slots). Kept with a decoded node so that changing one
+# slot rehashes the 4 binary nodes above it, not 15.
+_Levels = tuple[list[list[bytes]], list[list[int]]]
+_Dec = tuple[list[bytes], list[list[bytes]], list[list[int]]]  # a decoded node: slot versions, LH, LK
+
+
+def _full(hs: list[bytes], ks: list[int]) -> _Levels:
+    if _E not in ks:  # a full node (the upper levels of a large tree): every binary node is internal
+        lh: list[list[bytes]] = [hs]
+        cur = hs
+        for _ in range(4):
+            cur = [blake2b(b"\x01" + cur[i] + cur[i + 1], digest_size=HASH_LEN).digest()
+                   for i in range(0, len(cur), 2)]
+            lh.append(cur)
+        lh.reverse()
+        return lh, [[_I], [_I] * 2, [_I] * 4, [_I] * 8, ks]
+    lh = [hs]
+    lk: list[list[int]] = [ks]
     for _ in range(4):
         hs, ks = _reduce(hs, ks)
-        out.append((hs, ks))
-    out.reverse()
-    return out
+        lh.append(hs)
+        lk.append(ks)
+    lh.reverse()
+    lk.reverse()
+    return lh, lk
+
+
+def _rehash(lh: list[list[bytes]], lk: list[list[int]], dirty: Iterable[int]) -> None:
+    """Recompute, in place, the binary nodes of ``(lh, lk)`` above the changed slots ``dirty``."""
+    idx = set(dirty)
+    for t in (3, 2, 1, 0):
+        ch, ck, nh, nk = lh[t + 1], lk[t + 1], lh[t], lk[t]
+        idx = {i >> 1 for i in idx}
+        for i in idx:
+            a, b = ck[2 * i], ck[2 * i + 1]
+            if b == _E and a != _I:
+                nh[i], nk[i] = ch[2 * i], a
+            elif a == _E and b != _I:
+                nh[i], nk[i] = ch[2 * i + 1], b
+            else:
+                nh[i] = blake2b(b"\x01" + ch[2 * i] + ch[2 * i + 1], digest_size=HASH_LEN).digest()
+                nk[i] = _I
+
+
+DECODED_NODES = 1 << 12  # decoded internal nodes per generation of the cache (two generations)
+CACHED_DEPTH = 3  # nodes at nibble depths 0..3 are cached decoded (1 + 16 + 256 + 4096: read by every block)
+_dec_hot: dict[bytes, _Dec] = {}
+_dec_cold: dict[bytes, _Dec] = {}
+
+
+def _remember(data: bytes, dec: _Dec) -> None:
+    global _dec_hot, _dec_cold
+    _dec_hot[data] = dec
+    if len(_dec_hot) >= DECODED_NODES:
+        _dec_cold, _dec_hot = _dec_hot, {}
+
+
+def _load(data: bytes, vb: bytes, j: int) -> _Dec:
+    """The decoded internal node ``data`` with its binary levels, from a bounded cache keyed by the node's
+    bytes (a pure function of them: whatever store they came from, the entry is right) for the upper
+    :data:`CACHED_DEPTH` levels, which every block reads again (below them a block's paths rarely meet). Callers
+    copy before changing it. Memory: ~3 KiB per full node, at most ~25 MiB (:data:`DECODED_NODES`).
+    Raises: CorruptNodeError for bytes that are not a canonical internal node."""
+    dec = _dec_hot.get(data)
+    if dec is None:
+        dec = _dec_cold.get(data)
+        if dec is None:
+            hs, vs, ks = _decode(data, vb, j)
+            lh, lk = _full(hs, ks)
+            dec = (vs, lh, lk)
+            if j > CACHED_DEPTH:
+                return dec
+        _remember(data, dec)
+    return dec
+
+
+def _verified(data: bytes, h: bytes, vb: bytes, j: int) -> _Dec:
+    """:func:`_load`, checked against the hash ``h`` its parent records. Raises: CorruptNodeError."""
+    dec = _load(data, vb, j)
+    if dec[2][0][0] != _I:
+        raise _malformed(vb, j)
+    if dec[1][0][0] != h:
+        raise CorruptNodeError(f"internal node at version {int.from_bytes(vb, 'big')}, nibble depth {j} does not "
+                               "match its hash")
+    return dec
 
 
 def _decode(data: bytes, vb: bytes, j: int) -> tuple[list[bytes], list[bytes], list[int]]:
@@ -129,6 +208,9 @@ def _decode(data: bytes, vb: bytes, j: int) -> tuple[list[bytes], list[bytes], l
     leaves = (data[3] << 8) | data[4]
     if leaves & ~present or n != _HEADER + _CHILD * present.bit_count():
         raise _malformed(vb, j)
+    if present == 0xFFFF:  # full
+        return ([data[o:o + HASH_LEN] for o in _OFFSETS], [data[o + HASH_LEN:o + _CHILD] for o in _OFFSETS],
+                [_L if leaves >> s & 1 else _I for s in range(16)])
     hs = list(_EMPTY16)
     vs = [_ZERO_VERSION] * 16
     ks = [_E] * 16
@@ -146,16 +228,10 @@ def _malformed(vb: bytes, j: int) -> CorruptNodeError:
     return CorruptNodeError(f"malformed tree node at version {int.from_bytes(vb, 'big')}, nibble depth {j}")
 
 
-def _check(h: bytes, hs: list[bytes], ks: list[int], vb: bytes, j: int) -> None:
-    got, kind = _merkle(hs, ks)
-    if kind != _I:
-        raise _malformed(vb, j)
-    if got != h:
-        raise CorruptNodeError(f"internal node at version {int.from_bytes(vb, 'big')}, nibble depth {j} does not "
-                               "match its hash")
-
-
 def _encode(hs: list[bytes], vs: list[bytes], ks: list[int]) -> bytes:
+    if _E not in ks:
+        leaves = sum(1 << s for s in range(16) if ks[s] == _L)
+        return bytes((1, 255, 255, leaves >> 8, leaves & 255)) + b"".join([hs[s] + vs[s] for s in range(16)])
     present = leaves = 0
     parts: list[bytes] = []
     for s in range(16):
@@ -206,9 +282,10 @@ _Result = _Leaf | _Ref | None
 
 
 class _Ctx:
-    def __init__(self, get: Callable[[bytes], bytes | None], vbytes: bytes) -> None:
+    def __init__(self, get: Callable[[bytes], bytes | None], vbytes: bytes, bulk: bool = False) -> None:
         self.get = get
         self.vbytes = vbytes
+        self.bulk = bulk  # a whole tree written at once: do not fill the decoded-node cache
         self.writes: dict[bytes, bytes] = {}
         self.stale: list[bytes] = []
 
@@ -224,10 +301,16 @@ def _place(ctx: _Ctx, j: int, r: _Leaf) -> tuple[bytes, bytes]:
     return leaf_hash(r.key, r.value), ctx.vbytes
 
 
-def _node(ctx: _Ctx, j: int, kint: int, hs: list[bytes], vs: list[bytes], ks: list[int]) -> _Ref:
-    """Write the internal node of slots ``hs, vs, ks`` at nibble depth ``j`` on the path of ``kint``."""
-    ctx.writes[ctx.vbytes + _suffix(j, kint)] = _encode(hs, vs, ks)
-    return _merkle(hs, ks)[0], ctx.vbytes
+def _node(ctx: _Ctx, j: int, kint: int, hs: list[bytes], vs: list[bytes], ks: list[int],
+          levels: _Levels | None = None) -> _Ref:
+    """Write the internal node of slots ``hs, vs, ks`` (binary ``levels`` when already computed) at nibble depth
+    ``j`` on the path of ``kint``; it is remembered decoded (the next block reads it) unless ``ctx.bulk``."""
+    lh, lk = levels if levels is not None else _full(hs, ks)
+    data = _encode(hs, vs, ks)
+    ctx.writes[ctx.vbytes + _suffix(j, kint)] = data
+    if not ctx.bulk and j <= CACHED_DEPTH:
+        _remember(data, (vs, lh, lk))
+    return lh[0][0], ctx.vbytes
 
 
 def _build(ctx: _Ctx, j: int, items: list[_Leaf], kints: list[int], lo: int, hi: int) -> _Result:
@@ -292,11 +375,14 @@ def _apply(ctx: _Ctx, h: bytes, vb: bytes, j: int, ch: list[tuple[int, bytes, by
         raise _missing(vb, j)
     if data[:1] == b"\x00":
         return _apply_leaf(ctx, data, h, vb, nk, j, ch, lo, hi)
-    hs, vs, ks = _decode(data, vb, j)
-    _check(h, hs, ks, vb, j)
+    dec = _verified(data, h, vb, j)
+    vs = list(dec[0])  # copies: the decoded node stays as stored
+    lh = [list(x) for x in dec[1]]
+    lk = [list(x) for x in dec[2]]
+    hs, ks = lh[4], lk[4]
     shift = DEPTH - 4 * j - 4
     placed: list[tuple[int, _Leaf]] = []
-    changed = False
+    dirty: list[int] = []
     i = lo
     while i < hi:
         top = kints[i] >> shift
@@ -305,12 +391,14 @@ def _apply(ctx: _Ctx, h: bytes, vb: bytes, j: int, ch: list[tuple[int, bytes, by
         r = _build_new(ctx, j + 1, ch, i, e) if ks[s] == _E else _apply(ctx, hs[s], vs[s], j + 1, ch, kints, i, e)
         if r is None:
             if ks[s] != _E:
-                hs[s], vs[s], ks[s], changed = EMPTY_HASH, _ZERO_VERSION, _E, True
+                hs[s], vs[s], ks[s] = EMPTY_HASH, _ZERO_VERSION, _E
+                dirty.append(s)
         elif isinstance(r, _Leaf):
             placed.append((s, r))
             ks[s] = _L
         elif r[0] != hs[s] or r[1] != vs[s]:
-            hs[s], vs[s], ks[s], changed = r[0], r[1], _I, True
+            hs[s], vs[s], ks[s] = r[0], r[1], _I
+            dirty.append(s)
         i = e
     # lift a lone leaf, drop an empty node
     live = [s for s in range(16) if ks[s] != _E]
@@ -331,11 +419,13 @@ def _apply(ctx: _Ctx, h: bytes, vb: bytes, j: int, ch: list[tuple[int, bytes, by
     for s, leaf in placed:
         nh, nv = _place(ctx, j + 1, leaf)
         if nh != hs[s] or nv != vs[s]:
-            hs[s], vs[s], changed = nh, nv, True
-    if not changed:
+            hs[s], vs[s] = nh, nv
+            dirty.append(s)
+    if not dirty:
         return h, vb
     ctx.stale.append(nk)
-    return _node(ctx, j, kint, hs, vs, ks)
+    _rehash(lh, lk, dirty)
+    return _node(ctx, j, kint, hs, vs, ks, (lh, lk))
 
 
 def _check_key(key: Any) -> None:
@@ -402,7 +492,7 @@ def build_sorted(leaves: Iterable[tuple[bytes, bytes]], version: int,
     """
     it = iter(leaves)
     vbytes = version.to_bytes(8, "big")
-    ctx = _Ctx(lambda nk: None, vbytes)
+    ctx = _Ctx(lambda nk: None, vbytes, bulk=True)
     pending: list[_Leaf | None] = [None]
     last = [-1]
 
@@ -480,19 +570,13 @@ def _walk(store: NodeStore, root: Root, key: bytes) -> tuple[list[bytes], tuple[
             return siblings, _leaf_of(data, h, vb, j, kint)
         if j == NIBBLES:
             break
-        hs, vs, ks = _decode(data, vb, j)
-        levels = _levels(hs, ks)
-        if levels[0][1][0] != _I:
-            raise _malformed(vb, j)
-        if levels[0][0][0] != h:
-            raise CorruptNodeError(f"internal node at version {int.from_bytes(vb, 'big')}, nibble depth {j} does "
-                                   "not match its hash")
+        vs, lh, lk = _verified(data, h, vb, j)
+        hs, ks = lh[4], lk[4]
         nib = (kint >> (DEPTH - 4 * j - 4)) & 15
         for t in range(1, 5):
             idx = nib >> (4 - t)
-            lh, lk = levels[t]
-            siblings.append(lh[idx ^ 1])
-            kind = lk[idx]
+            siblings.append(lh[t][idx ^ 1])
+            kind = lk[t][idx]
             if kind == _E:
                 return siblings, None
             if kind == _L:  # the range's lone leaf: the binary path ends here
@@ -542,8 +626,8 @@ def leaves(store: NodeStore, root: Root) -> Iterator[tuple[bytes, bytes]]:
         if data[:1] == b"\x00":
             yield _leaf_of(data, h, vb, j, kint)
             continue
-        hs, vs, ks = _decode(data, vb, j)
-        _check(h, hs, ks, vb, j)
+        vs, lh, lk = _verified(data, h, vb, j)
+        hs, ks = lh[4], lk[4]
         for s in range(15, -1, -1):
             if ks[s] != _E:
                 todo.append((hs[s], vs[s], j + 1, _slot_path(kint, j, s)))

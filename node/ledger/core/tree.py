@@ -1,5 +1,10 @@
 """The state root: the sparse Merkle tree (:mod:`node.ledger.core.smt`) over every entry of the ledger state.
 
+Its nodes are stored in the 16-ary (Jellyfish) layout of :mod:`node.ledger.core.jmt` (the same roots and proofs
+as the binary tree, ~log16 n stored nodes per key): layout :data:`LAYOUT`, recorded under :data:`LAYOUT_KEY`. A
+store written before (binary nodes under ``T/n/``, ``T/x/``, no layout key) is rebuilt once when it is opened
+(:func:`node.ledger.statedb.migrate_tree`).
+
 Each entry ``key -> value`` of table ``t`` is the tree leaf ``tree_key(TAG[t], key) -> H(value bytes)``, the
 value bytes being exactly what the store writes (:data:`node.ledger.statedb.CODECS`); the open sets' counter
 is the leaf ``tree_key(b"meta", b"seq")``. The root after block ``h`` is version ``h`` of the tree, so
@@ -22,15 +27,20 @@ from collections.abc import Callable, Iterator
 from hashlib import blake2b
 from typing import Any
 
-from .smt import EMPTY_ROOT, Root, StaleNode, UpdateResult, prove, prune_bound, tree_key, update
+from .jmt import prove, update
+from .smt import EMPTY_ROOT, Root, StaleNode, UpdateResult, prune_bound, tree_key
 
 TAG = {"accounts": b"a", "receipts": b"r", "evidence": b"e", "sessions": b"s", "jobs": b"j", "runs": b"n",
        "open_receipts": b"o", "open_jobs": b"p", "open_runs": b"q", "history": b"h", "retire": b"t",
        "validators": b"v", "batches": b"b", "batch_items": b"i", "batch_due": b"d", "batch_workers": b"w",
        "open_batches": b"y", "disputes": b"z"}
 SEQ_KEY = tree_key(b"meta", b"seq")
-NODES = b"T/n/"  # + smt node key -> node bytes
-STALE = b"T/x/"  # + StaleNode.index_key() -> b""
+NODES = b"T/N/"  # + jmt node key -> node bytes
+STALE = b"T/X/"  # + StaleNode.index_key() -> b""
+LAYOUT_KEY = b"T/v"  # -> LAYOUT: how the nodes are stored (absent: the binary layout of stores written before)
+LAYOUT = b"jmt16"
+OLD_NODES = b"T/n/"  # the binary layout's nodes (smt node keys) and stale index, read only by the migration
+OLD_STALE = b"T/x/"
 RETAIN = 1024  # versions (blocks) whose roots stay provable
 
 
@@ -80,8 +90,9 @@ class NodeCache:
 
     Bounded: two generations of at most ``limit`` nodes each (an approximate LRU, O(1) per operation: a hit in
     the older generation moves to the newer; when the newer one holds ``limit`` nodes it becomes the older and
-    the older is forgotten). Memory: about 250 bytes per node held (key, node bytes, dict slot), ~32 MiB at
-    most with the default :data:`CACHE_NODES`.
+    the older is forgotten). Memory: about 250 bytes (a leaf) to 800 bytes (a full 16-ary node) per node held
+    (key, node bytes, dict slot): at most ~100 MiB with the default :data:`CACHE_NODES`, ~30 MiB in practice (the
+    leaves and sparse lower nodes dominate).
     """
 
     def __init__(self, limit: int = CACHE_NODES) -> None:
@@ -194,7 +205,7 @@ class StateTree:
 
     def compute(self, parent_root: Root, version: int, changes: dict[bytes, bytes | None]) -> Root:
         """Apply ``changes`` (tree key -> leaf value or None) to ``parent_root`` as ``version``; remember the
-        root and the node writes. Raises as :func:`node.ledger.core.smt.update`."""
+        root and the node writes. Raises as :func:`node.ledger.core.jmt.update`."""
         if not changes:
             self.root = parent_root
             return parent_root
@@ -205,7 +216,8 @@ class StateTree:
         return res.root
 
     def prove(self, key: bytes) -> Any:
-        """:func:`node.ledger.core.smt.prove` of ``key`` under this state's root."""
+        """:func:`node.ledger.core.jmt.prove` of ``key`` under this state's root (a binary
+        :class:`node.ledger.core.smt.Proof`)."""
         if self.root is None:
             raise ValueError("the root is not computed yet")
         return prove(self, self.root, key)
@@ -249,6 +261,8 @@ def settled(db: Any, root: Root, after: StateTree | None = None) -> StateTree:
 __all__ = [
     "CACHE_NODES",
     "EMPTY_ROOT",
+    "LAYOUT",
+    "LAYOUT_KEY",
     "RETAIN",
     "SEQ_KEY",
     "TAG",
