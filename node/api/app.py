@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import swagger_ui_bundle
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -54,10 +55,7 @@ page loads nothing from a CDN. The OpenAPI schema is at <a href="/openapi.json">
 
 
 def swagger_dir() -> Path | None:
-    try:
-        import swagger_ui_bundle
-    except ImportError:
-        return None
+    """Where Swagger UI's files are (the ``swagger-ui-bundle-v2`` package), or None without them."""
     p = Path(swagger_ui_bundle.swagger_ui_path)
     return p if (p / "swagger-ui-bundle.js").exists() else None
 

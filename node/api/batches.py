@@ -6,6 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
+from ..batch.client import BatchError, batch_json, fetch_results, post_batch
 from ..encoding import AMOUNT_FORM, parse_amount
 from ..ledger.core.batchstate import BatchStatus
 from ..ledger.core.batchtx import MAX_GENERATE_TOKENS, MAX_REISSUES, MAX_REPLICATION, MAX_WINDOW, BatchCancel
@@ -55,8 +56,6 @@ def _batch(node: NodeAPI, batch_id: str):
 @router.get("/v1/batches")
 async def list_batches(node: NodeDep, status: str | None = None, limit: int = 50, offset: int = 0) -> dict:
     """Batches, newest first, without their items."""
-    from ..batch.client import batch_json  # imports torch (its tasks): loaded on the first batch request
-
     st = node.ledger.state
     bs = [b for b in sorted(st.tables["batches"].values(), key=lambda b: (-b.height, b.post.id))
           if status is None or b.status.value == status]
@@ -68,8 +67,6 @@ async def list_batches(node: NodeDep, status: str | None = None, limit: int = 50
 async def get_batch(node: NodeDep, batch_id: str, items: bool = False) -> dict:
     """One batch: progress (decided / n), agreement rate, payouts and penalties per worker; ``items=true``
     adds every assigned item's workers, commit and reveal counts and accepted result hash."""
-    from ..batch.client import batch_json  # imports torch (its tasks): loaded on the first batch request
-
     _, b = _batch(node, batch_id)
     out = batch_json(b, node.ledger.state, with_items=items)
     w = getattr(node, "batches", None)
@@ -82,8 +79,6 @@ async def get_batch(node: NodeDep, batch_id: str, items: bool = False) -> dict:
 async def post(node: NodeDep, req: BatchRequest) -> dict:
     """Check the item file, keep it on this node (workers fetch it from here) and post the batch with escrow.
     A bad file or parameter is refused with its reason (the line number for a file); nothing is posted."""
-    from ..batch.client import BatchError, post_batch  # imports torch: loaded on first use
-
     try:
         price = parse_amount(req.price)
     except ValueError as e:
@@ -102,8 +97,6 @@ async def post(node: NodeDep, req: BatchRequest) -> dict:
 @router.post("/v1/batches/{batch_id}/fetch", dependencies=AUTH)
 async def fetch(node: NodeDep, batch_id: str, req: BatchFetchRequest | None = None) -> dict:
     """The accepted results, each fetched by hash from the workers that agreed on it (and kept here)."""
-    from ..batch.client import BatchError, fetch_results  # imports torch: loaded on first use
-
     bid, b = _batch(node, batch_id)
     try:
         rows = await fetch_results(node, bid)

@@ -89,7 +89,10 @@ def line(values: list[float | None], width: int = 720, height: int = 200) -> dic
     finite = [x for x in values if x is not None]
     hi = _nice_max(max(finite, default=1.0))
     n = len(values)
-    paths, cur, points, gaps = [], [], [], []
+    paths: list[str] = []
+    cur: list[str] = []
+    points: list[dict] = []
+    gaps: list[float] = []
     for i, x in enumerate(values):
         px = PAD_L + (inner_w * (i / (n - 1)) if n > 1 else inner_w / 2)
         if x is None:

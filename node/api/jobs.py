@@ -8,10 +8,12 @@ from pathlib import Path
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
+from ..compute.data import shakespeare_play
 from ..encoding import AMOUNT_FORM, parse_amount
 from ..ledger.core.jobs import JobStatus
 from ..ledger.core.jobtx import JobCancel, JobRelease
 from ..ledger.core.tx import InvalidTx
+from ..market.client import JobError, fetch_adapter, job_json, post_job
 from .deps import AUTH, NodeAPI, NodeDep
 from .models import AmountText
 from .security import ApiError
@@ -63,8 +65,6 @@ def _job(node: NodeAPI, job_id: str):
 
 @router.get("/v1/jobs")
 async def list_jobs(node: NodeDep, status: str | None = None, limit: int = 50, offset: int = 0) -> dict:
-    from ..market.client import job_json  # imports torch (the trainer): loaded on the first job request
-
     st = node.ledger.state
     jobs = [j for j in sorted(st.jobs.values(), key=lambda j: (-j.height, j.post.id))  # newest first
             if status is None or j.status == status]
@@ -75,8 +75,6 @@ async def list_jobs(node: NodeDep, status: str | None = None, limit: int = 50, o
 
 @router.get("/v1/jobs/{job_id}")
 async def get_job(node: NodeDep, job_id: str) -> dict:
-    from ..market.client import job_json  # imports torch (the trainer): loaded on the first job request
-
     _, job = _job(node, job_id)
     out = job_json(job, node.ledger.state, node.store.archived_summary)
     if node.jobs is not None and job.worker == node.ident.account:
@@ -88,17 +86,15 @@ async def get_job(node: NodeDep, job_id: str) -> dict:
 
 @router.post("/v1/jobs", dependencies=AUTH)
 async def post(node: NodeDep, req: JobRequest) -> dict:
-    from ..compute.data import shakespeare_play  # these import torch: loaded on the first job request
-    from ..market.client import JobError, post_job
-
     if (req.text is None) == (req.play is None):
         raise ApiError(400, "bad_request", "give exactly one of text or play")
+    play = req.play or ""  # set when text is not
     try:
         price = parse_amount(req.price_per_step)
     except ValueError as e:
         raise ApiError(400, "bad_amount", str(e)) from None
     try:
-        text = req.text.encode() if req.text is not None else shakespeare_play(req.play)
+        text = req.text.encode() if req.text is not None else shakespeare_play(play)
         title = req.title or (req.play or "untitled job")
         p = await post_job(node, title=title, text=text, steps=req.steps, price_per_step=price,
                            batch_size=req.batch_size, seq_len=req.seq_len, rank=req.rank, targets=req.targets,
@@ -149,8 +145,6 @@ async def release(node: NodeDep, job_id: str) -> dict:
 
 @router.post("/v1/jobs/{job_id}/fetch", dependencies=AUTH)
 async def fetch(node: NodeDep, job_id: str, req: FetchRequest) -> dict:
-    from ..market.client import JobError, fetch_adapter  # imports torch: loaded on the first job request
-
     jid, _ = _job(node, job_id)
     try:
         return await fetch_adapter(node, jid, Path(req.out_dir).expanduser())

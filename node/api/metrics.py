@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..ledger.core.history import read_head
+from ..p2p.framing import STATS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -31,8 +32,6 @@ class NodeCollector:
         self.node, self.q = node, queries
 
     def collect(self):
-        from ..p2p.framing import STATS
-
         n, st = self.node, self.node.ledger.state
         meta = n.store.index_meta()
 

@@ -59,7 +59,8 @@ def _local(node: NodeAPI) -> dict[bytes, dict]:
     for d in dirs:
         try:
             m = load_manifest(d)
-            arch = SUPPORTED.get(config_dict(d).get("model_type"))
+            model_type = config_dict(d).get("model_type")
+            arch = SUPPORTED.get(model_type) if isinstance(model_type, str) else None
         except (ManifestError, OSError):
             continue
         out.setdefault(m.model_id, {"model_id": m.model_id.hex(), "name": names.get(m.model_id.hex(), m.name),

@@ -18,6 +18,7 @@ import jinja2
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
+from ..batch.client import batch_json
 from . import charts, views as v
 from .deps import NodeAPI, NodeDep, QueriesDep
 from .modelsapi import models_view
@@ -191,8 +192,6 @@ async def run(node: NodeDep, run_id: str = Path(..., max_length=32)):
 
 @router.get("/batches")
 async def batches(node: NodeDep, offset: int = Query(0, ge=0, le=10**9)):
-    from ..batch.client import batch_json  # imports torch (its tasks): loaded on the first batch page
-
     st = node.ledger.state
     bs = sorted(st.tables["batches"].values(), key=lambda b: (-b.height, b.post.id))
     return page(node, "batches.html", page={"batches": [batch_json(b, st) for b in bs[offset:offset + 50]],
@@ -201,8 +200,6 @@ async def batches(node: NodeDep, offset: int = Query(0, ge=0, le=10**9)):
 
 @router.get("/batches/{batch_id}")
 async def batch(node: NodeDep, batch_id: str = Path(..., max_length=32)):
-    from ..batch.client import batch_json  # imports torch (its tasks): loaded on the first batch page
-
     bid = v.parse_id(batch_id, "batch id", 16)
     st = node.ledger.state
     b = st.tables["batches"].get(bid)

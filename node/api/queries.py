@@ -226,9 +226,12 @@ class Queries:
             for i in range(min(len(txs), pos if h == height else len(txs)) - 1, -1, -1):
                 rec = st.receipts.get(txs[i].id)
                 archived = store.history_entry(txs[i].id) if rec is None and txs[i].KIND == "receipt" else None
-                if rec is None and archived is None:
+                if rec is not None:
+                    row = v.receipt_json(rec)
+                elif archived is not None:
+                    row = v.archived_receipt_json(*archived)
+                else:
                     continue
-                row = v.receipt_json(rec) if rec is not None else v.archived_receipt_json(*archived)
                 if status and row["status"] != status:
                     continue
                 if len(out) == want:
@@ -251,8 +254,8 @@ class Queries:
         def at(h: int) -> dict:
             return series[min(len(series) - 1, max(0, (h - 1) // width))]
 
-        status = Counter()
-        votes = Counter()
+        status: Counter[str] = Counter()
+        votes: Counter[int] = Counter()
         slashes, slashed = 0, 0
         for rec in st.receipts.values():
             status[rec.status] += 1
@@ -288,7 +291,8 @@ class Queries:
     def _validators(self, window: int) -> dict:
         st = self.state
         lo = max(1, st.height - window + 1)
-        proposed, signed = Counter(), Counter()
+        proposed: Counter[str] = Counter()
+        signed: Counter[bytes] = Counter()
         for h in range(lo, st.height + 1):
             s, signers = self._summary(h)
             proposed[s["proposer"]] += 1
@@ -346,7 +350,8 @@ class Queries:
     def jobs(self, limit: int, cursor: str | None, status: str | None = None) -> dict:
         skip = int.from_bytes(_cursor(cursor) or b"", "big")
         jobs = self._jobs()
-        out, seen = [], 0
+        out: list[dict] = []
+        seen = 0
         for job in sorted(jobs.values(), key=lambda j: (-j.height, j.post.id)):  # newest first
             if status and job.status != status:
                 continue

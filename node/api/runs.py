@@ -17,10 +17,12 @@ import trio
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..compute.data import shakespeare_play
 from ..encoding import AMOUNT_FORM, parse_amount
 from ..ledger.core.runs import RunStatus
 from ..ledger.core.runtx import RoundReceipt
 from ..ledger.core.tx import VERDICT_NAMES
+from ..training.client import RunError, fetch_params, post_run, run_action
 from .deps import AUTH, NodeAPI, NodeDep
 from .models import AmountText
 from .security import ApiError
@@ -93,18 +95,19 @@ def ledger_settings(req: RunRequest) -> dict:
         fee = parse_amount(req.aggregator_fee, allow_zero=True)
     except ValueError as e:
         raise ApiError(400, "bad_amount", str(e)) from None
+    momentum = round(req.outer_momentum * PPM)
     s = dict(trainable=req.trainable, rank=req.rank if req.trainable == "lora" else 0,
              targets=req.targets if req.trainable == "lora" else "", seed=req.seed,
              lr_micro=round(req.lr * 1e6), batch_size=req.batch_size, seq_len=req.seq_len,
              inner_steps=req.inner_steps, inner_state=req.inner_state, screen_windows=req.screen_windows,
              rounds=req.rounds, min_workers=req.min_workers, max_workers=req.max_workers,
-             outer_lr_ppm=round(req.outer_lr * PPM), outer_momentum_ppm=round(req.outer_momentum * PPM),
+             outer_lr_ppm=round(req.outer_lr * PPM), outer_momentum_ppm=momentum,
              nesterov=int(req.nesterov), clip_ppm=round(req.clip * PPM), codec=req.codec,
              topk_ppm=max(1, round(req.topk * PPM)) if req.codec == "topk" else 0, price_per_step=price,
              aggregator_fee=fee, sample_ppm=req.sample_ppm, round_timeout=req.round_timeout)
     if req.min_workers > req.max_workers:
         raise ApiError(400, "bad_run", f"min_workers ({req.min_workers}) exceeds max_workers ({req.max_workers})")
-    if s["outer_momentum_ppm"] >= PPM:
+    if momentum >= PPM:
         raise ApiError(400, "bad_run", "outer_momentum must be below 1 (after rounding to millionths)")
     if not all(math.isfinite(x) for x in (req.lr, req.outer_lr, req.outer_momentum, req.clip, req.topk)):
         raise ApiError(400, "bad_run", "learning rates, momentum, clip and topk must be finite")
@@ -284,9 +287,6 @@ async def post(node: NodeDep, req: RunRequest) -> dict:
     """Post a run from this node's account: θ_0 is computed on this node's model and served with the dataset
     to the workers (keep the node running); the budget ``rounds × (max_workers × inner_steps ×
     price_per_step + aggregator_fee)`` goes into escrow."""
-    from ..compute.data import shakespeare_play  # these import torch: loaded on the first run request
-    from ..training.client import RunError, post_run
-
     if (req.text is None) == (req.play is None):
         raise ApiError(400, "bad_request", "give exactly one of text or play")
     settings = ledger_settings(req)
@@ -310,8 +310,6 @@ def _action(name: str, doc: str) -> None:
     with the docstring ``doc``; 409 ``refused`` with the run rules' reason."""
 
     async def handler(node: NodeDep, run_id: str) -> dict:
-        from ..training.client import RunError, run_action  # imports torch: loaded on first use
-
         rid, _ = _run(node, run_id)
         try:
             tx = await run_action(node, rid, name)
@@ -335,8 +333,6 @@ _action("cancel", "The sponsor cancels a run whose first round never opened: the
 async def fetch(node: NodeDep, run_id: str, req: RunFetchRequest) -> dict:
     """Fetch the run's current (final, once finished) parameters by content hash, checked against the
     ledger, and write them under ``out_dir``: a peft adapter (LoRA) or model safetensors (all)."""
-    from ..training.client import RunError, fetch_params  # imports torch: loaded on first use
-
     rid, _ = _run(node, run_id)
     try:
         return await fetch_params(node, rid, Path(req.out_dir).expanduser())

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+
+from .app import create_app
 
 
 async def serve_api(node, host: str, port: int, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -10,13 +16,6 @@ async def serve_api(node, host: str, port: int, task_status=trio.TASK_STATUS_IGN
 
     ``task_status.started`` receives the base URL, e.g. ``"http://127.0.0.1:8700"``.
     """
-    import logging
-
-    from hypercorn.config import Config
-    from hypercorn.trio import serve
-
-    from .app import create_app
-
     cfg = Config()
     cfg.bind = [f"{host}:{port}"]
     cfg.accesslog = None
@@ -24,7 +23,8 @@ async def serve_api(node, host: str, port: int, task_status=trio.TASK_STATUS_IGN
     cfg.graceful_timeout = 1.0
 
     async def _serve(task_status=trio.TASK_STATUS_IGNORED):
-        await serve(create_app(node), cfg, task_status=task_status)
+        # FastAPI is an ASGI 3 app; hypercorn's ASGIFramework Protocol spells its callables narrower than Starlette
+        await serve(create_app(node), cfg, task_status=task_status)  # type: ignore[arg-type]
 
     async with trio.open_nursery() as n:
         binds = await n.start(_serve)

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..encoding import format_amount, unpack
 from ..identity import account_from_str, account_to_str
+from ..ledger.core import jobs as jobs_mod
 from ..ledger.core.history import SUMMARY_FIELDS
 from ..ledger.core.tx import VERDICT_NAMES
 from ..ledger.genesis import TREASURY
@@ -81,7 +82,7 @@ def value(name: str, v: Any) -> Any:
     return v
 
 
-def tx_fields(tx, skip: set[str] = frozenset()) -> dict:
+def tx_fields(tx, skip: frozenset[str] | set[str] = frozenset()) -> dict:
     """Every unsigned field of a transaction object (chain id and signatures left out)."""
     return {f.name: value(f.name, getattr(tx, f.name)) for f in dc_fields(tx)
             if f.name not in tx.SIGS and f.name != "chain_id" and f.name not in skip}
@@ -158,8 +159,6 @@ def tx_json(tx, height: int, index: int, block_hash: bytes) -> dict:
 
 def job_json(job) -> dict:
     """A :class:`node.ledger.core.jobs.Job` (the marketplace's ledger record)."""
-    from ..ledger.core import jobs as jobs_mod
-
     p = job.post
     losses = [None if x < 0 else x / 1e6 for x in job.losses]
     return {"id": p.job_id.hex(), "title": p.title, "status": job.status,

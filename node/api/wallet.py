@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+from typing import Any
 
 import trio
 from fastapi import APIRouter, Path, Query
 from fastapi.responses import JSONResponse
 
+from ..compute.compare import to_ppm
 from ..compute.shards import NoRouteError
 from ..encoding import pack, parse_amount
+from ..inference.client import HopFailed, PromptTooLong
 from ..ledger import proofs
 from ..ledger.core.history import HistoryMissing
 from ..ledger.core.state import apply_tx
@@ -31,8 +34,8 @@ from . import models as m, views as v
 from .deps import AUTH, NodeAPI, NodeDep, QueriesDep
 from .security import ApiError
 
-E = {c: {"model": m.ErrorOut} for c in (400, 403, 404, 422)}
-E_POST = {**E, 401: {"model": m.ErrorOut}}
+E: dict[int | str, dict[str, Any]] = {c: {"model": m.ErrorOut} for c in (400, 403, 404, 422)}
+E_POST: dict[int | str, dict[str, Any]] = {**E, 401: {"model": m.ErrorOut}}
 
 
 class JSON(JSONResponse):
@@ -267,7 +270,10 @@ async def history_proof(node: NodeDep, receipt_id: str = Id()):
                  if rid in node.ledger.state.receipts else "no such receipt in this node's history")
         raise ApiError(404, "not_found", f"receipt not archived: {where}")
     index, left, data = archived
-    block, commit = node.store.get_block(node.store.head)
+    got = node.store.get_block(node.store.head) if node.store.head else None
+    if got is None:
+        raise ApiError(404, "not_found", "no block yet")
+    block, commit = got
     try:
         proof = proofs.history_proof(node.ledger.parent_state, block.header, node.store, rid, index, data)
     except KeyError:
@@ -321,19 +327,18 @@ async def validator(node: NodeDep, req: m.ValidatorTxRequest):
     if req.action not in kinds:
         raise ApiError(400, "bad_request", "action is join or leave")
     me = node.ident.account
-    tx = kinds[req.action](node.genesis.domain, me, _next_nonce(node, me)).signed(node.ident)
+    nonce = _next_nonce(node, me)
+    tx = kinds[req.action](node.genesis.domain, me, nonce).signed(node.ident)
     dry_run(node, tx)
     try:
         tid = await node.ledger.submit(tx)
     except InvalidTx as e:
         raise ApiError(400, "invalid_tx", str(e)) from None
-    return JSON({"id": tid.hex(), "kind": tx.KIND, "amount": v.amount(0), "nonce": tx.nonce})
+    return JSON({"id": tid.hex(), "kind": tx.KIND, "amount": v.amount(0), "nonce": nonce})
 
 
 def redundancy_view(gen) -> dict:
     """The redundancy fields of a generate reply (node.inference.redundant)."""
-    from ..compute.compare import to_ppm  # imports torch: loaded on the first generate
-
     if getattr(gen, "redundancy", 1) != 2:
         return {"redundancy": 1}
     hops = lambda route: [{"peer": p, "span": [s, e]} for p, s, e in route]  # noqa: E731
@@ -349,8 +354,6 @@ def redundancy_view(gen) -> dict:
              responses={**E_POST, **{c: {"model": m.ErrorOut} for c in (404, 413, 502, 503)}},
              summary="Generate greedily through the swarm, paying for each span (needs the API token)")
 async def generate(node: NodeDep, req: m.GenerateRequest):
-    from ..inference.client import HopFailed, PromptTooLong  # imports torch: loaded on the first generate
-
     if (req.prompt is None) == (req.prompt_ids is None):
         raise ApiError(400, "bad_request", "give exactly one of prompt or prompt_ids")
     try:
@@ -360,7 +363,7 @@ async def generate(node: NodeDep, req: m.GenerateRequest):
     try:
         # off the event loop: the first prompt loads the tokenizer and the client head (seconds)
         ids = (await trio.to_thread.run_sync(node.encode_prompt, req.prompt, req.model)
-               if req.prompt is not None else list(req.prompt_ids))
+               if req.prompt is not None else list(req.prompt_ids or ()))
         if not ids:
             raise ApiError(400, "bad_request", "the prompt is empty")
         if any(not 0 <= i < client.manifest.vocab_size for i in ids):
