@@ -1,5 +1,11 @@
-"""One Tally node: a libp2p host, the ledger, a span server, a client, a committee member and the HTTP API,
-all on one trio event loop (DESIGN.md, Runtime). torch runs in a worker thread, never on the loop.
+"""One Tally node: a libp2p host, the ledger, a span server, a client, a committee member, the capabilities and
+the HTTP API, all on one trio event loop (DESIGN.md, Runtime). torch runs in a worker thread, never on the loop.
+
+:class:`Node` is the composition root. It builds the node's services, bundles them as one typed
+:class:`~node.duty.parts.NodeParts` (key, settings, ledger, host, blobs, executor, model id), and builds each
+capability from that bundle by the capability's own constructor (:meth:`Node._capabilities`, the list of what a
+node runs, in the order they start). Each capability's receipt check is registered with the committee member
+(:data:`CHECKERS`); the block-driven ones run as duties (:mod:`node.duty.runner`).
 """
 
 from __future__ import annotations
@@ -10,17 +16,36 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 
+from .api.deps import NodeAPI
+from .api.serve import serve_api
 from .batch.items import ContentStore
-from .blobs import BlobStore
+from .batch.offer import OfferKeeper, wanted_offer
+from .batch.worker import BATCH_PROTOCOL, BatchWorker, ContentAccess, content_handler
+from .blobs import BLOB_PROTOCOL, BlobStore, serve_blob
 from .compute.cheats import FAULTS as CHEATS
+from .compute.executor import TorchExecutor
 from .compute.head import ClientHead
+from .compute.model import load_manifest
+from .compute.shards import choose_blocks
+from .compute.span import SpanModel
+from .duty.parts import NodeParts, Service
+from .encoding import DecodeError, H, pack, unpack
 from .identity import Identity, KeyFileError, load_or_create, read_secret, write_secret
+from .inference.client import Generation, RouteClient, SwarmTable
+from .inference.redundant import RedundantClient, check_redundancy
+from .inference.server import INFERENCE_PROTOCOL, TTL_PERIODS, SpanServer, check_announce_timing
 from .keys import account_to_str
+from .ledger.core.block import Block
+from .ledger.core.capture import capture_risk
+from .ledger.core.state import State
 from .ledger.core.tx import Receipt
 from .ledger.genesis import Genesis
 from .ledger.service import LedgerService
@@ -29,21 +54,31 @@ from .ledger.statesync import SnapshotServer, state_sync
 from .ledger.store import LedgerStore
 from .ledger.syncfetch import SyncLimits
 from .market.check import TrainingCheck
+from .market.worker import TRAIN_FAULTS, JobWorker
 from .models.lookup import find_model_dir
 from .net.limits import Limits
 from .net.service import NetworkService, RelayMode
 from .p2p.host import P2PHost
 from .p2p.wirelimits import READ_BUDGET
 from .training.replay import RunChecks
+from .training.worker import RunWorker
 from .verify.blockfetch import BLOCK_PROTOCOL, BlockFetcher, HeldModels, bonded_peers
 from .verify.fetchstore import MAX_MODEL_BYTES, MAX_TOTAL_BYTES
+from .verify.member import CommitteeMember, ReceiptChecker
 
 log = logging.getLogger("tally.node")
 
 TOKEN_FILE = "api_token"
-TRAIN_FAULTS = ("skip-steps", "other-data", "fake-adapter", "diverge")
 SPAN_FAULTS = tuple(f for f in CHEATS if f is not None)
 INFO_FILE = "node.json"
+__all__ = ["CHECKERS", "TRAIN_FAULTS", "LazyHead", "Node", "NodeConfig", "api_view", "ensure_api_token"]
+
+#: The receipt checks the capabilities register with the committee member, each a constructor of a checker object
+#: that owns its caches and maps its receipt types to itself (an inference receipt is the member's own check).
+CHECKERS: tuple[Callable[[], Mapping[type, ReceiptChecker]], ...] = (
+    lambda: TrainingCheck().checkers(),  # fine-tune job segments (node.market.check)
+    lambda: RunChecks().checkers(),  # training-run rounds and aggregates (node.training.replay)
+)
 
 
 @dataclass
@@ -126,32 +161,33 @@ class LazyHead:
     or an API thread, never the event loop) and raises what ``ClientHead`` raises (``FileNotFoundError``,
     ``ValueError``) at that use."""
 
-    def __init__(self, model_dir: Path, device: str = "cpu"):
+    def __init__(self, model_dir: Path, device: str = "cpu") -> None:
         self._args = (model_dir, device)
-        self._head = None
+        self._head: ClientHead | None = None
         self._lock = threading.Lock()
 
-    def built(self):
+    def built(self) -> ClientHead:
         """The ClientHead (built now if it is not yet)."""
         with self._lock:
             if self._head is None:
                 self._head = ClientHead(*self._args)
             return self._head
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):  # never build for private lookups (copy, pickle probes, repr internals)
             raise AttributeError(name)
         return getattr(self.built(), name)
 
 
 class Node:
-    """Composes the services of one node; :meth:`run` runs them until cancelled."""
+    """Composes the services of one node; :meth:`run` runs them until cancelled.
 
-    def __init__(self, cfg: NodeConfig):
-        from .compute.executor import TorchExecutor
-        from .compute.model import load_manifest
-        from .inference.server import TTL_PERIODS, check_announce_timing
+    The services that :meth:`run` builds (on the executor: loading a span is torch work) are None until then:
+    ``server`` (None also when the node serves no span), ``client``, ``member``, ``jobs`` (None also without
+    ``accept_jobs``), ``runs``, ``batches``, ``offers``.
+    """
 
+    def __init__(self, cfg: NodeConfig) -> None:
         check_announce_timing(cfg.announce_period, cfg.announce_ttl or cfg.announce_period * TTL_PERIODS)
         self.cfg = cfg
         if cfg.read_pool_bytes is not None:  # one node per process: the pool is the process's
@@ -180,69 +216,72 @@ class Node:
                                         directory=snapdir if cfg.snapshot_every or snapdir.exists() else None)
         log.info("ledger opened: head %d (%s)", self.ledger.state.height,
                  self.ledger.state.last_hash.hex()[:16])
-        self.server = None
-        self.client = None
-        self.member = None
+        # what every capability is built from (node.duty.parts): the services above, typed by what they offer
+        self.parts = NodeParts(self.ident, cfg, self.ledger, self.host, self.blobs, self.executor,
+                               self.manifest.model_id)
+        self.server: SpanServer | None = None
+        self.client: RouteClient | None = None
+        self.clients: dict[bytes, RouteClient] = {}  # model id -> its RouteClient (one per model generated for)
+        self.swarm = SwarmTable()
+        self.member: CommitteeMember | None = None
+        self.jobs: JobWorker | None = None
+        self.runs: RunWorker | None = None
+        self.batches: BatchWorker | None = None
+        self.offers: OfferKeeper | None = None
+        self.duties: tuple[Service, ...] = ()  # the capabilities' long-running parts, in the order they start
+        self.reply_budget = self.snapshots.budget  # shared by snapshot, block, batch, blob and sync replies
         self.api_url = ""
         self.started = trio.Event()
 
-    def _load_span(self, start: int, end: int, fault: str | None = None):
-        from .compute.span import SpanModel
-
+    def _load_span(self, start: int, end: int, fault: str | None = None) -> SpanModel:
         return SpanModel(self.cfg.model_dir, start, end, device=self.cfg.device, fault=fault)
 
     def _build_services(self) -> None:
-        from .inference.client import RouteClient, SwarmTable
-        from .verify.member import CommitteeMember
-
+        """Build the span server (a fixed ``span``), the route client, the committee member and the capabilities
+        (on the executor: loading a span is torch work)."""
         cfg = self.cfg
         if cfg.span is not None and cfg.span != "auto":
             self.server = self._make_server(*cfg.span)
-        self.swarm = SwarmTable()
         self.net.on_rtt = self.swarm.observe_rtt  # ping round trips weigh routes: direct paths win (issue 25)
         head = LazyHead(cfg.model_dir, device=cfg.device)  # built at the first generation
         self.client = RouteClient(self.ident, self.host, head, self.manifest, self.ledger, self.executor,
                                   self.blobs, self.swarm, step_timeout=cfg.step_timeout, compression=cfg.compression)
-        self.clients = {self.manifest.model_id: self.client}  # one RouteClient per model generated for
+        self.clients[self.manifest.model_id] = self.client
+        self.member = self._committee_member()
+        self.ledger.on_block(self.member.on_block)
+        self.ledger.on_block(self._vouch_for_work)
+        self.duties = self._capabilities(self.parts)
+
+    def _capabilities(self, parts: NodeParts) -> tuple[Service, ...]:
+        """The capabilities this node runs, in the order they start, each built from the node's ``parts`` by its
+        own package (None, and not started, when this node's settings leave it off). The committee member, which
+        checks every capability's receipts (:data:`CHECKERS`), starts first."""
+        self.jobs = JobWorker.from_parts(parts)  # fine-tune jobs (node.market), with accept_jobs
+        self.runs = RunWorker.from_parts(parts)  # training runs this node joined (node.training)
+        self.batches = BatchWorker.from_parts(parts, self.batch_store)  # batch items the ledger assigns (node.batch)
+        self.offers = OfferKeeper(parts.ident, parts.ledger,  # this node's batch offer (node.batch.offer)
+                                  wanted_offer(self.cfg.accept_batches, self.cfg.batch_floor,
+                                               self.genesis.params.batch_token_floor()))
+        return tuple(s for s in (self.member, self.jobs, self.runs, self.batches, self.offers) if s is not None)
+
+    def _committee_member(self) -> CommitteeMember:
+        """This node's committee member: re-executes its own model's inference receipts and those of models it
+        fetches by content hash (:class:`~node.verify.blockfetch.BlockFetcher`), and checks the capabilities'
+        receipts with the checkers they register (:data:`CHECKERS`)."""
+        cfg = self.cfg
         fetcher = BlockFetcher(self.host, self.held.fetched_root,
                                lambda mid, i: [p for p, s, e in self.swarm.live(mid) if i < 0 or s <= i < e],
                                bonded=bonded_peers(lambda: self.ledger.state), keep=[self.manifest.model_id],
                                min_servers=self.genesis.params.model_servers(),
                                max_model_bytes=cfg.fetch_model_bytes, max_total_bytes=cfg.fetch_total_bytes)
-        # each capability's receipt check, owned by its package (inference receipts are the member's own)
-        checkers = {**TrainingCheck().checkers(), **RunChecks().checkers()}
-        self.member = CommitteeMember(self.ident, self.ledger, self.host, self.blobs, self.executor,
-                                      lambda s, e: self._load_span(s, e), self.manifest.model_id,
-                                      model_dir=cfg.model_dir, fetcher=fetcher, checkers=checkers)
-        self.ledger.on_block(self.member.on_block)
-        self.ledger.on_block(self._vouch_for_work)
-        self.jobs = None
-        if cfg.accept_jobs:
-            from .market.worker import JobWorker
+        checkers: dict[type, ReceiptChecker] = {}
+        for make in CHECKERS:
+            checkers.update(make())
+        return CommitteeMember(self.ident, self.ledger, self.host, self.blobs, self.executor,
+                               lambda s, e: self._load_span(s, e), self.manifest.model_id,
+                               model_dir=cfg.model_dir, fetcher=fetcher, checkers=checkers)
 
-            train_fault = cfg.fault if cfg.fault in TRAIN_FAULTS else None
-            self.jobs = JobWorker(self.ident, self.ledger, self.host, self.blobs, self.executor, cfg.model_dir,
-                                  self.manifest.model_id, device=cfg.device, fault=train_fault,
-                                  capacity=cfg.job_capacity)
-
-        from .batch.tasks import BATCH_FAULTS, ItemRunner
-        from .batch.worker import BatchWorker
-        from .training.rounds import RUN_FAULTS
-        from .training.worker import RunWorker
-
-        self.batches = BatchWorker(self.ident, self.ledger, self.host, self.batch_store, self.executor,
-                                   ItemRunner(cfg.model_dir, cfg.fault if cfg.fault in BATCH_FAULTS else None),
-                                   cfg.data_dir)  # idle unless the ledger assigns this (bonded) node items
-        from .batch.offer import OfferKeeper, wanted_offer
-
-        self.offers = OfferKeeper(self.ident, self.ledger, wanted_offer(cfg.accept_batches, cfg.batch_floor,
-                                                                        self.genesis.params.batch_token_floor()))
-        self.runs = RunWorker(self.ident, self.ledger, self.host, self.blobs, self.executor, cfg.model_dir,
-                              self.manifest.model_id, fault=cfg.fault if cfg.fault in RUN_FAULTS else None)
-
-    def _make_server(self, start: int, end: int):
-        from .inference.server import SpanServer
-
+    def _make_server(self, start: int, end: int) -> SpanServer:
         cfg = self.cfg
         span = self._load_span(start, end, fault=cfg.fault if cfg.fault in SPAN_FAULTS else None)
         return SpanServer(self.ident, self.genesis.domain, span, self.executor, self.blobs,
@@ -254,10 +293,6 @@ class Node:
         """``--span auto``: listen to the swarm's announcements for 1.5 announcement periods (plus an offset
         derived from this node's key, so servers started together choose one after another), then serve the
         weakest-covered blocks (:func:`node.compute.shards.choose_blocks`)."""
-        from .compute.shards import choose_blocks
-        from .encoding import H
-        from .inference.server import INFERENCE_PROTOCOL
-
         total = self.manifest.num_blocks
         n = self.cfg.auto_blocks or -(-total // 3)
         period = self.cfg.announce_period
@@ -265,10 +300,10 @@ class Node:
         start, end = choose_blocks(n, total, self.swarm.infos(self.manifest.model_id), me=self.ident.peer_id)
         log.info("span auto: serving blocks [%d, %d), the weakest covered", start, end)
         self.cfg.span = (start, end)
-        self.server = await self.executor.run(self._make_server, start, end)
-        self.host.set_handler(INFERENCE_PROTOCOL, self.server.handle)
+        server = self.server = await self.executor.run(self._make_server, start, end)
+        self.host.set_handler(INFERENCE_PROTOCOL, server.handle)
 
-    def _vouch_for_work(self, block, _state) -> None:
+    def _vouch_for_work(self, block: Block, _state: State) -> None:
         """Keep connection slots (for :data:`node.p2p.host.VOUCH_TTL` seconds) for the worker and requester of
         every receipt in a committed block: peers that did useful work, paid for on the ledger, are served before
         unknown ones when the node is flooded (issue 23, "Limits before the handshake")."""
@@ -307,7 +342,8 @@ class Node:
         log.info("state synced to height %d from a snapshot; following the chain from block %d",
                  synced.height, synced.height + 1)
 
-    def info(self) -> dict:
+    def info(self) -> dict[str, Any]:
+        """What ``node.json`` holds: peer id, addresses, API URL, genesis hash, chain id, span, process id."""
         return {"peer_id": self.ident.peer_id, "addrs": self.host.addrs, "bound": self.host.bound_addrs(),
                 "api": self.api_url, "genesis": self.genesis.hash.hex(),
                 "chain_id": self.genesis.chain_id, "span": list(self.cfg.span) if self.cfg.span else None,
@@ -315,13 +351,6 @@ class Node:
 
     async def run(self) -> None:
         """Run every service until cancelled; writes ``node.json`` (addresses, API URL) once listening."""
-        from functools import partial
-
-        from .api.serve import serve_api
-        from .batch.worker import BATCH_PROTOCOL, ContentAccess, content_handler
-        from .blobs import BLOB_PROTOCOL, serve_blob
-        from .inference.server import INFERENCE_PROTOCOL
-
         await self.executor.run(self._build_services)
         head_ready = trio.Event()
         try:
@@ -333,7 +362,6 @@ class Node:
                 if self.server is not None:
                     self.host.set_handler(INFERENCE_PROTOCOL, self.server.handle)
                 # bulk replies: streamed from disk under one per-peer and node-wide budget (node.p2p.budget)
-                self.reply_budget = self.snapshots.budget  # shared by snapshot, block, batch, blob and sync replies
                 self.ledger.reply_budget = self.reply_budget
                 self.host.set_handler(BLOB_PROTOCOL, partial(serve_blob, self.blobs, self.reply_budget))
                 self.host.set_handler(BLOCK_PROTOCOL, self.held.stream_handler(self.reply_budget))
@@ -355,20 +383,17 @@ class Node:
                     await self.server.measure()
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self.ledger.run)
-                    nursery.start_soon(self.member.run)
                     nursery.start_soon(self._presence_loop)
-                    if self.jobs is not None:
-                        nursery.start_soon(self.jobs.run)
-                    nursery.start_soon(self.runs.run)
-                    nursery.start_soon(self.batches.run)
-                    nursery.start_soon(self.offers.run)
+                    for duty in self.duties:  # the committee member and the capabilities (_capabilities)
+                        nursery.start_soon(duty.run)
                     if self.server is not None:
                         nursery.start_soon(self.server.announce_loop, self.host, self.cfg.announce_period,
                                            self.cfg.announce_ttl)
                     if self._warms_route():
-                        nursery.start_soon(self.client.keep_route_connected)
+                        nursery.start_soon(self._route_client().keep_route_connected)
                     await head_ready.wait()
-                    self.api_url = await nursery.start(serve_api, self, self.cfg.api_host, self.cfg.api_port)
+                    self.api_url = await nursery.start(serve_api, api_view(self), self.cfg.api_host,
+                                                       self.cfg.api_port)
                     self._write_info()
                     self.started.set()
                     log.info("node %s up: p2p %s, api %s, ledger height %d", self.ident.peer_id,
@@ -394,7 +419,8 @@ class Node:
         head that cannot be built is logged here and raises again, with its reason, at the first generation."""
         try:
             t0 = time.monotonic()
-            await self.executor.run(lambda: self.client.head.built().warm_up())  # one torch call at a time
+            head = self._route_client().head
+            await self.executor.run(lambda: head.built().warm_up())  # one torch call at a time
             log.debug("client head built in %.1f s", time.monotonic() - t0)
         except (OSError, ValueError, KeyError) as e:
             log.warning("client head not built at start (generation will fail): %s: %s", type(e).__name__, e)
@@ -404,8 +430,6 @@ class Node:
     def _warn_small_network(self) -> None:
         """Log once, at start, when two colluders can fill every receipt committee of this network
         (:func:`node.ledger.core.capture.capture_risk`; ``/v1/status`` says the same as ``committee_warning``)."""
-        from .ledger.core.capture import capture_risk
-
         st = self.ledger.state
         why = capture_risk(len(st.eligible()), st.params)
         if why:
@@ -414,8 +438,6 @@ class Node:
     async def _on_shards(self, data: bytes, from_peer: str) -> None:
         """``tally/<chain>/shards``: span announcements, and presence messages that tell every node how to
         dial every other (committee members fetch blobs from workers they were never connected to)."""
-        from .encoding import DecodeError, unpack
-
         try:
             msg = unpack(data, max_size=1 << 14)
         except DecodeError:
@@ -432,8 +454,6 @@ class Node:
         """Every ``announce_period``: publish this node's addresses on ``tally/<chain>/shards`` (unless it serves a
         span: its announcements carry them, and twice the messages cost an idle server about a tenth of its CPU,
         bench/idle.py) and rewrite ``node.json`` when they changed."""
-        from .encoding import pack
-
         seq = 0
         written = self.host.addrs
         while True:
@@ -453,7 +473,17 @@ class Node:
         tmp.write_text(json.dumps(self.info(), indent=2))
         os.replace(tmp, path)
 
-    def client_for(self, model: str | None = None):
+    def _route_client(self) -> RouteClient:
+        """This node's own model's route client.
+
+        Raises:
+            RuntimeError: called before :meth:`run` built it.
+        """
+        if self.client is None:
+            raise RuntimeError("the node's services are not built yet (Node.run builds them)")
+        return self.client
+
+    def client_for(self, model: str | None = None) -> RouteClient:
         """The :class:`~node.inference.client.RouteClient` of ``model`` (a name or id; None or "": this node's
         model). Its routes use only servers announcing that model id. Built on first use from the model dir in
         ``cfg.model_cache`` (:func:`node.models.lookup.find_model_dir`; its head is loaded at the first generation).
@@ -463,10 +493,7 @@ class Node:
         """
         if not model or model == self.manifest.name or (
                 len(model) >= 8 and self.manifest.model_id.hex().startswith(model.lower())):
-            return self.client
-        from .compute.model import load_manifest
-        from .inference.client import RouteClient
-
+            return self._route_client()
         model_dir = find_model_dir(model, self.cfg.model_cache or Path(self.cfg.model_dir).parent)
         m = load_manifest(model_dir)
         if m.model_id not in self.clients:
@@ -476,25 +503,33 @@ class Node:
         return self.clients[m.model_id]
 
     async def generate(self, prompt_ids: list[int], max_new_tokens: int, model: str | None = None,
-                       redundancy: int | None = None, **kw):
+                       redundancy: int | None = None, **kw: Any) -> Generation:
         """Greedy generation through the swarm's servers of ``model`` (name or id; default: this node's model;
         see :meth:`client_for`, :meth:`RouteClient.generate`; ``compression``, ``on_token``). ``redundancy`` 2
         (default: ``cfg.redundancy``) runs every step on two disjoint routes and compares them, paying both
         (:class:`~node.inference.redundant.RedundantClient`; raises ValueError for another value)."""
-        from .inference.redundant import RedundantClient, check_redundancy
-
         client = self.client_for(model)
         if check_redundancy(self.cfg.redundancy if redundancy is None else redundancy) == 2:
             return await RedundantClient(client).generate(prompt_ids, max_new_tokens, **kw)
         return await client.generate(prompt_ids, max_new_tokens, **kw)
 
     def encode_prompt(self, text: str, model: str | None = None) -> list[int]:
+        """Token ids of ``text`` with ``model``'s tokenizer (:meth:`client_for`).
+
+        Raises:
+            ValueError: the model has no tokenizer (the caller passes ``prompt_ids``).
+        """
         tok = self.client_for(model).head.tokenizer
         if tok is None:
             raise ValueError("this model has no tokenizer; pass prompt_ids")
         return tok.encode(text)
 
     def decode(self, ids: list[int], model: str | None = None) -> str | None:
+        """``ids`` as text with ``model``'s tokenizer, special tokens skipped; None when it has none."""
         tok = self.client_for(model).head.tokenizer
         return None if tok is None else tok.decode(ids, skip_special_tokens=True)
 
+
+def api_view(node: Node) -> NodeAPI:
+    """``node`` as the HTTP API sees it (:class:`node.api.deps.NodeAPI`): mypy checks here that a Node is one."""
+    return node

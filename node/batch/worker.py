@@ -33,6 +33,7 @@ from typing import Any, Protocol, TypeVar
 import trio
 from libp2p.abc import INetStream
 
+from ..duty.parts import NodeParts
 from ..duty.runner import DutyRunner
 from ..encoding import DecodeError, pack
 from ..identity import Identity, account_from_str, account_to_str
@@ -48,6 +49,7 @@ from ..p2p.filesend import STALL, serve_file, write_error
 from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed, read_msg
 from ..p2p.host import PeerUnreachable
 from .items import MAX_FILE_BYTES, ContentStore, ItemFile, parse_posted, result_hash
+from .tasks import BATCH_FAULTS, ItemRunner
 
 log = logging.getLogger("tally.batch")
 
@@ -348,6 +350,15 @@ class BatchWorker:
         self._submits = trio.CapacityLimiter(SUBMITS)
         self._inflight: set[tuple[str, Slot]] = set()  # commits and reveals queued for or in a submit
         self.duty_runner = DutyRunner(self, ledger)  # steps at each block, and when a result is ready
+
+    @classmethod
+    def from_parts(cls, parts: NodeParts, store: ContentStore) -> BatchWorker:
+        """The node's batch worker (:class:`node.duty.parts.NodeParts`), items run on ``config.model_dir``
+        (:class:`node.batch.tasks.ItemRunner`; a ``config.fault`` of :data:`node.batch.tasks.BATCH_FAULTS` makes
+        it cheat), item files and results in ``store``. Idle unless the ledger assigns this (bonded) node items."""
+        cfg = parts.config
+        runner = ItemRunner(cfg.model_dir, cfg.fault if cfg.fault in BATCH_FAULTS else None)
+        return cls(parts.ident, parts.ledger, parts.host, store, parts.executor, runner, cfg.data_dir)
 
     @property
     def name(self) -> str:

@@ -16,12 +16,14 @@ fetch the final adapter.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import trio
 
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..compute.data import dataset_bytes
 from ..compute.train import Trainer, TrainSpec, encode_text, mean_loss_ppm, split_tokens
+from ..duty.parts import Executor, Host, Ledger, NodeParts
 from ..duty.runner import DutyRunner
 from ..encoding import H, commitments_root
 from ..identity import Identity
@@ -35,6 +37,7 @@ FETCH_TIMEOUT = 20.0  # seconds to wait for a requester's dataset before skippin
 PREFETCH_PARALLEL = 4  # datasets fetched at once (a silent requester must not delay the next job's fetch)
 RELEASE_AFTER = 3  # failed training attempts of a job without a segment before the worker releases it
 RESEND_BLOCKS = 10  # an accept or release not on the ledger after this many blocks is sent again
+TRAIN_FAULTS = ("skip-steps", "other-data", "fake-adapter", "diverge")  # the job worker's cheats (compute.train)
 
 
 def spec_of(post: JobPost) -> TrainSpec:
@@ -64,8 +67,9 @@ class JobWorker:
         ValueError: ``capacity < 1``.
     """
 
-    def __init__(self, ident: Identity, ledger, host, blobs: BlobStore, executor, model_dir, model_id: bytes,
-                 device: str = "cpu", fault: str | None = None, capacity: int = 1):
+    def __init__(self, ident: Identity, ledger: Ledger, host: Host, blobs: BlobStore, executor: Executor,
+                 model_dir: Path, model_id: bytes, device: str = "cpu", fault: str | None = None,
+                 capacity: int = 1) -> None:
         if capacity < 1:
             raise ValueError(f"job capacity must be >= 1 (got {capacity})")
         self.ident, self.ledger, self.host, self.blobs, self.executor = ident, ledger, host, blobs, executor
@@ -82,6 +86,17 @@ class JobWorker:
         self.failures: dict[bytes, tuple[int, float]] = {}  # job id -> (failed trainings, trio time of next try)
         self.progress: dict[bytes, dict] = {}  # job id -> {"step", "losses"} (local view for the API)
         self.duty_runner = DutyRunner(self, ledger)  # steps at each block, and when a dataset is checked
+
+    @classmethod
+    def from_parts(cls, parts: NodeParts) -> JobWorker | None:
+        """The node's job worker (:class:`node.duty.parts.NodeParts`), or None unless ``config.accept_jobs``; a
+        ``config.fault`` of :data:`TRAIN_FAULTS` makes it cheat (test and devnet chains)."""
+        cfg = parts.config
+        if not cfg.accept_jobs:
+            return None
+        return cls(parts.ident, parts.ledger, parts.host, parts.blobs, parts.executor, cfg.model_dir, parts.model_id,
+                   device=cfg.device, fault=cfg.fault if cfg.fault in TRAIN_FAULTS else None,
+                   capacity=cfg.job_capacity)
 
     # ------------------------------------------------------------------ the loop
 

@@ -29,6 +29,7 @@ import trio
 
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..compute.data import dataset_bytes
+from ..duty.parts import NodeParts
 from ..duty.runner import DutyRunner
 from ..encoding import commitments_root
 from ..identity import Identity
@@ -205,6 +206,15 @@ class RunWorker:
         self.stale: dict[bytes, list[torch.Tensor]] = {}  # run -> the θ we trained from before (the run-stale cheat)
         self.log: list[str] = []  # what happened, for status and tests
         self.duty_runner = DutyRunner(self, ledger, at_start=True)  # at start (a restart may have work) and per block
+
+    @classmethod
+    def from_parts(cls, parts: NodeParts) -> RunWorker:
+        """The node's run worker (:class:`node.duty.parts.NodeParts`); a ``config.fault`` of
+        :data:`node.training.rounds.RUN_FAULTS` makes it cheat (test and devnet chains). Idle until this node
+        joins a run."""
+        cfg = parts.config
+        return cls(parts.ident, parts.ledger, parts.host, parts.blobs, parts.executor, cfg.model_dir, parts.model_id,
+                   fault=cfg.fault if cfg.fault in rd.RUN_FAULTS else None)
 
     @property
     def name(self) -> str:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -49,7 +49,7 @@ class ReceiptChecker(Protocol):
     it and its caches (``node.market.check.TrainingCheck``, ``node.training.replay.RunChecks``); the runtime hands
     them to :class:`CommitteeMember`, which imports no capability."""
 
-    async def __call__(self, member: Any, receipt: Any, /) -> tuple[int, float]: ...
+    def __call__(self, member: Any, receipt: Any, /) -> Awaitable[tuple[int, float]]: ...
 
 
 class CommitteeMember:
