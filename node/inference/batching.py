@@ -19,15 +19,19 @@ forms only from steps already waiting — nothing is delayed to wait for company
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import trio
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 
 @dataclass
 class _Req:
     hidden: torch.Tensor
-    cache: object
+    cache: DynamicCache
     result: torch.Tensor | None = None
     error: BaseException | None = None
 
@@ -76,6 +80,7 @@ class StepBatcher:
                 await self.executor.run(self._run, batch)
         if req.error is not None:
             raise req.error
+        assert req.result is not None  # done: a result or an error
         return req.result
 
     def _run(self, batch: list[_Req]) -> None:
@@ -122,7 +127,8 @@ class StepBatcher:
             out = span.net(inputs_embeds=x, attention_mask=mask, position_ids=pos, cache=big,
                            use_cache=True).last_hidden_state
             for li in range(len(span.net.layers)):
-                k, v = big.layers[li].keys[:, :, -1:], big.layers[li].values[:, :, -1:]
+                layer = big.layers[li]  # a DynamicLayer (full attention): it has keys and values
+                k, v = layer.keys[:, :, -1:], layer.values[:, :, -1:]  # type: ignore[union-attr, index]
                 for i, c in enumerate(caches):
                     c.update(k[i:i + 1].clone(), v[i:i + 1].clone(), li)
         out = out.to(device="cpu", dtype=torch.float32)

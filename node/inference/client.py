@@ -25,7 +25,9 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 import trio
@@ -75,7 +77,7 @@ class SwarmTable:
     client's measured network round trip per peer (seconds, EWMA)."""
 
     entries: dict[str, dict] = field(default_factory=dict)
-    clock: object = time.monotonic
+    clock: Callable[[], float] = time.monotonic  # seconds
     rtt: dict[str, float] = field(default_factory=dict)
     # set (and replaced) when a peer announces a span it did not announce before: a route may have changed
     changed: trio.Event = field(default_factory=trio.Event)
@@ -138,7 +140,7 @@ class Hop:
     end: int
     codec: str = "none"
     replay: int = 0
-    stream: object = None
+    stream: Any = None  # the session's stream (py-libp2p's or in-memory); None once closed
     session_id: bytes = b""
     opened_height: int = 0
     rr: RunningReceipt | None = None
@@ -191,7 +193,7 @@ class _Run:
     failovers: list[Failover] = field(default_factory=list)
     excluded: set = field(default_factory=set)
     pending: list = field(default_factory=list)  # steps whose receipt work waits for the round's end
-    bg: object = None  # nursery for acknowledgements
+    bg: trio.Nursery | None = None  # nursery for acknowledgements
 
 
 class RouteClient:
@@ -399,7 +401,7 @@ class RouteClient:
         if hop.acking is not None:
             await hop.acking.wait()
         try:
-            msg = {"type": "close"}
+            msg: dict[str, Any] = {"type": "close"}
             if hop.pending_ack is not None:
                 steps, sig = hop.pending_ack
                 msg["ack"] = {"steps": steps, "sig": sig}
@@ -415,7 +417,7 @@ class RouteClient:
     def _settle(self, hop: Hop) -> Receipt | None:
         """The countersigned receipt for every output received from ``hop`` (None if none was billed or the
         server's signature does not match); stores the session's blobs for the committee."""
-        if hop.signed is None:
+        if hop.signed is None or hop.rr is None:  # rr is set with the session, before anything is signed
             return None
         state, rid, wsig, csig = hop.signed
         r = hop.rr.receipt_of(*state)
@@ -442,8 +444,9 @@ class RouteClient:
                 n.start_soon(one, hop)
         i = 0
         while i < len(run.hops):
-            if run.hops[i].broken is not None:
-                i += await self._replace(run, i, run.hops[i].broken, 0)
+            broken = run.hops[i].broken
+            if broken is not None:
+                i += await self._replace(run, i, broken, 0)
             else:
                 i += 1
 
@@ -478,7 +481,8 @@ class RouteClient:
                     if x is not None:
                         x = await self._step(current, x, run)  # the replayed prefix: unbilled
             except HOP_ERRORS as e:
-                run.excluded.add(current.peer)
+                if current is not None:
+                    run.excluded.add(current.peer)
                 for h in new:
                     await _abort(h)
                 err = e

@@ -159,12 +159,13 @@ class RedundantClient:
         c = self.client
         first = c._plan(need)
         candidates = [first] + [alt for alt in (self._try(need, {s.peer}) for s in first) if alt]
-        last = None
+        last: NoRouteError | None = None
         for a in candidates:
             try:
                 return a, c._plan(need, exclude={s.peer for s in a})
             except NoRouteError as e:
                 last = e
+        assert last is not None  # candidates holds at least ``first``
         raise NoDisjointRoutes(last.block, last.num_blocks, [s.peer for s in first])
 
     def _try(self, need: int, exclude: set) -> list | None:
@@ -323,6 +324,7 @@ class RedundantClient:
                 for current in run.hops:
                     await c._open(current, total)
             except HOP_ERRORS as e:
+                assert current is not None  # the plan has at least one hop
                 log.warning("third route: %s did not open: %s", current.peer[:16], e)
                 excluded.add(current.peer)
                 for h in run.hops:

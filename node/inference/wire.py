@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import zstandard
 
 from ..encoding import DecodeError
 from .receipts import CLOCK, wire_commitment
@@ -32,8 +33,8 @@ from .receipts import CLOCK, wire_commitment
 CODECS = ("none", "fp16", "zstd", "fp16+zstd")
 ZSTD_LEVEL = 3
 
-_zc = None
-_zd = None
+_zc: zstandard.ZstdCompressor | None = None
+_zd: zstandard.ZstdDecompressor | None = None
 
 
 def check_codec(codec: object) -> str:
@@ -49,13 +50,9 @@ def check_codec(codec: object) -> str:
     return codec  # type: ignore[return-value]
 
 
-def _zstd():
+def _zstd() -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
     global _zc, _zd
-    if _zc is None:
-        try:
-            import zstandard
-        except ImportError:  # pragma: no cover - a declared dependency
-            raise ValueError("the zstd codec needs the 'zstandard' package") from None
+    if _zc is None or _zd is None:
         _zc = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True)
         _zd = zstandard.ZstdDecompressor()
     return _zc, _zd
@@ -85,6 +82,7 @@ def encode_hidden(t: torch.Tensor, codec: str, commit: bool = True) -> tuple[dic
     arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
     data = arr.tobytes()
     shape = list(arr.shape)
+    commitment: bytes | tuple
     if commit:
         with CLOCK:
             commitment = wire_commitment(name, shape, data)
@@ -133,10 +131,11 @@ def decode_hidden(obj: object, codec: str, hidden_size: int, max_positions: int,
     if "zstd" in codec:
         data = _unzstd(obj.get("zstd"), expect)
     else:
-        data = obj.get("data")
-        if not isinstance(data, bytes) or len(data) != expect:
+        raw = obj.get("data")
+        if not isinstance(raw, bytes) or len(raw) != expect:
             raise DecodeError(f"shape {shape} of {name} needs {expect} bytes, got "
-                              f"{len(data) if isinstance(data, bytes) else type(data).__name__}")
+                              f"{len(raw) if isinstance(raw, bytes) else type(raw).__name__}")
+        data = raw
     arr = np.frombuffer(data, dtype=np.dtype(np.float16 if itemsize == 2 else np.float32).newbyteorder("<"))
     arr = arr.astype(arr.dtype.newbyteorder("="), copy=True)
     if not np.isfinite(arr).all():
@@ -150,8 +149,6 @@ def decode_hidden(obj: object, codec: str, hidden_size: int, max_positions: int,
 
 
 def _unzstd(payload: object, expect: int) -> bytes:
-    import zstandard
-
     if not isinstance(payload, bytes):
         raise DecodeError("zstd payload must be bytes")
     zd = _zstd()[1]
