@@ -12,7 +12,7 @@ differently, a mismatch is located to the *segment* between two common boundarie
 
 A mismatch stops the redundant session (:class:`Mismatch`: the step, the segment, the peers and spans of both
 sides, the distance). Both routes' sessions are closed and their receipts — every output received, the differing
-step's included — are settled and submitted, and a :class:`~node.ledger.core.dispute.Dispute` is filed for the
+step's included — are settled and submitted, and a :class:`~node.ledger.core.disputes.Dispute` is filed for the
 receipt of every hop in the differing segment on both sides: the ledger draws a committee for each (no sampling),
 which re-executes it; the honest hop is voted valid and paid, the wrong one invalid, its worker slashed and the
 client refunded. The client does not judge locally which side is wrong (it could ask a third server for that
@@ -38,7 +38,7 @@ import trio
 from ..compute.compare import DEFAULT_TOLERANCE, distance, is_valid
 from ..compute.shards import NoRouteError
 from ..identity import account_from_str
-from ..ledger.core.dispute import Dispute
+from ..ledger.core.disputes import Dispute
 from ..ledger.core.tx import Receipt
 from ..p2p.quirks import exception_leaves
 from .client import HOP_ERRORS, Generation, Hop, HopFailed, RouteClient, _abort, _Run

@@ -19,7 +19,7 @@ from node.inference.redundant import (
     check_redundancy,
     compare_hops,
 )
-from node.ledger.core.dispute import Dispute
+from node.ledger.core.disputes import Dispute
 from node.ledger.core.state import SAMPLED, apply_block_body, genesis_state
 from node.ledger.core.status import INVALID_S, PENDING, SETTLED, VALID_S
 from node.ledger.core.tx import InvalidTx

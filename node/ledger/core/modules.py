@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import batch, dispute, history, jobs, runs, staking
+from . import batch, disputes, history, jobs, runs, staking
 from .module import LedgerModule, ReceiptKind
 from .txbase import CORE_TXS, Tx
 
@@ -33,7 +33,7 @@ MODULES: tuple[LedgerModule, ...] = (
     batch.MODULE,  # batch jobs checked by majority vote (node.ledger.core.batch)
     history.MODULE,  # final receipts past the retention window leave the hot state (node.ledger.core.history)
     staking.MODULE,  # validator joins and leaves; the set moves one height on (node.ledger.core.staking)
-    dispute.MODULE,  # a requester forces a committee on a receipt (node.ledger.core.dispute)
+    disputes.MODULE,  # a requester forces a committee on a receipt (node.ledger.core.disputes)
 )
 
 

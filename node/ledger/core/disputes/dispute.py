@@ -20,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .kv import Codec
-from .module import Module, ident
-from .status import PENDING, SAMPLED
-from .txbase import Receipt, SingleSigned, _check
-from .view import StateView
+from ..kv import Codec
+from ..module import Module, ident
+from ..status import PENDING, SAMPLED
+from ..txbase import Receipt, SingleSigned, _check
+from ..view import StateView
 
 
 @dataclass(frozen=True)
