@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from node.encoding import H, pack
-from node.ledger.core import jmt, smt
+from node.ledger.core import jmt, jmtnode, smt
 from node.ledger.core.smt import EMPTY_HASH, EMPTY_ROOT, MemoryNodeStore, OverlayNodeStore, Root, verify
 
 
@@ -79,10 +79,10 @@ def _reachable(store: MemoryNodeStore, root: Root) -> set[bytes]:
         data = store.nodes[nk]
         out.add(nk)
         if data[0] == 1:
-            _hs, vs, ks = jmt._decode(data, nk[:8], j)
+            _hs, vs, ks = jmtnode._decode(data, nk[:8], j)
             for s in range(16):
                 if ks[s]:
-                    todo.append((int.from_bytes(vs[s], "big"), j + 1, jmt._slot_path(path, j, s)))
+                    todo.append((int.from_bytes(vs[s], "big"), j + 1, jmtnode._slot_path(path, j, s)))
     return out
 
 

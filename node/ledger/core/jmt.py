@@ -10,21 +10,20 @@ binary subtree; Gao et al., "Jellyfish Merkle Tree", Diem, 2021):
   binary subtree of depths ``4j .. 4j + 4``. It exists exactly where the binary subtree at depth ``4j`` holds at
   least two leaves. It records each of its 16 child slots (by the key's nibble ``j``) as empty, a leaf or an
   internal node, with the child's ``(hash, version)``. Its hash is the binary hash of those 16 slots
-  (:func:`_reduce`: two empties make an empty, an empty beside a leaf lifts the leaf, anything else is
-  ``H(0x01 ‖ left ‖ right)``), which is the binary tree's compression rule, so it equals the binary node's hash.
+  (:mod:`node.ledger.core.jmtnode`: two empties make an empty, an empty beside a leaf lifts the leaf, anything
+  else is ``H(0x01 ‖ left ‖ right)``), the binary tree's compression rule, so it equals the binary node's hash.
 * A *leaf* sits in the slot of its key's nibble under the deepest internal node on its path (at the root when
   the map holds one entry); its bytes and hash are the binary tree's (``0x00 ‖ key ‖ value``).
-* Node keys: ``version (8 B, big-endian) ‖ j (1 B) ‖ the first j nibbles of the path (ceil(j/2) B, low nibble
-  zero)``. A changed key rewrites about ``log16 n`` nodes (5 at 10^6 entries, against ~20 binary ones), and the
-  nodes one update writes share its version prefix, so they are adjacent in LevelDB.
-* Node bytes: internal ``0x01 ‖ present bitmap (2 B) ‖ leaf bitmap (2 B) ‖ (hash ‖ version) per present slot``
-  (bit ``s`` is slot ``s``; 45 to 645 B); leaf ``0x00 ‖ key ‖ value``.
+* Node keys are ``version ‖ nibble depth ‖ nibble path``, node bytes a bitmap and ``(hash, version)`` per child
+  (:mod:`node.ledger.core.jmtnode`). A changed key rewrites about ``log16 n`` nodes (5 at 10^6 entries, against
+  ~20 binary ones), and the nodes one update writes share its version prefix, so they are adjacent in LevelDB.
 
 Versioning, stale nodes and exact pruning work as in :mod:`.smt`: every write goes to a fresh key of the new
 version, and a replaced node is recorded stale since that version (:class:`node.ledger.core.smt.StaleNode`).
 
 Complexity: :func:`update` with ``c`` changes reads and writes O(c · log16 n) nodes, each read node checked
-against its parent's hash (at most 15 hashes) and each written one hashed (at most 15); :func:`get` and
+against its parent's hash (at most 15 hashes; the upper 4 levels, which every block reads, are kept decoded with
+their binary levels) and each rewritten one rehashed above its changed slots (4 hashes per slot); :func:`get` and
 :func:`prove` read O(log16 n) nodes; proofs are the binary :class:`node.ledger.core.smt.Proof` and verify with
 :func:`node.ledger.core.smt.verify`, which needs no store. Pure, like :mod:`.smt`: storage arrives through a
 :class:`node.ledger.core.smt.NodeStore` and writes go back to the caller.
@@ -34,10 +33,29 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from hashlib import blake2b
 from typing import Any
 
 from ...encoding import HASH_LEN, H
+from .jmtnode import (
+    _E,
+    _EMPTY16,
+    _I,
+    _L,
+    _ZERO_VERSION,
+    CACHED_DEPTH,
+    NIBBLES,
+    _encode,
+    _full,
+    _leaf_of,
+    _Levels,
+    _missing,
+    _rehash,
+    _remember,
+    _slot_path,
+    _suffix,
+    _verified,
+    node_key,
+)
 from .smt import (
     DEPTH,
     EMPTY_HASH,
@@ -45,7 +63,6 @@ from .smt import (
     KEY_LEN,
     MAX_VERSION,
     CorruptNodeError,
-    MissingNodeError,
     NodeStore,
     Proof,
     Root,
@@ -53,217 +70,6 @@ from .smt import (
     UpdateResult,
     leaf_hash,
 )
-
-NIBBLES = DEPTH // 4  # 64 nibbles in a key: internal nodes at nibble depths 0..63, leaves at 0..64
-_ZERO_VERSION = bytes(8)
-_NIB = [bytes([j]) for j in range(NIBBLES + 1)]
-_EMPTY16 = [EMPTY_HASH] * 16
-_HEADER = 5  # 0x01 ‖ present bitmap ‖ leaf bitmap
-_CHILD = HASH_LEN + 8
-_E, _L, _I = 0, 1, 2  # slot kinds: empty, leaf, internal
-_OFFSETS = range(_HEADER, _HEADER + 16 * _CHILD, _CHILD)  # the children of a full node
-
-
-def node_key(version: int, nibbles: int, key: bytes | int) -> bytes:
-    """Storage key of the node at nibble depth ``nibbles`` (0..64) on the path of ``key`` (bytes or its
-    big-endian int) written at ``version``: ``version (8 B) ‖ nibbles (1 B) ‖ the path (ceil(nibbles/2) B)``."""
-    k = key if isinstance(key, int) else int.from_bytes(key, "big")
-    return version.to_bytes(8, "big") + _suffix(nibbles, k)
-
-
-def _suffix(j: int, kint: int) -> bytes:
-    """What follows the version in the key of the node at nibble depth ``j`` on the path of ``kint``."""
-    nb = (j + 1) >> 1
-    return _NIB[j] + ((kint >> (DEPTH - 4 * j)) << ((nb << 3) - 4 * j)).to_bytes(nb, "big")
-
-
-def _missing(vb: bytes, j: int) -> MissingNodeError:
-    return MissingNodeError(f"tree node at version {int.from_bytes(vb, 'big')}, nibble depth {j} is not in the "
-                            "store (its version was pruned, or its writes were never committed)")
-
-
-# ---------------------------------------------------------------- node encoding and hashing
-
-def _reduce(hs: list[bytes], ks: list[int]) -> tuple[list[bytes], list[int]]:
-    """One binary level up: pairs of (hash, kind) to their parents, with the binary tree's compression (an
-    empty beside a leaf lifts the leaf; two empties stay empty)."""
-    nh: list[bytes] = []
-    nk: list[int] = []
-    for i in range(0, len(hs), 2):
-        a, b = ks[i], ks[i + 1]
-        if b == _E and a != _I:
-            nh.append(hs[i])
-            nk.append(a)
-        elif a == _E and b != _I:
-            nh.append(hs[i + 1])
-            nk.append(b)
-        else:
-            nh.append(blake2b(b"\x01" + hs[i] + hs[i + 1], digest_size=HASH_LEN).digest())
-            nk.append(_I)
-    return nh, nk
-
-
-def _merkle(hs: list[bytes], ks: list[int]) -> tuple[bytes, int]:
-    """``(hash, kind)`` of the 4-level binary subtree over 16 slots (Aptos ``InternalNode::merkle_hash``)."""
-    for _ in range(4):
-        hs, ks = _reduce(hs, ks)
-    return hs[0], ks[0]
-
-
-# A node's binary subtree, level by level: ``(LH, LK)``, the hashes and kinds at binary level ``t`` below the node
-# (``t`` = 0: the node itself, 1 entry; ``t`` = 4: its 16 slots). Kept with a decoded node so that changing one
-# slot rehashes the 4 binary nodes above it, not 15.
-_Levels = tuple[list[list[bytes]], list[list[int]]]
-_Dec = tuple[list[bytes], list[list[bytes]], list[list[int]]]  # a decoded node: slot versions, LH, LK
-
-
-def _full(hs: list[bytes], ks: list[int]) -> _Levels:
-    if _E not in ks:  # a full node (the upper levels of a large tree): every binary node is internal
-        lh: list[list[bytes]] = [hs]
-        cur = hs
-        for _ in range(4):
-            cur = [blake2b(b"\x01" + cur[i] + cur[i + 1], digest_size=HASH_LEN).digest()
-                   for i in range(0, len(cur), 2)]
-            lh.append(cur)
-        lh.reverse()
-        return lh, [[_I], [_I] * 2, [_I] * 4, [_I] * 8, ks]
-    lh = [hs]
-    lk: list[list[int]] = [ks]
-    for _ in range(4):
-        hs, ks = _reduce(hs, ks)
-        lh.append(hs)
-        lk.append(ks)
-    lh.reverse()
-    lk.reverse()
-    return lh, lk
-
-
-def _rehash(lh: list[list[bytes]], lk: list[list[int]], dirty: Iterable[int]) -> None:
-    """Recompute, in place, the binary nodes of ``(lh, lk)`` above the changed slots ``dirty``."""
-    idx = set(dirty)
-    for t in (3, 2, 1, 0):
-        ch, ck, nh, nk = lh[t + 1], lk[t + 1], lh[t], lk[t]
-        idx = {i >> 1 for i in idx}
-        for i in idx:
-            a, b = ck[2 * i], ck[2 * i + 1]
-            if b == _E and a != _I:
-                nh[i], nk[i] = ch[2 * i], a
-            elif a == _E and b != _I:
-                nh[i], nk[i] = ch[2 * i + 1], b
-            else:
-                nh[i] = blake2b(b"\x01" + ch[2 * i] + ch[2 * i + 1], digest_size=HASH_LEN).digest()
-                nk[i] = _I
-
-
-DECODED_NODES = 1 << 12  # decoded internal nodes per generation of the cache (two generations)
-CACHED_DEPTH = 3  # nodes at nibble depths 0..3 are cached decoded (1 + 16 + 256 + 4096: read by every block)
-_dec_hot: dict[bytes, _Dec] = {}
-_dec_cold: dict[bytes, _Dec] = {}
-
-
-def _remember(data: bytes, dec: _Dec) -> None:
-    global _dec_hot, _dec_cold
-    _dec_hot[data] = dec
-    if len(_dec_hot) >= DECODED_NODES:
-        _dec_cold, _dec_hot = _dec_hot, {}
-
-
-def _load(data: bytes, vb: bytes, j: int) -> _Dec:
-    """The decoded internal node ``data`` with its binary levels, from a bounded cache keyed by the node's
-    bytes (a pure function of them: whatever store they came from, the entry is right) for the upper
-    :data:`CACHED_DEPTH` levels, which every block reads again (below them a block's paths rarely meet). Callers
-    copy before changing it. Memory: ~3 KiB per full node, at most ~25 MiB (:data:`DECODED_NODES`).
-    Raises: CorruptNodeError for bytes that are not a canonical internal node."""
-    dec = _dec_hot.get(data)
-    if dec is None:
-        dec = _dec_cold.get(data)
-        if dec is None:
-            hs, vs, ks = _decode(data, vb, j)
-            lh, lk = _full(hs, ks)
-            dec = (vs, lh, lk)
-            if j > CACHED_DEPTH:
-                return dec
-        _remember(data, dec)
-    return dec
-
-
-def _verified(data: bytes, h: bytes, vb: bytes, j: int) -> _Dec:
-    """:func:`_load`, checked against the hash ``h`` its parent records. Raises: CorruptNodeError."""
-    dec = _load(data, vb, j)
-    if dec[2][0][0] != _I:
-        raise _malformed(vb, j)
-    if dec[1][0][0] != h:
-        raise CorruptNodeError(f"internal node at version {int.from_bytes(vb, 'big')}, nibble depth {j} does not "
-                               "match its hash")
-    return dec
-
-
-def _decode(data: bytes, vb: bytes, j: int) -> tuple[list[bytes], list[bytes], list[int]]:
-    """The 16 slots ``(hashes, version bytes, kinds)`` of the stored internal node ``data``.
-    Raises: CorruptNodeError for bytes that are not a canonical internal node."""
-    n = len(data)
-    if n < _HEADER + _CHILD or data[0] != 1:
-        raise _malformed(vb, j)
-    present = (data[1] << 8) | data[2]
-    leaves = (data[3] << 8) | data[4]
-    if leaves & ~present or n != _HEADER + _CHILD * present.bit_count():
-        raise _malformed(vb, j)
-    if present == 0xFFFF:  # full
-        return ([data[o:o + HASH_LEN] for o in _OFFSETS], [data[o + HASH_LEN:o + _CHILD] for o in _OFFSETS],
-                [_L if leaves >> s & 1 else _I for s in range(16)])
-    hs = list(_EMPTY16)
-    vs = [_ZERO_VERSION] * 16
-    ks = [_E] * 16
-    off = _HEADER
-    for s in range(16):
-        if present >> s & 1:
-            hs[s] = data[off:off + HASH_LEN]
-            vs[s] = data[off + HASH_LEN:off + _CHILD]
-            ks[s] = _L if leaves >> s & 1 else _I
-            off += _CHILD
-    return hs, vs, ks
-
-
-def _malformed(vb: bytes, j: int) -> CorruptNodeError:
-    return CorruptNodeError(f"malformed tree node at version {int.from_bytes(vb, 'big')}, nibble depth {j}")
-
-
-def _encode(hs: list[bytes], vs: list[bytes], ks: list[int]) -> bytes:
-    if _E not in ks:
-        leaves = sum(1 << s for s in range(16) if ks[s] == _L)
-        return bytes((1, 255, 255, leaves >> 8, leaves & 255)) + b"".join([hs[s] + vs[s] for s in range(16)])
-    present = leaves = 0
-    parts: list[bytes] = []
-    for s in range(16):
-        k = ks[s]
-        if k:
-            present |= 1 << s
-            if k == _L:
-                leaves |= 1 << s
-            parts.append(hs[s])
-            parts.append(vs[s])
-    return bytes((1, present >> 8, present & 255, leaves >> 8, leaves & 255)) + b"".join(parts)
-
-
-def _leaf_of(data: bytes, h: bytes, vb: bytes, j: int, kint: int) -> tuple[bytes, bytes]:
-    """``(key, value)`` of the stored leaf ``data`` at nibble depth ``j`` on the path of ``kint``, checked against
-    its hash ``h``. Raises: CorruptNodeError (not a leaf, wrong hash, off its path)."""
-    if len(data) >= 1 + KEY_LEN and data[0] == 0:
-        key, value = data[1:1 + KEY_LEN], data[1 + KEY_LEN:]
-        if leaf_hash(key, value) != h:
-            raise CorruptNodeError(f"leaf at version {int.from_bytes(vb, 'big')}, nibble depth {j} does not match "
-                                   "its hash")
-        if (int.from_bytes(key, "big") ^ kint) >> (DEPTH - 4 * j):
-            raise CorruptNodeError(f"leaf at version {int.from_bytes(vb, 'big')}, nibble depth {j} is off its path")
-        return key, value
-    raise _malformed(vb, j)
-
-
-def _slot_path(kint: int, j: int, s: int) -> int:
-    """A key int on the path of slot ``s`` of the node at nibble depth ``j`` on the path of ``kint``."""
-    shift = DEPTH - 4 * j - 4
-    return (((kint >> (shift + 4)) << 4) | s) << shift
-
 
 # ---------------------------------------------------------------- update
 
@@ -631,3 +437,6 @@ def leaves(store: NodeStore, root: Root) -> Iterator[tuple[bytes, bytes]]:
         for s in range(15, -1, -1):
             if ks[s] != _E:
                 todo.append((hs[s], vs[s], j + 1, _slot_path(kint, j, s)))
+
+
+__all__ = ["NIBBLES", "build_sorted", "get", "leaves", "node_key", "prove", "update"]
