@@ -18,6 +18,7 @@ sliding/global layers with their own rope bases (``rope_parameters[layer_type]``
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -69,8 +70,9 @@ def architecture(cfg) -> Arch:
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, MODEL_MAPPING_NAMES
 
     t = check_model_type(getattr(cfg, "model_type", None))
-    return Arch(t, SUPPORTED[t], getattr(transformers, MODEL_MAPPING_NAMES[t]),
-                getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[t]))
+    base, causal = MODEL_MAPPING_NAMES[t], MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[t]
+    assert isinstance(base, str) and isinstance(causal, str)  # one class each for the SUPPORTED families
+    return Arch(t, SUPPORTED[t], getattr(transformers, base), getattr(transformers, causal))
 
 
 def materialize_buffers(model: torch.nn.Module, cfg) -> None:
@@ -99,8 +101,6 @@ def embed_scale(cfg) -> float | None:
 
 def norm_class(cfg) -> type:
     """The RMSNorm class of the architecture (Gemma's scales by ``1 + weight``)."""
-    import importlib
-
     arch = architecture(cfg)
     mod = importlib.import_module(arch.base_cls.__module__)
     names = [n for n in dir(mod) if n.endswith("RMSNorm") and not n.startswith("_")]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Any
 
 import torch
 
@@ -36,7 +37,7 @@ def cheat_net(net: torch.nn.Module, fault: str, seed: bytes) -> torch.nn.Module 
     ``skip-block`` leaves no block (then the span passes its input through)."""
     if fault not in WEIGHT_FAULTS:
         return None
-    cheat = copy.deepcopy(net)
+    cheat: Any = copy.deepcopy(net)  # a transformers decoder of any family (layers, config): no one type
     if fault == "skip-block":
         if len(cheat.layers) < 2:
             return None

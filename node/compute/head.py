@@ -8,12 +8,16 @@ scales by ``1 + weight``; Gemma 2/3 soft-cap the final logits (``cap · tanh(log
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from node.compute.arch import embed_scale, final_softcap, norm_class
 
 from .model import HEAD_FILE, load_checked, load_manifest, load_span_config
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -54,7 +58,7 @@ class ClientHead:
         scale = embed_scale(cfg)
         self._embed_scale = None if scale is None else torch.tensor(scale, dtype=torch.float32, device=self.device)
         self._softcap = final_softcap(cfg)
-        self._tokenizer = None
+        self._tokenizer: PreTrainedTokenizerBase | None = None
         self._tokenizer_loaded = False
 
     @property

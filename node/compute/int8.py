@@ -111,6 +111,9 @@ class Int8Linear(nn.Module):
     faults that made SmolLM2 7x slower than float (measured, bench/inference.py --model int8).
     """
 
+    weight: torch.Tensor  # int8 (out_features, in_features), a buffer
+    weight_scale: torch.Tensor  # float32 (out_features,), a buffer
+
     def __init__(self, in_features: int, out_features: int, bias: bool):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features

@@ -411,7 +411,7 @@ def ensure_smollm2(cache_dir: Path | None = None, progress: bool = True) -> Path
     return _convert_once(cache_dir, SMOLLM2_NAME, build, progress)
 
 
-TINY_CONFIG = dict(
+TINY_CONFIG: dict[str, Any] = dict(
     hidden_size=64,
     num_hidden_layers=6,
     num_attention_heads=4,

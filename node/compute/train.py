@@ -24,12 +24,15 @@ a perturbed state it never trained, ``"diverge"`` blows its adapter up so that i
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..encoding import H, commitments_root
+from .model import load_manifest
+from .reference import load_causal_lm
 
 HELDOUT_FRACTION = 0.1
 
@@ -50,8 +53,6 @@ class TrainSpec:
 
 def encode_text(model_dir: Path, text: bytes) -> torch.Tensor:
     """Token ids (int64, 1-D) of the dataset ``text``: the model's tokenizer, or bytes mod vocab without one."""
-    from .model import load_manifest
-
     tok_file = Path(model_dir) / "tokenizer.json"
     if tok_file.exists():
         from transformers import AutoTokenizer
@@ -84,7 +85,7 @@ def batch_for_step(train_ids: torch.Tensor, spec: TrainSpec, step: int) -> torch
 
 
 @torch.no_grad()
-def seeded_lora_init_(names: list[str], params: list[torch.Tensor], seed: int) -> None:
+def seeded_lora_init_(names: list[str], params: Sequence[torch.Tensor], seed: int) -> None:
     """peft's LoRA init in place (A Kaiming-uniform with a = √5, B zero), drawn from a generator seeded with
     ``H(seed ‖ parameter name)`` rather than the process-global RNG, which other threads may be using."""
     for name, p in zip(names, params, strict=True):
@@ -108,8 +109,6 @@ class Trainer:
 
     def __init__(self, model_dir: Path, spec: TrainSpec, device: str = "cpu"):
         from peft import LoraConfig, get_peft_model
-
-        from .reference import load_causal_lm
 
         if spec.rank < 1 or spec.steps < 1 or spec.batch_size < 1 or spec.seq_len < 2 or not spec.targets:
             raise ValueError("rank, steps, batch_size >= 1, seq_len >= 2 and at least one target module")
@@ -184,7 +183,8 @@ class Trainer:
         if step_start != self.step:
             raise ValueError(f"state is at step {self.step}, segment starts at {step_start}")
         self.model.train()
-        losses, batches = [], []
+        losses: list[float] = []
+        batches = []
         for s in range(step_start, step_end):
             batch = batch_for_step(train_ids, self.spec, s)
             batches.append(batch)
