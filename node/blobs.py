@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 
 from .encoding import MAX_MESSAGE, DecodeError, commitments_root, pack, tensor_from_wire, tensor_to_wire, unpack
+from .identity import account_to_str
 from .p2p.budget import ReplyBudget
 from .p2p.filesend import STALL, serve_file, write_error
 from .p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed, read_msg
@@ -62,7 +63,7 @@ class BlobStore:
     def has(self, key: bytes) -> bool:
         return len(key) == 32 and self._path(key).exists()
 
-    def path_of(self, key: bytes) -> Path | None:
+    def path_of(self, key: object) -> Path | None:
         """The file of blob ``key`` (32 bytes) whether or not it exists; None for a malformed key."""
         return self._path(key) if isinstance(key, bytes) and len(key) == 32 else None
 
@@ -113,10 +114,9 @@ async def fetch_blob(host, blobs: BlobStore, root: bytes, holders: list[bytes], 
     Raises:
         BlobUnavailable: nobody returned matching tensors (the message lists each holder's failure).
     """
-    from .identity import account_to_str
-
-    if blobs.has(root):
-        return decode_blob(blobs.get_wire(root), root)
+    local = blobs.get_wire(root) if blobs.has(root) else None
+    if local is not None:
+        return decode_blob(local, root)
     errors = []
     for holder in holders:
         peer = account_to_str(holder)

@@ -6,6 +6,7 @@ import argparse
 import logging
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -356,11 +357,13 @@ def cmd_start(args) -> int:
         logging.getLogger("tally.node").info("no key and no --bootstrap on the devnet: using dev key 0 (validator)")
     model_dir = resolve_model(args)
     manifest = load_manifest(model_dir)
-    span, auto_blocks = args.span, None
+    span = args.span  # None, "all", (start, end) or ("auto", blocks or None): _span
+    auto_blocks: int | None = None
     if span == "all":
         span = (0, manifest.num_blocks)
-    if span is not None and span[0] == "auto":
-        span, auto_blocks = "auto", span[1]
+    elif span is not None and span[0] == "auto":
+        auto_blocks = span[1]
+        span = "auto"
         if auto_blocks is not None and auto_blocks > manifest.num_blocks:
             sys.exit(f"node: --span auto:{auto_blocks}: the model has {manifest.num_blocks} blocks")
     elif span is not None and span[1] > manifest.num_blocks:
@@ -389,7 +392,7 @@ def cmd_start(args) -> int:
     async def main():
         async with trio.open_nursery() as n:
             n.start_soon(node.run)
-            with trio.open_signal_receiver(2, 15) as signals:  # SIGINT, SIGTERM
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
                 async for _ in signals:
                     logging.getLogger("tally.node").info("shutting down")
                     n.cancel_scope.cancel()

@@ -157,8 +157,8 @@ def run_devnet(args) -> int:
         client_dir = root / "node0"
         procs.append(_spawn(args, 0, client_dir, ["--api-port", str(args.api_port)]))
         info0 = _wait_info(client_dir, procs[0], 120)
-        for i, (s, e) in enumerate(spans, start=1):
-            extra = ["--span", f"{s}:{e}", "--api-port", "0", "--bootstrap", info0["addrs"][0], "--accept-jobs",
+        for i, (start, end) in enumerate(spans, start=1):
+            extra = ["--span", f"{start}:{end}", "--api-port", "0", "--bootstrap", info0["addrs"][0], "--accept-jobs",
                      "--accept-batches"]
             if args.gpu is not None:
                 extra += ["--gpu", str(args.gpu)]

@@ -208,13 +208,13 @@ def build_doc(chain_id: str, validators: list[str], accounts: list[str], params:
         if a in rows:
             raise FlagError(f"--account {account_to_str(a)} is given twice")
         rows[a] = [bal, bond]
-    for a, bond in vals:
-        if bond is None:
+    for a, vbond in vals:
+        if vbond is None:
             continue
         if a in rows and rows[a][1]:
             raise FlagError(f"the bond of {account_to_str(a)} is given twice (--validator ...=BOND and --account "
                             "...:BOND); give it once")
-        rows.setdefault(a, [0, 0])[1] = bond
+        rows.setdefault(a, [0, 0])[1] = vbond
     boot = []
     for b in bootstrap:
         try:

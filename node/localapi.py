@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any, Literal, overload
 
 import httpx
 
@@ -26,7 +27,13 @@ class LocalApi:
         token = (data_dir / "api_token").read_text().strip()
         self.http = httpx.Client(timeout=600, headers={"Authorization": f"Bearer {token}"})
 
-    def call(self, method: str, path: str, missing_ok: bool = False, **kw) -> dict | None:
+    @overload
+    def call(self, method: str, path: str, missing_ok: Literal[False] = False, **kw: Any) -> dict: ...
+
+    @overload
+    def call(self, method: str, path: str, missing_ok: bool, **kw: Any) -> dict | None: ...
+
+    def call(self, method: str, path: str, missing_ok: bool = False, **kw: Any) -> dict | None:
         """``method path`` with ``kw`` (httpx arguments); the JSON reply, or None for a 404 when ``missing_ok``."""
         try:
             r = self.http.request(method, self.url + path, **kw)

@@ -127,7 +127,7 @@ class ConsensusDriver:
         self.timeouts_acted: dict[str, int] = {}  # timeouts that moved the machine, by kind
         self._round_key = (self.machine.height, self.machine.round)  # (height, round) the machine is in
         self._round_since = time.monotonic()  # when the machine entered it
-        self._last_commit = None  # time.monotonic() of the last block this node stored (None: none yet)
+        self._last_commit: float | None = None  # time.monotonic() of the last block this node stored (None: none yet)
         self._resend_key: tuple = ()  # (height, round, step) at the last re-send look
         self._resend_at = 0.0  # time.monotonic() from which the current state's messages are re-sent
         self._resend_gap = RESEND_PERIOD  # seconds to the next re-send after that

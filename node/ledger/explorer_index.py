@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..encoding import pack
 from .core.block import Block
+from .core.kv import Table
 from .core.state import FINAL, State
 
 
@@ -40,8 +41,9 @@ def index_block(block: Block, old: State, new: State) -> list[tuple[bytes, bytes
     for i, tx in enumerate(block.txs):
         out.append((b"i/t" + tx.id, pack([block.height, i, tx.KIND])))
         amount = getattr(tx, "amount", None) or getattr(tx, "price", None)
-        if getattr(tx, "key", None) in new.evidence:
-            amount = new.evidence[tx.key][1]
+        key = getattr(tx, "key", None)  # evidence transactions
+        if key in new.evidence:
+            amount = new.evidence[key][1]
         parties: dict[bytes, str] = {}
         for f in _PARTIES:
             a = getattr(tx, f, None)
@@ -77,7 +79,8 @@ def _written_receipts(old: State, new: State) -> dict | None:
     receipts are not an overlay stack over ``old``'s (then every open receipt is compared). A receipt not
     written reads as the very object ``old`` holds, which :func:`index_block` skips: looking up only the written
     ones gives the same entries without two lookups per open receipt."""
-    t, base = new.tables["receipts"], old.tables["receipts"]
+    t: Table | None = new.tables["receipts"]
+    base = old.tables["receipts"]
     while t is not None and t is not base:
         t = t.parent
     return None if t is None else new.tables["receipts"].changes()

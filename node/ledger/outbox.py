@@ -53,7 +53,9 @@ class Outbox:
         """Write the ACCOUNT-class transactions of ``local`` (in order); a write error is logged, not raised."""
         if self.path is None:
             return
-        wires, ids, size = [], [], 0
+        wires: list[dict] = []
+        ids: list[bytes] = []
+        size = 0
         for tx in local:
             if priority(tx) is not Priority.ACCOUNT:
                 continue

@@ -40,7 +40,7 @@ def add_model_parser(sub) -> None:
     r.add_argument("--model-cache", type=Path, help=cache_help)
 
 
-def _human(n: int) -> str:
+def _human(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

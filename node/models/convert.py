@@ -395,12 +395,16 @@ def add_model(source: Path, cache_dir: Path | None = None, name: str | None = No
         raise registry.RegistryError(f"a model named {name!r} is already added; remove it first or choose "
                                      "another --name")
     # every refusal that needs no writing happens here, before the cache is touched
-    checked = plan(src) if added_dir is None else None
+    inner = plan(src) if added_dir is None else None
+    checked: HFPlan | GGUFPlan | QuantizePlan
     if quantize is not None:
         try:
-            checked = QuantizePlan(quantize, inner=checked, model_dir=added_dir[0] if added_dir else None)
+            checked = QuantizePlan(quantize, inner=inner, model_dir=added_dir[0] if added_dir else None)
         except ValueError as e:
             raise CheckpointError(str(e)) from None
+    else:
+        assert inner is not None  # added_dir is set only to quantize
+        checked = inner
     cache.mkdir(parents=True, exist_ok=True)
     with registry.locked(cache):
         entries = registry.load(cache)
@@ -420,9 +424,9 @@ def add_model(source: Path, cache_dir: Path | None = None, name: str | None = No
                                    vocab_size=manifest.vocab_size, bytes=_dir_bytes(tmp),
                                    source=str(src.resolve()) if added_dir is None else str(added_dir[0]),
                                    quantization=manifest.quantization)
-            for e in entries:
-                if e.model_id == mid:
-                    raise registry.RegistryError(f"this model (id {mid[:16]}…) is already added as {e.name!r}")
+            for other in entries:
+                if other.model_id == mid:
+                    raise registry.RegistryError(f"this model (id {mid[:16]}…) is already added as {other.name!r}")
             if target.exists():  # converted before but never registered (a crash in between): replace it
                 shutil.rmtree(target)
             os.chmod(tmp, 0o755)
