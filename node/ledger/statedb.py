@@ -71,10 +71,12 @@ def read_meta(db: Any) -> tuple[int, bytes, int, dict[str, int], Root] | None:
 
 
 def open_state(db: Any, genesis: Genesis) -> State:
-    """The stored state, its tables reading LevelDB through bounded caches (nothing is loaded up front).
+    """The stored state, its tables reading LevelDB through bounded caches (nothing is loaded up front). A store
+    whose state tree is still in the binary node layout is rebuilt in the 16-ary one first, once
+    (:func:`migrate_tree`: about a minute per 10^6 entries).
 
     Raises:
-        StateFormatError: no state stored, or another format.
+        StateFormatError: no state stored, another format, or a tree layout rebuild whose roots do not match.
     """
     meta = read_meta(db)
     if meta is None:
@@ -286,6 +288,8 @@ def migrate_tree(db: Any) -> bool:
     if raw is not None:
         _ph, _plast, pseq, undo, proot = unpack_local(raw)
         for name, rows in undo.items():
+            if name not in CODECS:
+                raise StateFormatError(f"the undo record names an unknown table {name!r}")
             codec = CODECS[name]
             for k, v in rows:
                 befores[tr.entry_key(name, bytes(k))] = \
