@@ -55,6 +55,7 @@ must not make committees download without limit):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -66,6 +67,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import trio
+from libp2p.exceptions import BaseLibp2pError
 
 from ..compute.model import HEAD_FILE, MANIFEST, Manifest, ManifestError, block_file, load_manifest, tensors_hash
 from ..encoding import DecodeError
@@ -125,6 +127,7 @@ def check_block(data: bytes, expected: bytes) -> None:
     Raises:
         ValueError: not a safetensors file, or another hash.
     """
+    # local: safetensors.torch imports torch (seconds); a node that never fetches a model does not pay it
     from safetensors import SafetensorError
     from safetensors.torch import load
 
@@ -143,6 +146,7 @@ def check_block_file(path: Path, expected: bytes) -> None:
     Raises:
         ValueError: not a safetensors file, or another hash.
     """
+    # local: safetensors.torch imports torch (seconds); a node that never fetches a model does not pay it
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -289,10 +293,8 @@ class BlockFetcher:
             await _reset(stream)
             raise
         with trio.move_on_after(1.0):
-            try:
+            with contextlib.suppress(StreamClosed, OSError, RuntimeError, BaseLibp2pError):
                 await stream.close()
-            except (StreamClosed, OSError, RuntimeError, *_stream_errors()):
-                pass
         return check_reply(reply)
 
     async def manifest(self, model_id: bytes, extra: Iterable[str] = ()) -> Manifest:
@@ -479,21 +481,10 @@ class BlockFetcher:
         log.info("fetched block %d of model %s (checked against its hash)", i, m.model_id.hex()[:16])
 
 
-def _stream_errors() -> tuple[type[BaseException], ...]:
-    """What a libp2p stream's close or reset may raise (py-libp2p's base error; nothing more without it)."""
-    try:
-        from libp2p.exceptions import BaseLibp2pError
-    except ImportError:
-        return ()
-    return (BaseLibp2pError,)
-
-
 async def _reset(stream) -> None:
     """Reset ``stream`` (None: nothing), shielded and within 1 s, whatever it raises."""
     if stream is None:
         return
-    with trio.CancelScope(shield=True), trio.move_on_after(1.0):
-        try:
-            await stream.reset()
-        except (StreamClosed, OSError, RuntimeError, *_stream_errors()):
-            pass
+    with (trio.CancelScope(shield=True), trio.move_on_after(1.0),
+          contextlib.suppress(StreamClosed, OSError, RuntimeError, BaseLibp2pError)):
+        await stream.reset()

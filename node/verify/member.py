@@ -33,6 +33,7 @@ import trio
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..compute.compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
 from ..compute.span import SpanModel
+from ..duty.parts import Executor, Host, Ledger
 from ..identity import Identity, account_to_str
 from ..ledger.core.state import SAMPLED, State
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID, InvalidTx, Receipt, Verdict, Vote
@@ -67,15 +68,15 @@ class CommitteeMember:
             this member's own :meth:`check`, and a receipt of a type with no checker gets ABSTAIN.
     """
 
-    def __init__(self, ident: Identity, ledger, host, blobs: BlobStore, executor,
-                 load_span: Callable, model_id: bytes, tolerance: float = DEFAULT_TOLERANCE, max_spans: int = 2,
-                 model_dir=None, fetcher: BlockFetcher | None = None,
-                 checkers: Mapping[type, ReceiptChecker] | None = None):
+    def __init__(self, ident: Identity, ledger: Ledger, host: Host, blobs: BlobStore, executor: Executor,
+                 load_span: Callable[[int, int], SpanModel], model_id: bytes, tolerance: float = DEFAULT_TOLERANCE,
+                 max_spans: int = 2, model_dir: Path | None = None, fetcher: BlockFetcher | None = None,
+                 checkers: Mapping[type, ReceiptChecker] | None = None) -> None:
         self.ident, self.ledger, self.host, self.blobs, self.executor = ident, ledger, host, blobs, executor
         self.checkers: dict[type, ReceiptChecker] = dict(checkers or {})
         self.model_dir, self.fetcher = model_dir, fetcher
         self.load_span, self.model_id, self.tolerance = load_span, model_id, tolerance
-        self._spans: OrderedDict[tuple, object] = OrderedDict()
+        self._spans: OrderedDict[tuple[object, ...], SpanModel] = OrderedDict()
         self.max_spans = max_spans
         self._seen: set[tuple[bytes, int]] = set()
         self._send, self._recv = trio.open_memory_channel(1000)
@@ -158,9 +159,9 @@ class CommitteeMember:
         return await fetch_blob(self.host, self.blobs, root, [receipt.worker, receipt.requester], timeout=30,
                                 keep=False)
 
-    def _span(self, start: int, end: int, model_dir=None):
+    def _span(self, start: int, end: int, model_dir: Path | None = None) -> SpanModel:
         """The span ``[start, end)`` of this node's model, or of the (fetched) model in ``model_dir`` (LRU)."""
-        key = (start, end) if model_dir is None else (str(model_dir), start, end)
+        key: tuple[object, ...] = (start, end) if model_dir is None else (str(model_dir), start, end)
         if key in self._spans:
             self._spans.move_to_end(key)
             return self._spans[key]
