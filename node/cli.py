@@ -322,7 +322,7 @@ def is_dev_chain(chain_id: str) -> bool:
 
 
 def cmd_start(args) -> int:
-    from .runtime import Node, NodeConfig  # here, not at the top: it imports torch and libp2p (~2 s)
+    from .runtime import Node, NodeConfig  # local: it imports torch and libp2p (~2 s); other commands start fast
 
     try:
         lock = hold(args.data_dir / "node.lock")  # noqa: F841 (held until this process exits; see node.lockfile)

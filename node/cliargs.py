@@ -15,6 +15,7 @@ def resolve_model(args) -> Path:
     (built once, seed 0), ``smollm2`` (converted once from the bundled GGUF), or the name or id of a model added
     with ``node model add``. Exits (``SystemExit`` with the reason) when it names none."""
     # node.models.convert imports torch (about 2 s): only a command that names an added model pays for it
+    # local: node.models.convert imports torch (~2 s); the CLI resolves model names without it
     from .models.convert import model_dir_of
 
     cache = args.model_cache or default_cache_dir()

@@ -18,9 +18,14 @@ from pathlib import Path
 import httpx
 
 from .cliargs import resolve_device, resolve_model
+from .compute.data import shakespeare_play
+from .compute.model import load_manifest
+from .compute.shards import assign_spans
 from .encoding import format_amount
 from .ledger.core.jobs import JobStatus
 from .ledger.core.status import FINAL
+from .lockfile import LockHeld, hold, holder
+from .market.cli import FINAL as JOB_FINAL
 
 
 class DevnetError(RuntimeError):
@@ -77,8 +82,6 @@ def _lock_root(root: Path):
     Raises:
         DevnetError: another process holds the lock, or ``root`` has no name (``/``).
     """
-    from .lockfile import LockHeld, hold
-
     root = root.resolve()
     if not root.name:
         raise DevnetError(f"{root} cannot be a devnet data dir; choose another --data-dir")
@@ -92,8 +95,6 @@ def _lock_root(root: Path):
 def _prepare_root(root: Path) -> None:
     """Wipe a previous devnet's data dir — only one that devnet created (it holds the marker file) and in which
     no node runs (each node holds ``node.lock`` in its data dir from start to exit, see :mod:`node.lockfile`)."""
-    from .lockfile import holder
-
     if root.exists():
         dirs = [root] + [d for d in root.iterdir() if d.is_dir()]
         live = [f"{d} (pid {pid})" for d in dirs if (pid := holder(d / "node.lock")) is not None]
@@ -117,9 +118,6 @@ def _get(client: httpx.Client, url: str) -> dict:
 def run_devnet(args) -> int:
     """Run the demo; returns 0 when the tokens are identical, every receipt got the expected verdict and the
     balances add up."""
-    from .compute.model import load_manifest
-    from .compute.shards import assign_spans
-
     if not 1 <= args.servers <= 3:
         print("devnet: --servers must be 1, 2 or 3 (the devnet genesis bonds dev keys 1-3)", file=sys.stderr)
         return 2
@@ -135,7 +133,6 @@ def run_devnet(args) -> int:
         if args.job_steps < 1:
             print("devnet: --job-steps must be at least 1", file=sys.stderr)
             return 2
-        from .compute.data import shakespeare_play
 
         try:
             shakespeare_play(args.job)  # checked before anything starts (downloads the sdist once)
@@ -232,6 +229,7 @@ def _inference_demo(http, api, accounts, manifest, model_dir: Path, args) -> boo
     after = {a: _get(http, f"{api}/v1/accounts/{a}") for a in accounts}
     ok = _report(recs, before, after, accounts, args)
     print("== reference: the same model generating greedily in one process", flush=True)
+    # local: imports torch (~1.6 s): only the demo's local generation needs it
     from .compute.reference import local_generate
 
     ref = local_generate(model_dir, gen["prompt_ids"], args.tokens)
@@ -245,8 +243,6 @@ def _inference_demo(http, api, accounts, manifest, model_dir: Path, args) -> boo
 
 def _job_demo(http, api, accounts, root: Path, args) -> bool:
     """Post a LoRA job on a Shakespeare play, follow it to settlement, fetch the adapter, compare losses."""
-    from .market.cli import FINAL
-
     print(f"== fine-tune job: LoRA on {args.job!r}, {args.job_steps} steps, paid per step", flush=True)
     before = {a: _get(http, f"{api}/v1/accounts/{a}") for a in accounts}
     body = {"play": args.job, "title": f"LoRA on {args.job}", "steps": args.job_steps,
@@ -273,7 +269,7 @@ def _job_demo(http, api, accounts, root: Path, args) -> bool:
             bar.n = job["steps_done"]
             bar.set_postfix(status=job["status"])
             bar.refresh()
-            if job["status"] in FINAL:
+            if job["status"] in JOB_FINAL:
                 break
             if time.monotonic() > deadline:
                 raise DevnetError("the job did not settle within 30 minutes")

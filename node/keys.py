@@ -11,6 +11,7 @@ name them. The ledger's pure core (``node.ledger.core``) imports this module; ke
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 
 import base58
@@ -77,8 +78,6 @@ def verify_many(items: list[tuple[bytes, bytes, bytes]]) -> list[bool]:
     if len(items) < 64 or workers == 1:
         return [verify(*x) for x in items]
     if _POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
-
         _POOL = ThreadPoolExecutor(workers, thread_name_prefix="ed25519")
     step = -(-len(items) // workers)
     chunks = [items[i:i + step] for i in range(0, len(items), step)]

@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+from .wallet.client import NodeApi, WalletError
+
 
 def add_parsers(sub, default_data_dir: Path) -> None:
     """Register ``node peers`` and ``node status`` on ``sub`` (argparse sub-parsers)."""
@@ -64,8 +66,6 @@ def format_status(st: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run ``node peers`` or ``node status`` (``args.cmd``); an unreachable node exits 1 with one line on
     stderr."""
-    from .wallet.client import NodeApi, WalletError
-
     try:
         api = NodeApi(args.data_dir)
         try:

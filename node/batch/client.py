@@ -15,8 +15,8 @@ from ..identity import Identity, account_to_str
 from ..ledger.core.batchstate import AuditStatus, Batch, Fate, Item, ItemStatus, item_key
 from ..ledger.core.batchtx import GENERATE, BatchPost
 from ..ledger.core.genesis import Genesis
-from ..ledger.core.state import State
-from ..ledger.core.tx import Tx
+from ..ledger.core.state import State, apply_tx
+from ..ledger.core.tx import InvalidTx, Tx
 from .items import ContentStore, ItemFile, ItemsError, parse_items
 from .tasks import dequantize
 from .worker import Requester, fetch_content, result_check
@@ -103,9 +103,6 @@ async def post_batch(node: RequesterNode, data: bytes, *, kind: str, replication
     Raises:
         BatchError: a bad file (line number given) or parameters, or too little balance; nothing is submitted.
     """
-    from ..ledger.core.state import apply_tx
-    from ..ledger.core.tx import InvalidTx
-
     try:
         f = parse_items(data, kind)
     except ItemsError as e:

@@ -36,6 +36,7 @@ adds 0.5 nats to every value (score); ``bf16`` scores with bf16 weights and acti
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any, Protocol
@@ -145,8 +146,6 @@ class ItemRunner:
         model = self.model
         if self.fault == "bf16":
             if self._bf16 is None:
-                import copy
-
                 self._bf16 = copy.deepcopy(model).to(torch.bfloat16)
             model = self._bf16
         x = torch.tensor([ids], dtype=torch.long)

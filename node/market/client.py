@@ -20,6 +20,8 @@ from ..encoding import format_amount
 from ..identity import account_to_str
 from ..ledger.core.jobs import ACCEPTED, STATUS_TEXT
 from ..ledger.core.jobtx import JobPost
+from ..ledger.core.state import apply_tx
+from ..ledger.core.tx import InvalidTx
 from .worker import spec_of
 
 
@@ -54,8 +56,6 @@ async def post_job(node, *, title: str, text: bytes, steps: int, price_per_step:
     if st.account(me).balance < post.price:
         raise JobError(f"the job costs {format_amount(post.price)} credits; the balance is "
                        f"{format_amount(st.account(me).balance)}")
-    from ..ledger.core.state import apply_tx
-    from ..ledger.core.tx import InvalidTx
 
     post = post.signed(node.ident)
     try:  # the same checks the ledger will run, so a bad job is refused now with its reason

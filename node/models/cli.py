@@ -8,6 +8,9 @@ import sys
 from pathlib import Path
 
 from node.compute.families import SUPPORTED
+from node.compute.model import default_cache_dir
+
+from .registry import RegistryError
 
 _EPILOG = (f"Architectures: {', '.join(sorted(SUPPORTED.values()))}. Serve an added model with "
            "'node start --model NAME' (or its id). Pickled checkpoints (pytorch_model.bin, *.pt) are refused.")
@@ -50,10 +53,8 @@ def _human(n: float) -> str:
 
 def run_model_command(args) -> int:
     """Run ``node model ...``; returns the exit code (0 ok, 1 refused or failed: the message is on stderr)."""
-    from node.compute.model import default_cache_dir
-
+    # local: node.models.convert imports torch (~2 s): only the model commands load it
     from .convert import CheckpointError, add_model, list_models, remove_model
-    from .registry import RegistryError
 
     cache = args.model_cache or default_cache_dir()
     try:

@@ -43,7 +43,9 @@ from node.compute.model import (
     config_dict,
     config_hash,
     default_cache_dir,
+    ensure_smollm2,
     load_manifest,
+    make_tiny,
     save_model_dir,
     tensors_hash,
 )
@@ -448,8 +450,6 @@ def _quantize_source(ref: str, cache: Path) -> tuple[Path, str]:
     Raises:
         node.models.registry.RegistryError: no such file, dir or model.
     """
-    from node.compute.model import ensure_smollm2, make_tiny
-
     if ref == "smollm2":
         return ensure_smollm2(cache, progress=True), "smollm2"
     if ref == "tiny":

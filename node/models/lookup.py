@@ -22,6 +22,7 @@ def find_model_dir(ref: str, cache: Path) -> Path:
         UnknownModel: no such model in ``cache`` (the message says how to add one).
     """
     # node.models.convert imports torch (about 2 s); the API's callers of this module catch UnknownModel without it
+    # local: node.models.convert imports torch (~2 s); the CLI resolves model names without it
     from .convert import model_dir_of
 
     try:

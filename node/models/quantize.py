@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -91,7 +92,6 @@ class QuantizePlan:
     def write(self, out: Path, name: str, progress: bool = False) -> Manifest:
         if self.model_dir is not None:
             return quantize_dir(self.model_dir, out, name, progress)
-        import tempfile
 
         tmp = Path(tempfile.mkdtemp(prefix=".add-tmp-float-", dir=Path(out).parent))
         try:

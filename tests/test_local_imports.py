@@ -1,0 +1,92 @@
+"""Imports belong at the top of a module (issue 26). A function-local import is allowed only for a heavy optional
+library (torch, transformers, ...: importing it costs seconds, so a CLI that does not need it must not pay) or with
+a ``# local: <reason>`` comment, on the import's own line or on the comment line just above a group of imports.
+
+An AST scan of ``node/``, like ``tests/test_import_cycles.py``: it fails on a new unexplained local import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+NODE = Path(__file__).resolve().parents[1] / "node"
+
+# imported where used without a comment: each costs ~1 s or more to import, or is an optional extra
+HEAVY = frozenset({"torch", "transformers", "peft", "safetensors", "numpy", "gguf", "psutil", "uvicorn",
+                   "hypercorn", "fastapi", "jinja2", "tqdm", "tokenizers"})
+
+# files another helper is changing in this session (issue 26): to be checked once that work lands
+PENDING = frozenset({"ledger/core/genesis.py"})
+
+MARK = "# local:"
+
+
+def _modules(node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    return [node.module or ""] if node.level == 0 else ["." * node.level + (node.module or "")]
+
+
+def _explained(node: ast.Import | ast.ImportFrom, lines: list[str], imports: set[int]) -> bool:
+    """A ``# local:`` comment on one of the import's lines, or on the first line above its group of imports."""
+    end = node.end_lineno or node.lineno
+    if any(MARK in lines[i - 1] for i in range(node.lineno, end + 1)):
+        return True
+    i = node.lineno - 1
+    while i >= 1 and (i in imports or lines[i - 1].strip().startswith(("from ", "import ", ")"))
+                      or lines[i - 1].strip().endswith(",")):
+        i -= 1  # up through the imports of the same group (and the lines of multi-line ones)
+    return i >= 1 and lines[i - 1].strip().startswith(MARK)
+
+
+def unexplained_local_imports(root: Path = NODE) -> list[str]:
+    """``path:line: import`` for each function-local import of a light module without a ``# local:`` reason."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel in PENDING:
+            continue
+        src = path.read_text()
+        lines = src.splitlines()
+        tree = ast.parse(src)
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            local = [n for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom))]
+            starts = {n.lineno for n in local}
+            for n in local:
+                if all(m.split(".")[0] in HEAVY for m in _modules(n)):
+                    continue
+                if not _explained(n, lines, starts):
+                    found.append(f"node/{rel}:{n.lineno}: {lines[n.lineno - 1].strip()}")
+    return sorted(set(found))
+
+
+def test_no_unexplained_local_imports():
+    found = unexplained_local_imports()
+    assert not found, "function-local imports without a '# local: <reason>' comment (move them to the top):\n" + \
+        "\n".join(found)
+
+
+def test_the_scan_finds_one(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "def f():\n"
+        "    import json\n"
+        "    return json\n"
+        "\n"
+        "def g():\n"
+        "    # local: a reason\n"
+        "    import json\n"
+        "    from os import (\n"
+        "        path,\n"
+        "    )\n"
+        "    import torch\n"
+        "    return json, path, torch\n"
+        "\n"
+        "def h():\n"
+        "    import csv  # local: a reason\n"
+        "    x = 1\n"
+        "    import json\n"
+        "    return csv, x, json\n")
+    assert unexplained_local_imports(tmp_path) == ["node/m.py:17: import json", "node/m.py:2: import json"]
