@@ -164,7 +164,7 @@ def _apply_leaf(ctx: _Ctx, data: bytes, h: bytes, vb: bytes, nk: bytes, j: int,
             items.append(_Leaf(k, ckey, v))
     if not seen:
         items.append(kept)
-    elif all(x is not kept for x in items):
+    elif kept not in items:  # (_Leaf compares by identity)
         ctx.stale.append(nk)  # the leaf was deleted or given a new value
     return _build(ctx, j, items, [x.kint for x in items], 0, len(items))
 
@@ -183,8 +183,10 @@ def _apply(ctx: _Ctx, h: bytes, vb: bytes, j: int, ch: list[tuple[int, bytes, by
         return _apply_leaf(ctx, data, h, vb, nk, j, ch, lo, hi)
     dec = _verified(data, h, vb, j)
     vs = list(dec[0])  # copies: the decoded node stays as stored
-    lh = [list(x) for x in dec[1]]
-    lk = [list(x) for x in dec[2]]
+    h0, h1, h2, h3, h4 = dec[1]
+    k0, k1, k2, k3, k4 = dec[2]
+    lh = [h0[:], h1[:], h2[:], h3[:], h4[:]]
+    lk = [k0[:], k1[:], k2[:], k3[:], k4[:]]
     hs, ks = lh[4], lk[4]
     shift = DEPTH - 4 * j - 4
     placed: list[tuple[int, _Leaf]] = []
@@ -207,12 +209,11 @@ def _apply(ctx: _Ctx, h: bytes, vb: bytes, j: int, ch: list[tuple[int, bytes, by
             dirty.append(s)
         i = e
     # lift a lone leaf, drop an empty node
-    live = [s for s in range(16) if ks[s] != _E]
-    if len(live) <= 1 and (not live or ks[live[0]] == _L):
+    if ks.count(_E) >= 15 and _I not in ks:
         ctx.stale.append(nk)
-        if not live:
+        if _L not in ks:
             return None
-        s = live[0]
+        s = ks.index(_L)
         if placed:
             return placed[0][1]
         pk = _slot_path(kint, j, s)

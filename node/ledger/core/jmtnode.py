@@ -103,20 +103,21 @@ def _full(hs: list[bytes], ks: list[int]) -> _Levels:
     return lh, lk
 
 
-def _rehash(lh: list[list[bytes]], lk: list[list[int]], dirty: Iterable[int]) -> None:
+def _rehash(lh: list[list[bytes]], lk: list[list[int]], dirty: list[int]) -> None:
     """Recompute, in place, the binary nodes of ``(lh, lk)`` above the changed slots ``dirty``."""
-    idx = set(dirty)
+    idx: Iterable[int] = dirty
     for t in (3, 2, 1, 0):
         ch, ck, nh, nk = lh[t + 1], lk[t + 1], lh[t], lk[t]
-        idx = {i >> 1 for i in idx}
+        idx = [dirty[0] >> (4 - t)] if len(dirty) == 1 else {i >> 1 for i in idx}
         for i in idx:
-            a, b = ck[2 * i], ck[2 * i + 1]
+            j = 2 * i
+            a, b = ck[j], ck[j + 1]
             if b == _E and a != _I:
-                nh[i], nk[i] = ch[2 * i], a
+                nh[i], nk[i] = ch[j], a
             elif a == _E and b != _I:
-                nh[i], nk[i] = ch[2 * i + 1], b
+                nh[i], nk[i] = ch[j + 1], b
             else:
-                nh[i] = blake2b(b"\x01" + ch[2 * i] + ch[2 * i + 1], digest_size=HASH_LEN).digest()
+                nh[i] = blake2b(b"\x01" + ch[j] + ch[j + 1], digest_size=HASH_LEN).digest()
                 nk[i] = _I
 
 
