@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _add_start_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_start_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``node start``: run one node."""
     s = sub.add_parser("start", help="run a node (embedded devnet genesis unless --genesis is given)",
                        description="Run one Tally node: libp2p host, ledger, span server, committee member and "
@@ -279,7 +279,7 @@ def _add_start_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[
                    help="logging level (default: %(default)s)")
 
 
-def _add_devnet_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def _add_devnet_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``node devnet``: the demo swarm."""
     d = sub.add_parser("devnet", help="run the demo swarm: >= 3 servers on 127.0.0.1, generate, verify, settle",
                        description="Start a validator/client node and N span servers as separate processes on "

@@ -71,7 +71,7 @@ def router_class() -> type:
     # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
     from libp2p.pubsub.gossipsub import GossipSub
 
-    class TallyGossipSub(GossipSub):  # type: ignore[misc, valid-type]
+    class TallyGossipSub(GossipSub):
         def _prune_pending_messages(self, peer_id) -> None:
             queue = self._pending_messages.get(peer_id)
             if queue is None:
