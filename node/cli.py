@@ -219,6 +219,12 @@ def _add_start_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="TCP port of the default --listen addresses (default: 4001; on the devnet any free port)")
     s.add_argument("--api-port", type=_port, default=8700, help="HTTP API port (default: %(default)s; 0: any)")
     s.add_argument("--api-host", default="127.0.0.1", help="HTTP API bind address (default: %(default)s)")
+    _add_start_work_args(s)
+    _add_start_ledger_args(s)
+
+
+def _add_start_work_args(s: argparse.ArgumentParser) -> None:
+    """``node start``'s model, compute and duty options (the jobs and batches it takes)."""
     _model_args(s)
     s.add_argument("--threads", type=_positive, default=1, help="torch threads for compute (default: %(default)s)")
     s.add_argument("--step-timeout", type=_seconds, default=60.0, metavar="SECONDS",
@@ -248,6 +254,10 @@ def _add_start_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="with --accept-jobs: hold at most N jobs at once, trained side by side (default: "
                         "%(default)s). The ledger also needs the bond to cover the start penalty of every job held "
                         "before its first segment")
+
+
+def _add_start_ledger_args(s: argparse.ArgumentParser) -> None:
+    """``node start``'s ledger storage, snapshot and state-sync options, and its log level."""
     s.add_argument("--snapshot-every", type=_count, default=0, metavar="N",
                    help="make a snapshot of the ledger state every N blocks and serve it to peers that start with "
                         "--state-sync (written as files under DATA_DIR/snapshots, the last 2 kept and served "
