@@ -11,6 +11,8 @@ The packages and the layers they form (top to bottom; a layer imports only the l
 * Capabilities, which never import each other: :mod:`node.inference` (serving and using spans),
   :mod:`node.verify` (committee re-execution), :mod:`node.market` (fine-tune jobs), :mod:`node.training`
   (collaborative training runs), :mod:`node.batch` (batch jobs by majority vote).
+* :mod:`node.duty` (what the capabilities share: the one runner of block-driven duties, and the node's parts as one
+  typed bundle of Protocols).
 * :mod:`node.ledger` (consensus, state and its store; its pure core is :mod:`node.ledger.core`), :mod:`node.blobs`
   (content-addressed session tensors), :mod:`node.models` (the model cache: ``node model``).
 * :mod:`node.net` and :mod:`node.p2p` (networking: the libp2p host, framing, gossip, limits, handshake, discovery,
