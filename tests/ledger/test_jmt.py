@@ -56,6 +56,9 @@ def _run(history):
 def test_same_roots_and_proof_bytes_as_the_binary_tree(history):
     bs, js, broots, jroots, models = _run(history)
     assert broots == jroots  # hash and version of every root
+    for nk, data in js.nodes.items():  # every internal node stored canonically (patched in place or encoded)
+        if data[0] == 1:
+            assert jmtnode._encode(*jmtnode._decode(data, nk[:8], nk[8])) == data
     for v, model in enumerate(models):  # every version stays readable before pruning
         for k in set(POOL) | set(model):
             assert jmt.get(js, jroots[v], k) == model.get(k)

@@ -37,8 +37,10 @@ from typing import Any
 
 from ...encoding import HASH_LEN, H
 from .jmtnode import (
+    _CHILD,
     _E,
     _EMPTY16,
+    _HEADER,
     _I,
     _L,
     _ZERO_VERSION,
@@ -108,11 +110,13 @@ def _place(ctx: _Ctx, j: int, r: _Leaf) -> tuple[bytes, bytes]:
 
 
 def _node(ctx: _Ctx, j: int, kint: int, hs: list[bytes], vs: list[bytes], ks: list[int],
-          levels: _Levels | None = None) -> _Ref:
-    """Write the internal node of slots ``hs, vs, ks`` (binary ``levels`` when already computed) at nibble depth
-    ``j`` on the path of ``kint``; it is remembered decoded (the next block reads it) unless ``ctx.bulk``."""
+          levels: _Levels | None = None, data: bytes | None = None) -> _Ref:
+    """Write the internal node of slots ``hs, vs, ks`` (binary ``levels`` and its bytes ``data`` when already
+    computed) at nibble depth ``j`` on the path of ``kint``; it is remembered decoded (the next block reads it)
+    unless ``ctx.bulk``."""
     lh, lk = levels if levels is not None else _full(hs, ks)
-    data = _encode(hs, vs, ks)
+    if data is None:
+        data = _encode(hs, vs, ks)
     ctx.writes[ctx.vbytes + _suffix(j, kint)] = data
     if not ctx.bulk and j <= CACHED_DEPTH:
         _remember(data, (vs, lh, lk))
@@ -232,7 +236,16 @@ def _apply(ctx: _Ctx, h: bytes, vb: bytes, j: int, ch: list[tuple[int, bytes, by
         return h, vb
     ctx.stale.append(nk)
     _rehash(lh, lk, dirty)
-    return _node(ctx, j, kint, hs, vs, ks, (lh, lk))
+    for s in dirty:
+        if k4[s] != ks[s]:
+            return _node(ctx, j, kint, hs, vs, ks, (lh, lk))
+    # the same slots present, of the same kinds: patch the changed children into the stored bytes
+    buf = bytearray(data)
+    full = _E not in k4
+    for s in dirty:
+        o = _HEADER + _CHILD * (s if full else s - k4[:s].count(_E))
+        buf[o:o + _CHILD] = hs[s] + vs[s]
+    return _node(ctx, j, kint, hs, vs, ks, (lh, lk), bytes(buf))
 
 
 def _check_key(key: Any) -> None:
