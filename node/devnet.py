@@ -23,7 +23,7 @@ from .compute.model import load_manifest
 from .compute.shards import assign_spans
 from .encoding import format_amount
 from .ledger.core.jobs import JobStatus
-from .ledger.core.status import FINAL
+from .ledger.core.status import FINAL, ReceiptStatus
 from .lockfile import LockHeld, hold, holder
 from .market.cli import FINAL as JOB_FINAL
 
@@ -315,8 +315,8 @@ def _report(recs, before, after, accounts, args) -> bool:
         print(f"      committee: {', '.join(name.get(m, m[:12]) for m in x['committee'])}; votes: {votes}")
         print(f"      verdict: {x['status']}" + (f"; slashed {x['slashed']['credits']} credits"
                                                  if int(x['slashed']['base_units']) else ""))
-        expected = "invalid" if args.fault_server is not None and x["worker"] == accounts[args.fault_server] \
-            else "valid"
+        expected = ReceiptStatus.INVALID if args.fault_server is not None \
+            and x["worker"] == accounts[args.fault_server] else ReceiptStatus.VALID
         ok = ok and x["status"] == expected
     print("== balances (credits)")
     print(f"   {'node':6} {'balance before':>18} {'balance after':>18} {'change':>14} {'bond after':>12}")
@@ -327,8 +327,8 @@ def _report(recs, before, after, accounts, args) -> bool:
         print(f"   {name[a]:6} {format_amount(b0):>18} {format_amount(b1):>18} {format_amount(b1 - b0):>14} "
               f"{after[a]['bond']['credits']:>12}")
     paid = -delta[accounts[0]]
-    valid = [x for x in recs if x["status"] == "valid"]
-    invalid = [x for x in recs if x["status"] == "invalid"]
+    valid = [x for x in recs if x["status"] == ReceiptStatus.VALID]
+    invalid = [x for x in recs if x["status"] == ReceiptStatus.INVALID]
     earned = sum(int(p["amount"]["base_units"]) for x in valid for p in x["payouts"] if p["account"] == x["worker"])
     fees = sum(int(p["amount"]["base_units"]) for x in valid for p in x["payouts"] if p["account"] != x["worker"])
     rewards = sum(int(p["amount"]["base_units"]) for x in invalid for p in x["payouts"]

@@ -22,6 +22,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..ledger.core.history import read_head
+from ..ledger.core.status import ReceiptStatus
+from ..ledger.core.tx import Verdict
 from ..p2p.framing import STATS
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -65,11 +67,11 @@ class NodeCollector:
         yield counter("receipts", "Receipts on the ledger (in the state or archived)", ver["receipts"] + archived)
         yield gauge("receipts_archived", "Receipts that left the hot state into the history log", archived)
         yield gauge("receipts_by_status", "Receipts on the ledger by verification status",
-                    {k: ver[k] for k in ("pending", "valid", "invalid", "settled", "unverified")}, ["status"])
+                    {k.value: ver[k.value] for k in ReceiptStatus if k is not ReceiptStatus.SAMPLED}, ["status"])
         yield counter("receipts_sampled", "Receipts sampled for re-execution by a committee", ver["sampled"])
         yield counter("votes", "Committee votes on the ledger", ver["votes"], ["verdict"])
         yield counter("verdicts", "Committee verdicts (quorums) on the ledger",
-                      {"valid": ver["valid"], "invalid": ver["invalid"]}, ["verdict"])
+                      {v.label: ver[v.label] for v in (Verdict.VALID, Verdict.INVALID)}, ["verdict"])
         yield counter("slashes", "Bonds slashed (invalid work or double signing)", ver["slashes"])
         yield counter("slashed_base_units", "Base units slashed", int(ver["slashed"]["base_units"]))
         server = n.server

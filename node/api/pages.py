@@ -19,6 +19,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from ..batch.client import batch_json
+from ..ledger.txstatus import TxState
 from . import charts, views as v
 from .deps import NodeAPI, NodeDep, QueriesDep
 from .modelsapi import models_view
@@ -87,7 +88,7 @@ async def tx(queries: QueriesDep, node: NodeDep, tx_id: str = Path(..., max_leng
         t = queries.tx(tid)
     except ApiError as e:  # in no stored block: say what this node knows (pending and why, dropped and why)
         st = node.ledger.tx_status(tid) if e.status == 404 else None
-        if st is None or st.state.value not in ("pending", "dropped"):
+        if st is None or st.state not in (TxState.PENDING, TxState.DROPPED):
             raise
         raise ApiError(404, st.state.value,
                        f"transaction {tid.hex()} is in no block yet: {st.describe()}") from None

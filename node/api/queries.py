@@ -17,7 +17,7 @@ from ..ledger.core.block import Header, decode_block
 from ..ledger.core.capture import capture_risk
 from ..ledger.core.history import read_head
 from ..ledger.core.state import FINAL
-from ..ledger.core.status import INVALID_S, VALID_S
+from ..ledger.core.status import INVALID_S, PENDING, SETTLED, UNVERIFIED, VALID_S
 from ..ledger.core.tx import ABSTAIN
 from ..ledger.genesis import TREASURY
 from . import views as v
@@ -277,9 +277,9 @@ class Queries:
             slashed += amt
             at(h)["slashes"] += 1
         sampled = sum(1 for rec in st.receipts.values() if rec.committee)
-        return {"height": st.height, "receipts": len(st.receipts), "pending": status["pending"],
-                "sampled": sampled, "valid": status["valid"], "invalid": status["invalid"],
-                "settled": status["settled"], "unverified": status["unverified"],
+        return {"height": st.height, "receipts": len(st.receipts), "pending": status[PENDING],
+                "sampled": sampled, "valid": status[VALID_S], "invalid": status[INVALID_S],
+                "settled": status[SETTLED], "unverified": status[UNVERIFIED],
                 "votes": {name: votes[k] for k, name in v.VERDICT_NAMES.items()},
                 "slashes": slashes, "slashed": v.amount(slashed), "series": series}
 
