@@ -15,7 +15,7 @@ Modules see the state only through :class:`node.ledger.core.view.StateView`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from .rows import ReceiptRecord
@@ -108,6 +108,12 @@ class LedgerModule(Protocol):
         ``receipt_id`` now (sampling probability 1), e.g. a requester's dispute."""
         ...
 
+    @property
+    def may_force(self) -> bool:
+        """Whether :meth:`forces_check` can ever say yes (only those modules are asked, once per pending
+        receipt per block)."""
+        ...
+
 
 def _no_end_block(_s: StateView, _height: int, _block_hash: bytes) -> None:
     return None
@@ -151,6 +157,10 @@ class Module:
     def forces_check(self, s: StateView, receipt_id: bytes, height: int) -> bool:
         return self.on_force(s, receipt_id, height)
 
+    @property
+    def may_force(self) -> bool:
+        return self.on_force is not no_force
+
 
 class PlainReceipt:
     """A :class:`ReceiptKind` with the core's rules alone: sampled at the end of the block after its inclusion at
@@ -172,6 +182,11 @@ class PlainReceipt:
         return False
 
 
+def credit(s: StateView, a: bytes, amount: int) -> None:
+    """Add ``amount`` base units to ``a``'s balance."""
+    s.accounts[a] = replace(s.account(a), balance=s.account(a).balance + amount)
+
+
 def admit_receipt(s: StateView, r: Any) -> None:
     """The core's part of including a module's receipt ``r`` (after the module's own checks): refuse a replay
     and an unbonded worker, then record it pending at the height of the block being applied.
@@ -185,5 +200,5 @@ def admit_receipt(s: StateView, r: Any) -> None:
     s.open_receipts[r.id] = None
 
 
-__all__ = ["LedgerModule", "Module", "Payouts", "PlainReceipt", "ReceiptKind", "StateView", "admit_receipt", "ident",
-           "no_force"]
+__all__ = ["LedgerModule", "Module", "Payouts", "PlainReceipt", "ReceiptKind", "StateView", "admit_receipt", "credit",
+           "ident", "no_force"]

@@ -1,39 +1,48 @@
-"""The module tuple: the ledger's capabilities, registered once each (the Cosmos SDK's module manager, in small).
+"""The module tuple: the ledger's modules, registered once each (the Cosmos SDK's module manager, in small).
 
-:data:`MODULES` is at once
-  * the transaction registry: :data:`node.ledger.core.tx.TX_KINDS` is the core's own kinds
-    (:data:`node.ledger.core.txbase.CORE_TXS`: transfers, bonds, unbonds, inference receipts, votes, evidence)
-    followed by each module's kinds, in the tuple's order;
-  * the dispatch: :data:`MODULE_OF` maps a transaction's type to its module, built once here;
+:data:`MODULES` = the bank, the receipts, then :data:`EXTENSIONS` (jobs, runs, batches, history, staking,
+disputes). The tuple is at once
+  * the transaction registry: :data:`node.ledger.core.tx.TX_KINDS` is every module's kinds in the tuple's order,
+    derived here (no kind is registered by an import-time write);
+  * the dispatch: :data:`MODULE_OF` maps a transaction's type to its module, built once;
     :func:`node.ledger.core.state.apply_tx` looks a transaction up by ``type(tx)``;
-  * the end-block order: after the core's receipt work (sampling, settlement, escalation), each module's
-    ``end_block`` runs in the tuple's order (:func:`node.ledger.core.state.end_block`). The state root depends on
-    this order: jobs, runs, batches, the receipt history's retirement, then the validator set's shift;
-  * the tables: each module's maps and sets join the core's (:mod:`node.ledger.core.records`);
-  * the receipt rules: :data:`RECEIPT_KINDS` maps each module receipt type to its
-    :class:`~node.ledger.core.module.ReceiptKind`;
-  * what blocks an unbond and what forces a committee: asked of every module, in the tuple's order.
+  * the end-block order: :func:`node.ledger.core.state.end_block` runs each module's ``end_block`` in the tuple's
+    order. The state root depends on it: the receipts' sampling, settlement and escalation, then jobs, runs,
+    batches, the receipt history's retirement, and the validator set's shift (the order before modules);
+  * the tables: each module's maps and sets (:mod:`node.ledger.core.records`, in the snapshot's table order);
+  * the receipt rules: the receipts module settles every module's receipts by its
+    :class:`~node.ledger.core.module.ReceiptKind` and asks each extension's ``forces_check`` (a dispute);
+  * the unbond rules: the bank asks the receipts and each extension, in order, whether a worker holds open work.
 
-Adding a capability: a package (or module) under ``node/ledger/core/`` that builds a
-:class:`~node.ledger.core.module.Module` named ``MODULE``, and one line in :data:`MODULES` (``docs/architecture.md``,
-"How to add a capability").
+The bank and the receipts are built from the extensions here, as a Cosmos app wires its keepers: they import no
+capability. Adding a capability: a package under ``node/ledger/core/`` that builds a
+:class:`~node.ledger.core.module.Module` named ``MODULE``, and one line in :data:`EXTENSIONS`
+(``docs/architecture.md``, "How to add a capability").
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import batch, disputes, history, jobs, runs, staking
+from . import bank, batch, disputes, history, jobs, runs, staking
 from .module import LedgerModule, ReceiptKind
-from .txbase import CORE_TXS, Tx
+from .receipts import Receipts
+from .txbase import Tx
 
-MODULES: tuple[LedgerModule, ...] = (
+# The modules built on the bank and the receipts, in end-block order: one line each.
+EXTENSIONS: tuple[LedgerModule, ...] = (
     jobs.MODULE,  # fine-tune jobs: JobPost ... TrainReceipt (node.ledger.core.jobs)
     runs.MODULE,  # DiLoCo training runs (node.ledger.core.runs)
     batch.MODULE,  # batch jobs checked by majority vote (node.ledger.core.batch)
     history.MODULE,  # final receipts past the retention window leave the hot state (node.ledger.core.history)
-    staking.MODULE,  # validator joins and leaves; the set moves one height on (node.ledger.core.staking)
+    staking.MODULE,  # validator joins and leaves, evidence; the set moves one height on (node.ledger.core.staking)
     disputes.MODULE,  # a requester forces a committee on a receipt (node.ledger.core.disputes)
+)
+RECEIPTS = Receipts(EXTENSIONS)  # every receipt's sampling and settlement, by its module's ReceiptKind
+MODULES: tuple[LedgerModule, ...] = (
+    bank.module(blockers=(RECEIPTS, *EXTENSIONS)),  # transfers, bonds; unbonds unless a module holds open work
+    RECEIPTS,  # inference receipts and votes (node.ledger.core.receipts)
+    *EXTENSIONS,
 )
 
 
@@ -44,7 +53,7 @@ def _registry(modules: tuple[LedgerModule, ...]) -> tuple[tuple[type[Tx], ...], 
     Raises:
         ValueError: two kinds share a name, a type is registered twice, or two modules share a name or a table.
     """
-    kinds: list[type[Tx]] = list(CORE_TXS)
+    kinds: list[type[Tx]] = []
     module_of: dict[type[Tx], LedgerModule] = {}
     receipt_kinds: dict[type[Tx], ReceiptKind] = {}
     names: set[str] = set()
@@ -58,7 +67,7 @@ def _registry(modules: tuple[LedgerModule, ...]) -> tuple[tuple[type[Tx], ...], 
                 raise ValueError(f"table {t!r} is declared twice")
             tables.add(t)
         for cls in m.txs:
-            if cls in module_of or cls in CORE_TXS:
+            if cls in module_of:
                 raise ValueError(f"transaction type {cls.__name__} is registered twice")
             module_of[cls] = m
             kinds.append(cls)
@@ -75,11 +84,12 @@ MODULE_SETS: tuple[str, ...] = tuple(n for m in MODULES for n in m.sets)
 
 def module_of(tx_type: type[Tx]) -> LedgerModule | None:
     """The module of a transaction type (a subclass of a registered kind: its nearest registered base), or None
-    for the core's own kinds."""
+    for a type no module registered."""
     m = MODULE_OF.get(tx_type)
     if m is None:
         m = next((MODULE_OF[c] for c in tx_type.__mro__ if c in MODULE_OF), None)
     return m
 
 
-__all__ = ["KINDS", "MODULES", "MODULE_MAPS", "MODULE_OF", "MODULE_SETS", "RECEIPT_KINDS", "module_of"]
+__all__ = ["EXTENSIONS", "KINDS", "MODULES", "MODULE_MAPS", "MODULE_OF", "MODULE_SETS", "RECEIPTS", "RECEIPT_KINDS",
+           "module_of"]

@@ -165,16 +165,6 @@ def _records(cls: type) -> Codec[Any]:
     return Codec(to_plain, lambda x: from_plain(x, cls), lambda x: from_plain(x, cls, True))
 
 
-# The core's own tables (accounts, receipts and what settles them) and their codecs; each module's follow
-# (node.ledger.core.modules: the maps and sets its LedgerModule declares).
-CORE_MAPS: dict[str, Codec[Any]] = {
-    "accounts": Codec(lambda a: a.to_list(), lambda x: Account(*x)),
-    "receipts": _records(ReceiptRecord),
-    "evidence": Codec(list, lambda x: (int(x[0]), int(x[1]))),  # evidence key -> (height, slashed)
-    "sessions": Codec(ident, bytes),  # H(worker ‖ session id) -> receipt id
-}
-CORE_SETS = ("open_receipts",)
-
 # The order of the tables: a wire format (a state snapshot's chunk names a table by its index in MAPS + SETS,
 # node.ledger.snapshot), so it stays as it was before modules declared their tables; a table of a module added
 # later comes after these, in the module tuple's order.
@@ -187,8 +177,8 @@ def _ordered(names: list[str]) -> tuple[str, ...]:
     return tuple(sorted(names, key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), names.index(n))))
 
 
-MAPS = _ordered([*CORE_MAPS, *MODULE_MAPS])
-SETS = _ordered([*CORE_SETS, *MODULE_SETS])
+MAPS = _ordered(list(MODULE_MAPS))  # each module's tables (node.ledger.core.modules)
+SETS = _ordered(list(MODULE_SETS))
 
 
 def _codec(v: Any) -> Codec[Any]:
@@ -199,7 +189,6 @@ def _codec(v: Any) -> Codec[Any]:
 # How each state table's values are stored (LevelDB, node.ledger.statedb) and hashed into the state root
 # (node.ledger.core.tree): the same bytes for both.
 CODECS: dict[str, Codec[Any]] = {
-    **CORE_MAPS,
     **{name: _codec(v) for name, v in MODULE_MAPS.items()},
     **{name: Codec(ident, int) for name in SETS},
 }

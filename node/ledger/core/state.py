@@ -14,6 +14,11 @@ Credit flow for one receipt (all amounts in base units):
      every vote, or after ``verdict_timeout`` blocks, escalates to a committee twice as large; after
      ``max_rounds`` the receipt settles as unverified (the worker is paid: abstention never penalises it).
 
+The rules live in the ledger's modules (:mod:`node.ledger.core.modules`): the bank
+(:mod:`~node.ledger.core.bank`), the receipts and their settlement (:mod:`~node.ledger.core.receipts`), then
+each extension. This module holds the state, checks what every transaction shares (its signing domain, its
+signatures, its sender's nonce) and dispatches it to its module by type; it imports no capability.
+
 Invariants (tested): total supply (balances + bonds + escrow) is constant; no amount is negative; a receipt,
 a verdict and a slash each count once.
 """
@@ -24,19 +29,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from ...encoding import H, pack
+from ...encoding import pack
 from ...keys import verify_many
-from . import committee as cm, history as history_mod, valset as valset_mod
+from . import valset as valset_mod
 from .domain import mismatch
 from .genesis import TREASURY, Genesis, Params
 from .kv import _DEL, OrderedSet, Table
-from .module import LedgerModule, Module, no_force
-from .modules import MODULES, RECEIPT_KINDS, module_of
+from .modules import MODULE_OF, MODULES, module_of
 from .records import CODECS, MAPS, SETS, Account, ReceiptRecord
-from .sampling import PPM, is_sampled, sampling_ppm
 from .status import FINAL, INVALID_S, PENDING, SAMPLED, SETTLED, UNVERIFIED, VALID_S
 from .tree import EMPTY_ROOT, SEQ_KEY, StateTree, entry_key, leaf_value, memory_tree
-from .tx import ABSTAIN, INVALID, VALID, Bond, Evidence, InvalidTx, Receipt, Transfer, Tx, Unbond, Verdict, Vote
+from .tx import ABSTAIN, INVALID, VALID, InvalidTx, Tx
 from .txbase import _check
 from .valset import ValidatorSet
 
@@ -196,10 +199,6 @@ def genesis_state(g: Genesis) -> State:
 # ------------------------------------------------------------------ transactions
 
 
-def _credit(s: State, a: bytes, amount: int) -> None:
-    s.accounts[a] = replace(s.account(a), balance=s.account(a).balance + amount)
-
-
 def presign_check(txs: list[Tx], verified: Callable[[Tx], bool] | None = None) -> set[int]:
     """Verify the signatures of ``txs`` in parallel; the set of indexes whose signatures all verify.
 
@@ -231,215 +230,22 @@ def apply_tx(s: State, tx: Tx, signatures_checked: bool = False) -> None:
     if nonced is not None:
         expected = s.account(nonced[0]).nonce
         _check(nonced[1] == expected, f"bad nonce {nonced[1]}, expected {expected}")
-    core = _CORE.get(type(tx))
-    if core is not None:
-        core(s, tx)
-    else:
-        m = module_of(type(tx))
-        if m is None:  # pragma: no cover - decode_tx only builds the registered kinds
-            raise InvalidTx("unknown transaction")
-        m.apply(s, tx)
+    m = MODULE_OF.get(type(tx)) or module_of(type(tx))  # the dispatch (node.ledger.core.modules), built once
+    if m is None:  # pragma: no cover - decode_tx only builds the registered kinds
+        raise InvalidTx("unknown transaction")
+    m.apply(s, tx)
     if nonced is not None:  # every branch checks before it changes anything: we get here only when tx applied
         acc = s.account(nonced[0])
         s.accounts[nonced[0]] = replace(acc, nonce=acc.nonce + 1)
 
 
-def _apply_transfer(s: State, tx: Transfer) -> None:
-    sender = s.account(tx.sender)
-    _check(sender.balance >= tx.amount, "insufficient balance")
-    _check(tx.recipient != TREASURY, "the treasury cannot receive transfers")
-    s.accounts[tx.sender] = replace(sender, balance=sender.balance - tx.amount)
-    _credit(s, tx.recipient, tx.amount)
-
-
-def _apply_bond(s: State, tx: Bond) -> None:
-    acc = s.account(tx.sender)
-    _check(acc.balance >= tx.amount, "insufficient balance")
-    s.accounts[tx.sender] = replace(acc, balance=acc.balance - tx.amount, bond=acc.bond + tx.amount)
-
-
-def _apply_unbond(s: State, tx: Unbond) -> None:
-    """Release bond to balance unless the worker has receipts not final, or a module holds work of it (each
-    module's :meth:`~node.ledger.core.module.LedgerModule.unbond_blocker`, in the tuple's order)."""
-    acc = s.account(tx.sender)
-    _check(acc.bond >= tx.amount, "unbond exceeds the bond")
-    _check(not any(s.receipts[r].receipt.worker == tx.sender for r in s.open_receipts),
-           "receipts of this worker are still pending; unbond after they are final")
-    for m in MODULES:
-        why = m.unbond_blocker(s, tx.sender, acc.bond - tx.amount)
-        _check(why is None, why or "")
-    s.accounts[tx.sender] = replace(acc, balance=acc.balance + tx.amount, bond=acc.bond - tx.amount)
-
-
-def _apply_receipt(s: State, r: Receipt) -> None:
-    p = s.params
-    r.check_shape()
-    _check(r.id not in s.receipts, "receipt already on the ledger (replay)")
-    skey = H(r.worker, r.session_id)
-    _check(skey not in s.sessions, "a receipt for this session is already on the ledger (one per worker and session)")
-    _check(r.opened_height <= s.height + 1, "receipt opened at a future height")
-    _check(r.opened_height + p.receipt_max_age >= s.height, "receipt too old")
-    _check(r.price == r.work * p.price_per_token_block,
-           f"price must be work × price_per_token_block = {r.work * p.price_per_token_block}")
-    _check(r.price <= p.max_receipt_price, "receipt price above max_receipt_price")
-    _check(s.account(r.worker).bond >= p.min_bond, "worker is not bonded")
-    req = s.account(r.requester)
-    _check(req.balance >= r.price, "requester cannot cover the price")
-    s.accounts[r.requester] = replace(req, balance=req.balance - r.price, escrow=req.escrow + r.price)
-    s.receipts[r.id] = ReceiptRecord(receipt=r, height=s.height + 1)
-    s.open_receipts[r.id] = None
-    s.sessions[skey] = r.id
-
-
-def _apply_vote(s: State, v: Vote) -> None:
-    rec = s.receipts.get(v.receipt_id)
-    _check(rec is not None, "vote for an unknown receipt")
-    _check(rec.status == SAMPLED, f"receipt is {rec.status}, not awaiting votes")
-    _check(v.round == rec.round, f"vote for round {v.round}, receipt is in round {rec.round}")
-    _check(v.voter in rec.committee, "voter is not on this receipt's committee")
-    _check(v.voter not in rec.round_votes(), "member already voted in this round")
-    rec = replace(rec, votes=rec.votes + ((v.voter, v.round, v.verdict, v.distance_ppm),))
-    s.receipts[v.receipt_id] = rec
-    verdict = cm.tally(rec.round_votes(), len(rec.committee))
-    if verdict is not None:
-        _finalize(s, rec, verdict, s.height + 1)
-
-
-def _apply_evidence(s: State, e: Evidence) -> None:
-    _check(e.value_a != e.value_b, "evidence needs two different values")
-    _check(e.validator in s.validators or e.validator in s.tables["validators"], "evidence against a non-validator")
-    _check(e.key not in s.evidence, "evidence already on the ledger (counted once)")
-    _check(e.height <= s.height + 1, "evidence from a future height")
-    acc = s.account(e.validator)
-    slashed = min(acc.bond, s.params.slash_amount)
-    s.accounts[e.validator] = replace(acc, bond=acc.bond - slashed, slashed=acc.slashed + slashed)
-    _credit(s, TREASURY, slashed)
-    s.evidence[e.key] = (s.height + 1, slashed)
-
-
-# the core's own kinds (node.ledger.core.txbase.CORE_TXS) -> their rule; every other kind is a module's
-_CORE: dict[type[Tx], Callable[[State, Any], None]] = {
-    Transfer: _apply_transfer, Bond: _apply_bond, Unbond: _apply_unbond, Receipt: _apply_receipt,
-    Vote: _apply_vote, Evidence: _apply_evidence}
-
-
-# ------------------------------------------------------------------ settlement
-
-def _release_escrow(s: State, r: Receipt) -> None:
-    req = s.account(r.requester)
-    s.accounts[r.requester] = replace(req, escrow=req.escrow - r.price)
-
-
-def _finalize(s: State, rec: ReceiptRecord, verdict: Verdict, height: int) -> None:
-    r, p = rec.receipt, s.params
-    _release_escrow(s, r)
-    voters = [m for m, verd in rec.round_votes().items() if verd == verdict]
-    payouts: list[tuple[bytes, int]] = []
-    slashed = 0
-    worker = s.account(r.worker)
-    if verdict == VALID:
-        fee = r.price * p.committee_fee_bps // 10_000
-        share = fee // len(voters)
-        for m in voters:
-            payouts.append((m, share))
-        payouts.append((r.worker, r.price - share * len(voters)))
-        s.accounts[r.worker] = replace(worker, valid_run=worker.valid_run + 1)
-        status = VALID_S
-    else:
-        payouts.append((r.requester, r.price))
-        slashed = min(worker.bond, p.slash_amount)
-        s.accounts[r.worker] = replace(worker, bond=worker.bond - slashed, valid_run=0,
-                                       slashed=worker.slashed + slashed)
-        reward = min(slashed, r.price * p.committee_fee_bps // 10_000)
-        share = reward // len(voters)
-        for m in voters:
-            payouts.append((m, share))
-        payouts.append((TREASURY, slashed - share * len(voters)))
-        status = INVALID_S
-    owed = 0
-    kind = RECEIPT_KINDS.get(type(r))  # a module's receipt: who it pays on this verdict (node.ledger.core.module)
-    if kind is not None:
-        payouts, owed = kind.split(s, r, verdict, payouts)
-    for a, amt in payouts:
-        _credit(s, a, amt)
-    s.receipts[r.id] = replace(rec, status=status, final_height=height, payouts=tuple(payouts), slashed=slashed)
-    s.open_receipts.pop(r.id, None)
-    history_mod.schedule_leave(s, s.receipts[r.id])
-    if kind is not None:
-        kind.finalized(s, r, verdict, owed, height)
-
-
-def _settle_unchecked(s: State, rec: ReceiptRecord, status: str, height: int) -> None:
-    r = rec.receipt
-    kind = RECEIPT_KINDS.get(type(r))
-    if kind is not None and kind.settle_unchecked(s, rec, status, height):  # settled by its module
-        return
-    _release_escrow(s, r)
-    _credit(s, r.worker, r.price)
-    s.receipts[r.id] = replace(rec, status=status, final_height=height, payouts=((r.worker, r.price),))
-    s.open_receipts.pop(r.id, None)
-    history_mod.schedule_leave(s, s.receipts[r.id])
-
-
 def end_block(s: State, height: int, block_hash: bytes) -> None:
-    """Per-block work after the transactions: draw samples with this block's hash as the beacon for receipts
-    included in the previous block, settle unsampled receipts past the challenge window, escalate or settle
-    committees that timed out."""
-    p = s.params
-    for rid in list(s.open_receipts):
-        rec = s.receipts[rid]
-        kind = RECEIPT_KINDS.get(type(rec.receipt))  # None: an inference receipt (the core's rules alone)
-        if kind is not None and kind.sampled_later(rec):
-            continue  # sampled by its module (a round receipt: when its round's commit phase closes)
-        if rec.status == PENDING and rec.height == height - 1:
-            worker = s.account(rec.receipt.worker)
-            ppm = sampling_ppm(p.sample_base_ppm, p.sample_floor_ppm, worker.valid_run, p.adapt_step)
-            if kind is not None:  # a job may require a higher sampling rate; every aggregate is re-computed
-                ppm = kind.sample_ppm(s, rec.receipt, ppm)
-            if _forced(s, rid, height):  # e.g. disputed by its requester in an earlier block: always checked
-                ppm = PPM
-            if is_sampled(block_hash, rid, ppm):
-                com = cm.select_committee(block_hash, rid, 0, s.eligible(),
-                                          (rec.receipt.worker, rec.receipt.requester), p.committee_size)
-                if com:
-                    s.receipts[rid] = replace(rec, status=SAMPLED, p_ppm=ppm, committee=com, round_height=height)
-                    continue
-            s.receipts[rid] = replace(rec, p_ppm=ppm)
-        elif rec.status == PENDING and _forced(s, rid, height):  # e.g. a requester's dispute
-            com = cm.select_committee(block_hash, rid, 0, s.eligible(),
-                                      (rec.receipt.worker, rec.receipt.requester), p.committee_size)
-            if com:
-                s.receipts[rid] = replace(rec, status=SAMPLED, p_ppm=PPM, committee=com, round_height=height)
-            elif rec.height + p.challenge_window <= height:
-                _settle_unchecked(s, rec, SETTLED, height)
-        elif rec.status == PENDING and rec.height + p.challenge_window <= height:
-            _settle_unchecked(s, rec, SETTLED, height)
-        elif rec.status == SAMPLED:
-            size = len(rec.committee)
-            if cm.deadlocked(rec.round_votes(), size) or height - rec.round_height >= p.verdict_timeout:
-                nxt = rec.round + 1
-                # a member who did not vote in the round that timed out is left out of the next one: an account
-                # that is bonded but offline (or withholds its vote) would otherwise sit on every larger committee
-                # and, with few eligible accounts, keep any quorum out of reach
-                silent = set(rec.committee) - set(rec.round_votes())
-                com = cm.select_committee(block_hash, rid, nxt, s.eligible(),
-                                          (rec.receipt.worker, rec.receipt.requester, *silent), p.committee_size)
-                if nxt >= p.max_rounds or not com:
-                    _settle_unchecked(s, rec, UNVERIFIED, height)
-                else:
-                    s.receipts[rid] = replace(rec, round=nxt, committee=com, round_height=height)
-    for m in MODULES:  # the tuple's order (node.ledger.core.modules): jobs, runs, batches, history, staking
+    """Per-block work after the transactions, each module's in the tuple's order (:mod:`node.ledger.core.modules`):
+    the receipts' (draw samples with this block's hash as the beacon for receipts included in the previous block,
+    settle unsampled receipts past the challenge window, escalate or settle committees that timed out), then
+    jobs, runs, batches, the history's retirement and the validator set's shift."""
+    for m in MODULES:
         m.end_block(s, height, block_hash)
-
-
-def _forced(s: State, receipt_id: bytes, height: int) -> bool:
-    """Whether a module requires a committee on the pending receipt now (a dispute); asked in the tuple's order,
-    the first yes ends the asking."""
-    return any(m.forces_check(s, receipt_id, height) for m in _FORCING)
-
-
-# the modules that may force a committee (the others' forces_check is the default no, not asked on the hot path)
-_FORCING: tuple[LedgerModule, ...] = tuple(m for m in MODULES if not (isinstance(m, Module) and m.on_force is no_force))
 
 
 def apply_txs(s: State, txs: list[Tx], verified: Callable[[Tx], bool] | None = None
@@ -496,11 +302,19 @@ def finish_block(w: State, height: int, block_hash: bytes) -> State:
     return w
 
 
-__all__ = [
+__all__ = [  # with the names callers import from here (statuses, verdicts, tables)
     "ABSTAIN",
     "FINAL",
     "INVALID",
+    "INVALID_S",
+    "MAPS",
+    "PENDING",
+    "SAMPLED",
+    "SETS",
+    "SETTLED",
+    "UNVERIFIED",
     "VALID",
+    "VALID_S",
     "Account",
     "ReceiptRecord",
     "State",
@@ -510,4 +324,5 @@ __all__ = [
     "end_block",
     "finish_block",
     "genesis_state",
+    "presign_check",
 ]

@@ -1,8 +1,8 @@
 """The transaction registry: every kind, by name (:data:`TX_KINDS`), and :func:`decode_tx`.
 
-The kinds are the core's own (:mod:`node.ledger.core.txbase`: transfers, bonds, unbonds, inference receipts,
-votes, evidence) and every module's, in the module tuple's order (:data:`node.ledger.core.modules.MODULES`): the
-registry is derived from that tuple, never written to at import. The base classes and the core's kinds are
+The kinds are every module's, in the module tuple's order (:data:`node.ledger.core.modules.MODULES`: the bank's
+transfers, bonds and unbonds, the receipts' inference receipts and votes, then each extension's): the registry
+is derived from that tuple, never written to at import. The base classes and the core modules' kinds are
 re-exported here, so ``from node.ledger.core.tx import Receipt, decode_tx`` keeps working; a capability's own
 ``*tx`` module imports :mod:`~node.ledger.core.txbase` instead (this module imports every capability).
 
@@ -17,7 +17,6 @@ from .domain import MAX_DOMAIN, is_domain
 from .modules import KINDS
 from .txbase import (
     ABSTAIN,
-    CORE_TXS,
     INVALID,
     PRECOMMIT_TAG,
     PREVOTE_TAG,
@@ -74,7 +73,6 @@ def decode_tx(obj: Any) -> Tx:
 
 __all__ = [
     "ABSTAIN",
-    "CORE_TXS",
     "INVALID",
     "PRECOMMIT_TAG",
     "PREVOTE_TAG",

@@ -1,4 +1,4 @@
-"""Transactions: the signed objects that change ledger state (the base classes and the core's own kinds).
+"""Transactions: the signed objects that change ledger state (the base classes and the core modules' kinds).
 
 Every capability's kinds subclass :class:`SingleSigned` or :class:`Tx` here, in its own ``*tx`` module; the
 registry of every kind (``TX_KINDS``) and :func:`~node.ledger.core.tx.decode_tx` are :mod:`node.ledger.core.tx`,
@@ -401,6 +401,3 @@ def _check_field(name: str, kind: str, v: Any) -> None:
     if not ok and kind == "account":
         raise InvalidTx(f"field {name!r} is not a valid Ed25519 public key (no key could spend from it)")
     _check(ok, f"field {name!r} has a bad value")
-
-
-CORE_TXS: tuple[type[Tx], ...] = (Transfer, Bond, Unbond, Receipt, Vote, Evidence)  # the core's own kinds, in order

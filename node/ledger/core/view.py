@@ -42,6 +42,12 @@ class StateView(Protocol):
     def receipts(self) -> Table[Any, Any]: ...  # id -> ReceiptRecord (its receipt of any receipt kind)
 
     @property
+    def sessions(self) -> Table[bytes, bytes]: ...  # H(worker ‖ session id) -> receipt id
+
+    @property
+    def evidence(self) -> Table[bytes, Any]: ...  # evidence key -> (height, slashed)
+
+    @property
     def jobs(self) -> Table[Any, Any]: ...
 
     @property
