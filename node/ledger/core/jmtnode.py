@@ -92,8 +92,13 @@ def _full(hs: list[bytes], ks: list[int]) -> _Levels:
             lh.append(cur)
         lh.reverse()
         return lh, [[_I], [_I] * 2, [_I] * 4, [_I] * 8, ks]
+    if ks.count(_E) >= 12:  # a sparse node (the bottom of the tree): walk up from its few children only
+        lh = [[EMPTY_HASH], [EMPTY_HASH] * 2, [EMPTY_HASH] * 4, [EMPTY_HASH] * 8, hs]
+        lk: list[list[int]] = [[_E], [_E] * 2, [_E] * 4, [_E] * 8, ks]
+        _rehash(lh, lk, [s for s in range(16) if ks[s] != _E])
+        return lh, lk
     lh = [hs]
-    lk: list[list[int]] = [ks]
+    lk = [ks]
     for _ in range(4):
         hs, ks = _reduce(hs, ks)
         lh.append(hs)
