@@ -33,7 +33,8 @@ def resolve_device(gpu: int | None) -> str:
     """``"cpu"`` or ``"cuda:N"``; exits with a clear message when CUDA device N does not exist."""
     if gpu is None:
         return "cpu"
-    import torch  # only for --gpu: the CPU path never pays torch's import here
+    # local: torch takes ~2 s to import; only --gpu needs it, the CPU path never pays for it
+    import torch
 
     if not torch.cuda.is_available():
         sys.exit(f"node: --gpu {gpu}: no CUDA device is available (torch {torch.__version__}, "

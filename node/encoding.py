@@ -411,6 +411,7 @@ def verify_inclusion(leaf: bytes, index: int, size: int, proof: Sequence[bytes],
 
 def tensor_to_wire(t: Any) -> dict[str, Any]:
     """Encode a torch tensor or numpy array as ``{"dtype", "shape", "data"}`` (little-endian, contiguous)."""
+    # local: torch takes ~2 s to import; callers that do not compute (the CLI) never load it
     import torch
 
     if isinstance(t, torch.Tensor):
@@ -436,6 +437,7 @@ def tensor_from_wire(obj: Any, *, max_elems: int = 1 << 26) -> Any:
     Raises:
         DecodeError: unknown dtype, bad shape, or a buffer that does not match the shape.
     """
+    # local: torch takes ~2 s to import; callers that do not compute (the CLI) never load it
     import torch
 
     if not isinstance(obj, dict):

@@ -90,6 +90,7 @@ class ItemRunner:
         """Token ids of ``text``: the model's tokenizer, or UTF-8 bytes modulo the vocabulary without one."""
         if not self._tok_loaded:
             if (self.model_dir / "tokenizer.json").exists():
+                # local: transformers adds ~1.5 s to torch's import; loaded only where a model is built or tokenized
                 from transformers import AutoTokenizer
 
                 self._tok = AutoTokenizer.from_pretrained(str(self.model_dir), trust_remote_code=False)

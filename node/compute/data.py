@@ -64,6 +64,7 @@ def shakespeare_play(name: str) -> bytes:
 
 def dataset_tensors(text: bytes) -> list:
     """The blob form of a dataset: one uint8 tensor of the raw bytes."""
+    # local: torch takes ~2 s to import; callers that do not compute (the CLI) never load it
     import torch
 
     return [torch.from_numpy(np.frombuffer(text, dtype=np.uint8).copy())]
@@ -75,6 +76,7 @@ def dataset_bytes(tensors: list) -> bytes:
     Raises:
         ValueError: not a single uint8 tensor.
     """
+    # local: torch takes ~2 s to import; callers that do not compute (the CLI) never load it
     import torch
 
     if len(tensors) != 1 or tensors[0].dtype != torch.uint8 or tensors[0].dim() != 1:

@@ -24,6 +24,7 @@ class TorchExecutor:
         if threads < 1:
             raise ValueError("threads must be >= 1")
         if _threads_set is None:
+            # local: torch takes ~2 s to import; callers that do not compute (the CLI) never load it
             import torch
 
             torch.set_num_threads(threads)

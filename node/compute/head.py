@@ -66,6 +66,7 @@ class ClientHead:
         """The model's tokenizer, or ``None`` when the model dir ships no tokenizer files (tiny test models)."""
         if not self._tokenizer_loaded:
             if any((self.model_dir / f).is_file() for f in _TOKENIZER_FILES):
+                # local: transformers adds ~1.5 s to torch's import; loaded only where a model is built or tokenized
                 from transformers import AutoTokenizer
 
                 self._tokenizer = AutoTokenizer.from_pretrained(str(self.model_dir), trust_remote_code=False)

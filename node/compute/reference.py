@@ -58,6 +58,7 @@ def local_generate(model_dir: Path, prompt_ids: list[int], max_new_tokens: int, 
         ValueError: empty prompt, id outside the vocabulary, negative ``max_new_tokens``, or more positions than
             the model's ``max_length``; as :func:`load_causal_lm`.
     """
+    # local: transformers adds ~1.5 s to torch's import; loaded only where a model is built or tokenized
     from transformers import DynamicCache
 
     manifest = load_manifest(Path(model_dir))

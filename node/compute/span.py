@@ -91,6 +91,7 @@ class SpanModel:
 
     def new_cache(self):
         """A fresh, empty ``transformers.DynamicCache`` for one inference session on this span."""
+        # local: transformers adds ~1.5 s to torch's import; loaded only where a model is built or tokenized
         from transformers import DynamicCache
 
         return DynamicCache(config=self.config)

@@ -55,6 +55,7 @@ def encode_text(model_dir: Path, text: bytes) -> torch.Tensor:
     """Token ids (int64, 1-D) of the dataset ``text``: the model's tokenizer, or bytes mod vocab without one."""
     tok_file = Path(model_dir) / "tokenizer.json"
     if tok_file.exists():
+        # local: transformers adds ~1.5 s to torch's import; loaded only where a model is built or tokenized
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
@@ -108,6 +109,7 @@ class Trainer:
     """
 
     def __init__(self, model_dir: Path, spec: TrainSpec, device: str = "cpu"):
+        # local: peft adds ~4 s to transformers' import; loaded only to train
         from peft import LoraConfig, get_peft_model
 
         if spec.rank < 1 or spec.steps < 1 or spec.batch_size < 1 or spec.seq_len < 2 or not spec.targets:
@@ -238,6 +240,7 @@ class Trainer:
 
     def adapter_weights(self) -> dict[str, torch.Tensor]:
         """LoRA weights only, peft names (for ``adapter_model.safetensors``)."""
+        # local: peft adds ~4 s to transformers' import; loaded only to train
         from peft import get_peft_model_state_dict
 
         return {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(self.model).items()}

@@ -102,6 +102,7 @@ class StepBatcher:
                 r.error = e
 
     def _batched(self, hiddens: list[torch.Tensor], caches: list) -> list[torch.Tensor]:
+        # local: transformers adds ~1.5 s to torch's import; loaded only where a model is built or tokenized
         from transformers import DynamicCache
 
         span = self.span

@@ -13,6 +13,8 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from safetensors.torch import save_file
+
 from ..blobs import fetch_blob
 from ..compute.data import dataset_bytes, dataset_tensors
 from ..compute.train import Trainer, encode_text, split_tokens
@@ -112,8 +114,6 @@ def job_json(job, state, archived: Callable[[bytes], dict | None] | None = None)
 
 
 def _write_adapter(model_dir: Path, post: JobPost, state: list, text: bytes, out_dir: Path) -> dict:
-    from safetensors.torch import save_file
-
     spec = spec_of(post)
     trainer = Trainer(model_dir, spec)
     trainer.load_state(state)

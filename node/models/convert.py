@@ -32,6 +32,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from node.compute.arch import SUPPORTED, architecture, check_model_type
 from node.compute.model import (
@@ -113,8 +115,6 @@ def _weight_files(src: Path) -> list[Path]:
 
 def _open_all(files: list[Path]) -> dict[str, tuple[object, str]]:
     """``{tensor name: (open safetensors handle, file name)}``; raises CheckpointError for a bad file."""
-    from safetensors import SafetensorError, safe_open
-
     where: dict[str, tuple[object, str]] = {}
     for path in files:
         if _is_pickle_bytes(_magic(path)):
@@ -132,8 +132,6 @@ def _open_all(files: list[Path]) -> dict[str, tuple[object, str]]:
 
 
 def _read(where: dict, name: str) -> torch.Tensor:
-    from safetensors import SafetensorError
-
     handle, fname = where[name]
     try:
         t = handle.get_tensor(name)
@@ -172,6 +170,7 @@ def load_hf_config(src: Path):
     Raises:
         CheckpointError: no/invalid config.json, unsupported architecture, quantized checkpoint.
     """
+    # local: transformers adds ~1.5 s to torch's import; loaded only where a model is built or tokenized
     from transformers import AutoConfig
 
     path = src / "config.json"
@@ -204,6 +203,7 @@ def load_tokenizer(src: Path):
     Raises:
         CheckpointError: no tokenizer files, or transformers cannot load them.
     """
+    # local: transformers adds ~1.5 s to torch's import; loaded only where a model is built or tokenized
     from transformers import AutoTokenizer
 
     if not any((src / f).is_file() for f in TOKENIZER_FILES):
@@ -269,8 +269,6 @@ class HFPlan:
         Raises:
             CheckpointError: a tensor is unreadable or not finite (the caller deletes ``out``).
         """
-        from safetensors.torch import save_file
-
         block_hashes = []
         for i in progress_iter(range(self.num_blocks), self.num_blocks, "converting blocks", progress):
             sd = {k: _read(self.where, full) for k, full in self.blocks[i].items()}
@@ -303,6 +301,7 @@ class GGUFPlan:
     """
 
     def __init__(self, path: Path):
+        # local: transformers adds ~1.5 s to torch's import; loaded only where a model is built or tokenized
         from transformers import AutoConfig
 
         self.src = path
@@ -324,6 +323,7 @@ class GGUFPlan:
         Raises:
             CheckpointError: transformers cannot dequantize the file or read its tokenizer.
         """
+        # local: transformers adds ~1.5 s to torch's import; loaded only where a model is built or tokenized
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = self.src

@@ -12,7 +12,8 @@ def progress_iter(items: Iterable, total: int, desc: str, enabled: bool) -> Iter
         yield from items
         return
     if sys.stdout.isatty():
-        from tqdm import tqdm  # only on a terminal: tqdm is not needed for the plain-line output
+        # local: tqdm (~70 ms) only on a terminal; the plain-line output does without it
+        from tqdm import tqdm
 
         yield from tqdm(items, total=total, desc=desc, unit="block", file=sys.stdout)
         return

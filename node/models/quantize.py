@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from safetensors.torch import save_file
+
 from node.compute.int8 import CONFIG_KEY, INT8, QUANTIZATIONS, quantize_block
 from node.compute.model import (
     HEAD_FILE,
@@ -45,8 +47,6 @@ def quantize_dir(src: Path, out: Path, name: str, progress: bool = False) -> Man
         ValueError: ``src`` is already quantized, or a file of ``src`` does not match its manifest.
         FileNotFoundError: a file of ``src`` is missing.
     """
-    from safetensors.torch import save_file
-
     src, out = Path(src), Path(out)
     m = load_manifest(src)
     if m.quantization is not None:

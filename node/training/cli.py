@@ -187,6 +187,7 @@ def _follow(api: LocalApi, run_id: str, out: TextIO | None = None) -> dict[str, 
         time.sleep(0.5)
     bar = None
     if out.isatty():
+        # local: tqdm (~70 ms) only while a progress bar is drawn; every CLI command imports this module
         from tqdm import tqdm
 
         bar = tqdm(total=run["rounds"], unit="round", desc=f"run {run_id[:8]}", file=out)

@@ -89,6 +89,7 @@ class InnerTrainer:
                 raise ValueError("a LoRA run needs rank >= 1 and at least one target module")
             # imported here, not at the top: peft pulls in transformers (~4 CPU-s), and every node imports this
             # module at start (node.training.worker) though few ever train a run
+            # local: peft adds ~4 s to transformers' import; loaded only to train
             from peft import LoraConfig, get_peft_model
 
             model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets),
@@ -266,6 +267,7 @@ def make_scratch_model(out_dir: Path, seed: int = 0, **overrides: Any) -> Path:
     Raises:
         ValueError: an override that is not a key of ``SCRATCH_CONFIG``.
     """
+    # local: transformers adds ~1.5 s to torch's import; loaded only where a model is built or tokenized
     from transformers import LlamaConfig, LlamaForCausalLM
 
     unknown = set(overrides) - set(SCRATCH_CONFIG)
