@@ -230,7 +230,7 @@ def scan_msgpack(data: bytes | bytearray, *, max_depth: int = MAX_DEPTH, max_cos
         while pending:
             b = data[pos]  # IndexError past the end: truncated
             if one[b] and pos + 1 < n and one[data[pos + 1]]:  # a run of shared 1-byte objects in one container
-                k = min(run(data, pos).end() - pos, pending - base)  # type: ignore[union-attr]
+                k = min(run(data, pos).end() - pos, pending - base)  # type: ignore[union-attr]  # 2 bytes match
                 cost += _DICT_EMPTY * data.count(0x80, pos, pos + k) + _LIST_BASE * data.count(0x90, pos, pos + k)
                 objects += k
                 pending -= k

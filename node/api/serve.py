@@ -23,8 +23,8 @@ async def serve_api(node, host: str, port: int, task_status=trio.TASK_STATUS_IGN
     cfg.graceful_timeout = 1.0
 
     async def _serve(task_status=trio.TASK_STATUS_IGNORED):
-        # FastAPI is an ASGI 3 app; hypercorn's ASGIFramework Protocol spells its callables narrower than Starlette
-        await serve(create_app(node), cfg, task_status=task_status)  # type: ignore[arg-type]
+        app = create_app(node)
+        await serve(app, cfg, task_status=task_status)  # type: ignore[arg-type]  # an ASGI 3 app, typed otherwise
 
     async with trio.open_nursery() as n:
         binds = await n.start(_serve)

@@ -128,8 +128,8 @@ class StepBatcher:
             out = span.net(inputs_embeds=x, attention_mask=mask, position_ids=pos, cache=big,
                            use_cache=True).last_hidden_state
             for li in range(len(span.net.layers)):
-                layer = big.layers[li]  # a DynamicLayer (full attention): it has keys and values
-                k, v = layer.keys[:, :, -1:], layer.values[:, :, -1:]  # type: ignore[union-attr, index]
+                layer = big.layers[li]
+                k, v = layer.keys[:, :, -1:], layer.values[:, :, -1:]  # type: ignore[union-attr, index]  # DynamicLayer
                 for i, c in enumerate(caches):
                     c.update(k[i:i + 1].clone(), v[i:i + 1].clone(), li)
         out = out.to(device="cpu", dtype=torch.float32)

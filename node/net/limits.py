@@ -207,7 +207,7 @@ class StreamGate:
             finally:
                 self.limiter.stream_closed(peer)
 
-        gated._tally_gated = True  # type: ignore[attr-defined]
+        gated.__dict__["_tally_gated"] = True  # read by the getattr above: the swarm is gated once
         network.common_stream_handler = gated
         self._gate_dials(network)
 
