@@ -28,7 +28,7 @@ import stat
 import struct
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import trio
 
@@ -98,7 +98,15 @@ def _io_errors() -> tuple[type[BaseException], ...]:
     return (IOException, MuxedStreamError, BaseLibp2pError) + errors
 
 
-async def write_file_msg(stream, f: BinaryIO, size: int, fields: Mapping[str, Any] | None = None, *,
+class Readable(Protocol):
+    """What :func:`write_file_msg` reads from: a binary file, or a reader over one (``snapstore.VerifyingReader``)."""
+
+    def read(self, n: int, /) -> bytes:
+        """At most ``n`` bytes, fewer only at the end."""
+        ...
+
+
+async def write_file_msg(stream, f: Readable, size: int, fields: Mapping[str, Any] | None = None, *,
                          key: str = "data", timeout: float | None = None, stall: float = STALL,
                          raw: bool = False) -> int:
     """Write the message ``{**fields, key: <the next size bytes of f>}`` to ``stream``, in frames of at most
@@ -106,7 +114,7 @@ async def write_file_msg(stream, f: BinaryIO, size: int, fields: Mapping[str, An
 
     Args:
         stream: anything with ``async write(bytes)`` (a libp2p stream).
-        f: a file open for binary reading, positioned where the bin's bytes start.
+        f: a file open for binary reading (or anything :class:`Readable`), positioned where the bin's bytes start.
         size: bytes of ``f`` to send.
         fields: small fields sent before the file (e.g. ``{"status": "ok"}``).
         key: the file's key in the map.
