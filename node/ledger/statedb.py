@@ -83,8 +83,8 @@ def open_state(db: Any, genesis: Genesis) -> State:
         raise StateFormatError("no state stored")
     migrate_tree(db)
     height, last_hash, seq, counts, root = meta
-    tables = {n: Table(StoreRoot(db, PREFIX[n], CODECS[n], CACHE_ITEMS.get(n, 65536), counts.get(n)))
-              for n in MAPS + SETS}
+    tables: dict[str, Table[Any, Any]] = {
+        n: Table(StoreRoot(db, PREFIX[n], CODECS[n], CACHE_ITEMS.get(n, 65536), counts.get(n))) for n in MAPS + SETS}
     return State(genesis.domain, genesis.params, genesis.validators, height, last_hash, seq, tables=tables,
                  tree=tr.settled(db, root))
 
@@ -112,7 +112,7 @@ def dump_state(db: Any, batch: Batch, state: State) -> None:
             if not whole:
                 fresh.tables[name][k] = v
     root = fresh.state_root()
-    assert fresh.tree is not None
+    assert fresh.tree is not None and fresh.tree.root is not None
     if root != state.state_root():
         raise StateFormatError("the state's root differs from its entries' (a bug: report it)")
     tr.stage(batch, fresh.tree, 0, lambda bound: iter(()))
@@ -153,7 +153,7 @@ def stage_state(batch: Batch, parent: State, state: State) -> None:
     counts = {n: len(state.tables[n]) for n in MAPS + SETS}
     state.state_root()  # before the tables fold: the root comes from the block's own writes
     assert state.tree is not None and state.tree.root is not None and parent.tree is not None
-    db = parent.tables["accounts"].root.backend  # type: ignore[union-attr]
+    db: Any = parent.tables["accounts"].root.backend  # type: ignore[union-attr]
     tr.stage(batch, state.tree, state.height,
              lambda bound: db.iterator(start=tr.STALE, stop=bound, include_value=False))
     encoded = state.encoded or {}

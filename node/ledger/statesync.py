@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import trio
 
@@ -142,8 +142,8 @@ class SnapshotServer:
             return m, chunks, sum(len(c) for c in chunks.values())
         m, _ = snap.make(self.store.db, self.store.genesis.domain, self.chunk_bytes, put=self.disk.put_chunk)
         self.disk.write(m)
-        chunks = DiskChunks(self.disk, m)
-        return m, chunks, chunks.nbytes()
+        on_disk = DiskChunks(self.disk, m)
+        return m, on_disk, on_disk.nbytes()
 
     def install(self, host: SyncHost) -> None:
         host.set_handler(SNAPSHOT_PROTOCOL, self.handle)
@@ -239,8 +239,8 @@ class SnapshotServer:
                 try:
                     # the reader re-hashes the file as it is read and raises before the last frame if it is
                     # damaged: the peer's stream is reset, never given a whole message of altered bytes
-                    await write_file_msg(stream, f, size, {"status": "ok"}, timeout=reply_deadline(size),
-                                         stall=self.stall_s)
+                    await write_file_msg(stream, cast(BinaryIO, f), size, {"status": "ok"},  # (read(n) is all
+                                         timeout=reply_deadline(size), stall=self.stall_s)  # it uses)
                 except OSError as e:  # damaged on disk (logged by the reader), or unreadable: cut the reply
                     raise StreamClosed(f"chunk {i} not served: {e}") from None
                 finally:

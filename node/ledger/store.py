@@ -381,7 +381,7 @@ class LedgerStore:
         ``([(suffix, value)], next cursor or None)``."""
         it = (self.db.iterator(start=prefix, stop=prefix + cursor, reverse=True) if cursor
               else self.db.iterator(prefix=prefix, reverse=True))
-        items = []
+        items: list[tuple[bytes, bytes]] = []
         with it:
             for k, v in it:
                 if len(items) == limit:
