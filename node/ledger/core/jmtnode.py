@@ -143,7 +143,8 @@ def _load(data: bytes, vb: bytes, j: int) -> _Dec:
     """The decoded internal node ``data`` with its binary levels, from a bounded cache keyed by the node's
     bytes (a pure function of them: whatever store they came from, the entry is right) for the upper
     :data:`CACHED_DEPTH` levels, which every block reads again (below them a block's paths rarely meet). Callers
-    copy before changing it. Memory: ~3 KiB per full node, at most ~25 MiB (:data:`DECODED_NODES`).
+    copy before changing it. Memory: ~3 KiB per full node, at most ~25 MiB (:data:`DECODED_NODES`). Safe to
+    call from several threads: an entry is a pure function of its key, so a race can only lose an entry.
     Raises: CorruptNodeError for bytes that are not a canonical internal node."""
     dec = _dec_hot.get(data)
     if dec is None:
