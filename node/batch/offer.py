@@ -23,6 +23,7 @@ from typing import Protocol
 
 import trio
 
+from ..duty.runner import DutyRunner
 from ..identity import Identity
 from ..ledger.core.batch import reputation
 from ..ledger.core.batchtx import WITHDRAWN, BatchOffer
@@ -68,8 +69,12 @@ class OfferKeeper:
     def __init__(self, ident: Identity, ledger: OfferLedger, want: int):
         self.ident, self.ledger, self.want = ident, ledger, want
         self.last: bytes | None = None  # id of the last offer sent
-        self._wake = trio.Event()
-        ledger.on_block(lambda block, state: self._wake.set())
+        self.duty_runner = DutyRunner(self, ledger, at_start=True)  # at start and after each block
+
+    @property
+    def name(self) -> str:
+        """The duty's name in logs (:class:`node.duty.runner.Duty`)."""
+        return "batch offer"
 
     def pending(self, st: State) -> BatchOffer | None:
         """The offer to send now against state ``st`` (unsigned), or None: the ledger already holds what this
@@ -88,8 +93,9 @@ class OfferKeeper:
                 self.last = None
         return BatchOffer(self.ledger.chain_id, me, self.want, self.ledger.next_nonce(me))
 
-    async def step(self) -> None:
-        """Send the :meth:`pending` offer, if any (a refusal or a failed send is logged and retried later)."""
+    async def step(self, nursery: trio.Nursery | None = None) -> None:
+        """Send the :meth:`pending` offer, if any (a refusal or a failed send is logged and retried later).
+        ``nursery``: unused (:class:`node.duty.runner.Duty`: the offer is sent within the step)."""
         st = self.ledger.state
         tx = self.pending(st)
         if tx is None:
@@ -108,11 +114,8 @@ class OfferKeeper:
             log.info("%s: queued, not yet broadcast (%s: %s)", what, type(e).__name__, e)
 
     async def run(self) -> None:
-        """Forever: at start and after each block, :meth:`step`."""
-        while True:
-            await self.step()
-            await self._wake.wait()
-            self._wake = trio.Event()
+        """Forever: at start and after each block, :meth:`step` (:class:`node.duty.runner.DutyRunner`)."""
+        await self.duty_runner.run()
 
 
 __all__ = ["OfferKeeper", "wanted_offer"]

@@ -65,7 +65,7 @@ class RunChecks:
     def __init__(self) -> None:
         self.cache = RunCache()
 
-    def checkers(self) -> dict[type, Callable[[Any, Any], Awaitable[tuple[int, float]]]]:
+    def checkers(self) -> dict[type, Callable[[ReplayMember, Any], Awaitable[tuple[int, float]]]]:
         """Receipt type -> check, for :class:`node.verify.member.CommitteeMember`'s ``checkers``."""
         return {RoundReceipt: self.round_receipt, RoundAggregate: self.aggregate}
 

@@ -48,9 +48,11 @@ class ReceiptChecker(Protocol):
     ``(verdict, distance)`` (VALID / INVALID / ABSTAIN of :mod:`node.ledger.core.tx`; the distance in the check's
     own unit, ``inf`` when there is none). It may raise; the member then abstains. The capability's package owns
     it and its caches (``node.market.check.TrainingCheck``, ``node.training.replay.RunChecks``); the runtime hands
-    them to :class:`CommitteeMember`, which imports no capability."""
+    them to :class:`CommitteeMember`, which imports no capability. A checker declares what it uses of the member
+    as its own Protocol (``CheckingMember``, ``ReplayMember``); mypy checks the member against it where the runtime
+    lists the checkers (``node.runtime.CHECKERS``)."""
 
-    def __call__(self, member: Any, receipt: Any, /) -> Awaitable[tuple[int, float]]: ...
+    def __call__(self, member: CommitteeMember, receipt: Any, /) -> Awaitable[tuple[int, float]]: ...
 
 
 class CommitteeMember:
