@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from multiaddr import Multiaddr
+
 from ...encoding import AMOUNT_FORM, H, format_amount, pack, parse_amount
 from ...keys import account_from_str, account_to_str
 from . import domain as signing_domain
@@ -268,8 +270,6 @@ def check_bootstrap_addr(text: str) -> str:
     Raises:
         GenesisError: not such a multiaddr, or a wildcard address (``0.0.0.0``, ``::``) nobody can dial.
     """
-    from multiaddr import Multiaddr
-
     example = "e.g. /ip4/203.0.113.7/tcp/4001/p2p/12D3KooW..."
     try:
         if not isinstance(text, str) or not text.startswith("/"):
