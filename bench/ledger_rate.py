@@ -8,8 +8,10 @@ gets them) go through :func:`node.ledger.core.chain.propose` (each receipt's two
 every core, before the block is applied), :func:`~node.ledger.core.chain.commit_block` and
 :meth:`~node.ledger.store.LedgerStore.append` (the block, the state changes and the state tree in one fsynced
 LevelDB batch). The rate is receipts over the summed block times (seconds); the first block is a warm-up, not
-counted. ``--profile`` then applies as many blocks again under cProfile (not counted in the rate) and prints the
-profile of the slowest of them, per size, to stderr.
+counted. Each size's line also gives the state tree's work per timed block, which does not depend on the machine's
+load: node reads that missed the node caches (LevelDB reads) and nodes written. ``--profile`` then applies as many
+blocks again under cProfile (not counted in the rate) and prints the profile of the slowest of them, per size, to
+stderr.
 
 Usage: ``.venv/bin/python bench/ledger.py --rate [--store-dir DIR] [--blocks N] [--per-block N] [--profile]``
 (this file directly takes the same flags).
@@ -62,8 +64,24 @@ def store_rate(src: Path, blocks: int, per_block: int, profile: bool = False) ->
         FileNotFoundError: no store at ``src``. RuntimeError: a receipt was refused.
     """
     from node.encoding import pack, unpack
+    from node.ledger.core import tree as tr
     from node.ledger.core.tx import decode_tx
     from node.ledger.store import LedgerStore
+
+    reads, written = [0], [0]  # the state tree's LevelDB node reads and node writes (this child process only)
+    get, stage = tr.LevelNodes.get, tr.stage
+
+    def counting_get(self: Any, node_key: bytes) -> bytes | None:
+        if node_key not in self.cache.hot and node_key not in self.cache.cold:
+            reads[0] += 1
+        return get(self, node_key)
+
+    def counting_stage(batch: Any, tree: Any, height: int, prune: Any) -> None:
+        written[0] += len(tree.pending)
+        stage(batch, tree, height, prune)
+
+    tr.LevelNodes.get = counting_get  # type: ignore[method-assign]
+    tr.stage = counting_stage
 
     if not (src / "CURRENT").exists():
         raise FileNotFoundError(f"no LevelDB store at {src}")
@@ -82,8 +100,9 @@ def store_rate(src: Path, blocks: int, per_block: int, profile: bool = False) ->
                 rc = ledger_scale.make_receipt(g, workers[i % len(workers)], requesters[i % len(requesters)],
                                                os.urandom(16), state.height, os.urandom(8))
                 pre.append(decode_tx(unpack(pack(rc.to_wire()))))
-            wall, cpu, profs, prof_wall = [], [], [], []
+            wall, cpu, profs, prof_wall, tree_reads, tree_writes = [], [], [], [], [], []
             for j in range(runs):
+                reads[0] = written[0] = 0
                 prof = cProfile.Profile() if j > blocks else None
                 c0 = time.process_time()
                 if prof:
@@ -96,12 +115,14 @@ def store_rate(src: Path, blocks: int, per_block: int, profile: bool = False) ->
                 elif j:  # the first block warms the caches up
                     wall.append(dt)
                     cpu.append(time.process_time() - c0)
+                    tree_reads.append(reads[0])
+                    tree_writes.append(written[0])
             rss = ledger_scale.rss_mib()
         finally:
             store.close()
     out: dict[str, Any] = {"n": n, "receipts_per_s": blocks * per_block / sum(wall),
                            "block_ms": [round(x * 1e3, 1) for x in wall], "cpu_ms": [round(x * 1e3, 1) for x in cpu],
-                           "rss_mib": rss, "profile": ""}
+                           "rss_mib": rss, "profile": "", "tree_reads": tree_reads, "tree_writes": tree_writes}
     if profile:
         slow = max(range(len(prof_wall)), key=lambda i: prof_wall[i])
         s = io.StringIO()
@@ -158,7 +179,8 @@ def run_rates(store_dir: Path | None, blocks: int = 4, per_block: int = 500, pro
         lines.append(f"at {name} live receipts ({r['n']} held): {r['receipts_per_s']:.0f} receipts/s through a "
                      f"validator ({per_block}-receipt blocks, propose + commit + fsync; {os.cpu_count()} cores), "
                      f"ratio {ratio:.2f} (target >= {TARGETS[n]}) {'MET' if ratio >= TARGETS[n] else 'NOT MET'}; "
-                     f"blocks {r['block_ms']} ms, cpu {r['cpu_ms']} ms, RSS {r['rss_mib']:.0f} MiB")
+                     f"blocks {r['block_ms']} ms, cpu {r['cpu_ms']} ms, RSS {r['rss_mib']:.0f} MiB; state tree per "
+                     f"block: LevelDB node reads {r['tree_reads']}, nodes written {r['tree_writes']}")
         if profile:
             print(r["profile"], file=sys.stderr)
     return lines
