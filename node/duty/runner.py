@@ -1,8 +1,9 @@
 """One runner for block-driven duties: wake at each block (or when the duty asks), look at the state, do this
 node's part, and back off when a step fails.
 
-The fine-tune job worker (:mod:`node.market.worker`), the batch worker (:mod:`node.batch.worker`) and the
-training-run worker (:mod:`node.training.worker`) each do their work the same way: the ledger's state says what is
+The fine-tune job worker (:mod:`node.market.worker`), the batch worker (:mod:`node.batch.worker`), the batch
+offer keeper (:mod:`node.batch.offer`) and the training-run worker (:mod:`node.training.worker`) each do their work
+the same way: the ledger's state says what is
 this node's to do, so at every block the duty looks at the state and starts what is not started yet (in the
 runner's nursery, where its tasks live as long as the runner). :class:`DutyRunner` is that loop, written once:
 
