@@ -8,8 +8,11 @@ A map, from the bottom up:
 
 * leaves: :mod:`~node.ledger.core.domain` (signing domains), :mod:`~node.ledger.core.sampling`,
   :mod:`~node.ledger.core.status` (``ReceiptStatus``), :mod:`~node.ledger.core.kv` (tables over a key-value
-  seam), :mod:`~node.ledger.core.smt` and :mod:`~node.ledger.core.tree` (the state root),
-  :mod:`~node.ledger.core.consensus` (Tendermint as a pure machine).
+  seam), the state root: :mod:`~node.ledger.core.smt` (the binary sparse Merkle tree whose hashes and proofs
+  define it), :mod:`~node.ledger.core.jmt` and :mod:`~node.ledger.core.jmtnode` (the same tree stored 16-ary,
+  Jellyfish-style: updates, proofs, node bytes, the decoded-node cache), :mod:`~node.ledger.core.tree` (the
+  ledger's entries as the tree's leaves), :mod:`~node.ledger.core.committee` (drawing a committee, tallying its
+  votes into a ``Verdict``), :mod:`~node.ledger.core.consensus` (Tendermint as a pure machine).
 * transactions: :mod:`~node.ledger.core.txbase` (``Tx``, ``Verdict``, the core modules' kinds: transfers, bonds,
   unbonds, inference receipts, votes, evidence); :mod:`~node.ledger.core.valset` (validator sets) and
   :mod:`~node.ledger.core.genesis` (parameters).
