@@ -11,11 +11,11 @@ A map, from the bottom up:
   seam), the state root: :mod:`~node.ledger.core.smt` (the binary sparse Merkle tree whose hashes and proofs
   define it), :mod:`~node.ledger.core.jmt` and :mod:`~node.ledger.core.jmtnode` (the same tree stored 16-ary,
   Jellyfish-style: updates, proofs, node bytes, the decoded-node cache), :mod:`~node.ledger.core.tree` (the
-  ledger's entries as the tree's leaves), :mod:`~node.ledger.core.committee` (drawing a committee, tallying its
-  votes into a ``Verdict``), :mod:`~node.ledger.core.consensus` (Tendermint as a pure machine).
+  ledger's entries as the tree's leaves), :mod:`~node.ledger.core.consensus` (Tendermint as a pure machine).
 * transactions: :mod:`~node.ledger.core.txbase` (``Tx``, ``Verdict``, the core modules' kinds: transfers, bonds,
   unbonds, inference receipts, votes, evidence); :mod:`~node.ledger.core.valset` (validator sets) and
-  :mod:`~node.ledger.core.genesis` (parameters).
+  :mod:`~node.ledger.core.genesis` (parameters); :mod:`~node.ledger.core.committee` (drawing a committee,
+  tallying its votes into a ``Verdict``).
 * the seams a capability is written against: :mod:`~node.ledger.core.rows` (``Account``, ``ReceiptRecord``),
   :mod:`~node.ledger.core.view` (``StateView``, the narrow state), :mod:`~node.ledger.core.module`
   (``LedgerModule``, ``ReceiptKind``, ``Module``).
