@@ -35,7 +35,7 @@ import bisect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from ...encoding import HASH_LEN, H
+from ...encoding import H
 from .jmtnode import (
     _CHILD,
     _E,
@@ -63,13 +63,13 @@ from .smt import (
     EMPTY_HASH,
     EMPTY_ROOT,
     KEY_LEN,
-    MAX_VERSION,
     CorruptNodeError,
     NodeStore,
     Proof,
     Root,
     StaleNode,
     UpdateResult,
+    checked_changes,
     leaf_hash,
 )
 
@@ -273,22 +273,9 @@ def update(store: NodeStore, version: int, root: Root, changes: Mapping[bytes, b
             ``[0, 2^64)``, or not greater than ``root.version`` (at least it, for an empty root).
         MissingNodeError, CorruptNodeError: ``root``'s nodes are not (intact) in ``store``.
     """
-    if not isinstance(root, Root) or not isinstance(root.hash, bytes) or len(root.hash) != HASH_LEN:
-        raise ValueError("root must be a Root (32-byte hash, version)")
-    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_VERSION:
-        raise ValueError("version must be an int in [0, 2^64)")
-    empty = root.hash == EMPTY_HASH
-    if version < root.version or (version == root.version and not empty):
-        raise ValueError(f"version {version} must be greater than the root's version {root.version}")
-    ch: list[tuple[int, bytes, bytes | None]] = []
-    for key, value in changes.items():
-        _check_key(key)
-        if value is not None and not isinstance(value, bytes):
-            raise ValueError("a tree value is bytes, or None to delete")
-        ch.append((int.from_bytes(key, "big"), key, value))
+    ch, empty = checked_changes(root, version, changes)
     if not ch:
         return UpdateResult(root, {}, ())
-    ch.sort(key=lambda c: c[0])
     ctx = _Ctx(store.get, version.to_bytes(8, "big"))
     if empty:
         r = _build_new(ctx, 0, ch, 0, len(ch))

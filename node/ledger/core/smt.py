@@ -418,18 +418,14 @@ def _check_key(key: Any) -> None:
         raise ValueError(f"a tree key is {KEY_LEN} bytes (hash your key with tree_key)")
 
 
-def update(store: NodeStore, version: int, root: Root, changes: Mapping[bytes, bytes | None]) -> UpdateResult:
-    """Apply ``changes`` (key -> new value, or None to delete; deleting an absent key is a no-op) to the tree
-    ``root`` as version ``version``. Returns the new root, the node writes and the stale nodes; stores nothing.
-
-    Deterministic: the result depends on the contents of ``changes``, not their order. Equal contents give the
-    same root hash whatever the history. A batch that changes nothing returns ``root`` and no writes.
-    Cost: O(len(changes) · log n) node reads and writes, n the number of keys.
+def checked_changes(root: Root, version: int, changes: Mapping[bytes, bytes | None]
+                    ) -> tuple[list[tuple[int, bytes, bytes | None]], bool]:
+    """The arguments of an update checked (shared by :func:`update` and :func:`node.ledger.core.jmt.update`): the
+    changes as ``(key as int, key, value or None)`` sorted by key, and whether ``root`` is the empty tree's.
 
     Raises:
         ValueError: a key that is not 32 bytes, a value that is not bytes or None, ``version`` not an int in
             ``[0, 2^64)``, or not greater than ``root.version`` (at least it, for an empty root).
-        MissingNodeError, CorruptNodeError: ``root``'s nodes are not (intact) in ``store``.
     """
     if not isinstance(root, Root) or not isinstance(root.hash, bytes) or len(root.hash) != HASH_LEN:
         raise ValueError("root must be a Root (32-byte hash, version)")
@@ -445,6 +441,23 @@ def update(store: NodeStore, version: int, root: Root, changes: Mapping[bytes, b
             raise ValueError("a tree value is bytes, or None to delete")
         ch.append((int.from_bytes(key, "big"), key, value))
     ch.sort(key=lambda c: c[0])
+    return ch, empty
+
+
+def update(store: NodeStore, version: int, root: Root, changes: Mapping[bytes, bytes | None]) -> UpdateResult:
+    """Apply ``changes`` (key -> new value, or None to delete; deleting an absent key is a no-op) to the tree
+    ``root`` as version ``version``. Returns the new root, the node writes and the stale nodes; stores nothing.
+
+    Deterministic: the result depends on the contents of ``changes``, not their order. Equal contents give the
+    same root hash whatever the history. A batch that changes nothing returns ``root`` and no writes.
+    Cost: O(len(changes) · log n) node reads and writes, n the number of keys.
+
+    Raises:
+        ValueError: a key that is not 32 bytes, a value that is not bytes or None, ``version`` not an int in
+            ``[0, 2^64)``, or not greater than ``root.version`` (at least it, for an empty root).
+        MissingNodeError, CorruptNodeError: ``root``'s nodes are not (intact) in ``store``.
+    """
+    ch, empty = checked_changes(root, version, changes)
     if not ch:
         return UpdateResult(root, {}, ())
     ctx = _Ctx(store, version)
