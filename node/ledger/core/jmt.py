@@ -119,7 +119,7 @@ def _node(ctx: _Ctx, j: int, kint: int, hs: list[bytes], vs: list[bytes], ks: li
         data = _encode(hs, vs, ks)
     ctx.writes[ctx.vbytes + _suffix(j, kint)] = data
     if not ctx.bulk and j <= CACHED_DEPTH:
-        _remember(data, (vs, lh, lk))
+        _remember(data, (lh, lk))
     return lh[0][0], ctx.vbytes
 
 
@@ -185,13 +185,9 @@ def _apply(ctx: _Ctx, h: bytes, vb: bytes, j: int, ch: list[tuple[int, bytes, by
         raise _missing(vb, j)
     if data[:1] == b"\x00":
         return _apply_leaf(ctx, data, h, vb, nk, j, ch, lo, hi)
-    dec = _verified(data, h, vb, j)
-    vs = list(dec[0])  # copies: the decoded node stays as stored
-    h0, h1, h2, h3, h4 = dec[1]
-    k0, k1, k2, k3, k4 = dec[2]
-    lh = [h0[:], h1[:], h2[:], h3[:], h4[:]]
-    lk = [k0[:], k1[:], k2[:], k3[:], k4[:]]
+    vs, lh, lk = _verified(data, h, vb, j)  # new lists, changed below
     hs, ks = lh[4], lk[4]
+    k4 = ks[:]  # the slot kinds as stored
     shift = DEPTH - 4 * j - 4
     placed: list[tuple[int, _Leaf]] = []
     dirty: list[int] = []
