@@ -277,9 +277,7 @@ class Node:
         checkers: dict[type, ReceiptChecker] = {}
         for make in CHECKERS:
             checkers.update(make())
-        return CommitteeMember(self.ident, self.ledger, self.host, self.blobs, self.executor,
-                               lambda s, e: self._load_span(s, e), self.manifest.model_id,
-                               model_dir=cfg.model_dir, fetcher=fetcher, checkers=checkers)
+        return CommitteeMember.from_parts(self.parts, lambda s, e: self._load_span(s, e), fetcher, checkers)
 
     def _make_server(self, start: int, end: int) -> SpanServer:
         cfg = self.cfg

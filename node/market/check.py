@@ -21,12 +21,13 @@ import logging
 import math
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..blobs import BlobStore, fetch_blob
 from ..compute.data import dataset_bytes
 from ..compute.model import tokenizer_trusted
 from ..compute.train import Trainer, batch_for_step, encode_text, split_tokens, state_distance
+from ..duty.parts import Executor, Host, Ledger
 from ..encoding import commitments_root
 from ..ledger.core.jobtx import TrainReceipt
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID
@@ -42,10 +43,10 @@ class CheckingMember(Protocol):
     :class:`node.verify.member.CommitteeMember`, which this package does not import): the ledger (``state.jobs``),
     the host and blob store to fetch from, the torch executor, and the model dir to replay in."""
 
-    ledger: Any
-    host: Any
+    ledger: Ledger
+    host: Host
     blobs: BlobStore
-    executor: Any
+    executor: Executor
 
     async def model_dir_for(self, model_id: bytes, holders: Iterable[bytes]) -> Path | None: ...
 

@@ -33,7 +33,7 @@ import trio
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..compute.compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
 from ..compute.span import SpanModel
-from ..duty.parts import Executor, Host, Ledger
+from ..duty.parts import Executor, Host, Ledger, NodeParts
 from ..identity import Identity, account_to_str
 from ..ledger.core.state import SAMPLED, State
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID, InvalidTx, Receipt, Verdict, Vote
@@ -84,6 +84,15 @@ class CommitteeMember:
         self._send, self._recv = trio.open_memory_channel(1000)
         self.checked = 0
         self.last_distances: list[float] = []
+
+    @classmethod
+    def from_parts(cls, parts: NodeParts, load_span: Callable[[int, int], SpanModel], fetcher: BlockFetcher | None,
+                   checkers: Mapping[type, ReceiptChecker]) -> CommitteeMember:
+        """The node's committee member, built from its parts (:class:`node.duty.parts.NodeParts`: key, ledger,
+        host, blobs, executor, model id and ``config.model_dir``) and what only the runtime has: the span loader,
+        the block fetcher for other models, and the capabilities' receipt checkers."""
+        return cls(parts.ident, parts.ledger, parts.host, parts.blobs, parts.executor, load_span, parts.model_id,
+                   model_dir=parts.config.model_dir, fetcher=fetcher, checkers=checkers)
 
     def on_block(self, block, state: State) -> None:
         """Block listener: queue every sampled receipt of the current round that names us and we have not done."""
