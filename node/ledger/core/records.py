@@ -27,13 +27,14 @@ _SCALARS = frozenset({int, str, bytes, bool, type(None)})
 def to_plain(v: Any) -> Any:
     """The msgpack-able form of a state record (see the module docstring).
 
-    On the hot path (every record a block writes is encoded for the state root and the store): per type, the
-    field names are looked up once (:func:`_plain_of`), not reflected on every call."""
+    On the hot path (every record a block writes is encoded for the state root, the store and the undo record):
+    per type, an encoder is generated once (:func:`_plain_of`) that reads the fields by name and passes each
+    value on as it is when its type is a scalar, so no field is reflected on and no call is made per scalar."""
     t: Any = type(v)
     if t in _SCALARS:
         return v
     if t is tuple or t is list:
-        return [to_plain(x) for x in v]
+        return [x if type(x) in _SCALARS else to_plain(x) for x in v]
     return _plain_of(t)(v)
 
 
@@ -43,15 +44,31 @@ def _tx_fields(cls: type[Tx]) -> tuple[tuple[str, ...], tuple[str, ...]]:
             tuple(cls.SIGS))
 
 
+def _generated(body: str, env: dict[str, Any]) -> Any:
+    """``lambda v: <body>`` compiled once (``body`` is built from a class's field names: identifiers)."""
+    ns = dict(env)
+    exec(f"def encode(v):\n    return {body}\n", ns)  # body: field names of the ledger's own classes
+    return ns["encode"]
+
+
+def _fields_body(names: tuple[str, ...]) -> str:
+    """The list of ``v``'s fields ``names``, each as :func:`to_plain` gives it (scalars inline)."""
+    for n in names:
+        if not n.isidentifier():  # pragma: no cover - dataclass fields are identifiers
+            raise ValueError(f"not a field name: {n!r}")
+    return "[" + ", ".join(f"(x if type(x := v.{n}) in S else tp(x))" for n in names) + "]"
+
+
 @cache
 def _plain_of(t: type) -> Any:
     """The encoder of values of type ``t`` (not a scalar, tuple or list): as :func:`to_plain` describes."""
     if issubclass(t, Tx):
-        names, sigs, kind = *_tx_fields(t), t.KIND
-
-        def wire(v: Any) -> Any:
-            return {"t": kind, "c": v.chain_id, "f": [getattr(v, n) for n in names],
-                    "s": [getattr(v, n) for n in sigs]}
+        names, sigs = _tx_fields(t)
+        for n in (*names, *sigs):
+            if not n.isidentifier():  # pragma: no cover - dataclass fields are identifiers
+                raise ValueError(f"not a field name: {n!r}")
+        wire = _generated('{"t": K, "c": v.chain_id, "f": [' + ", ".join(f"v.{n}" for n in names)
+                          + '], "s": [' + ", ".join(f"v.{n}" for n in sigs) + "]}", {"K": t.KIND})
 
         checked: list[bool] = []
 
@@ -64,8 +81,7 @@ def _plain_of(t: type) -> Any:
     if issubclass(t, enum.Enum):
         return lambda v: v.value
     if dataclasses.is_dataclass(t):
-        fields = tuple(f.name for f in dataclasses.fields(t))
-        return lambda v: [to_plain(getattr(v, n)) for n in fields]
+        return _generated(_fields_body(tuple(f.name for f in dataclasses.fields(t))), {"S": _SCALARS, "tp": to_plain})
     if issubclass(t, (tuple, list)):
         return lambda v: [to_plain(x) for x in v]
     return lambda v: v
