@@ -4,6 +4,7 @@
   collector stops tracking, and an update read through a warm cache writes exactly what a cold one writes.
 * Records and transactions are encoded by generated per-class encoders (node/ledger/core/records.py) into the
   bytes the per-field reflection gave, for every record and transaction class.
+* ``rows.evolve`` copies an account or a receipt record exactly as ``dataclasses.replace`` does.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from node.encoding import H, pack
 from node.ledger.core import jmt, jmtnode
 from node.ledger.core.modules import MODULE_MAPS
 from node.ledger.core.records import CODECS, to_plain
-from node.ledger.core.rows import ReceiptRecord
+from node.ledger.core.rows import Account, ReceiptRecord, evolve
 from node.ledger.core.smt import EMPTY_ROOT, MemoryNodeStore
 from node.ledger.core.status import SAMPLED, ReceiptStatus
 from node.ledger.core.tx import TX_KINDS, Tx
@@ -130,3 +131,31 @@ def test_a_receipt_record_encodes_as_before():
                         votes=((b"a" * 32, 0, Verdict.VALID, 5),), payouts=((b"w" * 32, 7),))
     assert CODECS_BY_CLASS[ReceiptRecord].dumps(rec) == pack(_reference_plain(rec))
     assert to_plain(rec)[2] == "sampled" and type(to_plain(rec)[2]) is str
+
+
+# ---------------------------------------------------------------- rows.evolve (dataclasses.replace on the hot path)
+
+@pytest.mark.parametrize("cls", [Account, ReceiptRecord], ids=lambda c: c.__name__)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_evolve_is_dataclasses_replace_for_the_rows(cls, data):
+    v = data.draw(st.builds(cls))
+    names = [f.name for f in dataclasses.fields(cls)]
+    fresh = data.draw(st.builds(cls))
+    changes = {n: getattr(fresh, n) for n in data.draw(st.lists(st.sampled_from(names), unique=True))}
+    got, want = evolve(v, **changes), dataclasses.replace(v, **changes)
+    assert type(got) is cls and got == want and hash(got) == hash(want) and vars(got) == vars(want)
+    assert _typed(to_plain(got)) == _typed(to_plain(want))
+    assert v == dataclasses.replace(v)  # the original is unchanged
+    with pytest.raises(TypeError):
+        evolve(v, not_a_field=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        got.height = 1 if cls is ReceiptRecord else got.balance  # type: ignore[misc]
+
+
+def test_evolve_leaves_a_class_it_cannot_copy_by_dict_to_dataclasses_replace():
+    r = Receipt("c", b"s" * 16, b"w" * 32, b"r" * 32, b"m" * 32, 0, 4, 7, b"i" * 32, b"o" * 32, 7, 3, "none",
+                b"x" * 64, b"y" * 64)
+    rid = r.id  # cached on the instance: a copy of its __dict__ would carry the old id
+    moved = evolve(r, tokens=8, price=8)
+    assert moved == dataclasses.replace(r, tokens=8, price=8) and moved.id != rid

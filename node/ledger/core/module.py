@@ -15,10 +15,10 @@ Modules see the state only through :class:`node.ledger.core.view.StateView`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .rows import ReceiptRecord
+from .rows import ReceiptRecord, evolve
 from .txbase import Tx, Verdict, _check
 from .view import StateView
 
@@ -184,7 +184,8 @@ class PlainReceipt:
 
 def credit(s: StateView, a: bytes, amount: int) -> None:
     """Add ``amount`` base units to ``a``'s balance."""
-    s.accounts[a] = replace(s.account(a), balance=s.account(a).balance + amount)
+    acc = s.account(a)
+    s.accounts[a] = evolve(acc, balance=acc.balance + amount)
 
 
 def admit_receipt(s: StateView, r: Any) -> None:

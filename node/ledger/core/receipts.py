@@ -13,7 +13,6 @@ this module imports no capability.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from ...encoding import H
@@ -21,7 +20,7 @@ from . import committee as cm, history as history_mod
 from .genesis import TREASURY
 from .kv import Codec
 from .module import LedgerModule, ReceiptKind, credit, ident
-from .rows import ReceiptRecord
+from .rows import ReceiptRecord, evolve
 from .sampling import PPM, is_sampled, sampling_ppm
 from .status import INVALID_S, PENDING, SAMPLED, SETTLED, UNVERIFIED, VALID_S
 from .txbase import VALID, InvalidTx, Receipt, Tx, Verdict, Vote, _check
@@ -44,7 +43,7 @@ def _apply_receipt(s: StateView, r: Receipt) -> None:
     _check(s.account(r.worker).bond >= p.min_bond, "worker is not bonded")
     req = s.account(r.requester)
     _check(req.balance >= r.price, "requester cannot cover the price")
-    s.accounts[r.requester] = replace(req, balance=req.balance - r.price, escrow=req.escrow + r.price)
+    s.accounts[r.requester] = evolve(req, balance=req.balance - r.price, escrow=req.escrow + r.price)
     s.receipts[r.id] = ReceiptRecord(receipt=r, height=s.height + 1)
     s.open_receipts[r.id] = None
     s.sessions[skey] = r.id
@@ -57,7 +56,7 @@ def _apply_vote(s: StateView, v: Vote, kinds: Kinds) -> None:
     _check(v.round == rec.round, f"vote for round {v.round}, receipt is in round {rec.round}")
     _check(v.voter in rec.committee, "voter is not on this receipt's committee")
     _check(v.voter not in rec.round_votes(), "member already voted in this round")
-    rec = replace(rec, votes=rec.votes + ((v.voter, v.round, v.verdict, v.distance_ppm),))
+    rec = evolve(rec, votes=rec.votes + ((v.voter, v.round, v.verdict, v.distance_ppm),))
     s.receipts[v.receipt_id] = rec
     verdict = cm.tally(rec.round_votes(), len(rec.committee))
     if verdict is not None:
@@ -66,7 +65,7 @@ def _apply_vote(s: StateView, v: Vote, kinds: Kinds) -> None:
 
 def _release_escrow(s: StateView, r: Receipt) -> None:
     req = s.account(r.requester)
-    s.accounts[r.requester] = replace(req, escrow=req.escrow - r.price)
+    s.accounts[r.requester] = evolve(req, escrow=req.escrow - r.price)
 
 
 def _finalize(s: StateView, rec: ReceiptRecord, verdict: Verdict, height: int, kinds: Kinds) -> None:
@@ -82,12 +81,12 @@ def _finalize(s: StateView, rec: ReceiptRecord, verdict: Verdict, height: int, k
         for m in voters:
             payouts.append((m, share))
         payouts.append((r.worker, r.price - share * len(voters)))
-        s.accounts[r.worker] = replace(worker, valid_run=worker.valid_run + 1)
+        s.accounts[r.worker] = evolve(worker, valid_run=worker.valid_run + 1)
         status = VALID_S
     else:
         payouts.append((r.requester, r.price))
         slashed = min(worker.bond, p.slash_amount)
-        s.accounts[r.worker] = replace(worker, bond=worker.bond - slashed, valid_run=0,
+        s.accounts[r.worker] = evolve(worker, bond=worker.bond - slashed, valid_run=0,
                                        slashed=worker.slashed + slashed)
         reward = min(slashed, r.price * p.committee_fee_bps // 10_000)
         share = reward // len(voters)
@@ -101,7 +100,7 @@ def _finalize(s: StateView, rec: ReceiptRecord, verdict: Verdict, height: int, k
         payouts, owed = kind.split(s, r, verdict, payouts)
     for a, amt in payouts:
         credit(s, a, amt)
-    s.receipts[r.id] = replace(rec, status=status, final_height=height, payouts=tuple(payouts), slashed=slashed)
+    s.receipts[r.id] = evolve(rec, status=status, final_height=height, payouts=tuple(payouts), slashed=slashed)
     s.open_receipts.pop(r.id, None)
     history_mod.schedule_leave(s, s.receipts[r.id])
     if kind is not None:
@@ -115,7 +114,7 @@ def _settle_unchecked(s: StateView, rec: ReceiptRecord, status: str, height: int
         return
     _release_escrow(s, r)
     credit(s, r.worker, r.price)
-    s.receipts[r.id] = replace(rec, status=status, final_height=height, payouts=((r.worker, r.price),))
+    s.receipts[r.id] = evolve(rec, status=status, final_height=height, payouts=((r.worker, r.price),))
     s.open_receipts.pop(r.id, None)
     history_mod.schedule_leave(s, s.receipts[r.id])
 
@@ -141,14 +140,14 @@ def end_block(s: StateView, height: int, block_hash: bytes, kinds: Kinds, forcin
                 com = cm.select_committee(block_hash, rid, 0, s.eligible(),
                                           (rec.receipt.worker, rec.receipt.requester), p.committee_size)
                 if com:
-                    s.receipts[rid] = replace(rec, status=SAMPLED, p_ppm=ppm, committee=com, round_height=height)
+                    s.receipts[rid] = evolve(rec, status=SAMPLED, p_ppm=ppm, committee=com, round_height=height)
                     continue
-            s.receipts[rid] = replace(rec, p_ppm=ppm)
+            s.receipts[rid] = evolve(rec, p_ppm=ppm)
         elif rec.status == PENDING and _forced(s, rid, height, forcing):  # e.g. a requester's dispute
             com = cm.select_committee(block_hash, rid, 0, s.eligible(),
                                       (rec.receipt.worker, rec.receipt.requester), p.committee_size)
             if com:
-                s.receipts[rid] = replace(rec, status=SAMPLED, p_ppm=PPM, committee=com, round_height=height)
+                s.receipts[rid] = evolve(rec, status=SAMPLED, p_ppm=PPM, committee=com, round_height=height)
             elif rec.height + p.challenge_window <= height:
                 _settle_unchecked(s, rec, SETTLED, height, kinds)
         elif rec.status == PENDING and rec.height + p.challenge_window <= height:
@@ -166,7 +165,7 @@ def end_block(s: StateView, height: int, block_hash: bytes, kinds: Kinds, forcin
                 if nxt >= p.max_rounds or not com:
                     _settle_unchecked(s, rec, UNVERIFIED, height, kinds)
                 else:
-                    s.receipts[rid] = replace(rec, round=nxt, committee=com, round_height=height)
+                    s.receipts[rid] = evolve(rec, round=nxt, committee=com, round_height=height)
 
 
 

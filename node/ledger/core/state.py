@@ -37,6 +37,7 @@ from .genesis import TREASURY, Genesis, Params
 from .kv import _DEL, OrderedSet, Table
 from .modules import MODULE_OF, MODULES, module_of
 from .records import CODECS, MAPS, SETS, Account, ReceiptRecord
+from .rows import evolve
 from .status import FINAL, INVALID_S, PENDING, SAMPLED, SETTLED, UNVERIFIED, VALID_S
 from .tree import EMPTY_ROOT, SEQ_KEY, StateTree, entry_key, leaf_value, memory_tree
 from .tx import ABSTAIN, INVALID, VALID, InvalidTx, Tx
@@ -236,7 +237,7 @@ def apply_tx(s: State, tx: Tx, signatures_checked: bool = False) -> None:
     m.apply(s, tx)
     if nonced is not None:  # every branch checks before it changes anything: we get here only when tx applied
         acc = s.account(nonced[0])
-        s.accounts[nonced[0]] = replace(acc, nonce=acc.nonce + 1)
+        s.accounts[nonced[0]] = evolve(acc, nonce=acc.nonce + 1)
 
 
 def end_block(s: State, height: int, block_hash: bytes) -> None:
