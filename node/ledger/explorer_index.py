@@ -37,7 +37,16 @@ def index_block(block: Block, old: State, new: State) -> list[tuple[bytes, bytes
         seq += 1
 
     written = _written_receipts(old, new)
-    changed = [rid for rid in old.open_receipts if written is None or rid in written]
+    if written is None:
+        changed = list(old.open_receipts)
+    else:  # the written ones that were open, in the open set's order (its sequence numbers): O(written), no scan
+        seqs = old.tables["open_receipts"]
+        order = []
+        for rid in written:
+            q = seqs.get(rid)
+            if q is not None:
+                order.append((q, rid))
+        changed = [rid for _, rid in sorted(order)]
     for i, tx in enumerate(block.txs):
         out.append((b"i/t" + tx.id, pack([block.height, i, tx.KIND])))
         amount = getattr(tx, "amount", None) or getattr(tx, "price", None)

@@ -505,5 +505,7 @@ class LedgerStore:
 
     def last_commit(self) -> tuple:
         """The commit ``(validator, round, signature)…`` stored with the head block (empty at genesis)."""
-        d = self.get_block_raw(self.head)
-        return () if d is None else tuple((bytes(v), int(r), bytes(s)) for v, r, s in d["c"])
+        if self.head < self.pruned_below:  # (as get_block_raw: a body pruned, or below a state-synced base)
+            return ()
+        # the head's stored commit alone (blockcodec.record_commit), not its whole record decoded
+        return tuple((bytes(v), int(r), bytes(s)) for v, r, s in self._commit_at(self.head))

@@ -4,6 +4,9 @@
   collector stops tracking, and an update read through a warm cache writes exactly what a cold one writes.
 * Records and transactions are encoded by generated per-class encoders (node/ledger/core/records.py) into the
   bytes the per-field reflection gave, for every record and transaction class.
+* ``kv.Table.pairs`` (one scan, for the open sets' iteration) reads exactly what ``items()`` reads.
+* The explorer index of a block is built from the receipts it wrote, in the open set's order, as from every one.
+* The head's commit is read from its stored record without building the block's transactions, as before.
 * ``rows.evolve`` copies an account or a receipt record exactly as ``dataclasses.replace`` does.
 """
 
@@ -15,18 +18,25 @@ import gc
 import random
 from typing import Any
 
+import plyvel
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from node.encoding import H, pack
-from node.ledger.core import jmt, jmtnode
+from node.encoding import DecodeError, H, pack, unpack_local
+from node.ledger import explorer_index
+from node.ledger.core import blockcodec, jmt, jmtnode
+from node.ledger.core.chain import commit_block, propose
+from node.ledger.core.kv import Codec, OrderedSet, StoreRoot, Table
 from node.ledger.core.modules import MODULE_MAPS
 from node.ledger.core.records import CODECS, to_plain
 from node.ledger.core.rows import Account, ReceiptRecord, evolve
 from node.ledger.core.smt import EMPTY_ROOT, MemoryNodeStore
 from node.ledger.core.status import SAMPLED, ReceiptStatus
 from node.ledger.core.tx import TX_KINDS, Tx
-from node.ledger.core.txbase import Receipt, Verdict
+from node.ledger.core.txbase import VALID, Receipt, Verdict
+from node.ledger.explorer_index import index_block
+from node.ledger.store import LedgerStore
+from tests.ledger.helpers import KEYS, VALIDATOR, make_genesis, make_receipt, vote
 
 CODECS_BY_CLASS = {v: CODECS[n] for n, v in MODULE_MAPS.items() if dataclasses.is_dataclass(v)}
 
@@ -159,3 +169,107 @@ def test_evolve_leaves_a_class_it_cannot_copy_by_dict_to_dataclasses_replace():
     rid = r.id  # cached on the instance: a copy of its __dict__ would carry the old id
     moved = evolve(r, tokens=8, price=8)
     assert moved == dataclasses.replace(r, tokens=8, price=8) and moved.id != rid
+
+
+# ---------------------------------------------------------------- kv.Table.pairs (the open sets' iteration)
+
+INT = Codec(lambda v: v, int)
+
+
+def _same_pairs(t: Table) -> None:
+    assert t.pairs() == list(t.items())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pairs_is_items_over_leveldb_at_every_step_of_a_commit(tmp_path, seed):
+    rng = random.Random(seed)
+    db = plyvel.DB(str(tmp_path / "db"), create_if_missing=True)
+    head = Table(StoreRoot(db, b"t/", INT, cache_items=rng.choice([2, 8, 1000]), count=0))
+    history = [head]
+    try:
+        for _ in range(25):
+            work = head.child()
+            for layer in range(rng.choice([1, 2])):
+                if layer:
+                    work = work.child()
+                for _ in range(rng.randrange(1, 12)):
+                    k = bytes([rng.randrange(40)])
+                    if rng.random() < 0.3:
+                        work.pop(k, None)
+                    else:
+                        _ = k in work  # a miss first (cached absent), as a receipt's replay check does
+                        work[k] = rng.randrange(1000)
+            _same_pairs(work)
+            with db.write_batch() as wb:
+                work.stage(wb)
+            for t in (work, *history):  # written, not settled yet: every state still reads as it did
+                _same_pairs(t)
+            work.settle()
+            head = work
+            history.append(head)
+            for t in history:
+                _same_pairs(t)
+        _same_pairs(Table(StoreRoot(db, b"t/", INT, count=None)))
+    finally:
+        db.close()
+
+
+def test_pairs_is_items_in_memory_and_ordered_sets_iterate_as_before():
+    rng = random.Random(5)
+    t: Table = Table.memory({bytes([i]): rng.randrange(100) for i in range(0, 40, 3)})
+    for _ in range(12):
+        t = t.child()
+        for _ in range(5):
+            k = bytes([rng.randrange(40)])
+            if rng.random() < 0.3:
+                t.pop(k, None)
+            else:
+                t[k] = rng.randrange(1000)
+        _same_pairs(t)
+        s = OrderedSet(t, lambda: 0)
+        assert list(s) == [k for _, k in sorted((v, k) for k, v in t.items())]
+
+
+# ---------------------------------------------------------------- the explorer index of a block, O(written)
+
+def test_explorer_entries_and_the_head_commit_read_without_a_full_decode_are_as_before(tmp_path, monkeypatch):
+    g = make_genesis(committee_size=2, sample_base_ppm=300_000, sample_floor_ppm=300_000, challenge_window=3)
+    store = LedgerStore(tmp_path / "db", g)
+    state = store.replay()
+    rng = random.Random(17)
+    voted: set[bytes] = set()
+    records: list[bytes] = []
+    try:
+        for h in range(12):
+            txs: list = [make_receipt(g, rng.choice(KEYS[1:5]), height=state.height, rid=rng.randbytes(16))
+                         for _ in range(rng.randrange(0, 6))]
+            for rid in state.open_receipts:  # votes on some sampled receipts: they become final
+                rec = state.receipts[rid]
+                if rec.status == SAMPLED and rid not in voted and rng.random() < 0.6:
+                    voted.add(rid)
+                    txs += [vote(g, rid, k, VALID) for k in KEYS if k.account in rec.committee]
+            block, new, rejected = propose(state, txs, VALIDATOR, 1000 + h, store.last_commit())
+            assert not rejected, rejected
+            fast = index_block(block, state, new)
+            with monkeypatch.context() as m:  # every open receipt compared, as before
+                m.setattr(explorer_index, "_written_receipts", lambda old, new: None)
+                slow = index_block(block, state, new)
+            assert fast == slow
+            store.append(block, commit_block(VALIDATOR, block), state, new)
+            state = new
+            whole = store.get_block_raw(store.head)  # the record decoded in full, as last_commit read it before
+            assert whole is not None and whole["c"]
+            assert store.last_commit() == tuple((bytes(v), int(r), bytes(s)) for v, r, s in whole["c"])
+            raw = store.db.get(b"B" + store.head.to_bytes(8, "big"))
+            assert blockcodec.record_commit(raw, g.validators) == whole["c"]
+            records.append(raw)
+        for raw in records:  # damaged records are refused by the skipping reader as by the full decode
+            for bad in (raw[:-1], raw + b"\x00", raw[:len(raw) // 2], b"\x95\x03" + raw[2:]):
+                with pytest.raises((blockcodec.RecordError, DecodeError)):
+                    blockcodec.record_commit(bad, g.validators)
+                with pytest.raises((blockcodec.RecordError, DecodeError)):
+                    blockcodec._check(unpack_local(bad))  # (the full decode)
+        statuses = {r.status for r in state.receipts.values()}
+        assert {"valid", "settled"} <= statuses  # receipts were settled and decided while others stayed open
+    finally:
+        store.close()
