@@ -7,6 +7,7 @@
 * ``kv.Table.pairs`` (one scan, for the open sets' iteration) reads exactly what ``items()`` reads.
 * The explorer index of a block is built from the receipts it wrote, in the open set's order, as from every one.
 * The head's commit is read from its stored record without building the block's transactions, as before.
+* The tree's hashes, computed from prefix states, are the hashes of the concatenations they stand for.
 * ``rows.evolve`` copies an account or a receipt record exactly as ``dataclasses.replace`` does.
 """
 
@@ -24,7 +25,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from node.encoding import DecodeError, H, pack, unpack_local
 from node.ledger import explorer_index
-from node.ledger.core import blockcodec, jmt, jmtnode
+from node.ledger.core import blockcodec, jmt, jmtnode, smt, tree
 from node.ledger.core.chain import commit_block, propose
 from node.ledger.core.kv import Codec, OrderedSet, StoreRoot, Table
 from node.ledger.core.modules import MODULE_MAPS
@@ -273,3 +274,16 @@ def test_explorer_entries_and_the_head_commit_read_without_a_full_decode_are_as_
         assert {"valid", "settled"} <= statuses  # receipts were settled and decided while others stayed open
     finally:
         store.close()
+
+
+# ---------------------------------------------------------------- hashes from prefix states
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=80), st.binary(max_size=80), st.sampled_from(sorted(tree.TAG)))
+def test_hashes_from_absorbed_prefixes_are_the_hashes_of_the_concatenations(a, b, table):
+    assert smt.leaf_hash(a, b) == H(b"\x00", a, H(b))
+    assert smt.internal_hash(a, b) == H(b"\x01", a, b) == jmtnode._ih(a, b)
+    assert tree.entry_key(table, a) == smt.tree_key(tree.TAG[table], a)
+    assert tree.leaf_value(a) == H(b"tally/state-entry/v1", a)
+    # a prefix state is never changed by use
+    assert smt.internal_hash(b, a) == H(b"\x01", b, a) and tree.leaf_value(b) == H(b"tally/state-entry/v1", b)

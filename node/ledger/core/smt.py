@@ -151,14 +151,24 @@ def tree_key(tag: bytes, raw: bytes) -> bytes:
 # The hashes below are :func:`node.encoding.H` (BLAKE2b-256 of the concatenation) written out with one call
 # each: they run ~20 times per changed key per block, where each layer of Python costs microseconds.
 
+_H0 = blake2b(b"\x00", digest_size=HASH_LEN)  # 0x00 / 0x01 already absorbed: copy() and update() the rest
+_H1 = blake2b(b"\x01", digest_size=HASH_LEN)
+
+
 def leaf_hash(key: bytes, value: bytes) -> bytes:
     """``H(0x00 ‖ key ‖ H(value))``: the hash of a leaf, 32 bytes."""
-    return blake2b(b"\x00" + key + blake2b(value, digest_size=HASH_LEN).digest(), digest_size=HASH_LEN).digest()
+    h = _H0.copy()
+    h.update(key)
+    h.update(blake2b(value, digest_size=HASH_LEN).digest())
+    return h.digest()
 
 
 def internal_hash(left: bytes, right: bytes) -> bytes:
     """``H(0x01 ‖ left ‖ right)``: the hash of an internal node, 32 bytes."""
-    return blake2b(b"\x01" + left + right, digest_size=HASH_LEN).digest()
+    h = _H1.copy()
+    h.update(left)
+    h.update(right)
+    return h.digest()
 
 
 def node_key(version: int, depth: int, key: bytes | int) -> bytes:
