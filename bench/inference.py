@@ -209,7 +209,7 @@ async def run_client(args, model_dir: Path, servers: list[dict], prompt: list[in
     from node.compute.model import load_manifest
     from node.identity import Identity
     from node.inference import receipts
-    from node.inference.client import SwarmTable
+    from node.inference.swarm import SwarmTable
     from node.p2p.host import P2PHost
 
     manifest = load_manifest(model_dir)
@@ -313,8 +313,9 @@ async def bench_redundancy(args, model_dir: Path, manifest, prompt: list[int]) -
     from node.compute.head import ClientHead
     from node.compute.shards import assign_spans
     from node.identity import Identity
-    from node.inference.client import RouteClient, SwarmTable
+    from node.inference.client import RouteClient
     from node.inference.redundant import RedundantClient
+    from node.inference.swarm import SwarmTable
     from node.p2p.host import P2PHost
 
     spans = assign_spans(manifest.num_blocks, 3) * 2

@@ -39,9 +39,10 @@ from .compute.span import SpanModel
 from .duty.parts import NodeParts, Service
 from .encoding import DecodeError, H, pack, unpack
 from .identity import Identity, KeyFileError, load_or_create, read_secret, write_secret
-from .inference.client import Generation, RouteClient, SwarmTable
+from .inference.client import Generation, RouteClient
 from .inference.redundant import RedundantClient, check_redundancy
 from .inference.server import INFERENCE_PROTOCOL, TTL_PERIODS, SpanServer, check_announce_timing
+from .inference.swarm import SwarmTable
 from .keys import account_to_str
 from .ledger.core.block import Block
 from .ledger.core.capture import capture_risk

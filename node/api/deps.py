@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # types only: the API sits above all of these (see the layers
     from ..batch.items import ContentStore
     from ..blobs import BlobStore
     from ..compute.model import Manifest
-    from ..inference.client import Generation, SwarmTable
+    from ..inference.client import Generation
+    from ..inference.swarm import SwarmTable
     from ..keys import Identity
     from ..ledger.core.genesis import Genesis
     from ..ledger.service import LedgerService

@@ -3,7 +3,8 @@ servers, and the running receipts both ends sign after every step (DESIGN.md, Re
 
 * :mod:`~node.inference.server` -- the span server: the session protocol, receipts, announcements;
   :mod:`~node.inference.batching` -- concurrent sessions' decoding steps as one forward.
-* :mod:`~node.inference.client` -- the swarm table, routing, failover and greedy generation;
+* :mod:`~node.inference.swarm` -- the swarm table (span announcements heard, round trips measured);
+  :mod:`~node.inference.client` -- routing, failover and greedy generation;
   :mod:`~node.inference.redundant` -- each step on two disjoint routes, compared.
 * :mod:`~node.inference.receipts` -- running receipts; :mod:`~node.inference.wire` -- hidden states on the wire.
 

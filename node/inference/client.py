@@ -1,4 +1,5 @@
-"""The client side of inference: the swarm table, routing, failover and greedy generation through a route.
+"""The client side of inference: routing (over the swarm table, :mod:`node.inference.swarm`), failover and greedy
+generation through a route.
 
 The client holds the embedding, final norm and LM head (:class:`~node.compute.head.ClientHead`) and sends hidden
 states ``(1, tokens, hidden)`` through one session per hop (protocol: :mod:`node.inference.server`). Every reply
@@ -23,9 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,7 +33,7 @@ import trio
 
 from ..blobs import BlobStore
 from ..compute.shards import NoRouteError, SpanInfo, choose_route
-from ..encoding import DecodeError, unpack
+from ..encoding import DecodeError
 from ..identity import Identity, account_from_str, verify
 from ..ledger.core.tx import Receipt
 from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, read_msg, write_msg
@@ -42,10 +41,9 @@ from ..p2p.host import PeerUnreachable
 from ..p2p.quirks import exception_leaves
 from .receipts import CLOCK, RunningReceipt, SessionTerms, store_blob, wire_commitment
 from .server import CONTROL_MAX, INFERENCE_PROTOCOL, new_session_id
+from .swarm import SwarmTable
 from .wire import check_codec, decode_hidden, encode_hidden
 
-MAX_TTL = 300.0  # seconds; a longer announced ttl is clamped
-RTT_EWMA = 0.2
 ROUTE_WARM_PERIOD = 2.0  # seconds between re-plans of the route kept connected (RouteClient.keep_route_connected)
 ROUTE_WARM_MAX = 8  # servers of one route kept connected ahead of a generation
 
@@ -61,72 +59,6 @@ class HopFailed(RuntimeError):
 
 
 HOP_ERRORS = (StreamClosed, RequestTimeout, FrameError, RemoteError, PeerUnreachable, HopFailed, DecodeError)
-
-
-def _num(v, default: float = 0.0) -> float:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return default
-    return x if math.isfinite(x) and x >= 0 else default
-
-
-@dataclass
-class SwarmTable:
-    """Span announcements heard on ``tally/<chain>/shards`` (peer → model, span, measurements, seen_at) and the
-    client's measured network round trip per peer (seconds, EWMA)."""
-
-    entries: dict[str, dict] = field(default_factory=dict)
-    clock: Callable[[], float] = time.monotonic  # seconds
-    rtt: dict[str, float] = field(default_factory=dict)
-    # set (and replaced) when a peer announces a span it did not announce before: a route may have changed
-    changed: trio.Event = field(default_factory=trio.Event)
-
-    async def on_announcement(self, data: bytes, from_peer: str) -> None:
-        try:
-            a = unpack(data, max_size=1 << 14)
-            if not isinstance(a, dict) or a.get("peer") != from_peer:  # signed gossip: the sender announces itself
-                return
-            if not isinstance(a["model_id"], bytes):  # bytes(int) would allocate that many bytes
-                raise TypeError("model_id must be bytes")
-            start, end = int(a["start"]), int(a["end"])
-            ttl = min(MAX_TTL, _num(a["ttl"]))
-            prev = self.entries.get(from_peer)
-            if prev is not None and int(a["seq"]) <= prev["seq"]:
-                return  # stale or replayed announcement
-            free = a.get("free_cache")
-            self.entries[from_peer] = {
-                "model_id": bytes(a["model_id"]), "start": start, "end": end,
-                "addrs": list(a.get("addrs", []))[:8], "seen": self.clock(), "ttl": ttl,
-                "active": int(a.get("active", 0)), "seq": int(a["seq"]),
-                "throughput": _num(a.get("throughput")), "latency": _num(a.get("latency")),
-                "free_cache": int(free) if isinstance(free, int) and free >= 0 else None,
-                "refreshes": (prev["refreshes"] + 1) if prev else 0}
-            if prev is None or (prev["model_id"], prev["start"], prev["end"]) != (a["model_id"], start, end):
-                self.changed.set()
-                self.changed = trio.Event()
-        except (DecodeError, KeyError, TypeError, ValueError) as e:
-            log.debug("bad announcement from %s: %s", from_peer, e)
-
-    def _live(self, model_id: bytes):
-        now = self.clock()
-        return [(p, e) for p, e in sorted(self.entries.items())
-                if e["model_id"] == model_id and now - e["seen"] < e["ttl"]]
-
-    def live(self, model_id: bytes) -> list[tuple[str, int, int]]:
-        """``[(peer, start, end), ...]`` of unexpired announcements for ``model_id``, sorted by peer."""
-        return [(p, e["start"], e["end"]) for p, e in self._live(model_id)]
-
-    def infos(self, model_id: bytes) -> list[SpanInfo]:
-        """Unexpired announcements for ``model_id`` with their measurements."""
-        return [SpanInfo(p, e["start"], e["end"], e["throughput"], e["latency"], e["free_cache"])
-                for p, e in self._live(model_id)]
-
-    def observe_rtt(self, peer: str, seconds: float) -> None:
-        """Record a measured network round trip (step round trip minus the server's announced latency)."""
-        seconds = max(0.0, seconds)
-        prev = self.rtt.get(peer)
-        self.rtt[peer] = seconds if prev is None else (1 - RTT_EWMA) * prev + RTT_EWMA * seconds
 
 
 @dataclass

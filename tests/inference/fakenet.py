@@ -20,8 +20,9 @@ from node.compute.model import load_manifest
 from node.compute.span import SpanModel
 from node.encoding import pack
 from node.identity import Identity, dev_seed
-from node.inference.client import RouteClient, SwarmTable
+from node.inference.client import RouteClient
 from node.inference.server import SpanServer
+from node.inference.swarm import SwarmTable
 from node.p2p.host import PeerUnreachable
 
 CHAIN = "tally-test"

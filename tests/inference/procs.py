@@ -94,7 +94,8 @@ async def light_client(tmp: Path, key: int, model_dir: Path, via: Node):
     from node.blobs import BlobStore
     from node.compute.executor import TorchExecutor
     from node.compute.head import ClientHead
-    from node.inference.client import RouteClient, SwarmTable
+    from node.inference.client import RouteClient
+    from node.inference.swarm import SwarmTable
     from node.p2p.host import P2PHost
 
     ident = Identity.from_seed(dev_seed(key))

@@ -7,8 +7,8 @@ import trio
 
 from node.compute.shards import NoRouteError, SpanInfo, block_coverage, choose_blocks, choose_route
 from node.encoding import pack
-from node.inference.client import SwarmTable
 from node.inference.server import check_announce_timing
+from node.inference.swarm import SwarmTable
 
 
 def S(peer, start, end, tput=1000.0, lat=0.01, free=None):

@@ -176,7 +176,7 @@ def test_models_view_lists_float_and_int8_with_their_coverage(tiny):
 
     from node.api.modelsapi import ModelsOut, models_view
     from node.api.pages import environment
-    from node.inference.client import SwarmTable
+    from node.inference.swarm import SwarmTable
 
     cache, fdir, qdir = tiny
     fm, qm = load_manifest(fdir), load_manifest(qdir)
