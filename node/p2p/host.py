@@ -48,7 +48,10 @@ from .gossip import (
 )
 from .quirks import batch_yamux_window_updates, check_port_free, exception_leaves
 from .scoring import PeerScores
-from .streams import PeerUnreachable, StreamMethods  # noqa: F401 (PeerUnreachable: re-exported, callers import it from here)
+from .streams import (
+    PeerUnreachable as PeerUnreachable,  # re-exported: callers import it from the host module
+    StreamMethods,
+)
 
 if TYPE_CHECKING:
     from libp2p.abc import IHost
