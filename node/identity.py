@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import secrets
 import stat
 from pathlib import Path
 
@@ -31,13 +32,14 @@ from .keys import (  # re-exported: the rest of the node names keys through node
     verify_many,
 )
 
-__all__ = ["KEY_FILE", "SECRET_DIRS", "Identity", "KeyFileError", "account_from_str", "account_to_str",
-           "check_account", "dev_seed", "is_valid_account", "load_or_create", "read_secret", "secure_data_dir",
-           "verify", "verify_many", "write_secret"]
+__all__ = ["KEY_FILE", "SECRET_DIRS", "TOKEN_FILE", "Identity", "KeyFileError", "account_from_str", "account_to_str",
+           "check_account", "dev_seed", "ensure_api_token", "is_valid_account", "load_or_create", "read_secret",
+           "secure_data_dir", "verify", "verify_many", "write_secret"]
 
 log = logging.getLogger("tally.node")
 
 KEY_FILE = "node_key"
+TOKEN_FILE = "api_token"  # the local API's bearer token, beside the key (ensure_api_token)
 MAX_SECRET_BYTES = 4096  # a key or token file is read only this far (both are under 100 bytes)
 # Subdirectories of the data dir holding secrets until they are revealed on the ledger: batch result bytes and
 # commitment salts (``batch/``), training deltas and job outputs (``blobs/``). The ledger, snapshots and model
@@ -176,3 +178,26 @@ def load_or_create(data_dir: Path, seed: bytes | None = None) -> Identity:
 def dev_seed(index: int) -> bytes:
     """Well-known devnet seed ``index`` (like Anvil's dev accounts): public, for the devnet only."""
     return H(b"tally/devnet/dev-account/", str(index).encode())
+
+
+def ensure_api_token(data_dir: Path) -> str:
+    """The node's API token (created once, mode 0600, like Bitcoin Core's cookie file; written and read by
+    :func:`node.identity.write_secret` and :func:`node.identity.read_secret`).
+
+    Raises:
+        KeyFileError: the token file is readable by group or others (the message has the ``chmod 600`` command),
+            not a regular file, not ASCII, or empty.
+    """
+    path = data_dir / TOKEN_FILE
+    for _ in range(2):  # a second read only if another process created the file between our read and write
+        raw = read_secret(path)
+        if raw is not None:
+            try:
+                token = raw.decode("ascii").strip()
+            except UnicodeDecodeError:
+                raise KeyFileError(f"{path} is not an ASCII token; delete it and a new one is made") from None
+            if not token:
+                raise KeyFileError(f"{path} is empty; delete it and a new one is made")
+            return token
+        write_secret(path, secrets.token_urlsafe(32).encode())  # then read back (ours, or a racing process's)
+    raise KeyFileError(f"{path}: could not be read or created")

@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -32,13 +30,13 @@ from .batch.worker import BATCH_PROTOCOL, BatchWorker, ContentAccess, content_ha
 from .blobs import BLOB_PROTOCOL, BlobStore, serve_blob
 from .compute.cheats import FAULTS as CHEATS
 from .compute.executor import TorchExecutor
-from .compute.head import ClientHead
+from .compute.head import LazyHead
 from .compute.model import load_manifest
 from .compute.shards import choose_blocks
 from .compute.span import SpanModel
 from .duty.parts import NodeParts, Service
 from .encoding import DecodeError, H, pack, unpack
-from .identity import Identity, KeyFileError, load_or_create, read_secret, write_secret
+from .identity import Identity, ensure_api_token, load_or_create
 from .inference.client import Generation, RouteClient
 from .inference.redundant import RedundantClient, check_redundancy
 from .inference.server import INFERENCE_PROTOCOL, TTL_PERIODS, SpanServer, check_announce_timing
@@ -69,7 +67,6 @@ from .verify.member import CommitteeMember, ReceiptChecker
 
 log = logging.getLogger("tally.node")
 
-TOKEN_FILE = "api_token"
 SPAN_FAULTS = tuple(f for f in CHEATS if f is not None)
 INFO_FILE = "node.json"
 __all__ = ["CHECKERS", "TRAIN_FAULTS", "LazyHead", "Node", "NodeConfig", "api_view", "ensure_api_token"]
@@ -127,57 +124,6 @@ class NodeConfig:
     read_pool_bytes: int | None = None
     # bytes of chunks one state sync fetches at most (node.ledger.syncfetch.SyncLimits.max_bytes; None: 1 GiB)
     state_sync_max_bytes: int | None = None
-
-
-def ensure_api_token(data_dir: Path) -> str:
-    """The node's API token (created once, mode 0600, like Bitcoin Core's cookie file; written and read by
-    :func:`node.identity.write_secret` and :func:`node.identity.read_secret`).
-
-    Raises:
-        KeyFileError: the token file is readable by group or others (the message has the ``chmod 600`` command),
-            not a regular file, not ASCII, or empty.
-    """
-    path = data_dir / TOKEN_FILE
-    for _ in range(2):  # a second read only if another process created the file between our read and write
-        raw = read_secret(path)
-        if raw is not None:
-            try:
-                token = raw.decode("ascii").strip()
-            except UnicodeDecodeError:
-                raise KeyFileError(f"{path} is not an ASCII token; delete it and a new one is made") from None
-            if not token:
-                raise KeyFileError(f"{path} is empty; delete it and a new one is made")
-            return token
-        write_secret(path, secrets.token_urlsafe(32).encode())  # then read back (ours, or a racing process's)
-    raise KeyFileError(f"{path}: could not be read or created")
-
-
-class LazyHead:
-    """The :class:`~node.compute.head.ClientHead` of ``model_dir``, built on first use of any attribute.
-
-    Building a head imports transformers (its config and norm classes: about 4 CPU-seconds, measured with
-    ``python -X importtime``), so the node builds its own model's head on its executor while it starts
-    (``NodeConfig.warm_head``, :meth:`Node._warm_head`); heads of other models it generates for are built at
-    their first generation. The first use builds it once (thread-safe; it is first used on the executor thread
-    or an API thread, never the event loop) and raises what ``ClientHead`` raises (``FileNotFoundError``,
-    ``ValueError``) at that use."""
-
-    def __init__(self, model_dir: Path, device: str = "cpu") -> None:
-        self._args = (model_dir, device)
-        self._head: ClientHead | None = None
-        self._lock = threading.Lock()
-
-    def built(self) -> ClientHead:
-        """The ClientHead (built now if it is not yet)."""
-        with self._lock:
-            if self._head is None:
-                self._head = ClientHead(*self._args)
-            return self._head
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):  # never build for private lookups (copy, pickle probes, repr internals)
-            raise AttributeError(name)
-        return getattr(self.built(), name)
 
 
 class Node:

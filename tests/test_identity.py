@@ -17,13 +17,13 @@ from node.identity import (
     account_from_str,
     account_to_str,
     dev_seed,
+    ensure_api_token,
     load_or_create,
     read_secret,
     secure_data_dir,
     verify,
     write_secret,
 )
-from node.runtime import ensure_api_token
 
 
 def test_key_created_once_with_mode_0600(tmp_path):

@@ -7,8 +7,9 @@ scales by ``1 + weight``; Gemma 2/3 soft-cap the final logits (``cap · tanh(log
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -128,3 +129,31 @@ class ClientHead:
         if not isinstance(hidden, torch.Tensor) or hidden.dim() != 3 or hidden.shape[0] != 1 or hidden.shape[1] < 1:
             raise ValueError("next_token needs hidden of shape (1, tokens >= 1, hidden)")
         return int(self.logits(hidden[:, -1:])[0, -1].argmax())
+
+
+class LazyHead:
+    """The :class:`~node.compute.head.ClientHead` of ``model_dir``, built on first use of any attribute.
+
+    Building a head imports transformers (its config and norm classes: about 4 CPU-seconds, measured with
+    ``python -X importtime``), so the node builds its own model's head on its executor while it starts
+    (``NodeConfig.warm_head``, :meth:`Node._warm_head`); heads of other models it generates for are built at
+    their first generation. The first use builds it once (thread-safe; it is first used on the executor thread
+    or an API thread, never the event loop) and raises what ``ClientHead`` raises (``FileNotFoundError``,
+    ``ValueError``) at that use."""
+
+    def __init__(self, model_dir: Path, device: str = "cpu") -> None:
+        self._args = (model_dir, device)
+        self._head: ClientHead | None = None
+        self._lock = threading.Lock()
+
+    def built(self) -> ClientHead:
+        """The ClientHead (built now if it is not yet)."""
+        with self._lock:
+            if self._head is None:
+                self._head = ClientHead(*self._args)
+            return self._head
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # never build for private lookups (copy, pickle probes, repr internals)
+            raise AttributeError(name)
+        return getattr(self.built(), name)

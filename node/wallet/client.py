@@ -9,10 +9,10 @@ from pathlib import Path
 
 import httpx
 
+from ..identity import TOKEN_FILE
 from ..lockfile import holder
 
 INFO_FILE = "node.json"  # written by node.runtime.Node once its API listens
-TOKEN_FILE = "api_token"
 LOCK_FILE = "node.lock"
 POLL_S = 0.25  # seconds between looks for a submitted transaction
 
