@@ -24,9 +24,10 @@ import trio
 
 from .api.deps import NodeAPI
 from .api.serve import serve_api
+from .batch.content import BATCH_PROTOCOL, ContentAccess, content_handler
 from .batch.items import ContentStore
 from .batch.offer import OfferKeeper, wanted_offer
-from .batch.worker import BATCH_PROTOCOL, BatchWorker, ContentAccess, content_handler
+from .batch.worker import BatchWorker
 from .blobs import BLOB_PROTOCOL, BlobStore, serve_blob
 from .compute.cheats import FAULTS as CHEATS
 from .compute.executor import TorchExecutor

@@ -3,8 +3,9 @@ escrow, the ledger draws workers per item, their committed results decide it.
 
 * :mod:`~node.batch.items` -- the JSONL item file, its ``items_root``, the content store;
   :mod:`~node.batch.tasks` -- executing one item and the canonical bytes of its result.
-* :mod:`~node.batch.worker` -- the worker service every bonded node runs, and the content protocol;
-  :mod:`~node.batch.offer` -- keeping this node's offer on the ledger.
+* :mod:`~node.batch.worker` -- the worker service every bonded node runs; :mod:`~node.batch.content` -- item
+  files and results served and fetched by hash, and who may read them; :mod:`~node.batch.offer` -- keeping this
+  node's offer on the ledger.
 * :mod:`~node.batch.client` -- the requester's side; :mod:`~node.batch.cli` -- ``node batch``.
 
 The ledger's half is :mod:`node.ledger.core.batch` (with ``batchtx``, ``batchstate``, ``batchaudit``); the API's

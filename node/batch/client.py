@@ -17,9 +17,9 @@ from ..ledger.core.batchtx import GENERATE, BatchPost
 from ..ledger.core.genesis import Genesis
 from ..ledger.core.state import State, apply_tx
 from ..ledger.core.tx import InvalidTx, Tx
+from .content import Requester, fetch_content, result_check
 from .items import ContentStore, ItemFile, ItemsError, parse_items
 from .tasks import dequantize
-from .worker import Requester, fetch_content, result_check
 
 DEFAULT_COMMIT_WINDOW = 600  # blocks (5 minutes on the devnet's 2 blocks/s): items are drawn 64 per block
 DEFAULT_REVEAL_WINDOW = 120

@@ -37,7 +37,7 @@ class Executor(Protocol):
 
 class Host(Protocol):
     """What the capabilities need of the libp2p host: one request and its reply within ``timeout`` seconds, the
-    reply read up to ``max_message`` bytes (:func:`node.blobs.fetch_blob`, :func:`node.batch.worker.fetch_content`).
+    reply read up to ``max_message`` bytes (:func:`node.blobs.fetch_blob`, :func:`node.batch.content.fetch_content`).
 
     Raises (``request``): ``PeerUnreachable``, ``RemoteError``, ``StreamClosed``, ``FrameError``,
     ``RequestTimeout`` of :mod:`node.p2p`."""

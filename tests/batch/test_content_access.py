@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from node.batch.client import fetch_results, items_of, post_batch
-from node.batch.worker import BATCH_PROTOCOL, MAX_CONTENT
+from node.batch.content import BATCH_PROTOCOL, MAX_CONTENT
 from node.compute.model import make_tiny
 from node.identity import Identity
 from node.ledger.core.batchstate import BatchStatus

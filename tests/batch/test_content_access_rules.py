@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from node.batch import worker as worker_mod
-from node.batch.worker import ContentAccess
+from node.batch import content as content_mod
+from node.batch.content import ContentAccess
 from node.identity import Identity
 from node.ledger.core.batchstate import Batch, BatchStatus, Item, ItemStatus, item_key
 from node.ledger.core.batchtx import BatchPost
@@ -76,7 +76,7 @@ def test_who_may_fetch_what():
 
 
 def test_cache_is_bounded(monkeypatch):
-    monkeypatch.setattr(worker_mod, "ACCESS_CACHE", 4)
+    monkeypatch.setattr(content_mod, "ACCESS_CACHE", 4)
     batches, items = {}, {}
     for k in range(10):
         bid = bytes([k]) * 16

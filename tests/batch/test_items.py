@@ -9,9 +9,10 @@ import json
 import pytest
 import torch
 
+from node.batch.content import items_check
 from node.batch.items import ContentStore, ItemsError, parse_items, result_hash
 from node.batch.tasks import SCORE_GRID, ItemRunner, quantize
-from node.batch.worker import SaltBook, items_check
+from node.batch.worker import SaltBook
 from node.compute.model import make_tiny
 from node.compute.reference import local_generate
 from node.encoding import H, merkle_root, unpack
