@@ -224,12 +224,15 @@ def _decode(data: bytes, vb: bytes, j: int) -> tuple[list[bytes], list[bytes], l
     vs = [_ZERO_VERSION] * 16
     ks = [_E] * 16
     off = _HEADER
-    for s in range(16):
-        if present >> s & 1:
-            hs[s] = data[off:off + HASH_LEN]
-            vs[s] = data[off + HASH_LEN:off + _CHILD]
-            ks[s] = _L if leaves >> s & 1 else _I
-            off += _CHILD
+    p = present
+    while p:  # the present slots only, lowest first (a node below the top levels has a few)
+        low = p & -p
+        s = low.bit_length() - 1
+        p ^= low
+        hs[s] = data[off:off + HASH_LEN]
+        vs[s] = data[off + HASH_LEN:off + _CHILD]
+        ks[s] = _L if leaves & low else _I
+        off += _CHILD
     return hs, vs, ks
 
 
