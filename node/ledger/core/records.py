@@ -51,11 +51,17 @@ def _generated(body: str, env: dict[str, Any]) -> Any:
     return ns["encode"]
 
 
-def _fields_body(names: tuple[str, ...]) -> str:
-    """The list of ``v``'s fields ``names``, each as :func:`to_plain` gives it (scalars inline)."""
+def _identifiers(names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names``, checked to be identifiers (they are written into generated code)."""
     for n in names:
         if not n.isidentifier():  # pragma: no cover - dataclass fields are identifiers
             raise ValueError(f"not a field name: {n!r}")
+    return names
+
+
+def _fields_body(names: tuple[str, ...]) -> str:
+    """The list of ``v``'s fields ``names``, each as :func:`to_plain` gives it (scalars inline)."""
+    _identifiers(names)
     return "[" + ", ".join(f"(x if type(x := v.{n}) in S else tp(x))" for n in names) + "]"
 
 
@@ -64,9 +70,7 @@ def _plain_of(t: type) -> Any:
     """The encoder of values of type ``t`` (not a scalar, tuple or list): as :func:`to_plain` describes."""
     if issubclass(t, Tx):
         names, sigs = _tx_fields(t)
-        for n in (*names, *sigs):
-            if not n.isidentifier():  # pragma: no cover - dataclass fields are identifiers
-                raise ValueError(f"not a field name: {n!r}")
+        _identifiers((*names, *sigs))
         wire = _generated('{"t": K, "c": v.chain_id, "f": [' + ", ".join(f"v.{n}" for n in names)
                           + '], "s": [' + ", ".join(f"v.{n}" for n in sigs) + "]}", {"K": t.KIND})
 
