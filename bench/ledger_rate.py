@@ -12,7 +12,9 @@ LevelDB batch). The rate is receipts over the summed block times (seconds) of th
 receipts and settles the receipts of the block ``challenge_window`` before it (as a busy chain does; before the window
 has passed, a block only inserts, and costs about half). Each size's line also gives the state tree's work per timed
 block, which does not depend on the machine's load: node reads that missed the node caches (LevelDB reads) and nodes
-written. ``--profile`` then applies as many blocks again under cProfile (not counted in the rate) and prints the profile
+written, and where the block's time went (:class:`Phases`: signatures, transactions, end of block, state root,
+block encoding and explorer index, batch staging, LevelDB write and fsync; wall milliseconds, the mean of the timed
+blocks). ``--profile`` then applies as many blocks again under cProfile (not counted in the rate) and prints the profile
 of the slowest of them, per size, to stderr.
 
 Usage: ``.venv/bin/python bench/ledger.py --rate [--store-dir DIR] [--blocks N] [--per-block N] [--profile]``
@@ -57,6 +59,90 @@ def raw_verify_rate(n: int = 20_000) -> float:
     return n / (time.perf_counter() - t0)
 
 
+PHASES = ("signatures", "transactions", "end of block", "state root", "of which tree", "block + index encoding",
+          "batch staging", "write + fsync")
+
+
+class Phases:
+    """Wall time per phase of a block, summed while :attr:`on`: wraps the ledger's own functions (in this child
+    process only) and the store's write batch. The wrappers cost ~1 us per call (~2,000 calls per 500-receipt
+    block). ``state root`` includes the record encoding that feeds the tree (``of which tree``: the tree alone);
+    ``batch staging`` is :func:`node.ledger.statedb.stage_state` without the state root (node, row and undo
+    puts); ``write + fsync`` the LevelDB batch's write with ``sync=True``."""
+
+    def __init__(self) -> None:
+        self.s: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self.on = False
+
+    def wrap(self, owner: Any, name: str, phase: str, minus: str | None = None) -> None:
+        """Replace ``owner.name`` with a timed call that adds to ``phase`` (less what ``minus`` gained meanwhile)."""
+        f = getattr(owner, name)
+        s = self.s
+
+        def timed(*a: Any, **k: Any) -> Any:
+            if not self.on:
+                return f(*a, **k)
+            inner = s[minus] if minus else 0.0
+            t = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                s[phase] += time.perf_counter() - t - ((s[minus] - inner) if minus else 0.0)
+
+        setattr(owner, name, timed)
+
+    def install(self, store: Any) -> None:
+        """Wrap the phases' functions, and ``store.db`` so that its write batches time their write."""
+        from node.ledger import statedb, store as store_mod
+        from node.ledger.core import chain, state as state_mod, tree as tr
+
+        self.wrap(state_mod, "presign_check", "signatures")
+        self.wrap(state_mod, "apply_tx", "transactions")
+        self.wrap(state_mod, "end_block", "end of block")
+        self.wrap(state_mod.State, "state_root", "state root")
+        self.wrap(tr.StateTree, "compute", "of which tree")
+        self.wrap(chain, "tx_root", "block + index encoding")
+        self.wrap(store_mod.blockcodec, "encode_record", "block + index encoding")
+        self.wrap(store_mod, "index_block", "block + index encoding")
+        self.wrap(statedb, "stage_state", "batch staging", minus="state root")
+        store.db = _TimedDB(store.db, self)
+
+    def take(self) -> dict[str, float]:
+        """The phases' seconds since the last take."""
+        out = dict(self.s)
+        self.s.update(dict.fromkeys(PHASES, 0.0))
+        return out
+
+
+class _TimedDB:
+    """``store.db`` whose write batches add their write (fsync included) to a :class:`Phases`."""
+
+    def __init__(self, db: Any, phases: Phases) -> None:
+        self._db, self._phases = db, phases
+
+    def write_batch(self, **kw: Any) -> Any:
+        return _TimedBatch(self._db.write_batch(**kw), self._phases)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._db, name)
+
+
+class _TimedBatch:
+    def __init__(self, wb: Any, phases: Phases) -> None:
+        self._wb, self._phases = wb, phases
+
+    def __enter__(self) -> Any:
+        return self._wb.__enter__()
+
+    def __exit__(self, *exc: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return self._wb.__exit__(*exc)
+        finally:
+            if self._phases.on:
+                self._phases.s["write + fsync"] += time.perf_counter() - t
+
+
 def store_rate(src: Path, blocks: int, per_block: int, profile: bool = False) -> dict[str, Any]:
     """Apply ``challenge_window + 1`` warm-up blocks and ``blocks`` timed blocks of ``per_block`` receipts to a copy
     of the store at ``src`` (see the module docstring). Returns ``{"n", "receipts_per_s", "block_ms", "cpu_ms",
@@ -93,8 +179,10 @@ def store_rate(src: Path, blocks: int, per_block: int, profile: bool = False) ->
         d = Path(tmp) / "ledger"
         shutil.copytree(src, d)
         store = LedgerStore(d, g)
+        phases = Phases()
         try:
             state = store.replay()
+            phases.install(store)
             n = len(state.receipts)
             pre = []
             warm = g.params.challenge_window + 1  # untimed: until each block also settles (module docstring)
@@ -104,10 +192,12 @@ def store_rate(src: Path, blocks: int, per_block: int, profile: bool = False) ->
                                                os.urandom(16), state.height, os.urandom(8))
                 pre.append(decode_tx(unpack(pack(rc.to_wire()))))
             wall, cpu, profs, prof_wall, tree_reads, tree_writes = [], [], [], [], [], []
+            split = dict.fromkeys(PHASES, 0.0)
             for j in range(runs):
                 reads[0] = written[0] = 0
                 prof = cProfile.Profile() if j >= warm + blocks else None
                 c0 = time.process_time()
+                phases.on = warm <= j < warm + blocks
                 if prof:
                     prof.enable()
                 state, dt = ledger_scale._block(store, state, pre[j * per_block:(j + 1) * per_block], val)
@@ -120,12 +210,15 @@ def store_rate(src: Path, blocks: int, per_block: int, profile: bool = False) ->
                     cpu.append(time.process_time() - c0)
                     tree_reads.append(reads[0])
                     tree_writes.append(written[0])
+                    for k, v in phases.take().items():
+                        split[k] += v
             rss = ledger_scale.rss_mib()
         finally:
             store.close()
     out: dict[str, Any] = {"n": n, "receipts_per_s": blocks * per_block / sum(wall),
                            "block_ms": [round(x * 1e3, 1) for x in wall], "cpu_ms": [round(x * 1e3, 1) for x in cpu],
-                           "rss_mib": rss, "profile": "", "tree_reads": tree_reads, "tree_writes": tree_writes}
+                           "rss_mib": rss, "profile": "", "tree_reads": tree_reads, "tree_writes": tree_writes,
+                           "phases_ms": {k: round(v / blocks * 1e3, 1) for k, v in split.items()}}
     if profile:
         slow = max(range(len(prof_wall)), key=lambda i: prof_wall[i])
         s = io.StringIO()
@@ -184,6 +277,10 @@ def run_rates(store_dir: Path | None, blocks: int = 4, per_block: int = 500, pro
                      f"ratio {ratio:.2f} (target >= {TARGETS[n]}) {'MET' if ratio >= TARGETS[n] else 'NOT MET'}; "
                      f"blocks {r['block_ms']} ms, cpu {r['cpu_ms']} ms, RSS {r['rss_mib']:.0f} MiB; state tree per "
                      f"block: LevelDB node reads {r['tree_reads']}, nodes written {r['tree_writes']}")
+        ph = r["phases_ms"]
+        rest = sum(r["block_ms"]) / len(r["block_ms"]) - sum(v for k, v in ph.items() if k != "of which tree")
+        lines.append(f"  where a block's {sum(r['block_ms']) / len(r['block_ms']):.0f} ms went (mean, wall ms): "
+                     + ", ".join(f"{k} {v:.0f}" for k, v in ph.items()) + f", the rest {rest:.0f}")
         if profile:
             print(r["profile"], file=sys.stderr)
     return lines

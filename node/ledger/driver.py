@@ -242,7 +242,8 @@ class ConsensusDriver:
                 check_time(block.header.time_ms, now, self.ledger.store.head_time_ms())
             except ValueError as e:
                 raise InvalidBlock(str(e)) from None
-            self.blocks[block.hash] = (block, check_block(self.ledger.state, block))
+            # the transactions our mempool admitted are not verified again (check_block)
+            self.blocks[block.hash] = (block, check_block(self.ledger.state, block, self.ledger.mempool.verified))
         except (InvalidBlock, InvalidTx, ValueError) as e:
             log.warning("invalid proposal %s/%s from %s: %s", p.height, p.round, p.sender.hex()[:12], e)
 

@@ -43,8 +43,10 @@ when the pool is full of other receipts and votes.
 
 **Signatures** are verified once, at admission, after the cheap checks (so a flood of unpayable or far-future
 transactions costs no signature check). :meth:`Mempool.verified` tells the block builder which transactions it
-need not verify again: only the exact object admitted (same id and same signature bytes). Blocks from others are
-verified in full (:func:`node.ledger.core.chain.check_block`).
+need not verify again: only the exact object admitted (same id and same signature bytes). A block from another
+validator (a proposal, or a committed block from a peer) is checked the same way (:func:`node.ledger.core.chain.
+check_block` with ``verified``): the signatures of the transactions admitted here are not verified again, every
+other one is.
 """
 
 from __future__ import annotations

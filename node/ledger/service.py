@@ -319,7 +319,7 @@ class LedgerService:
         async with self._lock:
             if block.height != self.state.height + 1:
                 return False
-            new_state = check_and_apply(self.state, block, commit)
+            new_state = check_and_apply(self.state, block, commit, self.mempool.verified)
             await self._commit(block, commit, new_state)
             return True
 

@@ -154,6 +154,7 @@ def test_commit_writes_the_bytes_the_root_hashed_and_cached_nodes_are_the_stored
 
 def test_rate_bench_prints_both_sizes(tmp_path):
     sys.path.insert(0, str(ROOT / "bench"))
+    import ledger_rate
     import ledger_scale
 
     ledger_scale.build(tmp_path / "ledger-10000", 300)  # named as the bench looks them up; small, for speed
@@ -164,7 +165,14 @@ def test_rate_bench_prints_both_sizes(tmp_path):
     lines = r.stdout.splitlines()
     assert lines[0].startswith("raw pynacl verify (1 thread):")
     assert "at 10^4 live receipts (300 held):" in lines[1] and "ratio" in lines[1]
-    assert "at 10^6 live receipts: not measured" in lines[2] and "--scale" in lines[2]
+    # where the block's time went: every phase named, each a number of milliseconds, the tree inside the state root
+    assert lines[2].startswith("  where a block's ")
+    phases = dict(p.rsplit(" ", 1) for p in lines[2].split("(mean, wall ms): ")[1].split(", "))
+    assert set(phases) == {*ledger_rate.PHASES, "the rest"}
+    ms = {k: float(v) for k, v in phases.items()}
+    assert ms["signatures"] > 0 and ms["state root"] > 0 and ms["write + fsync"] > 0
+    assert 0 < ms["of which tree"] <= ms["state root"]
+    assert "at 10^6 live receipts: not measured" in lines[3] and "--scale" in lines[3]
     assert "slowest of 2 blocks of 40 receipts" in r.stderr
     held = plyvel.DB(str(tmp_path / "ledger-10000"))
     try:  # measured on a copy: the kept store is as built

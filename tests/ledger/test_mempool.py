@@ -13,12 +13,13 @@ import pytest
 import trio
 
 import node.keys
+import node.ledger.core.block
 import node.ledger.core.txbase
 from node.encoding import pack
 from node.identity import Identity, dev_seed
 from node.ledger.core.batchtx import BatchPost
 from node.ledger.core.block import Block, Header, InvalidBlock, tx_root
-from node.ledger.core.chain import check_and_apply, commit_block, propose
+from node.ledger.core.chain import check_and_apply, check_block, commit_block, propose
 from node.ledger.core.runtx import RunJoin, RunLeave, RunPost
 from node.ledger.core.state import SAMPLED, genesis_state
 from node.ledger.core.tx import Bond, InvalidTx, Transfer, Unbond
@@ -416,3 +417,60 @@ def test_cost_counts_every_escrow(make_svc):
     why = refused(svc, post.signed(A), "insufficient balance")
     assert f"{110 * C} base units needed" in why
     assert is_free(Unbond(g.domain, A.account, C, 0)) and not is_free(post)
+
+
+def test_a_validator_does_not_verify_again_what_its_mempool_admitted(make_svc, monkeypatch):
+    """A proposal (check_block) and a committed block from a peer (apply_remote) skip the signatures of the exact
+    objects this node's mempool admitted, and verify every other one: a transaction it never saw, and one whose id
+    it admitted but with other signature bytes."""
+    calls = []
+    real = node.keys.verify
+
+    def counting(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(node.keys, "verify", counting)
+    monkeypatch.setattr(node.ledger.core.txbase, "verify", counting)
+    monkeypatch.setattr(node.ledger.core.block, "verify", counting)  # a commit's precommit signatures
+    proposer, checker = make_svc(), make_svc()
+    g = proposer.genesis
+    seen, unseen = [pay(A, 0), make_receipt(g, W1)], pay(B, 0)
+    for t in seen + [unseen]:
+        proposer.add_tx(t)
+    for t in seen:
+        checker.add_tx(t)
+    blocks = []
+
+    async def build():
+        blocks.append(await produce(proposer))
+
+    trio.run(build)
+    block = blocks[0]
+    assert set(block.txs) == {*seen, unseen}
+    s0 = checker.state
+    del calls[:]
+    cached = check_block(s0, block, checker.mempool.verified)
+    assert len(calls) == 1  # only the transfer it never saw: one signature
+    del calls[:]
+    full = check_block(s0, block)
+    assert len(calls) == 1 + 1 + 2  # every signature of the block
+    assert cached.state_root() == full.state_root() == proposer.state.state_root()
+
+    # the same id with other signature bytes is verified, and refused, though its id was admitted
+    forged = replace(seen[0], sig=bytes(64))
+    header = Header(s0.chain_id, s0.height + 1, s0.last_hash, 10**6, VALIDATOR.account, tx_root([forged]),
+                    s0.state_root())
+    bad = Block(header, (forged,), checker.store.last_commit())
+    with pytest.raises(InvalidBlock, match="bad transfer signature"):
+        check_block(s0, bad, checker.mempool.verified)
+
+    # the committed block through the service's path for blocks from peers: stored, with one signature verified
+    del calls[:]
+
+    async def remote():
+        assert await checker.apply_remote({"b": block.to_wire(), "c": list(commit_block(VALIDATOR, block))})
+
+    trio.run(remote)
+    assert len(calls) == 1 + 1  # the unseen transfer and the commit's one precommit signature
+    assert checker.state.height == 1 and checker.state.state_root() == proposer.state.state_root()

@@ -98,28 +98,35 @@ def commit_block(ident: Identity, block: Block, round_: int = 0) -> tuple[Any, .
     return (sign_commit(ident, block.header.chain_id, block.height, block.hash, round_),)
 
 
-def check_and_apply(state: State, block: Block, commit: Any) -> State:
+def check_and_apply(state: State, block: Block, commit: Any, verified: Callable[[Tx], bool] | None = None) -> State:
     """Verify ``block`` against ``state`` and its ``commit`` against the validator set; return the new state.
+    ``verified``: as :func:`check_block`.
 
     Raises:
         InvalidBlock: wrong chain, height, parent, state root, proposer, last commit or commit, or a
             transaction that does not apply.
     """
     check_commit(block.header.chain_id, block.height, block.hash, commit, state.valset())
-    return check_block(state, block)
+    return check_block(state, block, verified)
 
 
-def check_block(state: State, block: Block) -> State:
+def check_block(state: State, block: Block, verified: Callable[[Tx], bool] | None = None) -> State:
     """Everything :func:`check_and_apply` checks except the block's own commit (a proposal being voted on).
+
+    ``verified``: true for a transaction whose exact signed bytes (its id and every signature) this node already
+    verified, at its mempool's admission (:meth:`node.ledger.mempool.Mempool.verified`); its signatures are not
+    verified again, and every other transaction's are, in parallel, before any applies. A validator has most of a
+    busy block's transactions in its mempool already, so its check of the proposal is not one signature check per
+    transaction longer than the proposer's build (Tendermint's mempool cache does the same for CheckTx).
 
     Raises:
         InvalidBlock: as :func:`check_and_apply`.
     """
     with paused_gc():  # (see paused_gc)
-        return _check_block(state, block)
+        return _check_block(state, block, verified)
 
 
-def _check_block(state: State, block: Block) -> State:
+def _check_block(state: State, block: Block, verified: Callable[[Tx], bool] | None) -> State:
     h = block.header
     if h.chain_id != state.chain_id:
         raise InvalidBlock(mismatch(h.chain_id, state.chain_id, "block"))
@@ -137,6 +144,6 @@ def _check_block(state: State, block: Block) -> State:
     if h.height > 1:
         check_commit(h.chain_id, h.height - 1, state.last_hash, block.last_commit, state.prev_valset())
     try:
-        return apply_block_body(state, h.height, block.hash, list(block.txs))
+        return apply_block_body(state, h.height, block.hash, list(block.txs), verified)
     except InvalidTx as e:
         raise InvalidBlock(f"transaction does not apply: {e}") from None
