@@ -71,6 +71,7 @@ from .smt import (
     UpdateResult,
     checked_changes,
     leaf_hash,
+    merge_leaf,
 )
 
 # ---------------------------------------------------------------- update
@@ -155,20 +156,8 @@ def _apply_leaf(ctx: _Ctx, data: bytes, h: bytes, vb: bytes, nk: bytes, j: int,
     """Apply the changes ``ch[lo:hi]`` to the stored leaf ``data`` (node key ``nk``) at nibble depth ``j``."""
     key, value = _leaf_of(data, h, vb, j, ch[lo][0])
     kept = _Leaf(int.from_bytes(key, "big"), key, value, (j, nk, h, vb))
-    items: list[_Leaf] = []
-    seen = False
-    for k, ckey, v in ch[lo:hi]:  # merge the stored leaf into the sorted changes
-        if not seen and kept.kint <= k:
-            seen = True
-            if kept.kint < k or v == value:
-                items.append(kept)
-                if kept.kint == k:
-                    continue
-        if v is not None:
-            items.append(_Leaf(k, ckey, v))
-    if not seen:
-        items.append(kept)
-    elif kept not in items:  # (_Leaf compares by identity)
+    items, gone = merge_leaf(kept, ch, lo, hi, _Leaf)
+    if gone:
         ctx.stale.append(nk)  # the leaf was deleted or given a new value
     return _build(ctx, j, items, [x.kint for x in items], 0, len(items))
 

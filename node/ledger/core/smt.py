@@ -38,10 +38,10 @@ back to the caller, who commits them (e.g. in the block's LevelDB ``WriteBatch``
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from hashlib import blake2b
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from ...encoding import HASH_LEN, H
 
@@ -260,6 +260,39 @@ class _Leaf:
     old: tuple[int, bytes, bytes, bytes] | None = None
 
 
+class _HasKey(Protocol):
+    kint: int
+    value: bytes
+
+
+_L = TypeVar("_L", bound=_HasKey)
+
+
+def merge_leaf(kept: _L, ch: list[tuple[int, bytes, bytes | None]], lo: int, hi: int,
+               make: Callable[[int, bytes, bytes], _L]) -> tuple[list[_L], bool]:
+    """Merge the stored leaf ``kept`` into the sorted changes ``ch[lo:hi]`` (``(key as int, key, new value or
+    None to delete)``) under it, for this tree and the 16-ary one (:mod:`.jmt`).
+
+    Returns the leaves of the rebuilt subtree in key order (new ones from ``make(kint, key, value)``; ``kept``
+    itself where its key is unchanged or changed to its own value, so its node is not rewritten) and whether
+    ``kept`` left it (deleted or given a new value: its stored node is then stale)."""
+    items: list[_L] = []
+    seen = False
+    for k, ckey, v in ch[lo:hi]:
+        if not seen and kept.kint <= k:
+            seen = True
+            if kept.kint < k or v == kept.value:
+                items.append(kept)
+                if kept.kint == k:
+                    continue
+        if v is not None:
+            items.append(make(k, ckey, v))
+    if not seen:
+        items.append(kept)
+        return items, False
+    return items, all(x is not kept for x in items)
+
+
 # A non-empty subtree at this depth, by reference: ``(hash, version bytes, known)``, an internal node (new or
 # kept) or a kept node of unknown kind (``known`` false: it may be a leaf, to lift if its sibling empties). A
 # plain tuple (not a NamedTuple): one is made per node visited.
@@ -348,19 +381,8 @@ def _apply_leaf(ctx: _Ctx, data: bytes, h: bytes, vb: bytes, nk: bytes, depth: i
     """Apply the changes ``ch[lo:hi]`` to the stored leaf ``data`` (node key ``nk``) at ``depth``."""
     key, value = _leaf_of(data, h, vb, depth, ch[lo][0])
     kept = _Leaf(int.from_bytes(key, "big"), key, value, (depth, nk, h, vb))
-    items, seen = [], False
-    for k, ckey, v in ch[lo:hi]:  # merge the stored leaf into the sorted changes
-        if not seen and kept.kint <= k:
-            seen = True
-            if kept.kint < k or v == value:
-                items.append(kept)
-                if kept.kint == k:
-                    continue
-        if v is not None:
-            items.append(_Leaf(k, ckey, v))
-    if not seen:
-        items.append(kept)
-    elif all(x is not kept for x in items):
+    items, gone = merge_leaf(kept, ch, lo, hi, _Leaf)
+    if gone:
         ctx.stale.append(nk)  # the leaf was deleted or given a new value
     return _build(ctx, depth, items, [x.kint for x in items], 0, len(items))
 
