@@ -46,6 +46,10 @@ from .wire import check_codec, decode_hidden, encode_hidden
 
 ROUTE_WARM_PERIOD = 2.0  # seconds between re-plans of the route kept connected (RouteClient.keep_route_connected)
 ROUTE_WARM_MAX = 8  # servers of one route kept connected ahead of a generation
+# A new generation whose route is not covered waits this long (seconds) for announcements before NoRouteError: an
+# announcement lives 3 refresh periods, and on a loaded machine a refresh can arrive after its predecessor lapsed
+ROUTE_WAIT = 5.0
+ROUTE_POLL = 0.1  # seconds between two looks at the swarm table meanwhile
 
 log = logging.getLogger("tally.client")
 
@@ -163,6 +167,24 @@ class RouteClient:
     def _plan(self, need: int, start: int = 0, end: int | None = None, exclude=frozenset()) -> list[SpanInfo]:
         return choose_route(self.swarm.infos(self.manifest.model_id), self.manifest.num_blocks, start, end,
                             exclude=set(exclude) | {self.host.peer_id}, need_cache=need, rtt=self.swarm.rtt)
+
+    async def _first_plan(self, need: int, wait: float = ROUTE_WAIT) -> list[SpanInfo]:
+        """The route of a new generation (``need`` tokens of cache per hop). While the live announcements do not
+        cover every block, look again every :data:`ROUTE_POLL` seconds for up to ``wait`` seconds: a server whose
+        refresh arrived late is back within a period (failover mid-generation does not wait: it excludes the
+        dead hop and plans at once).
+
+        Raises:
+            NoRouteError: still no route after ``wait`` seconds (the blocks nobody serves named).
+        """
+        deadline = trio.current_time() + wait
+        while True:
+            try:
+                return self._plan(need)
+            except NoRouteError:
+                if trio.current_time() >= deadline:
+                    raise
+            await trio.sleep(ROUTE_POLL)
 
     def route(self) -> list[tuple[str, int, int]]:
         """The route a generation would take now, ``[(peer, start, end), ...]`` (raises NoRouteError)."""
@@ -481,13 +503,14 @@ class RouteClient:
         Raises:
             PromptTooLong: checked before any session opens (no receipt, no charge).
             ValueError: unknown compression.
-            NoRouteError: the live announcements do not cover every block (also when failing over).
+            NoRouteError: the live announcements do not cover every block (at the start after waiting up to
+                :data:`ROUTE_WAIT` seconds for them; when failing over, at once).
             HopFailed: too many failovers. Work received before a failure is still settled and paid.
         """
         total = self.check_length(len(prompt_ids), max_new_tokens)
         codec = check_codec(compression or self.compression)
         t0 = time.perf_counter()
-        run = _Run(total, codec, [Hop(s.peer, s.start, s.end, codec) for s in self._plan(total)])
+        run = _Run(total, codec, [Hop(s.peer, s.start, s.end, codec) for s in await self._first_plan(total)])
         first: float | None = None
         try:
             hidden = await self.executor.run(self.head.embed, torch.tensor([prompt_ids], dtype=torch.long))
