@@ -27,6 +27,9 @@ XSS = "<img src=x onerror=alert(1)>"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
+# ~60 s with its devnet: in CI's slow step since the default suite reached 18 min on this machine
+pytestmark = pytest.mark.slow
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None and not os.environ.get("CI"):
     pytest.skip("no chromium installed (apt-get install chromium; CI installs it)", allow_module_level=True)

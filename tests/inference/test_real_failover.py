@@ -47,6 +47,7 @@ CLIENT = 7  # dev key of the client; dev key 0 is the validator
 
 
 @pytest.mark.slow  # minutes: eight processes, six of them load the real model, on shared cores
+@pytest.mark.soak  # ~2.3 min; tests/inference/test_processes.py (tiny model, node start processes) covers it in CI
 # Was quarantined (0 of 3 at load 14-17: stream negotiations timed out) until the start was sequenced, idle blocks
 # made quiet (heartbeat 5 s), the client's tokenizer/head loaded off its event loop, and the client kept up until
 # the verdicts (--linger: the killed server's receipt is verified from the blobs the client stored). 3 of 3 passed

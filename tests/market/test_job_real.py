@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.soak  # ~6 minutes on 2 cores; test_jobs_e2e (tiny model) and the devnet job demo cover the flow in CI
 def test_devnet_job_on_hamlet_with_the_real_model(tmp_path):
     r = subprocess.run([sys.executable, "-m", "node.cli", "devnet", "--once", "--no-inference", "--job", "hamlet",
                         "--job-steps", "60", "--api-port", "0", "--data-dir", str(tmp_path / "devnet")],

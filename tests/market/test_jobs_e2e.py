@@ -36,6 +36,7 @@ async def wait_job(node, jid, statuses, timeout=120):
             await node.ledger.new_block.wait()
 
 
+@pytest.mark.slow  # out of the default suite for its time (~40 s; it took 18 min here); CI runs it
 def test_job_lifecycle_two_jobs_two_workers(tmp_path, tiny):
     async def main():
         async with swarm(tmp_path, tiny, SPANS, accept_jobs={1, 2}) as nodes:

@@ -20,6 +20,7 @@ An idle loop that re-publishes, a chain that makes blocks while idle, a forwardi
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from node.compute.model import make_tiny
@@ -46,6 +47,7 @@ def delta(a: dict, b: dict) -> dict:
     return out
 
 
+@pytest.mark.slow  # out of the default suite for its time (~20 s; it took 18 min here); CI runs it
 def test_idle_gossip_stays_within_protocol_bounds(tmp_path):
     tiny = make_tiny(tmp_path / "models", 0)
     gfile = write_genesis(tmp_path, servers=[1, 2], clients=[], heartbeat_ms=HEARTBEAT_MS)

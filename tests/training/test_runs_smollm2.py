@@ -56,6 +56,7 @@ def procs_info(tmp, key: int) -> dict:
 
 
 @pytest.mark.slow  # five SmolLM2 processes on 2 cores; two rounds of 4 × 10 LoRA steps, replays and aggregates
+@pytest.mark.soak  # ~2 min; test_runs_e2e (four workers, tiny model) covers a run's flow in CI
 def test_four_smollm2_workers_finish_a_lora_run_with_one_theta_and_each_contribution_paid_once(tmp_path):
     model = ensure_smollm2()
     # sampling 5 % of round receipts (every aggregate is re-computed by its committee): p·S > (1 − p)·G holds

@@ -67,6 +67,7 @@ async def joined(host: P2PHost, net: NetworkService, target: str) -> str:
     return pid
 
 
+@pytest.mark.slow  # out of the default suite for its time (~30 s; it took 18 min here); CI runs it
 def test_eight_never_read_requests_for_a_16_mib_block_cost_the_node_little_memory(tmp_path, models):
     own, other = models
     m = load_manifest(other)

@@ -46,6 +46,7 @@ def with_threads(n, fn, *args):
         torch.set_num_threads(old)
 
 
+@pytest.mark.slow  # out of the default suite for its time (~30 s; it took 18 min here); CI runs it
 def test_a_thousand_honest_re_executions_are_all_valid(honest):
     rng = random.Random(0)
     worst, invalid = 0.0, 0
