@@ -21,7 +21,7 @@ from node.inference.receipts import RunningReceipt, SessionTerms
 from node.keys import verify
 from node.ledger import snapshot as snap
 from node.ledger.core import domain
-from node.ledger.core.block import InvalidBlock, decode_block, vote_digest
+from node.ledger.core.block import InvalidBlock, decode_block, precommit_digest, vote_digest
 from node.ledger.core.chain import check_and_apply, commit_block, propose
 from node.ledger.core.genesis import parse_genesis
 from node.ledger.core.state import apply_tx, genesis_state
@@ -36,6 +36,7 @@ from .helpers import CLIENT, KEYS, VALIDATOR, W1, C, make_genesis, make_receipt
 
 GA = make_genesis()
 GB = replace(GA, balances=GA.balances + ((KEYS[7].account, C, 0),))  # network B: one more allocation, nothing else
+GC = replace(GA, genesis_time_ms=GA.genesis_time_ms + 1)  # network C: A re-created later; only the genesis hash differs
 
 
 def refused_by_b(tx, what: str) -> None:
@@ -111,41 +112,82 @@ def test_consensus_votes_and_double_sign_evidence_of_one_genesis_slash_nobody_on
     assert sb.account(k.account) == before and ev.key not in sb.evidence and relabelled.key not in sb.evidence
 
 
-def test_a_block_and_commit_of_one_genesis_are_refused_by_another_and_by_its_light_client():
-    """Same validator key on both networks: a committed block of A does not extend B, relabelled its commit does
-    not verify, and B's light client (state sync trusts headers through it) refuses A's header."""
-    tx = Transfer(GA.domain, CLIENT.account, W1.account, C, 0).signed(CLIENT)
-    block, _, rejected = propose(genesis_state(GA), [tx], VALIDATOR, 1000, ())
+def _chain_a(store: LedgerStore | None = None):
+    """Blocks 1 and 2 of network A with their commits (appended to ``store`` when given: block 1 only)."""
+    s0 = store.replay() if store is not None else genesis_state(GA)
+    b1, s1, rejected = propose(s0, [Transfer(GA.domain, CLIENT.account, W1.account, C, 0).signed(CLIENT)], VALIDATOR,
+                               1000, ())
     assert not rejected
-    commit = commit_block(VALIDATOR, block)
-    check_and_apply(genesis_state(GA), block, commit)  # control
+    c1 = commit_block(VALIDATOR, b1)
+    if store is not None:
+        store.append(b1, c1, s0, s1)
+    b2, _, _ = propose(s1, [], VALIDATOR, 2000, c1)
+    return b1, c1, b2, commit_block(VALIDATOR, b2)
+
+
+def test_a_block_and_commit_of_one_genesis_are_refused_by_another_and_by_its_light_client():
+    """Same validator key on both networks: a committed block of A does not extend B, and B's light client
+    (state sync trusts headers through it) refuses A's header, by name. Relabelled for network C — A's document
+    re-created a millisecond later: same chain id, validator, allocations and parameters, the same genesis state
+    root, only the genesis hash differs — A's header at height 2 is everything C's light client checks when it
+    skips to it (no link to C's genesis is asked for), except its commit: A's precommits sign A's genesis hash, so
+    they are not valid signatures on C."""
+    b1, c1, b2, c2 = _chain_a()
+    check_and_apply(genesis_state(GA), b1, c1)  # control
     with pytest.raises(InvalidBlock, match="block signed for another network"):
-        check_and_apply(genesis_state(GB), block, commit)
+        check_and_apply(genesis_state(GB), b1, c1)
     lc = LightClient(GB)
     with pytest.raises(InvalidBlock, match="header of chain"):
-        lc.update(block.header, list(commit), None)
-    relabelled = replace(block.header, chain_id=GB.domain, prev_hash=GB.hash)  # linked to B's genesis
-    with pytest.raises(InvalidBlock, match="valid signatures"):
-        lc.update(relabelled, list(commit), None)
+        lc.update(b1.header, list(c1), None)
     assert lc.height == 0
+
+    assert GC.hash != GA.hash and genesis_state(GC).state_root() == genesis_state(GA).state_root()
+    ok = LightClient(GA)
+    ok.skip(b2.header, list(c2), None)  # control: A's own light client trusts it
+    assert ok.height == 2
+    relabelled = replace(b2.header, chain_id=GC.domain)  # A's contents, heights and validator; C's domain
+    # each layer binds the genesis hash on its own: the header's hash, and the precommit digest over it
+    assert relabelled.hash != b2.hash
+    assert precommit_digest(GC.domain, 2, 0, b2.hash) != precommit_digest(GA.domain, 2, 0, b2.hash)
+    lc = LightClient(GC)
+    with pytest.raises(InvalidBlock, match=r"commit for height 2 has 0/1 valid signatures"):
+        lc.skip(relabelled, list(c2), None)
+    assert lc.height == 0
+    # a node of C checks a block's commit before anything else: A's block 1 relabelled for C is refused for it
+    with pytest.raises(InvalidBlock, match=r"commit for height 1 has 0/1 valid signatures"):
+        check_and_apply(genesis_state(GC), replace(b1, header=replace(b1.header, chain_id=GC.domain)), c1)
 
 
 def test_a_snapshot_manifest_of_one_genesis_is_refused_by_another(tmp_path):
+    """A's snapshot is refused by B by name. Relabelled for C (one chain id, one validator, one genesis state, only
+    the genesis hash differs), A's manifest and the header that binds it check out on C in every field; state sync
+    refuses them because the header's commit signs A's genesis hash, and C's empty store stays empty."""
     store = LedgerStore(tmp_path / "a", GA)
     try:
-        s0 = store.replay()
-        b1, s1, _ = propose(s0, [Transfer(GA.domain, CLIENT.account, W1.account, C, 0).signed(CLIENT)], VALIDATOR,
-                            1000, ())
-        store.append(b1, commit_block(VALIDATOR, b1), s0, s1)
-        b2, _, _ = propose(s1, [], VALIDATOR, 2000, commit_block(VALIDATOR, b1))
-        m, _ = snap.make(store.db, GA.domain, 700)
-        snap.check_manifest(m, b2.header, GA.domain)  # control
-        with pytest.raises(snap.SnapshotError, match="snapshot signed for another network"):
-            snap.check_manifest(m, b2.header, GB.domain)
-        with pytest.raises(snap.SnapshotError, match="another network"):  # a relabelled manifest, A's header
-            snap.check_manifest(replace(m, chain_id=GB.domain), b2.header, GB.domain)
+        _, _, b2, c2 = _chain_a(store)
+        m, chunks = snap.make(store.db, GA.domain, 700)
     finally:
         store.close()
+    snap.check_manifest(m, b2.header, GA.domain)  # control
+    with pytest.raises(snap.SnapshotError, match="snapshot signed for another network"):
+        snap.check_manifest(m, b2.header, GB.domain)
+    with pytest.raises(snap.SnapshotError, match="another network"):  # a relabelled manifest, A's header
+        snap.check_manifest(replace(m, chain_id=GB.domain), b2.header, GB.domain)
+    data = [chunks[i] for i in m.chunks]
+    ok = LedgerStore(tmp_path / "a2", GA)
+    try:
+        assert snap.restore(ok, m, data, b2.header, c2, GA.validators).height == 1  # control: A restores it
+    finally:
+        ok.close()
+    mc, hc = replace(m, chain_id=GC.domain), replace(b2.header, chain_id=GC.domain)
+    sc = LedgerStore(tmp_path / "c", GC)
+    try:
+        snap.check_manifest(mc, hc, GC.domain)  # every binding but the signature holds on C
+        with pytest.raises(InvalidBlock, match=r"commit for height 2 has 0/1 valid signatures"):
+            snap.restore(sc, mc, data, hc, c2, GC.validators)
+        assert (sc.head, sc.base) == (0, 0)
+    finally:
+        sc.close()
 
 
 def test_an_older_versions_transaction_or_block_is_refused_at_decode():
