@@ -61,7 +61,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.security.devnet import ATTACKER_SRC, Devnet, RssSampler, pin  # test infra: bench runs from a checkout
+from tests.security.devnet import (  # test infra: bench runs from a checkout
+    ATTACKER_SRC,
+    Devnet,
+    RssSampler,
+    attack_shortfalls,
+    pin,
+)
 
 TOKENS_TARGET = 0.8  # honest tokens/s under attack / without, at least
 RSS_TARGET = 1.5  # target's peak RSS under attack / without, at most
@@ -216,8 +222,10 @@ def main() -> int:
                         spin_baseline=not args.unpinned and not args.quiet_baseline)
             if name != CONTROL:
                 rows.append(r)
+            short = [] if name == CONTROL else [x for a in r["attacks"] for x in attack_shortfalls(cls, a)]
+            r["shortfalls"] = short  # an attack that did not happen (crashed, hung, never reached the target)
             ok = r["tokens_ratio"] >= TOKENS_TARGET and r["rss_ratio"] <= RSS_TARGET and not r["bad_gens"] \
-                and r["alive"]
+                and r["alive"] and not short
             brief = {k: v for k, v in r["attacks"][-1].items() if k not in ("class", "elapsed_s", "t0", "t1")}
             print(f"{name:11s} tokens/s {r['tokens_s_attack']:6.2f} / {r['tokens_s_base']:6.2f} = "
                   f"{r['tokens_ratio']:5.2f}  peak RSS {r['rss_attack'] / 2**20:6.1f} / {r['rss_base'] / 2**20:6.1f} "
@@ -228,7 +236,8 @@ def main() -> int:
                   + ", ".join(f"{k} {a:.2f} / {b:.2f}" for k, (a, b) in r["others_cpu_share"].items())
                   + f"  attacker CPU {r['attacker_cpu_s']:.1f} s"
                   f"{' on CPUs ' + str(r['attacker_affinity']) if r['attacker_affinity'] else ''}  "
-                  f"{'met' if ok else 'NOT met'}  attacker: {json.dumps(brief)}", flush=True)
+                  f"{'met' if ok else 'NOT met'}  attacker: {json.dumps(brief)}"
+                  + (f"  THE ATTACK DID NOT HAPPEN: {short}" if short else ""), flush=True)
     finally:
         net.stop()
         if args.keep is None:
@@ -237,7 +246,7 @@ def main() -> int:
         worst_tok = min(rows, key=lambda r: r["tokens_ratio"])
         worst_rss = max(rows, key=lambda r: r["rss_ratio"])
         met = all(r["tokens_ratio"] >= TOKENS_TARGET and r["rss_ratio"] <= RSS_TARGET and not r["bad_gens"]
-                  and r["alive"] for r in rows)
+                  and r["alive"] and not r["shortfalls"] for r in rows)
         print(f"summary: {len(rows)} classes; worst tokens/s ratio {worst_tok['tokens_ratio']:.2f} "
               f"({worst_tok['class']}, target >= {TOKENS_TARGET}); worst peak RSS ratio "
               f"{worst_rss['rss_ratio']:.2f} ({worst_rss['class']}, target <= {RSS_TARGET}); "

@@ -18,7 +18,10 @@ Classes (``--help`` of each lists its options):
 * ``spin``: no attack, a control: the process only keeps its CPU busy, as a busy attacker would (``bench/attack.py``
   measures with it what an attacker's own CPU use costs the honest client when the cores are shared or loaded).
 
-Each runs for ``--seconds`` (the probe: until done or its deadline) and prints one JSON line of what it managed.
+Each runs for ``--seconds`` (the probe: until done or its deadline) and prints one JSON line of what it managed,
+counted on its own sockets and streams (connections made and held, streams opened, bytes written, identities
+that completed the hello, refusals and resets seen), never the numbers it was asked for alone:
+:func:`tests.security.devnet.attack_shortfalls` fails a test whose attack did too little to count.
 Every socket leaves from ``--src`` (:func:`tests.security.srcaddr.bind_source`). Attackers renice themselves
 (``--nice``) so that on a 2-core machine the attack measures the target, not the attacker's CPU use.
 """
@@ -36,6 +39,7 @@ from typing import Any
 import trio
 from libp2p.peer.id import ID
 
+from node.ledger.snapshot import Manifest
 from node.net.relay import Relay
 from node.p2p.framing import write_msg
 from tests.security import payloads
@@ -44,94 +48,136 @@ from tests.security.floods import drip, identities, idle
 from tests.security.peers import probe, snapserve
 from tests.security.srcaddr import bind_source
 
+CHUNK = 1 << 16  # bytes per write of a bomb (yamux sends at most its window per frame anyway)
+
 # ---------------------------------------------------------------------------------------------------- bomb
 
 async def bomb(a: argparse.Namespace) -> dict:
-    """Every bomb of :func:`tests.security.payloads.bombs` on every protocol of the phase, ``--streams`` at once;
-    a fresh identity whenever the target refuses this one's streams (it was banned), until ``--seconds``."""
+    """Every bomb of :func:`tests.security.payloads.bombs` on every protocol of the phase, ``--streams`` at once
+    per protocol, the protocols side by side (one after another, a target that stalls or bans on the first
+    would never see the rest within a 15 s attack); a fresh identity whenever the target refuses this one's
+    streams (it was banned), each protocol going on from its next bomb, until ``--seconds``.
+
+    Reports what reached the target: identities made and those connected (after a verified hello in ``post``),
+    streams opened, bytes written (counted per :data:`CHUNK` whose write returned, so a bomb the target cut
+    midway counts what it took), bombs written whole, streams cut mid-write, refused streams, replies; and the
+    same per protocol (``per_protocol``: protocol -> streams, bytes, refused, cut)."""
     protos = a.protocols or (PRE_HELLO if a.phase == "pre" else list(TALLY) + LIBP2P)
-    stats: dict[str, Any] = {"identities": 0, "connect_failed": 0, "written": 0, "streams": 0, "refused": 0,
-                             "replies": 0, "bytes": 0}
+    stats: dict[str, Any] = {"protocols": protos, "identities": 0, "connected": 0, "connect_failed": 0,
+                             "written": 0, "streams": 0, "refused": 0, "cut": 0, "replies": 0, "bytes": 0}
+    per = {p: {"streams": 0, "bytes": 0, "refused": 0, "cut": 0} for p in protos}
+    stats["per_protocol"] = per
     deadline = trio.current_time() + a.seconds
     cache: dict[int, dict[str, bytes]] = {}
+
+    def count(proto: str, key: str, n: int = 1) -> None:
+        stats[key] += n
+        per[proto][key] += n
 
     async def one(host, pid, proto: str, data: bytes, refused: list[int]) -> None:
         s = await raw_stream(host, pid, proto, timeout=min(10.0, max(0.5, deadline - trio.current_time())))
         if s is None:
-            stats["refused"] += 1
+            count(proto, "refused")
             refused[0] += 1
             return
-        stats["streams"] += 1
+        count(proto, "streams")
         try:
             with trio.move_on_after(max(0.5, min(10.0, deadline - trio.current_time()))):
-                await s.write(data)
+                for off in range(0, len(data), CHUNK):
+                    piece = data[off:off + CHUNK]
+                    await s.write(piece)
+                    count(proto, "bytes", len(piece))
                 stats["written"] += 1
-                stats["bytes"] += len(data)
                 if await s.read(1 << 16):
                     stats["replies"] += 1
-        except Exception:  # noqa: BLE001 - an attacker shrugs off however the target cuts it
-            pass
+        except Exception:  # noqa: BLE001 - an attacker shrugs off however the target cuts it; counted
+            count(proto, "cut")
         await reset(s)
+
+    kinds = [k for k in payloads.KINDS if not a.kinds or k in a.kinds]
+    pos = dict.fromkeys(protos, 0)  # protocol -> how many of its bombs are done (carried over to the next identity)
+    tries: dict[tuple[str, int], int] = {}
+
+    async def bomber(host, pid, j: int, proto: str) -> None:
+        """Protocol ``proto``'s bombs, in turn from bomb ``j`` on (so that early on every protocol gets a
+        different bomb), until this identity's streams on it are refused twice running (banned) or the end."""
+        size = min(TALLY.get(proto, 1 << 20), a.size)
+        if size not in cache:
+            cache[size] = payloads.bombs(size)
+        misses = 0
+        while trio.current_time() < deadline and misses < 2:
+            name = kinds[(j + pos[proto]) % len(kinds)]
+            refused = [0]
+            async with trio.open_nursery() as n:
+                for _ in range(a.streams):
+                    n.start_soon(one, host, pid, proto, cache[size][name], refused)
+            key = (proto, pos[proto])
+            tries[key] = tries.get(key, 0) + 1
+            misses = misses + 1 if refused[0] == a.streams else 0
+            if not misses or tries[key] >= 3:
+                pos[proto] += 1  # a bomb every stream of which was refused goes again, on the next identity
 
     while trio.current_time() < deadline:
         stats["identities"] += 1
-        try:
-            async with peer(a, hello=a.phase == "post") as (host, pid):
-                refused = [0]
-                while trio.current_time() < deadline and refused[0] < 2 * a.streams:
-                    for proto in protos:
-                        size = min(TALLY.get(proto, 1 << 20), a.size)
-                        for name, data in cache.setdefault(size, payloads.bombs(size)).items():
-                            if (a.kinds and name not in a.kinds) or trio.current_time() >= deadline \
-                                    or refused[0] >= 2 * a.streams:
-                                continue
-                            async with trio.open_nursery() as n:
-                                for _ in range(a.streams):
-                                    n.start_soon(one, host, pid, proto, data, refused)
-        except (ConnectionError, trio.TooSlowError, OSError):
-            stats["connect_failed"] += 1
-            await trio.sleep(0.5)
+        with trio.move_on_after(max(0.0, deadline - trio.current_time()) + 2.0):
+            try:
+                async with peer(a, hello=a.phase == "post") as (host, pid), trio.open_nursery() as n:
+                    stats["connected"] += 1
+                    for j, proto in enumerate(protos):
+                        n.start_soon(bomber, host, pid, j, proto)
+            except (ConnectionError, trio.TooSlowError, OSError):
+                stats["connect_failed"] += 1
+                await trio.sleep(0.5)
     return stats
 
 
 # ---------------------------------------------------------------------------------------------------- noread
 
 async def noread(a: argparse.Namespace) -> dict:
-    """Requests for the biggest replies the target has, on ``--streams`` streams per connection, never read."""
-    stats = {"requests": 0, "refused": 0, "kinds": []}
+    """Requests for the biggest replies the target has, on ``--streams`` streams per connection, never read.
+
+    Reports streams opened, requests written on them and held unread (``requests``, of ``asked``; ``per_kind``:
+    by kind of request: ``head`` and ``block`` of the model, snapshot ``chunk``, ``sync`` batch, ``light``
+    headers), streams refused or cut before the request was written, those held to the end (``held_at_end``),
+    ``kinds_asked``: the kinds it meant to request (a chunk only when the target offered a snapshot), and
+    ``kinds``: those of the requests that were written."""
+    stats: dict[str, Any] = {"asked": a.streams, "streams": 0, "requests": 0, "refused": 0, "kinds": [],
+                             "per_kind": {}}
     async with peer(a, hello=True) as (host, pid):
-        reqs: list[tuple[str, dict]] = []
+        reqs: list[tuple[str, str, dict]] = []  # (kind, protocol, request)
         if a.model_id:
             mid = bytes.fromhex(a.model_id)
-            reqs.append(("/tally/block/1.0.0", {"model_id": mid, "type": "head"}))
-            reqs.append(("/tally/block/1.0.0", {"model_id": mid, "type": "block", "index": 0}))
+            reqs.append(("head", "/tally/block/1.0.0", {"model_id": mid, "type": "head"}))
+            reqs.append(("block", "/tally/block/1.0.0", {"model_id": mid, "type": "block", "index": 0}))
         try:
             offer = await host.request(pid.to_base58(), "/tally/snapshot/1.0.0", {"op": "offer"}, timeout=10.0)
             if offer.get("status") == "ok":
-                m = offer["manifest"]
-                sid = m.get("id") if isinstance(m, dict) else None
-                if sid is not None:
-                    reqs.append(("/tally/snapshot/1.0.0", {"op": "chunk", "snapshot": sid, "index": 0}))
+                sid = Manifest.from_wire(offer["manifest"]).id
+                reqs.append(("chunk", "/tally/snapshot/1.0.0", {"op": "chunk", "snapshot": sid, "index": 0}))
         except Exception as e:  # noqa: BLE001 - an attacker shrugs off however the target cuts it
             stats["snapshot"] = f"{type(e).__name__}: {e}"[:120]
-        reqs.append(("/tally/sync/1.0.0", {"from": 1}))
-        reqs.append(("/tally/snapshot/1.0.0", {"op": "light", "from": 1, "count": 64}))
-        stats["kinds"] = sorted({p.rsplit("/", 2)[1] for p, _ in reqs})
+        reqs.append(("sync", "/tally/sync/1.0.0", {"from": 1}))
+        reqs.append(("light", "/tally/snapshot/1.0.0", {"op": "light", "from": 1, "count": 64}))
+        stats["kinds_asked"] = [k for k, _, _ in reqs]
         held = []
         deadline = trio.current_time() + a.seconds
         while trio.current_time() < deadline and len(held) < a.streams:
-            for proto, msg in reqs:
+            for kind, proto, msg in reqs:
                 s = await raw_stream(host, pid, proto, timeout=5.0)
                 if s is None:
                     stats["refused"] += 1
                     continue
+                stats["streams"] += 1
                 try:
                     await write_msg(s, msg, timeout=5.0)
                     held.append(s)
                     stats["requests"] += 1
+                    stats["per_kind"][kind] = stats["per_kind"].get(kind, 0) + 1
                 except Exception:  # noqa: BLE001 - an attacker shrugs off however the target cuts it
                     stats["refused"] += 1
+        stats["kinds"] = sorted(stats["per_kind"])
         await trio.sleep(max(0.0, deadline - trio.current_time()))
+        stats["held_at_end"] = len(held)
         for s in held:
             await reset(s)
     return stats
@@ -141,9 +187,14 @@ async def noread(a: argparse.Namespace) -> dict:
 
 async def relay(a: argparse.Namespace) -> dict:
     """Two non-members (no hello): ``A`` reserves a slot on the target; ``B`` dials ``A`` through the target
-    and pushes bytes on ``--streams`` streams for the rest of the attack."""
+    and pushes bytes on ``--streams`` streams for the rest of the attack.
+
+    Reports whether the reservation was granted and the circuit opened, the streams opened through it, the bytes
+    ``B`` wrote (``pushed``) and ``A`` read (``received``), and the streams cut (``cut``, ``cut_by``: the last
+    reason; the relay's data limit cutting the circuit is the target defending, not an attacker's error)."""
     sink = "/tally/test/sink/1.0.0"
-    stats: dict[str, Any] = {"reserved": False, "circuit": False, "pushed": 0, "received": 0}
+    stats: dict[str, Any] = {"reserved": False, "circuit": False, "streams": 0, "pushed": 0, "received": 0,
+                             "cut": 0}
 
     async def drain(stream) -> None:
         try:
@@ -179,11 +230,13 @@ async def relay(a: argparse.Namespace) -> dict:
         async def push() -> None:
             try:
                 s = await hb.libp2p.new_stream(ID.from_base58(ha.peer_id), [sink])
+                stats["streams"] += 1
                 while trio.current_time() < deadline:
                     await s.write(chunk)
                     stats["pushed"] += len(chunk)
-            except Exception as e:  # noqa: BLE001 - an attacker shrugs off however the target cuts it
-                stats["error"] = f"{type(e).__name__}: {e}"[:160]
+            except Exception as e:  # noqa: BLE001 - an attacker shrugs off however the target cuts it; counted
+                stats["cut"] += 1  # how (the relay's limit cutting the circuit, a refused stream): the last one
+                stats["cut_by"] = f"{type(e).__name__}: {e}"[:160]
 
         with trio.move_on_after(max(0.0, deadline - trio.current_time())):
             async with trio.open_nursery() as n:

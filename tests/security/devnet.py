@@ -32,6 +32,7 @@ import psutil
 
 from node.compute.model import load_manifest
 from node.identity import Identity, dev_seed
+from node.net.admission import AdmissionLimits
 from tests.inference.procs import free_port, spawn, stop_all, tail, wait_info
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -172,6 +173,78 @@ class Honest:
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
 
 
+# ------------------------------------------------------------------ what an attack must show it did
+
+# Each attack class's least effect, read from its attacker's report (counts measured on its own sockets and
+# streams, :mod:`tests.security.attacker`): an attack that crashed, hung, never reached the target or did next to
+# nothing fails its test instead of passing unopposed. Each is far below what the attack does on 2 cores at a load
+# average of 10-13 (15 s attacks: bomb before the hello 20-27 identities, 26-39 MB on both protocols, after it
+# every protocol of the 18 reached; idle from one address 16-157 sockets held at once of 400 (the target closes
+# the rest), from a /24 187-274 over 226-248 of its addresses; identities 32 hellos held; noread 85-100 requests
+# held, every kind; drip 171 bytes on 40 streams and 96 on 32 sockets; relay a reservation, a circuit and
+# 64-128 KiB pushed) and above what an attacker that exits at once or cannot connect reports (an error, or zeros).
+Need = tuple[str, float, float]  # (what, measured, least)
+
+
+def _bomb(r: dict) -> list[Need]:
+    # every protocol the attack names must have taken bytes: a bomb run gets identities banned within a few bombs,
+    # and one that starts over from the first protocol each time never reaches the rest
+    return [("identities connected", r["connected"], 1), ("streams opened", r["streams"], 1),
+            ("bytes written", r["bytes"], 1 << 16)] + \
+        [(f"bytes written on {p}", c["bytes"], 1) for p, c in r["per_protocol"].items() if p.startswith("/tally/")] + \
+        [(f"streams tried on {p}", c["streams"] + c["refused"], 1) for p, c in r["per_protocol"].items()]
+
+
+def _idle(r: dict) -> list[Need]:
+    # how many it holds is the target's to decide (from one address: 16 pending its handshake, the rest closed at
+    # once), so: every socket asked for tried, and the sockets held at once fill half of what one address may hold
+    return [("connection attempts", r["connects"] + r["failed"], r["sockets"]),
+            ("sockets held open at once", r["open_peak"], AdmissionLimits().pending_per_ip / 2),
+            ("source addresses that connected", r["sources_connected"], r["sources"] / 2)]
+
+
+def _identities(r: dict) -> list[Need]:
+    return [("identities that completed the hello", r["hello_ok"], 5),
+            ("identities held at once after the hello", r["held_peak"], 5)]
+
+
+def _noread(r: dict) -> list[Need]:
+    # each kind it meant to ask for (head and block: when given the model; a snapshot chunk, a sync batch, headers:
+    # always), at least once
+    kinds = sorted(set(r["kinds_asked"]) | {"chunk", "sync", "light"})
+    return [("requests held unread", r["requests"], r["asked"] / 4)] + \
+        [(f"{k} requests held unread", r["per_kind"].get(k, 0), 1) for k in kinds]
+
+
+def _drip(r: dict) -> list[Need]:
+    return [("streams dripped on", r["streams"], 1), ("bytes dripped on streams", r["stream_bytes"], 10),
+            ("sockets dripped on", r["sockets"], 1), ("bytes dripped on sockets", r["socket_bytes"], 10)]
+
+
+def _relay(r: dict) -> list[Need]:
+    return [("reservation granted", r["reserved"], 1), ("circuit opened", r["circuit"], 1),
+            ("streams through the circuit", r["streams"], 1), ("bytes pushed through the circuit", r["pushed"], 1)]
+
+
+EFFECTS = {"bomb": _bomb, "idle": _idle, "identities": _identities, "noread": _noread, "drip": _drip,
+           "relay": _relay}
+
+
+def attack_shortfalls(cls: str, report: dict) -> list[str]:
+    """Every way ``report`` (an attacker's JSON line, or :meth:`Devnet.run_attacker`'s ``{"error": ...}``) falls
+    short of attack class ``cls``'s least effect (:data:`EFFECTS`); empty: the attack happened."""
+    if "error" in report:
+        return [f"the {cls} attacker failed: {report['error']}"]
+    if report.get("class") != cls or cls not in EFFECTS:
+        return [f"no report of a {cls} attack: {report}"[:400]]
+    try:
+        needs = EFFECTS[cls](report)
+    except (KeyError, TypeError, AttributeError) as e:
+        return [f"the {cls} attacker's report lacks {e}: {report}"[:400]]
+    return [f"the {cls} attack did too little: {what} {got} < {least:g}" for what, got, least in needs
+            if got < least]
+
+
 @dataclass
 class Verdict:
     """What one attack did to the target (see :meth:`Devnet.play`)."""
@@ -197,8 +270,9 @@ class Verdict:
         return [g for g in self.gens if g.get("tokens") != self.want]
 
     def problems(self) -> list[str]:
-        """Every way this attack broke the issue's bar (empty: it passed)."""
-        out = []
+        """Every way this attack broke the issue's bar, or did not happen (:func:`attack_shortfalls`; empty: it
+        passed)."""
+        out = attack_shortfalls(self.cls, self.attack)
         if not self.alive:
             out.append("the target process died")
         if not self.api_ok:

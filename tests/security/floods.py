@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import socket
+from typing import Any
 
 import trio
 from libp2p import new_host
@@ -25,13 +26,20 @@ from tests.security.common import TALLY, peer, raw_stream, reset, target_parts
 
 async def idle(a: argparse.Namespace) -> dict:
     """``--sockets`` raw TCP connections that never send a byte, from ``--src`` or spread over its /24 (``--spread``),
-    each reopened as soon as the target closes it, until ``--seconds``: the target sees the whole flood all along."""
+    each reopened as soon as the target closes it, until ``--seconds``: the target sees the whole flood all along.
+
+    Reports, as measured on the sockets: connections made (``connects``) and failed, those the target closed
+    (``closed_by_target``), the most held open at once (``open_peak``), the socket-seconds held (``held_s``) and
+    their mean over the attack (``held_mean``: sockets open on average), and the source addresses that connected
+    at least once (``sources_connected``; ``sockets`` and ``sources`` are what was asked)."""
     ip, port, _ = target_parts(a.target)
     net = a.src.rsplit(".", 1)[0]
     srcs = [f"{net}.{2 + i % 248}" for i in range(a.sockets)] if a.spread else [a.src] * a.sockets
-    stats = {"sockets": a.sockets, "sources": len(set(srcs)), "connects": 0, "failed": 0, "closed_by_target": 0,
-             "open_now": 0, "open_peak": 0}
-    deadline = trio.current_time() + a.seconds
+    stats: dict[str, Any] = {"sockets": a.sockets, "sources": len(set(srcs)), "connects": 0, "failed": 0,
+                             "closed_by_target": 0, "open_now": 0, "open_peak": 0, "held_s": 0.0}
+    connected: set[str] = set()
+    start = trio.current_time()
+    deadline = start + a.seconds
 
     async def hold(src: str) -> None:
         while trio.current_time() < deadline:
@@ -46,8 +54,10 @@ async def idle(a: argparse.Namespace) -> dict:
                 await trio.sleep(0.1)
                 continue
             stats["connects"] += 1
+            connected.add(src)
             stats["open_now"] += 1
             stats["open_peak"] = max(stats["open_peak"], stats["open_now"])
+            opened = trio.current_time()
             try:
                 while await s.recv(1 << 16):  # what the target sends (its multistream header) is dropped
                     pass
@@ -56,12 +66,16 @@ async def idle(a: argparse.Namespace) -> dict:
                 stats["closed_by_target"] += 1
             finally:
                 stats["open_now"] -= 1
+                stats["held_s"] += min(trio.current_time(), deadline) - opened
                 s.close()
 
     with trio.move_on_after(a.seconds):
         async with trio.open_nursery() as n:
             for src in srcs:
                 n.start_soon(hold, src)
+    stats["sources_connected"] = len(connected)
+    stats["held_mean"] = round(stats["held_s"] / max(trio.current_time() - start, 1e-9), 1)
+    stats["held_s"] = round(stats["held_s"], 1)
     return stats
 
 
@@ -69,12 +83,17 @@ async def idle(a: argparse.Namespace) -> dict:
 
 async def identities(a: argparse.Namespace) -> dict:
     """Fresh identities, each its own bare py-libp2p host, connecting and saying a valid hello; at most
-    ``--hold`` kept connected at once (the oldest are closed for new ones)."""
+    ``--hold`` kept connected at once (the oldest are closed for new ones).
+
+    Reports identities made, those that connected and those whose hello the target answered ``ok``
+    (``hello_ok``), failures (``failed``: before the hello was done; ``dropped``: after), and the most identities
+    held at once after a completed hello (``held_peak``)."""
 
     pid = ID.from_base58(target_parts(a.target)[2])
     addr = Multiaddr(a.target.rsplit("/p2p/", 1)[0])
     hello = {"chain_id": a.chain, "genesis": a.genesis, "agent": AGENT, "addrs": []}
-    stats = {"identities": 0, "connected": 0, "hello_ok": 0, "failed": 0, "dropped": 0}
+    stats = {"identities": 0, "connected": 0, "hello_ok": 0, "failed": 0, "dropped": 0, "held_now": 0,
+             "held_peak": 0}
     deadline = trio.current_time() + a.seconds
 
     async def answer(stream) -> None:
@@ -92,7 +111,7 @@ async def identities(a: argparse.Namespace) -> dict:
         h.set_stream_handler(HELLO_PROTOCOL, answer)
         stats["identities"] += 1
         cancel = trio.CancelScope()
-        started = False
+        started = hello_done = False
         try:
             with cancel:
                 async with h.run([Multiaddr(f"/ip4/{a.src}/tcp/0")]):
@@ -104,6 +123,9 @@ async def identities(a: argparse.Namespace) -> dict:
                         r = await read_msg(s, 10.0, max_message=1 << 16)
                         if r.get("status") == "ok":
                             stats["hello_ok"] += 1
+                            hello_done = True
+                            stats["held_now"] += 1
+                            stats["held_peak"] = max(stats["held_peak"], stats["held_now"])
                     task_status.started(cancel)
                     started = True
                     await trio.sleep_forever()
@@ -119,6 +141,8 @@ async def identities(a: argparse.Namespace) -> dict:
                 stats["dropped"] += 1
             if isinstance(e, trio.Cancelled):
                 raise
+        finally:
+            stats["held_now"] -= hello_done
 
     held: list[trio.CancelScope] = []
 
@@ -134,8 +158,9 @@ async def identities(a: argparse.Namespace) -> dict:
             async with trio.open_nursery() as starters:
                 for _ in range(a.parallel):
                     starters.start_soon(starter)
-        stats["held_at_end"] = len(held)
+        stats["held_at_end"] = stats["held_now"]
         n.cancel_scope.cancel()
+    del stats["held_now"]
     return stats
 
 
@@ -147,7 +172,10 @@ def _info(pid: ID, addr: Multiaddr):
 
 async def drip(a: argparse.Namespace) -> dict:
     """One byte per second: a frame on every Tally protocol after the hello (``--streams`` each), and the
-    multistream-select header on ``--sockets`` raw TCP connections (a handshake dripped)."""
+    multistream-select header on ``--sockets`` raw TCP connections (a handshake dripped).
+
+    Reports streams opened and bytes dripped on them (``stream_bytes``: writes that returned), sockets connected
+    and bytes dripped on them (``socket_bytes``), and the streams and sockets the target cut (``cut``)."""
     ip, port, _ = target_parts(a.target)
     stats = {"stream_bytes": 0, "streams": 0, "socket_bytes": 0, "sockets": 0, "cut": 0}
     deadline = trio.current_time() + a.seconds

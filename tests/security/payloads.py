@@ -68,6 +68,9 @@ def max_frames_then_stall(n: int) -> bytes:
     return (HDR.pack(FRAME_PAYLOAD, MORE) + b"\x80" * FRAME_PAYLOAD) * n
 
 
+KINDS = ["empty_maps", "wide_array", "deep", "lying_array", "lying_bin", "lying_map", "huge_frame", "many_frames"]
+
+
 def bombs(size: int) -> dict[str, bytes]:
     """Every bomb, framed, for a protocol whose message limit is ``size`` bytes: name -> bytes to write."""
     return {

@@ -4,7 +4,10 @@ on another /24 generates. Each asserts (:meth:`tests.security.devnet.Verdict.pro
 lives, its API answers and its height advances; its peak RSS grows by less than 64 MiB; every honest generation
 that overlapped the attack is the reference greedy decoding, and at least one completed; and after the attack a
 fresh identity from the attacker's address and one from another address connect, ping and complete the hello
-within :data:`~tests.security.devnet.PROBE_S` seconds (check 5).
+within :data:`~tests.security.devnet.PROBE_S` seconds (check 5); and that the attack happened: its attacker
+reported what it did, measured on its own sockets and streams, and that reaches its class's least effect
+(:func:`~tests.security.devnet.attack_shortfalls`; an attacker that crashed, hung or never reached the target
+fails the test).
 
 The devnet is started once per module (~1 min on 2 cores) and restarted when an attack killed the target. Each
 test prints its verdict (``-s`` shows them). 8-15 minutes in all on 2 loaded cores: ``slow``.
