@@ -37,6 +37,7 @@ import trio
 log = logging.getLogger(__name__)
 
 LIMIT_PENALTY = 1.0  # points per refused stream or connection (20 refusals in quick succession: a ban)
+HANDLER_ERROR_PENALTY = 5.0  # per stream whose handler raised on what the peer sent (4 in quick succession: a ban)
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,14 @@ class StreamGate:
                 return
             try:
                 await inner(stream)
+            except Exception as e:  # noqa: BLE001 - a handler's error is the stream's, never the node's (see below)
+                # A handler that raises on what a peer sent (py-libp2p's pubsub raises protobuf's DecodeError on
+                # ten bytes of garbage on /meshsub) would otherwise escape into the connection's nursery and stop
+                # the swarm: the stream is reset and its sender penalised. trio's Cancelled is a BaseException and
+                # passes through.
+                log.info("stream handler error from %s: %s: %s", peer, type(e).__name__, str(e)[:200])
+                self.host.penalize(peer, HANDLER_ERROR_PENALTY)
+                await _reset(stream)
             finally:
                 self.limiter.stream_closed(peer)
 
