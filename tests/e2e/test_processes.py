@@ -209,3 +209,79 @@ def test_four_validator_processes_survive_a_kill_and_the_restart_rejoins(tmp_pat
         assert ids[3] in signers_after
     finally:
         stop_all(procs)
+
+
+@pytest.mark.slow  # 23-30 s on 2 cores (three node starts): CI's slow step; test_tx_status.py has the in-process one
+def test_a_transfer_only_in_a_killed_nodes_outbox_lands_in_one_block_after_its_restart(tmp_path):
+    """Issue 28's outbox, through a real crash: a follower's wallet transfer is accepted while no validator can
+    hear it (the follower has no peer), so it exists only in that node's mempool and its outbox file; the node is
+    killed with SIGKILL and restarted, now dialling the validator; the transfer must land in exactly one block (read
+    from the validator's reopened LevelDB) and the restarted wallet's next transfer takes the next nonce. Without
+    the outbox load at start (``LedgerService.run``) the transfer is lost: its status stays unknown."""
+    from node.encoding import BASE_UNITS
+    from node.identity import Identity, dev_seed
+    from node.ledger.genesis import load_genesis
+    from node.ledger.outbox import Outbox
+    from node.ledger.store import LedgerStore
+
+    cache = tmp_path / "models"
+    make_tiny(cache, 0)
+    val, fol = (Identity.from_seed(dev_seed(i)).peer_id for i in (0, 1))
+    genesis = tmp_path / "genesis.json"
+    genesis.write_text(json.dumps({
+        "chain_id": "tally-test-outbox", "validators": [val],
+        "accounts": [{"account": val, "balance": "10", "bond": "200"}, {"account": fol, "balance": "10"}],
+        "params": {"block_time_ms": 300}}))
+    dv, df = tmp_path / "v", tmp_path / "f"
+    procs: list = []
+
+    def call(api: str, d: Path, path: str, body: dict | None = None) -> dict:
+        if body is None:
+            return httpx.get(f"{api}{path}", timeout=20).json()
+        token = (d / "api_token").read_text().strip()
+        r = httpx.post(f"{api}{path}", json=body, timeout=20, headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    try:
+        procs.append(start(dv, cache, "--genesis", str(genesis), "--dev-account", "0"))  # no peer either
+        procs.append(start(df, cache, "--genesis", str(genesis), "--dev-account", "1"))
+        iv, i1 = info(dv, procs[0]), info(df, procs[1])
+        wait_height(iv["api"], 1)
+        sent = call(i1["api"], df, "/v1/transfer", {"to": val, "amount": "1"})
+        assert sent["nonce"] == 0
+        tid = sent["id"]
+        assert call(i1["api"], df, f"/v1/txs/{tid}/status")["status"] == "pending"
+        assert [t.id.hex() for t in Outbox(df / "ledger.outbox").load()] == [tid]  # on disk before the answer
+        assert status(i1["api"])["peers"] == [] and status(iv["api"])["peers"] == []  # nobody heard it
+        assert call(iv["api"], dv, f"/v1/txs/{tid}/status")["status"] == "unknown"
+        procs[1].send_signal(signal.SIGKILL)
+        procs[1].wait()
+        procs[1] = start(df, cache, "--genesis", str(genesis), "--bootstrap", iv["addrs"][0])
+        i2 = info(df, procs[1])
+        assert i2["peer_id"] == fol
+        deadline = time.monotonic() + 30
+        st = {}
+        while time.monotonic() < deadline:
+            st = call(i2["api"], df, f"/v1/txs/{tid}/status")
+            if st["status"] == "included":
+                break
+            time.sleep(0.3)
+        assert st["status"] == "included", f"30 s after the restart the transfer is {st}"
+        again = call(i2["api"], df, "/v1/transfer", {"to": val, "amount": "1"})
+        assert again["nonce"] == 1  # the restarted wallet counts the re-queued transfer
+        deadline = time.monotonic() + 30
+        while call(iv["api"], dv, f"/v1/txs/{again['id']}/status")["status"] != "included":
+            assert time.monotonic() < deadline, "the restarted wallet's next transfer did not land"
+            time.sleep(0.3)
+        stop_all(procs)
+        store = LedgerStore(dv / "ledger", load_genesis(genesis))
+        try:
+            where = [h for h in range(1, store.head + 1) for tx in store.get_block(h)[0].txs if tx.id.hex() == tid]
+            assert len(where) == 1, f"the transfer is in blocks {where}"
+            acc = store.replay().account(Identity.from_seed(dev_seed(1)).account)
+            assert (acc.balance, acc.nonce) == (8 * BASE_UNITS, 2)  # two transfers of 1 credit, each applied once
+        finally:
+            store.close()
+    finally:
+        stop_all(procs)

@@ -190,6 +190,56 @@ def test_a_transfer_submitted_before_any_peer_is_re_sent_when_a_validator_connec
         sf.close()
 
 
+def test_a_restarted_service_queues_its_outbox_again_and_the_transfer_lands_in_one_block(tmp_path):
+    """``LedgerService.run`` at start queues the outbox again (two real libp2p hosts, two LevelDBs): a follower's
+    transfer accepted while it has no peer exists only in its mempool and outbox; the service is cancelled and its
+    store closed with nothing written on the way out (the mempool dies, as in a crash); a new service on the same
+    LevelDB, now connected to the validator, runs, and the transfer lands in exactly one block. The process-level
+    version with SIGKILL is tests/e2e/test_processes.py (slow)."""
+    g = make_genesis()
+    tx = pay(W1, 0, g=g)
+
+    async def first_life():
+        sf = LedgerStore(tmp_path / "f", g)
+        try:
+            async with P2PHost(W1, 0, "test-chain").running() as hf:
+                f = LedgerService(sf, g, W1, hf)
+                async with trio.open_nursery() as n:
+                    n.start_soon(f.run)
+                    assert await f.submit(tx) == tx.id  # no peer: nobody hears it
+                    assert f.tx_status(tx.id).state is TxState.PENDING
+                    n.cancel_scope.cancel()
+        finally:
+            sf.close()
+
+    async def second_life():
+        sv, sf = LedgerStore(tmp_path / "v", g), LedgerStore(tmp_path / "f", g)
+        try:
+            async with P2PHost(VALIDATOR, 0, "test-chain").running() as hv, \
+                    P2PHost(W1, 0, "test-chain").running() as hf:
+                v, f = LedgerService(sv, g, VALIDATOR, hv), LedgerService(sf, g, W1, hf)
+                assert tx.id not in f.mempool  # a fresh mempool: only the outbox remembers the transfer
+                assert await hf.connect(hv.addrs) == 1
+                async with trio.open_nursery() as n:
+                    n.start_soon(v.run)
+                    n.start_soon(f.run)
+                    with trio.move_on_after(20):
+                        while f.tx_status(tx.id).state is not TxState.INCLUDED:
+                            await trio.sleep(0.1)
+                    st = f.tx_status(tx.id)
+                    assert st.state is TxState.INCLUDED, f"20 s after the restart the transfer is {st.describe()}"
+                    await v.wait_for_height(sv.head + 2, timeout=10)  # two more blocks: it is not included again
+                    n.cancel_scope.cancel()
+            return [h for h in range(1, sv.head + 1) for t in sv.get_block(h)[0].txs if t.id == tx.id]
+        finally:
+            sv.close()
+            sf.close()
+
+    trio.run(first_life)
+    assert (tmp_path / "f.outbox").stat().st_size > 0
+    assert len(trio.run(second_life)) == 1
+
+
 def test_an_unreadable_outbox_is_ignored_and_a_bad_entry_skipped(tmp_path):
     from node.encoding import pack
     from node.ledger.outbox import Outbox
