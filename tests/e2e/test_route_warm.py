@@ -25,7 +25,6 @@ from dataclasses import replace
 
 import pytest
 import trio
-from libp2p.network.auto_connector import AutoConnector
 
 from node.compute.model import make_tiny
 from node.identity import Identity, dev_seed
@@ -73,6 +72,8 @@ def test_a_client_connects_to_its_route_before_generating(tmp_path, tiny, monkey
     # py-libp2p's auto-connector dials every peer in the peerstore about every 10 s whatever the node's policy (seen
     # here: by the time the control generated, every node was connected to every other); off, so that only the
     # warm-up connects a client to its route and the control still has to dial
+    from libp2p.network.auto_connector import AutoConnector  # local: py-libp2p takes ~1.3 s to import
+
     monkeypatch.setattr(AutoConnector, "maybe_connect", _no_auto_connect)
     # validator 0, servers 1 and 2 (bonded, each the other's committee); the clients funded, never on a committee
     g = tiny_genesis(2, committee_size=1, heartbeat_ms=30_000, sample_base_ppm=1000, sample_floor_ppm=1000,
