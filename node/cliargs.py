@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .compute.model import ManifestError, default_cache_dir, ensure_smollm2, make_tiny
+from .models.lookup import model_dir_of
 from .models.registry import RegistryError
 
 
@@ -14,15 +15,11 @@ def resolve_model(args) -> Path:
     """The model dir ``args.model`` names in ``args.model_cache`` (default: :func:`default_cache_dir`): ``tiny``
     (built once, seed 0), ``smollm2`` (converted once from the bundled GGUF), or the name or id of a model added
     with ``node model add``. Exits (``SystemExit`` with the reason) when it names none."""
-    # node.models.convert imports torch (about 2 s): only a command that names an added model pays for it
-    # local: node.models.convert imports torch (~2 s); the CLI resolves model names without it
-    from .models.convert import model_dir_of
-
     cache = args.model_cache or default_cache_dir()
     if args.model == "tiny":
-        return make_tiny(cache, seed=0)
+        return make_tiny(cache, seed=0)  # imports torch only to build it, the first time
     if args.model == "smollm2":
-        return ensure_smollm2(cache)
+        return ensure_smollm2(cache)  # likewise, to convert it
     try:
         return model_dir_of(args.model, cache)
     except (RegistryError, ManifestError, FileNotFoundError) as e:

@@ -18,7 +18,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgpack
-import numpy as np
 
 HASH_LEN = 32
 MAX_FRAME = 1 << 20  # 1 MiB per wire frame (DESIGN.md, Runtime)
@@ -27,15 +26,16 @@ MAX_DEPTH = 32  # containers nested in a message from outside (the deepest Tally
 COST_RATIO = 8  # estimated bytes of Python objects per wire byte a decode may build (see scan_msgpack)
 COST_SLACK = 64 << 10  # estimated bytes any message may build beyond COST_RATIO x its size
 
-# dtype codes accepted on the wire (numpy names). bfloat16 travels as raw 2-byte words.
+# dtype codes accepted on the wire -> (numpy dtype name, bytes per value). bfloat16 travels as raw 2-byte words.
+# Names, not numpy types: numpy is imported where a tensor is encoded or decoded, not by every user of this module.
 WIRE_DTYPES = {
-    "float32": (np.float32, 4),
-    "float16": (np.float16, 2),
-    "bfloat16": (np.uint16, 2),
-    "int64": (np.int64, 8),
-    "int32": (np.int32, 4),
-    "uint8": (np.uint8, 1),
-    "int8": (np.int8, 1),  # int8 pseudo-gradient codes (node.training.codec)
+    "float32": ("float32", 4),
+    "float16": ("float16", 2),
+    "bfloat16": ("uint16", 2),
+    "int64": ("int64", 8),
+    "int32": ("int32", 4),
+    "uint8": ("uint8", 1),
+    "int8": ("int8", 1),  # int8 pseudo-gradient codes (node.training.codec)
 }
 
 
@@ -411,7 +411,8 @@ def verify_inclusion(leaf: bytes, index: int, size: int, proof: Sequence[bytes],
 
 def tensor_to_wire(t: Any) -> dict[str, Any]:
     """Encode a torch tensor or numpy array as ``{"dtype", "shape", "data"}`` (little-endian, contiguous)."""
-    # local: torch takes ~2 s to import; callers that do not compute (the CLI) never load it
+    # local: torch takes ~2 s to import, numpy ~0.2 s; callers that compute nothing (CLI, validator) never load them
+    import numpy as np
     import torch
 
     if isinstance(t, torch.Tensor):
@@ -437,7 +438,8 @@ def tensor_from_wire(obj: Any, *, max_elems: int = 1 << 26) -> Any:
     Raises:
         DecodeError: unknown dtype, bad shape, or a buffer that does not match the shape.
     """
-    # local: torch takes ~2 s to import; callers that do not compute (the CLI) never load it
+    # local: torch takes ~2 s to import, numpy ~0.2 s; callers that compute nothing (CLI, validator) never load them
+    import numpy as np
     import torch
 
     if not isinstance(obj, dict):

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -29,12 +29,10 @@ from .batch.items import ContentStore
 from .batch.offer import OfferKeeper, wanted_offer
 from .batch.worker import BatchWorker
 from .blobs import BLOB_PROTOCOL, BlobStore, serve_blob
-from .compute.cheats import FAULTS as CHEATS
 from .compute.executor import TorchExecutor
-from .compute.head import LazyHead
+from .compute.lazyhead import LazyHead
 from .compute.model import load_manifest
 from .compute.shards import choose_blocks
-from .compute.span import SpanModel
 from .duty.parts import NodeParts, Service
 from .encoding import DecodeError, H, pack, unpack
 from .identity import Identity, ensure_api_token, load_or_create
@@ -66,9 +64,11 @@ from .verify.blockfetch import BLOCK_PROTOCOL, BlockFetcher, HeldModels, bonded_
 from .verify.fetchstore import MAX_MODEL_BYTES, MAX_TOTAL_BYTES
 from .verify.member import CommitteeMember, ReceiptChecker
 
+if TYPE_CHECKING:
+    from .compute.span import SpanModel
+
 log = logging.getLogger("tally.node")
 
-SPAN_FAULTS = tuple(f for f in CHEATS if f is not None)
 INFO_FILE = "node.json"
 __all__ = ["CHECKERS", "TRAIN_FAULTS", "LazyHead", "Node", "NodeConfig", "api_view", "ensure_api_token"]
 
@@ -130,9 +130,10 @@ class NodeConfig:
 class Node:
     """Composes the services of one node; :meth:`run` runs them until cancelled.
 
-    The services that :meth:`run` builds (on the executor: loading a span is torch work) are None until then:
-    ``server`` (None also when the node serves no span), ``client``, ``member``, ``jobs`` (None also without
-    ``accept_jobs``), ``runs``, ``batches``, ``offers``.
+    The services that :meth:`run` builds are None until then: ``client``, ``member``, ``jobs`` (None also without
+    ``accept_jobs``), ``runs``, ``batches``, ``offers``; and ``server`` until its span is loaded, on the executor
+    while the ledger already runs (None also when the node serves no span). Building a node imports no torch: a
+    node that serves no span and builds its head at first use (``warm_head`` False) never does (issue 35).
     """
 
     def __init__(self, cfg: NodeConfig) -> None:
@@ -182,14 +183,15 @@ class Node:
         self.started = trio.Event()
 
     def _load_span(self, start: int, end: int, fault: str | None = None) -> SpanModel:
+        # local: compute.span imports torch and transformers (~4 s); a node that serves and checks nothing never does
+        from .compute.span import SpanModel
+
         return SpanModel(self.cfg.model_dir, start, end, device=self.cfg.device, fault=fault)
 
     def _build_services(self) -> None:
-        """Build the span server (a fixed ``span``), the route client, the committee member and the capabilities
-        (on the executor: loading a span is torch work)."""
+        """Build the route client, the committee member and the capabilities (on the event loop: none of them
+        loads a model or imports torch here; :meth:`_serve_span` loads the span, on the executor)."""
         cfg = self.cfg
-        if cfg.span is not None and cfg.span != "auto":
-            self.server = self._make_server(*cfg.span)
         self.net.on_rtt = self.swarm.observe_rtt  # ping round trips weigh routes: direct paths win (issue 25)
         head = LazyHead(cfg.model_dir, device=cfg.device)  # built at the first generation
         self.client = RouteClient(self.ident, self.host, head, self.manifest, self.ledger, self.executor,
@@ -228,16 +230,18 @@ class Node:
         return CommitteeMember.from_parts(self.parts, lambda s, e: self._load_span(s, e), fetcher, checkers)
 
     def _make_server(self, start: int, end: int) -> SpanServer:
+        from .compute.cheats import FAULTS  # local: it imports torch (~2 s); only a node serving a span needs it
+
         cfg = self.cfg
-        span = self._load_span(start, end, fault=cfg.fault if cfg.fault in SPAN_FAULTS else None)
+        span = self._load_span(start, end, fault=cfg.fault if cfg.fault in FAULTS else None)
         return SpanServer(self.ident, self.genesis.domain, span, self.executor, self.blobs,
                           lambda: self.ledger.state.height, self.genesis.params.price_per_token_block,
                           step_timeout=cfg.step_timeout, cache_tokens=cfg.cache_tokens, submit=self.ledger.submit,
                           penalize=self.host.penalize)
 
-    async def _choose_span(self) -> None:
+    async def _choose_span(self) -> tuple[int, int]:
         """``--span auto``: listen to the swarm's announcements for 1.5 announcement periods (plus an offset
-        derived from this node's key, so servers started together choose one after another), then serve the
+        derived from this node's key, so servers started together choose one after another), then choose the
         weakest-covered blocks (:func:`node.compute.shards.choose_blocks`)."""
         total = self.manifest.num_blocks
         n = self.cfg.auto_blocks or -(-total // 3)
@@ -246,8 +250,20 @@ class Node:
         start, end = choose_blocks(n, total, self.swarm.infos(self.manifest.model_id), me=self.ident.peer_id)
         log.info("span auto: serving blocks [%d, %d), the weakest covered", start, end)
         self.cfg.span = (start, end)
+        return start, end
+
+    async def _serve_span(self, nursery: trio.Nursery) -> None:
+        """Load this node's span (``cfg.span``, or the one :meth:`_choose_span` picks for ``auto``) on the executor
+        and serve it: its handler, one measured step, then its announcements. :meth:`run` calls it with the ledger
+        already running: loading imports torch and reads the weights, seconds that the chain does not wait for."""
+        span = self.cfg.span
+        if span is None:
+            return
+        start, end = span if isinstance(span, tuple) else await self._choose_span()
         server = self.server = await self.executor.run(self._make_server, start, end)
         self.host.set_handler(INFERENCE_PROTOCOL, server.handle)
+        await server.measure()
+        nursery.start_soon(server.announce_loop, self.host, self.cfg.announce_period, self.cfg.announce_ttl)
 
     def _vouch_for_work(self, block: Block, _state: State) -> None:
         """Keep connection slots (for :data:`node.p2p.host.VOUCH_TTL` seconds) for the worker and requester of
@@ -297,7 +313,7 @@ class Node:
 
     async def run(self) -> None:
         """Run every service until cancelled; writes ``node.json`` (addresses, API URL) once listening."""
-        await self.executor.run(self._build_services)
+        self._build_services()
         head_ready = trio.Event()
         try:
             async with self.host.running():
@@ -305,8 +321,6 @@ class Node:
                     self.host.spawn(self._warm_head, head_ready)
                 else:
                     head_ready.set()
-                if self.server is not None:
-                    self.host.set_handler(INFERENCE_PROTOCOL, self.server.handle)
                 # bulk replies: streamed from disk under one per-peer and node-wide budget (node.p2p.budget)
                 self.ledger.reply_budget = self.reply_budget
                 self.host.set_handler(BLOB_PROTOCOL, partial(serve_blob, self.blobs, self.reply_budget))
@@ -323,20 +337,14 @@ class Node:
                     log.info("connected to %d of %d bootstrap peers", n, len(self.cfg.bootstrap))
                 if self.cfg.state_sync and self.store.head == 0:
                     await self._state_sync()
-                if self.cfg.span == "auto":
-                    await self._choose_span()
-                if self.server is not None:
-                    await self.server.measure()
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self.ledger.run)
                     nursery.start_soon(self._presence_loop)
                     for duty in self.duties:  # the committee member and the capabilities (_capabilities)
                         nursery.start_soon(duty.run)
-                    if self.server is not None:
-                        nursery.start_soon(self.server.announce_loop, self.host, self.cfg.announce_period,
-                                           self.cfg.announce_ttl)
                     if self._warms_route():
                         nursery.start_soon(self._route_client().keep_route_connected)
+                    await self._serve_span(nursery)  # the ledger runs meanwhile
                     await head_ready.wait()
                     self.api_url = await nursery.start(serve_api, api_view(self), self.cfg.api_host,
                                                        self.cfg.api_port)

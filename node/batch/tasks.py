@@ -4,7 +4,8 @@
 (one ordinary ``<X>ForCausalLM`` rebuilt from the model dir, every file checked against the manifest) and
 :func:`node.compute.reference.local_generate` (greedy, a ``DynamicCache``), the same single-process path committees
 and tests compare swarm routes against. It does not route items through other servers' spans: a replica must be
-one worker's work, or a dishonest span server on a shared route would make honest replicas disagree.
+one worker's work, or a dishonest span server on a shared route would make honest replicas disagree. torch and
+the model are loaded at the first item (on the executor), not with this module: every node builds a runner.
 
 **generate**: exactly ``max_tokens`` greedy new token ids after the prompt (no stop at EOS, as
 :func:`local_generate`), result ``pack({"ids": [...]})``. Equal results mean equal token ids.
@@ -39,14 +40,14 @@ from __future__ import annotations
 import copy
 import math
 from pathlib import Path
-from typing import Any, Protocol
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..compute.model import load_manifest
-from ..compute.reference import load_causal_lm, local_generate
 from ..encoding import pack
 from ..ledger.core.batchtx import GENERATE, SCORE
+
+if TYPE_CHECKING:
+    import torch
 
 GRID_LOG2 = -7
 SCORE_GRID = 2.0 ** GRID_LOG2  # nats per quantization step of a score result
@@ -83,6 +84,9 @@ class ItemRunner:
     @property
     def model(self) -> torch.nn.Module:
         if self._model is None:
+            # local: compute.reference imports torch and transformers (~4 s); a node without batch work never does
+            from ..compute.reference import load_causal_lm
+
             self._model = load_causal_lm(self.model_dir)
         return self._model
 
@@ -125,6 +129,9 @@ class ItemRunner:
             return {"error": "empty_prompt"}
         if (err := self._ids_ok(ids, max_tokens)) is not None:
             return {"error": err}
+        # local: compute.reference imports torch and transformers (~4 s); a node without batch work never does
+        from ..compute.reference import local_generate
+
         out = local_generate(self.model_dir, ids, max_tokens, model=self.model)
         if self.fault == "corrupt" and out:
             out[-1] = (out[-1] + 1) % self.manifest.vocab_size
@@ -144,6 +151,8 @@ class ItemRunner:
     def log_likelihoods(self, ids: list[int]) -> list[float]:
         """``log p(ids[i] | ids[:i])`` for ``i = 1..len(ids)-1``, natural log, computed in float32 (bf16 under the
         ``bf16`` switch), as Python floats."""
+        import torch  # local: torch takes ~2 s to import; a node without batch work never loads it
+
         model = self.model
         if self.fault == "bf16":
             if self._bf16 is None:

@@ -13,8 +13,10 @@ measurement. Distances travel in votes as integers in parts per million.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_TOLERANCE = 1e-3  # relative L2 per token; honest CPU float32 noise measured ~1e-6
 EPS = 1e-6
@@ -25,6 +27,9 @@ def distance(committed: torch.Tensor, recomputed: torch.Tensor) -> float:
 
     Returns ``inf`` when shapes differ or any value is NaN/inf.
     """
+    # local: torch takes ~2 s to import; the committee and the API import this module without comparing anything
+    import torch
+
     if committed.shape != recomputed.shape:
         return math.inf
     a, b = committed.double(), recomputed.double()

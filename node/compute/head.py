@@ -7,9 +7,8 @@ scales by ``1 + weight``; Gemma 2/3 soft-cap the final logits (``cap · tanh(log
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -92,6 +91,11 @@ class ClientHead:
                 out = out * self._embed_scale
         return out.to("cpu", torch.float32).clone(memory_format=torch.contiguous_format)  # not an inference tensor
 
+    def embed_ids(self, ids: list[int]) -> torch.Tensor:
+        """:meth:`embed` of one sequence of token ids: float32 CPU hidden states ``(1, len(ids), hidden)``. The
+        route client calls it on its executor, so that torch is imported and run off the event loop."""
+        return self.embed(torch.tensor([ids], dtype=torch.long))
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final RMSNorm, LM head, then soft-capping where the architecture has it:
         float32 ``(batch, tokens, hidden)`` -> float32 CPU ``(batch, tokens, vocab)``.
@@ -130,30 +134,3 @@ class ClientHead:
             raise ValueError("next_token needs hidden of shape (1, tokens >= 1, hidden)")
         return int(self.logits(hidden[:, -1:])[0, -1].argmax())
 
-
-class LazyHead:
-    """The :class:`~node.compute.head.ClientHead` of ``model_dir``, built on first use of any attribute.
-
-    Building a head imports transformers (its config and norm classes: about 4 CPU-seconds, measured with
-    ``python -X importtime``), so the node builds its own model's head on its executor while it starts
-    (``NodeConfig.warm_head``, :meth:`Node._warm_head`); heads of other models it generates for are built at
-    their first generation. The first use builds it once (thread-safe; it is first used on the executor thread
-    or an API thread, never the event loop) and raises what ``ClientHead`` raises (``FileNotFoundError``,
-    ``ValueError``) at that use."""
-
-    def __init__(self, model_dir: Path, device: str = "cpu") -> None:
-        self._args = (model_dir, device)
-        self._head: ClientHead | None = None
-        self._lock = threading.Lock()
-
-    def built(self) -> ClientHead:
-        """The ClientHead (built now if it is not yet)."""
-        with self._lock:
-            if self._head is None:
-                self._head = ClientHead(*self._args)
-            return self._head
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):  # never build for private lookups (copy, pickle probes, repr internals)
-            raise AttributeError(name)
-        return getattr(self.built(), name)

@@ -26,9 +26,8 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 import trio
 
 from ..blobs import BlobStore
@@ -43,6 +42,9 @@ from .receipts import CLOCK, RunningReceipt, SessionTerms, store_blob, wire_comm
 from .server import CONTROL_MAX, INFERENCE_PROTOCOL, new_session_id
 from .swarm import SwarmTable
 from .wire import check_codec, decode_hidden, encode_hidden
+
+if TYPE_CHECKING:
+    import torch
 
 ROUTE_WARM_PERIOD = 2.0  # seconds between re-plans of the route kept connected (RouteClient.keep_route_connected)
 ROUTE_WARM_MAX = 8  # servers of one route kept connected ahead of a generation
@@ -430,7 +432,7 @@ class RouteClient:
             try:
                 for current in new:
                     await self._open(current, run.total)
-                x = torch.cat(prefix, dim=1) if prefix else None
+                x = _cat(prefix)
                 for current in new:
                     if x is not None:
                         x = await self._step(current, x, run)  # the replayed prefix: unbilled
@@ -463,7 +465,7 @@ class RouteClient:
         """Executor thread: the greedy next token after ``hidden`` (1, t, hidden) and, if ``embed``, its
         embedding (1, 1, hidden) for the next round (one thread hop for both)."""
         tok = self.head.next_token(hidden)
-        return tok, self.head.embed(torch.tensor([[tok]], dtype=torch.long)) if embed else None
+        return tok, self.head.embed_ids([tok]) if embed else None
 
     async def _finish(self, run: _Run, close: bool) -> list[Receipt]:
         """Close (or abort) every session, settle and submit the receipts of all hops, retired ones included."""
@@ -513,7 +515,7 @@ class RouteClient:
         run = _Run(total, codec, [Hop(s.peer, s.start, s.end, codec) for s in await self._first_plan(total)])
         first: float | None = None
         try:
-            hidden = await self.executor.run(self.head.embed, torch.tensor([prompt_ids], dtype=torch.long))
+            hidden = await self.executor.run(lambda: self.head.embed_ids(prompt_ids))  # a lazy head: built there
             t_embed = time.perf_counter()
             await self._open_all(run)  # then the first step follows at once (servers time out idle sessions)
             t_open = time.perf_counter()
@@ -559,3 +561,10 @@ async def _abort(hop: Hop) -> None:
     # the hop is abandoned: a reset that fails changes nothing
     with trio.CancelScope(shield=True), trio.move_on_after(1.0), contextlib.suppress(Exception):
         await stream.reset()
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """``parts`` (each ``(1, tokens, hidden)``) as one tensor along the positions; None when there are none."""
+    import torch  # local: torch takes ~2 s to import; a node that never generates never loads it
+
+    return torch.cat(parts, dim=1) if parts else None

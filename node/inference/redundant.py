@@ -31,8 +31,8 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
 import trio
 
 from ..compute.compare import DEFAULT_TOLERANCE, distance, is_valid
@@ -43,6 +43,9 @@ from ..ledger.core.tx import Receipt
 from ..p2p.quirks import exception_leaves
 from .client import HOP_ERRORS, Generation, Hop, HopFailed, RouteClient, _abort, _Run
 from .wire import check_codec
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger("tally.redundant")
 
@@ -199,7 +202,7 @@ class RedundantClient:
         mismatch: Mismatch | None = None
         finish: _Run | None = None
         try:
-            hidden = await c.executor.run(c.head.embed, torch.tensor([prompt_ids], dtype=torch.long))
+            hidden = await c.executor.run(lambda: c.head.embed_ids(prompt_ids))
             for run in runs:
                 await c._open_all(run)
             try:
@@ -345,7 +348,7 @@ class RedundantClient:
         if positions:
             # every position before the differing step, as token ids: the prompt and the tokens accepted
             prefix = (prompt_ids + new)[:positions]
-            ids = await c.executor.run(c.head.embed, torch.tensor([prefix], dtype=torch.long))
+            ids = await c.executor.run(c.head.embed_ids, prefix)
         try:
             async with trio.open_nursery() as run.bg:
                 if ids is not None:

@@ -39,7 +39,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-import torch
 import trio
 
 from ..blobs import BlobStore
@@ -48,7 +47,6 @@ from ..identity import Identity, account_from_str, verify
 from ..ledger.core.tx import Receipt
 from ..p2p.framing import FrameError, RequestTimeout, StreamClosed, error_reply, read_msg, write_msg
 from ..p2p.scoring import BAD_REQUEST, BAD_SIGNATURE, MALFORMED_FRAME
-from .batching import StepBatcher
 from .receipts import CLOCK, RunningReceipt, SessionTerms, store_blob, wire_commitment
 from .wire import CODECS, decode_hidden, encode_hidden
 
@@ -162,6 +160,9 @@ class SpanServer:
         self.sessions_served = 0
         self.tokens_served = 0
         self.stats = ServerStats()
+        # local: batching imports torch (~2 s); a node imports this module to name the protocol, serving no span
+        from .batching import StepBatcher
+
         self.batcher = StepBatcher(span, executor, max_batch=max_batch)
         self.settled: deque[Settled] = deque(maxlen=256)
         self.inline_acks = inline_acks
@@ -179,6 +180,8 @@ class SpanServer:
         Returns the measured seconds per one-token forward.
         """
         def bench() -> float:
+            import torch  # local: torch takes ~2 s to import; only a node that serves a span measures one
+
             cache = self.span.new_cache()
             x = torch.zeros(1, 1, self.span.hidden_size)
             self.span.forward(x, cache)  # warm-up

@@ -23,12 +23,15 @@ and every value finite.
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
+
 import zstandard
 
 from ..encoding import DecodeError
 from .receipts import CLOCK, wire_commitment
+
+if TYPE_CHECKING:
+    import torch
 
 CODECS = ("none", "fp16", "zstd", "fp16+zstd")
 ZSTD_LEVEL = 3
@@ -60,6 +63,8 @@ def _zstd() -> tuple[zstandard.ZstdCompressor, zstandard.ZstdDecompressor]:
 
 def codec_dtype(codec: str) -> tuple[str, torch.dtype]:
     """Wire dtype name and torch dtype of a codec's hidden states."""
+    import torch  # local: torch takes ~2 s to import; a node checks codecs (check_codec) long before a first step
+
     return ("float16", torch.float16) if codec.startswith("fp16") else ("float32", torch.float32)
 
 
@@ -112,6 +117,10 @@ def decode_hidden(obj: object, codec: str, hidden_size: int, max_positions: int,
             match the shape, a zstd frame that does not declare exactly that size or has trailing data,
             non-finite values.
     """
+    # local: torch takes ~2 s to import, numpy ~0.2 s; a node checks codecs (check_codec) long before a first step
+    import numpy as np
+    import torch
+
     if not isinstance(obj, dict):
         raise DecodeError("hidden states must be a map")
     name, _ = codec_dtype(codec)

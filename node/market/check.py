@@ -21,17 +21,19 @@ import logging
 import math
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..blobs import BlobStore, fetch_blob
 from ..compute.data import dataset_bytes
 from ..compute.model import tokenizer_trusted
-from ..compute.train import Trainer, batch_for_step, encode_text, split_tokens, state_distance
 from ..duty.parts import Executor, Host, Ledger
 from ..encoding import commitments_root
 from ..ledger.core.jobtx import TrainReceipt
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID
 from .worker import spec_of
+
+if TYPE_CHECKING:
+    from ..compute.train import Trainer
 
 log = logging.getLogger("tally.verify")
 
@@ -52,6 +54,8 @@ class CheckingMember(Protocol):
 
 
 def _trainer(cache: dict, model_dir, spec, device: str) -> tuple[Trainer, list]:
+    from ..compute.train import Trainer  # local: it imports torch (~2 s); only a committee replay (executor) needs it
+
     key = (str(model_dir), spec, device)
     if key not in cache:
         cache.clear()  # one base model in memory at a time
@@ -68,6 +72,9 @@ def replay_segment(model_dir, post, text: bytes, r: TrainReceipt, before: list, 
     segments, so the base model is loaded once per job rather than once per segment. On a ``model_dir`` whose
     tokenizer came unchecked from a peer (:func:`node.compute.model.tokenizer_trusted`), batches that differ
     from the receipt's give ABSTAIN, not INVALID: the tokenizer may be the wrong one."""
+    # local: compute.train imports torch (~2 s); this runs on the executor, where a member replays a segment
+    from ..compute.train import batch_for_step, encode_text, split_tokens, state_distance
+
     spec = spec_of(post)
     trainer, initial = _trainer({} if cache is None else cache, model_dir, spec, device)
     if r.step_start == 0 and commitments_root(initial) != r.state_before:

@@ -13,11 +13,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from safetensors.torch import save_file
-
 from ..blobs import fetch_blob
 from ..compute.data import dataset_bytes, dataset_tensors
-from ..compute.train import Trainer, encode_text, split_tokens
+from ..compute.executor import load_torch
 from ..encoding import format_amount
 from ..identity import account_to_str
 from ..ledger.core.jobs import ACCEPTED, STATUS_TEXT
@@ -50,6 +48,7 @@ async def post_job(node, *, title: str, text: bytes, steps: int, price_per_step:
         raise JobError("the dataset is empty")
     if not (math.isfinite(lr) and lr_micro >= 1):
         raise JobError("lr must be a finite number >= 1e-6")
+    await load_torch(node.executor)  # the dataset becomes a tensor below, on the loop
     st = node.ledger.state
     me = node.ident.account
     post = JobPost(node.genesis.domain, me, os.urandom(16), title[:200], node.manifest.model_id,
@@ -114,6 +113,11 @@ def job_json(job, state, archived: Callable[[bytes], dict | None] | None = None)
 
 
 def _write_adapter(model_dir: Path, post: JobPost, state: list, text: bytes, out_dir: Path) -> dict:
+    # local: safetensors.torch imports torch (~2 s); this runs on the executor, when a requester fetches an adapter
+    from safetensors.torch import save_file
+
+    from ..compute.train import Trainer, encode_text, split_tokens  # local: it imports torch, as above
+
     spec = spec_of(post)
     trainer = Trainer(model_dir, spec)
     trainer.load_state(state)
@@ -142,6 +146,7 @@ async def fetch_adapter(node, job_id: bytes, out_dir: Path) -> dict:
         raise JobError("no such job")
     if not job.adapter:
         raise JobError(f"job is {job.status}: no adapter has been delivered")
+    await load_torch(node.executor)  # fetched tensors are decoded on the loop
     try:
         state = await fetch_blob(node.host, node.blobs, job.adapter, [job.worker])
         text = dataset_bytes(await fetch_blob(node.host, node.blobs, job.post.dataset_root, [job.post.sender]))

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..compute.data import dataset_bytes
-from ..compute.train import Trainer, TrainSpec, encode_text, mean_loss_ppm, split_tokens
+from ..compute.executor import load_torch
 from ..duty.parts import Executor, Host, Ledger, NodeParts
 from ..duty.runner import DutyRunner
 from ..encoding import H, commitments_root
@@ -30,6 +31,9 @@ from ..identity import Identity
 from ..ledger.core.jobs import ACCEPTED, OPEN
 from ..ledger.core.jobtx import JobAccept, JobDeliver, JobPost, JobRelease, TrainReceipt, parse_targets
 from ..ledger.core.tx import InvalidTx
+
+if TYPE_CHECKING:
+    from ..compute.train import Trainer, TrainSpec
 
 log = logging.getLogger("tally.market")
 
@@ -41,6 +45,8 @@ TRAIN_FAULTS = ("skip-steps", "other-data", "fake-adapter", "diverge")  # the jo
 
 
 def spec_of(post: JobPost) -> TrainSpec:
+    from ..compute.train import TrainSpec  # local: compute.train imports torch (~2 s); only a job's work needs it
+
     return TrainSpec(rank=post.rank, targets=parse_targets(post.targets),
                      steps=post.steps, batch_size=post.batch_size, seq_len=post.seq_len, lr=post.lr_micro / 1e6,
                      seed=post.seed, segment_steps=post.segment_steps)
@@ -185,6 +191,9 @@ class JobWorker:
             BlobUnavailable: the requester did not return it (offline, missing, wrong content).
             ValueError: it arrived but cannot be trained on.
         """
+        await load_torch(self.executor)  # then the imports below, and decoding the dataset, do not stall the loop
+        from ..compute.train import encode_text, split_tokens  # local: it imports torch (~2 s); see spec_of
+
         tensors = await fetch_blob(self.host, self.blobs, post.dataset_root, [post.sender], timeout=FETCH_TIMEOUT)
         text = dataset_bytes(tensors)
         train_ids, _ = split_tokens(await self.executor.run(encode_text, self.model_dir, text))
@@ -286,6 +295,10 @@ class JobWorker:
         post = job.post
         if job.next_step >= post.steps:  # every segment is on the ledger: only the delivery is missing
             return await self._deliver(jid, job.last_state)
+        await load_torch(self.executor)  # then the imports below, and decoding the dataset, do not stall the loop
+        # local: compute.train imports torch (~2 s); only a worker that trains a job needs it
+        from ..compute.train import Trainer, encode_text, mean_loss_ppm, split_tokens
+
         spec = spec_of(post)
         text = dataset_bytes(await fetch_blob(self.host, self.blobs, post.dataset_root, [post.sender],
                                               timeout=FETCH_TIMEOUT))

@@ -46,13 +46,13 @@ from node.compute.model import (
     config_hash,
     default_cache_dir,
     ensure_smollm2,
-    load_manifest,
     make_tiny,
     save_model_dir,
     tensors_hash,
 )
 
 from . import registry
+from .lookup import model_dir_of
 from .progress import progress_iter
 from .quantize import QuantizePlan
 
@@ -484,17 +484,3 @@ def remove_model(ref: str, cache_dir: Path | None = None) -> registry.Entry:
             os.rename(d, trash)
             shutil.rmtree(trash, ignore_errors=True)
     return entry
-
-
-def model_dir_of(ref: str, cache_dir: Path | None = None) -> Path:
-    """The model dir of added model ``ref`` (name or id), checked to hold a manifest.
-
-    Raises:
-        node.models.registry.RegistryError: unknown name/id.  FileNotFoundError / ManifestError: its dir is gone
-            or damaged.
-    """
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    entry = registry.resolve(registry.load(cache), ref)
-    d = cache / entry.dir
-    load_manifest(d)
-    return d

@@ -1,16 +1,33 @@
-"""Finding a model in the model cache by name or id, for a generate request that names another model than the
-node's own (:meth:`node.runtime.Node.client_for`; the API answers :class:`UnknownModel` with 404)."""
+"""Finding a model in the model cache by name or id: an added model's dir (:func:`model_dir_of`, for ``--model``), and
+any model's for a generate request that names another model than the node's own
+(:meth:`node.runtime.Node.client_for`; the API answers :class:`UnknownModel` with 404). No torch: ``node start``
+resolves its ``--model`` with it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..compute.model import ManifestError, load_manifest
+from ..compute.model import ManifestError, default_cache_dir, load_manifest
+from . import registry
 from .registry import MIN_ID_PREFIX, RegistryError
 
 
 class UnknownModel(ValueError):
     """A generate request names a model whose head this node does not hold."""
+
+
+def model_dir_of(ref: str, cache_dir: Path | None = None) -> Path:
+    """The model dir of added model ``ref`` (name or id), checked to hold a manifest.
+
+    Raises:
+        node.models.registry.RegistryError: unknown name/id.  FileNotFoundError / ManifestError: its dir is gone
+            or damaged.
+    """
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    entry = registry.resolve(registry.load(cache), ref)
+    d = cache / entry.dir
+    load_manifest(d)
+    return d
 
 
 def find_model_dir(ref: str, cache: Path) -> Path:
@@ -21,10 +38,6 @@ def find_model_dir(ref: str, cache: Path) -> Path:
     Raises:
         UnknownModel: no such model in ``cache`` (the message says how to add one).
     """
-    # node.models.convert imports torch (about 2 s); the API's callers of this module catch UnknownModel without it
-    # local: node.models.convert imports torch (~2 s); the CLI resolves model names without it
-    from .convert import model_dir_of
-
     try:
         return model_dir_of(ref, cache)
     except (RegistryError, ManifestError, FileNotFoundError):

@@ -18,15 +18,12 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Protocol
-
-import torch
-from safetensors.torch import save_file
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..compute.data import dataset_bytes, dataset_tensors
+from ..compute.executor import load_torch
 from ..compute.model import Manifest
-from ..compute.train import encode_text, split_tokens
 from ..encoding import commitments_root, format_amount
 from ..identity import Identity
 from ..ledger.core import runs as runs_mod
@@ -34,9 +31,10 @@ from ..ledger.core.genesis import Genesis
 from ..ledger.core.runstate import Run
 from ..ledger.core.runtx import RunCancel, RunJoin, RunLeave, RunPost
 from ..ledger.core.tx import InvalidTx
-from . import rounds as rd
-from .assign import make_windows
 from .seams import BlobHost, Executor, RunLedger
+
+if TYPE_CHECKING:
+    import torch
 
 HELD_WINDOWS = 16  # held-out windows evaluated by fetch_params (bounds its time, not its meaning)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt")
@@ -90,6 +88,11 @@ def _prepare(model_dir: Path, text: bytes, s: dict[str, Any]) -> tuple[list[torc
         RunError: the model has no such LoRA targets, or the dataset is too small for ``max_workers`` disjoint
             chunks of ``inner_steps × batch_size + screen_windows`` windows (the last 10 % is held out).
     """
+    # local: these import torch (~2 s); they run on the executor, when a sponsor posts a run
+    from ..compute.train import encode_text, split_tokens
+    from . import rounds as rd
+    from .assign import make_windows
+
     train_ids, _ = split_tokens(encode_text(Path(model_dir), text))
     need = s["max_workers"] * (s["inner_steps"] * s["batch_size"] + s["screen_windows"])
     try:
@@ -190,8 +193,14 @@ def _write_params(model_dir: Path, post: RunPost, theta: list[torch.Tensor], tex
     Raises:
         RunError: θ does not fit the run's trainable set on this model. OSError: ``out_dir`` not writable.
     """
-    # local: peft adds ~4 s to transformers' import; loaded only to train
+    # local: peft adds ~4 s to transformers' import and safetensors.torch imports torch; loaded only here (executor)
     from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    # local: these import torch (~2 s); they run on the executor, when a sponsor fetches a run's parameters
+    from ..compute.train import encode_text, split_tokens
+    from . import rounds as rd
+    from .assign import make_windows
 
     trainer = rd.make_trainer(model_dir, post)
     held = None
@@ -244,6 +253,7 @@ async def fetch_params(node: SponsorNode, run_id: bytes, out_dir: Path) -> dict[
     if post.model_id != node.manifest.model_id:
         raise RunError(f"the run trains model {post.model_id.hex()[:16]}; this node has "
                        f"{node.manifest.model_id.hex()[:16]}")
+    await load_torch(node.executor)  # fetched tensors are decoded on the loop
     try:
         theta = await fetch_blob(node.host, node.blobs, run.params, param_holders(run))
     except BlobUnavailable as e:

@@ -27,8 +27,6 @@ from ..ledger.core.runs import Phase, attempt_of
 from ..ledger.core.runstate import Run
 from ..ledger.core.runtx import RoundAggregate, RoundReceipt
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID, Verdict
-from . import rounds as rd
-from .assign import batch_tensors
 from .seams import BlobHost, Executor, LedgerReader
 from .worker import FETCH_TIMEOUT, RunCache, load_run, recompute_aggregate, theta_holders
 
@@ -92,6 +90,10 @@ def _reveal_missed(run: Run, r: RoundReceipt) -> bool:
 async def check_round_receipt(member: ReplayMember, r: RoundReceipt, cache: RunCache) -> tuple[int, float]:
     """A committee member's ``(verdict, distance)`` on a sampled round receipt; ``cache`` holds the run's trainer
     and windows between checks."""
+    # local: both import torch (~2 s); only a member drawn for a round receipt replays one
+    from . import rounds as rd
+    from .assign import batch_tensors
+
     state = member.ledger.state
     run = state.runs.get(r.run_id)
     if run is None:

@@ -12,7 +12,8 @@ the ledger (:mod:`node.ledger.core.runs`) and fetched by content hash; these fun
 * :func:`aggregate_round` — screen each revealed Δ (:mod:`node.training.screen`) and take the outer step
   (:mod:`node.training.outer`) over the ones that pass.
 
-``fault`` (devnet and test chains only) makes a worker cheat, one kind per name in :data:`RUN_FAULTS`.
+``fault`` (devnet and test chains only) makes a worker cheat, one kind per name in :data:`RUN_FAULTS`
+(:mod:`node.training.faults`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..ledger.core.runtx import RunPost
 from ..ledger.core.tx import INVALID, VALID
 from .assign import Assignment, assign_round, make_windows
 from .codec import Codec, decode, encode, payload_bytes
+from .faults import RUN_FAULTS as RUN_FAULTS  # the worker's switches, carried out by train_round
 from .inner import InnerTrainer
 from .outer import OuterResult, OuterSpec, outer_step
 from .screen import screen
@@ -45,10 +47,6 @@ ROUND_TOLERANCE = 1e-3
 # pass iff after <= before * (1 + SCREEN_REL) + SCREEN_TOL
 SCREEN_REL = 0.05
 SCREEN_TOL = 0.02
-# "run-copyroot" trains nothing: it commits another participant's Δ root, copied from its receipt on the ledger
-# (node.training.worker.RunWorker; the ledger refuses it, node.ledger.core.runs)
-RUN_FAULTS = ("run-zero", "run-scale", "run-flip", "run-nan", "run-fewer", "run-otherdata", "run-stale",
-              "run-replay", "run-copyroot")
 
 
 def run_key(run_id: bytes) -> bytes:

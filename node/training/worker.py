@@ -22,13 +22,13 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
 import trio
 
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..compute.data import dataset_bytes
+from ..compute.executor import load_torch
 from ..duty.parts import NodeParts
 from ..duty.runner import DutyRunner
 from ..encoding import commitments_root
@@ -40,11 +40,14 @@ from ..ledger.core.runtx import NO_MOMENTUM, RoundAggregate, RoundReceipt, Round
 from ..ledger.core.state import State
 from ..ledger.core.status import INVALID_S, SAMPLED
 from ..ledger.core.tx import InvalidTx
-from . import rounds as rd
-from .assign import batch_tensors, screen_tensor
-from .inner import InnerTrainer
-from .outer import OuterResult
+from .faults import RUN_FAULTS
 from .seams import BlobHost, Executor, RunLedger
+
+if TYPE_CHECKING:
+    import torch
+
+    from .inner import InnerTrainer
+    from .outer import OuterResult
 
 log = logging.getLogger("tally.training")
 
@@ -109,6 +112,8 @@ async def load_run(cache: RunCache, executor: Executor, host: BlobHost, blobs: B
     """The run's trainer and windows (dataset fetched by hash from the sponsor or the workers), kept in ``cache``."""
     if cache.run_id == run.post.run_id and cache.trainer is not None and cache.windows is not None:
         return LoadedRun(cache.trainer, cache.windows, cache.verified)
+    from . import rounds as rd  # local: it imports torch (~2 s); only a node in a run (or checking one) needs it
+
     post = run.post
     text = dataset_bytes(await fetch_blob(host, blobs, post.dataset_root, [post.sender, *run.workers],
                                           timeout=FETCH_TIMEOUT))
@@ -157,6 +162,8 @@ async def recompute_aggregate(cache: LoadedRun, executor: Executor, host: BlobHo
     theta = await fetch_blob(host, blobs, params_before, holders, timeout=FETCH_TIMEOUT)
     mom = None if momentum_before == NO_MOMENTUM else await fetch_blob(host, blobs, momentum_before, holders,
                                                                        timeout=FETCH_TIMEOUT)
+    from . import rounds as rd  # local: it imports torch (~2 s); only a node in a run (or checking one) needs it
+
     payloads = await fetch_payloads(host, blobs, state, commits, accepted, aggregator)
     res = await executor.run(rd.recompute_outer, cache.trainer, post, theta, mom, payloads)
     mom_id = NO_MOMENTUM if res.momentum is None else commitments_root(res.momentum)
@@ -183,7 +190,7 @@ class RunWorker:
     """Trains the runs this node joined (``node run join``), reveals its Δs, aggregates when drawn.
 
     Args:
-        fault: a cheat of :data:`node.training.rounds.RUN_FAULTS` (devnet and test chains only).
+        fault: a cheat of :data:`node.training.faults.RUN_FAULTS` (devnet and test chains only).
 
     Raises:
         ValueError: a fault on a chain that is not a devnet or test chain.
@@ -210,11 +217,11 @@ class RunWorker:
     @classmethod
     def from_parts(cls, parts: NodeParts) -> RunWorker:
         """The node's run worker (:class:`node.duty.parts.NodeParts`); a ``config.fault`` of
-        :data:`node.training.rounds.RUN_FAULTS` makes it cheat (test and devnet chains). Idle until this node
+        :data:`node.training.faults.RUN_FAULTS` makes it cheat (test and devnet chains). Idle until this node
         joins a run."""
         cfg = parts.config
         return cls(parts.ident, parts.ledger, parts.host, parts.blobs, parts.executor, cfg.model_dir, parts.model_id,
-                   fault=cfg.fault if cfg.fault in rd.RUN_FAULTS else None)
+                   fault=cfg.fault if cfg.fault in RUN_FAULTS else None)
 
     @property
     def name(self) -> str:
@@ -267,6 +274,11 @@ class RunWorker:
     # ------------------------------------------------------------------ a worker's round
 
     async def _train(self, run: Run) -> None:
+        await load_torch(self.executor)  # then the imports below, and the fetched tensors, do not stall the loop
+        # local: both import torch (~2 s); only a node that trains a round of a run it joined needs them
+        from . import rounds as rd
+        from .assign import batch_tensors
+
         me = self.ident.account
         post, cur = run.post, run.cur
         if cur is None:  # step starts this only for an open round
@@ -361,6 +373,11 @@ class RunWorker:
     # ------------------------------------------------------------------ the aggregator
 
     async def _aggregate(self, run: Run) -> None:
+        await load_torch(self.executor)  # then the imports below, and the fetched tensors, do not stall the loop
+        # local: both import torch (~2 s); only a node drawn to aggregate a round needs them
+        from . import rounds as rd
+        from .assign import screen_tensor
+
         st = self.ledger.state
         post, cur = run.post, run.cur
         if cur is None:  # step starts this only for an open round

@@ -25,19 +25,23 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
 import trio
 
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..compute.compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
-from ..compute.span import SpanModel
+from ..compute.executor import load_torch
 from ..duty.parts import Executor, Host, Ledger, NodeParts
 from ..identity import Identity, account_to_str
 from ..ledger.core.state import SAMPLED, State
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID, InvalidTx, Receipt, Verdict, Vote
 from .blockfetch import BlockFetcher, BlockUnavailable
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..compute.span import SpanModel
 
 log = logging.getLogger("tally.verify")
 MAX_PENDING = 64  # committee checks waiting for a lane or running; more stay in the queue (1,000 at most)
@@ -123,6 +127,7 @@ class CommitteeMember:
         try:
             async with lane:
                 try:
+                    await load_torch(self.executor)  # the checks decode fetched tensors on the loop
                     verdict, d = await self._checker_for(receipt)(self, receipt)
                 except Exception:
                     log.exception("re-execution of %s failed", receipt.id.hex()[:16])
@@ -176,7 +181,12 @@ class CommitteeMember:
         if key in self._spans:
             self._spans.move_to_end(key)
             return self._spans[key]
-        span = self.load_span(start, end) if model_dir is None else SpanModel(model_dir, start, end)
+        if model_dir is None:
+            span = self.load_span(start, end)
+        else:
+            from ..compute.span import SpanModel  # local: it imports torch (~2 s); loaded only to re-execute
+
+            span = SpanModel(model_dir, start, end)
         self._spans[key] = span
         while len(self._spans) > self.max_spans:
             self._spans.popitem(last=False)
@@ -191,6 +201,8 @@ class CommitteeMember:
         (float16 with ``fp16`` compression): the span runs in float32 on the committed inputs and its output is
         rounded to the committed dtype before the comparison, as the worker's was.
         """
+        import torch  # local: torch takes ~2 s to import; a member with nothing to check never loads it
+
         other = None
         if receipt.model_id != self.model_id:
             if self.fetcher is None:

@@ -1,0 +1,10 @@
+"""The run worker's test switches (``node start --fault``, devnet and test chains only): one cheat per name, done
+by :func:`node.training.rounds.train_round` and :class:`node.training.worker.RunWorker`. Apart from the torch code
+that carries them out, so that building a node's run worker imports no torch (issue 35)."""
+
+from __future__ import annotations
+
+# "run-copyroot" trains nothing: it commits another participant's Δ root, copied from its receipt on the ledger
+# (node.training.worker.RunWorker; the ledger refuses it, node.ledger.core.runs)
+RUN_FAULTS = ("run-zero", "run-scale", "run-flip", "run-nan", "run-fewer", "run-otherdata", "run-stale",
+              "run-replay", "run-copyroot")
