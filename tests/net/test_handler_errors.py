@@ -13,12 +13,11 @@ import struct
 import trio
 
 from node.compute.model import make_tiny
-from node.identity import Identity
 from node.net.hello import HELLO_PROTOCOL
-from node.p2p.host import P2PHost
 from node.runtime import Node
 
 from ..e2e.swarm import node_config, tiny_genesis
+from ..p2p.util import hello_peer
 
 # a Tally frame (4-byte length, 1 flag byte) around a msgpack map32 header claiming 2^32-1 pairs: as protobuf, a
 # field with a wire type that does not exist
@@ -35,19 +34,7 @@ def test_garbage_on_meshsub_penalises_the_sender_and_the_node_keeps_going(tmp_pa
             node = Node(node_config(tmp_path, 0, g, tiny, span=(0, 6)))
             n.start_soon(node.run)
             await node.started.wait()
-            hello = {"chain_id": g.chain_id, "genesis": g.hash.hex(), "agent": "garbage", "addrs": []}
-            client = P2PHost(Identity.generate(), 0, g.chain_id, genesis_hash=g.hash)
-
-            async def answer_hello(msg: dict, remote: str) -> dict:
-                return dict(hello)
-
-            client.set_request_handler(HELLO_PROTOCOL, answer_hello)
-            async with client.running():
-                assert await client.connect(node.host.addrs) == 1
-                await client.request(node.host.peer_id, HELLO_PROTOCOL, hello, timeout=10)
-                with trio.fail_after(10):
-                    while not node.net.hello.verified(client.peer_id):
-                        await trio.sleep(0.05)
+            async with hello_peer(node, g, agent="garbage") as (client, hello):
                 before = node.host.scores.score(client.peer_id)
                 sent = 0
                 for _ in range(3):  # one stream is enough to stop an unguarded node; three show it stays up
@@ -68,10 +55,7 @@ def test_garbage_on_meshsub_penalises_the_sender_and_the_node_keeps_going(tmp_pa
                 height = node.ledger.state.height
                 await node.ledger.wait_for_height(height + 2, timeout=30)  # the node still makes blocks
                 seen["heights"] = (height, node.ledger.state.height)
-                other = P2PHost(Identity.generate(), 0, g.chain_id, genesis_hash=g.hash)
-                other.set_request_handler(HELLO_PROTOCOL, answer_hello)
-                async with other.running():  # and still serves a fresh peer
-                    assert await other.connect(node.host.addrs) == 1
+                async with hello_peer(node, g, agent="fresh") as (other, _):  # and still serves a fresh peer
                     reply = await other.request(node.host.peer_id, HELLO_PROTOCOL, hello, timeout=10)
                     seen["fresh_hello"] = reply["genesis"] == g.hash.hex()
             n.cancel_scope.cancel()

@@ -26,7 +26,6 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from node.compute.model import make_tiny
 from node.encoding import DecodeError, decode_budget, pack, unpack
-from node.identity import Identity
 from node.net.hello import HELLO_PROTOCOL
 from node.p2p.framing import StreamClosed, read_msg
 from node.p2p.host import P2PHost
@@ -34,6 +33,7 @@ from node.p2p.scoring import PeerScores
 from node.runtime import Node
 
 from ..e2e.swarm import node_config, tiny_genesis
+from .util import hello_peer
 
 # ---------------------------------------------------------------- strategies
 
@@ -160,19 +160,7 @@ def test_every_handler_answers_hostile_messages_cleanly(tmp_path, tiny, caplog):
             n.start_soon(node.run)
             await node.started.wait()
             node.host.scores = PeerScores(disconnect_at=-1e12)  # the fuzzing peer is scored, never banned
-            hello = {"chain_id": g.chain_id, "genesis": g.hash.hex(), "agent": "fuzz", "addrs": []}
-            client = P2PHost(Identity.generate(), 0, g.chain_id, genesis_hash=g.hash)
-
-            async def answer_hello(msg: dict, remote: str) -> dict:
-                return dict(hello)
-
-            client.set_request_handler(HELLO_PROTOCOL, answer_hello)
-            async with client.running():
-                assert await client.connect(node.host.addrs) == 1
-                await client.request(node.host.peer_id, HELLO_PROTOCOL, hello, timeout=10)
-                with trio.fail_after(10):
-                    while not node.net.hello.verified(client.peer_id):
-                        await trio.sleep(0.05)
+            async with hello_peer(node, g, agent="fuzz") as (client, hello):
                 protocols = sorted(str(p) for p in node.host._handlers)
                 assert {"/tally/hello/1.0.0", "/tally/sync/1.0.0", "/tally/inference/2.0.0"} <= set(protocols)
                 token = trio.lowlevel.current_trio_token()

@@ -7,6 +7,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import trio
 
 from node.identity import Identity
+from node.net.hello import HELLO_PROTOCOL
 from node.p2p.host import P2PHost
 
 CHAIN = "test-chain"
@@ -64,3 +65,23 @@ class FakeStream:
     async def write(self, b: bytes) -> None:
         await trio.lowlevel.checkpoint()
         self.written += b
+
+
+@asynccontextmanager
+async def hello_peer(node, genesis, agent: str = "test"):
+    """A fresh libp2p identity on 127.0.0.1, connected to the running in-process ``node`` and past its genesis
+    hello (the node has verified it); yields ``(client host, hello map)``."""
+    hello = {"chain_id": genesis.chain_id, "genesis": genesis.hash.hex(), "agent": agent, "addrs": []}
+    client = P2PHost(Identity.generate(), 0, genesis.chain_id, genesis_hash=genesis.hash)
+
+    async def answer_hello(msg: dict, remote: str) -> dict:
+        return dict(hello)
+
+    client.set_request_handler(HELLO_PROTOCOL, answer_hello)
+    async with client.running():
+        assert await client.connect(node.host.addrs) == 1
+        await client.request(node.host.peer_id, HELLO_PROTOCOL, hello, timeout=10)
+        with trio.fail_after(10):
+            while not node.net.hello.verified(client.peer_id):
+                await trio.sleep(0.05)
+        yield client, hello
