@@ -88,9 +88,10 @@ def wait_exit(proc: subprocess.Popen, timeout: float = 10.0) -> None:
 
 
 @asynccontextmanager
-async def light_client(tmp: Path, key: int, model_dir: Path, via: Node):
+async def light_client(tmp: Path, key: int, model_dir: Path, via: Node, step_timeout: float = 10.0):
     """A client that is only a libp2p host and a RouteClient (no ledger of its own): dev key ``key``, connected
-    to ``via`` (whose ledger gives the chain parameters). Receipts are left to the servers to submit."""
+    to ``via`` (whose ledger gives the chain parameters), waiting up to ``step_timeout`` seconds for a stream or a
+    step's answer. Receipts are left to the servers to submit."""
     from node.blobs import BlobStore
     from node.compute.executor import TorchExecutor
     from node.compute.head import ClientHead
@@ -108,7 +109,7 @@ async def light_client(tmp: Path, key: int, model_dir: Path, via: Node):
         await host.connect(via.host.addrs)
         (tmp / f"c{key}").mkdir(parents=True, exist_ok=True)
         yield RouteClient(ident, host, ClientHead(model_dir), via.manifest, via.ledger, TorchExecutor(1),
-                          BlobStore(tmp / f"c{key}"), swarm, step_timeout=10.0, submit=False)
+                          BlobStore(tmp / f"c{key}"), swarm, step_timeout=step_timeout, submit=False)
 
 
 async def wait_swarm(swarm, model_dir: Path, n: int, timeout: float = 60.0) -> None:

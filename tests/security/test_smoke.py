@@ -27,6 +27,7 @@ def test_hello_bomb_then_idle_flood(devnet):
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # a speed ratio: beside two other xdist workers it measured 0.33 (issue 35); CI runs it alone
 def test_honest_speed_under_idle_flood(devnet):
     """``bench/attack.py``'s :func:`~bench.attack.measure`, unpinned: two rounds of an 8 s baseline window and an
     8 s idle flood (300 sockets from one address), A B then B A; the honest client's tokens/s in the attack
