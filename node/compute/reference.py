@@ -15,7 +15,7 @@ import torch
 from node.compute.arch import architecture, materialize_buffers
 from node.compute.int8 import dequantize_block
 
-from .model import HEAD_FILE, block_file, load_checked, load_manifest, load_span_config
+from .model import block_file, load_checked, load_head, load_manifest, load_span_config
 
 
 def load_causal_lm(model_dir: Path):
@@ -28,8 +28,8 @@ def load_causal_lm(model_dir: Path):
     model_dir = Path(model_dir)
     manifest = load_manifest(model_dir)
     cfg = load_span_config(model_dir)
-    cfg.tie_word_embeddings = False  # lm_head is stored separately (equal to the embedding when tied)
-    head = load_checked(model_dir, HEAD_FILE, manifest.head_hash, "head")
+    head = load_head(model_dir, manifest, bool(getattr(cfg, "tie_word_embeddings", False)))
+    cfg.tie_word_embeddings = False  # lm_head is its own tensor here (equal to the embedding when tied)
     sd = {
         "model.embed_tokens.weight": head["embed_tokens.weight"],
         "model.norm.weight": head["norm.weight"],

@@ -34,6 +34,12 @@ def add_model_parser(sub) -> None:
                         "weights; embeddings, norms and LM head stay float32): a separate model with its own id; "
                         "default name NAME-int8")
     a.add_argument("--name", help="name to serve it under (default: the directory or file name)")
+    a.add_argument("--blocks", metavar="A:B", type=_span,
+                   help="write only blocks A..B-1 and the head (a server of that span); every block is still read "
+                        "and hashed, so the model id is the whole model's")
+    a.add_argument("--storage", choices=["gguf", "float32"], default="gguf",
+                   help="a GGUF file's tensors: kept in their GGUF types and dequantized at load (default; disk "
+                        "about the GGUF's size) or dequantized once to float32 (about 4 bytes per parameter)")
     a.add_argument("--model-cache", type=Path, help=cache_help)
     ls = msub.add_parser("list", help="the added models: name, id, architecture, blocks, hidden size, bytes")
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -41,6 +47,14 @@ def add_model_parser(sub) -> None:
     r = msub.add_parser("remove", help="unregister an added model and delete its converted files")
     r.add_argument("ref", metavar="NAME|ID", help="model name, or its id (at least 8 leading hex digits)")
     r.add_argument("--model-cache", type=Path, help=cache_help)
+
+
+def _span(text: str) -> range:
+    """``A:B`` -> ``range(A, B)``; argparse turns the ValueError into a usage error."""
+    a, sep, b = text.partition(":")
+    if not sep or not a.isdigit() or not b.isdigit() or int(a) >= int(b):
+        raise argparse.ArgumentTypeError(f"expected A:B with 0 <= A < B (blocks A..B-1), got {text!r}")
+    return range(int(a), int(b))
 
 
 def _human(n: float) -> str:
@@ -55,11 +69,13 @@ def run_model_command(args) -> int:
     """Run ``node model ...``; returns the exit code (0 ok, 1 refused or failed: the message is on stderr)."""
     # local: node.models.convert imports torch (~2 s): only the model commands load it
     from .convert import CheckpointError, add_model, list_models, remove_model
+    from .ggufstream import Storage
 
     cache = args.model_cache or default_cache_dir()
     try:
         if args.model_cmd == "add":
-            e = add_model(args.path, cache, name=args.name, progress=True, quantize=args.quantize)
+            e = add_model(args.path, cache, name=args.name, progress=True, quantize=args.quantize,
+                          storage=Storage(args.storage), span=args.blocks)
             q = f" {e.quantization}" if e.quantization else ""
             print(f"added {e.name}: {e.architecture}{q}, {e.num_blocks} blocks, hidden {e.hidden_size}, "
                   f"{_human(e.bytes)}\nmodel id {e.model_id}\nserve it with: node start --model {e.name}")

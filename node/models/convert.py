@@ -47,11 +47,11 @@ from node.compute.model import (
     default_cache_dir,
     ensure_smollm2,
     make_tiny,
-    save_model_dir,
     tensors_hash,
 )
 
 from . import registry
+from .ggufstream import GGUFConversionError, GGUFStream, Storage
 from .lookup import model_dir_of
 from .progress import progress_iter
 from .quantize import QuantizePlan
@@ -224,14 +224,15 @@ class HFPlan:
         CheckpointError: see the module docstring.
     """
 
-    def __init__(self, src: Path):
-        self.src = src
+    def __init__(self, src: Path, span: range | None = None):
+        self.src, self.span = src, span
         self.cfg = cfg = load_hf_config(src)
         self.arch = architecture(cfg)
         files = _weight_files(src)
         self.tokenizer = load_tokenizer(src)
         self.where = where = _open_all(files)
         self.num_blocks = L = int(cfg.num_hidden_layers)
+        _check_span(span, L)
         with torch.device("meta"):
             skeleton = self.arch.causal_cls(cfg)
         self.blocks: list[dict[str, str]] = [{} for _ in range(L)]
@@ -269,10 +270,12 @@ class HFPlan:
         Raises:
             CheckpointError: a tensor is unreadable or not finite (the caller deletes ``out``).
         """
+        _check_span(self.span, self.num_blocks)
         block_hashes = []
         for i in progress_iter(range(self.num_blocks), self.num_blocks, "converting blocks", progress):
             sd = {k: _read(self.where, full) for k, full in self.blocks[i].items()}
-            save_file(sd, str(out / block_file(i)))
+            if self.span is None or i in self.span:  # every block is hashed: the model id is the whole model's
+                save_file(sd, str(out / block_file(i)))
             block_hashes.append(tensors_hash(sd))
         head = {k: _read(self.where, full) for k, full in self.head.items()}
         if self.tied:
@@ -291,6 +294,13 @@ class HFPlan:
         return manifest
 
 
+def _check_span(span: range | None, num_blocks: int) -> None:
+    """Raises CheckpointError when ``span`` (``--blocks A:B``) is not a non-empty range inside the model."""
+    if span is not None and not (0 <= span.start < span.stop <= num_blocks):
+        raise CheckpointError(f"--blocks {span.start}:{span.stop} is outside the model's {num_blocks} blocks "
+                              f"(0:{num_blocks})")
+
+
 # ---------------------------------------------------------------- GGUF files
 
 class GGUFPlan:
@@ -300,11 +310,11 @@ class GGUFPlan:
         CheckpointError: not a GGUF file, unreadable, or an unsupported architecture.
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, storage: Storage = Storage.GGUF, span: range | None = None):
         # local: transformers adds ~1.5 s to torch's import; loaded only where a model is built or tokenized
         from transformers import AutoConfig
 
-        self.src = path
+        self.src, self.storage, self.span = path, storage, span
         if _magic(path)[:4] != b"GGUF":
             raise CheckpointError(f"{path} is not a GGUF file (no GGUF magic bytes)")
         try:
@@ -316,32 +326,42 @@ class GGUFPlan:
             check_model_type(self.cfg.model_type)
         except ValueError as e:
             raise CheckpointError(str(e)) from None
+        _check_span(span, int(self.cfg.num_hidden_layers))
 
     def write(self, out: Path, name: str, progress: bool = False) -> Manifest:
-        """Dequantize to float32 and write into ``out`` (:func:`node.compute.model.save_model_dir`).
+        """Stream the file into ``out`` tensor by tensor (:mod:`node.models.ggufstream`): each tensor kept in its
+        GGUF type (or float32 with ``storage=float32``), only the blocks of ``span`` written when one is set.
 
         Raises:
-            CheckpointError: transformers cannot dequantize the file or read its tokenizer.
+            CheckpointError: a tensor is missing, misshapen or of a type Tally does not store, or transformers
+                cannot read the file's tokenizer.
         """
         # local: transformers adds ~1.5 s to torch's import; loaded only where a model is built or tokenized
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         path = self.src
-        if progress:
-            print(f"dequantizing {path.name} ({path.stat().st_size / 1e6:.0f} MB) to float32", flush=True)
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                         dtype=torch.float32, trust_remote_code=False)
+            stream = GGUFStream(path, self.cfg)
             tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
-        except Exception as e:  # noqa: BLE001
-            raise CheckpointError(f"{path}: cannot be dequantized: {type(e).__name__}: {e}") from None
+        except GGUFConversionError as e:
+            raise CheckpointError(str(e)) from None
+        except Exception as e:  # noqa: BLE001 -- the GGUF reader and tokenizer raise many types for bad files
+            raise CheckpointError(f"{path}: cannot be read: {type(e).__name__}: {e}") from None
+        _check_span(self.span, stream.num_blocks)
         if progress:
-            print("writing per-block safetensors", flush=True)
-        return save_model_dir(model, tok, out, name=name)
+            what = "all blocks" if self.span is None else f"blocks {self.span.start}:{self.span.stop}"
+            print(f"converting {path.name} ({path.stat().st_size / 1e6:.0f} MB), {what}, stored as "
+                  f"{self.storage.value}", flush=True)
+        try:
+            return stream.write(out, name, tok, self.storage, self.span, wrap=lambda items: progress_iter(
+                items, stream.num_blocks + 1, "converting blocks and head", progress))
+        except GGUFConversionError as e:
+            raise CheckpointError(str(e)) from None
 
 
-def plan(source: Path) -> HFPlan | GGUFPlan:
-    """Check ``source`` (checkpoint dir or GGUF file) without writing anything.
+def plan(source: Path, storage: Storage = Storage.GGUF, span: range | None = None) -> HFPlan | GGUFPlan:
+    """Check ``source`` (checkpoint dir or GGUF file) without writing anything. ``storage`` applies to a GGUF
+    file (a checkpoint dir's blocks are float32); ``span`` limits the blocks written (all are hashed).
 
     Raises:
         CheckpointError: refused (pickle, unsupported architecture, no tokenizer, corrupt safetensors, ...).
@@ -351,12 +371,12 @@ def plan(source: Path) -> HFPlan | GGUFPlan:
     if not src.exists():
         raise FileNotFoundError(f"{src} does not exist")
     if src.is_dir():
-        return HFPlan(src)
+        return HFPlan(src, span)
     if src.name.lower().endswith(PICKLE_SUFFIXES) or _is_pickle_bytes(_magic(src)):
         raise _refuse_pickle(str(src))
     if src.suffix.lower() != ".gguf" and _magic(src)[:4] != b"GGUF":
         raise CheckpointError(f"{src} is neither a checkpoint directory nor a .gguf file")
-    return GGUFPlan(src)
+    return GGUFPlan(src, storage, span)
 
 
 # ---------------------------------------------------------------- add / list / remove
@@ -371,11 +391,15 @@ def _clean_stale(cache: Path) -> None:
 
 
 def add_model(source: Path, cache_dir: Path | None = None, name: str | None = None,
-              progress: bool = False, quantize: str | None = None) -> registry.Entry:
+              progress: bool = False, quantize: str | None = None, storage: Storage = Storage.GGUF,
+              span: range | None = None) -> registry.Entry:
     """Convert ``source`` (checkpoint dir or ``.gguf`` file) into ``cache_dir`` and register it as ``name``.
 
     ``name`` defaults to the dir / file name (:func:`node.models.registry.default_name`). Holds the registry
     lock for the whole conversion (one ``add``/``remove`` at a time per cache). Returns the new entry.
+
+    ``storage`` is how a GGUF file's tensors are kept (:class:`~node.models.ggufstream.Storage`: in their GGUF
+    types by default); ``span`` (``--blocks A:B``) writes only those blocks and the head, for a server of that span.
 
     ``quantize="int8"`` registers only the int8 copy (:mod:`node.models.quantize`; default name ``<name>-int8``).
     With it ``source`` may also be an added model's name or id, or the built-in ``smollm2`` / ``tiny``, when no
@@ -397,7 +421,9 @@ def add_model(source: Path, cache_dir: Path | None = None, name: str | None = No
         raise registry.RegistryError(f"a model named {name!r} is already added; remove it first or choose "
                                      "another --name")
     # every refusal that needs no writing happens here, before the cache is touched
-    inner = plan(src) if added_dir is None else None
+    if span is not None and quantize is not None:
+        raise CheckpointError("--blocks and --quantize cannot be combined: quantize a whole added model")
+    inner = plan(src, storage, span) if added_dir is None else None
     checked: HFPlan | GGUFPlan | QuantizePlan
     if quantize is not None:
         try:
