@@ -71,29 +71,41 @@ def write_llama_gguf(path: Path, *, blocks: int, hidden: int, ffn: int, heads: i
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
 
-    def quant(name: str, rows: int, cols: int, t: str) -> None:
-        w.add_tensor(name, random_quant(rng, rows, cols, t), raw_dtype=GGMLQuantizationType[t])
-
-    def f32(name: str, n: int) -> None:
-        w.add_tensor(name, rng.uniform(0.5, 1.5, size=n).astype(np.float32))
-
-    head_dim = hidden // heads
-    quant("token_embd.weight", vocab, hidden, "Q8_0")
+    # (name, rows, cols, type): cols 0 for a 1-D F32 norm. Tensor infos first, then each tensor's bytes made
+    # and written one at a time, so a file of gigabytes never sits in memory.
+    specs: list[tuple[str, int, int, str]] = [("token_embd.weight", vocab, hidden, "Q8_0")]
+    kv = kv_heads * (hidden // heads)
     for i in range(blocks):
-        f32(f"blk.{i}.attn_norm.weight", hidden)
-        quant(f"blk.{i}.attn_q.weight", hidden, hidden, type_name)
-        quant(f"blk.{i}.attn_k.weight", kv_heads * head_dim, hidden, type_name)
-        quant(f"blk.{i}.attn_v.weight", kv_heads * head_dim, hidden, type_name)
-        quant(f"blk.{i}.attn_output.weight", hidden, hidden, type_name)
-        f32(f"blk.{i}.ffn_norm.weight", hidden)
-        quant(f"blk.{i}.ffn_gate.weight", ffn, hidden, type_name)
-        quant(f"blk.{i}.ffn_up.weight", ffn, hidden, type_name)
-        quant(f"blk.{i}.ffn_down.weight", hidden, ffn, type_name)
-    f32("output_norm.weight", hidden)
+        b = f"blk.{i}"
+        specs += [(f"{b}.attn_norm.weight", hidden, 0, "F32"), (f"{b}.attn_q.weight", hidden, hidden, type_name),
+                  (f"{b}.attn_k.weight", kv, hidden, type_name), (f"{b}.attn_v.weight", kv, hidden, type_name),
+                  (f"{b}.attn_output.weight", hidden, hidden, type_name), (f"{b}.ffn_norm.weight", hidden, 0, "F32"),
+                  (f"{b}.ffn_gate.weight", ffn, hidden, type_name), (f"{b}.ffn_up.weight", ffn, hidden, type_name),
+                  (f"{b}.ffn_down.weight", hidden, ffn, type_name)]
+    specs.append(("output_norm.weight", hidden, 0, "F32"))
     if not tied:
-        w.add_tensor("output.weight", rng.normal(0, 0.02, size=(vocab, hidden)).astype(np.float16))
+        specs.append(("output.weight", vocab, hidden, "F16"))
+
+    def make(rows: int, cols: int, t: str) -> np.ndarray:
+        if t == "F32":
+            return rng.uniform(0.5, 1.5, size=rows).astype(np.float32)
+        if t == "F16":
+            return rng.normal(0, 0.02, size=(rows, cols)).astype(np.float16)
+        return random_quant(rng, rows, cols, t)
+
+    for name, rows, cols, t in specs:
+        if t == "F32":
+            w.add_tensor_info(name, (rows,), np.dtype(np.float32), rows * 4)
+        elif t == "F16":
+            w.add_tensor_info(name, (rows, cols), np.dtype(np.float16), rows * cols * 2)
+        else:
+            block, size = GGML_QUANT_SIZES[GGMLQuantizationType[t]]
+            w.add_tensor_info(name, (rows, cols // block * size), np.dtype(np.uint8), rows * cols // block * size,
+                              raw_dtype=GGMLQuantizationType[t])
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file()
+    w.write_ti_data_to_file()
+    for _name, rows, cols, t in specs:
+        w.write_tensor_data(make(rows, cols, t))
     w.close()
     return path
