@@ -245,11 +245,16 @@ def _add_start_work_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--batch-floor", type=_credits, metavar="CREDITS",
                    help="with --accept-batches: the least this node takes per token of batch work, in credits "
                         "(e.g. 0.0001); a score item counts as 256 tokens (default: the chain's genesis floor)")
-    s.add_argument("--lazy-head", action="store_true",
-                   help="build the client head and tokenizer (~4 CPU-seconds and the head's size in memory) at the "
-                        "first generation instead of before the API opens, and keep no connections to the route's "
-                        "servers ahead of a generation; for nodes that never generate. Default: both at start, so "
-                        "that the first token is not late")
+    head = s.add_mutually_exclusive_group()
+    head.add_argument("--lazy-head", action="store_true",
+                      help="build the client head and tokenizer (~4 CPU-seconds and the head's size in memory: "
+                           "embeddings and LM head, more than a few blocks of a large model) at the first "
+                           "generation instead of before the API opens, and keep no connections to the route's "
+                           "servers ahead of a generation. Default for a node with --span (a server); a node "
+                           "without one builds both at start, so that its first token is not late")
+    head.add_argument("--warm-head", action="store_true",
+                      help="build the client head at start even on a server (--span), which then also generates "
+                           "without a late first token")
     s.add_argument("--job-capacity", type=_positive, default=1, metavar="N",
                    help="with --accept-jobs: hold at most N jobs at once, trained side by side (default: "
                         "%(default)s). The ledger also needs the bond to cover the start penalty of every job held "
@@ -297,7 +302,11 @@ def _add_devnet_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                                    "committee verdict, and print the text, receipts, verdicts and balances. "
                                    "Compares the tokens with greedy generation by the same model in one process.")
     d.add_argument("--once", action="store_true", help="exit when the demo is done (for scripts and CI)")
-    d.add_argument("--servers", type=int, default=3, help="number of span servers (default: %(default)s)")
+    d.add_argument("--servers", type=int, default=3,
+                   help="number of span servers, 1..64 and at most the model's blocks (default: %(default)s). "
+                        "More than 3: the devnet writes its own genesis (chain tally-test-devnet, dev keys "
+                        "1..N bonded) into --data-dir and every node starts with it. Each server is a process "
+                        "holding its span (its share of the model) and committee duty")
     d.add_argument("--prompt", default="The three most important inventions in human history are",
                    help="prompt text")
     d.add_argument("--tokens", type=int, default=32, help="tokens to generate (default: %(default)s)")
@@ -384,7 +393,8 @@ def cmd_start(args) -> int:
                      p2p_port=args.port or 0, api_port=args.api_port, api_host=args.api_host,
                      device=device, threads=args.threads, fault=args.fault, accept_jobs=args.accept_jobs,
                      job_capacity=args.job_capacity,
-                     accept_batches=args.accept_batches, batch_floor=args.batch_floor, warm_head=not args.lazy_head,
+                     accept_batches=args.accept_batches, batch_floor=args.batch_floor,
+                     warm_head=args.warm_head or (not args.lazy_head and span is None),
                      snapshot_every=args.snapshot_every, state_sync=args.state_sync, prune_bodies=args.prune_bodies,
                      state_sync_max_bytes=args.state_sync_max << 20, read_pool_bytes=args.read_pool << 20,
                      compression=args.compression, step_timeout=args.step_timeout, redundancy=args.redundancy,

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from importlib import resources
 from pathlib import Path
 
 import httpx
@@ -22,6 +23,7 @@ from .compute.data import shakespeare_play
 from .compute.model import load_manifest
 from .compute.shards import assign_spans
 from .encoding import format_amount
+from .identity import Identity, dev_seed
 from .ledger.core.jobs import JobStatus
 from .ledger.core.status import FINAL, ReceiptStatus
 from .lockfile import LockHeld, hold, holder
@@ -30,6 +32,30 @@ from .market.cli import FINAL as JOB_FINAL
 
 class DevnetError(RuntimeError):
     pass
+
+
+EMBEDDED_SERVERS = 3  # the embedded devnet genesis (genesis/devnet.json) bonds dev keys 1-3
+MAX_SERVERS = 64
+WIDE_CHAIN = "tally-test-devnet"  # a tally-test* chain: --dev-account and the test switches are allowed on it
+
+
+def devnet_genesis(servers: int) -> dict:
+    """The devnet's genesis document for more servers than the embedded one bonds: the embedded devnet's params,
+    time and validator (dev key 0, funded as there), dev keys ``1..servers`` each funded and bonded as the
+    embedded dev keys 1-3 are, and four spare funded keys after them; chain :data:`WIDE_CHAIN`."""
+    doc = json.loads(resources.files("genesis").joinpath("devnet.json").read_text())
+    rows = {a["note"].split(":")[0]: a for a in doc["accounts"]}
+    server, spare = rows["dev1"], rows["dev4"]
+    accounts = [rows["dev0"]]
+    for i in range(1, servers + 5):
+        tmpl = server if i <= servers else spare
+        row = {"account": Identity.from_seed(dev_seed(i)).peer_id, "balance": tmpl["balance"],
+               "note": f"dev{i}: {'bonded server' if i <= servers else 'spare'}"}
+        if i <= servers:
+            row["bond"] = tmpl["bond"]
+        accounts.append(row)
+    doc.update(chain_id=WIDE_CHAIN, accounts=accounts)
+    return doc
 
 
 def _wait_info(data_dir: Path, proc: subprocess.Popen, timeout: float) -> dict:
@@ -118,8 +144,8 @@ def _get(client: httpx.Client, url: str) -> dict:
 def run_devnet(args) -> int:
     """Run the demo; returns 0 when the tokens are identical, every receipt got the expected verdict and the
     balances add up."""
-    if not 1 <= args.servers <= 3:
-        print("devnet: --servers must be 1, 2 or 3 (the devnet genesis bonds dev keys 1-3)", file=sys.stderr)
+    if not 1 <= args.servers <= MAX_SERVERS:
+        print(f"devnet: --servers must be in 1..{MAX_SERVERS}", file=sys.stderr)
         return 2
     if args.servers < 3:
         print("note: fewer than 3 servers; committees need 2 other bonded servers", file=sys.stderr)
@@ -144,19 +170,30 @@ def run_devnet(args) -> int:
     print("== preparing the model (converted once into the model cache)", flush=True)
     model_dir = resolve_model(args)
     manifest = load_manifest(model_dir)
+    if args.servers > manifest.num_blocks:
+        print(f"devnet: --servers {args.servers}: the model has only {manifest.num_blocks} blocks (one server "
+              "serves at least one)", file=sys.stderr)
+        return 2
     spans = assign_spans(manifest.num_blocks, args.servers)
     root = args.data_dir
     procs: list[subprocess.Popen] = []
     try:
         lock = _lock_root(root)  # noqa: F841 (held until this process exits)
         _prepare_root(root)
+        chain = []
+        if args.servers > EMBEDDED_SERVERS:
+            gfile = root / "genesis.json"
+            gfile.write_text(json.dumps(devnet_genesis(args.servers), indent=1) + "\n")
+            chain = ["--genesis", str(gfile)]
+            print(f"   genesis {gfile}: chain {WIDE_CHAIN}, dev keys 1-{args.servers} bonded (the embedded devnet "
+                  f"bonds {EMBEDDED_SERVERS})", flush=True)
         print(f"== starting {1 + args.servers} node processes on 127.0.0.1 ({root})", flush=True)
         client_dir = root / "node0"
-        procs.append(_spawn(args, 0, client_dir, ["--api-port", str(args.api_port)]))
+        procs.append(_spawn(args, 0, client_dir, ["--api-port", str(args.api_port), *chain]))
         info0 = _wait_info(client_dir, procs[0], 120)
         for i, (start, end) in enumerate(spans, start=1):
             extra = ["--span", f"{start}:{end}", "--api-port", "0", "--bootstrap", info0["addrs"][0], "--accept-jobs",
-                     "--accept-batches"]
+                     "--accept-batches", *chain]
             if args.gpu is not None:
                 extra += ["--gpu", str(args.gpu)]
             if args.fault_server == i:

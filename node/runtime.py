@@ -478,6 +478,27 @@ class Node:
             raise ValueError("this model has no tokenizer; pass prompt_ids")
         return tok.encode(text)
 
+    def encode_chat(self, messages: list[dict[str, str]], model: str | None = None) -> list[int]:
+        """Token ids of a chat (``[{"role", "content"}, ...]``) through ``model``'s own chat template (its
+        tokenizer's, rendered by transformers in Jinja2's sandbox), ending with the assistant's turn to speak.
+
+        Raises:
+            ValueError: the model has no tokenizer or no chat template (the caller passes ``prompt``), or the
+                template refuses the chat (e.g. roles out of order).
+        """
+        tok = self.client_for(model).head.tokenizer
+        if tok is None:
+            raise ValueError("this model has no tokenizer; pass prompt_ids")
+        if not getattr(tok, "chat_template", None):
+            raise ValueError("this model has no chat template; pass prompt instead of messages")
+        try:
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        except Exception as e:  # noqa: BLE001 - a template raises jinja2's and its own errors for a bad chat
+            raise ValueError(f"the model's chat template refused this chat: {e}") from None
+        if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in newer transformers
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+
     def decode(self, ids: list[int], model: str | None = None) -> str | None:
         """``ids`` as text with ``model``'s tokenizer, special tokens skipped; None when it has none."""
         tok = self.client_for(model).head.tokenizer

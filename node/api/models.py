@@ -9,7 +9,7 @@ models (Schemathesis).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field
 
@@ -429,9 +429,17 @@ class HistoryProofOut(BaseModel):
     summary: dict[str, Any] = Field(default_factory=dict, description="the summary, decoded")
 
 
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant"] = Field(description="who says it")
+    content: str = Field(max_length=100_000, description="what is said")
+
+
 class GenerateRequest(BaseModel):
     prompt: str | None = Field(None, max_length=100_000, description="text, tokenized by the model's tokenizer")
     prompt_ids: list[int] | None = Field(None, max_length=100_000, description="token ids instead of text")
+    messages: list[ChatMessage] | None = Field(
+        None, min_length=1, max_length=256, description="a chat instead of a prompt: the model's own chat template "
+        "(its tokenizer's) turns it into the prompt, ending with the assistant's turn to speak")
     max_new_tokens: int = Field(32, ge=1, le=4096)
     model: str | None = Field(None, max_length=128, description="the model to generate with: a name or id (at least "
                               "8 hex digits) of a model in this node's model cache; default: the node's model. "

@@ -354,16 +354,21 @@ def redundancy_view(gen) -> dict:
              responses={**E_POST, **{c: {"model": m.ErrorOut} for c in (404, 413, 502, 503)}},
              summary="Generate greedily through the swarm, paying for each span (needs the API token)")
 async def generate(node: NodeDep, req: m.GenerateRequest):
-    if (req.prompt is None) == (req.prompt_ids is None):
-        raise ApiError(400, "bad_request", "give exactly one of prompt or prompt_ids")
+    if sum(x is not None for x in (req.prompt, req.prompt_ids, req.messages)) != 1:
+        raise ApiError(400, "bad_request", "give exactly one of prompt, prompt_ids or messages")
     try:
         client = await trio.to_thread.run_sync(node.client_for, req.model)  # reads manifests from disk
     except UnknownModel as e:
         raise ApiError(404, "unknown_model", str(e)) from None
     try:
         # off the event loop: the first prompt loads the tokenizer and the client head (seconds)
-        ids = (await trio.to_thread.run_sync(node.encode_prompt, req.prompt, req.model)
-               if req.prompt is not None else list(req.prompt_ids or ()))
+        if req.prompt is not None:
+            ids = await trio.to_thread.run_sync(node.encode_prompt, req.prompt, req.model)
+        elif req.messages is not None:
+            chat = [{"role": msg.role, "content": msg.content} for msg in req.messages]
+            ids = await trio.to_thread.run_sync(node.encode_chat, chat, req.model)
+        else:
+            ids = list(req.prompt_ids or ())
         if not ids:
             raise ApiError(400, "bad_request", "the prompt is empty")
         if any(not 0 <= i < client.manifest.vocab_size for i in ids):

@@ -121,6 +121,36 @@ def test_devnet_job_demo_settles_and_pays_exactly(tmp_path):
     assert "requester paid 0.02 (price 0.02): true" in r.stdout and "committee fees 0.002: true" in r.stdout
 
 
+@pytest.mark.slow  # six node processes; ~40 s on 2 cores
+def test_devnet_with_five_servers_writes_its_genesis_and_every_receipt_is_valid(tmp_path):
+    """Issue 36: ``node devnet --servers N`` beyond the embedded genesis' three bonded keys."""
+    r = devnet(tmp_path, "--model", "tiny", "--model-cache", str(tmp_path / "models"), "--servers", "5",
+               "--tokens", "4", timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "chain tally-test-devnet, dev keys 1-5 bonded" in r.stdout
+    assert sum(f"node{i} " in r.stdout for i in range(6)) == 6 and "serves blocks" in r.stdout
+    assert r.stdout.count("verdict: valid") == 5 and "verdict: invalid" not in r.stdout
+    assert "identical: true" in r.stdout
+
+
+def test_devnet_genesis_bonds_every_server_and_keeps_the_embedded_params():
+    from node.devnet import WIDE_CHAIN, devnet_genesis
+    from node.identity import Identity, dev_seed
+    from node.ledger.core.genesis import parse_genesis
+    from node.ledger.genesis import load_genesis
+
+    g, embedded = parse_genesis(devnet_genesis(7)), load_genesis()
+    assert g.chain_id == WIDE_CHAIN and g.params == embedded.params and g.validators == embedded.validators
+    bonded = {a for a, _bal, bond in g.balances if bond > 0}
+    assert bonded == {Identity.from_seed(dev_seed(i)).account for i in range(1, 8)}
+    assert len(g.balances) == 1 + 7 + 4  # the validator, seven servers, four spares
+
+
+def test_devnet_refuses_more_servers_than_blocks(tmp_path):
+    r = devnet(tmp_path, "--model", "tiny", "--model-cache", str(tmp_path / "models"), "--servers", "7", timeout=120)
+    assert r.returncode == 2 and "the model has only 6 blocks" in r.stderr
+
+
 def test_a_second_devnet_on_a_running_devnets_dir_refuses_and_wipes_nothing(tmp_path):
     import fcntl
 

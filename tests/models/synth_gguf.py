@@ -12,6 +12,9 @@ import gguf
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+# a minimal chat template (Jinja2, as in a tokenizer's tokenizer.chat_template)
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 # byte offsets of the float16 scale fields inside one block of each type (ggml-common.h's block_q*)
 _SCALES = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q4_K": (0, 2), "Q6_K": (208,)}
 
@@ -70,6 +73,7 @@ def write_llama_gguf(path: Path, *, blocks: int, hidden: int, ffn: int, heads: i
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
+    w.add_chat_template(CHAT_TEMPLATE)
 
     # (name, rows, cols, type): cols 0 for a 1-D F32 norm. Tensor infos first, then each tensor's bytes made
     # and written one at a time, so a file of gigabytes never sits in memory.
