@@ -15,6 +15,7 @@ from multiaddr import Multiaddr
 
 from .batch.cli import add_batch_parser, run_batch_command
 from .cliargs import resolve_device, resolve_model
+from .compute.budget import BudgetError, plan_budget
 from .compute.model import load_manifest
 from .devnet import run_devnet
 from .encoding import parse_amount
@@ -131,6 +132,17 @@ def _announce_addr(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _gib(text: str) -> int:
+    """``--max-memory``: GiB (a positive decimal) -> bytes."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GiB as a number, e.g. 2.5; got {text!r}") from None
+    if not 0 < value < 1 << 20:
+        raise argparse.ArgumentTypeError(f"expected a positive number of GiB, got {text!r}")
+    return int(value * (1 << 30))
+
+
 def _span(text: str) -> tuple[int, int] | tuple[str, int | None] | str:
     if text == "all":
         return "all"
@@ -227,6 +239,12 @@ def _add_start_work_args(s: argparse.ArgumentParser) -> None:
     """``node start``'s model, compute and duty options (the jobs and batches it takes)."""
     _model_args(s)
     s.add_argument("--threads", type=_positive, default=1, help="torch threads for compute (default: %(default)s)")
+    s.add_argument("--max-memory", type=_gib, metavar="GIB",
+                   help="memory for weights in GiB (e.g. 2.5): the span (float32 at run time), the client head "
+                        "when built at start, a 0.75 GiB reserve, and what is left for committee duty, which "
+                        "re-executes other servers' spans whole when they fit, block by block from disk when one "
+                        "block fits, and abstains otherwise. Refused at start when the span does not fit; shown in "
+                        "/v1/status (default: no budget)")
     s.add_argument("--step-timeout", type=_seconds, default=60.0, metavar="SECONDS",
                    help="span server: end a session whose client sends no message for SECONDS, free its KV cache "
                         "and submit the receipt for the steps it acknowledged; also how long this node's client "
@@ -387,14 +405,23 @@ def cmd_start(args) -> int:
             sys.exit(f"node: --span auto:{auto_blocks}: the model has {manifest.num_blocks} blocks")
     elif span is not None and span[1] > manifest.num_blocks:
         sys.exit(f"node: --span {span[0]}:{span[1]}: the model has {manifest.num_blocks} blocks")
+    warm_head = args.warm_head or (not args.lazy_head and span is None)
+    budget = None
+    if args.max_memory is not None:
+        if span == "auto":
+            sys.exit("node: --max-memory with --span auto is not supported yet; give --span START:END")
+        try:
+            budget = plan_budget(args.max_memory, model_dir, span, warm_head)
+        except BudgetError as e:
+            sys.exit(f"node: {e}")
     listen = args.listen or _default_listen(genesis.chain_id, args.port)
     cfg = NodeConfig(data_dir=args.data_dir, genesis=genesis, model_dir=model_dir, span=span,
                      bootstrap=bootstrap, listen=listen, announce=args.announce, relay=args.relay,
                      p2p_port=args.port or 0, api_port=args.api_port, api_host=args.api_host,
                      device=device, threads=args.threads, fault=args.fault, accept_jobs=args.accept_jobs,
                      job_capacity=args.job_capacity,
-                     accept_batches=args.accept_batches, batch_floor=args.batch_floor,
-                     warm_head=args.warm_head or (not args.lazy_head and span is None),
+                     accept_batches=args.accept_batches, batch_floor=args.batch_floor, warm_head=warm_head,
+                     budget=budget,
                      snapshot_every=args.snapshot_every, state_sync=args.state_sync, prune_bodies=args.prune_bodies,
                      state_sync_max_bytes=args.state_sync_max << 20, read_pool_bytes=args.read_pool << 20,
                      compression=args.compression, step_timeout=args.step_timeout, redundancy=args.redundancy,

@@ -29,6 +29,7 @@ from .batch.items import ContentStore
 from .batch.offer import OfferKeeper, wanted_offer
 from .batch.worker import BatchWorker
 from .blobs import BLOB_PROTOCOL, BlobStore, serve_blob
+from .compute.budget import MemoryBudget
 from .compute.executor import TorchExecutor
 from .compute.lazyhead import LazyHead
 from .compute.model import load_manifest
@@ -118,6 +119,7 @@ class NodeConfig:
     fetch_model_bytes: int = MAX_MODEL_BYTES  # cap of one model fetched for committee duty (node.verify.fetchstore)
     fetch_total_bytes: int = MAX_TOTAL_BYTES  # cap of all of them together; least recently used evicted first
     warm_head: bool = True  # build the client head while starting, before the API opens (False: at first use)
+    budget: MemoryBudget | None = None  # node start --max-memory (node.compute.budget); None: no budget
     # keep connections to the servers of the current route (RouteClient.keep_route_connected) on a node that serves
     # no span and warms its head: its first generation finds them connected (issue 25). None: that default.
     warm_route: bool | None = None
@@ -227,7 +229,8 @@ class Node:
         checkers: dict[type, ReceiptChecker] = {}
         for make in CHECKERS:
             checkers.update(make())
-        return CommitteeMember.from_parts(self.parts, lambda s, e: self._load_span(s, e), fetcher, checkers)
+        return CommitteeMember.from_parts(self.parts, lambda s, e: self._load_span(s, e), fetcher, checkers,
+                                          budget=None if self.cfg.budget is None else self.cfg.budget.committee)
 
     def _make_server(self, start: int, end: int) -> SpanServer:
         from .compute.cheats import FAULTS  # local: it imports torch (~2 s); only a node serving a span needs it

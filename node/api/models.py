@@ -114,6 +114,18 @@ class ConsensusOut(BaseModel):
     mesh: int = Field(0, description="peers in this node's gossip mesh of the consensus topic")
 
 
+class MemoryOut(BaseModel):
+    total: int = Field(description="bytes of --max-memory")
+    span: int = Field(description="bytes of this node's span (float32 at run time)")
+    head: int = Field(description="bytes of the client head when built at start (0: --lazy-head)")
+    reserve: int = Field(description="bytes kept for the interpreter, activations and KV caches")
+    committee: int = Field(description="bytes left for committee duty")
+    block: int = Field(description="bytes of one block of this node's model")
+    committee_held: int = Field(0, description="bytes of other servers' spans committee duty keeps loaded now")
+    streamed: int = Field(0, description="re-executions run block by block from disk (a span over the budget)")
+    over_budget: int = Field(0, description="abstentions because not even one block fit the budget")
+
+
 class StatusOut(BaseModel):
     chain_id: str
     height: int
@@ -141,6 +153,8 @@ class StatusOut(BaseModel):
     committee_warning: str | None = Field(None, description="why 2 colluding accounts can fill every receipt "
                                                             "committee of this network and what to do (too few "
                                                             "bonded accounts); null: they cannot")
+    memory: MemoryOut | None = Field(None, description="node start --max-memory: the budget and what uses it "
+                                                       "(null: no budget)")
 
 
 class AccountOut(BaseModel):

@@ -99,7 +99,16 @@ class Queries:
             "pruned_below": n.store.pruned_below, **self._history_status(st),
             "consensus": self._consensus(),
             "committee_warning": self._committee_warning(st),
+            "memory": self._memory(),
         }
+
+    def _memory(self) -> dict | None:
+        """``node start --max-memory``'s budget and what committee duty holds of it; None without a budget."""
+        budget = getattr(self.node.cfg, "budget", None)
+        if budget is None:
+            return None
+        member = getattr(self.node, "member", None)
+        return {**budget.view(), **(member.memory_view() if member is not None else {})}
 
     def _committee_warning(self, st) -> str | None:
         """:func:`node.ledger.core.capture.capture_risk` for the bonded accounts of ``st``, computed once per height

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import trio
 
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
+from ..compute.budget import block_bytes
 from ..compute.compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
 from ..compute.executor import load_torch
 from ..duty.parts import Executor, Host, Ledger, NodeParts
@@ -41,6 +42,7 @@ from .blockfetch import BlockFetcher, BlockUnavailable
 if TYPE_CHECKING:
     import torch
 
+    from ..compute.offload import StreamedSpan
     from ..compute.span import SpanModel
 
 log = logging.getLogger("tally.verify")
@@ -59,6 +61,10 @@ class ReceiptChecker(Protocol):
     def __call__(self, member: CommitteeMember, receipt: Any, /) -> Awaitable[tuple[int, float]]: ...
 
 
+class OverBudget(Exception):
+    """Not even one block of a span fits the member's committee budget: it abstains."""
+
+
 class CommitteeMember:
     """Watches blocks for committee duty and votes.
 
@@ -72,18 +78,27 @@ class CommitteeMember:
         checkers: receipt type -> :class:`ReceiptChecker` for the receipts other capabilities define (fine-tune
             segments, training-run rounds and aggregates); an inference :class:`~node.ledger.core.tx.Receipt` is
             this member's own :meth:`check`, and a receipt of a type with no checker gets ABSTAIN.
+        budget: bytes of weights committee duty may hold (:class:`node.compute.budget.MemoryBudget`'s committee
+            share), or None (no budget: up to ``max_spans`` spans are kept). Within a budget a span that fits is
+            loaded whole (kept spans are dropped, least recently used first, to make room), a larger one is run
+            block by block from disk (:class:`node.compute.offload.StreamedSpan`), and one whose single block
+            does not fit gets ABSTAIN.
     """
 
     def __init__(self, ident: Identity, ledger: Ledger, host: Host, blobs: BlobStore, executor: Executor,
                  load_span: Callable[[int, int], SpanModel], model_id: bytes, tolerance: float = DEFAULT_TOLERANCE,
                  max_spans: int = 2, model_dir: Path | None = None, fetcher: BlockFetcher | None = None,
-                 checkers: Mapping[type, ReceiptChecker] | None = None) -> None:
+                 checkers: Mapping[type, ReceiptChecker] | None = None, budget: int | None = None) -> None:
         self.ident, self.ledger, self.host, self.blobs, self.executor = ident, ledger, host, blobs, executor
         self.checkers: dict[type, ReceiptChecker] = dict(checkers or {})
         self.model_dir, self.fetcher = model_dir, fetcher
         self.load_span, self.model_id, self.tolerance = load_span, model_id, tolerance
-        self._spans: OrderedDict[tuple[object, ...], SpanModel] = OrderedDict()
+        self._spans: OrderedDict[tuple[object, ...], tuple[SpanModel, int]] = OrderedDict()
         self.max_spans = max_spans
+        self.budget = budget
+        self._block_bytes: dict[str, int] = {}
+        self.streamed = 0  # re-executions run block by block (a span over the budget)
+        self.over_budget = 0  # abstentions because not even one block fits the budget
         self._seen: set[tuple[bytes, int]] = set()
         self._send, self._recv = trio.open_memory_channel(1000)
         self.checked = 0
@@ -91,12 +106,18 @@ class CommitteeMember:
 
     @classmethod
     def from_parts(cls, parts: NodeParts, load_span: Callable[[int, int], SpanModel], fetcher: BlockFetcher | None,
-                   checkers: Mapping[type, ReceiptChecker]) -> CommitteeMember:
+                   checkers: Mapping[type, ReceiptChecker], budget: int | None = None) -> CommitteeMember:
         """The node's committee member, built from its parts (:class:`node.duty.parts.NodeParts`: key, ledger,
         host, blobs, executor, model id and ``config.model_dir``) and what only the runtime has: the span loader,
         the block fetcher for other models, and the capabilities' receipt checkers."""
         return cls(parts.ident, parts.ledger, parts.host, parts.blobs, parts.executor, load_span, parts.model_id,
-                   model_dir=parts.config.model_dir, fetcher=fetcher, checkers=checkers)
+                   model_dir=parts.config.model_dir, fetcher=fetcher, checkers=checkers, budget=budget)
+
+    def memory_view(self) -> dict[str, int]:
+        """What committee duty holds now (``/v1/status``): bytes of the spans kept, re-executions run block by block,
+        abstentions for want of budget."""
+        return {"committee_held": sum(b for _, b in self._spans.values()), "streamed": self.streamed,
+                "over_budget": self.over_budget}
 
     def on_block(self, block, state: State) -> None:
         """Block listener: queue every sampled receipt of the current round that names us and we have not done."""
@@ -175,19 +196,41 @@ class CommitteeMember:
         return await fetch_blob(self.host, self.blobs, root, [receipt.worker, receipt.requester], timeout=30,
                                 keep=False)
 
-    def _span(self, start: int, end: int, model_dir: Path | None = None) -> SpanModel:
-        """The span ``[start, end)`` of this node's model, or of the (fetched) model in ``model_dir`` (LRU)."""
+    def _span(self, start: int, end: int, model_dir: Path | None = None) -> SpanModel | StreamedSpan:
+        """The span ``[start, end)`` of this node's model, or of the (fetched) model in ``model_dir``: a kept or
+        newly loaded :class:`SpanModel` (LRU), or a :class:`StreamedSpan` when the budget holds one block of it
+        but not all.
+
+        Raises:
+            OverBudget: not even one block of it fits the budget.
+        """
+        # local: compute.span and compute.offload import torch (~2 s); loaded only to re-execute
+        from ..compute.offload import StreamedSpan
+        from ..compute.span import SpanModel
+
         key: tuple[object, ...] = (start, end) if model_dir is None else (str(model_dir), start, end)
         if key in self._spans:
             self._spans.move_to_end(key)
-            return self._spans[key]
-        if model_dir is None:
-            span = self.load_span(start, end)
-        else:
-            from ..compute.span import SpanModel  # local: it imports torch (~2 s); loaded only to re-execute
-
-            span = SpanModel(model_dir, start, end)
-        self._spans[key] = span
+            return self._spans[key][0]
+        need = 0
+        if self.budget is not None:
+            where = model_dir if model_dir is not None else self.model_dir
+            assert where is not None, "a member with a budget knows its model dir"
+            block = self._block_bytes.get(str(where))
+            if block is None:
+                block = self._block_bytes[str(where)] = block_bytes(where)
+            need = block * (end - start)
+            if need > self.budget:
+                if block > self.budget:
+                    self.over_budget += 1
+                    raise OverBudget(f"one block ({block >> 20} MiB) is over the committee budget "
+                                     f"({self.budget >> 20} MiB)")
+                self.streamed += 1
+                return StreamedSpan(where, start, end)
+            while self._spans and sum(b for _, b in self._spans.values()) + need > self.budget:
+                self._spans.popitem(last=False)  # make room: least recently used first
+        span = self.load_span(start, end) if model_dir is None else SpanModel(model_dir, start, end)
+        self._spans[key] = (span, need)
         while len(self._spans) > self.max_spans:
             self._spans.popitem(last=False)
         return span
@@ -226,7 +269,11 @@ class CommitteeMember:
         y = torch.cat(outputs, dim=1)
         if not (x.is_floating_point() and y.is_floating_point()):
             return INVALID, float("inf")
-        span = await self.executor.run(self._span, receipt.span_start, receipt.span_end, other)
+        try:
+            span = await self.executor.run(self._span, receipt.span_start, receipt.span_end, other)
+        except OverBudget as e:
+            log.info("abstain on %s: %s", receipt.id.hex()[:16], e)
+            return ABSTAIN, float("inf")
         try:
             y_hat = await self.executor.run(span.prefill, x.float())
             y_hat = y_hat.to(y.dtype)

@@ -30,9 +30,10 @@ def node_config(tmp: Path, i: int, genesis: Genesis, model_dir: Path, span=None,
 
 
 @asynccontextmanager
-async def swarm(tmp: Path, model_dir: Path, spans, genesis: Genesis | None = None, faults=None, accept_jobs=()):
+async def swarm(tmp: Path, model_dir: Path, spans, genesis: Genesis | None = None, faults=None, accept_jobs=(),
+                budgets=None):
     """Start node 0 (validator + client) and one server per span; yield the list of nodes.
-    ``accept_jobs``: indexes of servers that take fine-tune jobs."""
+    ``accept_jobs``: indexes of servers that take fine-tune jobs; ``budgets``: index -> MemoryBudget of a server."""
     genesis = genesis or tiny_genesis(len(spans))
     faults = faults or {}
     async with trio.open_nursery() as n:
@@ -44,6 +45,7 @@ async def swarm(tmp: Path, model_dir: Path, spans, genesis: Genesis | None = Non
             cfg = node_config(tmp, i, genesis, model_dir, span=span, fault=faults.get(i),
                               accept_jobs=i in accept_jobs)
             cfg.bootstrap = boot
+            cfg.budget = (budgets or {}).get(i)
             nd = Node(cfg)
             nodes.append(nd)
             n.start_soon(nd.run)
