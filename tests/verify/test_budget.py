@@ -15,6 +15,7 @@ import trio
 from node.compute.budget import RESERVE, BudgetError, MemoryBudget, block_bytes, head_bytes, plan_budget
 from node.compute.model import load_manifest, make_tiny
 from node.compute.offload import StreamedSpan
+from node.compute.reference import local_generate
 from node.compute.span import SpanModel
 from node.ledger.core.state import VALID_S
 from node.models.convert import add_model
@@ -108,6 +109,7 @@ def test_members_over_budget_stream_and_vote_every_receipt_valid(tmp_path, gguf_
             return [nd.member.memory_view() for nd in nodes[1:]], recs, gen
 
     views, recs, gen = trio.run(main)
+    assert gen.tokens == local_generate(gguf_model, [3, 1, 4, 1, 5], 4)
     assert recs and all(r.status == VALID_S for r in recs.values()), {k.hex()[:8]: v.status for k, v in recs.items()}
     assert sum(v["streamed"] for v in views) >= 2 * len(recs)  # each receipt's two votes ran block by block
     assert all(v["over_budget"] == 0 for v in views)
