@@ -16,7 +16,7 @@ from multiaddr import Multiaddr
 from .batch.cli import add_batch_parser, run_batch_command
 from .cliargs import resolve_device, resolve_model
 from .compute.budget import BudgetError, plan_budget
-from .compute.model import load_manifest
+from .compute.model import default_cache_dir, load_manifest
 from .devnet import run_devnet
 from .encoding import parse_amount
 from .genesis_cli import add_genesis_parser, add_key_parser, run_genesis_command, run_key_command
@@ -28,6 +28,7 @@ from .ledger.store import StoreCorrupt, StoreLocked
 from .lockfile import LockHeld, hold
 from .market.cli import add_job_parser, run_job_command
 from .models.cli import add_model_parser, run_model_command
+from .models.registry import RegistryError
 from .net.addrs import DEFAULT_PORT, AddrError, default_listen, parse_addr
 from .p2p.quirks import check_port_free
 from .peers_cli import add_parsers as add_peers_parsers, run as run_peers_command
@@ -183,9 +184,45 @@ def build_parser() -> argparse.ArgumentParser:
     for name, func in (("start", cmd_start), ("devnet", run_devnet), ("job", run_job_command),
                        ("run", run_run_command), ("batch", run_batch_command), ("genesis", run_genesis_command),
                        ("key", run_key_command), ("peers", run_peers_command), ("status", run_peers_command),
-                       ("wallet", run_wallet_command), ("ledger", run_ledger_command), ("model", run_model_command)):
+                       ("wallet", run_wallet_command), ("ledger", run_ledger_command), ("model", _run_model)):
         sub.choices[name].set_defaults(func=func)
     return p
+
+
+def _run_model(args) -> int:
+    """``node model ...``: ``fetch`` talks to peers (node.verify, above the models package), the rest is
+    :func:`node.models.cli.run_model_command`."""
+    if args.model_cmd != "fetch":
+        return run_model_command(args)
+    # local: node.verify.modelfetch imports the converter and torch (~2 s); only this command needs it
+    from .verify.modelfetch import FetchError, fetch_model
+
+    try:
+        model_id = bytes.fromhex(args.model_id)
+    except ValueError:
+        model_id = b""
+    if len(model_id) != 32:
+        print(f"node model fetch: MODEL_ID must be 64 hex digits, got {args.model_id!r}", file=sys.stderr)
+        return 2
+    try:
+        genesis = load_genesis(args.genesis)
+    except (GenesisError, OSError) as gerr:
+        print(f"node model fetch: {gerr}", file=sys.stderr)
+        return 2
+    cache = args.model_cache or default_cache_dir()
+    name = args.name or args.model_id[:12]
+    what = f"blocks {args.blocks.start}:{args.blocks.stop}" if args.blocks else "every block, the head, the tokenizer"
+    print(f"fetching model {args.model_id[:16]}… ({what}) from {len(args.peers)} peer(s)", flush=True)
+    try:
+        entry = trio.run(fetch_model, genesis, list(args.peers), model_id, cache, name, args.blocks,
+                         int(args.max_gb * 1e9))
+    except (FetchError, RegistryError) as err:
+        print(f"node model fetch: {err}", file=sys.stderr)
+        return 1
+    print(f"added {entry.name}: {entry.architecture}, {entry.num_blocks} blocks ({entry.source}), "
+          f"{entry.bytes / 1e6:.1f} MB\nmodel id {entry.model_id}\n"
+          f"serve it with: node start --model {entry.name} --span A:B")
+    return 0
 
 
 def _add_start_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

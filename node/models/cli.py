@@ -41,6 +41,23 @@ def add_model_parser(sub) -> None:
                    help="a GGUF file's tensors: kept in their GGUF types and dequantized at load (default; disk "
                         "about the GGUF's size) or dequantized once to float32 (about 4 bytes per parameter)")
     a.add_argument("--model-cache", type=Path, help=cache_help)
+    f = msub.add_parser("fetch", help="fetch a model's blocks from peers that serve it (no conversion here)",
+                        description="Fetch model MODEL_ID (64 hex digits, as 'node model list' or /v1/status shows "
+                                    "it) from the nodes at --from: its manifest and config, checked against the "
+                                    "id, then each block of --blocks (default: every block, the head and the "
+                                    "tokenizer), each checked against the manifest; then register it in the "
+                                    "model cache. Serve it with 'node start --model NAME --span A:B'.",
+                        epilog="Example: node model fetch 111e59...ce320 --from /ip4/10.0.0.5/tcp/4001/p2p/12D3... "
+                               "--blocks 8:16 --name big")
+    f.add_argument("model_id", metavar="MODEL_ID", help="the model id (64 hex digits)")
+    f.add_argument("--from", dest="peers", action="append", required=True, metavar="MULTIADDR",
+                   help="a node that holds the model (its address with /p2p/PEER_ID); repeat for more")
+    f.add_argument("--blocks", metavar="A:B", type=_span, help="only blocks A..B-1 (a server of that span)")
+    f.add_argument("--name", help="name to serve it under (default: the first 12 hex digits of the id)")
+    f.add_argument("--genesis", type=Path, help="the chain's genesis file (default: the embedded devnet)")
+    f.add_argument("--max-gb", type=float, default=64.0, help="refuse to fetch more than this many GB "
+                                                              "(default: %(default)s)")
+    f.add_argument("--model-cache", type=Path, help=cache_help)
     ls = msub.add_parser("list", help="the added models: name, id, architecture, blocks, hidden size, bytes")
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ls.add_argument("--model-cache", type=Path, help=cache_help)

@@ -46,6 +46,7 @@ from node.compute.model import (
     config_hash,
     default_cache_dir,
     ensure_smollm2,
+    load_manifest,
     make_tiny,
     tensors_hash,
 )
@@ -462,6 +463,45 @@ def add_model(source: Path, cache_dir: Path | None = None, name: str | None = No
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        try:
+            registry.add(cache, entry)
+        except BaseException:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
+    return entry
+
+
+def register_dir(src: Path, cache_dir: Path, name: str, source: str) -> registry.Entry:
+    """Move the model dir ``src`` (a manifest, its config and some or all of its blocks, e.g. fetched from peers:
+    :mod:`node.verify.modelfetch`) into ``cache_dir`` as ``<model id hex>/`` and register it as ``name``. A dir of
+    the same model already there is replaced only when it is not registered.
+
+    Raises:
+        node.models.registry.RegistryError: bad or taken name, or the model is already added.
+        node.compute.model.ManifestError, FileNotFoundError: ``src`` holds no consistent manifest and config.
+    """
+    manifest = load_manifest(src)
+    cache = Path(cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    name = registry.check_name(name)
+    with registry.locked(cache):
+        entries = registry.load(cache)
+        mid = manifest.model_id.hex()
+        for other in entries:
+            if other.name == name:
+                raise registry.RegistryError(f"a model named {name!r} is already added; remove it first or choose "
+                                             "another --name")
+            if other.model_id == mid:
+                raise registry.RegistryError(f"this model (id {mid[:16]}…) is already added as {other.name!r}")
+        cfg = config_dict(src)
+        entry = registry.Entry(name=name, model_id=mid, dir=mid, model_type=cfg["model_type"],
+                               architecture=SUPPORTED[cfg["model_type"]], num_blocks=manifest.num_blocks,
+                               hidden_size=manifest.hidden_size, vocab_size=manifest.vocab_size,
+                               bytes=_dir_bytes(src), source=source, quantization=manifest.quantization)
+        target = cache / mid
+        if target.exists():  # a dir of this model nobody registered (a crash in between): replace it
+            shutil.rmtree(target)
+        shutil.move(str(src), str(target))
         try:
             registry.add(cache, entry)
         except BaseException:
