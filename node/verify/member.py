@@ -33,6 +33,7 @@ from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..compute.budget import block_bytes
 from ..compute.compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
 from ..compute.executor import load_torch
+from ..compute.model import block_file
 from ..duty.parts import Executor, Host, Ledger, NodeParts
 from ..identity import Identity, account_to_str
 from ..ledger.core.state import SAMPLED, State
@@ -235,6 +236,13 @@ class CommitteeMember:
             self._spans.popitem(last=False)
         return span
 
+    def _holds(self, start: int, end: int) -> bool:
+        """Whether this node's own model dir holds every block of ``[start, end)`` (a dir without a model counts
+        as holding them: the span loader answers for it)."""
+        if self.model_dir is None:
+            return True
+        return all((self.model_dir / block_file(i)).is_file() for i in range(start, end))
+
     async def check(self, receipt: Receipt) -> tuple[int, float]:
         """Re-execute ``receipt``'s session and return ``(verdict, distance)``.
 
@@ -247,7 +255,9 @@ class CommitteeMember:
         import torch  # local: torch takes ~2 s to import; a member with nothing to check never loads it
 
         other = None
-        if receipt.model_id != self.model_id:
+        if receipt.model_id != self.model_id or not self._holds(receipt.span_start, receipt.span_end):
+            # another model, or this node's own model converted or fetched for one span only (node model add
+            # --blocks, node model fetch --blocks): the blocks come from peers, checked against the model id
             if self.fetcher is None:
                 return ABSTAIN, float("inf")
             try:

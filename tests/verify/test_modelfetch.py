@@ -16,6 +16,7 @@ import trio
 from node.compute.model import HEAD_FILE, block_file, load_manifest
 from node.compute.reference import local_generate
 from node.ledger.core.state import VALID_S
+from node.ledger.core.tx import VALID
 from node.models.convert import add_model
 from node.models.lookup import model_dir_of
 from node.models.registry import load as load_registry
@@ -48,7 +49,8 @@ def test_a_server_with_an_empty_cache_fetches_its_span_and_serves_it(tmp_path, g
                 await fetch_model(genesis, addrs, mid, tmp_path / "other", "bad", range(2, 9))
             entry = await fetch_model(genesis, addrs, mid, cache, "fetched", range(1, 3))
             d = cache / entry.dir
-            cfg = replace(node_config(tmp_path, 3, genesis, d, span=(1, 3)), bootstrap=client.host.addrs)
+            cfg = replace(node_config(tmp_path, 3, genesis, d, span=(1, 3)), bootstrap=client.host.addrs,
+                          warm_head=False)  # a server builds no head (node start --span's default)
             fifth = Node(cfg)
             async with trio.open_nursery() as n:
                 n.start_soon(fifth.run)
@@ -68,7 +70,13 @@ def test_a_server_with_an_empty_cache_fetches_its_span_and_serves_it(tmp_path, g
     assert gen.tokens == local_generate(gguf_model, [7, 8, 9], 4)
     assert [(s, e) for _p, s, e in gen.route] == [(0, 1), (1, 3), (3, 4)]
     mine = [r for r in gen.receipts if r.worker == fifth]
-    assert mine and all(recs[r.id].status == VALID_S for r in mine)
+    assert mine and all(rec.status == VALID_S for rec in recs.values())
+    # on the others' receipts (blocks 0 and 3, which it never fetched for itself) the fifth node sat on the
+    # committee: it fetched those blocks from peers, re-executed them and voted valid, not abstained
+    checked = [rec for rec in recs.values() if rec.receipt.worker != fifth and fifth in rec.committee]
+    assert checked and all(verdict == VALID for rec in checked for voter, _r, verdict, _d in rec.votes
+                           if voter == fifth), [rec.votes for rec in checked]
+    assert all(any(voter == fifth for voter, *_ in rec.votes) for rec in checked)
     assert not (tmp_path / "other").exists() or not load_registry(tmp_path / "other")  # the refused fetch: nothing
 
 
