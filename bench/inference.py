@@ -397,7 +397,7 @@ async def bench(args) -> None:
     local, local_runs, local_tokens = local_baseline(args, model_dir, prompt)
     print(f"one process (local_generate):     {local:7.2f} tokens/s  (runs {[round(r, 2) for r in local_runs]})",
           flush=True)
-    spans = assign_spans(manifest.num_blocks, 3)
+    spans = assign_spans(manifest.num_blocks, args.servers)
     if args.hosts:
         await _bench_hosts(args, model_dir, spans, prompt, local, local_tokens)
         return
@@ -514,9 +514,10 @@ async def _measure(args, model_dir, manifest, servers, prompt, local, local_toke
 def report(args, manifest, r: dict, local: float, local_tokens: list[int]) -> None:
     raw = 2 * manifest.hidden_size * 4  # float32 input + output of one position on one hop
     steps_hops = r["steps"] * r["hops"]
-    where = ("3 processes in 3 network namespaces, over veth" if args.hosts else
-             "3 processes" if args.processes else "the bench's trio loop")
-    print(f"3 servers over libp2p ({where}): {r['tokens_s']:7.2f} tokens/s  (runs {r['runs']})")
+    n = args.servers
+    where = (f"{n} processes in {n} network namespaces, over veth" if args.hosts else
+             f"{n} processes" if args.processes else "the bench's trio loop")
+    print(f"{n} servers over libp2p ({where}): {r['tokens_s']:7.2f} tokens/s  (runs {r['runs']})")
     print(f"  ratio to one process:           {r['tokens_s'] / local:7.3f}   (target >= 0.8)")
     print(f"  identical tokens to one process: {str(r['tokens'] == local_tokens).lower()}")
     print(f"  route: {[(p[:12], s, e) for p, s, e in r['route']]}; per one-token step (means, last run), server "
@@ -631,9 +632,14 @@ def bench_quantized(args, model_dir: Path, prompt: list[int]) -> None:
 
 def resolve_model(args) -> Path:
     from node.compute.model import default_cache_dir, ensure_smollm2, make_tiny
+    from node.models.lookup import model_dir_of
 
     cache = Path(args.model_cache) if args.model_cache else default_cache_dir()
-    return make_tiny(cache, seed=0) if args.model == "tiny" else ensure_smollm2(cache)
+    if args.model == "tiny":
+        return make_tiny(cache, seed=0)
+    if args.model == "smollm2":
+        return ensure_smollm2(cache)
+    return model_dir_of(args.model, cache)
 
 
 def main() -> None:
@@ -643,9 +649,12 @@ def main() -> None:
     p.add_argument("--wan", action="store_true", help="also run through 25 ms-per-direction TCP relays")
     p.add_argument("--delay", type=float, default=0.025, help=argparse.SUPPRESS)
     p.add_argument("--compression", default="none", choices=["none", "fp16", "zstd", "fp16+zstd"])
-    p.add_argument("--model", choices=["smollm2", "tiny", "int8"],
-                   help="default: smollm2 (tiny with --redundancy 2, unless --model smollm2 is given); int8: "
-                        "smollm2 and its int8 copy side by side (--quantize int8)")
+    p.add_argument("--model", metavar="NAME",
+                   help="smollm2, tiny, int8 (smollm2 and its int8 copy side by side: --quantize int8), or the name "
+                        "or id of a model added with 'node model add' (e.g. a GGUF kept in its own quantization); "
+                        "default: smollm2 (tiny with --redundancy 2)")
+    p.add_argument("--servers", type=int, default=3,
+                   help="span servers the model is split across (default and --processes; default: %(default)s)")
     p.add_argument("--quantize", choices=["int8"],
                    help="tokens/s and resident memory of the model and its int8 copy side by side, ratios printed")
     p.add_argument("--redundancy", type=int, default=1, choices=[1, 2],
@@ -682,6 +691,9 @@ def main() -> None:
         p.error("--quantize runs in child processes of its own (not with --redundancy, --hosts, --wan, --processes)")
     if args.model is None:
         args.model = "tiny" if args.redundancy == 2 else "smollm2"
+    if args.servers < 1 or (args.servers != 3 and (args.hosts or args.redundancy == 2)):
+        p.error("--servers: at least 1, and only with the default or --processes (--hosts and --redundancy 2 "
+                "run 3 servers)")
     if args.redundancy == 2 and (args.hosts or args.wan):
         p.error("--redundancy 2 runs on 127.0.0.1 only (not with --hosts or --wan)")
     if args.hosts and not (args.serve or args.client_of):
