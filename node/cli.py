@@ -278,7 +278,7 @@ def _add_start_work_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--threads", type=_positive, default=1, help="torch threads for compute (default: %(default)s)")
     s.add_argument("--max-memory", type=_gib, metavar="GIB",
                    help="memory for weights in GiB (e.g. 2.5): the span (float32 at run time), the client head "
-                        "when built at start, a 0.75 GiB reserve, and what is left for committee duty, which "
+                        "when built at start, a 0.5 GiB reserve, and what is left for committee duty, which "
                         "re-executes other servers' spans whole when they fit, block by block from disk when one "
                         "block fits, and abstains otherwise. Refused at start when the span does not fit; shown in "
                         "/v1/status (default: no budget)")

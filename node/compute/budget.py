@@ -18,7 +18,8 @@ from pathlib import Path
 
 from .model import Manifest, load_manifest, load_span_config
 
-RESERVE = 768 << 20  # bytes kept outside the weights: the interpreter, torch, activations and KV caches
+RESERVE = 512 << 20  # bytes kept outside the weights: the interpreter, torch, activations and KV caches (a node
+# process with torch, transformers and libp2p loaded is about 450 MiB resident before any weights)
 GiB = 1 << 30
 
 
