@@ -128,7 +128,9 @@ def test_four_capped_servers_serve_a_model_twice_their_cap_and_every_vote_is_val
         print(f"\nmodel {model_bytes / GiB:.2f} GiB float32, cap {cap / GiB:.2f} GiB per server; peak usage (GiB) "
               f"{[round(u / GiB, 2) for u in usage]}, limit hits {failcnt}; committee "
               f"{[(m['streamed'], m['over_budget']) for m in memory]} (streamed, over budget)")
-        assert all(u <= cap for u in usage)
+        # never at its cap: without --max-memory (members loading other spans whole) the same run hit the limit
+        # 20,000+ times per server within a minute and stalled re-executing
+        assert all(u <= cap for u in usage) and failcnt == [0, 0, 0, 0]
         assert [r["status"] for r in recs.values()] == ["valid"] * len(recs), {k[:8]: v for k, v in recs.items()}
         votes = [v for rec in recs.values() for v in rec["votes"]]
         assert votes and all(v["verdict"] == "valid" for v in votes), votes
