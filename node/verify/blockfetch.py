@@ -69,6 +69,7 @@ from typing import TypeVar
 import trio
 from libp2p.exceptions import BaseLibp2pError
 
+from ..compute.budget import block_bytes
 from ..compute.model import HEAD_FILE, MANIFEST, Manifest, ManifestError, block_file, load_manifest, tensors_hash
 from ..encoding import DecodeError
 from ..p2p.filerecv import read_file_msg
@@ -84,6 +85,8 @@ from .blockserve import (
     TOKENIZER_FILES,
     HeldModels,
 )
+from .chunkfetch import ChunkFetchFailed, fetch_file
+from .chunks import MAX_HEADER
 from .fetchstore import MAX_MODEL_BYTES, MAX_TOTAL_BYTES, FetchedModels, OverCap, bonded_peers
 from .tokfetch import (
     TOKENIZER_ASKED,
@@ -453,7 +456,11 @@ class BlockFetcher:
     async def _block(self, m: Manifest, d: Path, i: int, extra: list[str], limit: trio.CapacityLimiter,
                      errors: list) -> None:
         """Fetch block ``i`` into ``d`` (checked against ``m.block_hashes[i]``, read under the room reserved for
-        it); a failure (:class:`BlockUnavailable`, :class:`~node.verify.fetchstore.OverCap`) goes to ``errors``."""
+        it); a failure (:class:`BlockUnavailable`, :class:`~node.verify.fetchstore.OverCap`) goes to ``errors``.
+
+        In checked, resumable chunks first (:mod:`node.verify.chunkfetch`: any size the model's config allows);
+        a block that way fails and that fits one reply (:data:`MAX_FILE`) is then asked for whole, as peers that
+        predate chunks serve it."""
         path = d / block_file(i)
         part = d / f"{path.name}.part{os.getpid()}"
 
@@ -466,11 +473,25 @@ class BlockFetcher:
             if errors:  # one block failed: the span cannot be had, fetch no more of it
                 return
             try:
-                async with self.store.reserve(m.model_id, MAX_FILE) as room:
+                peers = self._candidates(m.model_id, i, extra)
+                bound = await trio.to_thread.run_sync(self._file_bound, d)
+                async with self.store.reserve(m.model_id, bound) as room:
                     try:
-                        await self._ask(self._candidates(m.model_id, i, extra),
-                                        {"type": "block", "model_id": m.model_id, "index": i}, accept,
-                                        f"block {i} of model {m.model_id.hex()[:16]}", to_file=part, max_size=room)
+                        got = await fetch_file(self._request, peers, m.model_id, i, m.block_hashes[i], path,
+                                               min(room, bound),
+                                               lambda part_, dest: self._install_part(part_, dest,
+                                                                                      m.block_hashes[i]),
+                                               lambda p, why: self.refused.append((p, why)))
+                        log.info("fetched block %d of model %s in checked chunks (%d bytes now)", i,
+                                 m.model_id.hex()[:16], got)
+                        return
+                    except ChunkFetchFailed as e:
+                        log.info("block %d of model %s in chunks: %s; asking for it whole", i,
+                                 m.model_id.hex()[:16], e)
+                    try:
+                        await self._ask(peers, {"type": "block", "model_id": m.model_id, "index": i}, accept,
+                                        f"block {i} of model {m.model_id.hex()[:16]}", to_file=part,
+                                        max_size=min(room, MAX_FILE))
                     except BlockUnavailable as e:
                         if room < MAX_FILE:  # the model's cap left less room than a block may take
                             raise FetchRefused(f"{e} (the model's byte cap left {room} bytes)") from None
@@ -479,6 +500,16 @@ class BlockFetcher:
                 errors.append(e)
                 return
         log.info("fetched block %d of model %s (checked against its hash)", i, m.model_id.hex()[:16])
+
+    async def _request(self, peer: str, msg: dict, max_message: int) -> dict:
+        """One ``BLOCK_PROTOCOL`` request to ``peer`` within the request timeout (raises as ``host.request``)."""
+        return await self.host.request(peer, BLOCK_PROTOCOL, msg, timeout=self.timeout, max_message=max_message)
+
+    @staticmethod
+    def _file_bound(d: Path) -> int:
+        """Bytes a block file of the model in ``d`` may take: its float32 size (no stored form is larger) plus a
+        header."""
+        return block_bytes(d) + MAX_HEADER + 8
 
 
 async def _reset(stream) -> None:

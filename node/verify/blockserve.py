@@ -20,6 +20,7 @@ from ..compute.model import HEAD_FILE, MANIFEST, Manifest, block_file, load_mani
 from ..p2p.budget import ReplyBudget
 from ..p2p.filesend import STALL, open_sized, reply_deadline, serve_file, write_error
 from ..p2p.framing import RemoteError, read_msg, write_msg
+from .chunks import CHUNK, BadIndex, file_index, read_range
 
 BLOCK_PROTOCOL = "/tally/block/1.0.0"
 MAX_FILE = 48 << 20  # bytes: the largest block file served or accepted (below the 64 MiB message limit)
@@ -65,10 +66,20 @@ class HeldModels:
         if not (isinstance(mid, bytes) and len(mid) == 32):
             raise RemoteError("bad_request", "model_id must be 32 bytes")
         kind = msg.get("type")
-        if kind not in ("manifest", "block", "head", "tokenizer"):
-            raise RemoteError("bad_request", "type is manifest, block, head or tokenizer")
+        if kind not in ("manifest", "block", "head", "tokenizer", "index", "range"):
+            raise RemoteError("bad_request", "type is manifest, block, head, tokenizer, index or range")
         path = None
-        if kind == "block":
+        if kind in ("index", "range"):  # a block (index >= 0) or the head (-1), in checked chunks (verify.chunks)
+            i = msg.get("index")
+            if not isinstance(i, int) or isinstance(i, bool) or not -1 <= i < 100_000:
+                raise RemoteError("bad_request", "index must be a block number, or -1 for the head")
+            path = Path(HEAD_FILE if i == -1 else block_file(i))
+            if kind == "range":
+                o, n = msg.get("offset"), msg.get("length")
+                if not (isinstance(o, int) and isinstance(n, int) and not isinstance(o, bool)
+                        and not isinstance(n, bool) and o >= 0 and 0 < n <= CHUNK):
+                    raise RemoteError("bad_request", f"offset >= 0 and 0 < length <= {CHUNK} required")
+        elif kind == "block":
             i = msg.get("index")
             if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < 100_000:
                 raise RemoteError("bad_request", "index must be a block number")
@@ -116,6 +127,9 @@ class HeldModels:
             RemoteError: ``bad_request``, ``not_found``, ``too_large``.
         """
         kind, d, path = self._resolve(msg)
+        if kind in ("index", "range"):
+            assert path is not None
+            return await _chunk_reply(kind, path, msg)
         if path is not None:
             return {"data": await _read(path, MAX_FILE)}
         return await self._small(kind, d)
@@ -141,6 +155,20 @@ class HeldModels:
             except RemoteError as e:
                 await write_error(stream, e.code, e.message)
                 return
+            if kind in ("index", "range"):
+                assert path is not None
+                try:
+                    if kind == "range":
+                        hold = msg["length"]
+                    else:  # the index is computed (and cached) before its memory is reserved: its real size
+                        header, commitments = await _index(path)
+                        hold = len(header) + 40 * len(commitments)
+                    async with budget.reserve(peer, hold + (1 << 16)):
+                        reply = {"status": "ok", **await _chunk_reply(kind, path, msg)}
+                        await write_msg(stream, reply, timeout=reply_deadline(hold), max_message=hold + (1 << 16))
+                except RemoteError as e:  # busy, not_found, bad_request
+                    await write_error(stream, e.code, e.message)
+                return
             if path is not None:
                 await serve_file(stream, peer, path, limit=MAX_FILE, budget=budget, stall=stall)
                 return
@@ -153,6 +181,32 @@ class HeldModels:
                 await write_error(stream, e.code, e.message)
 
         return serve
+
+
+async def _chunk_reply(kind: str, path: Path, msg: dict) -> dict:
+    """The reply to an ``index`` or ``range`` request for the file at ``path`` (:mod:`node.verify.chunks`).
+
+    Raises:
+        RemoteError: ``not_found`` (no such file here), ``bad_request`` (a file that cannot be indexed)."""
+    if kind == "index":
+        header, commitments = await _index(path)
+        return {"header": header, "commitments": commitments}
+    try:
+        return {"data": await trio.to_thread.run_sync(read_range, path, msg["offset"], msg["length"])}
+    except FileNotFoundError:
+        raise RemoteError("not_found", f"{path.name} is not held here") from None
+    except OSError as e:
+        raise RemoteError("bad_request", f"{path.name} cannot be read: {e}") from None
+
+
+async def _index(path: Path) -> tuple[bytes, dict[str, bytes]]:
+    """:func:`file_index` of ``path`` in a thread. Raises RemoteError ``not_found`` / ``bad_request``."""
+    try:
+        return await trio.to_thread.run_sync(file_index, path)
+    except FileNotFoundError:
+        raise RemoteError("not_found", f"{path.name} is not held here") from None
+    except (OSError, BadIndex, ValueError, KeyError) as e:
+        raise RemoteError("bad_request", f"{path.name} cannot be served in chunks: {e}") from None
 
 
 async def _read(path: Path, limit: int) -> bytes:
