@@ -36,7 +36,7 @@ def block_bytes(model_dir: Path) -> int:
     # local: torch and transformers (~4 s); sizing happens where a node will load weights anyway
     import torch
 
-    from .arch import architecture
+    from .arch import architecture  # local: it imports transformers (see above)
 
     cfg = load_span_config(model_dir)
     cfg.num_hidden_layers = 1

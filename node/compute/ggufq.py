@@ -83,7 +83,8 @@ def dequantize_stored(tensors: Mapping[str, Any]) -> dict[str, Any]:
     """
     if not any(MARK in k for k in tensors):
         return dict(tensors)
-    import numpy as np  # local: like the gguf import, only for GGUF-stored models
+    # local: numpy, torch and gguf (~2 s), only for GGUF-stored models; the caller loads weights anyway
+    import numpy as np
     import torch
     from gguf import GGMLQuantizationType, dequantize
 
