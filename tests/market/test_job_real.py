@@ -1,4 +1,4 @@
-"""The scripted marketplace run on the devnet with the real model (slow): a 60-step LoRA job on Hamlet is
+"""The scripted marketplace run on the devnet with the real model (slow): a 30-step LoRA job on Hamlet is
 posted, accepted, trained, every segment verified by a committee, delivered, fetched, and the adapter lowers
 the held-out loss; the requester pays exactly the price and the worker earns it less committee fees."""
 
@@ -15,15 +15,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-@pytest.mark.soak  # ~6 minutes on 2 cores; test_jobs_e2e (tiny model) and the devnet job demo cover the flow in CI
+@pytest.mark.soak  # ~2.5 minutes alone on 2 cores (60 steps took 4.3 min alone and 13 beside CI's other workers)
 def test_devnet_job_on_hamlet_with_the_real_model(tmp_path):
     r = subprocess.run([sys.executable, "-m", "node.cli", "devnet", "--once", "--no-inference", "--job", "hamlet",
-                        "--job-steps", "60", "--api-port", "0", "--data-dir", str(tmp_path / "devnet")],
+                        "--job-steps", "30", "--api-port", "0", "--data-dir", str(tmp_path / "devnet")],
                        capture_output=True, text=True, timeout=3000, cwd=ROOT,
                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
     out = r.stdout
     assert r.returncode == 0, out[-4000:] + r.stderr[-4000:]
-    assert "settled" in out and out.count("verdict valid") == 6
+    assert "settled" in out and out.count("verdict valid") == 3
     assert "adapter improves held-out loss: true" in out
     assert "requester paid" in out and ": true; worker earned" in out and "committee fees" in out
     print(out[out.index("== fine-tune job"):])
