@@ -222,8 +222,11 @@ def _drip(r: dict) -> list[Need]:
 
 
 def _relay(r: dict) -> list[Need]:
+    # a stream opened through the circuit either carries bytes or is cut by the relay at its first write: both are
+    # the attack meeting the target (in CI's three workers one run had all 4 streams cut before 64 KiB went through)
     return [("reservation granted", r["reserved"], 1), ("circuit opened", r["circuit"], 1),
-            ("streams through the circuit", r["streams"], 1), ("bytes pushed through the circuit", r["pushed"], 1)]
+            ("streams through the circuit", r["streams"], 1),
+            ("bytes pushed through the circuit, or pushes the relay cut", r["pushed"] + r["cut"], 1)]
 
 
 EFFECTS = {"bomb": _bomb, "idle": _idle, "identities": _identities, "noread": _noread, "drip": _drip,

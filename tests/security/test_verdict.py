@@ -104,6 +104,7 @@ def test_an_attack_without_effect_fails(cls):
     ("noread", {"requests": 24}, "requests held unread"),
     ("drip", {"socket_bytes": 0, "sockets": 0}, "sockets dripped on"),
     ("relay", {"circuit": False, "streams": 0, "pushed": 0}, "circuit opened"),
+    ("relay", {"pushed": 0, "cut": 0}, "bytes pushed through the circuit, or pushes the relay cut"),
 ])
 def test_each_least_effect(cls, change, what):
     problems = verdict(cls, report(cls, **change)).problems()
