@@ -446,13 +446,8 @@ def add_model(source: Path, cache_dir: Path | None = None, name: str | None = No
             manifest = checked.write(tmp, name, progress)
             mid = manifest.model_id.hex()
             target = cache / mid
-            cfg = config_dict(tmp)
-            entry = registry.Entry(name=name, model_id=mid, dir=mid, model_type=cfg["model_type"],
-                                   architecture=SUPPORTED[cfg["model_type"]],
-                                   num_blocks=manifest.num_blocks, hidden_size=manifest.hidden_size,
-                                   vocab_size=manifest.vocab_size, bytes=_dir_bytes(tmp),
-                                   source=str(src.resolve()) if added_dir is None else str(added_dir[0]),
-                                   quantization=manifest.quantization)
+            entry = _entry(manifest, tmp, name,
+                           str(src.resolve()) if added_dir is None else str(added_dir[0]))
             for other in entries:
                 if other.model_id == mid:
                     raise registry.RegistryError(f"this model (id {mid[:16]}…) is already added as {other.name!r}")
@@ -469,6 +464,15 @@ def add_model(source: Path, cache_dir: Path | None = None, name: str | None = No
             shutil.rmtree(target, ignore_errors=True)
             raise
     return entry
+
+
+def _entry(manifest: Manifest, d: Path, name: str, source: str) -> registry.Entry:
+    """The registry entry of the model dir ``d`` (its manifest ``manifest``) registered as ``name``."""
+    cfg, mid = config_dict(d), manifest.model_id.hex()
+    return registry.Entry(name=name, model_id=mid, dir=mid, model_type=cfg["model_type"],
+                          architecture=SUPPORTED[cfg["model_type"]], num_blocks=manifest.num_blocks,
+                          hidden_size=manifest.hidden_size, vocab_size=manifest.vocab_size, bytes=_dir_bytes(d),
+                          source=source, quantization=manifest.quantization)
 
 
 def register_dir(src: Path, cache_dir: Path, name: str, source: str) -> registry.Entry:
@@ -493,11 +497,7 @@ def register_dir(src: Path, cache_dir: Path, name: str, source: str) -> registry
                                              "another --name")
             if other.model_id == mid:
                 raise registry.RegistryError(f"this model (id {mid[:16]}…) is already added as {other.name!r}")
-        cfg = config_dict(src)
-        entry = registry.Entry(name=name, model_id=mid, dir=mid, model_type=cfg["model_type"],
-                               architecture=SUPPORTED[cfg["model_type"]], num_blocks=manifest.num_blocks,
-                               hidden_size=manifest.hidden_size, vocab_size=manifest.vocab_size,
-                               bytes=_dir_bytes(src), source=source, quantization=manifest.quantization)
+        entry = _entry(manifest, src, name, source)
         target = cache / mid
         if target.exists():  # a dir of this model nobody registered (a crash in between): replace it
             shutil.rmtree(target)
