@@ -458,12 +458,18 @@ def add_model(source: Path, cache_dir: Path | None = None, name: str | None = No
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        try:
-            registry.add(cache, entry)
-        except BaseException:
-            shutil.rmtree(target, ignore_errors=True)
-            raise
+        _add_or_remove(cache, entry, target)
     return entry
+
+
+def _add_or_remove(cache: Path, entry: registry.Entry, target: Path) -> None:
+    """Register ``entry`` (the caller holds the registry lock); on any failure delete its dir ``target``, so that no
+    unregistered model dir is left behind. Raises what :func:`node.models.registry.add` raises."""
+    try:
+        registry.add(cache, entry)
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
 
 
 def _entry(manifest: Manifest, d: Path, name: str, source: str) -> registry.Entry:
@@ -502,11 +508,7 @@ def register_dir(src: Path, cache_dir: Path, name: str, source: str) -> registry
         if target.exists():  # a dir of this model nobody registered (a crash in between): replace it
             shutil.rmtree(target)
         shutil.move(str(src), str(target))
-        try:
-            registry.add(cache, entry)
-        except BaseException:
-            shutil.rmtree(target, ignore_errors=True)
-            raise
+        _add_or_remove(cache, entry, target)
     return entry
 
 
