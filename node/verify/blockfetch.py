@@ -71,10 +71,8 @@ from libp2p.exceptions import BaseLibp2pError
 
 from ..compute.budget import block_bytes
 from ..compute.model import HEAD_FILE, MANIFEST, Manifest, ManifestError, block_file, load_manifest, tensors_hash
-from ..encoding import DecodeError
 from ..p2p.filerecv import read_file_msg
-from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, write_msg
-from ..p2p.host import PeerUnreachable
+from ..p2p.framing import RemoteError, RequestTimeout, StreamClosed, check_reply, write_msg
 from .blockserve import (
     BLOCK_PROTOCOL,
     MAX_FILE,
@@ -85,7 +83,7 @@ from .blockserve import (
     TOKENIZER_FILES,
     HeldModels,
 )
-from .chunkfetch import ChunkFetchFailed, fetch_file
+from .chunkfetch import REQUEST_FAILURES, ChunkFetchFailed, fetch_file
 from .chunks import MAX_HEADER
 from .fetchstore import MAX_MODEL_BYTES, MAX_TOTAL_BYTES, FetchedModels, OverCap, bonded_peers
 from .tokfetch import (
@@ -250,8 +248,7 @@ class BlockFetcher:
                         else:
                             reply = await self.host.request(peer, BLOCK_PROTOCOL, msg, timeout=self.timeout,
                                                             max_message=MAX_FILE + (1 << 16))
-                    except (PeerUnreachable, RemoteError, StreamClosed, FrameError, RequestTimeout,
-                            DecodeError) as e:
+                    except REQUEST_FAILURES as e:
                         # unreachable, timeout, not_found, too large, malformed: ask the next peer
                         errors.append(f"{peer[:16]}: {type(e).__name__}: {e}")
                         if isinstance(e, RemoteError) and e.code == "busy":

@@ -164,8 +164,10 @@ class HeldModels:
                         header, commitments = await _index(path)
                         hold = len(header) + 40 * len(commitments)
                     async with budget.reserve(peer, hold + (1 << 16)):
-                        reply = {"status": "ok", **await _chunk_reply(kind, path, msg)}
-                        await write_msg(stream, reply, timeout=reply_deadline(hold), max_message=hold + (1 << 16))
+                        fields = ({"header": header, "commitments": commitments} if kind == "index"
+                                  else await _chunk_reply(kind, path, msg))
+                        await write_msg(stream, {"status": "ok", **fields}, timeout=reply_deadline(hold),
+                                        max_message=hold + (1 << 16))
                 except RemoteError as e:  # busy, not_found, bad_request
                     await write_error(stream, e.code, e.message)
                 return

@@ -22,7 +22,8 @@ from ..p2p.host import PeerUnreachable
 from .chunks import CHUNK, MAX_HEADER, MAX_TENSORS, BadIndex, FileIndex, parse_index
 
 Request = Callable[[str, dict, int], Awaitable[dict]]  # (peer, message, max reply bytes) -> reply
-_FAILURES = (PeerUnreachable, RemoteError, StreamClosed, FrameError, RequestTimeout, DecodeError)
+# what one request to a peer raises when that peer cannot or will not answer: the next peer is asked
+REQUEST_FAILURES = (PeerUnreachable, RemoteError, StreamClosed, FrameError, RequestTimeout, DecodeError)
 
 
 BUSY_PAUSES = (0.5, 1.0, 2.0)  # seconds waited before asking a peer that answered ``busy`` again
@@ -96,7 +97,7 @@ async def fetch_file(request: Request, peers: list[str], model_id: bytes, index:
                                MAX_HEADER + 40 * MAX_TENSORS + (1 << 16))
             idx = parse_index(reply.get("header"), reply.get("commitments"), expected, max_size)
             break
-        except _FAILURES as e:
+        except REQUEST_FAILURES as e:
             errors.append(f"{peer[:16]}: {type(e).__name__}: {e}")
         except BadIndex as e:
             refused(peer, f"index of {what}: {e}")
@@ -124,7 +125,7 @@ async def fetch_file(request: Request, peers: list[str], model_id: bytes, index:
                     try:
                         reply = await _ask(request, peer, {"type": "range", "model_id": model_id, "index": index,
                                                            "offset": at, "length": n}, n + (1 << 16))
-                    except _FAILURES as e:
+                    except REQUEST_FAILURES as e:
                         errors.append(f"{peer[:16]}: {type(e).__name__}: {e}")
                         ok = False
                         break
