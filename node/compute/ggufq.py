@@ -46,6 +46,26 @@ def stored_name(name: str, type_name: str) -> str:
     return f"{name}{MARK}{type_name}"
 
 
+def pack_float(name: str, t: Any, type_name: str) -> tuple[str, Any]:
+    """``(stored name, uint8 bytes)`` of float tensor ``t`` (rank ≥ 2, any float dtype) kept as 16-bit GGUF type
+    ``type_name`` (``"BF16"`` or ``"F16"``): the values cast to that dtype (round to nearest even), their
+    little-endian bytes viewed as ``uint8`` of shape ``(*rows, 2 * cols)``, the layout :func:`dequantize_stored`
+    reads back. A tensor already of that dtype is kept bit for bit.
+
+    Raises:
+        QuantizedTensorError: ``type_name`` is not BF16 or F16, or ``t`` has rank < 2.
+    """
+    import torch  # local: see dequantize_stored
+
+    dtypes = {"BF16": torch.bfloat16, "F16": torch.float16}
+    if type_name not in dtypes:
+        raise QuantizedTensorError(f"{name}: {type_name} is not a 16-bit float type (BF16, F16)")
+    if t.dim() < 2:
+        raise QuantizedTensorError(f"{name}: only tensors of rank >= 2 are kept in 16 bits, got {tuple(t.shape)}")
+    half = t.detach().to(dtypes[type_name]).contiguous()
+    return stored_name(name, type_name), half.view(torch.uint8).clone()
+
+
 def split_name(stored: str) -> tuple[str, str | None]:
     """``(name, type)`` of a stored name; ``type`` None for a tensor stored as is."""
     name, mark, type_name = stored.rpartition(MARK)

@@ -37,9 +37,11 @@ def add_model_parser(sub) -> None:
     a.add_argument("--blocks", metavar="A:B", type=_span,
                    help="write only blocks A..B-1 and the head (a server of that span); every block is still read "
                         "and hashed, so the model id is the whole model's")
-    a.add_argument("--storage", choices=["gguf", "float32"], default="gguf",
-                   help="a GGUF file's tensors: kept in their GGUF types and dequantized at load (default; disk "
-                        "about the GGUF's size) or dequantized once to float32 (about 4 bytes per parameter)")
+    a.add_argument("--storage", choices=["native", "float32", "bf16"], default="native",
+                   help="how blocks are stored. native (default): a GGUF file's tensors in their GGUF types, "
+                        "dequantized at load (disk about the GGUF's size), a checkpoint's 16-bit tensors in 16 "
+                        "bits; float32: dequantized once (4 bytes per parameter); bf16: rounded to bfloat16 "
+                        "(2 bytes per parameter; a new model id)")
     a.add_argument("--model-cache", type=Path, help=cache_help)
     f = msub.add_parser("fetch", help="fetch a model's blocks from peers that serve it (no conversion here)",
                         description="Fetch model MODEL_ID (64 hex digits, as 'node model list' or /v1/status shows "

@@ -3,13 +3,15 @@
 A **checkpoint dir** holds ``config.json``, its tokenizer (``tokenizer.json`` or ``tokenizer.model``, with
 ``tokenizer_config.json``) and the weights as ``*.safetensors`` (one file, or shards listed by
 ``model.safetensors.index.json``). Conversion streams: each decoder block's tensors are read from the shards
-(:func:`safetensors.safe_open`, nothing else), cast to float32, checked against the shapes transformers' own
+(:func:`safetensors.safe_open`, nothing else), kept in the checkpoint's own precision (see ``--storage``), checked against the shapes transformers' own
 decoder layer of that architecture expects (built on the ``meta`` device, no allocation), checked finite, and
 written as ``block_NNN.safetensors``; then ``head.safetensors`` (embedding, final norm, LM head — the embedding
 when ``tie_word_embeddings``). Memory stays around one block plus the head.
 
-A **GGUF file** is dequantized by transformers' GGUF loader (the same path as the bundled SmolLM2) and its
-tokenizer taken from the file.
+A **GGUF file** is streamed tensor by tensor (:mod:`node.models.ggufstream`): each tensor kept in its GGUF type
+and dequantized at load, bit for bit as transformers' GGUF loader dequantizes it; its tokenizer comes from the
+file. ``--storage`` (:class:`~node.models.ggufstream.Storage`) keeps a checkpoint's 16-bit tensors in 16 bits by
+default, or stores everything as float32, or rounds it to bfloat16.
 
 Refused, with nothing written: a pickled checkpoint (``pytorch_model.bin``, ``*.pt``, ``*.pth``, ``*.ckpt`` or a
 "safetensors" file that is really a zip/pickle — recognised by name and magic bytes and never opened by a
@@ -36,6 +38,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from node.compute.arch import SUPPORTED, architecture, check_model_type
+from node.compute.ggufq import pack_float
 from node.compute.model import (
     HEAD_FILE,
     MANIFEST,
@@ -132,16 +135,33 @@ def _open_all(files: list[Path]) -> dict[str, tuple[object, str]]:
     return where
 
 
-def _read(where: dict, name: str) -> torch.Tensor:
+def _read_raw(where: dict, name: str) -> torch.Tensor:
+    """Tensor ``name`` in its checkpoint dtype, checked finite."""
     handle, fname = where[name]
     try:
         t = handle.get_tensor(name)
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{fname}: tensor {name} is unreadable (corrupt file?): {e}") from None
-    t = t.to(torch.float32).contiguous()
     if not torch.isfinite(t).all():
         raise CheckpointError(f"{fname}: tensor {name} holds NaN or inf values (corrupt file?)")
     return t
+
+
+_SIXTEEN = {torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+def _stored(where: dict, key: str, name: str, storage: Storage) -> tuple[str, torch.Tensor]:
+    """``(stored name, tensor)`` of checkpoint tensor ``name`` under block/head key ``key``, as ``storage`` keeps
+    it (:class:`~node.models.ggufstream.Storage`): 16-bit tensors of rank ≥ 2 kept in their own type (``native``)
+    or every rank ≥ 2 tensor rounded to bfloat16 (``bf16``), as GGUF F16/BF16 bytes that load back as float32
+    (:func:`node.compute.ggufq.pack_float`); everything else float32."""
+    t = _read_raw(where, name)
+    if t.dim() >= 2:
+        if storage is Storage.NATIVE and t.dtype in _SIXTEEN:
+            return pack_float(key, t, _SIXTEEN[t.dtype])
+        if storage is Storage.BF16:
+            return pack_float(key, t, "BF16")
+    return key, t.to(torch.float32).contiguous()
 
 
 _FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
@@ -225,8 +245,8 @@ class HFPlan:
         CheckpointError: see the module docstring.
     """
 
-    def __init__(self, src: Path, span: range | None = None):
-        self.src, self.span = src, span
+    def __init__(self, src: Path, span: range | None = None, storage: Storage = Storage.NATIVE):
+        self.src, self.span, self.storage = src, span, storage
         self.cfg = cfg = load_hf_config(src)
         self.arch = architecture(cfg)
         files = _weight_files(src)
@@ -274,13 +294,14 @@ class HFPlan:
         _check_span(self.span, self.num_blocks)
         block_hashes = []
         for i in progress_iter(range(self.num_blocks), self.num_blocks, "converting blocks", progress):
-            sd = {k: _read(self.where, full) for k, full in self.blocks[i].items()}
+            sd = dict(_stored(self.where, k, full, self.storage) for k, full in self.blocks[i].items())
             if self.span is None or i in self.span:  # every block is hashed: the model id is the whole model's
                 save_file(sd, str(out / block_file(i)))
             block_hashes.append(tensors_hash(sd))
-        head = {k: _read(self.where, full) for k, full in self.head.items()}
-        if self.tied:
-            head["lm_head.weight"] = head["embed_tokens.weight"].clone()
+        head = dict(_stored(self.where, k, full, self.storage) for k, full in self.head.items())
+        if self.tied:  # as before storage options existed (the model id of a float32 checkpoint is unchanged)
+            for k in [k for k in head if k.startswith("embed_tokens.weight")]:
+                head["lm_head.weight" + k[len("embed_tokens.weight"):]] = head[k].clone()
         save_file(head, str(out / HEAD_FILE))
         cfg = self.cfg
         cfg.dtype = torch.float32
@@ -311,7 +332,7 @@ class GGUFPlan:
         CheckpointError: not a GGUF file, unreadable, or an unsupported architecture.
     """
 
-    def __init__(self, path: Path, storage: Storage = Storage.GGUF, span: range | None = None):
+    def __init__(self, path: Path, storage: Storage = Storage.NATIVE, span: range | None = None):
         # local: transformers adds ~1.5 s to torch's import; loaded only where a model is built or tokenized
         from transformers import AutoConfig
 
@@ -360,7 +381,7 @@ class GGUFPlan:
             raise CheckpointError(str(e)) from None
 
 
-def plan(source: Path, storage: Storage = Storage.GGUF, span: range | None = None) -> HFPlan | GGUFPlan:
+def plan(source: Path, storage: Storage = Storage.NATIVE, span: range | None = None) -> HFPlan | GGUFPlan:
     """Check ``source`` (checkpoint dir or GGUF file) without writing anything. ``storage`` applies to a GGUF
     file (a checkpoint dir's blocks are float32); ``span`` limits the blocks written (all are hashed).
 
@@ -372,7 +393,7 @@ def plan(source: Path, storage: Storage = Storage.GGUF, span: range | None = Non
     if not src.exists():
         raise FileNotFoundError(f"{src} does not exist")
     if src.is_dir():
-        return HFPlan(src, span)
+        return HFPlan(src, span, storage)
     if src.name.lower().endswith(PICKLE_SUFFIXES) or _is_pickle_bytes(_magic(src)):
         raise _refuse_pickle(str(src))
     if src.suffix.lower() != ".gguf" and _magic(src)[:4] != b"GGUF":
@@ -392,15 +413,15 @@ def _clean_stale(cache: Path) -> None:
 
 
 def add_model(source: Path, cache_dir: Path | None = None, name: str | None = None,
-              progress: bool = False, quantize: str | None = None, storage: Storage = Storage.GGUF,
+              progress: bool = False, quantize: str | None = None, storage: Storage = Storage.NATIVE,
               span: range | None = None) -> registry.Entry:
     """Convert ``source`` (checkpoint dir or ``.gguf`` file) into ``cache_dir`` and register it as ``name``.
 
     ``name`` defaults to the dir / file name (:func:`node.models.registry.default_name`). Holds the registry
     lock for the whole conversion (one ``add``/``remove`` at a time per cache). Returns the new entry.
 
-    ``storage`` is how a GGUF file's tensors are kept (:class:`~node.models.ggufstream.Storage`: in their GGUF
-    types by default); ``span`` (``--blocks A:B``) writes only those blocks and the head, for a server of that span.
+    ``storage`` is how tensors are kept (:class:`~node.models.ggufstream.Storage`: a GGUF file's in their GGUF
+    types and a checkpoint's 16-bit tensors in 16 bits by default, or float32, or bfloat16); ``span`` (``--blocks A:B``) writes only those blocks and the head, for a server of that span.
 
     ``quantize="int8"`` registers only the int8 copy (:mod:`node.models.quantize`; default name ``<name>-int8``).
     With it ``source`` may also be an added model's name or id, or the built-in ``smollm2`` / ``tiny``, when no

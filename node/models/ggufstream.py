@@ -7,7 +7,8 @@ tensor's bytes are touched) and each tensor is handled once, in file order:
 - its GGUF name maps to the transformers name by transformers' own table (``get_gguf_hf_weights_map`` over the
   architecture's model built on the ``meta`` device: no allocation), its shape is checked against that model;
 - a quantized or 16-bit tensor is **kept as GGUF bytes** (:mod:`node.compute.ggufq`: dequantized at load), unless
-  ``float32`` storage is asked for; transformers' per-architecture fix-up of a tensor (``TENSOR_PROCESSORS``: the
+  ``float32`` or ``bf16`` storage is asked for (then it is dequantized here, and with ``bf16`` rounded to bfloat16
+  and kept as GGUF BF16 bytes); transformers' per-architecture fix-up of a tensor (``TENSOR_PROCESSORS``: the
   row order of Llama's q/k projections) is applied to the kept rows when it is a permutation of rows, found by
   running the fix-up on the row indices; any other fix-up (Gemma's ``norm - 1``) dequantizes that tensor here;
 - a block's file is written, hashed and dropped as soon as its last tensor is read.
@@ -33,7 +34,7 @@ import torch
 from safetensors.torch import save_file
 
 from node.compute.arch import architecture
-from node.compute.ggufq import TYPES, stored_name
+from node.compute.ggufq import TYPES, pack_float, stored_name
 from node.compute.model import (
     HEAD_FILE,
     MANIFEST,
@@ -50,10 +51,14 @@ _HEAD_NAMES = {"model.embed_tokens.weight": "embed_tokens.weight", "model.norm.w
 
 
 class Storage(str, Enum):
-    """How a converted GGUF model stores its tensors."""
+    """How a converted model stores its block and head tensors (``node model add --storage``)."""
 
-    GGUF = "gguf"  # each tensor in the file's own type, dequantized at load (disk about the GGUF's size)
-    FLOAT32 = "float32"  # dequantized once, here (disk about 4 bytes per parameter)
+    # a GGUF file's tensors in their own GGUF types, dequantized at load (disk about the GGUF's size); a checkpoint
+    # dir's in their own dtype (16-bit floats kept in 16 bits, read back exactly; float64 stored as float32)
+    NATIVE = "native"
+    FLOAT32 = "float32"  # dequantized / cast once, here (disk about 4 bytes per parameter)
+    # every tensor of rank >= 2 rounded to bfloat16 (2 bytes per parameter), norms float32; read back as float32
+    BF16 = "bf16"
 
 
 class GGUFConversionError(ValueError):
@@ -161,7 +166,7 @@ class GGUFStream:
                                       f"{int(t.n_bytes)} bytes)")
         shape: tuple[int, ...] = tuple(int(d) for d in t.data.shape)
         data = np.frombuffer(buf, dtype=t.data.dtype).reshape(shape)
-        if type_name != "F32" and storage is Storage.GGUF and len(shape) >= 2:
+        if type_name != "F32" and storage is Storage.NATIVE and len(shape) >= 2:
             rows = shape[0]
             order = _row_permutation(self._process, tensor.gguf_name, rows)
             if order is not None:
@@ -169,7 +174,10 @@ class GGUFStream:
                 return stored_name(tensor.key, type_name), torch.from_numpy(np.ascontiguousarray(raw))
         floats = dequantize(data, t.tensor_type)
         floats = self._process(floats, tensor.gguf_name)
-        return tensor.key, torch.from_numpy(np.array(floats, dtype=np.float32, copy=True))
+        value = torch.from_numpy(np.array(floats, dtype=np.float32, copy=True))
+        if storage is Storage.BF16 and value.dim() >= 2:
+            return pack_float(tensor.key, value, "BF16")
+        return tensor.key, value
 
     def blocks(self, storage: Storage) -> Iterator[tuple[int | None, dict[str, torch.Tensor]]]:
         """``(block index, {stored name: tensor})`` for every block as soon as it is whole, then ``(None, head)``."""
@@ -186,7 +194,7 @@ class GGUFStream:
                 yield tensor.block, pending.pop(tensor.block)
         yield None, head
 
-    def write(self, out: Path, name: str, tokenizer: Any, storage: Storage = Storage.GGUF,
+    def write(self, out: Path, name: str, tokenizer: Any, storage: Storage = Storage.NATIVE,
               span: range | None = None,
               wrap: Callable[[Iterable[Any]], Iterable[Any]] | None = None) -> Manifest:
         """Write the model (or only the blocks in ``span`` and the head) into the empty dir ``out``.

@@ -126,7 +126,7 @@ def test_the_cli_converts_a_span_and_explains_a_bad_one(ggufs, tmp_path):
            str(tmp_path / "cache"), "--blocks", "0:2", "--name", "half"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "blocks 0:2, stored as gguf" in r.stdout and "added half" in r.stdout, r.stdout
+    assert "blocks 0:2, stored as native" in r.stdout and "added half" in r.stdout, r.stdout
     entry = json.loads((tmp_path / "cache" / "registry.json").read_text())
     assert entry  # registered
     bad = subprocess.run(cmd[:-4] + ["--blocks", "2:1"], capture_output=True, text=True, cwd=ROOT, timeout=300)
