@@ -14,7 +14,7 @@ import trio
 from multiaddr import Multiaddr
 
 from .batch.cli import add_batch_parser, run_batch_command
-from .cliargs import resolve_device, resolve_model
+from .cliargs import check_span_held, fetch_missing_model, resolve_device, resolve_model
 from .compute.budget import BudgetError, plan_budget
 from .compute.model import default_cache_dir, load_manifest
 from .devnet import run_devnet
@@ -195,7 +195,7 @@ def _run_model(args) -> int:
     if args.model_cmd != "fetch":
         return run_model_command(args)
     # local: node.verify.modelfetch imports the converter and torch (~2 s); only this command needs it
-    from .verify.modelfetch import FetchError, fetch_model
+    from .verify.modelfetch import FetchError, default_name, fetch_model
 
     try:
         model_id = bytes.fromhex(args.model_id)
@@ -210,7 +210,7 @@ def _run_model(args) -> int:
         print(f"node model fetch: {gerr}", file=sys.stderr)
         return 2
     cache = args.model_cache or default_cache_dir()
-    name = args.name or args.model_id[:12]
+    name = args.name or default_name(model_id)
     what = f"blocks {args.blocks.start}:{args.blocks.stop}" if args.blocks else "every block, the head, the tokenizer"
     print(f"fetching model {args.model_id[:16]}… ({what}) from {len(args.peers)} peer(s)", flush=True)
     try:
@@ -429,8 +429,10 @@ def cmd_start(args) -> int:
             and not (args.data_dir / "node_key").exists()):
         dev_account = 0  # a lone node on the embedded devnet becomes its validator
         logging.getLogger("tally.node").info("no key and no --bootstrap on the devnet: using dev key 0 (validator)")
+    fetch_missing_model(args, genesis, bootstrap)
     model_dir = resolve_model(args)
     manifest = load_manifest(model_dir)
+    check_span_held(args, model_dir, manifest.num_blocks)
     span = args.span  # None, "all", (start, end) or ("auto", blocks or None): _span
     auto_blocks: int | None = None
     if span == "all":

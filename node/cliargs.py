@@ -1,12 +1,15 @@
 """The ``--model``/``--model-cache`` and ``--gpu`` flags that ``node start`` and ``node devnet`` share, resolved to a
-model dir and a torch device (both commands exit with a clear message when a flag names nothing usable)."""
+model dir and a torch device (both commands exit with a clear message when a flag names nothing usable), and a model
+id the cache lacks fetched from the bootstrap peers before ``node start`` serves it."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from .compute.model import ManifestError, default_cache_dir, ensure_smollm2, make_tiny
+import trio
+
+from .compute.model import ManifestError, block_file, default_cache_dir, ensure_smollm2, load_manifest, make_tiny
 from .models.lookup import model_dir_of
 from .models.registry import RegistryError
 
@@ -39,3 +42,55 @@ def resolve_device(gpu: int | None) -> str:
     if not 0 <= gpu < torch.cuda.device_count():
         sys.exit(f"node: --gpu {gpu}: only {torch.cuda.device_count()} CUDA device(s) present")
     return f"cuda:{gpu}"
+
+
+def fetch_missing_model(args, genesis, bootstrap: list[str]) -> None:
+    """``node start --model MODEL_ID`` (64 hex digits) of a model this machine's cache lacks: fetch it from the
+    bootstrap peers first, as ``node model fetch`` does (checked against the id, block by block in checked chunks),
+    and register it as ``m-`` and its first 12 hex digits -- only the blocks of ``--span A:B``, or the whole model
+    with its head for a node without a span (a client). Exits with the reason when it cannot."""
+    ref = args.model.lower()
+    if len(ref) != 64 or any(c not in "0123456789abcdef" for c in ref):
+        return
+    cache = args.model_cache or default_cache_dir()
+    try:
+        model_dir_of(ref, cache)
+        return
+    except (RegistryError, ManifestError, FileNotFoundError):
+        pass
+    # local: node.verify.modelfetch imports the converter and torch (~2 s); only a fetch needs it
+    from .verify.modelfetch import FetchError, default_name, fetch_model
+
+    if not bootstrap:
+        sys.exit(f"node: --model {ref[:16]}…: not in {cache}, and no --bootstrap peers to fetch it from")
+    span = args.span
+    if span == "all" or span is None:
+        blocks = None
+    elif span[0] == "auto":
+        sys.exit(f"node: --model {ref[:16]}… is not in {cache}: give --span A:B to fetch the blocks you will serve "
+                 "(--span auto needs the model's size first)")
+    else:
+        blocks = range(span[0], span[1])
+    what = "the whole model" if blocks is None else f"blocks {blocks.start}:{blocks.stop}"
+    print(f"node: model {ref[:16]}… is not in {cache}: fetching {what} from {len(bootstrap)} bootstrap peer(s)",
+          file=sys.stderr, flush=True)
+    try:
+        entry = trio.run(fetch_model, genesis, list(bootstrap), bytes.fromhex(ref), cache,
+                             default_name(bytes.fromhex(ref)), blocks)
+    except (FetchError, RegistryError) as err:
+        sys.exit(f"node: fetching model {ref[:16]}…: {err}")
+    print(f"node: fetched {entry.name} ({entry.source}, {entry.bytes / 1e6:.1f} MB)", file=sys.stderr, flush=True)
+
+
+def check_span_held(args, model_dir: Path, num_blocks: int) -> None:
+    """Exit with the command that fetches them when blocks of ``--span A:B`` are missing from ``model_dir`` (a
+    model fetched or converted for another span)."""
+    span = args.span
+    if span is None or span == "auto" or span == "all" or span[0] == "auto" or span[1] > num_blocks:
+        return
+    missing = [i for i in range(span[0], span[1]) if not (model_dir / block_file(i)).is_file()]
+    if missing:
+        sys.exit(f"node: --span {span[0]}:{span[1]}: this machine's copy of the model lacks blocks "
+                 f"{', '.join(map(str, missing[:8]))}{' …' if len(missing) > 8 else ''}; fetch them with "
+                 f"'node model fetch {load_manifest(model_dir).model_id.hex()} --from PEER --blocks "
+                 f"{span[0]}:{span[1]} --name NAME' and start with --model NAME")

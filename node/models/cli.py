@@ -55,7 +55,7 @@ def add_model_parser(sub) -> None:
     f.add_argument("--from", dest="peers", action="append", required=True, metavar="MULTIADDR",
                    help="a node that holds the model (its address with /p2p/PEER_ID); repeat for more")
     f.add_argument("--blocks", metavar="A:B", type=_span, help="only blocks A..B-1 (a server of that span)")
-    f.add_argument("--name", help="name to serve it under (default: the first 12 hex digits of the id)")
+    f.add_argument("--name", help="name to serve it under (default: m- and the first 12 hex digits of the id)")
     f.add_argument("--genesis", type=Path, help="the chain's genesis file (default: the embedded devnet)")
     f.add_argument("--max-gb", type=float, default=64.0, help="refuse to fetch more than this many GB "
                                                               "(default: %(default)s)")

@@ -3,10 +3,10 @@
 A **checkpoint dir** holds ``config.json``, its tokenizer (``tokenizer.json`` or ``tokenizer.model``, with
 ``tokenizer_config.json``) and the weights as ``*.safetensors`` (one file, or shards listed by
 ``model.safetensors.index.json``). Conversion streams: each decoder block's tensors are read from the shards
-(:func:`safetensors.safe_open`, nothing else), kept in the checkpoint's own precision (see ``--storage``), checked against the shapes transformers' own
-decoder layer of that architecture expects (built on the ``meta`` device, no allocation), checked finite, and
-written as ``block_NNN.safetensors``; then ``head.safetensors`` (embedding, final norm, LM head — the embedding
-when ``tie_word_embeddings``). Memory stays around one block plus the head.
+(:func:`safetensors.safe_open`, nothing else), kept in the checkpoint's own precision (see ``--storage``), checked
+against the shapes transformers' own decoder layer of that architecture expects (built on the ``meta`` device, no
+allocation), checked finite, and written as ``block_NNN.safetensors``; then ``head.safetensors`` (embedding, final
+norm, LM head — the embedding when ``tie_word_embeddings``). Memory stays around one block plus the head.
 
 A **GGUF file** is streamed tensor by tensor (:mod:`node.models.ggufstream`): each tensor kept in its GGUF type
 and dequantized at load, bit for bit as transformers' GGUF loader dequantizes it; its tokenizer comes from the
@@ -420,8 +420,9 @@ def add_model(source: Path, cache_dir: Path | None = None, name: str | None = No
     ``name`` defaults to the dir / file name (:func:`node.models.registry.default_name`). Holds the registry
     lock for the whole conversion (one ``add``/``remove`` at a time per cache). Returns the new entry.
 
-    ``storage`` is how tensors are kept (:class:`~node.models.ggufstream.Storage`: a GGUF file's in their GGUF
-    types and a checkpoint's 16-bit tensors in 16 bits by default, or float32, or bfloat16); ``span`` (``--blocks A:B``) writes only those blocks and the head, for a server of that span.
+    ``storage`` is how tensors are kept (:class:`~node.models.ggufstream.Storage`: a GGUF file's in their GGUF types and
+    a checkpoint's 16-bit tensors in 16 bits by default, or float32, or bfloat16); ``span`` (``--blocks A:B``)
+    writes only those blocks and the head, for a server of that span.
 
     ``quantize="int8"`` registers only the int8 copy (:mod:`node.models.quantize`; default name ``<name>-int8``).
     With it ``source`` may also be an added model's name or id, or the built-in ``smollm2`` / ``tiny``, when no

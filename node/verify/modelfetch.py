@@ -18,16 +18,26 @@ import shutil
 import tempfile
 from pathlib import Path
 
+# resolved once here, in the importing thread: blocks are checked in worker threads side by side, and two threads
+# resolving transformers' lazy attributes at once fail with "cannot import name 'AutoConfig'"
+from transformers import AutoConfig  # noqa: F401
+
 from ..compute.model import HEAD_FILE, block_file, load_manifest
 from ..identity import Identity
 from ..ledger.genesis import Genesis
 from ..models.convert import register_dir
-from ..models.registry import Entry
+from ..models.registry import Entry, RegistryError, check_name, load as load_registry
 from ..net.service import NetworkService
 from ..p2p.host import P2PHost
 from .blockfetch import FETCH_DEADLINE, BlockFetcher, BlockUnavailable
 
-__all__ = ["FetchError", "fetch_model"]
+__all__ = ["FetchError", "default_name", "fetch_model"]
+
+
+def default_name(model_id: bytes) -> str:
+    """The name a fetched model is registered under when none is given: ``m-`` and its id's first 12 hex digits
+    (a name of hex digits alone would read as an id)."""
+    return f"m-{model_id.hex()[:12]}"
 
 
 class FetchError(RuntimeError):
@@ -45,6 +55,10 @@ async def fetch_model(genesis: Genesis, addrs: list[str], model_id: bytes, cache
             is outside the model, or ``max_bytes`` or ``deadline`` (seconds) would be passed.
         node.models.registry.RegistryError: the name is taken or the model is already added.
     """
+    check_name(name)  # refused before any byte is fetched, not after
+    known = [e for e in load_registry(cache) if e.model_id == model_id.hex()] if cache.exists() else []
+    if known:
+        raise RegistryError(f"this model is already added as {known[0].name!r}")
     host = P2PHost(Identity.generate(), 0, genesis.chain_id, genesis_hash=genesis.hash)
     net = NetworkService(host, genesis.hash)  # the genesis handshake every node insists on
     cache.mkdir(parents=True, exist_ok=True)

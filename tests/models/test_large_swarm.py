@@ -3,7 +3,11 @@ float32) is added once; four ``node start`` servers of six blocks each, every on
 capped at its span's float32 size + 1 GiB (2.5 GiB, below half the model) and started with that --max-memory,
 serve it with committee duty on. Generation through them equals one process, every receipt is voted valid by
 votes that are all valid (none abstained: the members re-execute other servers' spans block by block from disk),
-and no server passes its cap or is killed."""
+and no server passes its cap or is killed.
+
+Check 3 in the same swarm: a fifth server with an empty model cache is started with the model's id and the first
+span (``node start --model ID --span 0:6 --bootstrap SERVER1``); it fetches those six blocks from server 1 in
+checked chunks, registers them, and serves: with server 1 killed, generation is the same and routed through it."""
 
 from __future__ import annotations
 
@@ -122,7 +126,28 @@ def test_four_capped_servers_serve_a_model_twice_their_cap_and_every_vote_is_val
                     break
                 time.sleep(1)
             memory = [http.get(f"{info['api']}/v1/status").json()["memory"] for info in infos[1:]]
-        assert all(p.poll() is None for p in procs), "a node died"
+            assert all(p.poll() is None for p in procs), "a node died"
+            # check 3: a fifth server, own cgroup and an empty cache, fetches span 0:6 from server 1 and serves it
+            cg5 = CGROUP / f"tally-test-{os.getpid()}-5"
+            cg5.mkdir()
+            groups.append(cg5)
+            (cg5 / "memory.limit_in_bytes").write_text(str(cap))
+            model_id = json.loads((model_dir / "manifest.json").read_text())["model_id"]
+            procs.append(_spawn(tmp_path, 5, gfile, tmp_path / "models5", model_id, "--span", "0:6",
+                                "--max-memory", f"{cap / GiB:.4f}", "--bootstrap", infos[1]["addrs"][0], cgroup=cg5))
+            info5 = _info(tmp_path, 5, procs[5])
+            fetched = sorted(p.name for p in (tmp_path / "models5").glob("*/block_*.safetensors"))
+            assert fetched == [f"block_{i:03d}.safetensors" for i in range(6)], fetched
+            procs[1].send_signal(signal.SIGKILL)
+            procs[1].wait()
+            deadline = time.monotonic() + 120
+            while info5["peer_id"] not in {x["peer"] for x in http.get(f"{info0['api']}/v1/status").json()["swarm"]}:
+                assert time.monotonic() < deadline, "the fifth server's span was not announced"
+                time.sleep(0.5)
+            r = http.post(f"{info0['api']}/v1/generate", json={"prompt_ids": PROMPT, "max_new_tokens": 6})
+            assert r.status_code == 200, r.text
+            gen5 = r.json()
+        assert all(p.poll() is None for i, p in enumerate(procs) if i != 1), "a node died"
         usage = [int((cg / "memory.max_usage_in_bytes").read_text()) for cg in groups]
         failcnt = [int((cg / "memory.failcnt").read_text()) for cg in groups]
         print(f"\nmodel {model_bytes / GiB:.2f} GiB float32, cap {cap / GiB:.2f} GiB per server; peak usage (GiB) "
@@ -130,7 +155,7 @@ def test_four_capped_servers_serve_a_model_twice_their_cap_and_every_vote_is_val
               f"{[(m['streamed'], m['over_budget']) for m in memory]} (streamed, over budget)")
         # never at its cap: without --max-memory (members loading other spans whole) the same run hit the limit
         # 20,000+ times per server within a minute and stalled re-executing
-        assert all(u <= cap for u in usage) and failcnt == [0, 0, 0, 0]
+        assert all(u <= cap for u in usage) and failcnt == [0] * 5
         assert [r["status"] for r in recs.values()] == ["valid"] * len(recs), {k[:8]: v for k, v in recs.items()}
         votes = [v for rec in recs.values() for v in rec["votes"]]
         assert votes and all(v["verdict"] == "valid" for v in votes), votes
@@ -143,4 +168,6 @@ def test_four_capped_servers_serve_a_model_twice_their_cap_and_every_vote_is_val
             p.wait()
         for cg in groups:
             cg.rmdir()
-    assert gen["tokens"] == local_generate(model_dir, PROMPT, 6)
+    want = local_generate(model_dir, PROMPT, 6)
+    assert gen["tokens"] == want
+    assert gen5["tokens"] == want and [h["span"] for h in gen5["route"] if h["peer"] == info5["peer_id"]] == [[0, 6]]
