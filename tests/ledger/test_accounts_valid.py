@@ -86,7 +86,7 @@ def test_peer_id_and_hex_of_a_non_point_are_refused(what):
 def _valid_value(kind: str, account: bytes):
     return {"int": 1, "amount": 1, "account": account, "bytes32": b"x" * 32, "bytes16": b"j" * 16, "str": "none",
             "verdict": 0, "votekind": "prevote", "value": b"", "sig": b"s" * 64, "text": "q_proj",
-            "sint": 0, "accounts": [account]}[kind]
+            "sint": 0, "accounts": [account], "record": [b"x", 1, "s"], "records": [], "hashes": [b"h" * 32]}[kind]
 
 
 ACCOUNT_NAMES = {"sender", "recipient", "worker", "requester", "voter", "validator", "sponsor", "aggregator"}

@@ -29,7 +29,9 @@ OPTIONAL_PARAMS = ("heartbeat_ms", "retention_blocks",
                    "min_replication", "batch_max_held",
                    "batch_audit_ppm", "min_model_servers",
                    "batch_min_token_price", "batch_max_open_items",
-                   "batch_audit_pay_bps")  # left out of the genesis hash and document when 0
+                   "batch_audit_pay_bps",
+                   "epoch_blocks", "batch_samples", "reveal_window", "settle_window",
+                   "tab_close_delay")  # left out of the genesis hash and document when 0
 
 
 class GenesisError(ValueError):
@@ -114,6 +116,16 @@ class Params:
     # returns to the requester (at once for an item that is not audited). 0: members are unpaid; left out of the
     # genesis hash and document when 0.
     batch_audit_pay_bps: int = 0
+    # settlement by tabs and epoch batches (issue 37, node.ledger.core.tabs): epoch_blocks blocks per epoch (0: no
+    # tabs on this chain), batch_samples receipts drawn from each epoch batch (scaled by the worker's record as p
+    # is), reveal_window blocks to reveal them after the draw, settle_window blocks after the last verdict before
+    # a batch's pending credits are spendable, tab_close_delay blocks from a tab's close to its unspent lock's
+    # return. Left out of the genesis hash and document when 0.
+    epoch_blocks: int = 0
+    batch_samples: int = 0
+    reveal_window: int = 0
+    settle_window: int = 0
+    tab_close_delay: int = 0
 
     def batch_token_floor(self) -> int:
         """Base units per token of work a batch must pay at least: ``batch_min_token_price``, 0 meaning 1."""
@@ -176,6 +188,13 @@ class Params:
                                "member)")
         if self.batch_max_held > 1_000_000:
             raise GenesisError("batch_max_held must be 0 (no limit) or in 1..1000000 undecided assignments")
+        if self.epoch_blocks and not (2 <= self.batch_samples <= 1_000_000 and 1 <= self.reveal_window <= 10_000
+                                      and 1 <= self.settle_window <= 100_000
+                                      and self.tab_close_delay >= 2 * self.epoch_blocks + self.reveal_window):
+            raise GenesisError("with epoch_blocks set, need 2 <= batch_samples (any m >= 2 makes faking a receipt a "
+                               "loss), 1 <= reveal_window <= 10000, 1 <= settle_window <= 100000, and "
+                               "tab_close_delay >= 2 × epoch_blocks + reveal_window (a worker can still redeem "
+                               "a closing tab's last epoch)")
 
 
 @dataclass(frozen=True)

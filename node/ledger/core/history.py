@@ -146,6 +146,9 @@ def inclusion_path(store: NodeReader, index: int, size: int) -> list[bytes]:
     return out[::-1]
 
 
+INFERENCE_KINDS = ("receipt", "tab_receipt")  # an inference receipt, alone or revealed from an epoch batch
+
+
 def summary(rec: Any) -> bytes:
     """The leaf data of a receipt record leaving the state: msgpack of ``[b"tally/history/v1", id, kind, worker,
     requester, price (base units), status, inclusion height, final height, [[account, base units]...] payouts,
@@ -157,7 +160,7 @@ def summary(rec: Any) -> bytes:
     r = rec.receipt
     head = [b"tally/history/v1", r.id, r.KIND, r.worker, r.requester, r.price, rec.status, rec.height,
             rec.final_height, [list(p) for p in rec.payouts], rec.slashed]
-    if r.KIND == "receipt":
+    if r.KIND in INFERENCE_KINDS:
         return pack([*head, r.session_id, r.opened_height, r.model_id, r.span_start, r.span_end, r.tokens])
     job_id = getattr(r, "job_id", None)
     if job_id is not None:
@@ -200,7 +203,7 @@ def schedule_leave(s: Any, rec: Any) -> None:
     r = rec.receipt
     if not p.retention_blocks:
         return
-    if getattr(r, "KIND", None) == "receipt":
+    if getattr(r, "KIND", None) in INFERENCE_KINDS:
         k = height_key(leave_height(rec.final_height, r.opened_height, p.retention_blocks, p.receipt_max_age))
     else:
         owner = _owner_final(s, r)

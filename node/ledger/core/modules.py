@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import bank, batch, disputes, history, jobs, runs, staking
+from . import bank, batch, disputes, history, jobs, runs, staking, tabs
 from .module import LedgerModule, ReceiptKind
 from .receipts import Receipts
 from .txbase import Tx
@@ -37,6 +37,7 @@ EXTENSIONS: tuple[LedgerModule, ...] = (
     history.MODULE,  # final receipts past the retention window leave the hot state (node.ledger.core.history)
     staking.MODULE,  # validator joins and leaves, evidence; the set moves one height on (node.ledger.core.staking)
     disputes.MODULE,  # a requester forces a committee on a receipt (node.ledger.core.disputes)
+    tabs.MODULE,  # tabs and epoch batches: settlement per epoch, not per receipt (node.ledger.core.tabs)
 )
 RECEIPTS = Receipts(EXTENSIONS)  # every receipt's sampling and settlement, by its module's ReceiptKind
 MODULES: tuple[LedgerModule, ...] = (

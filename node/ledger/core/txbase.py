@@ -380,6 +380,15 @@ class Evidence(Tx):
         return object_id(self.TAG, self.chain_id, [self.validator, self.kind, self.height, self.round])
 
 
+MAX_RECORDS = 1024  # records in one "records" field (a batch's vouchers)
+
+
+def _is_record(v: Any) -> bool:
+    """A list of at most 24 scalars: bytes of at most 64, ints in 0..MAX_AMOUNT, strings of at most 32 characters."""
+    return isinstance(v, list) and len(v) <= 24 and all(
+        (_is_bytes(x) and len(x) <= 64) or _is_int(x) or (isinstance(x, str) and len(x) <= 32) for x in v)
+
+
 def _check_field(name: str, kind: str, v: Any) -> None:
     ok = {
         "int": lambda: _is_int(v),
@@ -394,6 +403,10 @@ def _check_field(name: str, kind: str, v: Any) -> None:
         "sig": lambda: _is_bytes(v, 64),
         "text": lambda: isinstance(v, str) and len(v) <= 200,
         "sint": lambda: _is_int(v, -1),
+        # a flat record of scalars (a receipt's fields and signatures inside a batch or a reveal)
+        "record": lambda: _is_record(v),
+        "records": lambda: isinstance(v, list) and len(v) <= MAX_RECORDS and all(_is_record(x) for x in v),
+        "hashes": lambda: isinstance(v, list) and len(v) <= 64 and all(_is_bytes(x, 32) for x in v),
         # a set of accounts in canonical order: at most 256, strictly ascending (so each at most once)
         "accounts": lambda: (isinstance(v, (list, tuple)) and len(v) <= 256 and all(is_valid_account(a) for a in v)
                              and all(a < b for a, b in itertools.pairwise(v))),

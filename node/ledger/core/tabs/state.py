@@ -1,0 +1,67 @@
+"""The ledger records of tabs and epoch batches (values only; the rules are :mod:`.rules`).
+
+Tables (declared by the module, :mod:`node.ledger.core.tabs`): ``tabs`` (tab id -> :class:`Tab`),
+``settlements`` (batch key -> :class:`Settlement`, pruned when the batch is final), ``tab_reveals`` (revealed
+receipt id -> batch key, while its committee decides), ``tab_due`` (height -> the batch and tab keys due at its
+end) and ``worker_batches`` (worker -> its batches not final). Amounts in base units, heights in blocks.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tab:
+    """A requester's lock for one worker. ``locked`` is still the requester's (held in its account's escrow);
+    ``redeemed`` is the newest redeemed voucher's cumulative amount and ``nonce`` its tab nonce; ``close_at`` is 0
+    while open, else the height whose end returns ``locked`` to the requester."""
+
+    requester: bytes
+    worker: bytes
+    locked: int
+    redeemed: int = 0
+    nonce: int = 0
+    close_at: int = 0
+
+
+class SettlementStatus(str, enum.Enum):
+    """Where an epoch batch is (every status but the last three is open)."""
+
+    DRAWING = "drawing"  # included; its sample is drawn with the hash of a later block
+    REVEALING = "revealing"  # drawn; the worker reveals each drawn receipt before ``due``
+    CHECKING = "checking"  # every drawn receipt revealed; committees vote on them
+    WINDOW = "window"  # every verdict in, none invalid; spendable at the end of block ``due``
+    PAID = "paid"  # the worker was credited (final)
+    FORFEITED = "forfeited"  # a drawn receipt was not revealed in time: refunded to the tabs, bond slashed (final)
+    REFUTED = "refuted"  # a revealed receipt was voted invalid: refunded to the tabs (final; the core slashed)
+
+
+FINAL = frozenset({SettlementStatus.PAID, SettlementStatus.FORFEITED, SettlementStatus.REFUTED})
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """One worker's epoch batch: what it committed to (``root`` over ``count`` receipt ids, ``work``), what moved
+    from its tabs to it as pending (``amount``, per tab in ``payments``), and its audit: the drawn leaf indices
+    (``draw``), the ids revealed for them (``revealed``, in draw order, ``b""`` while missing), the verdicts so far
+    (``invalid`` of ``decided``), and ``due`` (the reveal deadline, then the end of the settle window)."""
+
+    worker: bytes
+    epoch: int
+    root: bytes
+    count: int
+    work: int
+    amount: int
+    payments: tuple[tuple[bytes, bytes, int], ...]  # (tab id, requester, base units moved to pending)
+    height: int  # the block that included it
+    status: SettlementStatus = SettlementStatus.DRAWING
+    draw: tuple[int, ...] = ()
+    revealed: tuple[bytes, ...] = ()
+    decided: int = 0
+    invalid: int = 0
+    due: int = 0
+
+
+__all__ = ["FINAL", "Settlement", "SettlementStatus", "Tab"]
