@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import secrets
 import statistics
 import sys
 import time
@@ -45,6 +46,7 @@ from node.ledger.core.batchstate import item_key  # noqa: E402
 from node.ledger.core.batchtx import BatchPost, items_root  # noqa: E402
 from node.ledger.core.sampling import PPM, is_sampled, sampling_ppm  # noqa: E402
 from node.ledger.core.state import apply_block_body, genesis_state  # noqa: E402
+from node.ledger.core.tabs.rules import draw  # noqa: E402
 from node.ledger.core.tx import INVALID, VALID, Receipt, Vote  # noqa: E402
 from node.ledger.genesis import Genesis, Params  # noqa: E402
 
@@ -289,6 +291,34 @@ def part_c_audits(items: int, audit_ppm: int, workers: int = 5, colluders: int =
     return {"won": len(won), "caught": caught, "gain": gain}
 
 
+def part_d(trials: int, count: int, fake_ppm: int) -> dict:
+    """Part D (issue 37): a worker fakes ``fake_ppm`` of an epoch batch's ``count`` receipts. The draw is the
+    ledger's own (:func:`node.ledger.core.tabs.rules.draw`, over random beacons), with the production genesis' m for
+    a new worker and for one at the sampling floor; a batch is lost whole with any drawn fake. Prints the measured
+    catch rate and the cheater's expected gain over an honest worker per batch: at most ``f·V − P·(V + S)`` (it
+    saves at most the fakes' value ``f·V``; caught, it loses the batch ``V`` and the slash ``S``)."""
+    doc = json.loads((Path(__file__).resolve().parents[1] / "genesis" / "production-params.json").read_text())
+    p = Params(**doc["params"])
+    p.check()
+    fakes = set(range(0, count, max(1, PPM // fake_ppm)))  # spread evenly; the draw is uniform anyway
+    f = len(fakes) / count
+    value = count * 10 * p.price_per_token_block * 4  # a batch of 10-token, 4-block receipts
+    print(f"D. a worker faking {f:.2%} of a {count}-receipt epoch batch (production genesis: batch_samples "
+          f"{p.batch_samples}, slash {p.slash_amount / C:g} credits; batch value {value / C:g} credits)")
+    out = {}
+    for who, run in (("new worker", 0), ("worker at the sampling floor", 10**6)):
+        ppm = sampling_ppm(p.sample_base_ppm, p.sample_floor_ppm, run, p.adapt_step)
+        m = min(count, max(2, p.batch_samples * ppm // p.sample_base_ppm))
+        caught = sum(1 for _ in range(trials) if fakes.intersection(draw(secrets.token_bytes(32), b"k" * 32, count, m)))
+        rate = caught / trials
+        gain = f * value - rate * (value + p.slash_amount)
+        print(f"   {who}: m = {m} drawn; caught in {caught} of {trials} batches ({rate:.4f}; 1 - (1 - f)^m = "
+              f"{1 - (1 - f) ** m:.4f}); expected gain over honest work per batch <= {gain / C:+.3f} credits "
+              f"({'a loss' if gain < 0 else 'PROFITABLE'})")
+        out[who] = {"m": m, "rate": rate, "gain": gain}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny", choices=["tiny", "smollm2"])
@@ -300,7 +330,14 @@ def main() -> None:
                     help="part C, second half: the pair plays its cheat with genesis batch_audit_ppm at this rate "
                          "(default 50000 = 5 %%; 0 skips it)")
     ap.add_argument("--audit-items", type=int, default=1000, help="items of that batch (default 1000)")
+    ap.add_argument("--tabs", action="store_true", help="run part D alone: a worker faking receipts of an epoch "
+                                                        "batch against the production genesis' draw (issue 37)")
+    ap.add_argument("--tab-receipts", type=int, default=6000, help="part D: receipts in the batch (default 6000)")
+    ap.add_argument("--fake-ppm", type=int, default=10_000, help="part D: fraction faked, ppm (default 1 %%)")
     args = ap.parse_args()
+    if args.tabs:
+        part_d(max(args.trials, 20_000), args.tab_receipts, args.fake_ppm)
+        return
     if args.batch:
         part_c(args.items)
         if args.audit_ppm:
