@@ -200,9 +200,10 @@ class BenchLedger:
 
 
 async def run_client(args, model_dir: Path, servers: list[dict], prompt: list[int], via: dict[str, int] | None,
-                     label: str) -> dict:
+                     label: str, local_run=None) -> dict:
     """Connect a fresh client (through relays when ``via`` maps peer -> relay port), generate ``args.runs`` times,
-    return the measurements."""
+    return the measurements. ``local_run`` (from :func:`local_baseline`): run once just before each swarm run, in a
+    worker thread (the servers idle meanwhile), so each run's ratio compares the machine at one moment."""
     from node.blobs import BlobStore
     from node.compute.executor import TorchExecutor
     from node.compute.head import ClientHead
@@ -232,7 +233,10 @@ async def run_client(args, model_dir: Path, servers: list[dict], prompt: list[in
         gens, shares = [], []  # shares: per run, (receipt wall s, receipt CPU s, wall s)
         client_receipt_s = client_receipt_cpu = 0.0
         server_stats = [{"receipt_s": 0.0, "receipt_cpu_s": 0.0} for _ in servers]
+        local_rates: list[float] = []
         for _ in range(args.runs):  # receipts are measured per run, like tokens/s, and reported as the median
+            if local_run is not None:
+                local_rates.append((await trio.to_thread.run_sync(local_run))[0])
             for s in servers:
                 await host.request(s["peer"], STATS, {"reset": True}, timeout=10)
             client.hop_s.clear()  # per-hop times, like the servers' latencies: the last run
@@ -267,7 +271,8 @@ async def run_client(args, model_dir: Path, servers: list[dict], prompt: list[in
             "server_compute_ms": [round(s["compute"] * 1e3, 2) for s in server_stats],
             "client_hop_ms": [round(1e3 * sum(client.hop_s.get(p, [0.0])) / max(1, len(client.hop_s.get(p, []))), 2)
                               for p, _, _ in gens[0].route],
-            "compression": gens[0].compression}
+            "compression": gens[0].compression, "local_runs": local_rates,
+            "paired": [args.tokens / g.seconds / lr for g, lr in zip(gens, local_rates, strict=False)]}
 
 
 @functools.cache
@@ -293,17 +298,24 @@ def _timed_client_class():
     return TimedRouteClient
 
 
-def local_baseline(args, model_dir: Path, prompt: list[int]) -> tuple[float, list[float], list[int]]:
+def local_baseline(args, model_dir: Path, prompt: list[int]):
+    """The one-process figure: ``(median tokens/s, runs, tokens, one_run)``; ``one_run()`` runs it once more and
+    returns ``(tokens/s, tokens)`` (the model stays loaded), so a swarm run can be paired with one just before it."""
     from node.compute.reference import load_causal_lm, local_generate
 
     model = load_causal_lm(model_dir)
     local_generate(model_dir, prompt, 8, model=model)  # warm-up
-    rates, tokens = [], []
-    for _ in range(args.runs):
+
+    def one_run() -> tuple[float, list[int]]:
         t0 = time.perf_counter()
         tokens = local_generate(model_dir, prompt, args.tokens, model=model)
-        rates.append(args.tokens / (time.perf_counter() - t0))
-    return statistics.median(rates), rates, tokens
+        return args.tokens / (time.perf_counter() - t0), tokens
+
+    rates, tokens = [], []
+    for _ in range(args.runs):
+        rate, tokens = one_run()
+        rates.append(rate)
+    return statistics.median(rates), rates, tokens, one_run
 
 
 async def bench_redundancy(args, model_dir: Path, manifest, prompt: list[int]) -> None:
@@ -394,7 +406,7 @@ async def bench(args) -> None:
     if args.quantize:
         bench_quantized(args, model_dir, prompt)
         return
-    local, local_runs, local_tokens = local_baseline(args, model_dir, prompt)
+    local, local_runs, local_tokens, args.local_run = local_baseline(args, model_dir, prompt)
     print(f"one process (local_generate):     {local:7.2f} tokens/s  (runs {[round(r, 2) for r in local_runs]})",
           flush=True)
     spans = assign_spans(manifest.num_blocks, args.servers)
@@ -494,7 +506,7 @@ async def client_of(args) -> None:
 
 async def _measure(args, model_dir, manifest, servers, prompt, local, local_tokens) -> None:
     """Generate through the running servers directly, then (``--wan``) through delaying relays; print both."""
-    direct = await run_client(args, model_dir, servers, prompt, None, "libp2p")
+    direct = await run_client(args, model_dir, servers, prompt, None, "libp2p", local_run=args.local_run)
     report(args, manifest, direct, local, local_tokens)
     if args.wan:
         async with trio.open_nursery() as n:
@@ -518,7 +530,13 @@ def report(args, manifest, r: dict, local: float, local_tokens: list[int]) -> No
     where = (f"{n} processes in {n} network namespaces, over veth" if args.hosts else
              f"{n} processes" if args.processes else "the bench's trio loop")
     print(f"{n} servers over libp2p ({where}): {r['tokens_s']:7.2f} tokens/s  (runs {r['runs']})")
-    print(f"  ratio to one process:           {r['tokens_s'] / local:7.3f}   (target >= 0.8)")
+    if r.get("paired"):  # each swarm run beside a one-process run just before it (the machine drifts over minutes)
+        print(f"  ratio to one process:           {statistics.median(r['paired']):7.3f}   (target >= 0.8; median of "
+              f"{len(r['paired'])} runs each beside a one-process run just before it: "
+              f"{[round(x, 3) for x in r['paired']]}, one process then {[round(x, 2) for x in r['local_runs']]}; "
+              f"against the first runs' median: {r['tokens_s'] / local:.3f})")
+    else:
+        print(f"  ratio to one process:           {r['tokens_s'] / local:7.3f}   (target >= 0.8)")
     print(f"  identical tokens to one process: {str(r['tokens'] == local_tokens).lower()}")
     print(f"  route: {[(p[:12], s, e) for p, s, e in r['route']]}; per one-token step (means, last run), server "
           f"ms: {r['server_step_ms']} from request to reply, {r['server_compute_ms']} of it in the span's forward")
