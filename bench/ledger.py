@@ -43,6 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import ledger_network
 import ledger_rate
 import ledger_scale
 import nacl.signing
@@ -252,9 +253,38 @@ def main() -> None:
     ap.add_argument("--rate", action="store_true",
                     help="only the receipt rate at 10^4 and 10^6 live receipts (options --store-dir, --rate-blocks, "
                          "--rate-per-block, --profile)")
+    ap.add_argument("--network", type=int, default=0, metavar="SERVERS",
+                    help="only one validator under the settlement traffic of SERVERS workers (tabs and epoch batches, "
+                         "issue 37; bench/ledger_network.py)")
+    ap.add_argument("--sessions-per-s", type=float, default=10.0, help="--network: sessions each server serves a "
+                                                                       "second (default %(default)s)")
+    ap.add_argument("--network-blocks", type=int, default=30, help="--network: timed blocks (default %(default)s)")
+    ap.add_argument("--tabs-per-server", type=int, default=10, help="--network: tabs open per server (default "
+                                                                    "%(default)s)")
+    ap.add_argument("--touched", type=int, default=10, help="--network: tabs a server's batch settles per epoch "
+                                                            "(default %(default)s)")
+    ap.add_argument("--record", choices=["floor", "new"], default="floor",
+                    help="--network: workers at the sampling floor (default) or new (m draws per batch)")
     ledger_scale.add_args(ap)
     ledger_rate.add_args(ap)
     args = ap.parse_args()
+    if args.network:
+        raw = raw_verify_rate(20_000)
+        r = ledger_network.run(args.network, args.sessions_per_s, args.network_blocks, args.tabs_per_server,
+                               args.touched, args.record)
+        print(f"network of {r['servers']} servers x {r['sessions_per_s']:g} sessions/s; epoch {r['epoch_blocks']} "
+              f"blocks of 500 ms, {r['per_batch']} receipts per batch, m = {r['m']} (workers: {r['record']}); "
+              f"{r['tabs']} tabs, {r['touched']} settled per batch; setup {r['setup_s']:.0f} s, traffic made in "
+              f"{r['gen_s']:.0f} s (untimed)")
+        print(f"  validator per block: median {r['median_ms']:.0f} ms, max {r['max_ms']:.0f} ms over {r['blocks']} "
+              f"blocks -> {'kept up' if r['kept_up'] else 'DID NOT keep up'} with 500 ms blocks")
+        print(f"  receipts covered: {r['receipts_per_s']:10.0f} /s   (target >= 100,000; "
+              f"{r['receipts_per_s'] / raw:.1f}x the raw verifies/s)")
+        print(f"  ledger transactions: {r['txs_per_s']:7.0f} /s; raw pynacl verify (1 thread) {raw:.0f} /s")
+        print(f"  state bytes per receipt: {r['state_bytes_per_receipt']:.3f} in the tables (target <= 1), "
+              f"{r['tree_bytes_per_receipt']:.2f} in tree nodes; per table: {r['by_table']}")
+        print(f"  block ms: {r['block_ms']}")
+        return
     if args.rate:
         print("\n".join(ledger_rate.run_rates(args.store_dir, args.rate_blocks, args.rate_per_block, args.profile)))
         return

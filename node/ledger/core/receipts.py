@@ -119,11 +119,31 @@ def _settle_unchecked(s: StateView, rec: ReceiptRecord, status: str, height: int
     history_mod.schedule_leave(s, s.receipts[r.id])
 
 
+class _Eligible:
+    """The bonded accounts committees are drawn from, read once per end-block as a sorted tuple (reading them is
+    O(accounts); per sampled receipt it was the block's largest cost at thousands of accounts) and read again only
+    after a module's own settlement ran, the one step of this loop that may change a bond."""
+
+    def __init__(self, s: StateView):
+        self.s = s
+        self.pool: tuple[bytes, ...] | None = None
+
+    def get(self) -> tuple[bytes, ...]:
+        if self.pool is None:
+            self.pool = tuple(sorted(self.s.eligible()))
+        return self.pool
+
+    def changed(self, kind: ReceiptKind | None) -> None:
+        if kind is not None:  # an inference receipt's own settlement credits a balance, never a bond
+            self.pool = None
+
+
 def end_block(s: StateView, height: int, block_hash: bytes, kinds: Kinds, forcing: tuple[LedgerModule, ...]) -> None:
     """Per-block work after the transactions: draw samples with this block's hash as the beacon for receipts
     included in the previous block, settle unsampled receipts past the challenge window, escalate or settle
     committees that timed out."""
     p = s.params
+    pool = _Eligible(s)
     for rid in list(s.open_receipts):
         rec = s.receipts[rid]
         kind = kinds.get(type(rec.receipt))  # None: an inference receipt (the core's rules alone)
@@ -137,21 +157,23 @@ def end_block(s: StateView, height: int, block_hash: bytes, kinds: Kinds, forcin
             if _forced(s, rid, height, forcing):  # e.g. disputed by its requester in an earlier block: always checked
                 ppm = PPM
             if is_sampled(block_hash, rid, ppm):
-                com = cm.select_committee(block_hash, rid, 0, s.eligible(),
+                com = cm.select_committee(block_hash, rid, 0, pool.get(),
                                           (rec.receipt.worker, rec.receipt.requester), p.committee_size)
                 if com:
                     s.receipts[rid] = evolve(rec, status=SAMPLED, p_ppm=ppm, committee=com, round_height=height)
                     continue
             s.receipts[rid] = evolve(rec, p_ppm=ppm)
         elif rec.status == PENDING and _forced(s, rid, height, forcing):  # e.g. a requester's dispute
-            com = cm.select_committee(block_hash, rid, 0, s.eligible(),
+            com = cm.select_committee(block_hash, rid, 0, pool.get(),
                                       (rec.receipt.worker, rec.receipt.requester), p.committee_size)
             if com:
                 s.receipts[rid] = evolve(rec, status=SAMPLED, p_ppm=PPM, committee=com, round_height=height)
             elif rec.height + p.challenge_window <= height:
                 _settle_unchecked(s, rec, SETTLED, height, kinds)
+                pool.changed(kind)
         elif rec.status == PENDING and rec.height + p.challenge_window <= height:
             _settle_unchecked(s, rec, SETTLED, height, kinds)
+            pool.changed(kind)
         elif rec.status == SAMPLED:
             size = len(rec.committee)
             if cm.deadlocked(rec.round_votes(), size) or height - rec.round_height >= p.verdict_timeout:
@@ -160,10 +182,11 @@ def end_block(s: StateView, height: int, block_hash: bytes, kinds: Kinds, forcin
                 # that is bonded but offline (or withholds its vote) would otherwise sit on every larger committee
                 # and, with few eligible accounts, keep any quorum out of reach
                 silent = set(rec.committee) - set(rec.round_votes())
-                com = cm.select_committee(block_hash, rid, nxt, s.eligible(),
+                com = cm.select_committee(block_hash, rid, nxt, pool.get(),
                                           (rec.receipt.worker, rec.receipt.requester, *silent), p.committee_size)
                 if nxt >= p.max_rounds or not com:
                     _settle_unchecked(s, rec, UNVERIFIED, height, kinds)
+                    pool.changed(kind)
                 else:
                     s.receipts[rid] = evolve(rec, round=nxt, committee=com, round_height=height)
 
