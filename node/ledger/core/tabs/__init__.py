@@ -23,6 +23,10 @@ from .state import Settlement, SettlementStatus, Tab
 from .tabtx import TAB_TXS, EpochBatch, Reveal, TabClose, TabOpen, TabReceipt, TabTopUp
 
 
+def _pair(x: Any) -> tuple[int, int]:
+    return (int(x[0]), int(x[1]))
+
+
 def _keys(x: Any) -> tuple[bytes, ...]:
     return tuple(bytes(i) for i in x)
 
@@ -32,7 +36,7 @@ MODULE = Module("tabs", txs=TAB_TXS,
                       "settlements": Settlement,  # batch key -> Settlement (until final)
                       "tab_reveals": Codec(ident, bytes),  # revealed receipt id -> batch key (until its verdict)
                       "tab_due": Codec(list, _keys),  # height (8 bytes) -> keys due at its end
-                      "worker_batches": Codec(ident, int)},  # worker -> its batches not final
+                      "worker_batches": Codec(list, _pair)},  # worker -> (batches not final, last epoch)
                 receipt_kinds={TabReceipt: TabReceiptKind()},
                 on_apply=apply_tab_tx, on_end_block=end_block, on_unbond=unbond_blocker)
 

@@ -136,7 +136,8 @@ def apply_batch(s: StateView, b: EpochBatch) -> None:
     p, height = s.params, s.height + 1
     now = epoch_of(height, p.epoch_blocks)
     _check(b.epoch in (now, now - 1), f"a batch for epoch {b.epoch} is late or early (this block is in epoch {now})")
-    _check(b.key not in s.tables["settlements"], "this worker already sent its batch for that epoch")
+    _open, last = s.tables["worker_batches"].get(b.worker, (0, -1))
+    _check(b.epoch > last, f"this worker already sent its batch for epoch {last}; a batch's epoch must be later")
     _check(1 <= b.count <= MAX_COUNT and b.work >= b.count, "a batch covers 1..2^32 receipts, each of work >= 1")
     _check(s.account(b.worker).bond >= p.min_bond, "worker is not bonded")
     tabs = s.tables["tabs"]
@@ -160,7 +161,7 @@ def apply_batch(s: StateView, b: EpochBatch) -> None:
     _move_escrow(s, b.worker, 0, amount)  # pending: the worker's, not yet spendable
     s.tables["settlements"][b.key] = Settlement(worker=b.worker, epoch=b.epoch, root=b.root, count=b.count,
                                                 work=b.work, amount=amount, payments=tuple(payments), height=height)
-    s.tables["worker_batches"][b.worker] = s.tables["worker_batches"].get(b.worker, 0) + 1
+    s.tables["worker_batches"][b.worker] = (_open + 1, b.epoch)
     _due(s, height + 1, b"s" + b.key)  # drawn at the end of the next block, with its hash
 
 
@@ -234,11 +235,8 @@ def _final(s: StateView, key: bytes, st: Settlement) -> None:
     """``st`` is final (paid, forfeited or refuted): its rows leave the state (pruned; its story is in the
     blocks' transactions and the receipts' records)."""
     s.tables["settlements"].pop(key, None)
-    left = s.tables["worker_batches"].get(st.worker, 0) - 1
-    if left > 0:
-        s.tables["worker_batches"][st.worker] = left
-    else:
-        s.tables["worker_batches"].pop(st.worker, None)
+    n, last = s.tables["worker_batches"].get(st.worker, (1, st.epoch))
+    s.tables["worker_batches"][st.worker] = (n - 1, last)  # the last epoch stays: no second batch for it
     for rid in st.revealed:
         if rid:
             s.tables["tab_reveals"].pop(rid, None)
@@ -369,7 +367,7 @@ def apply_tab_tx(s: StateView, tx: Tx) -> None:
 
 def unbond_blocker(s: StateView, account: bytes, bond_after: int) -> str | None:
     """A worker with a batch not final may not unbond (it could run from a forfeit)."""
-    if s.tables["worker_batches"].get(account, 0):
+    if s.tables["worker_batches"].get(account, (0, -1))[0]:
         return "an epoch batch of this worker is not final; unbond after it is paid"
     return None
 

@@ -3,7 +3,8 @@
 Tables (declared by the module, :mod:`node.ledger.core.tabs`): ``tabs`` (tab id -> :class:`Tab`),
 ``settlements`` (batch key -> :class:`Settlement`, pruned when the batch is final), ``tab_reveals`` (revealed
 receipt id -> batch key, while its committee decides), ``tab_due`` (height -> the batch and tab keys due at its
-end) and ``worker_batches`` (worker -> its batches not final). Amounts in base units, heights in blocks.
+end) and ``worker_batches`` (worker -> its batches not final and the epoch of its last batch: a later batch must
+name a later epoch, also once the earlier is pruned). Amounts in base units, heights in blocks.
 """
 
 from __future__ import annotations
