@@ -35,6 +35,7 @@ from .compute.lazyhead import LazyHead
 from .compute.model import load_manifest
 from .compute.shards import choose_blocks
 from .duty.parts import NodeParts, Service
+from .duty.runner import DutyRunner
 from .encoding import DecodeError, H, pack, unpack
 from .identity import Identity, ensure_api_token, load_or_create
 from .inference.client import Generation, RouteClient
@@ -59,6 +60,9 @@ from .net.limits import Limits
 from .net.service import NetworkService, RelayMode
 from .p2p.host import P2PHost
 from .p2p.wirelimits import READ_BUDGET
+from .settle.book import EpochBook
+from .settle.duty import SettleDuty
+from .settle.tabs import TabBook, TabGate
 from .training.replay import RunChecks
 from .training.worker import RunWorker
 from .verify.blockfetch import BLOCK_PROTOCOL, BlockFetcher, HeldModels, bonded_peers
@@ -127,6 +131,9 @@ class NodeConfig:
     read_pool_bytes: int | None = None
     # bytes of chunks one state sync fetches at most (node.ledger.syncfetch.SyncLimits.max_bytes; None: 1 GiB)
     state_sync_max_bytes: int | None = None
+    # on a chain with tabs (genesis epoch_blocks, issue 37): base units this node locks in each tab it opens to
+    # pay a server (at least one session's most expensive outcome)
+    tab_lock: int = 10 * 10**9
 
 
 class Node:
@@ -152,6 +159,9 @@ class Node:
         self.blobs = BlobStore(cfg.data_dir)
         self.batch_store = ContentStore(cfg.data_dir)  # batch item files and results, by content hash
         self.store = LedgerStore(cfg.data_dir / "ledger", cfg.genesis, prune_bodies=cfg.prune_bodies)
+        # settlement by tabs (issue 37): the receipts this node holds as a worker until their epoch batch is final
+        self.book = (EpochBook(cfg.data_dir / "settle", cfg.genesis.domain)
+                     if cfg.genesis.params.epoch_blocks else None)
         if cfg.prune_bodies:
             log.info("pruning block bodies: keeping the last %d (headers and commits kept); bodies held from "
                      "height %d; this node cannot re-verify from genesis nor serve older blocks",
@@ -181,6 +191,10 @@ class Node:
         self.offers: OfferKeeper | None = None
         self.duties: tuple[Service, ...] = ()  # the capabilities' long-running parts, in the order they start
         self.reply_budget = self.snapshots.budget  # shared by snapshot, block, batch, blob and sync replies
+        self.tab_gate = None if self.book is None else TabGate(lambda: self.ledger.state, self.book,
+                                                               self.ident.account)
+        self.tab_book = None if self.book is None else TabBook(self.ledger, self.ident, cfg.data_dir / "tabs.json",
+                                                               cfg.tab_lock)
         self.api_url = ""
         self.started = trio.Event()
 
@@ -197,7 +211,8 @@ class Node:
         self.net.on_rtt = self.swarm.observe_rtt  # ping round trips weigh routes: direct paths win (issue 25)
         head = LazyHead(cfg.model_dir, device=cfg.device)  # built at the first generation
         self.client = RouteClient(self.ident, self.host, head, self.manifest, self.ledger, self.executor,
-                                  self.blobs, self.swarm, step_timeout=cfg.step_timeout, compression=cfg.compression)
+                                  self.blobs, self.swarm, step_timeout=cfg.step_timeout, compression=cfg.compression,
+                                  tabs=self.tab_book)
         self.clients[self.manifest.model_id] = self.client
         self.member = self._committee_member()
         self.ledger.on_block(self.member.on_block)
@@ -214,7 +229,9 @@ class Node:
         self.offers = OfferKeeper(parts.ident, parts.ledger,  # this node's batch offer (node.batch.offer)
                                   wanted_offer(self.cfg.accept_batches, self.cfg.batch_floor,
                                                self.genesis.params.batch_token_floor()))
-        return tuple(s for s in (self.member, self.jobs, self.runs, self.batches, self.offers) if s is not None)
+        settle = None if self.book is None else DutyRunner(SettleDuty(self.ledger, self.ident, self.book), self.ledger)
+        return tuple(s for s in (self.member, self.jobs, self.runs, self.batches, self.offers, settle)
+                     if s is not None)
 
     def _committee_member(self) -> CommitteeMember:
         """This node's committee member: re-executes its own model's inference receipts and those of models it
@@ -239,8 +256,14 @@ class Node:
         span = self._load_span(start, end, fault=cfg.fault if cfg.fault in FAULTS else None)
         return SpanServer(self.ident, self.genesis.domain, span, self.executor, self.blobs,
                           lambda: self.ledger.state.height, self.genesis.params.price_per_token_block,
-                          step_timeout=cfg.step_timeout, cache_tokens=cfg.cache_tokens, submit=self.ledger.submit,
-                          penalize=self.host.penalize)
+                          step_timeout=cfg.step_timeout, cache_tokens=cfg.cache_tokens,
+                          submit=self.ledger.submit if self.book is None else self._keep_receipt,
+                          penalize=self.host.penalize, tabs=self.tab_gate)
+
+    async def _keep_receipt(self, receipt: Any) -> None:
+        """A session's receipt on a chain with tabs: into the epoch book (the worker batches it), not the ledger."""
+        assert self.book is not None
+        await trio.to_thread.run_sync(self.book.add, receipt)  # a synced LevelDB write
 
     async def _choose_span(self) -> tuple[int, int]:
         """``--span auto``: listen to the swarm's announcements for 1.5 announcement periods (plus an offset
@@ -358,6 +381,8 @@ class Node:
                     self._warn_small_network()
         finally:
             self.store.close()
+            if self.book is not None:
+                self.book.close()
 
     def _warms_route(self) -> bool:
         """Whether this node keeps its route's servers connected ahead of a generation: ``cfg.warm_route``, by
@@ -456,7 +481,8 @@ class Node:
         if m.model_id not in self.clients:
             self.clients[m.model_id] = RouteClient(
                 self.ident, self.host, LazyHead(model_dir, device=self.cfg.device), m, self.ledger, self.executor,
-                self.blobs, self.swarm, step_timeout=self.cfg.step_timeout, compression=self.cfg.compression)
+                self.blobs, self.swarm, step_timeout=self.cfg.step_timeout, compression=self.cfg.compression,
+                tabs=self.tab_book)
         return self.clients[m.model_id]
 
     async def generate(self, prompt_ids: list[int], max_new_tokens: int, model: str | None = None,

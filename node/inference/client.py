@@ -34,13 +34,15 @@ from ..blobs import BlobStore
 from ..compute.shards import NoRouteError, SpanInfo, choose_route
 from ..encoding import DecodeError
 from ..identity import Identity, account_from_str, verify
+from ..ledger.core.tabs import TabReceipt
 from ..ledger.core.tx import Receipt
 from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, read_msg, write_msg
 from ..p2p.host import PeerUnreachable
 from ..p2p.quirks import exception_leaves
-from .receipts import CLOCK, RunningReceipt, SessionTerms, store_blob, wire_commitment
+from .receipts import CLOCK, RunningReceipt, SessionTerms, TabTerms, store_blob, wire_commitment
 from .server import CONTROL_MAX, INFERENCE_PROTOCOL, new_session_id
 from .swarm import SwarmTable
+from .tabseam import RequesterTabs, tab_reply
 from .wire import check_codec, decode_hidden, encode_hidden
 
 if TYPE_CHECKING:
@@ -82,6 +84,7 @@ class Hop:
     session_id: bytes = b""
     opened_height: int = 0
     rr: RunningReceipt | None = None
+    tab_id: bytes | None = None  # the tab this session is paid through, held until it is settled
     inputs: list = field(default_factory=list)
     outputs: list = field(default_factory=list)
     signed: tuple | None = None
@@ -114,7 +117,7 @@ class Failover:
 class Generation:
     prompt_ids: list[int]
     tokens: list[int]
-    receipts: list[Receipt]
+    receipts: list[Receipt | TabReceipt]
     route: list[tuple[str, int, int]]
     seconds: float
     failovers: list[Failover] = field(default_factory=list)
@@ -147,8 +150,9 @@ class RouteClient:
 
     def __init__(self, ident: Identity, host, head, manifest, ledger, executor, blobs: BlobStore,
                  swarm: SwarmTable, step_timeout: float = 60.0, compression: str = "none", max_failovers: int = 4,
-                 submit: bool = True):
+                 submit: bool = True, tabs: RequesterTabs | None = None):
         self.ident, self.host, self.head, self.manifest = ident, host, head, manifest
+        self.tabs = tabs  # sessions paid through tabs (node.inference.tabseam), or None: one receipt each
         self.ledger, self.executor, self.blobs, self.swarm = ledger, executor, blobs, swarm
         self.step_timeout = step_timeout
         self.compression = check_codec(compression)
@@ -247,15 +251,31 @@ class RouteClient:
                 del self._dialing[peer]
 
     async def _open(self, hop: Hop, max_length: int) -> None:
+        if self.tabs is None:
+            return await self._open_session(hop, max_length)
+        price = self.ledger.genesis.params.price_per_token_block
+        worker = account_from_str(hop.peer)
+        hop.tab_id = await self.tabs.acquire(worker, max_length * (hop.end - hop.start) * price)
+        try:
+            await self._open_session(hop, max_length)
+        except BaseException:
+            self.tabs.release(worker, hop.tab_id, None)
+            hop.tab_id = None
+            raise
+
+    async def _open_session(self, hop: Hop, max_length: int) -> None:
         t0 = time.perf_counter()
         await self._dial(hop.peer)
         t1 = time.perf_counter()
         hop.stream = await self.host.open_stream(hop.peer, INFERENCE_PROTOCOL)
         t2 = time.perf_counter()
         hop.session_id = new_session_id()
-        await write_msg(hop.stream, {"type": "open", "session_id": hop.session_id,
-                                     "model_id": self.manifest.model_id, "start": hop.start, "end": hop.end,
-                                     "max_length": max_length, "compression": hop.codec, "replay": hop.replay})
+        opening: dict[str, Any] = {"type": "open", "session_id": hop.session_id, "model_id": self.manifest.model_id,
+                                   "start": hop.start, "end": hop.end, "max_length": max_length,
+                                   "compression": hop.codec, "replay": hop.replay}
+        if hop.tab_id is not None:
+            opening["tab"] = hop.tab_id
+        await write_msg(hop.stream, opening)
         reply = check_reply(await read_msg(hop.stream, timeout=self.step_timeout, max_message=CONTROL_MAX))
         log.debug("session on %s opened: dial %.3f s, stream %.3f s, open %.3f s", hop.peer[:16], t1 - t0,
                   t2 - t1, time.perf_counter() - t2)
@@ -265,9 +285,17 @@ class RouteClient:
         hop.opened_height = height
         hop.inline_acks = reply.get("inline_acks") is True
         price = self.ledger.genesis.params.price_per_token_block
+        tab = None
+        if hop.tab_id is not None:
+            got = tab_reply(reply.get("tab"))
+            if got is None:
+                raise HopFailed(f"server {hop.peer[:16]} did not name the session's tab nonce and amount owed")
+            if self.tabs is not None and not self.tabs.check_before(hop.tab_id, got[1]):
+                raise HopFailed(f"server {hop.peer[:16]} claims {got[1]} owed on the tab, more than was signed")
+            tab = TabTerms(hop.tab_id, got[0], got[1])
         hop.rr = RunningReceipt(SessionTerms(self.ledger.chain_id, hop.session_id, account_from_str(hop.peer),
                                              self.ident.account, self.manifest.model_id, hop.start, hop.end,
-                                             height, hop.codec, hop.replay, price))
+                                             height, hop.codec, hop.replay, price, tab))
 
     async def _ack(self, hop: Hop, steps: int, sig: bytes, done: trio.Event) -> None:
         try:
@@ -370,9 +398,17 @@ class RouteClient:
         except HOP_ERRORS as e:  # the server has our acks already; its receipt is unaffected
             log.info("close of session with %s failed: %s", hop.peer[:16], e)
 
-    def _settle(self, hop: Hop) -> Receipt | None:
+    def _settle(self, hop: Hop) -> Receipt | TabReceipt | None:
         """The countersigned receipt for every output received from ``hop`` (None if none was billed or the
-        server's signature does not match); stores the session's blobs for the committee."""
+        server's signature does not match); stores the session's blobs for the committee; releases its tab."""
+        r = self._settled(hop)
+        if hop.tab_id is not None and self.tabs is not None:
+            self.tabs.release(account_from_str(hop.peer), hop.tab_id,
+                              r.cumulative if isinstance(r, TabReceipt) else None)
+            hop.tab_id = None
+        return r
+
+    def _settled(self, hop: Hop) -> Receipt | TabReceipt | None:
         if hop.signed is None or hop.rr is None:  # rr is set with the session, before anything is signed
             return None
         state, rid, wsig, csig = hop.signed
@@ -467,7 +503,7 @@ class RouteClient:
         tok = self.head.next_token(hidden)
         return tok, self.head.embed_ids([tok]) if embed else None
 
-    async def _finish(self, run: _Run, close: bool) -> list[Receipt]:
+    async def _finish(self, run: _Run, close: bool) -> list[Receipt | TabReceipt]:
         """Close (or abort) every session, settle and submit the receipts of all hops, retired ones included."""
         run.bg = None
         await self._flush(run, inline=close)  # closing: the last acknowledgements ride on the close messages
@@ -483,6 +519,8 @@ class RouteClient:
         receipts = [r for r in (self._settle(h) for h in hops) if r is not None]
         if self.submit:
             for r in receipts:
+                if isinstance(r, TabReceipt):
+                    continue  # paid through its tab: the worker commits to it in its epoch batch
                 try:
                     await self.ledger.submit(r)
                 except Exception as e:  # noqa: BLE001 - one receipt that fails to submit must not lose the others

@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass
 
 from ..encoding import HASH_LEN, H, pack, tensor_to_wire
+from ..ledger.core.tabs import TabReceipt
 from ..ledger.core.tx import Receipt
 
 
@@ -176,6 +177,17 @@ class SessionTerms:
     compression: str
     replay: int
     price_per_token_block: int
+    tab: TabTerms | None = None  # paid through a tab (issue 37): the session's receipt is a TabReceipt
+
+
+@dataclass(frozen=True)
+class TabTerms:
+    """A session paid through tab ``tab_id``: its receipt is tab nonce ``nonce``, and its cumulative is ``before``
+    (what the requester owed on the tab before this session, base units) plus the session's price so far."""
+
+    tab_id: bytes
+    nonce: int
+    before: int
 
 
 class RunningReceipt:
@@ -195,9 +207,14 @@ class RunningReceipt:
         self.steps = 0
         self.positions = 0
         t = terms
-        head = [Receipt.TAG, t.chain_id, t.session_id, t.worker, t.requester, t.model_id, t.start, t.end]
+        tag = Receipt.TAG if t.tab is None else TabReceipt.TAG
+        head = [tag, t.chain_id, t.session_id, t.worker, t.requester, t.model_id, t.start, t.end]
         tail = [t.opened_height, t.compression]
-        n = len(head) + 4 + len(tail)
+        # the fields between outputs_root and the price (a tab receipt's tab id and nonce; its "price" field is
+        # the cumulative amount): fixed for the session
+        self._mid = b"" if t.tab is None else pack(t.tab.tab_id) + _pack_uint(t.tab.nonce)
+        self._base = 0 if t.tab is None else t.tab.before
+        n = len(head) + 4 + len(tail) + (0 if t.tab is None else 2)
         self._prefix = hashlib.blake2b(pack([None] * n)[:-n], digest_size=HASH_LEN)  # the array header
         for x in head:
             self._prefix.update(pack(x))
@@ -235,17 +252,22 @@ class RunningReceipt:
     def id_of(self, billed: int, inputs_root: bytes, outputs_root: bytes) -> bytes:
         """Id of this session's receipt with these moving fields (``billed >= 1``); equals ``receipt_of(...).id``."""
         h = self._prefix.copy()
-        h.update(b"".join((_pack_uint(billed), _BIN32, inputs_root, _BIN32, outputs_root,
-                           _pack_uint(billed * self._blocks_price), self._suffix)))
+        h.update(b"".join((_pack_uint(billed), _BIN32, inputs_root, _BIN32, outputs_root, self._mid,
+                           _pack_uint(self._base + billed * self._blocks_price), self._suffix)))
         return h.digest()
 
-    def receipt_of(self, billed: int, inputs_root: bytes, outputs_root: bytes) -> Receipt:
-        """The unsigned :class:`Receipt` of this session with these moving fields."""
+    def receipt_of(self, billed: int, inputs_root: bytes, outputs_root: bytes) -> Receipt | TabReceipt:
+        """The unsigned :class:`Receipt` (or :class:`TabReceipt`, for a session on a tab) of this session with
+        these moving fields."""
         t = self.terms
+        if t.tab is not None:
+            return TabReceipt(t.chain_id, t.session_id, t.worker, t.requester, t.model_id, t.start, t.end, billed,
+                              inputs_root, outputs_root, t.tab.tab_id, t.tab.nonce,
+                              t.tab.before + billed * self._blocks_price, t.opened_height, t.compression)
         return Receipt(t.chain_id, t.session_id, t.worker, t.requester, t.model_id, t.start, t.end, billed,
                        inputs_root, outputs_root, billed * self._blocks_price, t.opened_height, t.compression)
 
-    def current(self) -> Receipt | None:
+    def current(self) -> Receipt | TabReceipt | None:
         """The unsigned receipt for every step so far, or ``None`` while no position is billed (replay only)."""
         if self.billed == 0:
             return None

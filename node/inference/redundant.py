@@ -39,6 +39,7 @@ from ..compute.compare import DEFAULT_TOLERANCE, distance, is_valid
 from ..compute.shards import NoRouteError
 from ..identity import account_from_str
 from ..ledger.core.disputes import Dispute
+from ..ledger.core.tabs import TabReceipt
 from ..ledger.core.tx import Receipt
 from ..p2p.quirks import exception_leaves
 from .client import HOP_ERRORS, Generation, Hop, HopFailed, RouteClient, _abort, _Run
@@ -197,7 +198,7 @@ class RedundantClient:
         runs = [_Run(total, codec, [Hop(s.peer, s.start, s.end, codec) for s in r], excluded=shared)
                 for r in (ra, rb)]
         routes = [_route(r) for r in runs]
-        receipts: list[Receipt] = []
+        receipts: list[Receipt | TabReceipt] = []
         new: list[int] = []
         mismatch: Mismatch | None = None
         finish: _Run | None = None
@@ -290,7 +291,7 @@ class RedundantClient:
                         [(h.peer, h.start, h.end) for h in _in(b, span)], d, self.tolerance,
                         None if ta == tb else (ta, tb))
 
-    async def _dispute(self, receipts: list[Receipt], hops: list[Hop]) -> list[bytes]:
+    async def _dispute(self, receipts: list[Receipt | TabReceipt], hops: list[Hop]) -> list[bytes]:
         """Submit a Dispute for the receipt of each of ``hops`` (matched by worker and session id)."""
         c = self.client
         want = {(account_from_str(h.peer), h.session_id) for h in hops}

@@ -38,16 +38,19 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import trio
 
 from ..blobs import BlobStore
 from ..encoding import DecodeError, pack
 from ..identity import Identity, account_from_str, verify
+from ..ledger.core.tabs import TabReceipt
 from ..ledger.core.tx import Receipt
 from ..p2p.framing import FrameError, RequestTimeout, StreamClosed, error_reply, read_msg, write_msg
 from ..p2p.scoring import BAD_REQUEST, BAD_SIGNATURE, MALFORMED_FRAME
-from .receipts import CLOCK, RunningReceipt, SessionTerms, store_blob, wire_commitment
+from .receipts import CLOCK, RunningReceipt, SessionTerms, TabTerms, store_blob, wire_commitment
+from .tabseam import WorkerTabs
 from .wire import CODECS, decode_hidden, encode_hidden
 
 log = logging.getLogger("tally.inference")
@@ -99,7 +102,7 @@ class Settled:
 
     session_id: bytes
     requester: str
-    receipt: Receipt | None
+    receipt: Receipt | TabReceipt | None
     reason: str
     steps: int
     acked: int
@@ -147,7 +150,7 @@ class SpanServer:
     def __init__(self, ident: Identity, chain_id: str, span, executor, blobs: BlobStore, height,
                  price_per_token_block: int, step_timeout: float = 60.0, max_sessions: int = 32,
                  cache_tokens: int | None = None, submit=None, penalize=None, max_batch: int = 8,
-                 inline_acks: bool = True):
+                 inline_acks: bool = True, tabs: WorkerTabs | None = None):
         self.ident, self.chain_id, self.span, self.executor, self.blobs = ident, chain_id, span, executor, blobs
         self.height = height
         self.price = price_per_token_block
@@ -155,6 +158,7 @@ class SpanServer:
         self.max_sessions = max_sessions
         self.cache_tokens = cache_tokens if cache_tokens is not None else max_sessions * span.max_length
         self.submit, self.penalize = submit, penalize
+        self.tabs = tabs  # sessions paid through tabs (node.inference.tabseam): checked at open, receipts kept
         self.active = 0
         self.reserved = 0
         self.sessions_served = 0
@@ -246,8 +250,20 @@ class SpanServer:
             raise SessionError("bad_request", "replay must be in 0..max_length-1")
         if self.active >= self.max_sessions or self.reserved + max_length > self.cache_tokens:
             raise SessionError("busy", "too many sessions or no KV cache left")
-        terms = SessionTerms(self.chain_id, sid, self.ident.account, account_from_str(peer), self.span.model_id,
-                             self.span.start, self.span.end, self.height(), codec, replay, self.price)
+        requester = account_from_str(peer)
+        tab = None
+        if self.tabs is not None:  # this chain pays through tabs: the session opens on one (issue 37)
+            tab_id = msg.get("tab")
+            if not (isinstance(tab_id, bytes) and len(tab_id) == 32):
+                raise SessionError("no_tab", "this chain pays through tabs: open the session on one (32-byte id)")
+            max_price = max_length * (self.span.end - self.span.start) * self.price
+            try:
+                nonce, before = self.tabs.open(requester, tab_id, max_price)
+            except ValueError as e:
+                raise SessionError(getattr(e, "code", "no_tab"), str(e)) from None
+            tab = TabTerms(tab_id, nonce, before)
+        terms = SessionTerms(self.chain_id, sid, self.ident.account, requester, self.span.model_id,
+                             self.span.start, self.span.end, self.height(), codec, replay, self.price, tab)
         return _Session(sid, peer, max_length, codec, RunningReceipt(terms), self.span.new_cache())
 
     def _offence(self, peer: str, weight: float) -> None:
@@ -274,7 +290,10 @@ class SpanServer:
         self.reserved += sess.max_length
         reason = "error"
         try:
-            opened = {"status": "ok", "height": sess.rr.terms.opened_height}
+            opened: dict[str, Any] = {"status": "ok", "height": sess.rr.terms.opened_height}
+            tab = sess.rr.terms.tab
+            if tab is not None:
+                opened["tab"] = [tab.nonce, tab.before]
             if self.inline_acks:
                 opened["inline_acks"] = True
             await write_msg(stream, opened)
@@ -294,11 +313,15 @@ class SpanServer:
             self.reserved -= sess.max_length
             sess.cache = None  # the KV cache is freed here, whatever happened
         receipt = self._settle(sess, reason)
-        if receipt is not None and self.submit is not None:
-            try:
-                await self.submit(receipt)
-            except Exception as e:  # noqa: BLE001 - the requester may submit the same receipt; never crash the handler
-                log.warning("could not submit receipt %s: %s", receipt.id.hex()[:16], e)
+        try:
+            if receipt is not None and self.submit is not None:
+                try:
+                    await self.submit(receipt)  # to the ledger, or (tabs) into the epoch book
+                except Exception as e:  # noqa: BLE001 - the requester may submit the same receipt; never crash here
+                    log.warning("could not submit receipt %s: %s", receipt.id.hex()[:16], e)
+        finally:
+            if sess.rr.terms.tab is not None and self.tabs is not None:
+                self.tabs.close(sess.rr.terms.tab.tab_id)  # after its receipt is kept: the next session's before
 
     async def _serve(self, stream, sess: _Session) -> str:
         """The step/ack/close loop; returns how the session ended. Raises on a bad or missing message."""
@@ -362,7 +385,7 @@ class SpanServer:
         if len(sess.acks) % VERIFY_EVERY == 0 and self._best_ack(sess) < n:
             raise SessionError("bad_ack", "countersignature does not match this session's receipt")
 
-    def _receipt_at(self, sess: _Session, steps: int) -> Receipt | None:
+    def _receipt_at(self, sess: _Session, steps: int) -> Receipt | TabReceipt | None:
         state = sess.history[steps - 1]
         return sess.rr.receipt_of(*state) if state[0] > 0 else None
 
@@ -383,7 +406,7 @@ class SpanServer:
             self._offence(sess.peer, BAD_SIGNATURE)
         return sess.verified
 
-    def _settle(self, sess: _Session, reason: str) -> Receipt | None:
+    def _settle(self, sess: _Session, reason: str) -> Receipt | TabReceipt | None:
         """Bookkeeping at the end of a session: the countersigned receipt for the acknowledged steps, its blobs."""
         n = self._best_ack(sess)
         receipt = None

@@ -37,6 +37,7 @@ from ..compute.model import block_file
 from ..duty.parts import Executor, Host, Ledger, NodeParts
 from ..identity import Identity, account_to_str
 from ..ledger.core.state import SAMPLED, State
+from ..ledger.core.tabs import TabReceipt
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID, InvalidTx, Receipt, Verdict, Vote
 from .blockfetch import BlockFetcher, BlockUnavailable
 
@@ -140,7 +141,7 @@ class CommitteeMember:
         async with trio.open_nursery() as n:
             async for receipt, round_ in self._recv:
                 await room.acquire()
-                lane = own if isinstance(receipt, Receipt) and receipt.model_id == self.model_id else other
+                lane = own if isinstance(receipt, Receipt | TabReceipt) and receipt.model_id == self.model_id else other
                 n.start_soon(self._check_and_vote, receipt, round_, lane, room)
 
     async def _check_and_vote(self, receipt, round_: int, lane: trio.Semaphore, room: trio.Semaphore) -> None:
@@ -301,6 +302,6 @@ async def _check_inference(member: CommitteeMember, receipt: Receipt, /) -> tupl
     Raises:
         TypeError: ``receipt`` is of a type no checker was registered for (the member abstains on it).
     """
-    if not isinstance(receipt, Receipt):
+    if not isinstance(receipt, Receipt | TabReceipt):  # a revealed tab receipt is checked as any inference receipt
         raise TypeError(f"no committee check for {type(receipt).__name__}")
     return await member.check(receipt)

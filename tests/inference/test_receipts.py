@@ -10,8 +10,9 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from node.encoding import DecodeError, commitments_root, merkle_root, tensor_commitment
-from node.inference.receipts import CLOCK, MerkleAccumulator, RunningReceipt, SessionTerms, _pack_uint
+from node.inference.receipts import CLOCK, MerkleAccumulator, RunningReceipt, SessionTerms, TabTerms, _pack_uint
 from node.inference.wire import CODECS, check_codec, decode_hidden, encode_hidden
+from node.ledger.core.tabs import TabReceipt
 
 
 def test_merkle_accumulator_equals_rfc9162_root_at_every_size():
@@ -40,6 +41,21 @@ def test_receipt_id_matches_canonical_id_at_large_prices():
         for n in (300, 1, 70_000):
             rid = rr.append(os.urandom(32), os.urandom(32), n)
             assert rid == rr.current().id
+
+
+def test_a_session_on_a_tab_is_a_tab_receipt_whose_cumulative_grows_from_the_tab_before_it():
+    for before in (0, 1, 10**12):
+        for nonce in (1, 300, 2**40):
+            t = SessionTerms("tally-test", b"s" * 16, b"w" * 32, b"r" * 32, b"m" * 32, 2, 5, 9, "none", 1, 100,
+                             TabTerms(b"t" * 32, nonce, before))
+            rr = RunningReceipt(t)
+            assert rr.append(b"a", b"b", 1) is None  # the replayed position is not billed
+            for n in (4, 1, 70_000):
+                rid = rr.append(os.urandom(32), os.urandom(32), n)
+                r = rr.current()
+                assert isinstance(r, TabReceipt) and rid == r.id  # the fast id is the tab receipt's canonical id
+            assert (r.tab_id, r.tab_nonce, r.tokens) == (b"t" * 32, nonce, 70_005)
+            assert r.cumulative == before + 70_005 * 3 * 100
 
 
 def terms(replay=0):

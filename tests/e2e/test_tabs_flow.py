@@ -1,0 +1,74 @@
+"""Issue 37, in-process nodes (real libp2p on 127.0.0.1, real LevelDB, real torch, the tiny model): a generation on
+a chain with tabs is paid through them -- the client opens one tab per server, each session's receipt is a tab
+receipt the server keeps in its epoch book, each server sends one epoch batch, reveals what the ledger draws
+(every receipt, as on the devnet), committees vote, and each server is paid what its requester signed, once."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from node.compute.model import make_tiny
+from node.compute.reference import local_generate
+from node.ledger.core.state import VALID_S
+from node.ledger.core.tabs import TabReceipt
+
+from .swarm import swarm, tiny_genesis
+
+SPANS = [(0, 2), (2, 4), (4, 6)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny(tmp_path_factory.mktemp("models"), seed=0)
+
+
+def test_a_generation_is_paid_through_tabs_and_epoch_batches(tmp_path, tiny):
+    prompt = [5, 17, 42, 99, 3]
+    g = tiny_genesis(3, epoch_blocks=8, batch_samples=1000, reveal_window=8, settle_window=2, tab_close_delay=24)
+
+    async def main():
+        async with swarm(tmp_path, tiny, SPANS, genesis=g) as nodes:
+            client = nodes[0]
+            st = client.ledger.state
+            before = {nd.ident.account: st.account(nd.ident.account) for nd in nodes}
+            supply = st.supply()
+            gen = await client.generate(prompt, 6)
+            gen2 = await client.generate(prompt, 3)  # a second session on each tab: nonce 2, owed on from the first
+            workers = [nd.ident.account for nd in nodes[1:]]
+            with trio.fail_after(90):  # every server's batch drawn, revealed, voted on, paid and pruned
+                while True:
+                    st = client.ledger.state
+                    paid = all(st.tables["worker_batches"].get(w, (1, -1))[0] == 0
+                               and st.tables["worker_batches"].get(w, (0, -1))[1] >= 0 for w in workers)
+                    if paid and not st.tables["settlements"]:
+                        break
+                    await client.ledger.new_block.wait()
+            st = client.ledger.state
+            me = client.ident.account
+            tabs = {t.worker: t for t in st.tables["tabs"].values() if t.requester == me}
+            recs = {r.id: st.receipts.get(r.id) for r in gen.receipts + gen2.receipts}
+            return gen, gen2, before, {a: st.account(a) for a in before}, supply, st.supply(), tabs, recs
+
+    gen, gen2, before, after, supply, supply1, tabs, recs = trio.run(main)
+    assert gen.tokens == local_generate(tiny, prompt, 6)
+    receipts = gen.receipts + gen2.receipts
+    assert len(receipts) == 6 and all(isinstance(r, TabReceipt) for r in receipts)
+    assert {r.tab_nonce for r in gen2.receipts} == {2}  # each server's second session on the same tab
+    owed = {r.worker: r.cumulative for r in gen2.receipts}
+    for r in gen.receipts:
+        assert owed[r.worker] == r.cumulative + next(x for x in gen2.receipts if x.worker == r.worker).tokens * 2 * \
+            g.params.price_per_token_block
+    client = next(iter(before))
+    assert {w: t.redeemed for w, t in tabs.items()} == owed  # each tab redeemed exactly what was signed on it
+    for r in receipts:  # every receipt was drawn, revealed and voted valid
+        rec = recs[r.id]
+        assert rec.status == VALID_S and rec.votes and {v[2] for v in rec.votes} == {0}
+    earned = {w: after[w].balance - before[w].balance for w in owed}
+    # the committees are the servers themselves (the only bonded accounts): fees move between them, so together they
+    # earned exactly what was signed, each at least half its own
+    assert sum(earned.values()) == sum(owed.values()) and all(earned[w] > owed[w] // 2 for w in owed)
+    assert all(after[w].escrow == 0 for w in owed)  # nothing left pending
+    assert before[client].balance - after[client].balance - (after[client].escrow - before[client].escrow) \
+        == sum(owed.values())
+    assert supply == supply1
