@@ -25,7 +25,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..ledger.core.tx import InvalidTx
-from . import batches, jobs, modelsapi, pages, runs, wallet
+from . import batches, jobs, modelsapi, pages, runs, tabsapi, wallet
 from .cache import ResponseCache
 from .deps import NodeAPI
 from .metrics import CONTENT_TYPE, metrics_registry, render
@@ -114,7 +114,7 @@ ERRORS: Responses = {c: {"model": ErrorOut} for c in (400, 401, 403, 404, 409, 4
 # get ERRORS at inclusion
 ROUTERS: tuple[tuple[APIRouter, Responses | None], ...] = (
     (wallet.router, None), (jobs.router, ERRORS), (runs.router, ERRORS), (batches.router, ERRORS),
-    (modelsapi.router, ERRORS), (pages.router, None))
+    (modelsapi.router, ERRORS), (tabsapi.router, ERRORS), (pages.router, None))
 
 
 def create_app(node: NodeAPI) -> FastAPI:

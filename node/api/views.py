@@ -94,7 +94,8 @@ def receipt_json(rec) -> dict:
     start, end = getattr(r, "span_start", None), getattr(r, "span_end", None)
     tokens = getattr(r, "tokens", None)
     return {
-        "id": r.id.hex(), "kind": "inference" if r.KIND == "receipt" else "training", "status": rec.status,
+        "id": r.id.hex(), "kind": "inference" if r.KIND in ("receipt", "tab_receipt") else "training",
+        "status": rec.status,
         "height": rec.height, "session_id": hexid(getattr(r, "session_id", None)),
         "job_id": hexid(getattr(r, "job_id", None)), "worker": acct(r.worker), "requester": acct(r.requester),
         "model_id": hexid(getattr(r, "model_id", None)), "span": [start, end] if start is not None else None,

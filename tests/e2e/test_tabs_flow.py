@@ -5,6 +5,7 @@ receipt the server keeps in its epoch book, each server sends one epoch batch, r
 
 from __future__ import annotations
 
+import httpx
 import pytest
 import trio
 
@@ -48,9 +49,13 @@ def test_a_generation_is_paid_through_tabs_and_epoch_batches(tmp_path, tiny):
             me = client.ident.account
             tabs = {t.worker: t for t in st.tables["tabs"].values() if t.requester == me}
             recs = {r.id: st.receipts.get(r.id) for r in gen.receipts + gen2.receipts}
-            return gen, gen2, before, {a: st.account(a) for a in before}, supply, st.supply(), tabs, recs
+            async with httpx.AsyncClient(timeout=10) as http:  # the wallet API's view of the same tabs
+                api = (await http.get(f"{client.api_url}/v1/accounts/{client.ident.peer_id}/tabs")).json()
+                worker_view = (await http.get(f"{client.api_url}/v1/accounts/{nodes[1].ident.peer_id}/tabs")).json()
+            return gen, gen2, before, {a: st.account(a) for a in before}, supply, st.supply(), tabs, recs, api, \
+                worker_view
 
-    gen, gen2, before, after, supply, supply1, tabs, recs = trio.run(main)
+    gen, gen2, before, after, supply, supply1, tabs, recs, api, worker_view = trio.run(main)
     assert gen.tokens == local_generate(tiny, prompt, 6)
     receipts = gen.receipts + gen2.receipts
     assert len(receipts) == 6 and all(isinstance(r, TabReceipt) for r in receipts)
@@ -72,3 +77,6 @@ def test_a_generation_is_paid_through_tabs_and_epoch_batches(tmp_path, tiny):
     assert before[client].balance - after[client].balance - (after[client].escrow - before[client].escrow) \
         == sum(owed.values())
     assert supply == supply1
+    assert len(api["tabs"]) == 3 and sorted(int(t["redeemed"]["base_units"]) for t in api["tabs"]) == \
+        sorted(owed.values())
+    assert len(worker_view["tabs"]) == 1 and worker_view["open_batches"] == 0

@@ -1,0 +1,75 @@
+"""``GET /v1/accounts/{account}/tabs`` and ``GET /v1/settlements/{key}``: tabs and epoch batches (issue 37).
+
+An account's tabs are those it opened (as requester) or is paid through (as worker): locked (still the
+requester's), redeemed (the newest voucher's cumulative the worker was paid from the tab) and the tab nonce. Its
+*pending* credits are what its epoch batches not yet final moved to it (its escrow, as a worker), and *spendable*
+its balance. A batch (settlement) shows what it committed to, what it moved, the receipts drawn from it and their
+reveals. The list of tabs is a scan of the tab table (``MAX_TABS`` at most): a node with millions of tabs answers
+with the first ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from ..ledger.core.tabs.state import Settlement, Tab
+from .deps import NodeDep
+from .views import acct, amount, hexid, parse_account
+
+MAX_TABS = 1000
+
+router = APIRouter(prefix="/v1", tags=["tabs"])
+
+
+def tab_json(tab_id: bytes, t: Tab) -> dict[str, Any]:
+    return {"tab": tab_id.hex(), "requester": acct(t.requester), "worker": acct(t.worker),
+            "locked": amount(t.locked), "redeemed": amount(t.redeemed), "nonce": t.nonce,
+            "closes_at": t.close_at or None}
+
+
+def settlement_json(key: bytes, st: Settlement) -> dict[str, Any]:
+    return {"key": key.hex(), "worker": acct(st.worker), "epoch": st.epoch, "root": st.root.hex(),
+            "count": st.count, "work": st.work, "pending": amount(st.amount), "status": st.status.value,
+            "included_at": st.height, "due": st.due or None,
+            "payments": [{"tab": t.hex(), "requester": acct(r), "amount": amount(a)} for t, r, a in st.payments],
+            "drawn": [{"index": i, "receipt": hexid(rid) if rid else None}
+                      for i, rid in zip(st.draw, st.revealed, strict=False)],
+            "verdicts": {"decided": st.decided, "invalid": st.invalid}}
+
+
+@router.get("/accounts/{account}/tabs", summary="Tabs an account opened or is paid through; pending and spendable")
+async def account_tabs(node: NodeDep, account: str):
+    a = parse_account(account)
+    s = node.ledger.state
+    tabs = []
+    for tab_id, t in s.tables["tabs"].items():
+        if a in (t.requester, t.worker):
+            tabs.append(tab_json(tab_id, t))
+            if len(tabs) >= MAX_TABS:
+                break
+    acc = s.account(a)
+    open_batches = s.tables["worker_batches"].get(a, (0, -1))[0]
+    return JSONResponse({"account": acct(a), "tabs": tabs, "spendable": amount(acc.balance),
+                         "pending": amount(acc.escrow) if open_batches else amount(0),
+                         "locked_in_tabs": amount(sum(t.locked for t in s.tables["tabs"].values()
+                                                      if t.requester == a)),
+                         "open_batches": open_batches, "height": s.height})
+
+
+@router.get("/settlements/{key}", summary="An epoch batch not yet final: what it committed to and its draws")
+async def settlement(node: NodeDep, key: str):
+    try:
+        k = bytes.fromhex(key)
+    except ValueError:
+        return JSONResponse({"error": "bad_request", "detail": "key must be hex"}, status_code=400)
+    st = node.ledger.state.tables["settlements"].get(k)
+    if st is None:
+        return JSONResponse({"error": "not_found", "detail": "no open batch under that key (unknown, or final: "
+                                                           "its story is in the blocks)"}, status_code=404)
+    return JSONResponse(settlement_json(k, st))
+
+
+__all__ = ["MAX_TABS", "router", "settlement_json", "tab_json"]
