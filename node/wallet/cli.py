@@ -77,7 +77,7 @@ def _page_size(text: str) -> int:
 
 def add_wallet_parser(sub, default_data_dir: Path) -> None:
     """``node wallet``: ``--data-dir`` and ``--json`` go before the subcommand (``--json`` also after it)."""
-    w = sub.add_parser("wallet", help="balance, history, transfer, bond, unbond",
+    w = sub.add_parser("wallet", help="balance, history, tabs, transfer, bond, unbond",
                        description="The wallet of a local node's account (its peer ID). Talks to the node running "
                                    "in --data-dir: its API URL is read from node.json and its token from api_token. "
                                    "Amounts are decimal credits, e.g. 1.5.")
@@ -116,6 +116,11 @@ def add_wallet_parser(sub, default_data_dir: Path) -> None:
                                     "that includes it; `node wallet validators` shows the set and pending changes.")
     val.add_argument("action", choices=("join", "leave"))
     ws.add_parser("validators", parents=[common], help="the validator set, voting power and pending changes")
+    tb = ws.add_parser("tabs", parents=[common], help="tabs (locked, redeemed) and pending versus spendable credits",
+                       description="The account's tabs on a chain that settles through them (issue 37): those it "
+                                   "opened to pay servers and those it is paid through as a server; and its "
+                                   "credits pending in epoch batches not yet final versus spendable.")
+    tb.add_argument("account", nargs="?", help="another account to look at (default: the node's own)")
 
 
 # ------------------------------------------------------------------ text output
@@ -132,6 +137,22 @@ def format_balance(acc: dict) -> str:
     if acc["bond"]["base_units"] != "0":
         lines.append(f"eligible {'yes' if acc['eligible'] else 'no (bond below min_bond)'}")
     lines.append(f"height   {acc['height']}")
+    return "\n".join(lines)
+
+
+def format_tabs(t: dict) -> str:
+    """``node wallet tabs``: spendable and pending credits, then one line per tab."""
+    lines = [f"account    {t['account']}", f"spendable  {_cr(t['spendable'])}",
+             f"pending    {_cr(t['pending'])} ({t['open_batches']} epoch batch(es) not final)",
+             f"locked     {_cr(t['locked_in_tabs'])} in tabs it opened", f"height     {t['height']}"]
+    for x in t["tabs"]:
+        role = "pays" if x["requester"] == t["account"] else "paid by"
+        other = x["worker"] if x["requester"] == t["account"] else x["requester"]
+        lines.append(f"  tab {x['tab'][:16]}  {role} {other}  locked {_cr(x['locked'])}  redeemed "
+                     f"{_cr(x['redeemed'])}  nonce {x['nonce']}"
+                     + (f"  closes at {x['closes_at']}" if x.get("closes_at") else ""))
+    if not t["tabs"]:
+        lines.append("  no tabs (the chain settles receipt by receipt, or none was opened)")
     return "\n".join(lines)
 
 
@@ -231,6 +252,10 @@ def run_wallet_command(args) -> int:
                 print(json.dumps(acc, indent=2) if args.json else format_balance(acc))
             elif args.wallet_cmd == "history":
                 _history(api, args)
+            elif args.wallet_cmd == "tabs":
+                account = check_account(args.account) if args.account else api.peer_id
+                got = api.get(f"/v1/accounts/{account}/tabs")
+                print(json.dumps(got, indent=2) if args.json else format_tabs(got))
             elif args.wallet_cmd == "validators":
                 vals = api.get("/v1/validators")
                 print(json.dumps(vals, indent=2) if args.json else format_validators(vals))

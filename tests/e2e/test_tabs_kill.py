@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
 
 import httpx
@@ -20,7 +22,7 @@ import pytest
 from node.compute.model import make_tiny
 from node.devnet import devnet_genesis
 
-from .test_processes import info, start, stop_all
+from .test_processes import ROOT, info, start, stop_all
 
 PARAMS = {"epoch_blocks": 20, "batch_samples": 1000, "reveal_window": 20, "settle_window": 2,
           "tab_close_delay": 60}
@@ -82,9 +84,15 @@ def test_a_server_killed_mid_epoch_is_paid_after_restart_once(tmp_path):
         status_after = _get(i0["api"], "/v1/status")["height"]
         time.sleep(6)  # more blocks: nothing more is paid
         again = _get(i0["api"], f"/v1/accounts/{infos[k]['peer_id']}/tabs")
+        wallet = subprocess.run([sys.executable, "-m", "node.cli", "wallet", "--data-dir", str(dirs[0]), "tabs"],
+                                capture_output=True, text=True, timeout=60, cwd=ROOT)
     finally:
         stop_all(procs)
     signed = max(int(r["fields"]["cumulative"]) for r in recs)
     assert [r["status"] for r in recs] == ["valid", "valid"]  # both sessions' receipts drawn, revealed, valid
     assert int(t["tabs"][0]["redeemed"]["base_units"]) == signed  # every signed credit redeemed
     assert again["tabs"] == t["tabs"] and status_after > height_killed
+    assert wallet.returncode == 0, wallet.stderr  # the requester's wallet shows the tab it pays through
+    redeemed = t["tabs"][0]["redeemed"]["credits"]
+    assert f"pays {infos[k]['peer_id']}" in wallet.stdout and f"redeemed {redeemed} credits" in wallet.stdout, \
+        wallet.stdout
