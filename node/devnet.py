@@ -58,6 +58,12 @@ def devnet_genesis(servers: int) -> dict:
     return doc
 
 
+# the devnet's tab parameters (node devnet --tabs): epochs of 10 blocks (5 s), every receipt of a batch drawn (as
+# p = 1 on the devnet), 10 blocks to reveal, spendable 4 blocks after the last verdict
+TAB_PARAMS = {"epoch_blocks": 10, "batch_samples": 1_000_000, "reveal_window": 10, "settle_window": 4,
+              "tab_close_delay": 40}
+
+
 def _wait_info(data_dir: Path, proc: subprocess.Popen, timeout: float) -> dict:
     path = data_dir / "node.json"
     deadline = time.monotonic() + timeout
@@ -181,12 +187,16 @@ def run_devnet(args) -> int:
         lock = _lock_root(root)  # noqa: F841 (held until this process exits)
         _prepare_root(root)
         chain = []
-        if args.servers > EMBEDDED_SERVERS:
+        if args.servers > EMBEDDED_SERVERS or getattr(args, "tabs", False):
             gfile = root / "genesis.json"
-            gfile.write_text(json.dumps(devnet_genesis(args.servers), indent=1) + "\n")
+            doc = devnet_genesis(args.servers)
+            if getattr(args, "tabs", False):
+                doc["params"].update(TAB_PARAMS)
+            gfile.write_text(json.dumps(doc, indent=1) + "\n")
             chain = ["--genesis", str(gfile)]
-            print(f"   genesis {gfile}: chain {WIDE_CHAIN}, dev keys 1-{args.servers} bonded (the embedded devnet "
-                  f"bonds {EMBEDDED_SERVERS})", flush=True)
+            print(f"   genesis {gfile}: chain {WIDE_CHAIN}, dev keys 1-{args.servers} bonded"
+                  + (f"; tabs and epochs of {TAB_PARAMS['epoch_blocks']} blocks" if getattr(args, "tabs", False)
+                     else f" (the embedded devnet bonds {EMBEDDED_SERVERS})"), flush=True)
         print(f"== starting {1 + args.servers} node processes on 127.0.0.1 ({root})", flush=True)
         client_dir = root / "node0"
         procs.append(_spawn(args, 0, client_dir, ["--api-port", str(args.api_port), *chain]))
@@ -252,19 +262,25 @@ def _inference_demo(http, api, accounts, manifest, model_dir: Path, args) -> boo
     print(f"   text: {gen['text']!r}")
     print(f"   {len(gen['tokens'])} tokens in {gen['seconds']:.2f} s "
           f"({len(gen['tokens']) / gen['seconds']:.1f} tokens/s)")
-    print("== waiting for committee verdicts", flush=True)
+    print("== waiting for committee verdicts" + (" (each server's epoch batch, its reveals and their votes; "
+                                                 "then the batch's payment)" if getattr(args, "tabs", False)
+                                                 else ""), flush=True)
     final = FINAL  # receipt statuses no block changes
     deadline = time.monotonic() + 300
     while True:
         got = [http.get(f"{api}/v1/receipts/{rid}") for rid in gen["receipts"]]
         recs = [g.json() for g in got if g.status_code == 200]  # 404: not in a block yet
-        if len(recs) == len(got) and all(x["status"] in final for x in recs):
+        if len(recs) == len(got) and all(x["status"] in final for x in recs) and (
+                not getattr(args, "tabs", False) or _batches_paid(http, api, accounts[1:])):
             break
         if time.monotonic() > deadline:
             raise DevnetError("receipts did not reach a verdict within 300 s")
         time.sleep(0.5)
     after = {a: _get(http, f"{api}/v1/accounts/{a}") for a in accounts}
-    ok = _report(recs, before, after, accounts, args)
+    if getattr(args, "tabs", False):
+        ok = _report_tabs(http, api, recs, before, after, accounts)
+    else:
+        ok = _report(recs, before, after, accounts, args)
     print("== reference: the same model generating greedily in one process", flush=True)
     # local: imports torch (~1.6 s): only the demo's local generation needs it
     from .compute.reference import local_generate
@@ -338,6 +354,56 @@ def _job_demo(http, api, accounts, root: Path, args) -> bool:
           f"{'true' if paid == price else 'false'}; worker earned {format_amount(earned)} = price - committee fees "
           f"{format_amount(fees)}: {'true' if earned + fees == price else 'false'}")
     return ok and paid == price and earned + fees == price
+
+
+def _batches_paid(http, api: str, workers: list[str]) -> bool:
+    """Whether every server sent an epoch batch and none of its batches waits any more."""
+    for w in workers:
+        t = _get(http, f"{api}/v1/accounts/{w}/tabs")
+        if t["open_batches"] or not t["tabs"] or not any(int(x["redeemed"]["base_units"]) for x in t["tabs"]):
+            return False
+    return True
+
+
+def _report_tabs(http, api: str, recs, before, after, accounts) -> bool:
+    """The receipts (revealed from the servers' epoch batches), the tabs and the balances, checked to add up: each
+    tab redeemed what its last receipt says is owed, the servers together earned what the client owed (committee
+    fees move between servers), and the client's balance and escrow fell by that much."""
+    print("== receipts (each revealed from its server's epoch batch)")
+    name = {a: f"node{i}" for i, a in enumerate(accounts)}
+    ok = True
+    for x in recs:
+        votes = ", ".join(f"{name.get(v['voter'], v['voter'][:12])}={v['verdict']}" for v in x["votes"])
+        f = x["fields"]
+        print(f"   {x['id'][:16]}…  worker {name.get(x['worker'])}  blocks [{x['span'][0]},{x['span'][1]})  "
+              f"{x['tokens']} token positions  tab {f['tab_id'][:12]}… nonce {f['tab_nonce']}  owed on the tab "
+              f"{format_amount(int(f['cumulative']))}")
+        print(f"      committee: {', '.join(name.get(m, m[:12]) for m in x['committee'])}; votes: {votes}; "
+              f"verdict: {x['status']}")
+        ok = ok and x["status"] == ReceiptStatus.VALID
+    tabs = _get(http, f"{api}/v1/accounts/{accounts[0]}/tabs")["tabs"]
+    owed: dict[str, int] = {}
+    for x in recs:  # a tab's newest receipt says what is owed on it
+        owed[x["worker"]] = max(owed.get(x["worker"], 0), int(x["fields"]["cumulative"]))
+    print("== tabs of the client")
+    for t in tabs:
+        print(f"   {t['tab'][:16]}…  pays {name.get(t['worker'])}  locked {t['locked']['credits']}  redeemed "
+              f"{t['redeemed']['credits']}")
+    redeemed = {t["worker"]: int(t["redeemed"]["base_units"]) for t in tabs}
+    print("== balances (credits)")
+    print(f"   {'node':6} {'balance before':>18} {'balance after':>18} {'change':>14} {'escrow after':>14}")
+    delta = {}
+    for a in accounts:
+        b0, b1 = int(before[a]["balance"]["base_units"]), int(after[a]["balance"]["base_units"])
+        delta[a] = b1 - b0 + int(after[a]["escrow"]["base_units"]) - int(before[a]["escrow"]["base_units"])
+        print(f"   {name[a]:6} {format_amount(b0):>18} {format_amount(b1):>18} {format_amount(b1 - b0):>14} "
+              f"{after[a]['escrow']['credits']:>14}")
+    total = sum(owed.values())
+    balanced = (redeemed == owed and -delta[accounts[0]] == total
+                and sum(delta[a] for a in accounts[1:]) == total)
+    print(f"   client owes {format_amount(total)} on its tabs = redeemed by the servers' batches = what the servers "
+          f"earned together (committee fees between them): {'true' if balanced else 'false'}")
+    return ok and balanced
 
 
 def _report(recs, before, after, accounts, args) -> bool:
