@@ -4,8 +4,9 @@ a job title is text, never markup) with a small local script for live refresh (`
 Pages: ``/`` (head, finality, validators, peers, swarm coverage, latest blocks and receipts), ``/blocks``,
 ``/blocks/{height}``, ``/tx/{id}``, ``/receipts``, ``/receipts/{id}``, ``/accounts/{peer}``, ``/validators``,
 ``/swarm``, ``/peers`` (each connected peer's path, address and round trip), ``/models``, ``/verification``, ``/jobs``,
-``/jobs/{id}``, ``/runs``, ``/runs/{id}``, ``/batches``, ``/batches/{id}`` and ``/search?q=`` (303 to
-the match). A missing object answers a 404 page; a malformed id a 400 page.
+``/jobs/{id}``, ``/runs``, ``/runs/{id}``, ``/batches``, ``/batches/{id}``, ``/tabs/{id}``, ``/settlements/{key}``
+(an epoch batch not yet final) and ``/search?q=`` (303 to the match). A missing object answers a 404 page; a
+malformed id a 400 page.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .modelsapi import models_view
 from .queries import Queries
 from .runs import RUN_STATUSES, list_runs, run_view
 from .security import ApiError
+from .tabsapi import MAX_TABS, settlement_json, tab_json
 
 TEMPLATES = FsPath(__file__).parent / "templates"
 VERIF_KEYS = ["valid", "invalid", "abstain", "slashes"]
@@ -124,9 +126,16 @@ async def account(queries: QueriesDep, node: NodeDep, account: str = Path(..., m
                   cursor: str | None = Query(None, max_length=64),
                   rcursor: str | None = Query(None, max_length=96)):
     a = v.parse_account(account)
+    st = node.ledger.state
+    tabs = []
+    for tid, t in st.tables["tabs"].items():  # a scan: at most MAX_TABS shown
+        if a in (t.requester, t.worker):
+            tabs.append(tab_json(tid, t))
+            if len(tabs) >= MAX_TABS:
+                break
     return page(node, "account.html", acc=queries.account(a), hist=queries.history(a, 25, cursor),
-                recs=queries.account_receipts(a, 10, rcursor), is_validator=a in node.ledger.state.validators,
-                is_self=a == node.ident.account)
+                recs=queries.account_receipts(a, 10, rcursor), is_validator=a in st.validators,
+                is_self=a == node.ident.account, tabs=tabs)
 
 
 @router.get("/validators")
@@ -207,6 +216,26 @@ async def batch(node: NodeDep, batch_id: str = Path(..., max_length=32)):
     if b is None:
         raise ApiError(404, "not_found", "no such batch on the ledger")
     return page(node, "batch.html", b=batch_json(b, st, with_items=True))
+
+
+@router.get("/tabs/{tab_id}")
+async def tab(node: NodeDep, tab_id: str = Path(..., max_length=64)):
+    tid = v.parse_id(tab_id, "tab id", 32)
+    st = node.ledger.state
+    t = st.tables["tabs"].get(tid)
+    if t is None:
+        raise ApiError(404, "not_found", "no such tab on the ledger (unknown, or closed)")
+    mine = [settlement_json(k, x) for k, x in st.tables["settlements"].items() if x.worker == t.worker]
+    return page(node, "tab.html", t=tab_json(tid, t), batches=mine[:MAX_TABS])
+
+
+@router.get("/settlements/{key}")
+async def settlement(node: NodeDep, key: str = Path(..., max_length=64)):
+    k = v.parse_id(key, "batch key", 32)
+    x = node.ledger.state.tables["settlements"].get(k)
+    if x is None:
+        raise ApiError(404, "not_found", "no open epoch batch under that key (unknown, or final: see its blocks)")
+    return page(node, "settlement.html", s=settlement_json(k, x))
 
 
 @router.get("/search")
