@@ -357,10 +357,12 @@ def _add_devnet_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                                    "committee verdict, and print the text, receipts, verdicts and balances. "
                                    "Compares the tokens with greedy generation by the same model in one process.")
     d.add_argument("--once", action="store_true", help="exit when the demo is done (for scripts and CI)")
-    d.add_argument("--tabs", action="store_true",
-                   help="settle through tabs and epoch batches (issue 37): the client locks credits in a tab per "
-                        "server, each server sends one batch per epoch (10 blocks here) and reveals the receipts "
-                        "drawn from it (every one, as p = 1 on the devnet); its own genesis file")
+    d.add_argument("--no-tabs", dest="tabs", action="store_false",
+                   help="settle each receipt by its own ledger transaction, on the embedded devnet genesis (as "
+                        "before issue 37). By default the demo settles through tabs and epoch batches: the client "
+                        "locks credits in a tab per server, each server sends one batch per epoch (10 blocks here) "
+                        "and reveals the receipts drawn from it (every one, as p = 1 on the devnet); its own "
+                        "genesis file in the data dir")
     d.add_argument("--servers", type=int, default=3,
                    help="number of span servers, 1..64 and at most the model's blocks (default: %(default)s). "
                         "More than 3: the devnet writes its own genesis (chain tally-test-devnet, dev keys "

@@ -187,15 +187,15 @@ def run_devnet(args) -> int:
         lock = _lock_root(root)  # noqa: F841 (held until this process exits)
         _prepare_root(root)
         chain = []
-        if args.servers > EMBEDDED_SERVERS or getattr(args, "tabs", False):
+        if args.servers > EMBEDDED_SERVERS or getattr(args, "tabs", True):
             gfile = root / "genesis.json"
             doc = devnet_genesis(args.servers)
-            if getattr(args, "tabs", False):
+            if getattr(args, "tabs", True):
                 doc["params"].update(TAB_PARAMS)
             gfile.write_text(json.dumps(doc, indent=1) + "\n")
             chain = ["--genesis", str(gfile)]
             print(f"   genesis {gfile}: chain {WIDE_CHAIN}, dev keys 1-{args.servers} bonded"
-                  + (f"; tabs and epochs of {TAB_PARAMS['epoch_blocks']} blocks" if getattr(args, "tabs", False)
+                  + (f"; tabs and epochs of {TAB_PARAMS['epoch_blocks']} blocks" if getattr(args, "tabs", True)
                      else f" (the embedded devnet bonds {EMBEDDED_SERVERS})"), flush=True)
         print(f"== starting {1 + args.servers} node processes on 127.0.0.1 ({root})", flush=True)
         client_dir = root / "node0"
@@ -263,7 +263,7 @@ def _inference_demo(http, api, accounts, manifest, model_dir: Path, args) -> boo
     print(f"   {len(gen['tokens'])} tokens in {gen['seconds']:.2f} s "
           f"({len(gen['tokens']) / gen['seconds']:.1f} tokens/s)")
     print("== waiting for committee verdicts" + (" (each server's epoch batch, its reveals and their votes; "
-                                                 "then the batch's payment)" if getattr(args, "tabs", False)
+                                                 "then the batch's payment)" if getattr(args, "tabs", True)
                                                  else ""), flush=True)
     final = FINAL  # receipt statuses no block changes
     deadline = time.monotonic() + 300
@@ -271,14 +271,14 @@ def _inference_demo(http, api, accounts, manifest, model_dir: Path, args) -> boo
         got = [http.get(f"{api}/v1/receipts/{rid}") for rid in gen["receipts"]]
         recs = [g.json() for g in got if g.status_code == 200]  # 404: not in a block yet
         if len(recs) == len(got) and all(x["status"] in final for x in recs) and (
-                not getattr(args, "tabs", False) or _batches_paid(http, api, accounts[1:])):
+                not getattr(args, "tabs", True) or _batches_paid(http, api, accounts[1:])):
             break
         if time.monotonic() > deadline:
             raise DevnetError("receipts did not reach a verdict within 300 s")
         time.sleep(0.5)
     after = {a: _get(http, f"{api}/v1/accounts/{a}") for a in accounts}
-    if getattr(args, "tabs", False):
-        ok = _report_tabs(http, api, recs, before, after, accounts)
+    if getattr(args, "tabs", True):
+        ok = _report_tabs(http, api, recs, before, after, accounts, args.fault_server)
     else:
         ok = _report(recs, before, after, accounts, args)
     print("== reference: the same model generating greedily in one process", flush=True)
@@ -365,13 +365,16 @@ def _batches_paid(http, api: str, workers: list[str]) -> bool:
     return True
 
 
-def _report_tabs(http, api: str, recs, before, after, accounts) -> bool:
+def _report_tabs(http, api: str, recs, before, after, accounts, fault: int | None = None) -> bool:
     """The receipts (revealed from the servers' epoch batches), the tabs and the balances, checked to add up: each
-    tab redeemed what its last receipt says is owed, the servers together earned what the client owed (committee
-    fees move between servers), and the client's balance and escrow fell by that much."""
+    tab redeemed what its last receipt says is owed; the servers together earned what the client owes on the tabs
+    of honest servers (committee fees move between servers; a server whose batch was refuted earned nothing from
+    it and was slashed, its tab's credits back in the client's lock); the client's balance and escrow fell by that
+    much."""
     print("== receipts (each revealed from its server's epoch batch)")
     name = {a: f"node{i}" for i, a in enumerate(accounts)}
     ok = True
+    bad = accounts[fault] if fault is not None else None
     for x in recs:
         votes = ", ".join(f"{name.get(v['voter'], v['voter'][:12])}={v['verdict']}" for v in x["votes"])
         f = x["fields"]
@@ -379,8 +382,10 @@ def _report_tabs(http, api: str, recs, before, after, accounts) -> bool:
               f"{x['tokens']} token positions  tab {f['tab_id'][:12]}… nonce {f['tab_nonce']}  owed on the tab "
               f"{format_amount(int(f['cumulative']))}")
         print(f"      committee: {', '.join(name.get(m, m[:12]) for m in x['committee'])}; votes: {votes}; "
-              f"verdict: {x['status']}")
-        ok = ok and x["status"] == ReceiptStatus.VALID
+              f"verdict: {x['status']}" + (f"; slashed {x['slashed']['credits']} credits"
+                                           if int(x['slashed']['base_units']) else ""))
+        want = ReceiptStatus.INVALID if x["worker"] == bad else ReceiptStatus.VALID
+        ok = ok and x["status"] == want
     tabs = _get(http, f"{api}/v1/accounts/{accounts[0]}/tabs")["tabs"]
     owed: dict[str, int] = {}
     for x in recs:  # a tab's newest receipt says what is owed on it
@@ -388,21 +393,26 @@ def _report_tabs(http, api: str, recs, before, after, accounts) -> bool:
     print("== tabs of the client")
     for t in tabs:
         print(f"   {t['tab'][:16]}…  pays {name.get(t['worker'])}  locked {t['locked']['credits']}  redeemed "
-              f"{t['redeemed']['credits']}")
+              f"{t['redeemed']['credits']}" + ("  (its batch refuted: refunded into the lock)"
+                                               if t["worker"] == bad else ""))
     redeemed = {t["worker"]: int(t["redeemed"]["base_units"]) for t in tabs}
     print("== balances (credits)")
-    print(f"   {'node':6} {'balance before':>18} {'balance after':>18} {'change':>14} {'escrow after':>14}")
+    print(f"   {'node':6} {'balance before':>18} {'balance after':>18} {'change':>14} {'escrow after':>14} "
+          f"{'bond after':>12}")
     delta = {}
     for a in accounts:
         b0, b1 = int(before[a]["balance"]["base_units"]), int(after[a]["balance"]["base_units"])
         delta[a] = b1 - b0 + int(after[a]["escrow"]["base_units"]) - int(before[a]["escrow"]["base_units"])
         print(f"   {name[a]:6} {format_amount(b0):>18} {format_amount(b1):>18} {format_amount(b1 - b0):>14} "
-              f"{after[a]['escrow']['credits']:>14}")
-    total = sum(owed.values())
+              f"{after[a]['escrow']['credits']:>14} {after[a]['bond']['credits']:>12}")
+    total = sum(v for w, v in owed.items() if w != bad)
+    slash_rewards = sum(int(p["amount"]["base_units"]) for x in recs if x["worker"] == bad for p in x["payouts"]
+                        if p["account"] != "treasury")
     balanced = (redeemed == owed and -delta[accounts[0]] == total
-                and sum(delta[a] for a in accounts[1:]) == total)
-    print(f"   client owes {format_amount(total)} on its tabs = redeemed by the servers' batches = what the servers "
-          f"earned together (committee fees between them): {'true' if balanced else 'false'}")
+                and sum(delta[a] for a in accounts[1:]) == total + slash_rewards)
+    print(f"   client owes {format_amount(total)} on its tabs{' with honest servers' if bad else ''} = redeemed by "
+          f"the servers' batches = what the servers earned together (committee fees between them"
+          f"{', and their reward from the slash' if bad else ''}): {'true' if balanced else 'false'}")
     return ok and balanced
 
 

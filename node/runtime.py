@@ -258,7 +258,13 @@ class Node:
                           lambda: self.ledger.state.height, self.genesis.params.price_per_token_block,
                           step_timeout=cfg.step_timeout, cache_tokens=cfg.cache_tokens,
                           submit=self.ledger.submit if self.book is None else self._keep_receipt,
-                          penalize=self.host.penalize, tabs=self.tab_gate)
+                          penalize=self.host.penalize, tabs=self.tab_gate, tab_wait=self._next_block)
+
+    async def _next_block(self, height: int) -> None:
+        """Until block ``height`` is stored here, or ten seconds at most."""
+        with trio.move_on_after(10):
+            while self.ledger.state.height < height:
+                await self.ledger.new_block.wait()
 
     async def _keep_receipt(self, receipt: Any) -> None:
         """A session's receipt on a chain with tabs: into the epoch book (the worker batches it), not the ledger."""

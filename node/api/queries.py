@@ -18,6 +18,7 @@ from ..ledger.core.capture import capture_risk
 from ..ledger.core.history import read_head
 from ..ledger.core.state import FINAL
 from ..ledger.core.status import INVALID_S, PENDING, SETTLED, UNVERIFIED, VALID_S
+from ..ledger.core.tabs import Reveal
 from ..ledger.core.tx import ABSTAIN
 from ..ledger.genesis import TREASURY
 from . import views as v
@@ -233,8 +234,10 @@ class Queries:
                 continue
             txs = got[0].txs
             for i in range(min(len(txs), pos if h == height else len(txs)) - 1, -1, -1):
-                rec = st.receipts.get(txs[i].id)
-                archived = store.history_entry(txs[i].id) if rec is None and txs[i].KIND == "receipt" else None
+                tx = txs[i]
+                rid = tx.tab_receipt.id if isinstance(tx, Reveal) else tx.id  # a reveal: the receipt it brought in
+                rec = st.receipts.get(rid)
+                archived = store.history_entry(rid) if rec is None and tx.KIND in ("receipt", "reveal") else None
                 if rec is not None:
                     row = v.receipt_json(rec)
                 elif archived is not None:

@@ -275,6 +275,7 @@ class RouteClient:
                                    "compression": hop.codec, "replay": hop.replay}
         if hop.tab_id is not None:
             opening["tab"] = hop.tab_id
+            opening["tab_height"] = self.ledger.state.height  # the worker waits for this block if it lacks the tab
         await write_msg(hop.stream, opening)
         reply = check_reply(await read_msg(hop.stream, timeout=self.step_timeout, max_message=CONTROL_MAX))
         log.debug("session on %s opened: dial %.3f s, stream %.3f s, open %.3f s", hop.peer[:16], t1 - t0,

@@ -150,7 +150,7 @@ class SpanServer:
     def __init__(self, ident: Identity, chain_id: str, span, executor, blobs: BlobStore, height,
                  price_per_token_block: int, step_timeout: float = 60.0, max_sessions: int = 32,
                  cache_tokens: int | None = None, submit=None, penalize=None, max_batch: int = 8,
-                 inline_acks: bool = True, tabs: WorkerTabs | None = None):
+                 inline_acks: bool = True, tabs: WorkerTabs | None = None, tab_wait=None):
         self.ident, self.chain_id, self.span, self.executor, self.blobs = ident, chain_id, span, executor, blobs
         self.height = height
         self.price = price_per_token_block
@@ -159,6 +159,9 @@ class SpanServer:
         self.cache_tokens = cache_tokens if cache_tokens is not None else max_sessions * span.max_length
         self.submit, self.penalize = submit, penalize
         self.tabs = tabs  # sessions paid through tabs (node.inference.tabseam): checked at open, receipts kept
+        # ``await tab_wait(height)``: until this node holds block ``height`` (bounded): a tab just included reaches
+        # this node a little after the requester saw it, so a tab unknown here is looked for again once it has
+        self.tab_wait = tab_wait
         self.active = 0
         self.reserved = 0
         self.sessions_served = 0
@@ -282,7 +285,16 @@ class SpanServer:
     async def handle(self, stream, peer: str) -> None:
         """Serve one session on ``stream`` from ``peer`` (the requester); see the module docstring."""
         try:
-            sess = self._open(await read_msg(stream, timeout=self.step_timeout, max_message=CONTROL_MAX), peer)
+            opening = await read_msg(stream, timeout=self.step_timeout, max_message=CONTROL_MAX)
+            try:
+                sess = self._open(opening, peer)
+            except SessionError as e:
+                seen = opening.get("tab_height")  # the requester saw its tab (or top-up) in this block
+                if e.code not in ("no_tab", "tab_low") or self.tab_wait is None or not (
+                        isinstance(seen, int) and not isinstance(seen, bool) and seen > self.height()):
+                    raise
+                await self.tab_wait(seen)
+                sess = self._open(opening, peer)
         except (SessionError, FrameError, DecodeError, ValueError) as e:
             await self._refuse(stream, peer, e)
             return

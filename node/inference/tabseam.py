@@ -3,7 +3,9 @@ other capability: the requester's tabs (:class:`RequesterTabs`, implemented by :
 and the worker's gate at session open (:class:`WorkerTabs`, :class:`node.settle.tabs.TabGate`). The runtime hands
 them in when the chain's genesis turns tabs on (``epoch_blocks``); otherwise a session is paid by its own receipt.
 
-On the wire: a requester's ``open`` carries ``"tab": tab id`` (32 bytes); the worker's reply carries
+On the wire: a requester's ``open`` carries ``"tab": tab id`` (32 bytes) and ``"tab_height"``, the height at which
+it saw the tab (a worker that lacks the tab waits until it holds that block, ten seconds at most, before it
+refuses); the worker's reply carries
 ``"tab": [tab nonce, before]``, the nonce and the amount owed on the tab before this session
 (:class:`node.inference.receipts.TabTerms`); both ends then build the session's tab receipt from them.
 """

@@ -9,6 +9,7 @@ from ..encoding import pack
 from .core.block import Block
 from .core.kv import Table
 from .core.state import FINAL, State
+from .core.tabs import Reveal
 
 
 def _h(height: int) -> bytes:
@@ -62,6 +63,9 @@ def index_block(block: Block, old: State, new: State) -> list[tuple[bytes, bytes
             event(a, {"k": tx.KIND, "tx": tx.id, "role": role, **({"amount": amount} if amount else {})})
         if tx.id in new.receipts and tx.id not in old.receipts:
             changed.append(tx.id)
+        revealed = tx.tab_receipt.id if isinstance(tx, Reveal) else None  # a receipt revealed from an epoch batch
+        if revealed is not None and revealed in new.receipts and revealed not in old.receipts:
+            changed.append(revealed)
     for rid in changed:
         rec, prev = new.receipts.get(rid), old.receipts.get(rid)
         if rec is None or rec is prev:

@@ -37,12 +37,14 @@ if CHROMIUM is None and not os.environ.get("CI"):
 
 @pytest.fixture(scope="module")
 def devnet(tmp_path_factory):
-    """``node devnet --model tiny`` left running after its demo; yields (api URL, data dir)."""
+    """``node devnet --model tiny --no-tabs`` left running after its demo; yields (api URL, data dir). Receipt by
+    receipt: each receipt is its own transaction in a block, the path this test walks (block -> receipt -> worker);
+    the pages of tabs and epoch batches are tests/api/test_tab_pages.py's and tests/e2e/test_tabs_flow.py's."""
     tmp = tmp_path_factory.mktemp("devnet")
     root = tmp / "net"
     log = open(tmp / "devnet.log", "w+")  # noqa: SIM115 - the devnet's log, read while it runs
     proc = subprocess.Popen([sys.executable, "-m", "node.cli", "devnet", "--model", "tiny", "--data-dir", str(root),
-                             "--api-port", "0", "--model-cache", str(tmp / "models")],
+                             "--api-port", "0", "--model-cache", str(tmp / "models"), "--no-tabs"],
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 240

@@ -321,7 +321,7 @@ def test_a_transfer_only_in_a_killed_nodes_outbox_lands_in_one_block_after_its_r
 def test_devnet_with_tabs_pays_through_epoch_batches_and_adds_up(tmp_path):
     """Issue 37: ``node devnet --tabs`` -- each server's receipt comes back revealed from its epoch batch with its
     committee's votes, each tab redeemed what its receipt says is owed, and the balances add up."""
-    r = devnet(tmp_path, "--model", "tiny", "--model-cache", str(tmp_path / "models"), "--tabs", "--tokens", "4",
+    r = devnet(tmp_path, "--model", "tiny", "--model-cache", str(tmp_path / "models"), "--tokens", "4",
                timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "tabs and epochs of 10 blocks" in r.stdout

@@ -52,13 +52,15 @@ def test_a_generation_is_paid_through_tabs_and_epoch_batches(tmp_path, tiny):
             async with httpx.AsyncClient(timeout=10) as http:  # the wallet API's view of the same tabs
                 api = (await http.get(f"{client.api_url}/v1/accounts/{client.ident.peer_id}/tabs")).json()
                 worker_view = (await http.get(f"{client.api_url}/v1/accounts/{nodes[1].ident.peer_id}/tabs")).json()
+                listed = (await http.get(f"{client.api_url}/v1/receipts", params={"limit": 20})).json()["receipts"]
+                by_worker = (await http.get(f"{client.api_url}/v1/accounts/{nodes[1].ident.peer_id}/receipts")).json()
                 tab_id = api["tabs"][0]["tab"]
                 pages = [(await http.get(f"{client.api_url}{u}")) for u in
                          (f"/tabs/{tab_id}", f"/accounts/{client.ident.peer_id}", "/tabs/" + "ab" * 32, "/tabs/xyz")]
             return gen, gen2, before, {a: st.account(a) for a in before}, supply, st.supply(), tabs, recs, api, \
-                worker_view, pages
+                worker_view, pages, listed, by_worker
 
-    gen, gen2, before, after, supply, supply1, tabs, recs, api, worker_view, pages = trio.run(main)
+    gen, gen2, before, after, supply, supply1, tabs, recs, api, worker_view, pages, listed, by_worker = trio.run(main)
     assert gen.tokens == local_generate(tiny, prompt, 6)
     receipts = gen.receipts + gen2.receipts
     assert len(receipts) == 6 and all(isinstance(r, TabReceipt) for r in receipts)
@@ -83,6 +85,9 @@ def test_a_generation_is_paid_through_tabs_and_epoch_batches(tmp_path, tiny):
     assert len(api["tabs"]) == 3 and sorted(int(t["redeemed"]["base_units"]) for t in api["tabs"]) == \
         sorted(owed.values())
     assert len(worker_view["tabs"]) == 1 and worker_view["open_batches"] == 0
+    # the explorer lists the revealed receipts as inference receipts, and under their worker's account
+    assert {x["id"] for x in listed if x["kind"] == "inference"} == {r.id.hex() for r in receipts}
+    assert len([x for x in by_worker["receipts"] if x["role"] == "worker"]) == 2
     tab_page, account_page, missing, bad = pages  # the explorer: a tab's page, and the tabs on the account page
     assert tab_page.status_code == 200 and api["tabs"][0]["tab"] in tab_page.text and "Redeemed" in tab_page.text
     assert account_page.status_code == 200 and 'id="tabs"' in account_page.text
