@@ -5,6 +5,7 @@ rounds and counts, never on absolute times."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from node.identity import account_to_str
@@ -19,6 +20,7 @@ def published(node) -> int:
     return node.host.gossip_counts().published["consensus"]
 
 
+@pytest.mark.slow  # ~17 s: in CI's slow step, so the README's test command keeps its margin under 5 minutes
 def test_status_shows_who_is_stuck_where_a_stuck_validator_resends_at_a_bounded_rate_then_progress(tmp_path):
     g = quiet_genesis(n_validators=4, heartbeat_ms=0, block_time_ms=200)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 
+import pytest
 import trio
 from libp2p.peer.id import ID
 from multiaddr import Multiaddr
@@ -78,6 +79,7 @@ def test_one_bootstrap_peer_finds_the_rest_through_peer_exchange():
     run(main, timeout=40)
 
 
+@pytest.mark.slow  # ~17 s: in CI's slow step, so the README's test command keeps its margin under 5 minutes
 def test_a_stream_and_connection_flood_is_limited_while_another_peer_is_served():
     limits = Limits(streams_per_peer=32, stream_rate=50, stream_burst=64, conns_per_peer=4, conn_rate=30)
 
