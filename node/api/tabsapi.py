@@ -17,7 +17,9 @@ from fastapi.responses import JSONResponse
 
 from ..ledger.core.tabs.state import Settlement, Tab
 from .deps import NodeDep
-from .views import acct, amount, hexid, parse_account
+from .models import ErrorOut
+from .security import ApiError
+from .views import acct, amount, hexid, parse_account, parse_id
 
 MAX_TABS = 1000
 
@@ -40,7 +42,8 @@ def settlement_json(key: bytes, st: Settlement) -> dict[str, Any]:
             "verdicts": {"decided": st.decided, "invalid": st.invalid}}
 
 
-@router.get("/accounts/{account}/tabs", summary="Tabs an account opened or is paid through; pending and spendable")
+@router.get("/accounts/{account}/tabs", summary="Tabs an account opened or is paid through; pending and spendable",
+            responses={400: {"model": ErrorOut}})
 async def account_tabs(node: NodeDep, account: str):
     a = parse_account(account)
     s = node.ledger.state
@@ -59,16 +62,14 @@ async def account_tabs(node: NodeDep, account: str):
                          "open_batches": open_batches, "height": s.height})
 
 
-@router.get("/settlements/{key}", summary="An epoch batch not yet final: what it committed to and its draws")
+@router.get("/settlements/{key}", summary="An epoch batch not yet final: what it committed to and its draws",
+            responses={400: {"model": ErrorOut}, 404: {"model": ErrorOut}})
 async def settlement(node: NodeDep, key: str):
-    try:
-        k = bytes.fromhex(key)
-    except ValueError:
-        return JSONResponse({"error": "bad_request", "detail": "key must be hex"}, status_code=400)
+    k = parse_id(key, "batch key", 32)  # ApiError 400 bad_id, in the API's error shape
     st = node.ledger.state.tables["settlements"].get(k)
     if st is None:
-        return JSONResponse({"error": "not_found", "detail": "no open batch under that key (unknown, or final: "
-                                                           "its story is in the blocks)"}, status_code=404)
+        raise ApiError(404, "not_found", "no open batch under that key (unknown, or final: its story is in the "
+                                         "blocks)")
     return JSONResponse(settlement_json(k, st))
 
 
