@@ -39,7 +39,7 @@ def settlement_json(key: bytes, st: Settlement) -> dict[str, Any]:
             "payments": [{"tab": t.hex(), "requester": acct(r), "amount": amount(a)} for t, r, a in st.payments],
             "drawn": [{"index": i, "receipt": hexid(rid) if rid else None}
                       for i, rid in zip(st.draw, st.revealed, strict=False)],
-            "verdicts": {"decided": st.decided, "invalid": st.invalid}}
+            "decided": st.decided}
 
 
 @router.get("/accounts/{account}/tabs", summary="Tabs an account opened or is paid through; pending and spendable",

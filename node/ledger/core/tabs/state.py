@@ -28,26 +28,21 @@ class Tab:
 
 
 class SettlementStatus(str, enum.Enum):
-    """Where an epoch batch is (every status but the last three is open)."""
+    """Where an epoch batch not yet final is. A final one (paid, forfeited or refuted) leaves the state."""
 
     DRAWING = "drawing"  # included; its sample is drawn with the hash of a later block
     REVEALING = "revealing"  # drawn; the worker reveals each drawn receipt before ``due``
     CHECKING = "checking"  # every drawn receipt revealed; committees vote on them
     WINDOW = "window"  # every verdict in, none invalid; spendable at the end of block ``due``
-    PAID = "paid"  # the worker was credited (final)
-    FORFEITED = "forfeited"  # a drawn receipt was not revealed in time: refunded to the tabs, bond slashed (final)
-    REFUTED = "refuted"  # a revealed receipt was voted invalid: refunded to the tabs (final; the core slashed)
-
-
-FINAL = frozenset({SettlementStatus.PAID, SettlementStatus.FORFEITED, SettlementStatus.REFUTED})
 
 
 @dataclass(frozen=True)
 class Settlement:
     """One worker's epoch batch: what it committed to (``root`` over ``count`` receipt ids, ``work``), what moved
     from its tabs to it as pending (``amount``, per tab in ``payments``), and its audit: the drawn leaf indices
-    (``draw``), the ids revealed for them (``revealed``, in draw order, ``b""`` while missing), the verdicts so far
-    (``invalid`` of ``decided``), and ``due`` (the reveal deadline, then the end of the settle window)."""
+    (``draw``), the ids revealed for them (``revealed``, in draw order, ``b""`` while missing), how many of them
+    have a verdict (``decided``; the first invalid one refutes the batch at once), and ``due`` (the reveal
+    deadline, then the end of the settle window)."""
 
     worker: bytes
     epoch: int
@@ -61,8 +56,7 @@ class Settlement:
     draw: tuple[int, ...] = ()
     revealed: tuple[bytes, ...] = ()
     decided: int = 0
-    invalid: int = 0
     due: int = 0
 
 
-__all__ = ["FINAL", "Settlement", "SettlementStatus", "Tab"]
+__all__ = ["Settlement", "SettlementStatus", "Tab"]
