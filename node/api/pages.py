@@ -27,7 +27,7 @@ from .modelsapi import models_view
 from .queries import Queries
 from .runs import RUN_STATUSES, list_runs, run_view
 from .security import ApiError
-from .tabsapi import MAX_TABS, settlement_json, tab_json
+from .tabsapi import MAX_TABS, settlement_json, tab_json, tabs_of
 
 TEMPLATES = FsPath(__file__).parent / "templates"
 VERIF_KEYS = ["valid", "invalid", "abstain", "slashes"]
@@ -127,12 +127,7 @@ async def account(queries: QueriesDep, node: NodeDep, account: str = Path(..., m
                   rcursor: str | None = Query(None, max_length=96)):
     a = v.parse_account(account)
     st = node.ledger.state
-    tabs = []
-    for tid, t in st.tables["tabs"].items():  # a scan: at most MAX_TABS shown
-        if a in (t.requester, t.worker):
-            tabs.append(tab_json(tid, t))
-            if len(tabs) >= MAX_TABS:
-                break
+    tabs, _ = tabs_of(st, a)  # a scan of the tab table: at most MAX_TABS shown
     return page(node, "account.html", acc=queries.account(a), hist=queries.history(a, 25, cursor),
                 recs=queries.account_receipts(a, 10, rcursor), is_validator=a in st.validators,
                 is_self=a == node.ident.account, tabs=tabs)

@@ -32,6 +32,20 @@ def tab_json(tab_id: bytes, t: Tab) -> dict[str, Any]:
             "closes_at": t.close_at or None}
 
 
+def tabs_of(s: Any, a: bytes) -> tuple[list[dict[str, Any]], int]:
+    """The tabs ``a`` opened or is paid through (the first :data:`MAX_TABS`), and the base units locked in those it
+    opened, in one scan of the tab table."""
+    tabs: list[dict[str, Any]] = []
+    locked = 0
+    for tab_id, t in s.tables["tabs"].items():
+        if a in (t.requester, t.worker):
+            if len(tabs) < MAX_TABS:
+                tabs.append(tab_json(tab_id, t))
+            if t.requester == a:
+                locked += t.locked
+    return tabs, locked
+
+
 def settlement_json(key: bytes, st: Settlement) -> dict[str, Any]:
     return {"key": key.hex(), "worker": acct(st.worker), "epoch": st.epoch, "root": st.root.hex(),
             "count": st.count, "work": st.work, "pending": amount(st.amount), "status": st.status.value,
@@ -47,18 +61,12 @@ def settlement_json(key: bytes, st: Settlement) -> dict[str, Any]:
 async def account_tabs(node: NodeDep, account: str):
     a = parse_account(account)
     s = node.ledger.state
-    tabs = []
-    for tab_id, t in s.tables["tabs"].items():
-        if a in (t.requester, t.worker):
-            tabs.append(tab_json(tab_id, t))
-            if len(tabs) >= MAX_TABS:
-                break
+    tabs, locked = tabs_of(s, a)
     acc = s.account(a)
     open_batches = s.tables["worker_batches"].get(a, (0, -1))[0]
     return JSONResponse({"account": acct(a), "tabs": tabs, "spendable": amount(acc.balance),
                          "pending": amount(acc.escrow) if open_batches else amount(0),
-                         "locked_in_tabs": amount(sum(t.locked for t in s.tables["tabs"].values()
-                                                      if t.requester == a)),
+                         "locked_in_tabs": amount(locked),
                          "open_batches": open_batches, "height": s.height})
 
 
@@ -73,4 +81,4 @@ async def settlement(node: NodeDep, key: str):
     return JSONResponse(settlement_json(k, st))
 
 
-__all__ = ["MAX_TABS", "router", "settlement_json", "tab_json"]
+__all__ = ["MAX_TABS", "router", "settlement_json", "tab_json", "tabs_of"]
