@@ -50,10 +50,11 @@ def settlement_json(key: bytes, st: Settlement) -> dict[str, Any]:
     return {"key": key.hex(), "worker": acct(st.worker), "epoch": st.epoch, "root": st.root.hex(),
             "count": st.count, "work": st.work, "pending": amount(st.amount), "status": st.status.value,
             "included_at": st.height, "due": st.due or None,
-            "payments": [{"tab": t.hex(), "requester": acct(r), "amount": amount(a)} for t, r, a in st.payments],
+            "payments": [{"tab": t.hex(), "requester": acct(r), "amount": amount(a), "nonces": [lo, hi]}
+                         for t, r, a, lo, hi in st.payments],
             "drawn": [{"index": i, "receipt": hexid(rid) if rid else None}
                       for i, rid in zip(st.draw, st.revealed, strict=False)],
-            "decided": st.decided}
+            "decided": st.decided, "disputes": st.disputes}
 
 
 @router.get("/accounts/{account}/tabs", summary="Tabs an account opened or is paid through; pending and spendable",

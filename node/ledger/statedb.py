@@ -42,7 +42,7 @@ PREFIX = {"accounts": b"S/a/", "receipts": b"S/r/", "evidence": b"S/e/", "sessio
           "batches": b"S/b/", "batch_items": b"S/i/", "batch_due": b"S/d/", "batch_workers": b"S/w/",
           "open_batches": b"S/y/", "disputes": b"S/z/",
           "tabs": b"S/T/", "settlements": b"S/E/", "tab_reveals": b"S/R/", "tab_due": b"S/D/",
-          "worker_batches": b"S/W/"}
+          "worker_batches": b"S/W/", "tab_disputes": b"S/Q/"}
 SCRATCH = b"T/m/"  # + tree key -> leaf value, during a migration: the leaves, sorted by LevelDB
 TREE_PREFIXES = [tr.NODES, tr.STALE, tr.OLD_NODES, tr.OLD_STALE, SCRATCH]
 MIGRATE_BATCH = 20_000  # writes per LevelDB batch during a migration (bounds its memory)

@@ -22,7 +22,7 @@ from tests.ledger.helpers import CLIENT, W1, make_genesis, make_receipt
 # the tables of a module added later (tabs, issue 37) come after them
 SNAPSHOT_ORDER = ("accounts", "receipts", "evidence", "sessions", "jobs", "runs", "history", "retire", "validators",
                   "batches", "batch_items", "batch_due", "batch_workers", "disputes",
-                  "tabs", "settlements", "tab_reveals", "tab_due", "worker_batches")
+                  "tabs", "settlements", "tab_reveals", "tab_due", "worker_batches", "tab_disputes")
 SNAPSHOT_SETS = ("open_receipts", "open_jobs", "open_runs", "open_batches")
 
 

@@ -1,5 +1,5 @@
-"""Issue 37, check 2: random schedules of tabs, receipts, batches, reveals, withholdings, votes and closes, on a
-real LevelDB store (hypothesis). After every block credits are conserved; at the end, in the reopened store too;
+"""Issue 37, check 2: random schedules of tabs, receipts, batches, reveals, withholdings, votes, disputes and closes,
+on a real LevelDB store (hypothesis). After every block credits are conserved; at the end, in the reopened store too;
 no worker was paid beyond the vouchers its requesters signed; no tab and no escrow went below zero; every batch
 with a withheld reveal cost its worker a slash, and a batch with an invalid sampled receipt paid its worker
 nothing (its pending credits went back); a replay of the blocks through a follower's checks gives the same
@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from node.ledger.core.chain import check_and_apply
 from node.ledger.core.state import genesis_state
+from node.ledger.core.tabs import TabDispute
 from node.ledger.core.tx import INVALID, VALID
 from node.ledger.store import LedgerStore
 
@@ -30,6 +31,7 @@ action = st.one_of(
     st.tuples(st.just("batch"), st.integers(0, 1), st.just(0), st.just(0)),
     *[st.tuples(st.just("reveal"), st.integers(0, 9), st.sampled_from(["all", "all", "all", "one"]), st.just(0))] * 4,
     *[st.tuples(st.just("vote"), st.just(0), st.sampled_from([VALID, VALID, VALID, INVALID]), st.just(0))] * 3,
+    *[st.tuples(st.just("dispute"), st.integers(0, 9), st.integers(0, 99), st.just(0))] * 3,
     *[st.tuples(st.just("block"), st.integers(1, 3), st.just(0), st.just(0))] * 3,
 )
 
@@ -45,7 +47,7 @@ def test_tabs_and_batches_conserve_credits_and_pay_only_what_was_signed(actions)
         signed_to: dict[bytes, int] = {w.account: 0 for w in WORKERS}  # most each worker's vouchers allow
         work: dict[bytes, list] = {w.account: [] for w in WORKERS}  # receipts not yet in a batch
         batches: list = []  # (batch, receipts, worker)
-        withheld, refuted = set(), set()
+        withheld, refuted, disputed = set(), set(), set()
         sent: dict[bytes, set[int]] = {}  # batch key -> indices whose reveal was sent
         prefix = [("open", 0, 0, 5), ("open", 1, 1, 5), ("block", 1, 0, 0), ("work", 0, 2, 3), ("work", 1, 2, 3),
                   ("batch", 0, 0, 0), ("batch", 1, 0, 0), ("block", 2, 0, 0)]
@@ -77,6 +79,12 @@ def test_tabs_and_batches_conserve_credits_and_pay_only_what_was_signed(actions)
                     for i in todo:
                         c.reveal(w, bt, rs, i)
                         done.add(i)
+            elif kind == "dispute" and batches:  # the requester of one receipt of a batch disputes it
+                bt, rs, w = batches[a % len(batches)]
+                r = rs[b % len(rs)]
+                req = next(q for q in REQUESTERS if q.account == r.requester)
+                c.send(TabDispute(G.domain, req.account, bt.key, r.to_record()).signed(req))
+                disputed.add(bt.key)
             elif kind == "vote":
                 if b == INVALID:
                     refuted.update(k for bt, _, _ in batches if (k := bt.key) in c.state.tables["settlements"]
@@ -98,6 +106,10 @@ def test_tabs_and_batches_conserve_credits_and_pay_only_what_was_signed(actions)
             assert earned <= signed_to[w.account] + 10 * C, (earned, signed_to)  # + committee fees it earned
         for bt, _, _w in batches:
             event("withheld" if bt.key in withheld else "refuted" if bt.key in refuted else "other")
+            event("disputed" if bt.key in disputed else "not disputed")
+        included = sum(isinstance(tx, TabDispute) for blk, _ in c.blocks for tx in blk.txs)
+        event(f"disputes included: {min(included, 3)}{'+' if included >= 3 else ''}")
+        assert not c.state.tables["tab_disputes"]  # every dispute came to a verdict and returned what was left
         for w in WORKERS:  # a withheld reveal always cost a slash (while the bond lasted)
             n = sum(1 for bt, _, ww in batches if ww is w and bt.key in withheld)
             assert c.state.account(w.account).slashed >= min(200 * C, n * G.params.slash_amount)

@@ -34,7 +34,7 @@ TAG = {"accounts": b"a", "receipts": b"r", "evidence": b"e", "sessions": b"s", "
        "open_receipts": b"o", "open_jobs": b"p", "open_runs": b"q", "history": b"h", "retire": b"t",
        "validators": b"v", "batches": b"b", "batch_items": b"i", "batch_due": b"d", "batch_workers": b"w",
        "open_batches": b"y", "disputes": b"z", "tabs": b"T", "settlements": b"E", "tab_reveals": b"R",
-       "tab_due": b"D", "worker_batches": b"W"}
+       "tab_due": b"D", "worker_batches": b"W", "tab_disputes": b"Q"}
 SEQ_KEY = tree_key(b"meta", b"seq")
 NODES = b"T/N/"  # + jmt node key -> node bytes
 STALE = b"T/X/"  # + StaleNode.index_key() -> b""

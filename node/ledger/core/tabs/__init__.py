@@ -2,14 +2,15 @@
 settlements, not units of work (issue 37; DESIGN.md "Settlement").
 
 * :mod:`~node.ledger.core.tabs.tabtx` -- the kinds: tab open, top-up and close, the tab receipt (the voucher),
-  the epoch batch and the reveal;
+  the epoch batch, the reveal and the dispute;
 * :mod:`~node.ledger.core.tabs.state` -- the records: :class:`~node.ledger.core.tabs.state.Tab` and
   :class:`~node.ledger.core.tabs.state.Settlement`;
-* :mod:`~node.ledger.core.tabs.rules` -- the state transition, the draw after commitment, and the rules of a
-  revealed receipt before its committee.
+* :mod:`~node.ledger.core.tabs.rules` -- the state transition of tabs and batches and the draw after commitment;
+* :mod:`~node.ledger.core.tabs.checks` -- a revealed or disputed receipt before its committee, and the dispatch.
 
-``MODULE`` registers them: the kinds, the tables ``tabs``, ``settlements``, ``tab_reveals``, ``tab_due`` and
-``worker_batches``, the end-block timers, the receipt kind of a revealed receipt, and the unbond it refuses.
+``MODULE`` registers them: the kinds, the tables ``tabs``, ``settlements``, ``tab_reveals``, ``tab_due``,
+``worker_batches`` and ``tab_disputes``, the end-block timers, the receipt kind of a revealed or disputed
+receipt, and the unbond it refuses.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from typing import Any
 
 from ..kv import Codec
 from ..module import Module, ident
-from .rules import TabReceiptKind, apply_tab_tx, end_block, unbond_blocker
-from .state import Settlement, SettlementStatus, Tab
-from .tabtx import TAB_TXS, EpochBatch, Reveal, TabClose, TabOpen, TabReceipt, TabTopUp
+from .checks import TabReceiptKind, apply_tab_tx
+from .rules import end_block, unbond_blocker
+from .state import DisputeHold, Settlement, SettlementStatus, Tab
+from .tabtx import TAB_TXS, EpochBatch, Reveal, TabClose, TabDispute, TabOpen, TabReceipt, TabTopUp
 
 
 def _pair(x: Any) -> tuple[int, int]:
@@ -36,9 +38,10 @@ MODULE = Module("tabs", txs=TAB_TXS,
                       "settlements": Settlement,  # batch key -> Settlement (until final)
                       "tab_reveals": Codec(ident, bytes),  # revealed receipt id -> batch key (until its verdict)
                       "tab_due": Codec(list, _keys),  # height (8 bytes) -> keys due at its end
-                      "worker_batches": Codec(list, _pair)},  # worker -> (batches not final, last epoch)
+                      "worker_batches": Codec(list, _pair),  # worker -> (batches not final, last epoch)
+                      "tab_disputes": DisputeHold},  # disputed receipt id -> DisputeHold (until its verdict)
                 receipt_kinds={TabReceipt: TabReceiptKind()},
                 on_apply=apply_tab_tx, on_end_block=end_block, on_unbond=unbond_blocker)
 
-__all__ = ["MODULE", "EpochBatch", "Reveal", "Settlement", "SettlementStatus", "Tab", "TabClose", "TabOpen",
-           "TabReceipt", "TabTopUp"]
+__all__ = ["MODULE", "DisputeHold", "EpochBatch", "Reveal", "Settlement", "SettlementStatus", "Tab", "TabClose",
+           "TabDispute", "TabOpen", "TabReceipt", "TabTopUp"]

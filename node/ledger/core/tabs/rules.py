@@ -31,19 +31,16 @@ id), so a block looks only at what is due at its height, never at every tab or b
 
 from __future__ import annotations
 
-from typing import Any
-
 from ....encoding import H
-from .. import history as history_mod
 from ..genesis import TREASURY
-from ..module import Payouts, admit_receipt, credit
-from ..rows import ReceiptRecord, evolve
-from ..sampling import PPM, sampling_ppm
-from ..status import INVALID_S
-from ..txbase import INVALID, VALID, InvalidTx, Tx, Verdict, _check
+from ..module import admit_receipt, credit
+from ..rows import evolve
+from ..sampling import sampling_ppm
+from ..status import SETTLED, UNVERIFIED, VALID_S
+from ..txbase import _check
 from ..view import StateView
 from .state import Settlement, SettlementStatus as St, Tab
-from .tabtx import MAX_COUNT, EpochBatch, Reveal, TabClose, TabOpen, TabReceipt, TabTopUp
+from .tabtx import MAX_COUNT, EpochBatch, Reveal, TabClose, TabOpen, TabTopUp
 
 DRAW_TAG = b"tally/tab-draw/v1"
 
@@ -141,7 +138,7 @@ def apply_batch(s: StateView, b: EpochBatch) -> None:
     _check(1 <= b.count <= MAX_COUNT and b.work >= b.count, "a batch covers 1..2^32 receipts, each of work >= 1")
     _check(s.account(b.worker).bond >= p.min_bond, "worker is not bonded")
     tabs = s.tables["tabs"]
-    payments: list[tuple[bytes, bytes, int]] = []
+    payments: list[tuple[bytes, bytes, int, int, int]] = []
     changed: list[tuple[bytes, Tab]] = []
     for r in b.voucher_receipts:
         tab: Tab | None = tabs.get(r.tab_id)
@@ -153,11 +150,11 @@ def apply_batch(s: StateView, b: EpochBatch) -> None:
         _check(r.cumulative >= tab.redeemed, "voucher owes less than the tab already redeemed")
         paid = min(r.cumulative - tab.redeemed, tab.locked)
         changed.append((r.tab_id, evolve(tab, locked=tab.locked - paid, redeemed=r.cumulative, nonce=r.tab_nonce)))
-        payments.append((r.tab_id, tab.requester, paid))
-    for (tab_id, tab), (_, _, paid) in zip(changed, payments, strict=True):  # every check passed: now write
+        payments.append((r.tab_id, tab.requester, paid, tab.nonce + 1, r.tab_nonce))
+    for (tab_id, tab), (_, _, paid, _, _) in zip(changed, payments, strict=True):  # every check passed: now write
         tabs[tab_id] = tab
         _move_escrow(s, tab.requester, 0, -paid)
-    amount = sum(paid for _, _, paid in payments)
+    amount = sum(paid for _, _, paid, _, _ in payments)
     _move_escrow(s, b.worker, 0, amount)  # pending: the worker's, not yet spendable
     s.tables["settlements"][b.key] = Settlement(worker=b.worker, epoch=b.epoch, root=b.root, count=b.count,
                                                 work=b.work, amount=amount, payments=tuple(payments), height=height)
@@ -202,11 +199,30 @@ def apply_reveal(s: StateView, rv: Reveal) -> None:
     r = rv.tab_receipt
     _check(r.worker == st.worker, "the revealed receipt is another worker's")
     _check(rv.proves(st.root, st.count), "the inclusion proof does not lead to the batch's root")
-    admit_receipt(s, r)
-    s.tables["tab_reveals"][r.id] = rv.batch_key
+    decided = st.decided
+    rec = s.receipts.get(r.id)
+    hold = s.tables["tab_disputes"].get(r.id)
+    if rec is not None and hold is not None and hold.batch_key == rv.batch_key:
+        s.tables["tab_reveals"][r.id] = rv.batch_key  # its requester disputed it first: that verdict counts here
+    elif rec is not None and hold is None and rec.status in (VALID_S, SETTLED, UNVERIFIED):
+        decided += 1  # on the ledger and decided not invalid already (a dispute came first): not checked twice
+    else:
+        admit_receipt(s, r)
+        s.tables["tab_reveals"][r.id] = rv.batch_key
     revealed = st.revealed[:j] + (r.id,) + st.revealed[j + 1:]
-    status = St.CHECKING if all(revealed) else st.status
-    s.tables["settlements"][rv.batch_key] = evolve(st, revealed=revealed, status=status)
+    st = evolve(st, revealed=revealed, decided=decided, status=St.CHECKING if all(revealed) else st.status)
+    s.tables["settlements"][rv.batch_key] = after_verdict(s, rv.batch_key, st, s.height + 1)
+
+
+def after_verdict(s: StateView, key: bytes, st: Settlement, height: int) -> Settlement:
+    """``st`` moved to its settle window when every drawn receipt is revealed and decided (scheduled; the batch
+    is paid at the end of its ``due`` block if no dispute is then open)."""
+    if st.status == St.CHECKING and st.decided == len(st.draw):
+        st = evolve(st, status=St.WINDOW, due=height + s.params.settle_window)
+        _due(s, st.due, b"s" + key)
+    elif st.status == St.WINDOW and not st.disputes and st.due <= height:  # the payment waited on a dispute
+        _due(s, height + 1, b"s" + key)
+    return st
 
 
 def _refund(s: StateView, st: Settlement) -> None:
@@ -214,13 +230,13 @@ def _refund(s: StateView, st: Settlement) -> None:
     _move_escrow(s, st.worker, 0, -st.amount)
     # committee fees of verdicts before this end were paid out of the batch: the worker's bond makes them good, so
     # its requesters get back everything the batch took from them (as far as the bond goes)
-    shortfall = sum(paid for _, _, paid in st.payments) - st.amount
+    shortfall = sum(paid for _, _, paid, _, _ in st.payments) - st.amount
     acc = s.account(st.worker)
     take = min(acc.bond, max(0, shortfall))
     s.accounts[st.worker] = evolve(acc, bond=acc.bond - take, slashed=acc.slashed + take)
     left = st.amount + take
     tabs = s.tables["tabs"]
-    for tab_id, requester, paid in st.payments:
+    for tab_id, requester, paid, _, _ in st.payments:
         back = min(paid, left)
         left -= back
         tab: Tab | None = tabs.get(tab_id)
@@ -261,7 +277,7 @@ def end_block(s: StateView, height: int, block_hash: bytes) -> None:
             _due(s, at, key)
         elif st.status == St.REVEALING and height >= st.due:
             _forfeit(s, bkey, st)
-        elif st.status == St.WINDOW and height >= st.due:
+        elif st.status == St.WINDOW and height >= st.due and not st.disputes:  # (a dispute's verdict reschedules)
             _move_escrow(s, st.worker, st.amount, -st.amount)
             _final(s, bkey, st)
 
@@ -282,89 +298,6 @@ def _close_tab(s: StateView, tab_id: bytes) -> None:
         _move_escrow(s, tab.requester, tab.locked, -tab.locked)
 
 
-def _decided(s: StateView, r: Any, invalid: bool, height: int) -> None:
-    """A revealed receipt has its verdict (``invalid``) or settled without one."""
-    key = s.tables["tab_reveals"].pop(r.id, None)
-    st: Settlement | None = s.tables["settlements"].get(key) if key is not None else None
-    if st is None:
-        return  # its batch is already final (forfeited, or refuted by another receipt)
-    assert key is not None
-    if invalid:
-        _refund(s, st)
-        _final(s, key, st)
-        return
-    st = evolve(st, decided=st.decided + 1)
-    if st.status == St.CHECKING and st.decided == len(st.draw):
-        st = evolve(st, status=St.WINDOW, due=height + s.params.settle_window)
-        _due(s, st.due, b"s" + key)
-    s.tables["settlements"][key] = st
-
-
-class TabReceiptKind:
-    """The :class:`~node.ledger.core.module.ReceiptKind` of a revealed :class:`~.tabtx.TabReceipt`: always
-    sampled (it was drawn already); the core's payouts are zero (its price is 0), so committee fees come from the
-    batch: each agreeing member gets ``committee_fee_bps`` of the batch's amount per drawn receipt, split, and on
-    an invalid verdict the same share of the slash instead of the treasury."""
-
-    def sampled_later(self, rec: ReceiptRecord) -> bool:
-        return False
-
-    def sample_ppm(self, s: StateView, r: Any, ppm: int) -> int:
-        return PPM
-
-    def split(self, s: StateView, r: Any, verdict: Verdict, payouts: Payouts) -> tuple[Payouts, int]:
-        key = s.tables["tab_reveals"].get(r.id)
-        st: Settlement | None = s.tables["settlements"].get(key) if key is not None else None
-        voters = [a for a, amt in payouts if a not in (r.worker, r.requester, TREASURY)]
-        if st is None or not voters:
-            return payouts, 0
-        assert key is not None
-        fee = st.amount // max(1, len(st.draw)) * s.params.committee_fee_bps // 10_000
-        if verdict == VALID:
-            fee = min(fee, st.amount)
-            s.tables["settlements"][key] = evolve(st, amount=st.amount - fee)
-            _move_escrow(s, st.worker, 0, -fee)  # the core credits the members' balances with these payouts
-            share = fee // len(voters)
-            out = [(a, share) for a in voters]
-            return out, 0
-        slashed = sum(amt for a, amt in payouts if a == TREASURY)
-        share = min(fee, slashed) // len(voters)
-        return [(a, share) for a in voters] + [(TREASURY, slashed - share * len(voters))], 0
-
-    def finalized(self, s: StateView, r: Any, verdict: Verdict, owed: int, height: int) -> None:
-        _decided(s, r, verdict == INVALID, height)
-
-    def settle_unchecked(self, s: StateView, rec: ReceiptRecord, status: str, height: int) -> bool:
-        s.receipts[rec.receipt.id] = evolve(rec, status=status, final_height=height, payouts=())
-        s.open_receipts.pop(rec.receipt.id, None)
-        history_mod.schedule_leave(s, s.receipts[rec.receipt.id])
-        _decided(s, rec.receipt, status == INVALID_S, height)
-        return True
-
-
-def apply_tab_tx(s: StateView, tx: Tx) -> None:
-    """Dispatch one of the module's transactions.
-
-    Raises:
-        InvalidTx: as each kind's rule, or a bare :class:`~.tabtx.TabReceipt` (it enters only in a batch or a
-            reveal).
-    """
-    if isinstance(tx, TabOpen):
-        apply_open(s, tx)
-    elif isinstance(tx, TabTopUp):
-        apply_topup(s, tx)
-    elif isinstance(tx, TabClose):
-        apply_close(s, tx)
-    elif isinstance(tx, EpochBatch):
-        apply_batch(s, tx)
-    elif isinstance(tx, Reveal):
-        apply_reveal(s, tx)
-    elif isinstance(tx, TabReceipt):
-        raise InvalidTx("a tab receipt enters the ledger inside an epoch batch (as a voucher) or a reveal, not alone")
-    else:  # pragma: no cover - the dispatch sends this module its own kinds only
-        raise InvalidTx(f"not a tabs transaction: {tx.KIND}")
-
-
 def unbond_blocker(s: StateView, account: bytes, bond_after: int) -> str | None:
     """A worker with a batch not final may not unbond (it could run from a forfeit)."""
     if s.tables["worker_batches"].get(account, (0, -1))[0]:
@@ -372,5 +305,5 @@ def unbond_blocker(s: StateView, account: bytes, bond_after: int) -> str | None:
     return None
 
 
-__all__ = ["DRAW_TAG", "TabReceiptKind", "apply_batch", "apply_close", "apply_open", "apply_reveal",
-           "apply_tab_tx", "apply_topup", "draw", "draw_count", "end_block", "epoch_of", "unbond_blocker"]
+__all__ = ["DRAW_TAG", "after_verdict", "apply_batch", "apply_close", "apply_open", "apply_reveal", "apply_topup",
+           "draw", "draw_count", "end_block", "epoch_of", "unbond_blocker"]

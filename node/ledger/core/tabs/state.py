@@ -2,7 +2,8 @@
 
 Tables (declared by the module, :mod:`node.ledger.core.tabs`): ``tabs`` (tab id -> :class:`Tab`),
 ``settlements`` (batch key -> :class:`Settlement`, pruned when the batch is final), ``tab_reveals`` (revealed
-receipt id -> batch key, while its committee decides), ``tab_due`` (height -> the batch and tab keys due at its
+receipt id -> batch key, while its committee decides), ``tab_disputes`` (disputed receipt id ->
+:class:`DisputeHold`, while its committee decides), ``tab_due`` (height -> the batch and tab keys due at its
 end) and ``worker_batches`` (worker -> its batches not final and the epoch of its last batch: a later batch must
 name a later epoch, also once the earlier is pruned). Amounts in base units, heights in blocks.
 """
@@ -50,13 +51,26 @@ class Settlement:
     count: int
     work: int
     amount: int
-    payments: tuple[tuple[bytes, bytes, int], ...]  # (tab id, requester, base units moved to pending)
+    # (tab id, requester, base units moved to pending, first and last tab nonce the voucher redeemed)
+    payments: tuple[tuple[bytes, bytes, int, int, int], ...]
     height: int  # the block that included it
     status: SettlementStatus = SettlementStatus.DRAWING
     draw: tuple[int, ...] = ()
     revealed: tuple[bytes, ...] = ()
     decided: int = 0
     due: int = 0
+    disputes: int = 0  # requesters' disputes of its receipts still before a committee (it is not paid while any is)
 
 
-__all__ = ["Settlement", "SettlementStatus", "Tab"]
+@dataclass(frozen=True)
+class DisputeHold:
+    """A requester's dispute of a tab receipt (table ``tab_disputes``, receipt id -> this, until its verdict): the
+    batch that redeemed the receipt, the requester, and its ``deposit`` (base units, in the requester's escrow:
+    it pays the committee when the receipt is valid, and returns otherwise)."""
+
+    batch_key: bytes
+    requester: bytes
+    deposit: int
+
+
+__all__ = ["DisputeHold", "Settlement", "SettlementStatus", "Tab"]

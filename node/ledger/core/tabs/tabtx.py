@@ -13,6 +13,8 @@
   their ids in order, their count and work, and the newest voucher of each tab it touched (Livepeer's
   ``ClaimWork``: one root over signed receipts; segments audited by a block hash after the claim).
 * :class:`Reveal` -- a sampled receipt of a batch with its Merkle inclusion proof.
+* :class:`TabDispute` -- a requester puts a receipt it holds before a committee while the batch that redeemed it
+  is not final.
 
 Amounts in base units; heights and windows in blocks.
 """
@@ -261,7 +263,40 @@ class Reveal(SingleSigned):
         return [(self.worker, self.id, self.sig, self.KIND), *inner]
 
 
-TAB_TXS: tuple[type[Tx], ...] = (TabOpen, TabTopUp, TabClose, EpochBatch, Reveal, TabReceipt)
+@dataclass(frozen=True)
+class TabDispute(SingleSigned):
+    """The requester ``sender`` puts a receipt it holds (co-signed, as a record) before a committee while the
+    worker's batch ``batch_key`` that redeemed it is not final (DESIGN.md "Settlement": "a requester may still
+    dispute any receipt it holds within the window"). Replay-protected by the receipt's id (once per receipt)."""
 
-__all__ = ["MAX_COUNT", "MAX_VOUCHERS", "TAB_TXS", "EpochBatch", "Reveal", "TabClose", "TabOpen", "TabReceipt",
-           "TabTopUp"]
+    chain_id: str
+    sender: bytes
+    batch_key: bytes
+    receipt: list[bytes | int | str]
+    sig: bytes = b""
+
+    TAG: ClassVar[bytes] = b"tally/tab-dispute/v1"
+    KIND: ClassVar[str] = "tab_dispute"
+    SIGS: ClassVar[tuple[str, ...]] = ("sig",)
+    SCHEMA: ClassVar[dict[str, str]] = {"sender": "account", "batch_key": "bytes32", "receipt": "record"}
+
+    @cached_property
+    def tab_receipt(self) -> TabReceipt:
+        """The disputed receipt (fields checked; raises InvalidTx for a malformed one)."""
+        r = TabReceipt.from_record(self.chain_id, self.receipt)
+        r.check_shape()
+        return r
+
+    def signature_checks(self) -> list[tuple[bytes, bytes, bytes, str]]:
+        """The requester's signature over the dispute, and both signatures of the disputed receipt."""
+        try:
+            inner = self.tab_receipt.signature_checks()
+        except InvalidTx:
+            inner = []
+        return [(self.sender, self.id, self.sig, self.KIND), *inner]
+
+
+TAB_TXS: tuple[type[Tx], ...] = (TabOpen, TabTopUp, TabClose, EpochBatch, Reveal, TabDispute, TabReceipt)
+
+__all__ = ["MAX_COUNT", "MAX_VOUCHERS", "TAB_TXS", "EpochBatch", "Reveal", "TabClose", "TabDispute", "TabOpen",
+           "TabReceipt", "TabTopUp"]
