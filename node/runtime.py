@@ -61,6 +61,7 @@ from .net.service import NetworkService, RelayMode
 from .p2p.host import P2PHost
 from .p2p.wirelimits import READ_BUDGET
 from .settle.book import EpochBook
+from .settle.disputes import DisputeDuty
 from .settle.duty import SettleDuty
 from .settle.tabs import TabBook, TabGate
 from .training.replay import RunChecks
@@ -193,8 +194,9 @@ class Node:
         self.reply_budget = self.snapshots.budget  # shared by snapshot, block, batch, blob and sync replies
         self.tab_gate = None if self.book is None else TabGate(lambda: self.ledger.state, self.book,
                                                                self.ident.account)
+        self.tab_disputes = None if self.book is None else DisputeDuty(self.ledger, self.ident)
         self.tab_book = None if self.book is None else TabBook(self.ledger, self.ident, cfg.data_dir / "tabs.json",
-                                                               cfg.tab_lock)
+                                                               cfg.tab_lock, self.tab_disputes)
         self.api_url = ""
         self.started = trio.Event()
 
@@ -230,7 +232,8 @@ class Node:
                                   wanted_offer(self.cfg.accept_batches, self.cfg.batch_floor,
                                                self.genesis.params.batch_token_floor()))
         settle = None if self.book is None else DutyRunner(SettleDuty(self.ledger, self.ident, self.book), self.ledger)
-        return tuple(s for s in (self.member, self.jobs, self.runs, self.batches, self.offers, settle)
+        disputes = None if self.tab_disputes is None else DutyRunner(self.tab_disputes, self.ledger)
+        return tuple(s for s in (self.member, self.jobs, self.runs, self.batches, self.offers, settle, disputes)
                      if s is not None)
 
     def _committee_member(self) -> CommitteeMember:

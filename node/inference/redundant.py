@@ -292,7 +292,8 @@ class RedundantClient:
                         None if ta == tb else (ta, tb))
 
     async def _dispute(self, receipts: list[Receipt | TabReceipt], hops: list[Hop]) -> list[bytes]:
-        """Submit a Dispute for the receipt of each of ``hops`` (matched by worker and session id)."""
+        """Dispute the receipt of each of ``hops`` (matched by worker and session id): a plain receipt at once, a tab
+        receipt through the node's tabs once the batch that redeems it is on the ledger."""
         c = self.client
         want = {(account_from_str(h.peer), h.session_id) for h in hops}
         out = []
@@ -300,9 +301,16 @@ class RedundantClient:
             if (r.worker, r.session_id) not in want:
                 continue
             try:
-                await c.ledger.submit(Dispute(c.ledger.chain_id, c.ident.account, r.id).signed(c.ident))
+                if isinstance(r, TabReceipt):  # judged against the worker's batch, once that is on the ledger
+                    if c.tabs is None:
+                        raise ValueError("a tab receipt without the node's tabs")
+                    c.tabs.dispute(r)
+                    log.info("receipt %s of %s queued for a tab dispute (filed when its batch is on the ledger)",
+                             r.id.hex()[:16], r.worker.hex()[:16])
+                else:
+                    await c.ledger.submit(Dispute(c.ledger.chain_id, c.ident.account, r.id).signed(c.ident))
+                    log.info("disputed receipt %s of %s", r.id.hex()[:16], r.worker.hex()[:16])
                 out.append(r.id)
-                log.info("disputed receipt %s of %s", r.id.hex()[:16], r.worker.hex()[:16])
             except Exception as e:  # noqa: BLE001 - the ledger says why; the generation goes on
                 log.warning("could not dispute receipt %s: %s", r.id.hex()[:16], e)
         return out

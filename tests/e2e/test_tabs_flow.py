@@ -93,3 +93,72 @@ def test_a_generation_is_paid_through_tabs_and_epoch_batches(tmp_path, tiny):
     assert account_page.status_code == 200 and 'id="tabs"' in account_page.text
     assert account_page.text.count('href="/tabs/') == 3
     assert (missing.status_code, bad.status_code) == (404, 400)
+
+
+@pytest.mark.slow  # four in-process nodes, ~35 s on 2 cores (falls behind its 90 s deadline at a load of 14)
+def test_a_redundant_session_disputes_a_corrupt_servers_tab_receipt_and_its_batch_is_refuted(tmp_path, tiny):
+    """Issue 37's "a requester may still dispute any receipt it holds within the window", with real nodes: a
+    redundant generation meets a corrupt server on route A; the requester's node queues both hops' tab receipts and
+    files a TabDispute for each once the server's epoch batch that redeems it is on the ledger. The corrupt server
+    also withholds its reveals (its SettleDuty drops them), so its receipt reaches a committee only through the
+    dispute: voted invalid, its batch is refuted (nothing paid, the tab's credits back) and its bond slashed; the
+    honest route-B server's disputed receipt is voted valid and its batch paid."""
+    from node.inference.redundant import RedundantClient
+    from node.ledger.core.status import INVALID_S
+    from node.ledger.core.tabs import Reveal
+    from node.settle.duty import SettleDuty
+
+    prompt = [5, 17, 42, 99]
+    g = tiny_genesis(3, epoch_blocks=8, batch_samples=2, reveal_window=8, settle_window=2, tab_close_delay=24)
+
+    async def main():
+        async with swarm(tmp_path, tiny, [(0, 6)] * 3, genesis=g) as nodes:
+            client = nodes[0]
+            red = RedundantClient(client.client)
+            ra, rb = red.routes()
+            bad = next(nd for nd in nodes[1:] if nd.ident.peer_id == ra[0].peer)
+            good = next(nd for nd in nodes[1:] if nd.ident.peer_id == rb[0].peer)
+            bad.server.span.fault = "corrupt"  # an output cheat (`node start --fault corrupt`)
+            duty = next(d.duty for d in bad.duties if isinstance(getattr(d, "duty", None), SettleDuty))
+            send = duty._submit
+
+            async def withhold(tx):  # the cheat never reveals: only the requester's dispute can expose it
+                return False if isinstance(tx, Reveal) else await send(tx)
+
+            duty._submit = withhold
+            st = client.ledger.state
+            bad_before, good_before = st.account(bad.ident.account), st.account(good.ident.account)
+            gen = await red.generate(prompt, 4)
+            me = client.ident.account
+
+            def tab_of(worker: bytes):
+                return next(t for t in client.ledger.state.tables["tabs"].values()
+                            if t.requester == me and t.worker == worker)
+
+            # each tab's lock before any batch redeemed it (locked + redeemed: the same before and after a batch)
+            locked0 = {w: tab_of(w).locked + tab_of(w).redeemed for w in (bad.ident.account, good.ident.account)}
+            disputed = [r for r in gen.receipts if r.id in set(gen.mismatch.disputed)]
+            with trio.fail_after(90):  # both disputes filed and judged, the bad batch gone, the good one paid
+                while True:
+                    st = client.ledger.state
+                    recs = [st.receipts.get(r.id) for r in disputed]
+                    if all(rec is not None and rec.status.final for rec in recs) and \
+                            not any(s.worker in (bad.ident.account, good.ident.account)
+                                    for s in st.tables["settlements"].values()):
+                        break
+                    await client.ledger.new_block.wait()
+            locked1 = {w: tab_of(w).locked for w in locked0}
+            return gen, disputed, recs, client.tab_disputes.sent, bad.ident.account, good.ident.account, \
+                bad_before, good_before, st.account(bad.ident.account), st.account(good.ident.account), locked0, \
+                locked1
+
+    gen, disputed, recs, sent, bad, good, bad0, good0, bad1, good1, locked0, locked1 = trio.run(main)
+    assert gen.tokens == local_generate(tiny, prompt, 4) and gen.mismatch is not None
+    assert len(disputed) == 2 and {r.id for r in disputed} <= set(sent)  # filed by the requester's dispute duty
+    status = {r.worker: rec.status for r, rec in zip(disputed, recs, strict=True)}
+    assert status == {bad: INVALID_S, good: VALID_S}, status
+    owed = {r.worker: r.cumulative for r in disputed}
+    # refuted: what its batch took went back into the requester's tab (its balance grew only by committee fees for
+    # other receipts), and its bond was slashed
+    assert locked1[bad] == locked0[bad] and bad1.escrow == 0 and bad1.bond < bad0.bond
+    assert locked1[good] == locked0[good] - owed[good] and good1.escrow == 0 and good1.bond == good0.bond  # paid

@@ -169,6 +169,11 @@ class TabReceipt(Tx):
         return cls(chain_id, *rec)
 
 
+def batch_key(worker: bytes, epoch: int) -> bytes:
+    """The state key of ``worker``'s epoch batch for ``epoch`` (32 bytes): one batch per worker and epoch."""
+    return H(b"tally/epoch-batch-key/v1", worker, epoch.to_bytes(8, "big"))
+
+
 @dataclass(frozen=True)
 class EpochBatch(SingleSigned):
     """``worker``'s receipts of ``epoch``: ``root`` (RFC 9162 Merkle root over their ids in order), ``count``,
@@ -209,8 +214,8 @@ class EpochBatch(SingleSigned):
 
     @property
     def key(self) -> bytes:
-        """The batch's key in the state: one batch per worker and epoch."""
-        return H(b"tally/epoch-batch-key/v1", self.worker, self.epoch.to_bytes(8, "big"))
+        """The batch's key in the state: one batch per worker and epoch (:func:`batch_key`)."""
+        return batch_key(self.worker, self.epoch)
 
     def signature_checks(self) -> list[tuple[bytes, bytes, bytes, str]]:
         """The worker's signature and each voucher's requester signature (once per tab per epoch)."""
@@ -299,4 +304,4 @@ class TabDispute(SingleSigned):
 TAB_TXS: tuple[type[Tx], ...] = (TabOpen, TabTopUp, TabClose, EpochBatch, Reveal, TabDispute, TabReceipt)
 
 __all__ = ["MAX_COUNT", "MAX_VOUCHERS", "TAB_TXS", "EpochBatch", "Reveal", "TabClose", "TabDispute", "TabOpen",
-           "TabReceipt", "TabTopUp"]
+           "TabReceipt", "TabTopUp", "batch_key"]
