@@ -60,6 +60,14 @@ class BlobStore:
             return None
         return unpack(path.read_bytes())
 
+    def delete(self, key: bytes) -> bool:
+        """Remove blob ``key``; whether it was there."""
+        path = self.path_of(key)
+        if path is None or not path.exists():
+            return False
+        path.unlink(missing_ok=True)
+        return True
+
     def has(self, key: bytes) -> bool:
         return len(key) == 32 and self._path(key).exists()
 

@@ -231,7 +231,8 @@ class Node:
         self.offers = OfferKeeper(parts.ident, parts.ledger,  # this node's batch offer (node.batch.offer)
                                   wanted_offer(self.cfg.accept_batches, self.cfg.batch_floor,
                                                self.genesis.params.batch_token_floor()))
-        settle = None if self.book is None else DutyRunner(SettleDuty(self.ledger, self.ident, self.book), self.ledger)
+        settle = None if self.book is None else DutyRunner(
+            SettleDuty(self.ledger, self.ident, self.book, self.blobs), self.ledger)
         disputes = None if self.tab_disputes is None else DutyRunner(self.tab_disputes, self.ledger)
         return tuple(s for s in (self.member, self.jobs, self.runs, self.batches, self.offers, settle, disputes)
                      if s is not None)

@@ -5,7 +5,9 @@ A server paid through tabs (:mod:`node.ledger.core.tabs`) sends no transaction p
 the requester signed survives a SIGKILL of the worker right after), and once per epoch commits to them in one
 :class:`~node.ledger.core.tabs.EpochBatch` (:mod:`node.settle.duty`). The book is also where the receipts drawn
 from a batch are revealed from, with their inclusion proofs, and they stay until the batch is final (paid,
-forfeited or refuted): a stated, bounded retention.
+forfeited or refuted): a stated, bounded retention. The session tensors a committee re-executes them from (the
+blobs of their inputs and outputs roots, :mod:`node.blobs`) are kept as long and deleted then by the settlement
+duty (:mod:`node.settle.duty`), unless a receipt still in the book names the same blob.
 
 Layout (keys): ``r/`` ‖ tab id ‖ tab nonce (8 bytes) → the receipt's record (fields and both signatures), one per
 session (a newer receipt of the same session, with more steps, replaces the older); ``b/`` ‖ batch key → the
@@ -130,11 +132,13 @@ class EpochBook:
             yield k[len(_B):], b, [TabReceipt.from_record(self.chain_id, unpack_local(self.db.get(x)))
                                    for x in keys], bool(inc)
 
-    def _drop(self, batch_key: bytes, receipts_too: bool) -> None:
+    def _drop(self, batch_key: bytes, receipts_too: bool) -> list[TabReceipt]:
         raw = self.db.get(_B + batch_key)
         if raw is None:
-            return
+            return []
         _, keys, _, _ = unpack_local(raw)
+        gone = [TabReceipt.from_record(self.chain_id, unpack_local(v)) for x in keys
+                if receipts_too and (v := self.db.get(x)) is not None]
         with self.db.write_batch(sync=True) as wb:
             if receipts_too:
                 for x in keys:
@@ -143,10 +147,21 @@ class EpochBook:
         self._batched.difference_update(keys)
         if not receipts_too:
             self._open += len(keys)
+        return gone
 
-    def final(self, batch_key: bytes) -> None:
-        """``batch_key`` is final (paid, forfeited or refuted): its receipts and its record leave the book."""
-        self._drop(batch_key, True)
+    def final(self, batch_key: bytes) -> list[TabReceipt]:
+        """``batch_key`` is final (paid, forfeited or refuted): its receipts and its record leave the book; the
+        receipts that left (empty when the batch was not recorded)."""
+        return self._drop(batch_key, True)
+
+    def blob_roots(self) -> set[bytes]:
+        """The inputs and outputs roots of every receipt still in the book (open or in a batch not final): the
+        blobs a committee may still ask this worker for. O(receipts in the book)."""
+        out: set[bytes] = set()
+        for _, v in self.db.iterator(prefix=_R):
+            r = TabReceipt.from_record(self.chain_id, unpack_local(v))
+            out.update((r.inputs_root, r.outputs_root))
+        return out
 
     def release(self, batch_key: bytes) -> None:
         """``batch_key`` was never included and no longer can be: its receipts are open again, for the next."""

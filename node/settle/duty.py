@@ -47,13 +47,21 @@ class SettleLedger(Protocol):
     async def submit(self, tx: Tx) -> bytes: ...
 
 
+class BlobDeleter(Protocol):
+    """Where the sessions' tensors are kept (:class:`node.blobs.BlobStore`)."""
+
+    def delete(self, key: bytes) -> bool: ...
+
+
 class SettleDuty:
     """One worker's settlement (see the module docstring). ``name`` for the duty runner."""
 
     name = "settle"
 
-    def __init__(self, ledger: SettleLedger, ident: Identity, book: EpochBook):
+    def __init__(self, ledger: SettleLedger, ident: Identity, book: EpochBook, blobs: BlobDeleter | None = None):
         self.ledger, self.ident, self.book = ledger, ident, book
+        self.blobs = blobs  # where the sessions' tensors are kept: a final batch's are deleted (None: left alone)
+        self.blobs_deleted = 0
         self.batches_sent = 0
         self.reveals_sent = 0
 
@@ -89,7 +97,10 @@ class SettleDuty:
                                         inclusion_proof(ids, i)).signed(self.ident)
                             self.reveals_sent += await self._submit(rv)
             elif included:
-                self.book.final(key)
+                gone = self.book.final(key)
+                if self.blobs is not None and gone:
+                    roots = {x for r in gone for x in (r.inputs_root, r.outputs_root)} - self.book.blob_roots()
+                    self.blobs_deleted += sum(self.blobs.delete(x) for x in roots)
                 log.info("settlement: batch of epoch %d is final", batch.epoch)
             elif batch.epoch < now - 1:
                 self.book.release(key)
@@ -109,4 +120,4 @@ class SettleDuty:
                          len(batch.vouchers))
 
 
-__all__ = ["SettleDuty", "SettleLedger"]
+__all__ = ["BlobDeleter", "SettleDuty", "SettleLedger"]

@@ -5,6 +5,7 @@ ledger, is paid after restart for every receipt its requester signed, and nothin
 
 from __future__ import annotations
 
+import torch
 import trio
 
 from node.ledger.core.tx import VALID
@@ -129,4 +130,35 @@ def test_a_batch_lost_before_the_ledger_saw_it_goes_into_a_later_one(tmp_path):
     assert [(b.epoch, len(got)) for _, b, got, _ in book.batches()] == [(now - 1, 7)] and duty.batches_sent == 1
     _run(c, duty, 16)
     assert c.state.tables["tabs"][tab].redeemed == 7 * C and not book.open_receipts()
+    book.close()
+
+
+def test_a_final_batch_deletes_its_session_blobs_unless_a_receipt_still_in_the_book_names_them(tmp_path):
+    """The bounded retention of the tensors committees re-execute from: kept while a receipt in the book names them
+    (here every receipt of the helper names the same inputs and outputs roots), deleted when the last batch that
+    covered them is final; a blob no receipt names is never touched."""
+    from node.blobs import BlobStore
+
+    c, tab, book, _rs = _setup(tmp_path, n_receipts=3)
+    blobs = BlobStore(tmp_path / "node")
+    other = blobs.put([torch.ones(2)])
+    shared = [blobs.path_of(b"i" * 32), blobs.path_of(b"o" * 32)]  # the roots the helper's receipts commit to
+    for p in shared:
+        p.write_bytes(b"\x90")
+    duty = SettleDuty(ChainLedger(c), W1, book, blobs)
+    c.block(4 - c.state.height % 4)
+    _step(duty)  # the first batch over the three receipts
+    for r in c.receipts(W1, REQ, tab, [C, C], start_nonce=4, start_owed=3 * C):
+        book.add(r)  # two more, open: they name the same blobs
+    first = {k for k, *_ in book.batches()}
+    held_after_first = 0  # blocks in which the first batch was final and receipts naming the blobs were still held
+    for _ in range(30):
+        _run(c, duty, 1)
+        in_book = bool(book.open_receipts()) or bool(list(book.batches()))
+        if in_book:
+            assert all(p.exists() for p in shared) and duty.blobs_deleted == 0
+            held_after_first += not first & {k for k, *_ in book.batches()}
+    assert held_after_first > 0, "the first batch was never final while the later receipts were held"
+    assert c.state.tables["tabs"][tab].redeemed == 5 * C and not book.open_receipts() and not list(book.batches())
+    assert duty.blobs_deleted == 2 and not any(p.exists() for p in shared) and blobs.has(other)
     book.close()
