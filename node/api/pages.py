@@ -27,7 +27,7 @@ from .modelsapi import models_view
 from .queries import Queries
 from .runs import RUN_STATUSES, list_runs, run_view
 from .security import ApiError
-from .tabsapi import MAX_TABS, settlement_json, tab_json, tabs_of
+from .tabsapi import MAX_TABS, final_settlement_json, settlement_json, tab_json, tabs_of
 
 TEMPLATES = FsPath(__file__).parent / "templates"
 VERIF_KEYS = ["valid", "invalid", "abstain", "slashes"]
@@ -228,9 +228,10 @@ async def tab(node: NodeDep, tab_id: str = Path(..., max_length=64)):
 async def settlement(node: NodeDep, key: str = Path(..., max_length=64)):
     k = v.parse_id(key, "batch key", 32)
     x = node.ledger.state.tables["settlements"].get(k)
-    if x is None:
-        raise ApiError(404, "not_found", "no open epoch batch under that key (unknown, or final: see its blocks)")
-    return page(node, "settlement.html", s=settlement_json(k, x))
+    s = settlement_json(k, x) if x is not None else final_settlement_json(node.store, k)
+    if s is None:
+        raise ApiError(404, "not_found", "no epoch batch under that key")
+    return page(node, "settlement.html", s=s)
 
 
 @router.get("/search")

@@ -4,8 +4,9 @@ An account's tabs are those it opened (as requester) or is paid through (as work
 requester's), redeemed (the newest voucher's cumulative the worker was paid from the tab) and the tab nonce. Its
 *pending* credits are what its epoch batches not yet final moved to it (its escrow, as a worker), and *spendable*
 its balance. A batch (settlement) shows what it committed to, what it moved, the receipts drawn from it and their
-reveals. The list of tabs is a scan of the tab table (``MAX_TABS`` at most): a node with millions of tabs answers
-with the first ones.
+reveals; once final (pruned from the state) the same from the explorer's index and the batch's block, with its fate.
+The list of tabs is a scan of the tab table (``MAX_TABS`` at most): a node with millions of tabs answers with the
+first ones.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from ..ledger.core.tabs import EpochBatch
 from ..ledger.core.tabs.state import Settlement, Tab
 from .deps import NodeDep
 from .models import ErrorOut
@@ -54,7 +56,31 @@ def settlement_json(key: bytes, st: Settlement) -> dict[str, Any]:
                          for t, r, a, lo, hi in st.payments],
             "drawn": [{"index": i, "receipt": hexid(rid) if rid else None}
                       for i, rid in zip(st.draw, st.revealed, strict=False)],
-            "decided": st.decided, "disputes": st.disputes}
+            "decided": st.decided, "disputes": st.disputes, "final_at": None, "vouchers": []}
+
+
+def final_settlement_json(store: Any, key: bytes) -> dict[str, Any] | None:
+    """An epoch batch the state no longer holds, from the explorer's index and its block
+    (:meth:`node.ledger.store.LedgerStore.batch_story`): what it committed to, its vouchers, the receipts revealed
+    from it and its fate (``paid`` or ``refunded``; ``included`` while the index knows no end). None: no block
+    included it (or its block's body is pruned)."""
+    story = store.batch_story(key)
+    if story is None:
+        return None
+    tx_id, fate, reveals = story
+    loc = store.tx_location(tx_id)
+    got = store.get_block(loc[0]) if loc is not None else None
+    if got is None:
+        return None
+    b = got[0].txs[loc[1]]
+    if not isinstance(b, EpochBatch):
+        return None
+    return {"key": key.hex(), "worker": acct(b.worker), "epoch": b.epoch, "root": b.root.hex(), "count": b.count,
+            "work": b.work, "pending": amount(0), "status": fate[0] if fate else "included",
+            "included_at": loc[0], "final_at": fate[1] if fate else None, "due": None, "tx": tx_id.hex(),
+            "payments": [], "vouchers": [{"tab": r.tab_id.hex(), "requester": acct(r.requester), "nonce": r.tab_nonce,
+                                          "cumulative": amount(r.cumulative)} for r in b.voucher_receipts],
+            "drawn": [{"index": i, "receipt": hexid(rid)} for i, rid in reveals], "decided": None, "disputes": 0}
 
 
 @router.get("/accounts/{account}/tabs", summary="Tabs an account opened or is paid through; pending and spendable",
@@ -71,15 +97,17 @@ async def account_tabs(node: NodeDep, account: str):
                          "open_batches": open_batches, "height": s.height})
 
 
-@router.get("/settlements/{key}", summary="An epoch batch not yet final: what it committed to and its draws",
+@router.get("/settlements/{key}", summary="An epoch batch: what it committed to, its draws, and its fate once final",
             responses={400: {"model": ErrorOut}, 404: {"model": ErrorOut}})
 async def settlement(node: NodeDep, key: str):
     k = parse_id(key, "batch key", 32)  # ApiError 400 bad_id, in the API's error shape
     st = node.ledger.state.tables["settlements"].get(k)
-    if st is None:
-        raise ApiError(404, "not_found", "no open batch under that key (unknown, or final: its story is in the "
-                                         "blocks)")
-    return JSONResponse(settlement_json(k, st))
+    if st is not None:
+        return JSONResponse(settlement_json(k, st))
+    final = final_settlement_json(node.store, k)
+    if final is None:
+        raise ApiError(404, "not_found", "no epoch batch under that key")
+    return JSONResponse(final)
 
 
-__all__ = ["MAX_TABS", "router", "settlement_json", "tab_json", "tabs_of"]
+__all__ = ["MAX_TABS", "final_settlement_json", "router", "settlement_json", "tab_json", "tabs_of"]

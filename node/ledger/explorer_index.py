@@ -9,14 +9,15 @@ from ..encoding import pack
 from .core.block import Block
 from .core.kv import Table
 from .core.state import FINAL, State
-from .core.tabs import Reveal
+from .core.tabs import EpochBatch, Reveal
+from .core.tabs.state import Settlement, SettlementStatus
 
 
 def _h(height: int) -> bytes:
     return height.to_bytes(8, "big")
 
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: epoch batches (settlement_entries)
 # tx fields naming accounts (a run's aggregator and worker before the ``sender`` property that aliases them)
 _PARTIES = ("aggregator", "worker", "sponsor", "sender", "recipient", "requester", "voter", "validator")
 
@@ -83,8 +84,43 @@ def index_block(block: Block, old: State, new: State) -> list[tuple[bytes, bytes
                 event(a, {"k": "refund" if a == r.requester else "payout", "receipt": rid, "amount": amt})
             if rec.slashed:
                 event(r.worker, {"k": "slash", "receipt": rid, "amount": rec.slashed})
+    out += settlement_entries(block, old, new)
     out += valset_entries(old, new)
     return out
+
+
+BATCH_PREFIX = b"i/e"  # + batch key (+ ``f``; + ``d`` + leaf index): an epoch batch's story (settlement_entries)
+
+
+def settlement_entries(block: Block, old: State, new: State) -> list[tuple[bytes, bytes]]:
+    """What the explorer keeps of epoch batches (issue 37) once the state prunes them: under ``i/e`` + batch key
+    the batch's transaction id (written when a block includes it); under ``i/e`` + key + ``f`` ``[fate, height]``
+    when it leaves the state (fate ``paid`` or ``refunded``); under ``i/e`` + key + ``d`` + leaf index (8 bytes)
+    the id of each receipt revealed from it."""
+    out: list[tuple[bytes, bytes]] = []
+    olds, news = old.tables["settlements"], new.tables["settlements"]
+    for tx in block.txs:
+        if isinstance(tx, EpochBatch) and tx.key in news and tx.key not in olds:
+            out.append((BATCH_PREFIX + tx.key, tx.id))
+        elif isinstance(tx, Reveal) and tx.tab_receipt.id in new.receipts:
+            out.append((BATCH_PREFIX + tx.batch_key + b"d" + _h(tx.index), tx.tab_receipt.id))
+    for key in _left(olds, news):
+        was: Settlement = olds[key]
+        # in its settle window with no dispute open and its time come: paid; any other way out (a withheld reveal,
+        # an invalid verdict on a drawn or disputed receipt) refunds it to its tabs
+        paid = was.status == SettlementStatus.WINDOW and not was.disputes and block.height >= was.due
+        out.append((BATCH_PREFIX + key + b"f", pack(["paid" if paid else "refunded", block.height])))
+    return out
+
+
+def _left(olds: Table, news: Table) -> list[bytes]:
+    """Keys of the settlements ``olds`` holds and ``news`` no longer does (only the keys written in between when
+    ``news`` is an overlay over ``olds``)."""
+    t: Table | None = news
+    while t is not None and t is not olds:
+        t = t.parent
+    keys = news.changes() if t is not None else dict(olds.items())
+    return [k for k in keys if k in olds and k not in news]
 
 
 def _written_receipts(old: State, new: State) -> dict | None:

@@ -13,6 +13,7 @@ Explorer indexes (derived, prefix ``i/``; written with each block, rebuilt by :m
 blocks whenever ``i/h`` does not name the head and the current index version):
   ``i/h``                                      ``[indexed height, version, stored block bytes, txs]``
   ``i/t`` + tx id                              ``[height, position in the block, kind]``
+  ``i/e`` + batch key (+ ``f``, + ``d`` + index)  an epoch batch's transaction id, fate, revealed receipts
   ``i/k`` + block hash                         height (8 BE)
   ``i/a`` + account + height (8) + seq (4)     one history event of the account (a map:
                                                :mod:`node.ledger.explorer_index`)
@@ -49,6 +50,7 @@ from .core.history import HEAD_KEY, SUMMARY_FIELDS, LogHead
 from .core.state import State, genesis_state
 from .core.valset import ValidatorSet
 from .explorer_index import (  # noqa: F401 (re-exported)
+    BATCH_PREFIX,
     INDEX_VERSION,
     VALSET_PREFIX,
     _h,
@@ -371,6 +373,19 @@ class LedgerStore:
         """``(height, position, kind)`` of a stored transaction, or None."""
         raw = self.db.get(b"i/t" + tx_id)
         return None if raw is None else tuple(unpack(raw))  # type: ignore[return-value]
+
+    def batch_story(self, key: bytes) -> tuple[bytes, tuple[str, int] | None, list[tuple[int, bytes]]] | None:
+        """An epoch batch's index entries (:func:`node.ledger.explorer_index.settlement_entries`): ``(transaction
+        id, (fate, height) or None while not final, [(leaf index, revealed receipt id)])``, or None for a key no
+        block included."""
+        p = BATCH_PREFIX + key
+        tx_id = self.db.get(p)
+        if tx_id is None:
+            return None
+        fate = self.db.get(p + b"f")
+        with self.db.iterator(prefix=p + b"d") as it:
+            reveals = [(int.from_bytes(k[len(p) + 1:], "big"), v) for k, v in it]
+        return tx_id, (None if fate is None else tuple(unpack(fate))), reveals  # type: ignore[return-value]
 
     def height_of_hash(self, block_hash: bytes) -> int | None:
         raw = self.db.get(b"i/k" + block_hash)

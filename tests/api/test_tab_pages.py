@@ -28,3 +28,48 @@ def test_batch_and_tab_pages_show_the_draw_the_reveals_and_the_payments():
     t = tab_json(tab, c.state.tables["tabs"][tab])
     html = ENV.get_template("tab.html").render(chain_id="c", head=c.state.height, now_ms=0, t=t, batches=[s])
     assert f'href="/settlements/{b.key.hex()}"' in html and "4" in html and tab.hex() in html
+
+
+def test_a_final_batch_keeps_its_page_from_the_index_paid_or_refunded(tmp_path):
+    """Once final the state prunes a batch; its page and ``GET /v1/settlements/KEY`` then come from the explorer's
+    index (a real LevelDB store) and the batch's block: what it committed to, its vouchers, the receipts revealed
+    from it, and its fate -- paid after its window, refunded when a drawn receipt was withheld."""
+    from node.api.tabsapi import final_settlement_json
+    from node.ledger.core.tx import VALID
+    from node.ledger.store import LedgerStore
+
+    g = tab_genesis()
+    store = LedgerStore(tmp_path / "db", g)
+    try:
+        c = Chain(g, store)
+        tab = c.open_tab(REQ, W1, 20 * C)
+        c.block()
+        rs = c.receipts(W1, REQ, tab, [C, C, C])
+        b = c.batch(W1, rs)
+        c.block(2)
+        assert final_settlement_json(store, b.key)["status"] == "included"  # in the state still: not final
+        drawn = c.settlement(b).draw
+        for i in drawn:
+            c.reveal(W1, b, rs, i)
+        c.block(2)
+        c.vote_all(VALID)
+        c.block(4)
+        assert c.settlement(b) is None  # paid and pruned
+        s = final_settlement_json(store, b.key)
+        assert s["status"] == "paid" and s["count"] == 3 and s["final_at"] > s["included_at"]
+        assert sorted((d["index"], d["receipt"]) for d in s["drawn"]) == sorted((i, rs[i].id.hex()) for i in drawn)
+        assert [(v["tab"], v["nonce"]) for v in s["vouchers"]] == [(tab.hex(), 3)]
+        html = ENV.get_template("settlement.html").render(chain_id="c", head=c.state.height, now_ms=0, s=s)
+        assert 'id="fate">paid' in html and f'href="/receipts/{rs[drawn[0]].id.hex()}"' in html
+        c.block(4 - c.state.height % 4)  # the next epoch: a batch whose worker withholds a drawn receipt
+        more = c.receipts(W1, REQ, tab, [C, C, C], start_nonce=4, start_owed=3 * C)
+        b2 = c.batch(W1, more)
+        c.block(2)
+        c.reveal(W1, b2, more, c.settlement(b2).draw[0])
+        c.block(4)
+        assert c.settlement(b2) is None
+        s2 = final_settlement_json(store, b2.key)
+        assert s2["status"] == "refunded" and len(s2["drawn"]) == 1
+        assert final_settlement_json(store, b"\x01" * 32) is None
+    finally:
+        store.close()
