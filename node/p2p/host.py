@@ -238,6 +238,11 @@ class P2PHost(GossipMethods, StreamMethods):
                 return
             if len(leaves) == 1:
                 raise leaves[0] from None
+            # py-libp2p's services nest more than ten task groups deep, past what a traceback prints: name them
+            named = list(dict.fromkeys(f"{type(e).__name__}: {e}"[:200] for e in leaves
+                                       if not isinstance(e, trio.Cancelled)))
+            log.warning("host %s stopped with %d errors%s: %s", self._peer_id, len(leaves),
+                        " after its body finished" if body_done else "", "; ".join(named[:5]) or "cancellations")
             raise
         finally:
             self._host = self._gossip = self._nursery = None

@@ -15,7 +15,9 @@ import pytest
 import trio
 
 from node.compute.reference import local_generate
+from node.compute.shards import NoRouteError
 from node.ledger.core.state import VALID_S
+from node.p2p.quirks import exception_leaves
 
 from ..e2e.swarm import wait_final
 from .procs import (
@@ -267,18 +269,32 @@ def test_four_clients_at_once(tmp_path, tiny):
                         await trio.sleep(0.005)
 
                 n.start_soon(watch)
-                results = {}
+                results, retried = {}, []
 
                 async def one(c, key):
-                    results[key] = await c.generate(prompts[key], 32)
+                    # each span has one server, so a hop the loaded machine loses (a stream closed mid-session: seen
+                    # in CI's three workers, and here with three copies of this test at once) has no failover: such
+                    # a generation starts over once; the claim, sessions of several clients at once on every
+                    # server, is the peak below
+                    for attempt in range(2):
+                        try:
+                            results[key] = await c.generate(prompts[key], 32)
+                            return
+                        except BaseException as e:  # NoRouteError, alone or in a task group's exception group
+                            lost = [x for x in exception_leaves(e) if not isinstance(x, NoRouteError)] \
+                                if isinstance(e, BaseExceptionGroup) else ([] if isinstance(e, NoRouteError) else [e])
+                            if attempt or lost:
+                                raise
+                            retried.append(key)
 
                 async with trio.open_nursery() as g:
                     for c, key in zip(clients, prompts, strict=False):
                         g.start_soon(one, c, key)
             n.cancel_scope.cancel()
-            return results, peak[0], sum(s.server.batcher.batched_steps for s in servers)
+            return results, peak[0], sum(s.server.batcher.batched_steps for s in servers), retried
 
-    results, peak, batched = trio.run(main)
+    results, peak, batched, retried = trio.run(main)
+    print(f"four clients: peak sessions at once on the least busy server {peak}; generations started over {retried}")
     for key, gen in results.items():
         assert gen.tokens == local_generate(tiny, prompts[key], 32), key
         assert [r.tokens for r in gen.receipts] == [len(prompts[key]) + 31] * 3
