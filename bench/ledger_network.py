@@ -52,6 +52,7 @@ from node.ledger.store import LedgerStore
 C = 10**9
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS, SPAN = 10, 4  # each session: 10 tokens through a 4-block span
+WARM = 4  # blocks before the timed ones: batch, draw, reveal, committee -- the pipeline is full from the fifth on
 
 
 def network_genesis(servers: int, requesters: int) -> tuple[Genesis, Identity, list[Identity], list[Identity]]:
@@ -163,7 +164,7 @@ def run(servers: int, sessions_per_s: float, blocks: int, tabs_per_server: int, 
             slot_of: dict[int, list[int]] = {}
             for i in range(servers):
                 slot_of.setdefault(i * E // servers, []).append(i)
-            for h in range(first, first + blocks + 3):
+            for h in range(first, first + blocks + WARM + 1):  # every block of the run, the timed ones included
                 e_now = epoch_of(h, E)
                 for i in slot_of.get(h % E, ()):
                     w = sim[i]
@@ -175,7 +176,7 @@ def run(servers: int, sessions_per_s: float, blocks: int, tabs_per_server: int, 
             revealed_at: set[bytes] = set()
             voted: set[tuple[bytes, int]] = set()
             times, txs_n, covered, bytes0 = [], [], [], _state_bytes(store)
-            warm = 4  # batch, draw, reveal, committee: the pipeline is full from the fifth block on
+            warm = WARM
             for j in range(blocks + warm):
                 h = state.height + 1
                 txs = []
