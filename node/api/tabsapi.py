@@ -1,7 +1,8 @@
 """``GET /v1/accounts/{account}/tabs`` and ``GET /v1/settlements/{key}``: tabs and epoch batches (issue 37).
 
 An account's tabs are those it opened (as requester) or is paid through (as worker): locked (still the
-requester's), redeemed (the newest voucher's cumulative the worker was paid from the tab) and the tab nonce. Its
+requester's), redeemed (the newest voucher's cumulative the worker was paid from the tab), the tab nonce, and owed
+(signed beyond what was redeemed: known to the tab's two ends only, so given when this node is one of them). Its
 *pending* credits are what its epoch batches not yet final moved to it (its escrow, as a worker), and *spendable*
 its balance. A batch (settlement) shows what it committed to, what it moved, the receipts drawn from it and their
 reveals; once final (pruned from the state) the same from the explorer's index and the batch's block, with its fate.
@@ -83,12 +84,31 @@ def final_settlement_json(store: Any, key: bytes) -> dict[str, Any] | None:
             "drawn": [{"index": i, "receipt": hexid(rid)} for i, rid in reveals], "decided": None, "disputes": 0}
 
 
+def owed_on(node: Any, tab_id: bytes, t: Tab) -> int | None:
+    """What the requester has signed on ``tab_id`` beyond what the ledger redeemed (base units), as this node knows
+    it: the highest cumulative it countersigned (its requester's tab book) or holds (its worker's epoch book); None
+    for a tab this node is neither end of (only the two ends hold the receipts)."""
+    me = node.ident.account
+    if t.requester == me and getattr(node, "tab_book", None) is not None:
+        signed = node.tab_book.signed.get(tab_id, 0)
+    elif t.worker == me and getattr(node, "book", None) is not None:
+        newest = node.book.newest(tab_id)
+        signed = newest.cumulative if newest is not None else 0
+    else:
+        return None
+    return max(0, signed - t.redeemed)
+
+
 @router.get("/accounts/{account}/tabs", summary="Tabs an account opened or is paid through; pending and spendable",
             responses={400: {"model": ErrorOut}})
 async def account_tabs(node: NodeDep, account: str):
     a = parse_account(account)
     s = node.ledger.state
     tabs, locked = tabs_of(s, a)
+    for x in tabs:  # "owed": signed and not yet redeemed, where this node holds the receipts
+        tid = bytes.fromhex(x["tab"])
+        owed = owed_on(node, tid, s.tables["tabs"][tid])
+        x["owed"] = None if owed is None else amount(owed)
     acc = s.account(a)
     open_batches = s.tables["worker_batches"].get(a, (0, -1))[0]
     return JSONResponse({"account": acct(a), "tabs": tabs, "spendable": amount(acc.balance),
@@ -110,4 +130,4 @@ async def settlement(node: NodeDep, key: str):
     return JSONResponse(final)
 
 
-__all__ = ["MAX_TABS", "final_settlement_json", "router", "settlement_json", "tab_json", "tabs_of"]
+__all__ = ["MAX_TABS", "final_settlement_json", "owed_on", "router", "settlement_json", "tab_json", "tabs_of"]

@@ -116,7 +116,7 @@ def add_wallet_parser(sub, default_data_dir: Path) -> None:
                                     "that includes it; `node wallet validators` shows the set and pending changes.")
     val.add_argument("action", choices=("join", "leave"))
     ws.add_parser("validators", parents=[common], help="the validator set, voting power and pending changes")
-    tb = ws.add_parser("tabs", parents=[common], help="tabs (locked, redeemed) and pending versus spendable credits",
+    tb = ws.add_parser("tabs", parents=[common], help="tabs (locked, owed, redeemed); pending versus spendable credits",
                        description="The account's tabs on a chain that settles through them (issue 37): those it "
                                    "opened to pay servers and those it is paid through as a server; and its "
                                    "credits pending in epoch batches not yet final versus spendable.")
@@ -149,7 +149,8 @@ def format_tabs(t: dict) -> str:
         role = "pays" if x["requester"] == t["account"] else "paid by"
         other = x["worker"] if x["requester"] == t["account"] else x["requester"]
         lines.append(f"  tab {x['tab'][:16]}  {role} {other}  locked {_cr(x['locked'])}  redeemed "
-                     f"{_cr(x['redeemed'])}  nonce {x['nonce']}"
+                     f"{_cr(x['redeemed'])}" + (f"  owed {_cr(x['owed'])}" if x.get("owed") else "")
+                     + f"  nonce {x['nonce']}"
                      + (f"  closes at {x['closes_at']}" if x.get("closes_at") else ""))
     if not t["tabs"]:
         lines.append("  no tabs (the chain settles receipt by receipt, or none was opened)")

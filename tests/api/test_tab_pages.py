@@ -73,3 +73,32 @@ def test_a_final_batch_keeps_its_page_from_the_index_paid_or_refunded(tmp_path):
         assert final_settlement_json(store, b"\x01" * 32) is None
     finally:
         store.close()
+
+
+def test_owed_is_what_a_tab_end_signed_or_holds_beyond_what_was_redeemed(tmp_path):
+    """``owed`` in ``GET /v1/accounts/A/tabs``: the requester's node knows the highest cumulative it signed, the
+    worker's node the newest receipt in its epoch book; a node that is neither end of the tab does not know."""
+    from types import SimpleNamespace
+
+    from node.api.tabsapi import owed_on
+    from node.settle.book import EpochBook
+
+    c = Chain(tab_genesis())
+    tab = c.open_tab(REQ, W1, 10 * C)
+    c.block()
+    rs = c.receipts(W1, REQ, tab, [C, 2 * C])
+    t = c.state.tables["tabs"][tab]
+    requester = SimpleNamespace(ident=REQ, tab_book=SimpleNamespace(signed={tab: rs[-1].cumulative}), book=None)
+    book = EpochBook(tmp_path / "book", c.g.domain)
+    try:
+        for r in rs:
+            book.add(r)
+        worker = SimpleNamespace(ident=W1, tab_book=None, book=book)
+        other = SimpleNamespace(ident=KEYS[3], tab_book=None, book=None)
+        assert owed_on(requester, tab, t) == owed_on(worker, tab, t) == 3 * C and owed_on(other, tab, t) is None
+        c.batch(W1, rs)
+        c.block()  # the batch redeemed both: nothing owed any more
+        t = c.state.tables["tabs"][tab]
+        assert owed_on(requester, tab, t) == owed_on(worker, tab, t) == 0
+    finally:
+        book.close()
