@@ -97,13 +97,14 @@ class DisputeDuty:
                     log.warning("tab dispute of receipt %s given up: no batch of the worker redeemed it within %d "
                                 "epochs", rid.hex()[:16], GIVE_UP_EPOCHS)
                 continue
-            del self.queued[rid]
             tx = TabDispute(s.chain_id, self.ident.account, key, r.to_record()).signed(self.ident)
             try:
-                await self.ledger.submit(tx)
+                await self.ledger.submit(tx)  # any other error (the network) leaves it queued for the next step
             except InvalidTx as e:
+                del self.queued[rid]
                 log.warning("tab dispute of receipt %s refused: %s", rid.hex()[:16], e)
                 continue
+            del self.queued[rid]
             self.sent = [*self.sent[-255:], rid]
             log.info("tab dispute of receipt %s sent (batch %s)", rid.hex()[:16], key.hex()[:16])
 

@@ -66,3 +66,30 @@ def test_a_receipt_no_batch_redeems_is_given_up_and_another_requesters_is_refuse
     assert not duty.queued and not duty.sent and not c.pending
     with pytest.raises(ValueError, match="requester"):
         DisputeDuty(ChainLedger(c), W1).add(r)
+
+
+def test_a_dispute_the_network_failed_to_send_stays_queued_for_the_next_step():
+    c = Chain(tab_genesis())
+
+    class Flaky(ChainLedger):
+        fails = 1
+
+        async def submit(self, tx) -> bytes:
+            if self.fails:
+                self.fails -= 1
+                raise ConnectionError("no peer took it")
+            return await super().submit(tx)
+
+    duty = DisputeDuty(Flaky(c), REQ)
+    tab = c.open_tab(REQ, W1, 10 * C)
+    c.block()
+    rs = c.receipts(W1, REQ, tab, [C, C])
+    duty.add(rs[0])
+    c.batch(W1, rs)
+    c.block()
+    with pytest.raises(BaseExceptionGroup) as e:  # (raised through the step's task group)
+        _step(duty)  # the duty runner backs off and steps again
+    assert e.group_contains(ConnectionError)
+    assert list(duty.queued) == [rs[0].id] and not c.pending
+    _step(duty)
+    assert not duty.queued and duty.sent == [rs[0].id] and len(c.pending) == 1
