@@ -186,7 +186,22 @@ def build_parser() -> argparse.ArgumentParser:
                        ("key", run_key_command), ("peers", run_peers_command), ("status", run_peers_command),
                        ("wallet", run_wallet_command), ("ledger", run_ledger_command), ("model", _run_model)):
         sub.choices[name].set_defaults(func=func)
+    carry_data_dir(p)
     return p
+
+
+def carry_data_dir(parser: argparse.ArgumentParser) -> None:
+    """Let ``--data-dir`` also follow a subcommand wherever its group takes it (``node wallet balance --data-dir D``
+    as well as ``node wallet --data-dir D balance``): each subcommand of a parser that has the option gets it too,
+    without a default (``SUPPRESS``), so the group's value stands unless it is given after the subcommand."""
+    has = any("--data-dir" in a.option_strings for a in parser._actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                if has and not any("--data-dir" in a.option_strings for a in child._actions):
+                    child.add_argument("--data-dir", type=Path, default=argparse.SUPPRESS,
+                                       help="the node's data dir (also accepted before the subcommand)")
+                carry_data_dir(child)
 
 
 def _run_model(args) -> int:

@@ -89,3 +89,19 @@ def test_a_second_node_on_the_same_data_dir_is_refused_at_once(tmp_path):
         held.close()
     assert r.returncode != 0 and f"another node (pid {os.getpid()}) is running in {tmp_path / 'd'}" in r.stderr
     assert not (tmp_path / "m").exists()
+
+
+def test_data_dir_works_before_and_after_the_subcommand():
+    """Issue 38: common options work where people type them -- ``node wallet balance --data-dir D`` was refused
+    ("unrecognized arguments"); every command group that takes ``--data-dir`` takes it after its subcommands too,
+    and the group's default stands when it is given nowhere."""
+    from node.cli import DEFAULT_DATA_DIR, build_parser
+
+    p = build_parser()
+    for group, sub in (("wallet", ["balance"]), ("wallet", ["tabs"]), ("batch", ["status", "ab" * 32]),
+                       ("job", ["list"]), ("run", ["list"])):
+        after = p.parse_args([group, *sub, "--data-dir", "/after"])
+        before = p.parse_args([group, "--data-dir", "/before", *sub])
+        default = p.parse_args([group, *sub])
+        assert (str(after.data_dir), str(before.data_dir), default.data_dir) == ("/after", "/before",
+                                                                                  DEFAULT_DATA_DIR), group
