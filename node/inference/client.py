@@ -137,6 +137,9 @@ class _Run:
     bg: trio.Nursery | None = None  # nursery for acknowledgements
 
 
+OPEN_TIMEOUT = 10.0  # seconds to open a session's stream to a server before failing over
+
+
 class RouteClient:
     """Generates text through a route of span servers and settles each session with a countersigned receipt.
 
@@ -146,12 +149,14 @@ class RouteClient:
         ``async submit(tx)`` (LedgerService). executor: TorchExecutor. blobs: BlobStore. swarm: SwarmTable.
         step_timeout: seconds to wait for each reply. compression: default codec (:mod:`node.inference.wire`).
         max_failovers: replacements allowed per generation. submit: submit receipts to the ledger.
+        open_timeout: seconds to wait for a session's stream to a server (then it fails over).
     """
 
     def __init__(self, ident: Identity, host, head, manifest, ledger, executor, blobs: BlobStore,
                  swarm: SwarmTable, step_timeout: float = 60.0, compression: str = "none", max_failovers: int = 4,
-                 submit: bool = True, tabs: RequesterTabs | None = None):
+                 submit: bool = True, tabs: RequesterTabs | None = None, open_timeout: float = OPEN_TIMEOUT):
         self.ident, self.host, self.head, self.manifest = ident, host, head, manifest
+        self.open_timeout = open_timeout
         self.tabs = tabs  # sessions paid through tabs (node.inference.tabseam), or None: one receipt each
         self.ledger, self.executor, self.blobs, self.swarm = ledger, executor, blobs, swarm
         self.step_timeout = step_timeout
@@ -267,7 +272,7 @@ class RouteClient:
         t0 = time.perf_counter()
         await self._dial(hop.peer)
         t1 = time.perf_counter()
-        hop.stream = await self.host.open_stream(hop.peer, INFERENCE_PROTOCOL)
+        hop.stream = await self.host.open_stream(hop.peer, INFERENCE_PROTOCOL, timeout=self.open_timeout)
         t2 = time.perf_counter()
         hop.session_id = new_session_id()
         opening: dict[str, Any] = {"type": "open", "session_id": hop.session_id, "model_id": self.manifest.model_id,

@@ -57,12 +57,14 @@ def test_a_server_killed_mid_epoch_is_paid_after_restart_once(tmp_path):
             time.sleep(0.3)
         gens = [http.post(f"{i0['api']}/v1/generate", json={"prompt_ids": [5, 17, 42], "max_new_tokens": 4}).json()
                 for _ in range(2)]
-        served = {g["route"][0]["peer"] for g in gens}
-        assert len(served) == 1, served  # one server served both (the route is stable); kill that one
-        k = next(i for i in (1, 2) if infos[i]["peer_id"] in served)
+        # kill the server of the first generation (routes follow measured speed: under load the second may have
+        # gone to the other server, seen in CI); its sessions are those it served
+        victim = gens[0]["route"][0]["peer"]
+        k = next(i for i in (1, 2) if infos[i]["peer_id"] == victim)
+        mine = [g for g in gens if g["route"][0]["peer"] == victim]
         log = dirs[k] / "node.log"
         deadline = time.monotonic() + 30
-        while len(re.findall(r"session \w+ from \w+ settled \(closed\)", log.read_text())) < 2:
+        while len(re.findall(r"session \w+ from \w+ settled \(closed\)", log.read_text())) < len(mine):
             assert time.monotonic() < deadline, "the sessions did not settle on the server"
             time.sleep(0.1)
         height_killed = _get(i0["api"], "/v1/status")["height"]
@@ -80,7 +82,7 @@ def test_a_server_killed_mid_epoch_is_paid_after_restart_once(tmp_path):
                 break
             assert time.monotonic() < deadline, t
             time.sleep(0.5)
-        recs = [_get(i0["api"], f"/v1/receipts/{rid}") for g in gens for rid in g["receipts"]]
+        recs = [_get(i0["api"], f"/v1/receipts/{rid}") for g in mine for rid in g["receipts"]]
         status_after = _get(i0["api"], "/v1/status")["height"]
         time.sleep(6)  # more blocks: nothing more is paid
         again = _get(i0["api"], f"/v1/accounts/{infos[k]['peer_id']}/tabs")
@@ -89,7 +91,7 @@ def test_a_server_killed_mid_epoch_is_paid_after_restart_once(tmp_path):
     finally:
         stop_all(procs)
     signed = max(int(r["fields"]["cumulative"]) for r in recs)
-    assert [r["status"] for r in recs] == ["valid", "valid"]  # both sessions' receipts drawn, revealed, valid
+    assert [r["status"] for r in recs] == ["valid"] * len(mine)  # its sessions' receipts drawn, revealed, valid
     assert int(t["tabs"][0]["redeemed"]["base_units"]) == signed  # every signed credit redeemed
     assert again["tabs"] == t["tabs"] and status_after > height_killed
     assert wallet.returncode == 0, wallet.stderr  # the requester's wallet shows the tab it pays through

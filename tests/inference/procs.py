@@ -109,7 +109,8 @@ async def light_client(tmp: Path, key: int, model_dir: Path, via: Node, step_tim
         await host.connect(via.host.addrs)
         (tmp / f"c{key}").mkdir(parents=True, exist_ok=True)
         yield RouteClient(ident, host, ClientHead(model_dir), via.manifest, via.ledger, TorchExecutor(1),
-                          BlobStore(tmp / f"c{key}"), swarm, step_timeout=step_timeout, submit=False)
+                          BlobStore(tmp / f"c{key}"), swarm, step_timeout=step_timeout, submit=False,
+                          open_timeout=step_timeout)
 
 
 async def wait_swarm(swarm, model_dir: Path, n: int, timeout: float = 60.0) -> None:
