@@ -116,11 +116,18 @@ def settlement_entries(block: Block, old: State, new: State) -> list[tuple[bytes
 def _left(olds: Table, news: Table) -> list[bytes]:
     """Keys of the settlements ``olds`` holds and ``news`` no longer does (only the keys written in between when
     ``news`` is an overlay over ``olds``)."""
-    t: Table | None = news
-    while t is not None and t is not olds:
-        t = t.parent
-    keys = news.changes() if t is not None else dict(olds.items())
+    written = _written(olds, news)
+    keys = written if written is not None else dict(olds.items())
     return [k for k in keys if k in olds and k not in news]
+
+
+def _written(base: Table, top: Table) -> dict | None:
+    """Every key written in ``top``'s overlays above ``base`` (a superset is fine), or None when ``top`` is not an
+    overlay stack over ``base``."""
+    t: Table | None = top
+    while t is not None and t is not base:
+        t = t.parent
+    return None if t is None else top.changes()
 
 
 def _written_receipts(old: State, new: State) -> dict | None:
@@ -128,11 +135,7 @@ def _written_receipts(old: State, new: State) -> dict | None:
     receipts are not an overlay stack over ``old``'s (then every open receipt is compared). A receipt not
     written reads as the very object ``old`` holds, which :func:`index_block` skips: looking up only the written
     ones gives the same entries without two lookups per open receipt."""
-    t: Table | None = new.tables["receipts"]
-    base = old.tables["receipts"]
-    while t is not None and t is not base:
-        t = t.parent
-    return None if t is None else new.tables["receipts"].changes()
+    return _written(old.tables["receipts"], new.tables["receipts"])
 
 
 VALSET_PREFIX = b"i/v"  # + height (8 bytes): the validator set from that height on (written when it changes)
