@@ -24,7 +24,7 @@ import trio
 from ..identity import Identity
 from ..ledger.core.state import State
 from ..ledger.core.tabs import TabDispute, TabReceipt
-from ..ledger.core.tabs.rules import epoch_of
+from ..ledger.core.tabs.rules import epoch_of, redeems
 from ..ledger.core.tabs.state import Settlement
 from ..ledger.core.tabs.tabtx import batch_key
 from ..ledger.core.tx import InvalidTx, Tx
@@ -54,7 +54,7 @@ def redeeming_batch(s: State, r: TabReceipt) -> bytes | None:
     for e in range(first, epoch_of(s.height + 1, p.epoch_blocks) + 1):
         key = batch_key(r.worker, e)
         st: Settlement | None = s.tables["settlements"].get(key)
-        if st is not None and any(t == r.tab_id and lo <= r.tab_nonce <= hi for t, _r, _a, lo, hi in st.payments):
+        if st is not None and redeems(st, r.tab_id, r.tab_nonce):
             return key
     return None
 

@@ -40,6 +40,7 @@ from .rules import (
     apply_reveal,
     apply_topup,
     draw_count,
+    redeems,
 )
 from .state import DisputeHold, Settlement
 from .tabtx import EpochBatch, Reveal, TabClose, TabDispute, TabOpen, TabReceipt, TabTopUp
@@ -68,8 +69,7 @@ def apply_dispute(s: StateView, d: TabDispute) -> None:
     r = d.tab_receipt
     _check(r.requester == d.sender, "only the receipt's requester may dispute it")
     _check(r.worker == st.worker, "the receipt is another worker's than the batch's")
-    pay = next((p for p in st.payments if p[0] == r.tab_id), None)
-    _check(pay is not None and pay[3] <= r.tab_nonce <= pay[4],
+    _check(redeems(st, r.tab_id, r.tab_nonce),
            "this batch did not redeem the receipt (its tab nonce is outside the batch's voucher range)")
     _check(r.id not in s.tables["tab_disputes"], "receipt already disputed (counted once)")
     _check(r.id not in s.tables["tab_reveals"], "the receipt was drawn and revealed: it is before a committee already")

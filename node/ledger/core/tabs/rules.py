@@ -162,6 +162,12 @@ def apply_batch(s: StateView, b: EpochBatch) -> None:
     _due(s, height + 1, b"s" + b.key)  # drawn at the end of the next block, with its hash
 
 
+def redeems(st: Settlement, tab_id: bytes, tab_nonce: int) -> bool:
+    """Whether batch ``st``'s voucher on ``tab_id`` redeemed the receipt of tab nonce ``tab_nonce`` (its payment's
+    first..last nonce covers it)."""
+    return any(t == tab_id and lo <= tab_nonce <= hi for t, _r, _a, lo, hi in st.payments)
+
+
 def draw_count(s: StateView, st: Settlement) -> int:
     """How many receipts of ``st`` are drawn (see the module docstring)."""
     p = s.params
@@ -306,4 +312,4 @@ def unbond_blocker(s: StateView, account: bytes, bond_after: int) -> str | None:
 
 
 __all__ = ["DRAW_TAG", "after_verdict", "apply_batch", "apply_close", "apply_open", "apply_reveal", "apply_topup",
-           "draw", "draw_count", "end_block", "epoch_of", "unbond_blocker"]
+           "draw", "draw_count", "end_block", "epoch_of", "redeems", "unbond_blocker"]
