@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, Protocol
 
 from .encoding import MAX_MESSAGE, DecodeError, commitments_root, pack, tensor_from_wire, tensor_to_wire, unpack
 from .identity import account_to_str
 from .p2p.budget import ReplyBudget
 from .p2p.filesend import STALL, serve_file, write_error
-from .p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed, read_msg
+from .p2p.framing import ByteReader, ByteWriter, FrameError, RemoteError, RequestTimeout, StreamClosed, read_msg
 from .p2p.host import PeerUnreachable
 
 BLOB_PROTOCOL = "/tally/blob/1.0.0"
@@ -29,11 +30,28 @@ REQUEST_MAX = 1 << 12  # bytes: a blob request
 REQUEST_TIMEOUT = 10.0  # seconds a server waits for the request after the stream opens
 
 
+class BlobHost(Protocol):
+    """What :func:`fetch_blob` needs of the host (:class:`node.p2p.host.P2PHost`): one request and its reply,
+    within ``timeout`` seconds, the reply read up to ``max_message`` bytes.
+
+    Raises (``request``): ``PeerUnreachable``, ``RemoteError``, ``StreamClosed``, ``FrameError``,
+    ``RequestTimeout`` of :mod:`node.p2p`."""
+
+    async def request(self, peer_id: str, protocol_id: str, msg: dict[str, Any], timeout: float,
+                      max_message: int = ...) -> dict[str, Any]: ...
+
+
+class BlobStream(ByteReader, ByteWriter, Protocol):
+    """The stream :func:`serve_blob` reads the request from and writes the reply to (a libp2p ``INetStream``)."""
+
+
 class BlobMismatch(ValueError):
     """Tensors whose Merkle root is not the requested one."""
 
 
 class BlobStore:
+    """The blobs of one data dir, one file each under ``<root>/blobs``, named by the hex of their root."""
+
     def __init__(self, root: Path):
         self.dir = root / "blobs"
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -41,7 +59,7 @@ class BlobStore:
     def _path(self, key: bytes) -> Path:
         return self.dir / key.hex()
 
-    def put(self, tensors: list) -> bytes:
+    def put(self, tensors: list[Any]) -> bytes:
         """Store tensors; returns their 32-byte Merkle root (the key)."""
         key = commitments_root(tensors)
         path = self._path(key)
@@ -51,14 +69,15 @@ class BlobStore:
             os.replace(tmp, path)
         return key
 
-    def get_wire(self, key: bytes) -> list | None:
+    def get_wire(self, key: bytes) -> list[Any] | None:
         """The stored wire tensors for ``key``, or None."""
         if len(key) != 32:
             return None
         path = self._path(key)
         if not path.exists():
             return None
-        return unpack(path.read_bytes())
+        wire: list[Any] = unpack(path.read_bytes())  # written by put: a list of wire tensors
+        return wire
 
     def delete(self, key: bytes) -> bool:
         """Remove blob ``key``; whether it was there."""
@@ -76,7 +95,7 @@ class BlobStore:
         return self._path(key) if isinstance(key, bytes) and len(key) == 32 else None
 
 
-async def serve_blob(blobs: BlobStore, budget: ReplyBudget, stream, peer: str, *, stall: float = STALL,
+async def serve_blob(blobs: BlobStore, budget: ReplyBudget, stream: BlobStream, peer: str, *, stall: float = STALL,
                      request_timeout: float = REQUEST_TIMEOUT) -> None:
     """The ``BLOB_PROTOCOL`` stream handler: ``{"type": "get", "root": 32 B}`` → ``{"status": "ok", "tensors":
     [...]}`` streamed from the stored file (module docstring), or ``not_found``, ``too_large``, ``busy``,
@@ -95,7 +114,7 @@ async def serve_blob(blobs: BlobStore, budget: ReplyBudget, stream, peer: str, *
     await serve_file(stream, peer, path, limit=MAX_BLOB, budget=budget, key="tensors", raw=True, stall=stall)
 
 
-def decode_blob(wire: list, key: bytes) -> list:
+def decode_blob(wire: object, key: bytes) -> list[Any]:
     """Decode wire tensors and check they hash to ``key``.
 
     Raises:
@@ -113,8 +132,8 @@ class BlobUnavailable(LookupError):
     """Nobody who should hold a blob returned tensors matching its root."""
 
 
-async def fetch_blob(host, blobs: BlobStore, root: bytes, holders: list[bytes], timeout: float = 60,
-                     keep: bool = True) -> list:
+async def fetch_blob(host: BlobHost, blobs: BlobStore, root: bytes, holders: list[bytes], timeout: float = 60,
+                     keep: bool = True) -> list[Any]:
     """Tensors with Merkle root ``root`` from the local store, else from the first of ``holders`` (accounts,
     tried in order over ``BLOB_PROTOCOL``) whose reply matches the root. ``keep``: store a fetched blob locally.
     ``timeout`` in seconds per holder.
@@ -125,7 +144,7 @@ async def fetch_blob(host, blobs: BlobStore, root: bytes, holders: list[bytes], 
     local = blobs.get_wire(root) if blobs.has(root) else None
     if local is not None:
         return decode_blob(local, root)
-    errors = []
+    errors: list[str] = []
     for holder in holders:
         peer = account_to_str(holder)
         try:

@@ -4,17 +4,19 @@ id the cache lacks fetched from the bootstrap peers before ``node start`` serves
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 import trio
 
 from .compute.model import ManifestError, block_file, default_cache_dir, ensure_smollm2, load_manifest, make_tiny
+from .ledger.genesis import Genesis
 from .models.lookup import model_dir_of
 from .models.registry import RegistryError
 
 
-def resolve_model(args) -> Path:
+def resolve_model(args: argparse.Namespace) -> Path:
     """The model dir ``args.model`` names in ``args.model_cache`` (default: :func:`default_cache_dir`): ``tiny``
     (built once, seed 0), ``smollm2`` (converted once from the bundled GGUF), or the name or id of a model added
     with ``node model add``. Exits (``SystemExit`` with the reason) when it names none."""
@@ -44,7 +46,7 @@ def resolve_device(gpu: int | None) -> str:
     return f"cuda:{gpu}"
 
 
-def fetch_missing_model(args, genesis, bootstrap: list[str]) -> None:
+def fetch_missing_model(args: argparse.Namespace, genesis: Genesis, bootstrap: list[str]) -> None:
     """``node start --model MODEL_ID`` (64 hex digits) of a model this machine's cache lacks: fetch it from the
     bootstrap peers first, as ``node model fetch`` does (checked against the id, block by block in checked chunks),
     and register it as ``m-`` and its first 12 hex digits -- only the blocks of ``--span A:B``, or the whole model
@@ -82,7 +84,7 @@ def fetch_missing_model(args, genesis, bootstrap: list[str]) -> None:
     print(f"node: fetched {entry.name} ({entry.source}, {entry.bytes / 1e6:.1f} MB)", file=sys.stderr, flush=True)
 
 
-def check_span_held(args, model_dir: Path, num_blocks: int) -> None:
+def check_span_held(args: argparse.Namespace, model_dir: Path, num_blocks: int) -> None:
     """Exit with the command that fetches them when blocks of ``--span A:B`` are missing from ``model_dir`` (a
     model fetched or converted for another span)."""
     span = args.span

@@ -7,6 +7,7 @@ the nodes only through their HTTP APIs, like any user would.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import signal
@@ -15,12 +16,13 @@ import sys
 import time
 from importlib import resources
 from pathlib import Path
+from typing import IO, Any
 
 import httpx
 
 from .cliargs import resolve_device, resolve_model
 from .compute.data import shakespeare_play
-from .compute.model import load_manifest
+from .compute.model import Manifest, load_manifest
 from .compute.shards import assign_spans
 from .encoding import format_amount
 from .identity import Identity, dev_seed
@@ -31,7 +33,7 @@ from .market.cli import FINAL as JOB_FINAL
 
 
 class DevnetError(RuntimeError):
-    pass
+    """The devnet could not start or its demo could not finish (the message says why)."""
 
 
 EMBEDDED_SERVERS = 3  # the embedded devnet genesis (genesis/devnet.json) bonds dev keys 1-3
@@ -39,11 +41,11 @@ MAX_SERVERS = 64
 WIDE_CHAIN = "tally-test-devnet"  # a tally-test* chain: --dev-account and the test switches are allowed on it
 
 
-def devnet_genesis(servers: int) -> dict:
+def devnet_genesis(servers: int) -> dict[str, Any]:
     """The devnet's genesis document for more servers than the embedded one bonds: the embedded devnet's params,
     time and validator (dev key 0, funded as there), dev keys ``1..servers`` each funded and bonded as the
     embedded dev keys 1-3 are, and four spare funded keys after them; chain :data:`WIDE_CHAIN`."""
-    doc = json.loads(resources.files("genesis").joinpath("devnet.json").read_text())
+    doc: dict[str, Any] = json.loads(resources.files("genesis").joinpath("devnet.json").read_text())  # an object
     rows = {a["note"].split(":")[0]: a for a in doc["accounts"]}
     server, spare = rows["dev1"], rows["dev4"]
     accounts = [rows["dev0"]]
@@ -64,7 +66,7 @@ TAB_PARAMS = {"epoch_blocks": 10, "batch_samples": 1_000_000, "reveal_window": 1
               "tab_close_delay": 40}
 
 
-def _wait_info(data_dir: Path, proc: subprocess.Popen, timeout: float) -> dict:
+def _wait_info(data_dir: Path, proc: subprocess.Popen[bytes], timeout: float) -> dict[str, Any]:
     path = data_dir / "node.json"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -76,12 +78,13 @@ def _wait_info(data_dir: Path, proc: subprocess.Popen, timeout: float) -> dict:
                     logs.append(f"--- {f} (end)\n" + "\n".join(text.splitlines()[-15:]))
             raise DevnetError(f"node in {data_dir} exited with code {proc.returncode}:\n" + "\n".join(logs))
         if path.exists():
-            return json.loads(path.read_text())
+            info: dict[str, Any] = json.loads(path.read_text())  # node.runtime writes a JSON object
+            return info
         time.sleep(0.2)
     raise DevnetError(f"node in {data_dir} did not start within {timeout:.0f} s")
 
 
-def _spawn(args, i: int, data_dir: Path, extra: list[str]) -> subprocess.Popen:
+def _spawn(args: argparse.Namespace, i: int, data_dir: Path, extra: list[str]) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "node.cli", "start", "--data-dir", str(data_dir), "--dev-account", str(i),
            "--model", args.model, "--log-level", "INFO", *extra]
     if args.model_cache:
@@ -91,7 +94,7 @@ def _spawn(args, i: int, data_dir: Path, extra: list[str]) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -107,7 +110,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 MARKER = ".tally-devnet"
 
 
-def _lock_root(root: Path):
+def _lock_root(root: Path) -> IO[str]:
     """Hold ``<root>.lock`` for this process's lifetime, so that a second ``node devnet`` on the same data dir
     refuses to start instead of wiping the data of the one that runs. Returns the open file.
 
@@ -141,13 +144,14 @@ def _prepare_root(root: Path) -> None:
     (root / MARKER).write_text("made by `node devnet`; wiped at its next start\n")
 
 
-def _get(client: httpx.Client, url: str) -> dict:
+def _get(client: httpx.Client, url: str) -> dict[str, Any]:
     r = client.get(url)
     r.raise_for_status()
-    return r.json()
+    body: dict[str, Any] = r.json()  # the node's API answers a JSON object
+    return body
 
 
-def run_devnet(args) -> int:
+def run_devnet(args: argparse.Namespace) -> int:
     """Run the demo; returns 0 when the tokens are identical, every receipt got the expected verdict and the
     balances add up."""
     if not 1 <= args.servers <= MAX_SERVERS:
@@ -182,11 +186,11 @@ def run_devnet(args) -> int:
         return 2
     spans = assign_spans(manifest.num_blocks, args.servers)
     root = args.data_dir
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen[bytes]] = []
     try:
         lock = _lock_root(root)  # noqa: F841 (held until this process exits)
         _prepare_root(root)
-        chain = []
+        chain: list[str] = []
         if args.servers > EMBEDDED_SERVERS or getattr(args, "tabs", True):
             gfile = root / "genesis.json"
             doc = devnet_genesis(args.servers)
@@ -245,12 +249,13 @@ def run_devnet(args) -> int:
         _stop(procs)
 
 
-def _inference_demo(http, api, accounts, manifest, model_dir: Path, args) -> bool:
+def _inference_demo(http: httpx.Client, api: str, accounts: list[str], manifest: Manifest, model_dir: Path,
+                    args: argparse.Namespace) -> bool:
     """Generate through the route, wait for every receipt's verdict, print receipts and balances."""
     before = {a: _get(http, f"{api}/v1/accounts/{a}") for a in accounts}
     print(f"== generating {args.tokens} tokens greedily through the route", flush=True)
     print(f"   prompt: {args.prompt!r}")
-    body = {"prompt": args.prompt, "max_new_tokens": args.tokens}
+    body: dict[str, Any] = {"prompt": args.prompt, "max_new_tokens": args.tokens}
     if args.model == "tiny":  # the tiny test model has no tokenizer: prompt bytes are the token ids
         body = {"prompt_ids": [b % manifest.vocab_size for b in args.prompt.encode()],
                 "max_new_tokens": args.tokens}
@@ -294,11 +299,11 @@ def _inference_demo(http, api, accounts, manifest, model_dir: Path, args) -> boo
     return ok
 
 
-def _job_demo(http, api, accounts, root: Path, args) -> bool:
+def _job_demo(http: httpx.Client, api: str, accounts: list[str], root: Path, args: argparse.Namespace) -> bool:
     """Post a LoRA job on a Shakespeare play, follow it to settlement, fetch the adapter, compare losses."""
     print(f"== fine-tune job: LoRA on {args.job!r}, {args.job_steps} steps, paid per step", flush=True)
     before = {a: _get(http, f"{api}/v1/accounts/{a}") for a in accounts}
-    body = {"play": args.job, "title": f"LoRA on {args.job}", "steps": args.job_steps,
+    body: dict[str, Any] = {"play": args.job, "title": f"LoRA on {args.job}", "steps": args.job_steps,
             "segment_steps": min(10, args.job_steps),
             "batch_size": 4, "seq_len": 64, "lr": 2e-3, "price_per_step": "0.01"}
     if args.model == "tiny":
@@ -356,7 +361,7 @@ def _job_demo(http, api, accounts, root: Path, args) -> bool:
     return ok and paid == price and earned + fees == price
 
 
-def _batches_paid(http, api: str, workers: list[str]) -> bool:
+def _batches_paid(http: httpx.Client, api: str, workers: list[str]) -> bool:
     """Whether every server sent an epoch batch and none of its batches waits any more."""
     for w in workers:
         t = _get(http, f"{api}/v1/accounts/{w}/tabs")
@@ -365,7 +370,8 @@ def _batches_paid(http, api: str, workers: list[str]) -> bool:
     return True
 
 
-def _report_tabs(http, api: str, recs, before, after, accounts, fault: int | None = None) -> bool:
+def _report_tabs(http: httpx.Client, api: str, recs: list[dict[str, Any]], before: dict[str, dict[str, Any]],
+                 after: dict[str, dict[str, Any]], accounts: list[str], fault: int | None = None) -> bool:
     """The receipts (revealed from the servers' epoch batches), the tabs and the balances, checked to add up: each
     tab redeemed what its last receipt says is owed; the servers together earned what the client owes on the tabs
     of honest servers (committee fees move between servers; a server whose batch was refuted earned nothing from
@@ -416,7 +422,9 @@ def _report_tabs(http, api: str, recs, before, after, accounts, fault: int | Non
     return ok and balanced
 
 
-def _report(recs, before, after, accounts, args) -> bool:
+def _report(recs: list[dict[str, Any]], before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]],
+            accounts: list[str], args: argparse.Namespace) -> bool:
+    """The receipts with their verdicts and the balances, checked to add up (settlement receipt by receipt)."""
     print("== receipts")
     name = {a: f"node{i}" for i, a in enumerate(accounts)}
     ok = True

@@ -16,9 +16,11 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from .encoding import format_amount, parse_amount
 from .identity import KEY_FILE, KeyFileError, account_from_str, account_to_str, load_or_create
@@ -81,7 +83,8 @@ def parse_duration_ms(text: str, flag: str = "--heartbeat") -> int:
     return int(m.group(1)) * _UNIT_MS[m.group(2)]
 
 
-def apply_heartbeat(params: dict, heartbeat: str | None, default_ms: int = DEFAULT_HEARTBEAT_MS) -> dict:
+def apply_heartbeat(params: dict[str, Any], heartbeat: str | None,
+                    default_ms: int = DEFAULT_HEARTBEAT_MS) -> dict[str, Any]:
     """``--heartbeat`` over ``params``: its value, else the parameters' own ``heartbeat_ms``, else ``default_ms``
     (raised to ``block_time_ms`` if below it; 0 leaves it out). ``heartbeat_ms`` 0 keeps a block every block time.
 
@@ -131,12 +134,13 @@ def parse_account_flag(text: str) -> tuple[bytes, int, int]:
     return _peer(peer, "--account"), _amount(bal, flag, "balance"), (_amount(bond, flag, "bond") if sep2 else 0)
 
 
-def genesis_resource(name: str) -> dict:
+def genesis_resource(name: str) -> dict[str, Any]:
     """A JSON file shipped in the ``genesis`` package (``devnet.json``, ``production-params.json``)."""
-    return json.loads(resources.files("genesis").joinpath(name).read_text())
+    doc: dict[str, Any] = json.loads(resources.files("genesis").joinpath(name).read_text())  # a JSON object
+    return doc
 
 
-def params_source(source: str, read_file=lambda p: Path(p).read_text()) -> dict:
+def params_source(source: str, read_file: Callable[[str], str] = lambda p: Path(p).read_text()) -> dict[str, Any]:
     """``--params``: the parameter dict of ``production`` (genesis/production-params.json), ``devnet`` (the
     embedded devnet genesis) or a JSON FILE (a genesis file, a ``{"params": {...}}`` file, or a bare dict).
 
@@ -160,7 +164,7 @@ def params_source(source: str, read_file=lambda p: Path(p).read_text()) -> dict:
     return {k: v for k, v in params.items() if k != "note"}
 
 
-def apply_param_overrides(params: dict, overrides: list[str]) -> dict:
+def apply_param_overrides(params: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """``--param NAME=VALUE`` (an integer, base units / ppm / blocks / ms as the parameter's unit) over ``params``.
 
     Raises:
@@ -181,8 +185,8 @@ def apply_param_overrides(params: dict, overrides: list[str]) -> dict:
     return out
 
 
-def build_doc(chain_id: str, validators: list[str], accounts: list[str], params: dict, bootstrap: list[str],
-              genesis_time_ms: int) -> dict:
+def build_doc(chain_id: str, validators: list[str], accounts: list[str], params: dict[str, Any],
+              bootstrap: list[str], genesis_time_ms: int) -> dict[Any, Any]:
     """The genesis document for ``node genesis new``'s flags; accounts keep the order of ``--account``, then
     validators with a bond and no ``--account`` entry (balance 0). Checks what :func:`parse_genesis` cannot
     see (duplicates, a bond given twice) and leaves every other check to it.
@@ -215,7 +219,7 @@ def build_doc(chain_id: str, validators: list[str], accounts: list[str], params:
             raise FlagError(f"the bond of {account_to_str(a)} is given twice (--validator ...=BOND and --account "
                             "...:BOND); give it once")
         rows.setdefault(a, [0, 0])[1] = vbond
-    boot = []
+    boot: list[str] = []
     for b in bootstrap:
         try:
             boot.append(check_bootstrap_addr(b))
@@ -244,7 +248,7 @@ def iso_time(ms: int) -> str:
 
 def genesis_warnings(g: Genesis) -> list[str]:
     """Advice on a genesis that a node accepts but that may not be what was meant."""
-    out = []
+    out: list[str] = []
     bonds = {a: bond for a, _, bond in g.balances}
     for v in g.validators:
         if not bonds.get(v):
@@ -298,7 +302,7 @@ def describe(g: Genesis, where: str) -> str:
 
 # ------------------------------------------------------------------ argparse
 
-def add_genesis_parser(sub) -> None:
+def add_genesis_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``node genesis new|show``."""
     g = sub.add_parser("genesis", help="make or inspect a genesis file (a network of your own)",
                        description="Write a genesis file for a network of your own, or show one and run every "
@@ -349,7 +353,7 @@ def add_genesis_parser(sub) -> None:
     s.add_argument("--json", action="store_true", help="print the hash and the parsed document as JSON")
 
 
-def add_key_parser(sub, default_data_dir: Path) -> None:
+def add_key_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], default_data_dir: Path) -> None:
     """``node key``."""
     k = sub.add_parser("key", help="print a data dir's peer ID (= ledger account)",
                        description=f"Print the peer ID of the node key in <data-dir>/{KEY_FILE} (the libp2p peer "
@@ -384,7 +388,7 @@ def _write_new(g: Genesis, out: Path, force: bool) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _genesis_new(args) -> int:
+def _genesis_new(args: argparse.Namespace) -> int:
     if args.out.exists() and not args.force:
         sys.exit(f"node genesis new: {args.out} exists; not overwriting it (--force replaces it)")
     try:
@@ -411,7 +415,7 @@ def _genesis_new(args) -> int:
     return 0
 
 
-def _genesis_show(args) -> int:
+def _genesis_show(args: argparse.Namespace) -> int:
     where = str(args.file) if args.file is not None else "embedded devnet (genesis/devnet.json)"
     try:
         g = load_genesis(args.file)
@@ -427,11 +431,12 @@ def _genesis_show(args) -> int:
     return 0
 
 
-def run_genesis_command(args) -> int:
+def run_genesis_command(args: argparse.Namespace) -> int:
+    """``node genesis new|show``; the exit status (a failure exits with its one-line reason)."""
     return _genesis_new(args) if args.genesis_cmd == "new" else _genesis_show(args)
 
 
-def run_key_command(args) -> int:
+def run_key_command(args: argparse.Namespace) -> int:
     """``node key``: the peer ID on stdout; with ``--create`` a missing key is made first (said on stderr)."""
     path = args.data_dir / KEY_FILE
     existed = path.exists()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -28,19 +29,19 @@ class LocalApi:
         self.http = httpx.Client(timeout=600, headers={"Authorization": f"Bearer {token}"})
 
     @overload
-    def call(self, method: str, path: str, missing_ok: Literal[False] = False, **kw: Any) -> dict: ...
+    def call(self, method: str, path: str, missing_ok: Literal[False] = False, **kw: Any) -> dict[str, Any]: ...
 
     @overload
-    def call(self, method: str, path: str, missing_ok: bool, **kw: Any) -> dict | None: ...
+    def call(self, method: str, path: str, missing_ok: bool, **kw: Any) -> dict[str, Any] | None: ...
 
-    def call(self, method: str, path: str, missing_ok: bool = False, **kw: Any) -> dict | None:
+    def call(self, method: str, path: str, missing_ok: bool = False, **kw: Any) -> dict[str, Any] | None:
         """``method path`` with ``kw`` (httpx arguments); the JSON reply, or None for a 404 when ``missing_ok``."""
         try:
             r = self.http.request(method, self.url + path, **kw)
         except httpx.HTTPError as e:
             sys.exit(f"{self.prog}: cannot reach the node at {self.url}: {e}")
         try:
-            body = r.json()
+            body: dict[str, Any] = r.json()  # the node's API answers a JSON object
         except ValueError:
             sys.exit(f"{self.prog}: the node answered {r.status_code} without JSON")
         if r.status_code == 404 and missing_ok:
@@ -50,7 +51,7 @@ class LocalApi:
         return body
 
 
-def dataset_field(args, prog: str) -> dict:
+def dataset_field(args: argparse.Namespace, prog: str) -> dict[str, str]:
     """The request's dataset: ``{"play": ...}`` or ``{"text": <the --text file>}``; a file that cannot be read
     ends the command with one line."""
     if args.play:

@@ -22,7 +22,7 @@ class LockHeld(RuntimeError):
         self.path, self.pid = path, pid
 
 
-def hold(path: Path) -> IO:
+def hold(path: Path) -> IO[str]:
     """Take the exclusive lock on ``path`` (created if missing) for as long as the returned file stays open.
     Writes our pid into the file.
 

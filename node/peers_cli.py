@@ -16,11 +16,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from .wallet.client import NodeApi, WalletError
 
 
-def add_parsers(sub, default_data_dir: Path) -> None:
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser], default_data_dir: Path) -> None:
     """Register ``node peers`` and ``node status`` on ``sub`` (argparse sub-parsers)."""
     for name, text in (("peers", "connected peers: direct or relayed (through whom), address, round trip"),
                        ("status", "this node's identity, reachability, relay, height and connected peers")):
@@ -31,7 +32,7 @@ def add_parsers(sub, default_data_dir: Path) -> None:
         p.add_argument("--json", action="store_true", help="print the API's JSON instead of text")
 
 
-def format_peers(network: dict | None) -> str:
+def format_peers(network: dict[str, Any] | None) -> str:
     """The peer lines of a ``/v1/status`` ``network`` object (see the module doc); one line when none."""
     rows = (network or {}).get("peers") or []
     if not rows:
@@ -45,7 +46,7 @@ def format_peers(network: dict | None) -> str:
     return "\n".join(out)
 
 
-def format_status(st: dict) -> str:
+def format_status(st: dict[str, Any]) -> str:
     """``node status``'s text for a ``/v1/status`` reply."""
     net = st.get("network") or {}
     lines = [f"peer id       {st['peer_id']}",

@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from ..encoding import format_amount, parse_amount
 from ..identity import account_from_str, account_to_str
@@ -75,7 +76,7 @@ def _page_size(text: str) -> int:
     return n
 
 
-def add_wallet_parser(sub, default_data_dir: Path) -> None:
+def add_wallet_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], default_data_dir: Path) -> None:
     """``node wallet``: ``--data-dir`` and ``--json`` go before the subcommand (``--json`` also after it)."""
     w = sub.add_parser("wallet", help="balance, history, tabs, transfer, bond, unbond",
                        description="The wallet of a local node's account (its peer ID). Talks to the node running "
@@ -125,11 +126,12 @@ def add_wallet_parser(sub, default_data_dir: Path) -> None:
 
 # ------------------------------------------------------------------ text output
 
-def _cr(amount: dict | None) -> str:
+def _cr(amount: dict[str, Any] | None) -> str:
     return "-" if amount is None else f"{amount['credits']} credits"
 
 
-def format_balance(acc: dict) -> str:
+def format_balance(acc: dict[str, Any]) -> str:
+    """``node wallet balance``: an ``/v1/accounts/{id}`` answer as ``key  value`` lines."""
     lines = [f"account  {acc['account']}", f"balance  {_cr(acc['balance'])}", f"bond     {_cr(acc['bond'])}",
              f"escrow   {_cr(acc['escrow'])}"]
     if acc["slashed"]["base_units"] != "0":
@@ -140,7 +142,7 @@ def format_balance(acc: dict) -> str:
     return "\n".join(lines)
 
 
-def format_tabs(t: dict) -> str:
+def format_tabs(t: dict[str, Any]) -> str:
     """``node wallet tabs``: spendable and pending credits, then one line per tab."""
     lines = [f"account    {t['account']}", f"spendable  {_cr(t['spendable'])}",
              f"pending    {_cr(t['pending'])} ({t['open_batches']} epoch batch(es) not final)",
@@ -157,7 +159,8 @@ def format_tabs(t: dict) -> str:
     return "\n".join(lines)
 
 
-def format_events(events: list[dict]) -> str:
+def format_events(events: list[dict[str, Any]]) -> str:
+    """``node wallet history``: one line per history event (height, kind, role, amount, reference)."""
     lines = []
     for e in events:
         ref = e.get("tx") or e.get("receipt") or ""
@@ -169,7 +172,8 @@ def format_events(events: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def format_submitted(sub: dict, tx: dict | None) -> str:
+def format_submitted(sub: dict[str, Any], tx: dict[str, Any] | None) -> str:
+    """A submitted transaction (its id, kind, amount) and its height once ``tx`` (its ``TxOut``) is known."""
     lines = [f"txid    {sub['id']}", f"kind    {sub['kind']}", f"amount  {_cr(sub['amount'])}"]
     lines.append(f"height  {tx['height']}" if tx else "height  (pending: not waited for)")
     return "\n".join(lines)
@@ -177,9 +181,10 @@ def format_submitted(sub: dict, tx: dict | None) -> str:
 
 # ------------------------------------------------------------------ commands
 
-def _history(api: NodeApi, args) -> None:
+def _history(api: NodeApi, args: argparse.Namespace) -> None:
     account = check_account(args.account) if args.account else api.peer_id
-    events, cursor, pages = [], args.cursor, 0
+    events: list[dict[str, Any]] = []
+    cursor, pages = args.cursor, 0
     while True:
         page = api.get(f"/v1/accounts/{account}/history", limit=MAX_PAGE if args.all else args.limit, cursor=cursor)
         events += page["events"]
@@ -195,7 +200,8 @@ def _history(api: NodeApi, args) -> None:
               + (f" {account}" if args.account else ""), file=sys.stderr)
 
 
-def format_validators(vals: dict) -> str:
+def format_validators(vals: dict[str, Any]) -> str:
+    """``node wallet validators``: the set's power and quorum, one line per validator and pending change."""
     lines = [f"height   {vals['height']}", f"power    {vals.get('total_power', '-')} (a commit needs "
              f"{vals.get('quorum_power', '-')})",
              "changes  " + ("by bond (min_validator_bond "
@@ -208,7 +214,7 @@ def format_validators(vals: dict) -> str:
     return "\n".join(lines)
 
 
-def _send(api: NodeApi, args) -> None:
+def _send(api: NodeApi, args: argparse.Namespace) -> None:
     if args.wallet_cmd == "validator":
         sub = api.post("/v1/validator", {"action": args.action})
         tx = None if args.no_wait else api.wait_included(sub, args.timeout)
@@ -236,7 +242,7 @@ def _send(api: NodeApi, args) -> None:
         print(format_submitted(sub, tx))
 
 
-def run_wallet_command(args) -> int:
+def run_wallet_command(args: argparse.Namespace) -> int:
     """Run one ``node wallet`` subcommand; a refusal or an unreachable node exits 1 with one line on stderr."""
     try:
         if args.wallet_cmd in ("transfer", "bond", "unbond"):

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -34,7 +36,7 @@ class NotIncluded(WalletError):
     message) or still pending at the deadline (why, in the message). ``status`` is the node's
     ``/v1/txs/{id}/status`` answer (``TxStatusOut``), or None where the node could not give one."""
 
-    def __init__(self, message: str, dropped: bool, status: dict | None):
+    def __init__(self, message: str, dropped: bool, status: dict[str, Any] | None):
         super().__init__(message)
         self.dropped, self.status = dropped, status
 
@@ -74,7 +76,8 @@ class NodeApi:
         except OSError as e:
             raise WalletError(f"cannot read the API token {path}: {e.strerror or e} (state changes need it)") from None
 
-    def call(self, method: str, path: str, body: dict | None = None, params: dict | None = None) -> dict:
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None,
+             params: dict[str, Any] | None = None) -> dict[str, Any]:
         """One request; the decoded JSON body of a 2xx answer."""
         headers = {"Authorization": f"Bearer {self._token()}"} if method != "GET" else {}
         try:
@@ -98,13 +101,15 @@ class NodeApi:
             raise WalletError(f"the node at {self.url} answered {path} with something that is not a JSON object")
         return out
 
-    def get(self, path: str, **params) -> dict:
+    def get(self, path: str, **params: Any) -> dict[str, Any]:
+        """``GET path`` with the query ``params`` that are not None."""
         return self.call("GET", path, params={k: v for k, v in params.items() if v is not None} or None)
 
-    def post(self, path: str, body: dict) -> dict:
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST path`` with the JSON ``body`` (authorised with the node's token)."""
         return self.call("POST", path, body=body)
 
-    def tx_status(self, tid: str) -> dict | None:
+    def tx_status(self, tid: str) -> dict[str, Any] | None:
         """The node's ``/v1/txs/{id}/status`` answer; None from a node without that route (an older one)."""
         try:
             return self.get(f"/v1/txs/{tid}/status")
@@ -113,7 +118,9 @@ class NodeApi:
                 return None
             raise
 
-    def wait_included(self, submitted: dict, timeout: float, clock=time.monotonic, sleep=time.sleep) -> dict:
+    def wait_included(self, submitted: dict[str, Any], timeout: float,
+                      clock: Callable[[], float] = time.monotonic,
+                      sleep: Callable[[float], None] = time.sleep) -> dict[str, Any]:
         """Poll ``/v1/txs/{id}`` until the submitted transaction is in a stored (finalized) block; its ``TxOut``.
 
         Raises:
