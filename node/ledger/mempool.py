@@ -61,6 +61,7 @@ from typing import TypeVar
 from ..encoding import H, pack
 from .core.domain import mismatch
 from .core.genesis import Params
+from .core.modules import WORK_KINDS
 from .core.state import State, apply_tx
 from .core.tx import InvalidTx, Tx
 from .txstatus import TxState, TxStatus
@@ -73,11 +74,6 @@ class Priority(enum.IntEnum):
 
     ACCOUNT = 0
     WORK = 1
-
-
-WORK_KINDS = frozenset({"receipt", "train_receipt", "vote", "evidence", "job_accept", "job_deliver", "job_release",
-                        "round_receipt", "round_reveal", "round_aggregate",
-                        "dispute", "batch_commit", "batch_reveal", "batch_audit_vote"})
 
 
 @dataclass(frozen=True)
@@ -226,10 +222,10 @@ class Mempool(Mapping[bytes, Tx]):
             age = max(0.0, self.clock() - self._since.get(tid, self.clock()))
             if e.ready:
                 return TxStatus(TxState.PENDING, "applies on the head state; waiting for a block", age, e.height)
-            tx = e.tx
-            missing = self.view().account(tx.sender).nonce  # type: ignore[attr-defined]
+            sender, nonce = e.tx.sender_nonce or (b"", 0)  # a queued gapped transaction has a nonce
+            missing = self.view().account(sender).nonce
             left = max(0, self.limits.future_ttl_blocks - (self.state.height - e.height))
-            return TxStatus(TxState.PENDING, f"nonce gap: this is nonce {tx.nonce} of its sender and nonce "  # type: ignore[attr-defined]
+            return TxStatus(TxState.PENDING, f"nonce gap: this is nonce {nonce} of its sender and nonce "
                                              f"{missing} has not reached this node; dropped unless it arrives "
                                              f"within {left} blocks", age, e.height, missing, left)
         why = self.rejected.get(tid)
@@ -307,8 +303,9 @@ class Mempool(Mapping[bytes, Tx]):
                             f"move no credits (joins, leaves, cancels, unbonds: at most {L.max_free_per_sender}); "
                             "wait for the next block")
         gapped = False
-        if tx.sender_nonce is not None:
-            gapped = self._check_nonced(tx)
+        sn = tx.sender_nonce
+        if sn is not None:
+            gapped = self._check_nonced(tx, *sn)
         size = len(pack(tx.to_wire()))
         victims = self._victims(tx, cls, size, gapped)
         key = sig_key(tx)
@@ -336,30 +333,31 @@ class Mempool(Mapping[bytes, Tx]):
                 self._rebuild()
         return tid
 
-    def _check_nonced(self, tx) -> bool:
-        """Nonce window and ability to pay. Returns whether ``tx`` is gapped (ahead of the next nonce)."""
+    def _check_nonced(self, tx: Tx, sender: bytes, nonce: int) -> bool:
+        """Nonce window and ability to pay (``sender``, ``nonce``: ``sender_nonce``). Returns whether ``tx`` is
+        gapped (ahead of the next nonce)."""
         L = self.limits
-        acc = self.view().account(tx.sender)
+        acc = self.view().account(sender)
         nxt = acc.nonce
-        if tx.nonce < nxt:
-            if tx.nonce < self.state.account(tx.sender).nonce:
-                raise InvalidTx(f"bad nonce {tx.nonce}: already used (the sender's next nonce is {nxt})")
-            raise InvalidTx(f"bad nonce {tx.nonce}: another transaction of this sender with this nonce is queued "
+        if nonce < nxt:
+            if nonce < self.state.account(sender).nonce:
+                raise InvalidTx(f"bad nonce {nonce}: already used (the sender's next nonce is {nxt})")
+            raise InvalidTx(f"bad nonce {nonce}: another transaction of this sender with this nonce is queued "
                             f"(next nonce {nxt})")
-        if tx.nonce >= nxt + L.nonce_window:
-            raise InvalidTx(f"bad nonce {tx.nonce}: too far ahead (the sender's next nonce is {nxt}; at most "
+        if nonce >= nxt + L.nonce_window:
+            raise InvalidTx(f"bad nonce {nonce}: too far ahead (the sender's next nonce is {nxt}; at most "
                             f"{nxt + L.nonce_window - 1} is queued)")
-        gapped = tx.nonce > nxt
-        fut = self._future.get(tx.sender, {})
-        if gapped and tx.nonce in fut:
-            raise InvalidTx(f"bad nonce {tx.nonce}: another transaction of this sender with this nonce is queued")
+        gapped = nonce > nxt
+        fut = self._future.get(sender, {})
+        if gapped and nonce in fut:
+            raise InvalidTx(f"bad nonce {nonce}: another transaction of this sender with this nonce is queued")
         p = self.state.params
         need = cost(tx, p) + (sum(cost(self._entries[t].tx, p) for t in fut.values()) if gapped else 0)
         if need > acc.balance:
             queued = " with the sender's queued transactions" if gapped else ""
             raise InvalidTx(f"insufficient balance: {need} base units needed{queued}, {acc.balance} available")
         if gapped and acc.balance == 0 and acc.bond == 0:
-            raise InvalidTx(f"bad nonce {tx.nonce}: ahead of the next nonce {nxt}, and the sender holds no credits "
+            raise InvalidTx(f"bad nonce {nonce}: ahead of the next nonce {nxt}, and the sender holds no credits "
                             "to pay for a queued transaction")
         return gapped
 

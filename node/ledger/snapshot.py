@@ -2,8 +2,9 @@
 
 A snapshot of the state after block ``h`` is a :class:`Manifest` — the height, the block hash, the counter, the
 entry counts, the state root, and the ids of its chunks — plus the chunks themselves: each a msgpack list of
-``[table index, key, stored value bytes]`` entries in key order, at most :data:`CHUNK_BYTES` long, named by
-``H(tag ‖ bytes)``. Anyone may serve a snapshot; nothing in it is trusted:
+``[table index, key, stored value bytes]`` entries in key order (a table's index is its place in :data:`TABLES`,
+the tables ordered by their modules' store keys, which never change for a table), at most :data:`CHUNK_BYTES`
+long, named by ``H(tag ‖ bytes)``. Anyone may serve a snapshot; nothing in it is trusted:
 
 * a chunk is accepted only if its bytes hash to an id the manifest lists (an altered chunk is refused, and can
   be fetched from another peer);
@@ -27,6 +28,7 @@ from . import statedb
 from .core import tree as tr
 from .core.block import Header
 from .core.domain import MAX_DOMAIN, mismatch
+from .core.modules import STORE_KEYS
 from .core.records import MAPS, SETS
 from .core.smt import EMPTY_ROOT, Root
 from .core.state import State
@@ -34,8 +36,8 @@ from .core.valset import ValidatorSet
 from .proofs import verify_header
 
 CHUNK_BYTES = 1 << 20  # bytes per chunk at most (one chunk may hold one larger entry alone)
-CHUNK_TAG = b"tally/snapshot-chunk/v1"
-TABLES = MAPS + SETS
+CHUNK_TAG = b"tally/snapshot-chunk/v2"  # v1: tables in a list kept by hand (before modules declared store keys)
+TABLES = tuple(sorted(MAPS + SETS, key=lambda t: STORE_KEYS[t]))
 MAX_CHUNKS = 1 << 20
 
 
@@ -61,7 +63,7 @@ class Manifest:
     root: bytes
     chunks: tuple[bytes, ...]
 
-    def to_wire(self) -> list:
+    def to_wire(self) -> list[Any]:
         return [self.chain_id, self.height, self.last_hash, self.seq, list(self.counts), self.root,
                 list(self.chunks)]
 
@@ -83,10 +85,10 @@ class Manifest:
 
     @property
     def id(self) -> bytes:
-        return H(b"tally/snapshot/v1", pack(self.to_wire()))
+        return H(b"tally/snapshot/v2", pack(self.to_wire()))
 
 
-def _entries(db: Any) -> Iterator[list]:
+def _entries(db: Any) -> Iterator[list[Any]]:
     for i, name in enumerate(TABLES):
         prefix = statedb.PREFIX[name]
         with db.iterator(prefix=prefix) as it:
@@ -113,7 +115,7 @@ def make(db: Any, genesis_chain_id: str, chunk_bytes: int = CHUNK_BYTES,
         chunks: dict[bytes, bytes] = {}
         keep = put or chunks.__setitem__
         order: list[bytes] = []
-        cur: list[list] = []
+        cur: list[list[Any]] = []
         size = 0
         for e in _entries(snap):
             n = len(e[1]) + len(e[2]) + 8
@@ -135,7 +137,7 @@ def make(db: Any, genesis_chain_id: str, chunk_bytes: int = CHUNK_BYTES,
     return m, chunks
 
 
-def check_chunk(manifest: Manifest, index: int, data: bytes) -> list[list]:
+def check_chunk(manifest: Manifest, index: int, data: bytes) -> list[list[Any]]:
     """The entries of chunk ``index`` if ``data`` is that chunk, else raises.
 
     Raises:
@@ -236,7 +238,7 @@ def restore(store: Any, manifest: Manifest, chunks: Sequence[bytes], header: Hea
         raise SnapshotError("the snapshot's entries do not give the header's state root: refused")
     store.install_snapshot(entries, tree, manifest.height, manifest.last_hash, manifest.seq,
                            dict(zip(TABLES, counts, strict=True)))
-    state = store.replay()
+    state: State = store.replay()
     store.note_valsets(state)  # the sets of the heights around the base, whose blocks are absent
     return state
 

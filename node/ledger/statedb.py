@@ -26,6 +26,7 @@ from typing import Any
 from ..encoding import pack, unpack_local
 from .core import jmt, tree as tr
 from .core.kv import _DEL, Batch, StoreRoot, Table
+from .core.modules import STORE_KEYS
 from .core.records import CODECS, MAPS, SETS
 from .core.smt import Root
 from .core.state import State
@@ -36,13 +37,7 @@ log = logging.getLogger(__name__)
 FORMAT = 2  # 1: no state root in S/m (read as no stored state: replayed once)
 META = b"S/m"
 UNDO = b"S/u"
-PREFIX = {"accounts": b"S/a/", "receipts": b"S/r/", "evidence": b"S/e/", "sessions": b"S/s/", "jobs": b"S/j/",
-          "runs": b"S/n/", "open_receipts": b"S/o/", "open_jobs": b"S/p/", "open_runs": b"S/q/",
-          "history": b"S/h/", "retire": b"S/t/", "validators": b"S/v/",
-          "batches": b"S/b/", "batch_items": b"S/i/", "batch_due": b"S/d/", "batch_workers": b"S/w/",
-          "open_batches": b"S/y/", "disputes": b"S/z/",
-          "tabs": b"S/T/", "settlements": b"S/E/", "tab_reveals": b"S/R/", "tab_due": b"S/D/",
-          "worker_batches": b"S/W/", "tab_disputes": b"S/Q/"}
+PREFIX = {t: b"S/" + k + b"/" for t, k in STORE_KEYS.items()}  # table -> its LevelDB prefix (the module's store key)
 SCRATCH = b"T/m/"  # + tree key -> leaf value, during a migration: the leaves, sorted by LevelDB
 TREE_PREFIXES = [tr.NODES, tr.STALE, tr.OLD_NODES, tr.OLD_STALE, SCRATCH]
 MIGRATE_BATCH = 20_000  # writes per LevelDB batch during a migration (bounds its memory)
@@ -151,7 +146,7 @@ def stage_state(batch: Batch, parent: State, state: State) -> None:
             raise ValueError(f"the state's {name} are not over the store: open it with LedgerStore.replay()")
         if t._bottom() is not parent.tables[name] and (t.parent is not None or t.writes):
             raise ValueError(f"the state's {name} were not built on the stored state")
-    undo: dict[str, list] = {}
+    undo: dict[str, list[list[Any]]] = {}
     counts = {n: len(state.tables[n]) for n in MAPS + SETS}
     state.state_root()  # before the tables fold: the root comes from the block's own writes
     assert state.tree is not None and state.tree.root is not None and parent.tree is not None
@@ -178,7 +173,8 @@ def settle_state(state: State) -> None:
                             state.tree)  # its nodes stay in memory a while (tree.NodeCache)
 
 
-def _view(state: State, height: int, last_hash: bytes, seq: int, befores: dict[str, dict], tree: Any) -> State:
+def _view(state: State, height: int, last_hash: bytes, seq: int, befores: dict[str, dict[Any, Any]],
+          tree: Any) -> State:
     tables = {n: state.tables[n].undo_view(befores.get(n, {})) for n in MAPS + SETS}
     return State(state.chain_id, state.params, state.validators, height, last_hash, seq, tables=tables, tree=tree)
 

@@ -24,7 +24,7 @@ from node.ledger.core import blockcodec
 from node.ledger.core.block import Block, Header, sign_commit, tx_root
 from node.ledger.core.chain import commit_block, propose
 from node.ledger.core.jobtx import JobCancel
-from node.ledger.core.liveness import Need, block_due, height_need, needs_height, needs_proof
+from node.ledger.core.liveness import block_due, height_need, needs_height, needs_proof
 from node.ledger.core.state import FINAL, SAMPLED, VALID, apply_block_body, genesis_state
 from node.ledger.core.tx import Transfer
 from node.ledger.genesis import Genesis, GenesisError, Params, load_genesis, parse_genesis
@@ -198,18 +198,18 @@ def test_needs_height_is_what_moves_only_with_heights():
     assert not needs_height(s)
     rec = make_receipt(g, W1, height=1)
     s = apply_block_body(s, 2, b"\x02" * 32, [rec])
-    assert height_need(s) == Need.BEACON  # its sample is drawn from block 3's hash
+    assert height_need(s) == "beacon"  # its sample is drawn from block 3's hash
     for h in range(3, 40):
         s = apply_block_body(s, h, bytes([h]) * 32, [])
         r = s.receipts[rec.id]
         if r.status in FINAL:
             break
         if r.status == SAMPLED:
-            assert height_need(s) == Need.VERDICT
+            assert height_need(s) == "verdict_timeout"
             votes = [vote(g, rec.id, k, VALID) for k in KEYS if k.account in r.committee]
             s = apply_block_body(s, h + 1, bytes([h + 1]) * 32, votes)
             break
-        assert height_need(s) == Need.CHALLENGE
+        assert height_need(s) == "challenge_window"
     assert s.receipts[rec.id].status in FINAL
     assert not needs_height(s)  # settled: nothing left that heights move
 
@@ -218,7 +218,7 @@ def test_an_open_job_needs_heights_until_it_is_cancelled():
     s = genesis_state(JG)
     p = post(s)
     s = block(s, p)
-    assert height_need(s) == Need.JOB  # its deadline (and a worker's start window) count in blocks
+    assert height_need(s) == "job"  # its deadline (and a worker's start window) count in blocks
     s = block(s, JobCancel(JG.domain, CLIENT.account, p.job_id, s.account(CLIENT.account).nonce).signed(CLIENT))
     assert s.jobs[p.job_id].status == "cancelled" and not needs_height(s)
 

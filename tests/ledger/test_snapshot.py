@@ -67,9 +67,9 @@ def test_altered_chunks_wrong_headers_and_forged_commits_are_refused(tmp_path):
     # a manifest that lists a forged chunk: it matches the manifest, counts agree, but one account's balance was
     # raised, so the entries do not give the header's state root
     rows = snap.check_chunk(manifest, 0, chunks[0])
-    assert rows[0][0] == 0  # the first entries are accounts
-    acct = unpack(rows[0][2])
-    rows[0][2] = pack([acct[0] + 1, *acct[1:]])
+    i = next(i for i, r in enumerate(rows) if snap.TABLES[r[0]] == "accounts")  # the first chunk holds accounts
+    acct = unpack(rows[i][2])
+    rows[i][2] = pack([acct[0] + 1, *acct[1:]])
     alt = pack(rows)
     fake = snap.Manifest(manifest.chain_id, manifest.height, manifest.last_hash, manifest.seq, manifest.counts,
                          manifest.root, (snap.chunk_id(alt),) + manifest.chunks[1:])

@@ -83,7 +83,7 @@ def module(blockers: tuple[LedgerModule, ...]) -> Module:
             raise InvalidTx(f"not a bank transaction: {tx.KIND}")
 
     return Module("bank", txs=(Transfer, Bond, Unbond), maps={"accounts": Codec(_account_list, _account)},
-                  on_apply=apply)
+                  store_keys={"accounts": b"a"}, on_apply=apply)
 
 
 __all__ = ["apply_bond", "apply_transfer", "apply_unbond", "module"]

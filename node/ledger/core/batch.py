@@ -76,6 +76,7 @@ from dataclasses import replace
 
 from ...encoding import MAX_AMOUNT, H
 from . import batchaudit as audit
+from .batchparams import BATCH_PART
 from .batchstate import (
     TERMINAL,
     AuditStatus,
@@ -570,9 +571,9 @@ def end_block_batches(s: StateView, height: int, beacon: bytes) -> None:
             break
 
 
-def needs_height(s: StateView) -> bool:
-    """True while a batch is open (its items are assigned, decided or re-issued by ``end_block``)."""
-    return bool(s.open_batches)
+def _height_need(s: StateView) -> str | None:
+    """``batch`` while a batch is open (its items are assigned, decided and re-issued by heights)."""
+    return "batch" if s.open_batches else None
 
 
 # ------------------------------------------------------------------ the module (node.ledger.core.modules)
@@ -588,7 +589,11 @@ MODULE = Module("batches", txs=BATCH_TXS,
                 maps={"batches": Batch, "batch_items": Item,  # batch id ‖ item (4 bytes) -> Item
                       "batch_due": Codec(ident, int),  # decision height (8 bytes) ‖ batch id ‖ item -> 0
                       "batch_workers": WorkerRecord},
-                sets=("open_batches",), on_apply=apply_batch_tx, on_end_block=end_block_batches,
+                sets=("open_batches",),
+                store_keys={"batches": b"b", "batch_items": b"i", "batch_due": b"d", "batch_workers": b"w",
+                            "open_batches": b"y"},
+                work_txs=(BatchCommit, BatchReveal, BatchAuditVote), params=BATCH_PART, on_need=_height_need,
+                on_apply=apply_batch_tx, on_end_block=end_block_batches,
                 on_unbond=_unbond_blocker)
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ...encoding import H, leaf_hash, node_hash, pack
+from .historyparams import HISTORY_PART
 from .kv import Codec
 from .module import Module, ident
 from .view import StateView
@@ -272,7 +273,9 @@ def _retire_ids(x: Any) -> tuple[bytes, ...]:
 MODULE = Module("history", maps={
     "history": Codec(ident, ident),  # b"head" -> [size, root, frontier] (LogHead)
     "retire": Codec(list, _retire_ids),  # leave height -> receipt ids
-}, on_end_block=_end_block)  # final receipts past the retention window leave (empty while retention_blocks is 0)
+}, store_keys={"history": b"h", "retire": b"t"},
+    params=HISTORY_PART,
+    on_end_block=_end_block)  # final receipts past the retention window leave (none while retention_blocks is 0)
 
 __all__ = [
     "EMPTY_LOG_ROOT",

@@ -39,6 +39,7 @@ from typing import Any
 
 from . import history
 from .genesis import TREASURY
+from .jobparams import JOB_PART
 from .jobtx import JOB_TXS, JobAccept, JobCancel, JobDeliver, JobPost, JobRelease, TrainReceipt, parse_targets
 from .module import Module, PlainReceipt, admit_receipt
 from .status import FINAL
@@ -290,6 +291,20 @@ def _unbond_blocker(s: StateView, worker: bytes, bond_after: int) -> str | None:
     return f"the bond must keep covering the start penalty of the {held} job(s) this worker holds unstarted"
 
 
+def _height_need(s: StateView) -> str | None:
+    """``job``: an open or accepted job's deadline or start window counts in blocks, and a delivered one settles
+    at the first height at which all its segments are final."""
+    for jid in s.open_jobs:
+        job = s.jobs[jid]
+        if job.status in (OPEN, ACCEPTED):
+            return "job"
+        if job.status == DELIVERED and all(s.receipts[r].status in FINAL for r in job.segments):
+            return "job"
+    return None
+
+
 MODULE = Module("jobs", txs=JOB_TXS, maps={"jobs": Job}, sets=("open_jobs",),
+                store_keys={"jobs": b"j", "open_jobs": b"p"},
+                work_txs=(JobAccept, JobDeliver, JobRelease, TrainReceipt), params=JOB_PART, on_need=_height_need,
                 receipt_kinds={TrainReceipt: _TrainReceipts()}, on_apply=_apply, on_end_block=_end_block,
                 on_unbond=_unbond_blocker)

@@ -1,7 +1,9 @@
 """What a ledger module is: one registration per capability (the Cosmos SDK's module manager, in small).
 
-A :class:`LedgerModule` names its transaction kinds, the state tables it owns, how it applies one of its
-transactions, what it does at the end of every block, and what about it blocks an unbond. A module whose
+A :class:`LedgerModule` names its transaction kinds (and which of them are a worker's work, for the mempool), the
+state tables it owns and their store keys, its genesis parameters, how it applies one of its transactions, what it
+does at the end of every block, why the chain needs another height for it (quiet when idle), and what about it
+blocks an unbond. A module whose
 transactions are receipts (checked by sampled committees, paid from escrow) also gives a :class:`ReceiptKind`
 per receipt type: how it is sampled, who is paid on a verdict, and what happens when it is final.
 
@@ -18,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .params import ParamPart
 from .rows import ReceiptRecord, evolve
 from .txbase import Tx, Verdict, _check
 from .view import StateView
@@ -83,6 +86,33 @@ class LedgerModule(Protocol):
         ...
 
     @property
+    def store_keys(self) -> Mapping[str, bytes]:
+        """The store key of each table it owns (``maps`` and ``sets``): 1 to 4 bytes, unique in the module tuple.
+        A consensus format: the key is hashed into every entry's state-tree key (:mod:`node.ledger.core.tree`)
+        and names the table in LevelDB (``S/<key>/``, :mod:`node.ledger.statedb`) and in state snapshots
+        (:mod:`node.ledger.snapshot`), so it never changes once a chain uses it."""
+        ...
+
+    @property
+    def work_txs(self) -> tuple[type[Tx], ...]:
+        """Those of its kinds that are a worker's or a committee member's work (receipts, votes, commits,
+        reveals): a full mempool evicts other transactions for them, never the other way round
+        (:class:`node.ledger.mempool.Priority`)."""
+        ...
+
+    @property
+    def params(self) -> ParamPart | None:
+        """The dataclass of the genesis parameters it owns (a base of
+        :class:`node.ledger.core.genesis.Params`, whose ``check_<module>`` method it defines), or None."""
+        ...
+
+    def height_need(self, s: StateView) -> str | None:
+        """Why the chain needs another block for this module's state to move on (a timeout, a draw or a deadline
+        counted in heights), as a short reason, or None when only a transaction can change it
+        (:mod:`node.ledger.core.liveness`). Reads ``s`` only; stops at the first reason."""
+        ...
+
+    @property
     def receipt_kinds(self) -> Mapping[type[Tx], ReceiptKind]:
         """Its receipt types and their rules (empty when its transactions are not receipts)."""
         ...
@@ -127,6 +157,10 @@ def no_force(_s: StateView, _receipt_id: bytes, _height: int) -> bool:
     return False
 
 
+def _no_need(_s: StateView) -> str | None:
+    return None
+
+
 def _no_apply(_s: StateView, tx: Tx) -> None:  # pragma: no cover - a module with kinds gives its apply
     raise NotImplementedError(f"no apply for {tx.KIND}")
 
@@ -139,11 +173,15 @@ class Module:
     txs: tuple[type[Tx], ...] = ()
     maps: Mapping[str, Any] = field(default_factory=dict)
     sets: tuple[str, ...] = ()
+    store_keys: Mapping[str, bytes] = field(default_factory=dict)
+    work_txs: tuple[type[Tx], ...] = ()
+    params: ParamPart | None = None
     receipt_kinds: Mapping[type[Tx], ReceiptKind] = field(default_factory=dict)
     on_apply: Callable[[StateView, Any], None] = _no_apply
     on_end_block: Callable[[StateView, int, bytes], None] = _no_end_block
     on_unbond: Callable[[StateView, bytes, int], str | None] = _no_blocker
     on_force: Callable[[StateView, bytes, int], bool] = no_force
+    on_need: Callable[[StateView], str | None] = _no_need
 
     def apply(self, s: StateView, tx: Tx) -> None:
         self.on_apply(s, tx)
@@ -156,6 +194,9 @@ class Module:
 
     def forces_check(self, s: StateView, receipt_id: bytes, height: int) -> bool:
         return self.on_force(s, receipt_id, height)
+
+    def height_need(self, s: StateView) -> str | None:
+        return self.on_need(s)
 
     @property
     def may_force(self) -> bool:

@@ -20,9 +20,10 @@ from . import committee as cm, history as history_mod
 from .genesis import TREASURY
 from .kv import Codec
 from .module import LedgerModule, ReceiptKind, credit, ident
+from .params import ParamPart
 from .rows import ReceiptRecord, evolve
 from .sampling import PPM, is_sampled, sampling_ppm
-from .status import INVALID_S, PENDING, SAMPLED, SETTLED, UNVERIFIED, VALID_S
+from .status import FINAL, INVALID_S, PENDING, SAMPLED, SETTLED, UNVERIFIED, VALID_S
 from .txbase import VALID, InvalidTx, Receipt, Tx, Verdict, Vote, _check
 from .view import StateView
 
@@ -211,6 +212,9 @@ class Receipts:
     txs: tuple[type[Tx], ...] = (Receipt, Vote)
     maps: Mapping[str, Any] = {"receipts": ReceiptRecord, "sessions": Codec(ident, bytes)}
     sets: tuple[str, ...] = ("open_receipts",)
+    store_keys: Mapping[str, bytes] = {"receipts": b"r", "sessions": b"s", "open_receipts": b"o"}
+    work_txs: tuple[type[Tx], ...] = (Receipt, Vote)
+    params: ParamPart | None = None  # its parameters are the core's (node.ledger.core.params)
     receipt_kinds: Mapping[type[Tx], ReceiptKind] = {}
 
     def __init__(self, modules: tuple[LedgerModule, ...]):
@@ -231,6 +235,22 @@ class Receipts:
 
     def end_block(self, s: StateView, height: int, block_hash: bytes) -> None:
         end_block(s, height, block_hash, self.kinds, self.forcing)
+
+    def height_need(self, s: StateView) -> str | None:
+        """``beacon``: a receipt included at the head draws its sample from the next block's hash;
+        ``challenge_window``: an unsampled one settles that many blocks after inclusion; ``verdict_timeout``: a
+        sampled one's round escalates or settles after that many blocks. A receipt its kind samples later (a
+        run's round receipt waiting for its round's commit phase) is its module's to move on."""
+        for rid in s.open_receipts:
+            rec = s.receipts[rid]
+            if rec.status == PENDING:
+                kind = self.kinds.get(type(rec.receipt))
+                if kind is not None and kind.sampled_later(rec):
+                    continue
+                return "beacon" if rec.height >= s.height else "challenge_window"
+            if rec.status not in FINAL:  # SAMPLED, or a status this module does not know: assume heights move it
+                return "verdict_timeout"
+        return None
 
     def unbond_blocker(self, s: StateView, account: bytes, bond_after: int) -> str | None:
         if any(s.receipts[r].receipt.worker == account for r in s.open_receipts):

@@ -185,20 +185,8 @@ def _records(cls: type) -> Codec[Any]:
     return Codec(to_plain, lambda x: from_plain(x, cls), lambda x: from_plain(x, cls, True))
 
 
-# The order of the tables: a wire format (a state snapshot's chunk names a table by its index in MAPS + SETS,
-# node.ledger.snapshot), so it stays as it was before modules declared their tables; a table of a module added
-# later comes after these, in the module tuple's order.
-_ORDER = ("accounts", "receipts", "evidence", "sessions", "jobs", "runs", "history", "retire", "validators",
-          "batches", "batch_items", "batch_due", "batch_workers", "disputes",
-          "open_receipts", "open_jobs", "open_runs", "open_batches")
-
-
-def _ordered(names: list[str]) -> tuple[str, ...]:
-    return tuple(sorted(names, key=lambda n: (_ORDER.index(n) if n in _ORDER else len(_ORDER), names.index(n))))
-
-
-MAPS = _ordered(list(MODULE_MAPS))  # each module's tables (node.ledger.core.modules)
-SETS = _ordered(list(MODULE_SETS))
+MAPS = tuple(MODULE_MAPS)  # each module's tables, in the module tuple's order (node.ledger.core.modules)
+SETS = MODULE_SETS
 
 
 def _codec(v: Any) -> Codec[Any]:

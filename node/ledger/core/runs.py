@@ -548,7 +548,23 @@ def _end_block(s: StateView, height: int, block_hash: bytes) -> None:
     end_block_runs(s, height, block_hash, FINAL)
 
 
+def _height_need(s: StateView) -> str | None:
+    """``run``: a waiting or training run's rounds, phase timeouts and deadline count in blocks, and a finishing
+    or expired one returns its escrow at the first height at which nothing is held and all its receipts are
+    final."""
+    for run_id in s.open_runs:
+        run = s.runs[run_id]
+        if run.status in (RunStatus.WAITING, RunStatus.TRAINING):
+            return "run"
+        if (run.status in (RunStatus.FINISHING, RunStatus.EXPIRED) and not run.final_height and not run.held
+                and not run.decided and all(s.receipts[x].status in FINAL for x in run.receipts)):
+            return "run"
+    return None
+
+
 MODULE = Module("runs", txs=RUN_TXS, maps={"runs": Run}, sets=("open_runs",),
+                store_keys={"runs": b"n", "open_runs": b"q"}, work_txs=(RoundReceipt, RoundReveal, RoundAggregate),
+                on_need=_height_need,
                 receipt_kinds={RoundReceipt: _RunReceipts(False), RoundAggregate: _RunReceipts(True)},
                 on_apply=_apply, on_end_block=_end_block)
 

@@ -17,6 +17,7 @@ from typing import Any
 from .genesis import TREASURY
 from .kv import Codec
 from .module import Module, credit
+from .stakingparams import STAKING_PART
 from .txbase import Evidence, _check
 from .valset import VALIDATOR_TXS, Row, apply_validator_tx, end_block_validators, leaves_none
 from .view import StateView
@@ -68,6 +69,7 @@ def _evidence_row(x: Any) -> tuple[int, int]:
 MODULE = Module("staking", txs=(*VALIDATOR_TXS, Evidence),
                 maps={"validators": Codec(list, _row),
                       "evidence": Codec(list, _evidence_row)},  # evidence key -> (height, slashed base units)
+                store_keys={"validators": b"v", "evidence": b"e"}, work_txs=(Evidence,), params=STAKING_PART,
                 on_apply=_apply, on_end_block=_end_block, on_unbond=_unbond_blocker)
 
 __all__ = ["MODULE"]

@@ -28,13 +28,10 @@ from hashlib import blake2b
 from typing import Any
 
 from .jmt import prove, update
+from .modules import STORE_KEYS
 from .smt import EMPTY_ROOT, Root, StaleNode, UpdateResult, prune_bound, tree_key
 
-TAG = {"accounts": b"a", "receipts": b"r", "evidence": b"e", "sessions": b"s", "jobs": b"j", "runs": b"n",
-       "open_receipts": b"o", "open_jobs": b"p", "open_runs": b"q", "history": b"h", "retire": b"t",
-       "validators": b"v", "batches": b"b", "batch_items": b"i", "batch_due": b"d", "batch_workers": b"w",
-       "open_batches": b"y", "disputes": b"z", "tabs": b"T", "settlements": b"E", "tab_reveals": b"R",
-       "tab_due": b"D", "worker_batches": b"W", "tab_disputes": b"Q"}
+TAG = STORE_KEYS  # table -> the tag hashed into its entries' tree keys: its module's store key (core.modules)
 SEQ_KEY = tree_key(b"meta", b"seq")
 NODES = b"T/N/"  # + jmt node key -> node bytes
 STALE = b"T/X/"  # + StaleNode.index_key() -> b""

@@ -76,7 +76,7 @@ def take_dispute(s: StateView, receipt_id: bytes, height: int) -> bool:
 
 
 MODULE = Module("disputes", txs=(Dispute,), maps={"disputes": Codec(ident, int)},  # receipt id -> height
-                on_apply=apply_dispute, on_force=take_dispute)
+                store_keys={"disputes": b"z"}, work_txs=(Dispute,), on_apply=apply_dispute, on_force=take_dispute)
 
 
 __all__ = ["Dispute", "apply_dispute", "take_dispute"]

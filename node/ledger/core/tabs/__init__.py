@@ -19,8 +19,9 @@ from typing import Any
 
 from ..kv import Codec
 from ..module import Module, ident
+from ..tabparams import TAB_PART
 from .checks import TabReceiptKind, apply_tab_tx
-from .rules import end_block, unbond_blocker
+from .rules import end_block, height_need, unbond_blocker
 from .state import DisputeHold, Settlement, SettlementStatus, Tab
 from .tabtx import TAB_TXS, EpochBatch, Reveal, TabClose, TabDispute, TabOpen, TabReceipt, TabTopUp
 
@@ -40,6 +41,9 @@ MODULE = Module("tabs", txs=TAB_TXS,
                       "tab_due": Codec(list, _keys),  # height (8 bytes) -> keys due at its end
                       "worker_batches": Codec(list, _pair),  # worker -> (batches not final, last epoch)
                       "tab_disputes": DisputeHold},  # disputed receipt id -> DisputeHold (until its verdict)
+                store_keys={"tabs": b"T", "settlements": b"E", "tab_reveals": b"R", "tab_due": b"D",
+                            "worker_batches": b"W", "tab_disputes": b"Q"},
+                work_txs=(EpochBatch, Reveal), params=TAB_PART, on_need=height_need,
                 receipt_kinds={TabReceipt: TabReceiptKind()},
                 on_apply=apply_tab_tx, on_end_block=end_block, on_unbond=unbond_blocker)
 

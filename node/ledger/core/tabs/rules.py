@@ -304,6 +304,12 @@ def _close_tab(s: StateView, tab_id: bytes) -> None:
         _move_escrow(s, tab.requester, tab.locked, -tab.locked)
 
 
+def height_need(s: StateView) -> str | None:
+    """``tab``: a batch's draw, reveal window or settlement window, or a closing tab's delay, ends at a height
+    (an entry of ``tab_due``)."""
+    return "tab" if len(s.tables["tab_due"]) else None
+
+
 def unbond_blocker(s: StateView, account: bytes, bond_after: int) -> str | None:
     """A worker with a batch not final may not unbond (it could run from a forfeit)."""
     if s.tables["worker_batches"].get(account, (0, -1))[0]:
