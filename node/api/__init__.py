@@ -4,8 +4,8 @@
 * :mod:`~node.api.app` -- ``create_app(node)``: the app, its error handlers and its routers;
   :mod:`~node.api.serve` -- serving it inside the node's nursery.
 * :mod:`~node.api.deps` -- the typed seam: ``NodeAPI`` (what the routers use of the node, a Protocol) and the
-  FastAPI dependencies ``NodeDep`` / ``QueriesDep`` / ``AUTH`` that hand it, its views and the token check to
-  endpoints (``create_app`` puts the node in ``app.state``).
+  FastAPI dependencies ``NodeDep`` / ``AUTH`` that hand it and the token check to endpoints (``create_app`` puts
+  the node in ``app.state``); ``QueriesDep`` (:mod:`~node.api.queries`) hands them the node's views.
 * Routers, each a module-level ``router``: :mod:`~node.api.wallet` (accounts, transfers, bonds, proofs, generate),
   :mod:`~node.api.jobs` (fine-tune jobs), :mod:`~node.api.runs` (training runs), :mod:`~node.api.batches` (batch
   jobs), :mod:`~node.api.modelsapi` (``/v1/models``).

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import swagger_ui_bundle
+import swagger_ui_bundle  # type: ignore[import-untyped]  # the package ships no type information
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -65,7 +65,8 @@ def _wants_json(request: Request) -> bool:
     return path.startswith(JSON_PATHS) or "text/html" not in request.headers.get("accept", "")
 
 
-def _error(request: Request, status: int, code: str, message: str, details=None) -> Response:
+def _error(request: Request, status: int, code: str, message: str,
+           details: list[dict[str, Any]] | None = None) -> Response:
     """``{"code", "message"[, "details"]}`` with ``status`` for API paths and clients that do not ask for HTML; the
     explorer's error page otherwise."""
     if _wants_json(request):
@@ -137,13 +138,13 @@ def create_app(node: NodeAPI) -> FastAPI:
     registry = metrics_registry(node, q)
 
     @app.get("/metrics", include_in_schema=False)
-    async def metrics():
+    async def metrics() -> Response:
         return Response(render(registry), media_type=CONTENT_TYPE)
 
     sw = swagger_dir()
 
     @app.get("/docs", include_in_schema=False)
-    async def docs():
+    async def docs() -> HTMLResponse:
         return HTMLResponse(DOCS_HTML if sw else NO_DOCS_HTML)
 
     if sw is not None:

@@ -3,12 +3,14 @@ rate and payouts, fetch the accepted results, cancel a batch nothing of which is
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from ..batch.client import BatchError, batch_json, fetch_results, post_batch
 from ..encoding import AMOUNT_FORM, parse_amount
-from ..ledger.core.batchstate import BatchStatus
+from ..ledger.core.batchstate import Batch, BatchStatus
 from ..ledger.core.batchtx import MAX_GENERATE_TOKENS, MAX_REISSUES, MAX_REPLICATION, MAX_WINDOW, BatchCancel
 from ..ledger.core.tx import InvalidTx
 from .deps import AUTH, NodeAPI, NodeDep
@@ -17,6 +19,7 @@ from .security import ApiError
 from .views import hex_id
 
 
+# A batch job to post (``POST /v1/batches``): its item file and terms.
 class BatchRequest(BaseModel):
     items: str = Field(..., max_length=32 << 20,
                        description='the JSONL item file as text, one object per line: {"prompt": str} or '
@@ -32,6 +35,7 @@ class BatchRequest(BaseModel):
     reveal_window: int = Field(120, ge=1, le=MAX_WINDOW, description="blocks to reveal after the commit window")
 
 
+# Options of ``POST /v1/batches/{id}/fetch``.
 class BatchFetchRequest(BaseModel):
     include_input: bool = Field(True, description="repeat each item's input line in its result")
 
@@ -40,21 +44,21 @@ router = APIRouter()
 """The ``/v1/batches`` routes; each reads the node of the app it reached (:data:`~node.api.deps.NodeDep`)."""
 
 
-def _batch(node: NodeAPI, batch_id: str):
+def _batch(node: NodeAPI, batch_id: str) -> tuple[bytes, Batch]:
     """``(batch id, batch)`` of ``batch_id`` on the ledger.
 
     Raises:
         ApiError: 404 ``not_found`` (malformed id or no such batch).
     """
     bid = hex_id(batch_id, 16)
-    b = node.ledger.state.tables["batches"].get(bid) if bid is not None else None
+    b: Batch | None = node.ledger.state.tables["batches"].get(bid) if bid is not None else None
     if bid is None or b is None:
         raise ApiError(404, "not_found", "no such batch (ids are 32 hex characters)")
     return bid, b
 
 
 @router.get("/v1/batches")
-async def list_batches(node: NodeDep, status: str | None = None, limit: int = 50, offset: int = 0) -> dict:
+async def list_batches(node: NodeDep, status: str | None = None, limit: int = 50, offset: int = 0) -> dict[str, Any]:
     """Batches, newest first, without their items."""
     st = node.ledger.state
     bs = [b for b in sorted(st.tables["batches"].values(), key=lambda b: (-b.height, b.post.id))
@@ -64,7 +68,7 @@ async def list_batches(node: NodeDep, status: str | None = None, limit: int = 50
 
 
 @router.get("/v1/batches/{batch_id}")
-async def get_batch(node: NodeDep, batch_id: str, items: bool = False) -> dict:
+async def get_batch(node: NodeDep, batch_id: str, items: bool = False) -> dict[str, Any]:
     """One batch: progress (decided / n), agreement rate, payouts and penalties per worker; ``items=true``
     adds every assigned item's workers, commit and reveal counts and accepted result hash."""
     _, b = _batch(node, batch_id)
@@ -76,7 +80,7 @@ async def get_batch(node: NodeDep, batch_id: str, items: bool = False) -> dict:
 
 
 @router.post("/v1/batches", dependencies=AUTH)
-async def post(node: NodeDep, req: BatchRequest) -> dict:
+async def post(node: NodeDep, req: BatchRequest) -> dict[str, Any]:
     """Check the item file, keep it on this node (workers fetch it from here) and post the batch with escrow.
     A bad file or parameter is refused with its reason (the line number for a file); nothing is posted."""
     try:
@@ -95,7 +99,7 @@ async def post(node: NodeDep, req: BatchRequest) -> dict:
 
 
 @router.post("/v1/batches/{batch_id}/fetch", dependencies=AUTH)
-async def fetch(node: NodeDep, batch_id: str, req: BatchFetchRequest | None = None) -> dict:
+async def fetch(node: NodeDep, batch_id: str, req: BatchFetchRequest | None = None) -> dict[str, Any]:
     """The accepted results, each fetched by hash from the workers that agreed on it (and kept here)."""
     bid, b = _batch(node, batch_id)
     try:
@@ -109,7 +113,7 @@ async def fetch(node: NodeDep, batch_id: str, req: BatchFetchRequest | None = No
 
 
 @router.post("/v1/batches/{batch_id}/cancel", dependencies=AUTH)
-async def cancel(node: NodeDep, batch_id: str) -> dict:
+async def cancel(node: NodeDep, batch_id: str) -> dict[str, Any]:
     bid, b = _batch(node, batch_id)
     me = node.ident.account
     if b.post.sender != me:

@@ -12,17 +12,26 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .deps import NodeAPI
 
 HOT = re.compile(r"^/v1/(blocks/[0-9]{1,19}|accounts/[0-9A-Za-z]{1,128})$")
 IMMUTABLE = object()
 
 
 class ResponseCache:
-    def __init__(self, app, node, size: int = 2048):
-        self.app, self.node, self.size = app, node, size
-        self.entries: OrderedDict[str, tuple[object, int, list, bytes]] = OrderedDict()
+    """Pure ASGI middleware: answers the hot reads above from memory (``size`` entries, least recently used
+    evicted), else passes the request on to ``app`` and keeps its complete 200 response."""
 
-    async def __call__(self, scope, receive, send):
+    def __init__(self, app: ASGIApp, node: NodeAPI, size: int = 2048) -> None:
+        self.app, self.node, self.size = app, node, size
+        # path -> (validity: IMMUTABLE or the state it was rendered from, status, raw headers, body)
+        self.entries: OrderedDict[str, tuple[object, int, list[tuple[bytes, bytes]], bytes]] = OrderedDict()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "GET" or scope["query_string"] \
                 or not HOT.match(scope["path"]):
             return await self.app(scope, receive, send)
@@ -34,9 +43,9 @@ class ResponseCache:
             await send({"type": "http.response.start", "status": hit[1], "headers": hit[2]})
             await send({"type": "http.response.body", "body": hit[3]})
             return
-        captured: dict = {}
+        captured: dict[str, Any] = {}
 
-        async def capture(message):
+        async def capture(message: Message) -> None:
             if message["type"] == "http.response.start":
                 captured["start"] = message
             elif message["type"] == "http.response.body":

@@ -6,6 +6,7 @@ Pure functions of plain data; all coordinates are in SVG user units of a ``width
 from __future__ import annotations
 
 import math
+from typing import Any
 
 PAD_L, PAD_R, PAD_T, PAD_B = 44, 8, 8, 22
 
@@ -13,7 +14,7 @@ PAD_L, PAD_R, PAD_T, PAD_B = 44, 8, 8, 22
 def _nice_max(x: float) -> float:
     if x <= 0:
         return 1.0
-    e = 10 ** math.floor(math.log10(x))
+    e: float = 10 ** math.floor(math.log10(x))
     for m in (1, 2, 2.5, 5, 10):
         if x <= m * e:
             return m * e
@@ -24,7 +25,8 @@ def _ticks(top: float, n: int = 4) -> list[float]:
     return [top * i / n for i in range(n + 1)]
 
 
-def stacked_bars(series: list[dict], keys: list[str], width: int = 720, height: int = 200) -> dict:
+def stacked_bars(series: list[dict[str, Any]], keys: list[str], width: int = 720,
+                 height: int = 200) -> dict[str, Any]:
     """Stacked bars, one per bucket of ``series`` (dicts with ``from_height``, ``to_height`` and ``keys``).
 
     Returns ``{"width", "height", "bars": [{"x", "w", "label", "parts": [{"key", "y", "h", "n"}]}],
@@ -54,7 +56,8 @@ def stacked_bars(series: list[dict], keys: list[str], width: int = 720, height: 
             "base": PAD_T + inner_h, "left": PAD_L, "right": width - PAD_R}
 
 
-def coverage(num_blocks: int, servers: list[dict], counts: list[int], width: int = 720, row: int = 18) -> dict:
+def coverage(num_blocks: int, servers: list[dict[str, Any]], counts: list[int], width: int = 720,
+             row: int = 18) -> dict[str, Any]:
     """Which server holds which decoder blocks: one row per server (a bar over its span) and a last row
     shading each block by how many live servers hold it (0 is drawn as a gap).
 
@@ -79,7 +82,7 @@ def coverage(num_blocks: int, servers: list[dict], counts: list[int], width: int
             "row": row, "ticks": ticks, "ticks_y": cells_y + row + 14, "left": PAD_L}
 
 
-def line(values: list[float | None], width: int = 720, height: int = 200) -> dict:
+def line(values: list[float | None], width: int = 720, height: int = 200) -> dict[str, Any]:
     """A polyline through ``values`` (None, e.g. a NaN loss, breaks the line and is marked).
 
     Returns ``{"width", "height", "paths": ["x,y x,y ..."], "points": [{"x", "y", "v"}], "gaps": [x],
@@ -91,7 +94,7 @@ def line(values: list[float | None], width: int = 720, height: int = 200) -> dic
     n = len(values)
     paths: list[str] = []
     cur: list[str] = []
-    points: list[dict] = []
+    points: list[dict[str, Any]] = []
     gaps: list[float] = []
     for i, x in enumerate(values):
         px = PAD_L + (inner_w * (i / (n - 1)) if n > 1 else inner_w / 2)

@@ -1,9 +1,9 @@
 """The API's typed seam to the node: :class:`NodeAPI` names what the routers use of a running
-:class:`node.runtime.Node`, and FastAPI dependencies hand it (and the :class:`~node.api.queries.Queries` views
-over it) to the module-level routers.
+:class:`node.runtime.Node`, and a FastAPI dependency hands it to the module-level routers.
 
 :func:`node.api.app.create_app` puts the node in ``app.state.node`` and its views in ``app.state.queries``; an
-endpoint asks for them with ``node: NodeDep`` and ``queries: QueriesDep``. The routers therefore hold no node of
+endpoint asks for them with ``node: NodeDep`` and ``queries: QueriesDep`` (:mod:`node.api.queries`, which this
+module does not import: the views are typed by :class:`NodeAPI`). The routers therefore hold no node of
 their own: one router object serves every app built in a process (the tests build several), each request reading
 the node of the app it reached. The token check is :func:`node.api.security.require_token` (``AUTH``).
 """
@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 from fastapi import Depends, Request
 
-from .queries import Queries
 from .security import require_token
 
 if TYPE_CHECKING:  # types only: the API sits above all of these (see the layers contract in pyproject.toml)
@@ -122,12 +121,5 @@ async def get_node(request: Request) -> NodeAPI:
     return node
 
 
-async def get_queries(request: Request) -> Queries:
-    """The :class:`~node.api.queries.Queries` views of the app's node (``app.state.queries``)."""
-    queries: Queries = request.app.state.queries
-    return queries
-
-
 NodeDep = Annotated[NodeAPI, Depends(get_node)]
-QueriesDep = Annotated[Queries, Depends(get_queries)]
 AUTH = [Depends(require_token)]  # ``dependencies=AUTH``: the route needs the API token (401 without it)

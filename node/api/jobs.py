@@ -4,13 +4,14 @@ worker: release an accepted job before its first segment)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
 
 from ..compute.data import shakespeare_play
 from ..encoding import AMOUNT_FORM, parse_amount
-from ..ledger.core.jobs import JobStatus
+from ..ledger.core.jobs import Job, JobStatus
 from ..ledger.core.jobtx import JobCancel, JobRelease
 from ..ledger.core.tx import InvalidTx
 from ..market.client import JobError, fetch_adapter, job_json, post_job
@@ -20,6 +21,7 @@ from .security import ApiError
 from .views import hex_id
 
 
+# A fine-tune job to post (``POST /v1/jobs``): exactly one of ``text`` and ``play`` is the dataset.
 class JobRequest(BaseModel):
     title: str = Field("", max_length=200, description="shown as text in the explorer")
     text: str | None = Field(None, max_length=20_000_000, description="the dataset as text")
@@ -42,6 +44,7 @@ class JobRequest(BaseModel):
     sample_ppm: int = Field(0, ge=0, le=1_000_000, description="minimum sampling probability of each segment, ppm")
 
 
+# Where to write a delivered job's adapter (``POST /v1/jobs/{id}/fetch``).
 class FetchRequest(BaseModel):
     out_dir: str = Field(..., max_length=4096, description="directory on this machine for the peft adapter")
 
@@ -50,21 +53,21 @@ router = APIRouter()
 """The ``/v1/jobs`` routes; each reads the node of the app it reached (:data:`~node.api.deps.NodeDep`)."""
 
 
-def _job(node: NodeAPI, job_id: str):
+def _job(node: NodeAPI, job_id: str) -> tuple[bytes, Job]:
     """``(job id, job)`` of ``job_id`` on the ledger.
 
     Raises:
         ApiError: 404 ``not_found`` (malformed id or no such job).
     """
     jid = hex_id(job_id, 16)
-    job = node.ledger.state.jobs.get(jid) if jid is not None else None
+    job: Job | None = node.ledger.state.jobs.get(jid) if jid is not None else None
     if jid is None or job is None:
         raise ApiError(404, "not_found", "no such job (ids are 32 hex characters)")
     return jid, job
 
 
 @router.get("/v1/jobs")
-async def list_jobs(node: NodeDep, status: str | None = None, limit: int = 50, offset: int = 0) -> dict:
+async def list_jobs(node: NodeDep, status: str | None = None, limit: int = 50, offset: int = 0) -> dict[str, Any]:
     st = node.ledger.state
     jobs = [j for j in sorted(st.jobs.values(), key=lambda j: (-j.height, j.post.id))  # newest first
             if status is None or j.status == status]
@@ -74,7 +77,7 @@ async def list_jobs(node: NodeDep, status: str | None = None, limit: int = 50, o
 
 
 @router.get("/v1/jobs/{job_id}")
-async def get_job(node: NodeDep, job_id: str) -> dict:
+async def get_job(node: NodeDep, job_id: str) -> dict[str, Any]:
     _, job = _job(node, job_id)
     out = job_json(job, node.ledger.state, node.store.archived_summary)
     if node.jobs is not None and job.worker == node.ident.account:
@@ -85,7 +88,7 @@ async def get_job(node: NodeDep, job_id: str) -> dict:
 
 
 @router.post("/v1/jobs", dependencies=AUTH)
-async def post(node: NodeDep, req: JobRequest) -> dict:
+async def post(node: NodeDep, req: JobRequest) -> dict[str, Any]:
     if (req.text is None) == (req.play is None):
         raise ApiError(400, "bad_request", "give exactly one of text or play")
     play = req.play or ""  # set when text is not
@@ -110,7 +113,7 @@ async def post(node: NodeDep, req: JobRequest) -> dict:
 
 
 @router.post("/v1/jobs/{job_id}/cancel", dependencies=AUTH)
-async def cancel(node: NodeDep, job_id: str) -> dict:
+async def cancel(node: NodeDep, job_id: str) -> dict[str, Any]:
     jid, job = _job(node, job_id)
     me = node.ident.account
     if job.post.sender != me:
@@ -123,7 +126,7 @@ async def cancel(node: NodeDep, job_id: str) -> dict:
 
 
 @router.post("/v1/jobs/{job_id}/release", dependencies=AUTH)
-async def release(node: NodeDep, job_id: str) -> dict:
+async def release(node: NodeDep, job_id: str) -> dict[str, Any]:
     """The worker gives back a job it accepted and cannot do, before its first segment is on the ledger; its
     bond pays the genesis ``job_release_penalty`` (less than letting the start window run out)."""
     jid, job = _job(node, job_id)
@@ -144,7 +147,7 @@ async def release(node: NodeDep, job_id: str) -> dict:
 
 
 @router.post("/v1/jobs/{job_id}/fetch", dependencies=AUTH)
-async def fetch(node: NodeDep, job_id: str, req: FetchRequest) -> dict:
+async def fetch(node: NodeDep, job_id: str, req: FetchRequest) -> dict[str, Any]:
     jid, _ = _job(node, job_id)
     try:
         return await fetch_adapter(node, jid, Path(req.out_dir).expanduser())

@@ -18,42 +18,49 @@ Each node has its own registry (several nodes may share a process in tests). Fam
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ..ledger.core.history import read_head
 from ..ledger.core.status import ReceiptStatus
 from ..ledger.core.tx import Verdict
 from ..p2p.framing import STATS
+from .deps import NodeAPI
+from .queries import Queries
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+Value = float | Mapping[str, float]  # one sample, or one per label value (with ``labels``)
+
+
+def _family(fam: GaugeMetricFamily | CounterMetricFamily, val: Value) -> Metric:
+    if isinstance(val, Mapping):
+        for k, x in val.items():
+            fam.add_metric([k], x)
+    else:
+        fam.add_metric([], val)
+    return fam
+
+
 class NodeCollector:
-    def __init__(self, node, queries):
+    """A Prometheus collector of one node's families (see the module docstring), read at each scrape."""
+
+    def __init__(self, node: NodeAPI, queries: Queries) -> None:
         self.node, self.q = node, queries
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
+        """The families, from the node's state and its views now."""
         n, st = self.node, self.node.ledger.state
         meta = n.store.index_meta()
 
-        def gauge(name, doc, val, labels=None):
-            g = GaugeMetricFamily(f"tally_{name}", doc, labels=list(labels) if labels else None)
-            if labels:
-                for k, x in val.items():
-                    g.add_metric([k], x)
-            else:
-                g.add_metric([], val)
-            return g
+        def gauge(name: str, doc: str, val: Value, labels: Iterable[str] | None = None) -> Metric:
+            return _family(GaugeMetricFamily(f"tally_{name}", doc, labels=list(labels) if labels else None), val)
 
-        def counter(name, doc, val, labels=None):
-            c = CounterMetricFamily(f"tally_{name}", doc, labels=list(labels) if labels else None)
-            if labels:
-                for k, x in val.items():
-                    c.add_metric([k], x)
-            else:
-                c.add_metric([], val)
-            return c
+        def counter(name: str, doc: str, val: Value, labels: Iterable[str] | None = None) -> Metric:
+            return _family(CounterMetricFamily(f"tally_{name}", doc, labels=list(labels) if labels else None), val)
 
         ver = self.q.verification(1)
         yield gauge("block_height", "Height of the ledger head", st.height)
@@ -104,11 +111,13 @@ class NodeCollector:
         yield gauge("swarm_blocks_covered", "Decoder blocks held by at least one live server", sw["covered"])
 
 
-def metrics_registry(node, queries) -> CollectorRegistry:
+def metrics_registry(node: NodeAPI, queries: Queries) -> CollectorRegistry:
+    """A registry (of its own: several nodes may share a process) holding ``node``'s :class:`NodeCollector`."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(NodeCollector(node, queries))
     return reg
 
 
 def render(registry: CollectorRegistry) -> bytes:
+    """``registry``'s families in the Prometheus text format (:data:`CONTENT_TYPE`)."""
     return generate_latest(registry)

@@ -10,6 +10,7 @@ and from the swarm table the number of live servers holding each block and those
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
@@ -45,9 +46,9 @@ class ModelsOut(BaseModel):
     models: list[ModelOut] = Field(..., description="this node's model first, then local models, then announced")
 
 
-def _local(node: NodeAPI) -> dict[bytes, dict]:
+def _local(node: NodeAPI) -> dict[bytes, dict[str, Any]]:
     """``{model id: row}`` of the model dirs in the node's cache (unreadable dirs skipped) and its own model."""
-    cache = Path(getattr(node.cfg, "model_cache", None) or Path(node.cfg.model_dir).parent)
+    cache = Path(node.cfg.model_cache or Path(node.cfg.model_dir).parent)
     try:
         names = {e.model_id: e.name for e in registry.load(cache)}
     except registry.RegistryError:  # a damaged registry: the manifests' own names
@@ -55,7 +56,7 @@ def _local(node: NodeAPI) -> dict[bytes, dict]:
     dirs = [Path(node.cfg.model_dir)]
     if cache.is_dir():
         dirs += sorted(p.parent for p in cache.glob("*/manifest.json"))
-    out: dict[bytes, dict] = {}
+    out: dict[bytes, dict[str, Any]] = {}
     for d in dirs:
         try:
             m = load_manifest(d)
@@ -69,12 +70,12 @@ def _local(node: NodeAPI) -> dict[bytes, dict]:
     return out
 
 
-def models_view(node: NodeAPI) -> dict:
+def models_view(node: NodeAPI) -> dict[str, Any]:
     """The body of ``GET /v1/models`` (see the module docstring) for a running :class:`~node.runtime.Node`."""
     rows = _local(node)
     mine = node.manifest.model_id
     now = node.swarm.clock()
-    servers: dict[bytes, list[dict]] = {}
+    servers: dict[bytes, list[dict[str, Any]]] = {}
     for peer, e in sorted(node.swarm.entries.items()):
         if now - e["seen"] >= e["ttl"]:
             continue
@@ -106,5 +107,5 @@ router = APIRouter(prefix="/v1", tags=["swarm"])
 
 @router.get("/models", response_model=ModelsOut,
             summary="Models this node knows (its cache and the swarm): id, name, quantization, block coverage")
-async def models(node: NodeDep):
+async def models(node: NodeDep) -> JSONResponse:
     return JSONResponse(models_view(node))

@@ -14,26 +14,30 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 from pathlib import Path as FsPath
+from typing import Any
 
 import jinja2
 from fastapi import APIRouter, Path, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from ..batch.client import batch_json
 from ..ledger.txstatus import TxState
 from . import charts, views as v
-from .deps import NodeAPI, NodeDep, QueriesDep
+from .deps import NodeAPI, NodeDep
 from .modelsapi import models_view
-from .queries import Queries
+from .queries import Queries, QueriesDep
 from .runs import RUN_STATUSES, list_runs, run_view
 from .security import ApiError
 from .tabsapi import MAX_TABS, final_settlement_json, settlement_json, tab_json, tabs_of
+from .views import Json
 
 TEMPLATES = FsPath(__file__).parent / "templates"
 VERIF_KEYS = ["valid", "invalid", "abstain", "slashes"]
 
 
 def environment() -> jinja2.Environment:
+    """The explorer's Jinja2 environment: ``templates/``, autoescape, strict undefined, and the filters ``short``,
+    ``credits``, ``utc`` and ``pct``."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["short"] = lambda s, n=10: s if not s or len(s) <= n + 2 else f"{s[:n]}…"
@@ -50,7 +54,7 @@ router = APIRouter(include_in_schema=False, default_response_class=HTMLResponse)
 (:data:`QueriesDep`)."""
 
 
-def page(node: NodeAPI, name: str, status: int = 200, **ctx) -> HTMLResponse:
+def page(node: NodeAPI, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
     """Render template ``name`` with ``ctx`` and the chain's id and height (never cached: the head moves)."""
     st = node.ledger.state
     html = ENV.get_template(name).render(chain_id=st.chain_id, head=st.height, now_ms=int(time.time() * 1000),
@@ -59,7 +63,7 @@ def page(node: NodeAPI, name: str, status: int = 200, **ctx) -> HTMLResponse:
 
 
 @router.get("/")
-async def home(queries: QueriesDep, node: NodeDep):
+async def home(queries: QueriesDep, node: NodeDep) -> HTMLResponse:
     status = queries.status()
     head = queries.blocks(10, None)["blocks"]
     last = node.store.get_block_raw(status["height"]) if status["height"] else None
@@ -72,17 +76,17 @@ async def home(queries: QueriesDep, node: NodeDep):
 
 
 @router.get("/blocks")
-async def blocks(queries: QueriesDep, node: NodeDep, before: int | None = Query(None, ge=1, le=2**62)):
+async def blocks(queries: QueriesDep, node: NodeDep, before: int | None = Query(None, ge=1, le=2**62)) -> HTMLResponse:
     return page(node, "blocks.html", page=queries.blocks(50, before))
 
 
 @router.get("/blocks/{height}")
-async def block(queries: QueriesDep, node: NodeDep, height: int = Path(..., ge=1, le=2**62)):
+async def block(queries: QueriesDep, node: NodeDep, height: int = Path(..., ge=1, le=2**62)) -> HTMLResponse:
     return page(node, "block.html", b=queries.block(height))
 
 
 @router.get("/tx/{tx_id}")
-async def tx(queries: QueriesDep, node: NodeDep, tx_id: str = Path(..., max_length=64)):
+async def tx(queries: QueriesDep, node: NodeDep, tx_id: str = Path(..., max_length=64)) -> Response:
     tid = v.parse_id(tx_id, "transaction id")
     if tid in node.ledger.state.receipts:
         return RedirectResponse(f"/receipts/{tid.hex()}", status_code=303)
@@ -100,18 +104,18 @@ async def tx(queries: QueriesDep, node: NodeDep, tx_id: str = Path(..., max_leng
 @router.get("/receipts")
 async def receipts(queries: QueriesDep, node: NodeDep, cursor: str | None = Query(None, max_length=64),
                    status: str | None = Query(
-                       None, pattern="^(pending|sampled|valid|invalid|settled|unverified)$")):
+                       None, pattern="^(pending|sampled|valid|invalid|settled|unverified)$")) -> HTMLResponse:
     return page(node, "receipts.html", page=queries.receipts(50, cursor, status), status_filter=status)
 
 
 @router.get("/receipts/{receipt_id}")
-async def receipt(queries: QueriesDep, node: NodeDep, receipt_id: str = Path(..., max_length=64)):
+async def receipt(queries: QueriesDep, node: NodeDep, receipt_id: str = Path(..., max_length=64)) -> HTMLResponse:
     rec = queries.receipt(v.parse_id(receipt_id, "receipt id"))
     loc = node.store.tx_location(bytes.fromhex(rec["id"]))
     return page(node, "receipt.html", r=rec, job=_job_of(queries, rec), in_block=loc[0] if loc else rec["height"])
 
 
-def _job_of(queries: Queries, rec: dict):
+def _job_of(queries: Queries, rec: Json) -> Json | None:
     """The job a receipt belongs to, or None (not a job's segment, or no such job)."""
     if rec.get("job_id"):
         try:
@@ -124,7 +128,7 @@ def _job_of(queries: Queries, rec: dict):
 @router.get("/accounts/{account}")
 async def account(queries: QueriesDep, node: NodeDep, account: str = Path(..., max_length=128),
                   cursor: str | None = Query(None, max_length=64),
-                  rcursor: str | None = Query(None, max_length=96)):
+                  rcursor: str | None = Query(None, max_length=96)) -> HTMLResponse:
     a = v.parse_account(account)
     st = node.ledger.state
     tabs, _ = tabs_of(st, a)  # a scan of the tab table: at most MAX_TABS shown
@@ -134,30 +138,30 @@ async def account(queries: QueriesDep, node: NodeDep, account: str = Path(..., m
 
 
 @router.get("/validators")
-async def validators(queries: QueriesDep, node: NodeDep):
+async def validators(queries: QueriesDep, node: NodeDep) -> HTMLResponse:
     return page(node, "validators.html", vals=queries.validators(100), bonds=queries.bonds())
 
 
 @router.get("/swarm")
-async def swarm(queries: QueriesDep, node: NodeDep):
+async def swarm(queries: QueriesDep, node: NodeDep) -> HTMLResponse:
     sw = queries.swarm()
     mine = [s for s in sw["servers"] if s["model_id"] == sw["model_id"]]
     return page(node, "swarm.html", swarm=sw, mine=mine, cov=charts.coverage(sw["num_blocks"], mine, sw["coverage"]))
 
 
 @router.get("/peers")
-async def peers(queries: QueriesDep, node: NodeDep):
+async def peers(queries: QueriesDep, node: NodeDep) -> HTMLResponse:
     status = queries.status()
     return page(node, "peers.html", ns=status, net=status.get("network"))
 
 
 @router.get("/models")
-async def models(node: NodeDep):
+async def models(node: NodeDep) -> HTMLResponse:
     return page(node, "models.html", models=models_view(node)["models"])
 
 
 @router.get("/verification")
-async def verification(queries: QueriesDep, node: NodeDep):
+async def verification(queries: QueriesDep, node: NodeDep) -> HTMLResponse:
     ver = queries.verification(24)
     return page(node, "verification.html", verif=ver,
                 outcome=charts.stacked_bars(ver["series"], VERIF_KEYS),
@@ -166,13 +170,13 @@ async def verification(queries: QueriesDep, node: NodeDep):
 
 @router.get("/jobs")
 async def jobs(queries: QueriesDep, node: NodeDep, cursor: str | None = Query(None, max_length=64),
-               status: str | None = Query(None, max_length=32)):
+               status: str | None = Query(None, max_length=32)) -> HTMLResponse:
     return page(node, "jobs.html", page=queries.jobs(50, cursor, status), status_filter=status,
                 market=hasattr(node.ledger.state, "jobs"))
 
 
 @router.get("/jobs/{job_id}")
-async def job(queries: QueriesDep, node: NodeDep, job_id: str = Path(..., max_length=32)):
+async def job(queries: QueriesDep, node: NodeDep, job_id: str = Path(..., max_length=32)) -> HTMLResponse:
     j = queries.job(v.parse_id(job_id, "job id", 16))
     recs = [queries.receipt(bytes.fromhex(s)) for s in j["segments"] if bytes.fromhex(s) in node.ledger.state.receipts]
     return page(node, "job.html", j=j, loss=charts.line(j["losses"]), segs=recs)
@@ -180,13 +184,13 @@ async def job(queries: QueriesDep, node: NodeDep, job_id: str = Path(..., max_le
 
 @router.get("/runs")
 async def runs(node: NodeDep, status: str | None = Query(None, pattern=f"^({RUN_STATUSES})$"),
-               offset: int = Query(0, ge=0, le=10**9)):
+               offset: int = Query(0, ge=0, le=10**9)) -> HTMLResponse:
     return page(node, "runs.html", page=list_runs(node.ledger.state, status, 50, offset), status_filter=status,
                 offset=offset)
 
 
 @router.get("/runs/{run_id}")
-async def run(node: NodeDep, run_id: str = Path(..., max_length=32)):
+async def run(node: NodeDep, run_id: str = Path(..., max_length=32)) -> HTMLResponse:
     rid = v.parse_id(run_id, "run id", 16)
     st = node.ledger.state
     if rid not in st.runs:
@@ -196,7 +200,7 @@ async def run(node: NodeDep, run_id: str = Path(..., max_length=32)):
 
 
 @router.get("/batches")
-async def batches(node: NodeDep, offset: int = Query(0, ge=0, le=10**9)):
+async def batches(node: NodeDep, offset: int = Query(0, ge=0, le=10**9)) -> HTMLResponse:
     st = node.ledger.state
     bs = sorted(st.tables["batches"].values(), key=lambda b: (-b.height, b.post.id))
     return page(node, "batches.html", page={"batches": [batch_json(b, st) for b in bs[offset:offset + 50]],
@@ -204,7 +208,7 @@ async def batches(node: NodeDep, offset: int = Query(0, ge=0, le=10**9)):
 
 
 @router.get("/batches/{batch_id}")
-async def batch(node: NodeDep, batch_id: str = Path(..., max_length=32)):
+async def batch(node: NodeDep, batch_id: str = Path(..., max_length=32)) -> HTMLResponse:
     bid = v.parse_id(batch_id, "batch id", 16)
     st = node.ledger.state
     b = st.tables["batches"].get(bid)
@@ -214,7 +218,7 @@ async def batch(node: NodeDep, batch_id: str = Path(..., max_length=32)):
 
 
 @router.get("/tabs/{tab_id}")
-async def tab(node: NodeDep, tab_id: str = Path(..., max_length=64)):
+async def tab(node: NodeDep, tab_id: str = Path(..., max_length=64)) -> HTMLResponse:
     tid = v.parse_id(tab_id, "tab id", 32)
     st = node.ledger.state
     t = st.tables["tabs"].get(tid)
@@ -225,7 +229,7 @@ async def tab(node: NodeDep, tab_id: str = Path(..., max_length=64)):
 
 
 @router.get("/settlements/{key}")
-async def settlement(node: NodeDep, key: str = Path(..., max_length=64)):
+async def settlement(node: NodeDep, key: str = Path(..., max_length=64)) -> HTMLResponse:
     k = v.parse_id(key, "batch key", 32)
     x = node.ledger.state.tables["settlements"].get(k)
     s = settlement_json(k, x) if x is not None else final_settlement_json(node.store, k)
@@ -235,7 +239,7 @@ async def settlement(node: NodeDep, key: str = Path(..., max_length=64)):
 
 
 @router.get("/search")
-async def search(queries: QueriesDep, node: NodeDep, q_: str = Query("", alias="q", max_length=256)):
+async def search(queries: QueriesDep, node: NodeDep, q_: str = Query("", alias="q", max_length=256)) -> Response:
     try:
         hit = queries.search(q_)
     except ApiError as e:

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+from fastapi import Depends, Request
 
 from ..identity import account_from_str
 from ..ledger.core.batch import reputation
@@ -19,21 +23,33 @@ from ..ledger.core.history import read_head
 from ..ledger.core.state import FINAL
 from ..ledger.core.status import INVALID_S, PENDING, SETTLED, UNVERIFIED, VALID_S
 from ..ledger.core.tabs import Reveal
-from ..ledger.core.tx import ABSTAIN
+from ..ledger.core.tx import ABSTAIN, VERDICT_NAMES
 from ..ledger.genesis import TREASURY
 from . import views as v
 from .security import ApiError
+from .views import Json
+
+if TYPE_CHECKING:
+    from ..ledger.core.state import State
+    from ..ledger.store import LedgerStore
+    from .deps import NodeAPI
 
 MAX_PAGE = 200
 SCAN_BLOCKS = 2000  # blocks one page of a status-filtered receipt listing reads at most
 
 
-class _LRU(OrderedDict):
-    def __init__(self, size: int):
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _LRU(OrderedDict[K, V]):
+    """An ordered dict that keeps its ``size`` most recently put entries."""
+
+    def __init__(self, size: int) -> None:
         super().__init__()
         self.size = size
 
-    def put(self, k, val):
+    def put(self, k: K, val: V) -> V:
         self[k] = val
         if len(self) > self.size:
             self.popitem(last=False)
@@ -52,7 +68,7 @@ def _cursor(text: str | None, n: int | None = None) -> bytes | None:
     return b
 
 
-def _pruned(store, height: int) -> None:
+def _pruned(store: LedgerStore, height: int) -> None:
     """Raise a clear 404 for a block whose body this node no longer holds (``node start --prune-bodies``)."""
     low = store.pruned_below
     if height < low:
@@ -63,18 +79,21 @@ def _pruned(store, height: int) -> None:
 class Queries:
     """Views of one node (:class:`node.runtime.Node`)."""
 
-    def __init__(self, node):
+    def __init__(self, node: NodeAPI) -> None:
         self.node = node
-        self._blocks = _LRU(512)  # height -> block view
-        self._summaries = _LRU(8192)  # height -> (summary, commit signers)
-        self._state_cache: dict[str, tuple[object, object]] = {}
-        self._accounts = _LRU(1024)  # account -> (state, view): balances change only with a new state
+        self._blocks: _LRU[int, Json] = _LRU(512)  # height -> block view
+        self._summaries: _LRU[int, tuple[Json, set[bytes]]] = _LRU(8192)  # height -> (summary, commit signers)
+        self._state_cache: dict[str, tuple[object, Json]] = {}
+        # account -> (state, view): balances change only with a new state
+        self._accounts: _LRU[bytes, tuple[State, Json]] = _LRU(1024)
+        self._capture: tuple[tuple[int, bytes], str | None] | None = None  # ((height, hash), committee warning)
 
     @property
-    def state(self):
+    def state(self) -> State:
+        """The node's ledger state now (a new object after each block)."""
         return self.node.ledger.state
 
-    def _per_state(self, key: str, fn):
+    def _per_state(self, key: str, fn: Callable[[], Json]) -> Json:
         st = self.state
         hit = self._state_cache.get(key)
         if hit is not None and hit[0] is st:
@@ -85,7 +104,8 @@ class Queries:
 
     # ------------------------------------------------------------------ node and accounts
 
-    def status(self) -> dict:
+    def status(self) -> Json:
+        """``GET /v1/status`` (:class:`~node.api.models.StatusOut`)."""
         n, st = self.node, self.state
         head = self.block_summary(st.height) if st.height else None
         return {
@@ -103,7 +123,7 @@ class Queries:
             "memory": self._memory(),
         }
 
-    def _memory(self) -> dict | None:
+    def _memory(self) -> Json | None:
         """``node start --max-memory``'s budget and what committee duty holds of it; None without a budget."""
         budget = getattr(self.node.cfg, "budget", None)
         if budget is None:
@@ -111,15 +131,15 @@ class Queries:
         member = getattr(self.node, "member", None)
         return {**budget.view(), **(member.memory_view() if member is not None else {})}
 
-    def _committee_warning(self, st) -> str | None:
+    def _committee_warning(self, st: State) -> str | None:
         """:func:`node.ledger.core.capture.capture_risk` for the bonded accounts of ``st``, computed once per height
         (it counts every account)."""
-        cached = getattr(self, "_capture", None)
+        cached = self._capture
         if cached is None or cached[0] != (st.height, st.last_hash):
             cached = self._capture = ((st.height, st.last_hash), capture_risk(len(st.eligible()), st.params))
         return cached[1]
 
-    def _consensus(self) -> dict | None:
+    def _consensus(self) -> Json | None:
         """The consensus driver's state (:meth:`node.ledger.driver.ConsensusDriver.status`); None without one."""
         driver = getattr(self.node.ledger, "driver", None)
         if driver is None:
@@ -128,11 +148,12 @@ class Queries:
         return {**out, "proposer": v.acct(out["proposer"])}
 
     @staticmethod
-    def _history_status(st) -> dict:
+    def _history_status(st: State) -> Json:
         head = read_head(st)
         return {"history_size": head.size, "history_root": head.root.hex() if head.size else None}
 
-    def account(self, a: bytes) -> dict:
+    def account(self, a: bytes) -> Json:
+        """Account ``a`` (:class:`~node.api.models.AccountOut`), cached until the state changes."""
         st = self.state
         hit = self._accounts.get(a)
         if hit is not None and hit[0] is st:
@@ -143,18 +164,22 @@ class Queries:
         self._accounts.put(a, (st, view))
         return view
 
-    def history(self, a: bytes, limit: int, cursor: str | None) -> dict:
+    def history(self, a: bytes, limit: int, cursor: str | None) -> Json:
+        """A page of ``a``'s history, newest first. Raises ApiError 400 ``bad_cursor``."""
         items, nxt = self.node.store.history(a, min(limit, MAX_PAGE), _cursor(cursor, 12))
         return {"account": v.acct(a), "events": [v.event_json(h, s, ev) for h, s, ev in items],
                 "next": nxt.hex() if nxt else None}
 
-    def account_receipts(self, a: bytes, limit: int, cursor: str | None) -> dict:
+    def account_receipts(self, a: bytes, limit: int, cursor: str | None) -> Json:
+        """A page of the receipts naming ``a`` (still in the state), newest first. Raises ApiError 400
+        ``bad_cursor``."""
         items, nxt = self.node.store.account_receipts(a, min(limit, MAX_PAGE), _cursor(cursor, 40))
         recs = self.state.receipts
         out = [{"role": role, "receipt": v.receipt_json(recs[rid])} for _, rid, role in items if rid in recs]
         return {"account": v.acct(a), "receipts": out, "next": nxt.hex() if nxt else None}
 
-    def bonds(self) -> dict:
+    def bonds(self) -> Json:
+        """Bonded (or slashed) accounts, largest bond first, the treasury left out."""
         st = self.state
         p = st.params
         rows = [{"account": v.acct(a), "bond": v.amount(x.bond), "balance": v.amount(x.balance),
@@ -166,7 +191,8 @@ class Queries:
 
     # ------------------------------------------------------------------ blocks and transactions
 
-    def block(self, height: int) -> dict:
+    def block(self, height: int) -> Json:
+        """The block at ``height`` with its commit. Raises ApiError 404 (no such block, or its body pruned)."""
         hit = self._blocks.get(height)
         if hit is not None:
             return hit
@@ -177,10 +203,11 @@ class Queries:
         d = self.node.store.expand_record(height, raw)  # either stored format (node.ledger.core.blockcodec)
         return self._blocks.put(height, v.block_json(decode_block(d["b"]), d["c"], len(raw)))
 
-    def block_summary(self, height: int) -> dict:
+    def block_summary(self, height: int) -> Json:
+        """One line of the block list (also for a pruned body). Raises ApiError 404 ``not_found``."""
         return self._summary(height)[0]
 
-    def _summary(self, height: int):
+    def _summary(self, height: int) -> tuple[Json, set[bytes]]:
         hit = self._summaries.get(height)
         if hit is not None:
             return hit
@@ -193,24 +220,29 @@ class Queries:
              "proposer": v.acct(proposer), "txs": sum(kinds.values()), "kinds": dict(kinds)}
         return self._summaries.put(height, (s, {bytes(x[0]) for x in raw["c"]}))
 
-    def blocks(self, limit: int, before: int | None) -> dict:
+    def blocks(self, limit: int, before: int | None) -> Json:
+        """A page of block summaries, newest first, below height ``before`` (None: from the head)."""
         top = self.state.height if before is None else min(before - 1, self.state.height)
         lo = max(1, top - min(limit, MAX_PAGE) + 1)
         rows = [self.block_summary(h) for h in range(top, lo - 1, -1)] if top >= 1 else []
         return {"blocks": rows, "next": lo if lo > 1 else None}
 
-    def tx(self, tx_id: bytes) -> dict:
+    def tx(self, tx_id: bytes) -> Json:
+        """A transaction in a stored block. Raises ApiError 404 (in no stored block, or its body pruned)."""
         loc = self.node.store.tx_location(tx_id)
         if loc is None:
             raise ApiError(404, "not_found", "no such transaction in a stored block")
         height, index, _ = loc
         _pruned(self.node.store, height)
-        block, _ = self.node.store.get_block(height)
+        got = self.node.store.get_block(height)
+        assert got is not None  # located and not pruned: the store holds its body
+        block, _ = got
         return v.tx_json(block.txs[index], height, index, block.hash)
 
     # ------------------------------------------------------------------ receipts and verification
 
-    def receipt(self, rid: bytes) -> dict:
+    def receipt(self, rid: bytes) -> Json:
+        """A receipt in the state, or archived in the history log. Raises ApiError 404 ``not_found``."""
         rec = self.state.receipts.get(rid)
         if rec is None:
             archived = self.node.store.history_entry(rid)  # left the hot state (node.ledger.core.history)
@@ -219,14 +251,14 @@ class Queries:
             raise ApiError(404, "not_found", "no such receipt on the ledger")
         return v.receipt_json(rec)
 
-    def receipts(self, limit: int, cursor: str | None, status: str | None = None) -> dict:
+    def receipts(self, limit: int, cursor: str | None, status: str | None = None) -> Json:
         """Newest first, read from the blocks backwards (O(page), not O(receipts ever made)); the cursor is the
         height and position to continue before (12 bytes as hex). A status filter scans at most
         :data:`SCAN_BLOCKS` blocks per page and then returns what it found with a cursor to go on."""
         c = _cursor(cursor, 12)
         st, store = self.state, self.node.store
         height, pos = (int.from_bytes(c[:8], "big"), int.from_bytes(c[8:], "big")) if c else (st.height, 2**31)
-        out: list[dict] = []
+        out: list[Json] = []
         want = min(limit, MAX_PAGE)
         for h in range(min(height, st.height), max(0, height - SCAN_BLOCKS), -1):
             got = store.get_block(h)
@@ -252,10 +284,12 @@ class Queries:
         low = max(0, height - SCAN_BLOCKS)
         return {"receipts": out, "next": (low.to_bytes(8, "big") + (2**31).to_bytes(4, "big")).hex() if low else None}
 
-    def verification(self, buckets: int = 24) -> dict:
+    def verification(self, buckets: int = 24) -> Json:
+        """Verification statistics over ``buckets`` height ranges (:class:`~node.api.models.VerificationOut`),
+        cached until the state changes."""
         return self._per_state(f"verif{buckets}", lambda: self._verification(buckets))
 
-    def _verification(self, nb: int) -> dict:
+    def _verification(self, nb: int) -> Json:
         st = self.state
         head = max(1, st.height)
         width = max(1, -(-head // nb))
@@ -263,7 +297,7 @@ class Queries:
                    "sampled": 0, "valid": 0, "invalid": 0, "abstain": 0, "slashes": 0}
                   for i in range(-(-head // width))]
 
-        def at(h: int) -> dict:
+        def at(h: int) -> Json:
             return series[min(len(series) - 1, max(0, (h - 1) // width))]
 
         status: Counter[str] = Counter()
@@ -292,15 +326,17 @@ class Queries:
         return {"height": st.height, "receipts": len(st.receipts), "pending": status[PENDING],
                 "sampled": sampled, "valid": status[VALID_S], "invalid": status[INVALID_S],
                 "settled": status[SETTLED], "unverified": status[UNVERIFIED],
-                "votes": {name: votes[k] for k, name in v.VERDICT_NAMES.items()},
+                "votes": {name: votes[k] for k, name in VERDICT_NAMES.items()},
                 "slashes": slashes, "slashed": v.amount(slashed), "series": series}
 
     # ------------------------------------------------------------------ validators and swarm
 
-    def validators(self, window: int = 100) -> dict:
+    def validators(self, window: int = 100) -> Json:
+        """The validator set, each member's activity over the last ``window`` blocks and the pending changes,
+        cached until the state changes."""
         return self._per_state(f"vals{window}", lambda: self._validators(window))
 
-    def _validators(self, window: int) -> dict:
+    def _validators(self, window: int) -> Json:
         st = self.state
         lo = max(1, st.height - window + 1)
         proposed: Counter[str] = Counter()
@@ -329,11 +365,13 @@ class Queries:
                 "changes": bool(st.params.min_validator_bond),
                 "min_validator_bond": v.amount(st.params.min_validator_bond), "pending": pending}
 
-    def swarm(self) -> dict:
+    def swarm(self) -> Json:
+        """Live servers of every model and this node's model's block coverage (:class:`~node.api.models.SwarmOut`)."""
         n = self.node
         mid = n.manifest.model_id
         now = n.swarm.clock()
-        servers, cov = [], [0] * n.manifest.num_blocks
+        servers: list[Json] = []
+        cov = [0] * n.manifest.num_blocks
         for peer, e in sorted(n.swarm.entries.items()):
             if now - e["seen"] >= e["ttl"]:
                 continue
@@ -344,8 +382,9 @@ class Queries:
                 for b in range(max(0, e["start"]), min(len(cov), e["end"])):
                     cov[b] += 1
         # this node's own span (it hears no own gossip)
-        if n.cfg.span is not None and n.server is not None and all(s["peer"] != n.ident.peer_id for s in servers):
-            s0, e0 = n.cfg.span
+        span = n.cfg.span  # a (start, end) once resolved, which it is when the server runs
+        if isinstance(span, tuple) and n.server is not None and all(s["peer"] != n.ident.peer_id for s in servers):
+            s0, e0 = span
             servers.append({"peer": n.ident.peer_id, "model_id": mid.hex(), "span": [s0, e0],
                             "active": n.server.active, "seen_s": 0.0, "addrs": n.host.addrs})
             for b in range(s0, min(len(cov), e0)):
@@ -356,13 +395,14 @@ class Queries:
 
     # ------------------------------------------------------------------ jobs
 
-    def _jobs(self) -> dict:
+    def _jobs(self) -> Any:
         return getattr(self.state, "jobs", None) or {}
 
-    def jobs(self, limit: int, cursor: str | None, status: str | None = None) -> dict:
+    def jobs(self, limit: int, cursor: str | None, status: str | None = None) -> Json:
+        """A page of jobs, newest first, optionally of one status. Raises ApiError 400 ``bad_cursor``."""
         skip = int.from_bytes(_cursor(cursor) or b"", "big")
         jobs = self._jobs()
-        out: list[dict] = []
+        out: list[Json] = []
         seen = 0
         for job in sorted(jobs.values(), key=lambda j: (-j.height, j.post.id)):  # newest first
             if status and job.status != status:
@@ -375,7 +415,8 @@ class Queries:
             out.append(v.job_json(job))
         return {"jobs": out, "next": None}
 
-    def job(self, jid: bytes) -> dict:
+    def job(self, jid: bytes) -> Json:
+        """Job ``jid``. Raises ApiError 404 ``not_found``."""
         job = self._jobs().get(jid)
         if job is None:
             raise ApiError(404, "not_found", "no such job on the ledger")
@@ -383,7 +424,7 @@ class Queries:
 
     # ------------------------------------------------------------------ search
 
-    def search(self, q: str) -> dict:
+    def search(self, q: str) -> Json:
         """Resolve a height, block hash, transaction or receipt id, job id or account.
 
         Raises:
@@ -403,9 +444,9 @@ class Queries:
         except ValueError:
             b = b""
         if len(b) == 32:
-            h = store.height_of_hash(b)
-            if h is not None:
-                return _hit("block", str(h), f"/blocks/{h}", f"/v1/blocks/{h}")
+            at = store.height_of_hash(b)
+            if at is not None:
+                return _hit("block", str(at), f"/blocks/{at}", f"/v1/blocks/{at}")
             if b in st.receipts:
                 return _hit("receipt", b.hex(), f"/receipts/{b.hex()}", f"/v1/receipts/{b.hex()}")
             if store.tx_location(b) is not None:
@@ -428,7 +469,7 @@ class Queries:
         raise ApiError(404, "not_found", "no block, transaction, receipt, job, run or account matches")
 
 
-def _hit(kind: str, id_: str, url: str, api: str) -> dict:
+def _hit(kind: str, id_: str, url: str, api: str) -> Json:
     return {"kind": kind, "id": id_, "url": url, "api": api}
 
 
@@ -438,3 +479,13 @@ def age_s(time_ms: int | None) -> float | None:
 
 
 FINAL_STATUSES = FINAL
+
+
+async def get_queries(request: Request) -> Queries:
+    """The :class:`Queries` views of the node of the app that ``request`` reached (``app.state.queries``, set by
+    :func:`node.api.app.create_app`). A coroutine, so FastAPI calls it on the event loop."""
+    queries: Queries = request.app.state.queries
+    return queries
+
+
+QueriesDep = Annotated[Queries, Depends(get_queries)]  # ``queries: QueriesDep``: the views of the app's node

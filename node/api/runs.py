@@ -10,8 +10,9 @@ own nodes (each ``POST /v1/runs/{id}/join`` signs with that node's key). Setting
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 from fastapi import APIRouter, Query
@@ -19,17 +20,25 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..compute.data import shakespeare_play
 from ..encoding import AMOUNT_FORM, parse_amount
+from ..ledger.core.rows import ReceiptRecord
 from ..ledger.core.runs import RunStatus
+from ..ledger.core.runstate import Run
 from ..ledger.core.runtx import RoundReceipt
 from ..ledger.core.tx import VERDICT_NAMES
+from ..ledger.core.txbase import Tx
 from ..training.client import RunError, fetch_params, post_run, run_action
 from .deps import AUTH, NodeAPI, NodeDep
 from .models import AmountText
 from .security import ApiError
-from .views import acct, amount, hex_id, hexid
+from .views import Json, acct, amount, hex_id, hexid
+
+if TYPE_CHECKING:
+    from ..ledger.core.state import State
 
 PPM = 1_000_000
 RUN_STATUSES = "|".join(s.value for s in RunStatus)
+# a receipt's history summary by id, None when it is not archived (node.ledger.store.LedgerStore.archived_summary)
+Archived = Callable[[bytes], dict[str, Any] | None]
 
 
 class RunRequest(BaseModel):
@@ -83,7 +92,7 @@ class RunFetchRequest(BaseModel):
                          description="directory on this machine for the adapter (lora) or model files (all)")
 
 
-def ledger_settings(req: RunRequest) -> dict:
+def ledger_settings(req: RunRequest) -> dict[str, Any]:
     """The :class:`~node.ledger.core.runtx.RunPost` fields of ``req`` in ledger units.
 
     Raises:
@@ -117,16 +126,24 @@ def ledger_settings(req: RunRequest) -> dict:
 # ------------------------------------------------------------------ views
 
 
-def _verdicts(rec) -> list[dict]:
+def _verdicts(rec: ReceiptRecord | None) -> list[Json]:
     return [{"voter": acct(v), "round": rd, "verdict": VERDICT_NAMES.get(x, str(x)), "distance_ppm": d}
             for v, rd, x, d in rec.votes] if rec is not None else []
 
 
-def _commit(state, worker: bytes, rid: bytes, archived=None) -> dict:
+def _round_receipt(rec: ReceiptRecord | None) -> RoundReceipt | None:
+    """The round receipt of ``rec`` (None: no record). Raises TypeError for a record of another kind."""
+    r: Tx | None = rec.receipt if rec is not None else None
+    if r is not None and not isinstance(r, RoundReceipt):
+        raise TypeError(f"receipt {r.id.hex()} is a {r.KIND}, not a round receipt")
+    return r
+
+
+def _commit(state: State, worker: bytes, rid: bytes, archived: Archived | None = None) -> Json:
     """A round receipt for the view; one that left the hot state after its run ended (``archived(rid)``: its
     history summary, :meth:`node.ledger.store.LedgerStore.archived_summary`) keeps its status, not its details."""
-    rec = state.receipts.get(rid)
-    r = rec.receipt if rec is not None else None
+    rec: ReceiptRecord | None = state.receipts.get(rid)
+    r = _round_receipt(rec)
     if rec is None and archived is not None and (s := archived(rid)) is not None:
         return {"worker": acct(worker), "receipt": rid.hex(), "status": s["status"], "loss": None,
                 "delta_bytes": None, "delta": None, "committee": [], "verdicts": [], "archived": True}
@@ -137,7 +154,7 @@ def _commit(state, worker: bytes, rid: bytes, archived=None) -> dict:
             "committee": [acct(m) for m in rec.committee] if rec else [], "verdicts": _verdicts(rec)}
 
 
-def _attempt_commits(state, run, round_: int, attempt: int) -> list[dict]:
+def _attempt_commits(state: State, run: Run, round_: int, attempt: int) -> list[Json]:
     """The round receipts committed in one attempt of a run (for a failed attempt: the work it paid on its
     verdict, see :mod:`node.ledger.core.runs`)."""
     out = []
@@ -149,14 +166,14 @@ def _attempt_commits(state, run, round_: int, attempt: int) -> list[dict]:
     return out
 
 
-def _aggregate(state, aid: bytes) -> dict | None:
+def _aggregate(state: State, aid: bytes) -> Json | None:
     if not aid:
         return None
     rec = state.receipts.get(aid)
     return {"id": aid.hex(), "status": rec.status if rec else "unknown", "verdicts": _verdicts(rec)}
 
 
-def _jsonable(x):
+def _jsonable(x: Any) -> Any:
     if isinstance(x, bytes):
         return x.hex()
     if isinstance(x, dict):
@@ -166,7 +183,7 @@ def _jsonable(x):
     return x
 
 
-def run_view(run, state, archived=None) -> dict:
+def run_view(run: Run, state: State, archived: Archived | None = None) -> Json:
     """A :class:`~node.ledger.core.runs.Run` for the API and the explorer: settings in user units, amounts as
     ``{"base_units", "credits"}``, accounts as peer IDs, ids as hex; ``rounds``: every finished round with its
     workers (each receipt's status, verdicts, loss in nats/token, Δ bytes; accepted or excluded and why), mean
@@ -195,13 +212,13 @@ def run_view(run, state, archived=None) -> dict:
                        "height": h.height, "workers": workers})
     cur = None
     if run.cur is not None:
-        c = run.cur
-        cur = {"round": c.round, "attempt": c.attempt, "phase": c.phase.value, "opened": c.opened,
-               "phase_height": c.phase_height, "beacon": c.beacon.hex(),
-               "participants": [acct(w) for w in c.participants],
-               "commits": [dict(_commit(state, w, rid), revealed=w in c.reveals) for w, rid, _ in c.commits],
-               "aggregator": acct(c.aggregator) if c.aggregator else None,
-               "aggregate": _aggregate(state, c.aggregate)}
+        rs = run.cur
+        cur = {"round": rs.round, "attempt": rs.attempt, "phase": rs.phase.value, "opened": rs.opened,
+               "phase_height": rs.phase_height, "beacon": rs.beacon.hex(),
+               "participants": [acct(w) for w in rs.participants],
+               "commits": [dict(_commit(state, w, rid), revealed=w in rs.reveals) for w, rid, _ in rs.commits],
+               "aggregator": acct(rs.aggregator) if rs.aggregator else None,
+               "aggregate": _aggregate(state, rs.aggregate)}
     return {
         "run_id": p.run_id.hex(), "title": p.title, "status": run.status.value, "sponsor": acct(p.sender),
         "height": run.height, "deadline": p.deadline, "final_height": run.final_height or None,
@@ -228,7 +245,7 @@ def run_view(run, state, archived=None) -> dict:
     }
 
 
-def run_summary(run) -> dict:
+def run_summary(run: Run) -> Json:
     """One line of the runs list."""
     p = run.post
     return {"run_id": p.run_id.hex(), "title": p.title, "status": run.status.value, "sponsor": acct(p.sender),
@@ -238,7 +255,7 @@ def run_summary(run) -> dict:
             "phase": run.cur.phase.value if run.cur else None}
 
 
-def list_runs(state, status: str | None, limit: int, offset: int) -> dict:
+def list_runs(state: State, status: str | None, limit: int, offset: int) -> Json:
     """Runs newest first, optionally of one :class:`RunStatus` value."""
     runs = [r for r in sorted(state.runs.values(), key=lambda r: (-r.height, r.post.run_id))  # newest first
             if status is None or r.status.value == status]
@@ -251,7 +268,7 @@ router = APIRouter()
 """The ``/v1/runs`` routes; each reads the node of the app it reached (:data:`~node.api.deps.NodeDep`)."""
 
 
-def _run(node: NodeAPI, run_id: str):
+def _run(node: NodeAPI, run_id: str) -> tuple[bytes, Run]:
     """``(run id, run)`` of ``run_id`` on the ledger.
 
     Raises:
@@ -260,7 +277,7 @@ def _run(node: NodeAPI, run_id: str):
     rid = hex_id(run_id, 16)
     if rid is None:
         raise ApiError(400, "bad_id", "a run id is 32 hex characters")
-    run = node.ledger.state.runs.get(rid)
+    run: Run | None = node.ledger.state.runs.get(rid)
     if run is None:
         raise ApiError(404, "not_found", "no such run on the ledger")
     return rid, run
@@ -269,13 +286,13 @@ def _run(node: NodeAPI, run_id: str):
 @router.get("/v1/runs")
 async def get_runs(node: NodeDep, status: str | None = Query(None, pattern=f"^({RUN_STATUSES})$",
                                                               description="only runs in this status"),
-                   limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0, le=10**9)) -> dict:
+                   limit: int = Query(50, ge=1, le=500), offset: int = Query(0, ge=0, le=10**9)) -> dict[str, Any]:
     """Collaborative training runs on the ledger, newest first."""
     return list_runs(node.ledger.state, status, limit, offset)
 
 
 @router.get("/v1/runs/{run_id}")
-async def get_run(node: NodeDep, run_id: str) -> dict:
+async def get_run(node: NodeDep, run_id: str) -> dict[str, Any]:
     """One run: settings, money, every finished round (workers, receipts' verdicts, loss, Δ bytes), the open
     round and the raw ledger record."""
     _, run = _run(node, run_id)
@@ -283,7 +300,7 @@ async def get_run(node: NodeDep, run_id: str) -> dict:
 
 
 @router.post("/v1/runs", dependencies=AUTH)
-async def post(node: NodeDep, req: RunRequest) -> dict:
+async def post(node: NodeDep, req: RunRequest) -> dict[str, Any]:
     """Post a run from this node's account: θ_0 is computed on this node's model and served with the dataset
     to the workers (keep the node running); the budget ``rounds × (max_workers × inner_steps ×
     price_per_step + aggregator_fee)`` goes into escrow."""
@@ -309,7 +326,7 @@ def _action(name: str, doc: str) -> None:
     """Register ``POST /v1/runs/{run_id}/<name>`` (join, leave, cancel: :func:`node.training.client.run_action`)
     with the docstring ``doc``; 409 ``refused`` with the run rules' reason."""
 
-    async def handler(node: NodeDep, run_id: str) -> dict:
+    async def handler(node: NodeDep, run_id: str) -> dict[str, Any]:
         rid, _ = _run(node, run_id)
         try:
             tx = await run_action(node, rid, name)
@@ -330,7 +347,7 @@ _action("cancel", "The sponsor cancels a run whose first round never opened: the
 
 
 @router.post("/v1/runs/{run_id}/fetch", dependencies=AUTH)
-async def fetch(node: NodeDep, run_id: str, req: RunFetchRequest) -> dict:
+async def fetch(node: NodeDep, run_id: str, req: RunFetchRequest) -> dict[str, Any]:
     """Fetch the run's current (final, once finished) parameters by content hash, checked against the
     ledger, and write them under ``out_dir``: a peft adapter (LoRA) or model safetensors (all)."""
     rid, _ = _run(node, run_id)

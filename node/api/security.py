@@ -24,6 +24,7 @@ import re
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LOOPBACK_HOST = re.compile(r"^(127\.\d{1,3}\.\d{1,3}\.\d{1,3}|localhost|\[::1\])(:\d{1,5})?$")
 
@@ -38,7 +39,7 @@ STATIC_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", 
 class ApiError(Exception):
     """An error answered as JSON ``{"code", "message"}`` (or an HTML page on explorer routes) with ``status``."""
 
-    def __init__(self, status: int, code: str, message: str):
+    def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
 
@@ -65,10 +66,10 @@ class SecurityMiddleware:
     """Pure ASGI middleware: refuses foreign ``Host``/``Origin`` before any route runs (so a refused request
     changes nothing) and adds the security headers to every response."""
 
-    def __init__(self, app):
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope, receive, send):
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])  # ASGI header names are lower-case
@@ -81,7 +82,7 @@ class SecurityMiddleware:
             await send({"type": "http.response.body", "body": body})
             return
 
-        async def send_with_headers(message):
+        async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), *extra]}
             await send(message)
@@ -101,7 +102,7 @@ def require_token(request: Request, creds: HTTPAuthorizationCredentials | None =
     Raises:
         ApiError: 401 ``unauthorized`` (no token, or another one).
     """
-    want = request.app.state.node.api_token.encode()
+    want: bytes = request.app.state.node.api_token.encode()
     token = creds.credentials.strip() if creds is not None else ""
     if not hmac.compare_digest(token.encode("utf-8", "replace"), want):
         raise ApiError(401, "unauthorized", "missing or wrong API token (Authorization: Bearer "

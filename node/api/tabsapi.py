@@ -90,7 +90,7 @@ def owed_on(node: Any, tab_id: bytes, t: Tab) -> int | None:
     for a tab this node is neither end of (only the two ends hold the receipts)."""
     me = node.ident.account
     if t.requester == me and getattr(node, "tab_book", None) is not None:
-        signed = node.tab_book.signed.get(tab_id, 0)
+        signed: int = node.tab_book.signed.get(tab_id, 0)
     elif t.worker == me and getattr(node, "book", None) is not None:
         newest = node.book.newest(tab_id)
         signed = newest.cumulative if newest is not None else 0
@@ -101,7 +101,7 @@ def owed_on(node: Any, tab_id: bytes, t: Tab) -> int | None:
 
 @router.get("/accounts/{account}/tabs", summary="Tabs an account opened or is paid through; pending and spendable",
             responses={400: {"model": ErrorOut}})
-async def account_tabs(node: NodeDep, account: str):
+async def account_tabs(node: NodeDep, account: str) -> JSONResponse:
     a = parse_account(account)
     s = node.ledger.state
     tabs, locked = tabs_of(s, a)
@@ -119,7 +119,7 @@ async def account_tabs(node: NodeDep, account: str):
 
 @router.get("/settlements/{key}", summary="An epoch batch: what it committed to, its draws, and its fate once final",
             responses={400: {"model": ErrorOut}, 404: {"model": ErrorOut}})
-async def settlement(node: NodeDep, key: str):
+async def settlement(node: NodeDep, key: str) -> JSONResponse:
     k = parse_id(key, "batch key", 32)  # ApiError 400 bad_id, in the API's error shape
     st = node.ledger.state.tables["settlements"].get(k)
     if st is not None:

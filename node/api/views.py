@@ -6,6 +6,7 @@ bytes lower-case hex.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import fields as dc_fields
 from functools import lru_cache
 from typing import Any
@@ -13,8 +14,12 @@ from typing import Any
 from ..encoding import format_amount, unpack
 from ..identity import account_from_str, account_to_str
 from ..ledger.core import jobs as jobs_mod
+from ..ledger.core.block import Block
 from ..ledger.core.history import SUMMARY_FIELDS
+from ..ledger.core.jobs import Job
+from ..ledger.core.rows import Account, ReceiptRecord
 from ..ledger.core.tx import VERDICT_NAMES
+from ..ledger.core.txbase import Tx
 from ..ledger.genesis import TREASURY
 from .security import ApiError
 
@@ -22,9 +27,11 @@ ACCOUNT_FIELDS = {"sender", "recipient", "worker", "requester", "voter", "valida
 AMOUNT_FIELDS = {"amount", "price", "price_per_step"}
 RECEIPT_MAIN = {"session_id", "job_id", "worker", "requester", "model_id", "span_start", "span_end", "tokens",
                 "price", "opened_height"}
+Json = dict[str, Any]  # a JSON object as the routes answer it (shaped like its model in node.api.models)
+Commit = Iterable[Sequence[Any]]  # (validator, round, signature) entries: tuples in a Block, lists from msgpack
 
 
-def amount(units: int) -> dict:
+def amount(units: int) -> dict[str, str]:
     """``{"base_units": "1500000000", "credits": "1.5"}``."""
     return {"base_units": str(units), "credits": format_amount(units)}
 
@@ -36,6 +43,7 @@ def acct(a: bytes) -> str:
 
 
 def hexid(b: bytes | None) -> str | None:
+    """``b`` as lower-case hex; None for None (or anything that is not bytes)."""
     return b.hex() if isinstance(b, bytes) else None
 
 
@@ -82,13 +90,13 @@ def value(name: str, v: Any) -> Any:
     return v
 
 
-def tx_fields(tx, skip: frozenset[str] | set[str] = frozenset()) -> dict:
+def tx_fields(tx: Tx, skip: frozenset[str] | set[str] = frozenset()) -> Json:
     """Every unsigned field of a transaction object (chain id and signatures left out)."""
     return {f.name: value(f.name, getattr(tx, f.name)) for f in dc_fields(tx)
             if f.name not in tx.SIGS and f.name != "chain_id" and f.name not in skip}
 
 
-def receipt_json(rec) -> dict:
+def receipt_json(rec: ReceiptRecord) -> Json:
     """A :class:`~node.ledger.core.state.ReceiptRecord` (inference or training receipt) with its verification."""
     r = rec.receipt
     start, end = getattr(r, "span_start", None), getattr(r, "span_end", None)
@@ -111,7 +119,8 @@ def receipt_json(rec) -> dict:
     }
 
 
-def account_json(acc, a: bytes, height: int, min_bond: int) -> dict:
+def account_json(acc: Account, a: bytes, height: int, min_bond: int) -> Json:
+    """Account ``a`` (state ``acc`` at ``height``): amounts, nonce, valid run, and whether it may work."""
     return {"account": acct(a), "balance": amount(acc.balance), "bond": amount(acc.bond),
             "escrow": amount(acc.escrow), "slashed": amount(acc.slashed), "nonce": acc.nonce,
             "valid_run": acc.valid_run, "eligible": acc.bond >= min_bond and a != TREASURY, "height": height}
@@ -127,7 +136,7 @@ _EFFECT = {  # (kind, role) -> what the event did to the account; role None: any
 }
 
 
-def event_json(height: int, seq: int, ev: dict) -> dict:
+def event_json(height: int, seq: int, ev: dict[str, Any]) -> Json:
     """One history event from the store's index (see :func:`node.ledger.explorer_index.index_block`). ``effect`` says in
     words what it did to the account: a receipt's price appears twice for its requester, once when the receipt
     is included (moved into escrow) and once as ``paid`` when it is final (the escrow released); it is spent
@@ -140,11 +149,13 @@ def event_json(height: int, seq: int, ev: dict) -> dict:
             "amount": amount(amt) if isinstance(amt, int) else None}
 
 
-def commit_json(commit) -> list[dict]:
+def commit_json(commit: Commit) -> list[Json]:
+    """A block's commit as ``[{"validator", "round", "signature"}]``."""
     return [{"validator": acct(bytes(v)), "round": int(r), "signature": bytes(s).hex()} for v, r, s in commit]
 
 
-def block_json(block, commit, size: int) -> dict:
+def block_json(block: Block, commit: Commit, size: int) -> Json:
+    """A stored block (``size`` bytes as stored) with its transactions' ids and kinds and ``commit``."""
     h = block.header
     return {"height": h.height, "hash": block.hash.hex(), "prev_hash": h.prev_hash.hex(), "time_ms": h.time_ms,
             "proposer": acct(h.proposer), "tx_root": h.tx_root.hex(), "state_root": h.state_root.hex(),
@@ -153,12 +164,13 @@ def block_json(block, commit, size: int) -> dict:
             "validators_hash": h.validators_hash.hex(), "next_validators_hash": h.next_validators_hash.hex()}
 
 
-def tx_json(tx, height: int, index: int, block_hash: bytes) -> dict:
+def tx_json(tx: Tx, height: int, index: int, block_hash: bytes) -> Json:
+    """Transaction ``tx``, the ``index``-th of the block at ``height``: its fields and signatures."""
     return {"id": tx.id.hex(), "kind": tx.KIND, "height": height, "index": index, "block_hash": block_hash.hex(),
             "fields": tx_fields(tx), "signatures": [getattr(tx, s).hex() for s in tx.SIGS]}
 
 
-def job_json(job) -> dict:
+def job_json(job: Job) -> Json:
     """A :class:`node.ledger.core.jobs.Job` (the marketplace's ledger record)."""
     p = job.post
     losses = [None if x < 0 else x / 1e6 for x in job.losses]
@@ -171,7 +183,7 @@ def job_json(job) -> dict:
             "fields": tx_fields(p, {"title", "job_id", "sender", "deadline", "steps", "nonce"})}
 
 
-def archived_receipt_json(index: int, left_height: int, data: bytes) -> dict:
+def archived_receipt_json(index: int, left_height: int, data: bytes) -> Json:
     """A receipt that left the hot state (:func:`node.ledger.core.history.summary` bytes ``data``, leaf ``index``
     of the history log, left at the end of block ``left_height``) in the shape of :func:`receipt_json`."""
     s = dict(zip(SUMMARY_FIELDS, unpack(data), strict=True))
@@ -192,7 +204,7 @@ def archived_receipt_json(index: int, left_height: int, data: bytes) -> dict:
     }
 
 
-def history_proof_json(proof: dict, commit, left_height: int) -> dict:
+def history_proof_json(proof: dict[str, Any], commit: Commit, left_height: int) -> Json:
     """:func:`node.ledger.proofs.history_proof` with bytes as hex (``head`` as :func:`proof_json`)."""
     s = dict(zip(SUMMARY_FIELDS, unpack(proof["leaf"]), strict=True))
     return {"receipt_id": proof["receipt_id"].hex(), "archived_height": left_height,
@@ -204,7 +216,7 @@ def history_proof_json(proof: dict, commit, left_height: int) -> dict:
             | {"payouts": [[a.hex(), x] for a, x in s["payouts"]]}}
 
 
-def history_proof_from_json(d: dict) -> tuple[dict, list]:
+def history_proof_from_json(d: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[bytes, int, bytes]]]:
     """Inverse of :func:`history_proof_json`: ``(proof, commit)`` with bytes, for
     :func:`node.ledger.proofs.verify_history_proof`."""
     head, commit = proof_from_json(d["head"])
@@ -213,7 +225,7 @@ def history_proof_from_json(d: dict) -> tuple[dict, list]:
     return proof, commit
 
 
-def proof_json(proof: dict, commit) -> dict:
+def proof_json(proof: dict[str, Any], commit: Commit) -> Json:
     """Proof with bytes as hex; ``commit`` as ``[validator hex, round, signature hex]`` entries."""
     return {"header": [x.hex() if isinstance(x, bytes) else x for x in proof["header"]],
             "leaf": proof["leaf"].hex(), "index": proof["index"], "size": proof["size"],
@@ -221,7 +233,7 @@ def proof_json(proof: dict, commit) -> dict:
             "tree": proof.get("tree", "rfc9162"), "table": proof.get("table")}
 
 
-def proof_from_json(d: dict) -> tuple[dict, list]:
+def proof_from_json(d: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[bytes, int, bytes]]]:
     """Inverse of :func:`proof_json`: ``(proof, commit)`` with bytes, for the light-client verifiers."""
     h = d["header"]
     header = [h[0], h[1], bytes.fromhex(h[2]), h[3], bytes.fromhex(h[4]), bytes.fromhex(h[5]), bytes.fromhex(h[6])]

@@ -21,18 +21,22 @@ from fastapi.responses import JSONResponse
 from ..compute.compare import to_ppm
 from ..compute.shards import NoRouteError
 from ..encoding import pack, parse_amount
-from ..inference.client import HopFailed, PromptTooLong
+from ..inference.client import Generation, HopFailed, PromptTooLong
+from ..inference.redundant import RedundantGeneration
 from ..ledger import proofs
 from ..ledger.core.history import HistoryMissing
 from ..ledger.core.state import apply_tx
 from ..ledger.core.tx import Bond, InvalidTx, Transfer, Unbond
+from ..ledger.core.txbase import Tx
 from ..ledger.core.valset import ValidatorJoin, ValidatorLeave
 from ..ledger.genesis import TREASURY
 from ..ledger.txstatus import TxState, TxStatus
 from ..models.lookup import UnknownModel
 from . import models as m, views as v
-from .deps import AUTH, NodeAPI, NodeDep, QueriesDep
+from .deps import AUTH, NodeAPI, NodeDep
+from .queries import QueriesDep
 from .security import ApiError
+from .views import Json
 
 E: dict[int | str, dict[str, Any]] = {c: {"model": m.ErrorOut} for c in (400, 403, 404, 422)}
 E_POST: dict[int | str, dict[str, Any]] = {**E, 401: {"model": m.ErrorOut}}
@@ -41,7 +45,7 @@ E_POST: dict[int | str, dict[str, Any]] = {**E, 401: {"model": m.ErrorOut}}
 class JSON(JSONResponse):
     """Compact JSON without a second validation pass (the models document the shape; tests check it)."""
 
-    def render(self, content) -> bytes:
+    def render(self, content: Any) -> bytes:
         return json.dumps(content, separators=(",", ":"), ensure_ascii=False).encode()
 
 
@@ -49,7 +53,7 @@ def _next_nonce(node: NodeAPI, me: bytes) -> int:
     return node.ledger.next_nonce(me)  # the ledger nonce plus this account's ready queued transactions
 
 
-def dry_run(node: NodeAPI, tx) -> None:
+def dry_run(node: NodeAPI, tx: Tx) -> None:
     """Apply this node's pending transactions and then ``tx`` to a copy of the ledger state.
 
     Raises:
@@ -68,7 +72,7 @@ def dry_run(node: NodeAPI, tx) -> None:
         raise ApiError(400, "invalid_tx", str(e)) from None
 
 
-def tx_status_json(tid: bytes, st: TxStatus) -> dict:
+def tx_status_json(tid: bytes, st: TxStatus) -> Json:
     """The ``TxStatusOut`` of transaction ``tid`` with status ``st``."""
     pending = st.state is TxState.PENDING
     return {"id": tid.hex(), "status": st.state.value, "reason": st.reason, "summary": st.describe(),
@@ -90,64 +94,68 @@ through its views (:data:`QueriesDep`)."""
 
 
 # FastAPI mutates parameter objects: each route gets fresh ones
-def Account():
+def Account() -> Any:
+    """A fresh ``{account}`` path parameter: a peer ID or 64 hex characters."""
     return Path(..., max_length=128, pattern=m.ACCOUNT_RE,
                 description="peer ID (12D3KooW...) or 64 hex characters")
 
 
-def Id():
+def Id() -> Any:
+    """A fresh 64-hex-character id path parameter."""
     return Path(..., max_length=64, pattern="^[0-9a-fA-F]{64}$", description="64 hex characters")
 
 
-def Limit():
+def Limit() -> Any:
+    """A fresh ``limit`` query parameter (page size, 1 to 200, default 50)."""
     return Query(50, ge=1, le=200, description="page size")
 
 
-def Cursor():
+def Cursor() -> Any:
+    """A fresh ``cursor`` query parameter (the ``next`` of the previous page)."""
     return Query(None, max_length=128, pattern="^[0-9a-f]*$", description="`next` of the previous page")
 
 
 @router.get("/status", response_model=m.StatusOut, summary="Node, chain head and swarm")
-async def status(queries: QueriesDep):
+async def status(queries: QueriesDep) -> JSON:
     return JSON(queries.status())
 
 
 @router.get("/accounts/{account}", response_model=m.AccountOut, summary="Balance, bond and escrow of an account")
-async def account(queries: QueriesDep, account: str = Account()):
+async def account(queries: QueriesDep, account: str = Account()) -> JSON:
     return JSON(queries.account(v.parse_account(account)))
 
 
 @router.get("/accounts/{account}/history", response_model=m.HistoryOut, summary="History of an account, newest first")
 async def history(queries: QueriesDep, account: str = Account(), limit: int = Limit(),
-                  cursor: str | None = Cursor()):
+                  cursor: str | None = Cursor()) -> JSON:
     return JSON(queries.history(v.parse_account(account), limit, cursor))
 
 
 @router.get("/accounts/{account}/receipts", response_model=m.AccountReceiptsOut,
             summary="Receipts naming an account (worker, requester, committee) with their verdicts")
 async def account_receipts(queries: QueriesDep, account: str = Account(), limit: int = Limit(),
-                           cursor: str | None = Cursor()):
+                           cursor: str | None = Cursor()) -> JSON:
     return JSON(queries.account_receipts(v.parse_account(account), limit, cursor))
 
 
 @router.get("/bonds", response_model=m.BondsOut, summary="Bonded accounts (workers, committee members, validators)")
-async def bonds(queries: QueriesDep):
+async def bonds(queries: QueriesDep) -> JSON:
     return JSON(queries.bonds())
 
 
 @router.get("/blocks", response_model=m.BlocksOut, summary="Blocks, newest first")
 async def blocks(queries: QueriesDep, limit: int = Query(20, ge=1, le=200),
-                 before: int | None = Query(None, ge=1, le=2**62)):
+                 before: int | None = Query(None, ge=1, le=2**62)) -> JSON:
     return JSON(queries.blocks(limit, before))
 
 
 @router.get("/blocks/{height}", response_model=m.BlockOut, summary="A block with its transactions and commit")
-async def block(queries: QueriesDep, height: int = Path(..., ge=1, le=2**62)):
+async def block(queries: QueriesDep, height: int = Path(..., ge=1, le=2**62)) -> JSON:
     return JSON(queries.block(height))
 
 
 @router.get("/txs/{tx_id}", response_model=m.TxOut, summary="A transaction in a stored block")
-async def tx(queries: QueriesDep, node: NodeDep, tx_id: str = Id()):
+async def tx(queries: QueriesDep, node: NodeDep, tx_id: str = Id()) -> JSON:
     """404 while it is in no stored block: code ``pending`` (queued here; the message says for how long and
     why, e.g. which nonce is missing), ``dropped`` (with the reason) or ``not_found``; ``/v1/txs/{id}/status``
     answers the same as fields."""
@@ -167,7 +175,7 @@ async def tx(queries: QueriesDep, node: NodeDep, tx_id: str = Id()):
 
 @router.get("/txs/{tx_id}/status", response_model=m.TxStatusOut,
             summary="Where a transaction stands on this node: included, pending (why) or dropped (why)")
-async def tx_status(node: NodeDep, tx_id: str = Id()):
+async def tx_status(node: NodeDep, tx_id: str = Id()) -> JSON:
     tid = v.parse_id(tx_id, "transaction id")
     return JSON(tx_status_json(tid, node.ledger.tx_status(tid)))
 
@@ -175,38 +183,38 @@ async def tx_status(node: NodeDep, tx_id: str = Id()):
 @router.get("/receipts", response_model=m.ReceiptsOut, summary="Receipts, newest first")
 async def receipts(queries: QueriesDep, limit: int = Limit(), cursor: str | None = Cursor(),
                    status: str | None = Query(
-                       None, pattern="^(pending|sampled|valid|invalid|settled|unverified)$")):
+                       None, pattern="^(pending|sampled|valid|invalid|settled|unverified)$")) -> JSON:
     return JSON(queries.receipts(limit, cursor, status))
 
 
 @router.get("/receipts/{receipt_id}", response_model=m.ReceiptOut,
                  summary="A receipt, its committee, votes and verdict")
-async def receipt(queries: QueriesDep, receipt_id: str = Id()):
+async def receipt(queries: QueriesDep, receipt_id: str = Id()) -> JSON:
     return JSON(queries.receipt(v.parse_id(receipt_id, "receipt id")))
 
 
 @router.get("/validators", response_model=m.ValidatorsOut, summary="The validator set and its recent activity")
-async def validators(queries: QueriesDep, window: int = Query(100, ge=1, le=1000)):
+async def validators(queries: QueriesDep, window: int = Query(100, ge=1, le=1000)) -> JSON:
     return JSON(queries.validators(window))
 
 
 @router.get("/swarm", response_model=m.SwarmOut, summary="Live servers and which decoder blocks they hold")
-async def swarm(queries: QueriesDep):
+async def swarm(queries: QueriesDep) -> JSON:
     return JSON(queries.swarm())
 
 
 @router.get("/verification", response_model=m.VerificationOut, summary="Sampling, verdicts and slashes over time")
-async def verification(queries: QueriesDep, buckets: int = Query(24, ge=1, le=200)):
+async def verification(queries: QueriesDep, buckets: int = Query(24, ge=1, le=200)) -> JSON:
     return JSON(queries.verification(buckets))
 
 
 @router.get("/search", response_model=m.SearchOut, summary="Resolve a height, hash, id or account")
-async def search(queries: QueriesDep, q_: str = Query(..., alias="q", min_length=1, max_length=128)):
+async def search(queries: QueriesDep, q_: str = Query(..., alias="q", min_length=1, max_length=128)) -> JSON:
     return JSON(queries.search(q_))
 
 
 @router.get("/light/{height}", summary="What a light client needs of a height: header, commit, signing validator set")
-async def light(node: NodeDep, height: int = Path(..., ge=1, le=2**62)):
+async def light(node: NodeDep, height: int = Path(..., ge=1, le=2**62)) -> JSON:
     """``{"height", "light_block": hex of msgpack {"header", "commit", "validators"}}``: verify with
     :class:`node.ledger.proofs.LightClient` (:func:`~node.ledger.proofs.parse_light_block` reads it), which
     checks the set against the previous header's ``next_validators_hash``."""
@@ -219,7 +227,7 @@ async def light(node: NodeDep, height: int = Path(..., ge=1, le=2**62)):
 
 @router.get("/proofs/receipts/{receipt_id}", response_model=m.ProofOut,
             summary="Inclusion proof of a receipt in its block, with the block's commit")
-async def receipt_proof(node: NodeDep, receipt_id: str = Id()):
+async def receipt_proof(node: NodeDep, receipt_id: str = Id()) -> JSON:
     """Light client: :func:`node.ledger.proofs.verify_header`, then :func:`~node.ledger.proofs.verify_tx_proof`."""
     rid = v.parse_id(receipt_id, "receipt id")
     rec = node.ledger.state.receipts.get(rid)
@@ -235,7 +243,7 @@ async def receipt_proof(node: NodeDep, receipt_id: str = Id()):
 
 @router.get("/proofs/accounts/{account}", response_model=m.ProofOut,
             summary="Proof of an account's state under the head header's state root")
-async def account_proof(node: NodeDep, account: str = Account()):
+async def account_proof(node: NodeDep, account: str = Account()) -> JSON:
     """The state after the parent of the head block (the state the head header commits to)."""
     a = v.parse_account(account)
     got = node.store.get_block(node.store.head) if node.store.head else None
@@ -247,7 +255,7 @@ async def account_proof(node: NodeDep, account: str = Account()):
 
 @router.get("/proofs/records/{receipt_id}", response_model=m.ProofOut,
             summary="Proof of a receipt's ledger record (status, votes, payouts) under the head header's state root")
-async def record_proof(node: NodeDep, receipt_id: str = Id()):
+async def record_proof(node: NodeDep, receipt_id: str = Id()) -> JSON:
     """The record in the state after the parent of the head block (the state the head header commits to)."""
     rid = v.parse_id(receipt_id, "receipt id")
     got = node.store.get_block(node.store.head) if node.store.head else None
@@ -260,7 +268,7 @@ async def record_proof(node: NodeDep, receipt_id: str = Id()):
 @router.get("/proofs/history/{receipt_id}", response_model=m.HistoryProofOut,
             summary="Proof of a receipt that left the hot state: its summary in the history log, the log's RFC 9162 "
                     "audit path, and the log head under the head header's state root")
-async def history_proof(node: NodeDep, receipt_id: str = Id()):
+async def history_proof(node: NodeDep, receipt_id: str = Id()) -> JSON:
     """Light client: :func:`node.ledger.proofs.verify_header`, then
     :func:`~node.ledger.proofs.verify_history_proof`."""
     rid = v.parse_id(receipt_id, "receipt id")
@@ -284,7 +292,7 @@ async def history_proof(node: NodeDep, receipt_id: str = Id()):
     return JSON(v.history_proof_json(proof, commit, left))
 
 
-async def _submit(node: NodeAPI, tx, kind: str) -> JSON:
+async def _submit(node: NodeAPI, tx: Transfer | Bond | Unbond, kind: str) -> JSON:
     signed = tx.signed(node.ident)
     dry_run(node, signed)
     try:
@@ -296,7 +304,7 @@ async def _submit(node: NodeAPI, tx, kind: str) -> JSON:
 
 @router.post("/transfer", dependencies=AUTH, response_model=m.SubmittedOut, responses=E_POST,
              summary="Send credits from this node's account (needs the API token)")
-async def transfer(node: NodeDep, req: m.TransferRequest):
+async def transfer(node: NodeDep, req: m.TransferRequest) -> JSON:
     to = v.parse_account(req.to)
     if to == TREASURY:
         raise ApiError(400, "bad_account", "the treasury cannot receive transfers")
@@ -307,14 +315,14 @@ async def transfer(node: NodeDep, req: m.TransferRequest):
 
 @router.post("/bond", dependencies=AUTH, response_model=m.SubmittedOut, responses=E_POST,
              summary="Lock part of this node's balance as its worker bond (needs the API token)")
-async def bond(node: NodeDep, req: m.BondRequest):
+async def bond(node: NodeDep, req: m.BondRequest) -> JSON:
     me = node.ident.account
     return await _submit(node, Bond(node.genesis.domain, me, _amount(req.amount), _next_nonce(node, me)), "bond")
 
 
 @router.post("/unbond", dependencies=AUTH, response_model=m.SubmittedOut, responses=E_POST,
              summary="Release bond back to the balance once no receipt of this node is pending (needs the token)")
-async def unbond(node: NodeDep, req: m.BondRequest):
+async def unbond(node: NodeDep, req: m.BondRequest) -> JSON:
     me = node.ident.account
     return await _submit(node, Unbond(node.genesis.domain, me, _amount(req.amount), _next_nonce(node, me)), "unbond")
 
@@ -322,7 +330,7 @@ async def unbond(node: NodeDep, req: m.BondRequest):
 @router.post("/validator", dependencies=AUTH, response_model=m.SubmittedOut, responses=E_POST,
              summary="Join the validator set (bonded with at least min_validator_bond) or leave it; effective two "
                      "heights after the block that includes it (needs the API token)")
-async def validator(node: NodeDep, req: m.ValidatorTxRequest):
+async def validator(node: NodeDep, req: m.ValidatorTxRequest) -> JSON:
     kinds = {"join": ValidatorJoin, "leave": ValidatorLeave}
     if req.action not in kinds:
         raise ApiError(400, "bad_request", "action is join or leave")
@@ -337,11 +345,14 @@ async def validator(node: NodeDep, req: m.ValidatorTxRequest):
     return JSON({"id": tid.hex(), "kind": tx.KIND, "amount": v.amount(0), "nonce": nonce})
 
 
-def redundancy_view(gen) -> dict:
+def redundancy_view(gen: Generation) -> Json:
     """The redundancy fields of a generate reply (node.inference.redundant)."""
-    if getattr(gen, "redundancy", 1) != 2:
+    if not isinstance(gen, RedundantGeneration) or gen.redundancy != 2:
         return {"redundancy": 1}
-    hops = lambda route: [{"peer": p, "span": [s, e]} for p, s, e in route]  # noqa: E731
+
+    def hops(route: list[tuple[str, int, int]]) -> list[Json]:
+        return [{"peer": p, "span": [s, e]} for p, s, e in route]
+
     mm = gen.mismatch
     return {"redundancy": 2, "routes": [hops(rt) for rt in gen.routes], "mismatch": None if mm is None else {
         "step": mm.token, "span": list(mm.span), "hops_a": hops(mm.hops_a), "hops_b": hops(mm.hops_b),
@@ -353,7 +364,7 @@ def redundancy_view(gen) -> dict:
 @router.post("/generate", dependencies=AUTH, response_model=m.GenerateOut,
              responses={**E_POST, **{c: {"model": m.ErrorOut} for c in (404, 413, 502, 503)}},
              summary="Generate greedily through the swarm, paying for each span (needs the API token)")
-async def generate(node: NodeDep, req: m.GenerateRequest):
+async def generate(node: NodeDep, req: m.GenerateRequest) -> JSON:
     if sum(x is not None for x in (req.prompt, req.prompt_ids, req.messages)) != 1:
         raise ApiError(400, "bad_request", "give exactly one of prompt, prompt_ids or messages")
     try:
@@ -388,7 +399,7 @@ async def generate(node: NodeDep, req: m.GenerateRequest):
                  "first_token_s": gen.first_token_s, **redundancy_view(gen)})
 
 
-def route_path(node: NodeAPI, peer: str) -> dict:
+def route_path(node: NodeAPI, peer: str) -> dict[str, Any]:
     """How ``node`` reaches a route's server now: ``path`` (direct or relayed) and ``rtt_ms`` (issue 25)."""
     net = getattr(node, "net", None)
     return net.path_of(peer) if net is not None else {}
