@@ -28,16 +28,21 @@ from ..compute.data import dataset_bytes
 from ..compute.model import tokenizer_trusted
 from ..duty.parts import Executor, Host, Ledger
 from ..encoding import commitments_root
-from ..ledger.core.jobtx import TrainReceipt
+from ..ledger.core.jobtx import JobPost, TrainReceipt
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID
 from .worker import spec_of
 
 if TYPE_CHECKING:
-    from ..compute.train import Trainer
+    import torch
+
+    from ..compute.train import Trainer, TrainSpec
 
 log = logging.getLogger("tally.verify")
 
 TRAIN_TOLERANCE = 1e-3
+
+# (model dir, spec, device) -> (the job's trainer, its initial state tensors): one base model at a time
+TrainerCache = dict[tuple[str, "TrainSpec", str], tuple["Trainer", list["torch.Tensor"]]]
 
 
 class CheckingMember(Protocol):
@@ -53,7 +58,7 @@ class CheckingMember(Protocol):
     async def model_dir_for(self, model_id: bytes, holders: Iterable[bytes]) -> Path | None: ...
 
 
-def _trainer(cache: dict, model_dir, spec, device: str) -> tuple[Trainer, list]:
+def _trainer(cache: TrainerCache, model_dir: Path, spec: TrainSpec, device: str) -> tuple[Trainer, list[torch.Tensor]]:
     from ..compute.train import Trainer  # local: it imports torch (~2 s); only a committee replay (executor) needs it
 
     key = (str(model_dir), spec, device)
@@ -64,8 +69,9 @@ def _trainer(cache: dict, model_dir, spec, device: str) -> tuple[Trainer, list]:
     return cache[key]
 
 
-def replay_segment(model_dir, post, text: bytes, r: TrainReceipt, before: list, after: list,
-                   device: str = "cpu", cache: dict | None = None) -> tuple[int, float]:
+def replay_segment(model_dir: Path, post: JobPost, text: bytes, r: TrainReceipt, before: list[torch.Tensor],
+                   after: list[torch.Tensor], device: str = "cpu",
+                   cache: TrainerCache | None = None) -> tuple[int, float]:
     """Re-execute segment ``r`` of job ``post`` (blocking, torch): returns ``(verdict, distance)``.
 
     ``cache``: a dict owned by one caller (one thread at a time) in which the job's Trainer is kept between
@@ -100,7 +106,7 @@ class TrainingCheck:
     executor runs one task at a time). ``await check(member, r)`` is :func:`check_training`."""
 
     def __init__(self) -> None:
-        self.cache: dict = {}
+        self.cache: TrainerCache = {}
 
     def checkers(self) -> dict[type, TrainingCheck]:
         """Receipt type -> check, for :class:`node.verify.member.CommitteeMember`'s ``checkers``."""
@@ -110,7 +116,7 @@ class TrainingCheck:
         return await check_training(member, r, self.cache)
 
 
-async def check_training(member: CheckingMember, r: TrainReceipt, cache: dict) -> tuple[int, float]:
+async def check_training(member: CheckingMember, r: TrainReceipt, cache: TrainerCache) -> tuple[int, float]:
     """A committee member's verdict on a training receipt (ABSTAIN when it cannot fetch or replay); ``cache`` as
     in :func:`replay_segment`."""
     job = member.ledger.state.jobs.get(r.job_id)

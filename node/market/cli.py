@@ -7,13 +7,14 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from ..encoding import format_amount, parse_amount
 from ..ledger.core.jobs import TERMINAL
 from ..localapi import LocalApi, dataset_field
 
 
-def add_job_parser(sub, default_data_dir: Path) -> None:
+def add_job_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], default_data_dir: Path) -> None:
     j = sub.add_parser("job", help="fine-tune jobs: post, list, status, fetch, cancel, release",
                        description="Pay credits for LoRA fine-tunes of the node's model. Talks to the local node "
                                    "(its API URL and token are read from --data-dir).")
@@ -83,7 +84,7 @@ def _Api(data_dir: Path) -> LocalApi:
 FINAL = TERMINAL  # job statuses no block changes
 
 
-def _follow(api: LocalApi, job_id: str) -> dict:
+def _follow(api: LocalApi, job_id: str) -> dict[str, Any]:
     # local: tqdm (~70 ms) only while a progress bar is drawn; every CLI command imports this module
     from tqdm import tqdm
 
@@ -104,7 +105,7 @@ def _follow(api: LocalApi, job_id: str) -> dict:
             job = api.call("GET", f"/v1/jobs/{job_id}")
 
 
-def run_job_command(args) -> int:
+def run_job_command(args: argparse.Namespace) -> int:
     api = _Api(args.data_dir)
     if args.job_cmd == "post":
         body = {k: getattr(args, k) for k in ("title", "steps", "batch_size", "seq_len", "rank", "targets", "lr",

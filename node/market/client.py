@@ -12,24 +12,66 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
-from ..blobs import fetch_blob
+from ..blobs import BlobStore, fetch_blob
 from ..compute.data import dataset_bytes, dataset_tensors
 from ..compute.executor import load_torch
+from ..compute.model import Manifest
+from ..duty.parts import Executor, Host, Ledger
 from ..encoding import format_amount
-from ..identity import account_to_str
-from ..ledger.core.jobs import ACCEPTED, STATUS_TEXT
+from ..identity import Identity, account_to_str
+from ..ledger.core.genesis import Genesis
+from ..ledger.core.jobs import ACCEPTED, STATUS_TEXT, Job, JobStatus
 from ..ledger.core.jobtx import JobPost
-from ..ledger.core.state import apply_tx
+from ..ledger.core.state import State, apply_tx
 from ..ledger.core.tx import InvalidTx
 from .worker import spec_of
+
+if TYPE_CHECKING:
+    import torch
+
+
+class ModelConfig(Protocol):
+    """The part of :class:`node.runtime.NodeConfig` read here: the node's model dir."""
+
+    @property
+    def model_dir(self) -> Path: ...
+
+
+class JobNode(Protocol):
+    """What :func:`post_job` and :func:`fetch_adapter` need of :class:`node.runtime.Node`."""
+
+    @property
+    def cfg(self) -> ModelConfig: ...
+
+    @property
+    def ident(self) -> Identity: ...
+
+    @property
+    def genesis(self) -> Genesis: ...
+
+    @property
+    def manifest(self) -> Manifest: ...
+
+    @property
+    def ledger(self) -> Ledger: ...
+
+    @property
+    def host(self) -> Host: ...
+
+    @property
+    def blobs(self) -> BlobStore: ...
+
+    @property
+    def executor(self) -> Executor: ...
 
 
 class JobError(ValueError):
     """A job request that cannot be carried out (bad parameters, unknown job, not delivered yet)."""
 
 
-async def post_job(node, *, title: str, text: bytes, steps: int, price_per_step: int, batch_size: int = 4,
+async def post_job(node: JobNode, *, title: str, text: bytes, steps: int, price_per_step: int, batch_size: int = 4,
                    seq_len: int = 64, rank: int = 8, targets: str = "q_proj,v_proj", lr: float = 1e-3,
                    seed: int = 0, segment_steps: int | None = None, deadline_blocks: int = 2000,
                    sample_ppm: int = 0) -> JobPost:
@@ -68,17 +110,19 @@ async def post_job(node, *, title: str, text: bytes, steps: int, price_per_step:
     return post
 
 
-def job_json(job, state, archived: Callable[[bytes], dict | None] | None = None) -> dict:
+def job_json(job: Job, state: State,
+             archived: Callable[[bytes], dict[str, Any] | None] | None = None) -> dict[str, Any]:
     """A job for the API: amounts as base-unit strings with decimals, losses in nats/token (null when NaN).
     ``archived(receipt id)``: the :data:`node.ledger.core.history.SUMMARY_FIELDS` of a segment that left the hot
     state (:meth:`node.ledger.store.LedgerStore.history_entry`), or None; without it such a segment shows only
     its id and status ``archived``."""
     p = job.post
 
-    def amt(x: int) -> dict:
+    def amt(x: int) -> dict[str, str]:
         return {"base_units": str(x), "credits": format_amount(x)}
 
-    segments, paid = [], 0
+    segments: list[dict[str, Any]] = []
+    paid = 0
     for rid in job.segments:
         rec = state.receipts.get(rid)
         if rec is None:  # left the hot state after the job ended (node.ledger.core.history)
@@ -94,7 +138,8 @@ def job_json(job, state, archived: Callable[[bytes], dict | None] | None = None)
                          "committee": [account_to_str(m) for m in rec.committee]})
         paid += sum(a for acc, a in rec.payouts if acc != p.sender)
     return {
-        "job_id": p.job_id.hex(), "title": p.title, "status": job.status, "status_text": STATUS_TEXT[job.status],
+        "job_id": p.job_id.hex(), "title": p.title, "status": job.status,
+        "status_text": STATUS_TEXT[JobStatus(job.status)],
         "requester": account_to_str(p.sender), "worker": account_to_str(job.worker) if job.worker else None,
         "model_id": p.model_id.hex(), "dataset": p.dataset_root.hex(),
         "method": {"type": "lora", "rank": p.rank, "targets": p.targets.split(",")},
@@ -112,7 +157,8 @@ def job_json(job, state, archived: Callable[[bytes], dict | None] | None = None)
     }
 
 
-def _write_adapter(model_dir: Path, post: JobPost, state: list, text: bytes, out_dir: Path) -> dict:
+def _write_adapter(model_dir: Path, post: JobPost, state: list[torch.Tensor], text: bytes,
+                   out_dir: Path) -> dict[str, Any]:
     # local: safetensors.torch imports torch (~2 s); this runs on the executor, when a requester fetches an adapter
     from safetensors.torch import save_file
 
@@ -134,7 +180,7 @@ def _write_adapter(model_dir: Path, post: JobPost, state: list, text: bytes, out
             "files": [str(out_dir / "adapter_model.safetensors"), str(out_dir / "adapter_config.json")]}
 
 
-async def fetch_adapter(node, job_id: bytes, out_dir: Path) -> dict:
+async def fetch_adapter(node: JobNode, job_id: bytes, out_dir: Path) -> dict[str, Any]:
     """Fetch a delivered job's adapter by content hash, write it as a peft adapter under ``out_dir``, and
     measure the held-out loss (last 10 % of the dataset) of the base model and of the base model + adapter.
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -30,6 +30,7 @@ from ..encoding import H, commitments_root
 from ..identity import Identity
 from ..ledger.core.jobs import ACCEPTED, OPEN
 from ..ledger.core.jobtx import JobAccept, JobDeliver, JobPost, JobRelease, TrainReceipt, parse_targets
+from ..ledger.core.state import State
 from ..ledger.core.tx import InvalidTx
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ class JobWorker:
         self.delivering: dict[bytes, int] = {}  # job id -> height we sent the delivery at
         self.skipped: dict[bytes, tuple[int, float]] = {}  # job id -> (failed fetches, trio time of next try)
         self.failures: dict[bytes, tuple[int, float]] = {}  # job id -> (failed trainings, trio time of next try)
-        self.progress: dict[bytes, dict] = {}  # job id -> {"step", "losses"} (local view for the API)
+        self.progress: dict[bytes, dict[str, Any]] = {}  # job id -> {"step", "losses"} (local view for the API)
         self.duty_runner = DutyRunner(self, ledger)  # steps at each block, and when a dataset is checked
 
     @classmethod
@@ -116,11 +117,11 @@ class JobWorker:
         (:class:`node.duty.runner.DutyRunner`)."""
         await self.duty_runner.run()
 
-    def _held(self, st) -> list[bytes]:
+    def _held(self, st: State) -> list[bytes]:
         me = self.ident.account
         return [jid for jid in st.open_jobs if (j := st.jobs[jid]).status == ACCEPTED and j.worker == me]
 
-    def _forget_final(self, st) -> None:
+    def _forget_final(self, st: State) -> None:
         """Drop local records of jobs that left the open set (final) or are no longer waiting for us."""
         for d in (self.failures, self.skipped, self.accepting, self.releasing, self.delivering):
             for jid in [j for j in d if j not in st.open_jobs]:
@@ -128,7 +129,7 @@ class JobWorker:
         for s in (self.ready, self.unusable):
             s.intersection_update(st.open_jobs)
 
-    def _wanted(self, st, jid: bytes) -> bool:
+    def _wanted(self, st: State, jid: bytes) -> bool:
         """An open job of our model, not ours to pay for, not one we lost before, not past its deadline."""
         job = st.jobs[jid]
         me = self.ident.account

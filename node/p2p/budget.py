@@ -34,6 +34,7 @@ import enum
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -63,7 +64,7 @@ class Busy(RemoteError):
         self.cap = cap
 
 
-def busy_reply(e: Busy) -> dict:
+def busy_reply(e: Busy) -> dict[str, Any]:
     """The error reply for a refused reservation: ``{"status": "error", "code": "busy", "message": ...}``."""
     return error_reply(e.code, e.message)
 
@@ -122,7 +123,7 @@ class ReplyBudget:
         """True when nothing is held (every reservation has been given back)."""
         return self._total == 0 and not self._by_peer and not self._replies
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         """Counters for ``/metrics`` and status: ``in_flight_bytes``, ``in_flight_replies``, ``peers``,
         ``granted``, ``refused_peer``, ``refused_node``, ``per_peer``, ``node_wide`` (bytes)."""
         return {"in_flight_bytes": self._total, "in_flight_replies": sum(self._replies.values()),

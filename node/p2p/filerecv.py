@@ -21,28 +21,14 @@ import trio
 
 from ..encoding import MAX_FRAME, DecodeError, unpack
 from .filesend import MAX_PREFIX
-from .framing import HEADER, MORE, STATS, FrameError, RequestTimeout, StreamClosed
+from .framing import HEADER, MORE, STATS, ByteReader, FrameError, RequestTimeout, StreamClosed, _io_errors
 
 __all__ = ["read_file_msg"]
 
 _BIN_HEADS = {0xC4: 1, 0xC5: 2, 0xC6: 4}  # msgpack bin 8/16/32: bytes of the length that follows
 
 
-def _io_errors() -> tuple[type[BaseException], ...]:
-    """What a stream's ``read`` raises when the stream or its connection goes away."""
-    errors: tuple[type[BaseException], ...] = (EOFError, ConnectionError, trio.BrokenResourceError,
-                                               trio.ClosedResourceError)
-    try:
-        # local: optional here (in-memory streams run without it) and ~1.3 s to import
-        from libp2p.exceptions import BaseLibp2pError
-        from libp2p.io.exceptions import IOException
-        from libp2p.stream_muxer.exceptions import MuxedStreamError
-    except ImportError:
-        return errors
-    return (IOException, MuxedStreamError, BaseLibp2pError) + errors
-
-
-async def _exact(stream, n: int, errors) -> bytearray:
+async def _exact(stream: ByteReader, n: int, errors: tuple[type[BaseException], ...]) -> bytearray:
     """Exactly ``n`` bytes from ``stream`` (StreamClosed at EOF or reset)."""
     buf = bytearray()
     while len(buf) < n:
@@ -56,7 +42,7 @@ async def _exact(stream, n: int, errors) -> bytearray:
     return buf
 
 
-async def _frame(stream, errors) -> tuple[bytearray, bool]:
+async def _frame(stream: ByteReader, errors: tuple[type[BaseException], ...]) -> tuple[bytearray, bool]:
     """One frame's payload and whether more frames follow. Raises FrameError for a bad header."""
     length, flags = HEADER.unpack(await _exact(stream, HEADER.size, errors))
     if flags & ~MORE:
@@ -78,7 +64,7 @@ def _unpacker() -> msgpack.Unpacker:
 _MSGPACK_ERRORS = (msgpack.OutOfData, msgpack.FormatError, msgpack.StackError, ValueError, TypeError, struct.error)
 
 
-def _tail(data: bytes, entries: int, fields: dict) -> None:
+def _tail(data: bytes, entries: int, fields: dict[str, Any]) -> None:
     """Decode the ``entries`` small key/value pairs that follow the bin (``data``: all the bytes after it) into
     ``fields``. Raises FrameError."""
     up = _unpacker()
@@ -97,7 +83,7 @@ def _tail(data: bytes, entries: int, fields: dict) -> None:
         raise FrameError(f"a streamed reply's tail is not small fields: {type(e).__name__}: {e}") from None
 
 
-def _head(payload: bytearray, key: str) -> tuple[dict, int, int, int]:
+def _head(payload: bytearray, key: str) -> tuple[dict[str, Any], int, int, int]:
     """``(fields, offset of the bin's bytes, bin length, entries after it)`` of a map with a bin ``key``, parsed
     from the first frame's ``payload`` alone. Raises FrameError."""
     up = _unpacker()
@@ -126,8 +112,8 @@ def _head(payload: bytearray, key: str) -> tuple[dict, int, int, int]:
     raise FrameError(f"a multi-frame reply without {key!r}")
 
 
-async def read_file_msg(stream, dest: BinaryIO, *, key: str = "data", max_size: int, timeout: float,
-                        max_message: int = MAX_FRAME) -> dict:
+async def read_file_msg(stream: ByteReader, dest: BinaryIO, *, key: str = "data", max_size: int, timeout: float,
+                        max_message: int = MAX_FRAME) -> dict[str, Any]:
     """Read one message from ``stream``; the bytes of its bin ``key`` go to ``dest`` as they arrive.
 
     Args:

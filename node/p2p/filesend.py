@@ -34,7 +34,18 @@ import trio
 
 from ..encoding import MAX_FRAME, pack
 from .budget import ReplyBudget
-from .framing import HEADER, MORE, STATS, RemoteError, RequestTimeout, StreamClosed, error_reply, write_msg
+from .framing import (
+    HEADER,
+    MORE,
+    STATS,
+    ByteWriter,
+    RemoteError,
+    RequestTimeout,
+    StreamClosed,
+    _io_errors,
+    error_reply,
+    write_msg,
+)
 
 __all__ = ["BIN32", "MIN_RATE", "STALL", "STREAM_HOLD", "WRITE_BASE", "file_prefix", "open_sized", "reply_deadline",
            "serve_file", "size_of", "write_error", "write_file_msg"]
@@ -84,20 +95,6 @@ def file_prefix(size: int, fields: Mapping[str, Any] | None = None, key: str = "
     return out
 
 
-def _io_errors() -> tuple[type[BaseException], ...]:
-    """What a stream's ``write`` raises when the stream or its connection goes away."""
-    errors: tuple[type[BaseException], ...] = (EOFError, ConnectionError, trio.BrokenResourceError,
-                                               trio.ClosedResourceError)
-    try:
-        # local: optional here (in-memory streams run without it) and ~1.3 s to import
-        from libp2p.exceptions import BaseLibp2pError
-        from libp2p.io.exceptions import IOException
-        from libp2p.stream_muxer.exceptions import MuxedStreamError
-    except ImportError:
-        return errors
-    return (IOException, MuxedStreamError, BaseLibp2pError) + errors
-
-
 class Readable(Protocol):
     """What :func:`write_file_msg` reads from: a binary file, or a reader over one (``snapstore.VerifyingReader``)."""
 
@@ -106,7 +103,7 @@ class Readable(Protocol):
         ...
 
 
-async def write_file_msg(stream, f: Readable, size: int, fields: Mapping[str, Any] | None = None, *,
+async def write_file_msg(stream: ByteWriter, f: Readable, size: int, fields: Mapping[str, Any] | None = None, *,
                          key: str = "data", timeout: float | None = None, stall: float = STALL,
                          raw: bool = False) -> int:
     """Write the message ``{**fields, key: <the next size bytes of f>}`` to ``stream``, in frames of at most
@@ -166,7 +163,7 @@ async def write_file_msg(stream, f: Readable, size: int, fields: Mapping[str, An
     return sent
 
 
-async def write_error(stream, code: str, message: str, timeout: float = ERROR_TIMEOUT) -> None:
+async def write_error(stream: ByteWriter, code: str, message: str, timeout: float = ERROR_TIMEOUT) -> None:
     """Write ``error_reply(code, message)`` under a deadline of ``timeout`` seconds.
 
     Raises:
@@ -209,7 +206,7 @@ def open_sized(path: Path, limit: int) -> tuple[BinaryIO, int]:
     return f, size
 
 
-async def serve_file(stream, peer: str, path: Path, *, limit: int, budget: ReplyBudget,
+async def serve_file(stream: ByteWriter, peer: str, path: Path, *, limit: int, budget: ReplyBudget,
                      fields: Mapping[str, Any] | None = None, key: str = "data", timeout: float | None = None,
                      stall: float = STALL, raw: bool = False) -> None:
     """Answer a request with ``{"status": "ok", **fields, key: <the file at path>}``, streamed from disk

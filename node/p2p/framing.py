@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import struct
 import weakref
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -41,6 +41,8 @@ __all__ = [
     "MAX_FRAME",
     "MAX_MESSAGE",
     "MORE",
+    "ByteReader",
+    "ByteWriter",
     "FrameError",
     "ReadBusy",
     "RemoteError",
@@ -53,6 +55,22 @@ __all__ = [
     "read_msg",
     "write_msg",
 ]
+
+
+class ByteReader(Protocol):
+    """What :func:`read_msg` reads from: a libp2p ``INetStream`` or an in-process pipe."""
+
+    async def read(self, n: int, /) -> bytes:
+        """What has arrived, at most ``n`` bytes; ``b""`` at EOF."""
+        ...
+
+
+class ByteWriter(Protocol):
+    """What :func:`write_msg` writes to: a libp2p ``INetStream`` or an in-process pipe."""
+
+    async def write(self, data: bytes, /) -> None:
+        """Write all of ``data``."""
+        ...
 
 
 class StreamClosed(Exception):
@@ -132,7 +150,7 @@ def encode_frames(obj: Any, max_message: int = MAX_MESSAGE) -> list[bytes]:
             return frames
 
 
-async def write_msg(stream, obj: Any, timeout: float | None = None, max_message: int = MAX_MESSAGE) -> None:
+async def write_msg(stream: ByteWriter, obj: Any, timeout: float | None = None, max_message: int = MAX_MESSAGE) -> None:
     """Write one message (split into frames of at most MAX_FRAME payload bytes) to ``stream``.
 
     Args:
@@ -161,10 +179,12 @@ async def write_msg(stream, obj: Any, timeout: float | None = None, max_message:
 
 
 READ_CHUNK = 1 << 16  # bytes asked of the stream per read: whatever has arrived, up to this
-_LEFTOVER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # stream -> bytes read past a message
+# stream -> bytes read past a message
+_LEFTOVER: weakref.WeakKeyDictionary[ByteReader, bytearray] = weakref.WeakKeyDictionary()
 
 
-async def _fill(stream, buf: bytearray, n: int, errors, exact: bool) -> None:
+async def _fill(stream: ByteReader, buf: bytearray, n: int, errors: tuple[type[BaseException], ...],
+                exact: bool) -> None:
     """Read from ``stream`` into ``buf`` until it holds at least ``n`` bytes. ``stream.read(k)`` returns what has
     arrived (up to ``k``), so one read usually brings a whole frame, often the next message too: what is read
     past the current message stays in the stream's buffer for the next :func:`read_msg` (half the reads, and
@@ -180,7 +200,8 @@ async def _fill(stream, buf: bytearray, n: int, errors, exact: bool) -> None:
         buf += chunk
 
 
-async def read_msg(stream, timeout: float | None = None, max_message: int | None = None) -> dict:
+async def read_msg(stream: ByteReader, timeout: float | None = None,
+                   max_message: int | None = None) -> dict[str, Any]:
     """Read one message from ``stream`` and decode it, within the limits of the stream's protocol.
 
     Args:
@@ -277,17 +298,17 @@ def _stream_peer(stream: Any) -> str | None:
         return None
 
 
-def ok_reply(**fields: Any) -> dict:
+def ok_reply(**fields: Any) -> dict[str, Any]:
     """A success reply: ``{"status": "ok", **fields}``."""
     return {"status": "ok", **fields}
 
 
-def error_reply(code: str, message: str) -> dict:
+def error_reply(code: str, message: str) -> dict[str, Any]:
     """An error reply: ``{"status": "error", "code": code, "message": message}``."""
     return {"status": "error", "code": str(code), "message": str(message)}
 
 
-def check_reply(msg: dict) -> dict:
+def check_reply(msg: dict[str, Any]) -> dict[str, Any]:
     """Return ``msg`` if it is an ``ok`` reply.
 
     Raises:

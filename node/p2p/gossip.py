@@ -33,12 +33,20 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from functools import cache
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ..encoding import H
 from .framing import RequestTimeout
 from .wirelimits import gossip_limit
+
+if TYPE_CHECKING:
+    from libp2p.abc import IHost, INetStream, ISubscriptionAPI
+    from libp2p.peer.id import ID
+    from libp2p.pubsub.gossipsub import GossipSub
+    from libp2p.pubsub.pb.rpc_pb2 import RPC, Message
+    from libp2p.pubsub.pubsub import Pubsub
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +65,7 @@ PENDING_TTL = 5.0  # seconds such a publication is held (py-libp2p default: 30 s
 
 
 @cache
-def router_class() -> type:
+def router_class() -> type[GossipSub]:
     """py-libp2p's ``GossipSub`` with a cheap pending queue. py-libp2p 0.8.1 queues every publication for each
     connected peer that has not subscribed to the topic (in case its subscription is still on the way), and on
     every publication rebuilds each such peer's queue in a list comprehension and, once the queue is at its cap,
@@ -72,7 +80,7 @@ def router_class() -> type:
     from libp2p.pubsub.gossipsub import GossipSub
 
     class TallyGossipSub(GossipSub):
-        def _prune_pending_messages(self, peer_id) -> None:
+        def _prune_pending_messages(self, peer_id: ID) -> None:
             queue = self._pending_messages.get(peer_id)
             if queue is None:
                 return
@@ -88,7 +96,7 @@ def router_class() -> type:
     return TallyGossipSub
 
 
-def make_router(*, degree: int, degree_low: int, degree_high: int, heartbeat_interval: float):
+def make_router(*, degree: int, degree_low: int, degree_high: int, heartbeat_interval: float) -> GossipSub:
     """A ``GossipSub`` router with Tally's settings (see module docstring). ``heartbeat_interval`` in seconds."""
     # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
     from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11
@@ -96,7 +104,8 @@ def make_router(*, degree: int, degree_low: int, degree_high: int, heartbeat_int
     return router_class()(
         protocols=[PROTOCOL_ID_V11, PROTOCOL_ID],
         degree=degree, degree_low=degree_low, degree_high=degree_high,
-        heartbeat_initial_delay=0.1, heartbeat_interval=heartbeat_interval,
+        # py-libp2p annotates the interval as int seconds; it sleeps on whatever number it is given
+        heartbeat_initial_delay=0.1, heartbeat_interval=heartbeat_interval,  # type: ignore[arg-type]
         spam_protection_enabled=False, max_messages_per_topic_per_second=1e9,
         adaptive_gossip_enabled=False,
         eclipse_protection_enabled=False,
@@ -110,8 +119,11 @@ def raise_outbound_queue() -> None:
     messages. Point that module's ``RpcQueue`` at a subclass with ``OUTBOUND_QUEUE`` slots (idempotent; the
     library class itself is unchanged)."""
     # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
-    from libp2p.pubsub import pubsub as pubsub_mod
+    from libp2p.pubsub import pubsub as pubsub_imported
     from libp2p.pubsub.rpc_queue import DefaultMaxMessageSize, RpcQueue
+
+    # the module imports RpcQueue without re-exporting it: patched here as a plain namespace
+    pubsub_mod: Any = pubsub_imported
 
     if getattr(pubsub_mod.RpcQueue, "_tally", False):
         return
@@ -122,7 +134,7 @@ def raise_outbound_queue() -> None:
         def __init__(self, max_size: int = OUTBOUND_QUEUE, max_message_size: int = DefaultMaxMessageSize):
             super().__init__(max_size, max_message_size)
 
-    pubsub_mod.RpcQueue = _DeepRpcQueue  # type: ignore[misc]  # the patch itself: a subclass of the same class
+    pubsub_mod.RpcQueue = _DeepRpcQueue  # the patch itself: a subclass of the same class
 
 
 def retry_pubsub_streams() -> None:
@@ -143,7 +155,7 @@ def retry_pubsub_streams() -> None:
     if getattr(original, "_tally", False):
         return
 
-    async def _handle_new_peer(self, peer_id) -> None:
+    async def _handle_new_peer(self: Pubsub, peer_id: ID) -> None:
         try:
             await original(self, peer_id)
         except StreamFailure as e:
@@ -165,11 +177,11 @@ class GossipCounts:
     * ``delivered[topic]``: distinct messages from others handed to this node's handler (after de-duplication).
     """
 
-    def __init__(self):
-        self.sent: Counter = Counter()
-        self.received: Counter = Counter()
-        self.published: Counter = Counter()
-        self.delivered: Counter = Counter()
+    def __init__(self) -> None:
+        self.sent: Counter[tuple[str, str]] = Counter()
+        self.received: Counter[str] = Counter()
+        self.published: Counter[str] = Counter()
+        self.delivered: Counter[str] = Counter()
 
     def total_sent(self, kind: str | None = None) -> int:
         """Items sent, all kinds or one ``kind``."""
@@ -193,7 +205,7 @@ def count_pubsub_traffic() -> None:
         return
     write_msg, push_msg = Pubsub.write_msg, Pubsub.push_msg
 
-    async def counted_write(self, stream, rpc_msg) -> bool:
+    async def counted_write(self: Pubsub, stream: INetStream, rpc_msg: RPC) -> bool:
         c = getattr(self, "_tally_counts", None)
         if c is not None:
             for m in rpc_msg.publish:
@@ -213,7 +225,7 @@ def count_pubsub_traffic() -> None:
                     c.sent[("prune", short_topic(pr.topicID))] += 1
         return await write_msg(self, stream, rpc_msg)
 
-    async def counted_push(self, msg_forwarder, msg) -> None:
+    async def counted_push(self: Pubsub, msg_forwarder: ID, msg: Message) -> None:
         c = getattr(self, "_tally_counts", None)
         if c is not None:
             for t in msg.topicIDs:
@@ -234,14 +246,18 @@ def cache_signed_records(size: int = RECORD_CACHE, ttl: float = RECORD_TTL) -> N
     peerstore's 2 h TTL, is consumed as before). Patches the name in ``libp2p.pubsub.pubsub`` and
     ``libp2p.pubsub.gossipsub`` (idempotent; the library function itself is unchanged)."""
     # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
-    from libp2p.pubsub import gossipsub as gossipsub_mod, pubsub as pubsub_mod
+    from libp2p.pubsub import gossipsub as gossipsub_imported, pubsub as pubsub_imported
 
-    original = pubsub_mod.maybe_consume_signed_record
+    # both modules import the function without re-exporting it: patched here as plain namespaces
+    pubsub_mod: Any = pubsub_imported
+    gossipsub_mod: Any = gossipsub_imported
+
+    original: Callable[[RPC, IHost, ID], bool] = pubsub_mod.maybe_consume_signed_record
     if getattr(original, "_tally", False):
         return
-    accepted: OrderedDict[tuple, float] = OrderedDict()  # (host id, peer id, record bytes) -> when
+    accepted: OrderedDict[tuple[bytes, bytes, bytes], float] = OrderedDict()  # (host id, peer id, record bytes) -> when
 
-    def consume(msg, host, peer_id) -> bool:
+    def consume(msg: RPC, host: IHost, peer_id: ID) -> bool:
         if not msg.HasField("senderRecord"):
             return True
         key = (host.get_id().to_bytes(), peer_id.to_bytes(), msg.senderRecord)
@@ -262,7 +278,7 @@ def cache_signed_records(size: int = RECORD_CACHE, ttl: float = RECORD_TTL) -> N
     gossipsub_mod.maybe_consume_signed_record = consume
 
 
-def _topic_validator(topic: str, validate: GossipValidator | None) -> Callable[[object, object], bool]:
+def _topic_validator(topic: str, validate: GossipValidator | None) -> Callable[[ID, Message], bool]:
     """py-libp2p's synchronous topic validator ``(forwarder ID, rpc Message) -> bool`` around ``validate``: a
     payload over the topic's size in :mod:`node.p2p.wirelimits` is refused first (neither delivered nor
     relayed)."""
@@ -271,7 +287,7 @@ def _topic_validator(topic: str, validate: GossipValidator | None) -> Callable[[
 
     limit = gossip_limit(topic).request
 
-    def check(forwarder, msg) -> bool:
+    def check(forwarder: ID, msg: Message) -> bool:
         if len(msg.data) > limit:
             log.debug("gossip on %s: refused a payload of %d bytes (limit %d)", topic, len(msg.data), limit)
             return False
@@ -311,13 +327,13 @@ class _LRU:
 class Gossip:
     """Topic subscriptions and publications on a running ``Pubsub``; tasks run in ``nursery``."""
 
-    def __init__(self, pubsub, nursery: trio.Nursery, own_peer_id: str):
+    def __init__(self, pubsub: Pubsub, nursery: trio.Nursery, own_peer_id: str):
         self._pubsub = pubsub
         self._nursery = nursery
         self._own = own_peer_id
-        self._subs: dict[str, tuple[_LRU, trio.MemorySendChannel]] = {}
+        self._subs: dict[str, tuple[_LRU, trio.MemorySendChannel[tuple[bytes, str]]]] = {}
         self.counts = GossipCounts()
-        pubsub._tally_counts = self.counts  # read by the count_pubsub_traffic patch
+        pubsub._tally_counts = self.counts  # type: ignore[attr-defined]  # read by the count_pubsub_traffic patch
 
     async def subscribe(self, topic: str, handler: GossipHandler, validate: GossipValidator | None = None) -> None:
         """Deliver each distinct content on ``topic`` to ``await handler(data, from_peer)``; handler errors
@@ -336,13 +352,14 @@ class Gossip:
             raise RuntimeError(f"already subscribed to {topic}")
         self._pubsub.set_topic_validator(topic, _topic_validator(topic, validate), False)
         seen = _LRU(DEDUP_SIZE)
-        send, recv = trio.open_memory_channel(GOSSIP_QUEUE)
+        send, recv = trio.open_memory_channel[tuple[bytes, str]](GOSSIP_QUEUE)
         self._subs[topic] = (seen, send)
         sub = await self._pubsub.subscribe(topic)
         self._nursery.start_soon(self._reader, topic, sub, seen, send)
         self._nursery.start_soon(self._worker, topic, handler, recv)
 
-    async def _reader(self, topic: str, sub, seen: _LRU, send) -> None:
+    async def _reader(self, topic: str, sub: ISubscriptionAPI, seen: _LRU,
+                      send: trio.MemorySendChannel[tuple[bytes, str]]) -> None:
         # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
         from libp2p.peer.id import ID
 
@@ -360,7 +377,8 @@ class Gossip:
                     origin = ""
                 _enqueue(send, topic, data, origin)
 
-    async def _worker(self, topic: str, handler: GossipHandler, recv) -> None:
+    async def _worker(self, topic: str, handler: GossipHandler,
+                      recv: trio.MemoryReceiveChannel[tuple[bytes, str]]) -> None:
         async with recv:
             async for data, origin in recv:
                 try:
@@ -412,7 +430,7 @@ class Gossip:
             raise RequestTimeout(f"fewer than {n} peers on {topic} after {timeout} s") from None
 
 
-def _enqueue(send, topic: str, data: bytes, origin: str) -> None:
+def _enqueue(send: trio.MemorySendChannel[tuple[bytes, str]], topic: str, data: bytes, origin: str) -> None:
     try:
         send.send_nowait((data, origin))
     except trio.WouldBlock:

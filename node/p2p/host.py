@@ -54,8 +54,14 @@ from .streams import (
 )
 
 if TYPE_CHECKING:
-    from libp2p.abc import IHost
+    from libp2p.abc import IHost, INotifee
+    from libp2p.crypto.keys import KeyPair
     from libp2p.network.swarm import Swarm
+    from libp2p.peer.id import ID
+    from libp2p.pubsub.gossipsub import GossipSub
+    from libp2p.pubsub.pubsub import Pubsub
+
+    from ..keys import Identity
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +72,7 @@ PARSED_CACHE = 1024  # /p2p/ multiaddrs whose parse :meth:`P2PHost.remember` kee
 
 
 
-def libp2p_keypair(identity: Any) -> Any:
+def libp2p_keypair(identity: Identity) -> KeyPair:
     """The libp2p ``KeyPair`` of a node's :class:`node.identity.Identity`, so that peer ID and account are one
     Ed25519 key. (py-libp2p is imported where the host starts, as in :meth:`P2PHost.running`.)"""
     # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
@@ -109,7 +115,7 @@ class P2PHost(GossipMethods, StreamMethods):
         node.net.addrs.AddrError: a bad ``listen`` or ``announce`` multiaddr.
     """
 
-    def __init__(self, identity, listen_port: int = 0, chain_id: str | None = None, *,
+    def __init__(self, identity: Identity, listen_port: int = 0, chain_id: str | None = None, *,
                  listen_host: str = "127.0.0.1", heartbeat_interval: float = 0.5,
                  degree: int = 6, degree_low: int = 4, degree_high: int = 12, scores: PeerScores | None = None,
                  listen: list[str] | None = None, announce: list[str] | None = None,
@@ -150,7 +156,7 @@ class P2PHost(GossipMethods, StreamMethods):
         self.dial_filter: Callable[[list[str]], list[str]] | None = None
         self._gossip_params: dict[str, Any] = dict(degree=degree, degree_low=degree_low, degree_high=degree_high,
                                    heartbeat_interval=heartbeat_interval)
-        self._handlers: dict[str, Any] = {}
+        self._handlers = {}
         self._host: IHost | None = None
         self._gossip: Gossip | None = None
         self._peer_id: str = identity.peer_id
@@ -160,9 +166,11 @@ class P2PHost(GossipMethods, StreamMethods):
         # presence gossip repeats every peer's addresses twice a second: pure-Python multiaddr parsing of the
         # same strings was a quarter of a busy test process's CPU (profiled), so results are cached
         self._bound: list[str] | None = None
-        self._announced: tuple[tuple, float, list[str]] | None = None  # (inputs, when, result)
-        self._factory: tuple[tuple[str, ...], list] = ((), [])
-        self._parsed: dict[str, tuple[Any, str, list]] = {}  # "/.../p2p/<id>" -> (ID, its string, [multiaddr])
+        # (inputs: announce, confirmed and relay addresses; when; result)
+        self._announced: tuple[tuple[tuple[str, ...], ...], float, list[str]] | None = None
+        self._factory: tuple[tuple[str, ...], list[multiaddr.Multiaddr]] = ((), [])
+        # "/.../p2p/<id>" -> (ID, its string, [multiaddr])
+        self._parsed: dict[str, tuple[ID, str, list[multiaddr.Multiaddr]]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -250,7 +258,8 @@ class P2PHost(GossipMethods, StreamMethods):
             self._factory = ((), [])
 
     @asynccontextmanager
-    async def _serve(self, host, pubsub, gossipsub, listen) -> AsyncIterator[None]:
+    async def _serve(self, host: IHost, pubsub: Pubsub, gossipsub: GossipSub,
+                     listen: list[multiaddr.Multiaddr]) -> AsyncIterator[None]:
         # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
         from libp2p.tools.anyio_service import background_trio_service
 
@@ -266,7 +275,8 @@ class P2PHost(GossipMethods, StreamMethods):
                         self.conn_notifee = ConnectionNotifee(
                             self.limiter, self, nursery.start_soon, self._connected, self._disconnected,
                             may_stay=lambda: self.is_member)
-                        host.get_network().register_notifee(self.conn_notifee)
+                        # ConnectionNotifee has INotifee's methods without subclassing it (py-libp2p loads late)
+                        host.get_network().register_notifee(cast("INotifee", self.conn_notifee))
                         log.info("p2p host %s listening on %s", self._peer_id, self.addrs)
                         try:
                             yield
@@ -307,7 +317,7 @@ class P2PHost(GossipMethods, StreamMethods):
             f(peer, conn)
 
     @property
-    def libp2p(self):
+    def libp2p(self) -> IHost:
         """The running py-libp2p ``IHost`` (for :mod:`node.net`)."""
         return self._require()
 
@@ -358,22 +368,23 @@ class P2PHost(GossipMethods, StreamMethods):
             self._announced = (key, now, out)
         return list(out)
 
-    def _memoize_get_addrs(self, host) -> None:
+    def _memoize_get_addrs(self, host: IHost) -> None:
         """py-libp2p calls ``get_addrs()`` (transport addresses, observed ones, the factory, ``/p2p`` suffixes:
         ~2 ms of multiaddr parsing) for every pubsub RPC it sends; with our factory its result depends on
         :meth:`announced` alone, so it is recomputed only when that changes."""
         inner = host.get_addrs
-        memo: list = [None, []]
+        memo: tuple[tuple[str, ...] | None, list[multiaddr.Multiaddr]] = (None, [])
 
-        def get_addrs() -> list:
+        def get_addrs() -> list[multiaddr.Multiaddr]:
+            nonlocal memo
             key = tuple(self.announced())
             if memo[0] != key:
-                memo[0], memo[1] = key, inner()
+                memo = (key, inner())
             return list(memo[1])
 
-        host.get_addrs = get_addrs
+        host.get_addrs = get_addrs  # type: ignore[method-assign]  # py-libp2p's, memoized on this instance
 
-    def _factory_addrs(self, make: Callable[[str], Any]) -> list:
+    def _factory_addrs(self, make: Callable[[str], multiaddr.Multiaddr]) -> list[multiaddr.Multiaddr]:
         """py-libp2p's ``addrs_factory``: :meth:`announced` but circuit addresses, as multiaddr objects made
         with ``make`` (kept while the announced strings stay the same)."""
         strs = tuple(a for a in self.announced() if scope(a) is not Scope.RELAY)

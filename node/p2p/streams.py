@@ -32,12 +32,15 @@ from .scoring import MALFORMED_FRAME, PeerScores
 from .wirelimits import limit_for
 
 if TYPE_CHECKING:
-    from libp2p.abc import IHost
+    from libp2p.abc import IHost, INetStream
+    from libp2p.custom_types import TProtocol
 
 log = logging.getLogger("node.p2p.host")  # the host's logger: its lines keep their name
 
-StreamHandler = Callable[[Any, str], Awaitable[None]]
-RequestHandler = Callable[[dict, str], Awaitable[dict]]
+# async def handler(stream, remote_peer_id); the libp2p stream is closed (or reset) when it returns (or raises)
+StreamHandler = Callable[["INetStream", str], Awaitable[None]]
+# async def fn(request, remote_peer_id) -> reply: msgpack maps from and to the peer
+RequestHandler = Callable[[dict[str, Any], str], Awaitable[dict[str, Any]]]
 
 
 class PeerUnreachable(Exception):
@@ -53,7 +56,7 @@ class StreamMethods:
     gate: Callable[[str, str], Awaitable[bool]] | None
     open_gate: set[str]
     dial_hint: Callable[[str], Awaitable[bool | None]] | None
-    _handlers: dict[str, Any]
+    _handlers: dict[TProtocol, Callable[[INetStream], Awaitable[None]]]
     _host: IHost | None
 
     def penalize(self, peer_id: str, weight: float, ban_s: float | None = None) -> bool:
@@ -83,7 +86,7 @@ class StreamMethods:
         # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
         from libp2p.custom_types import TProtocol
 
-        async def wrapped(stream) -> None:
+        async def wrapped(stream: INetStream) -> None:
             remote = stream.muxed_conn.peer_id.to_base58()
             if self.scores.banned(remote) or (self.gate is not None and protocol_id not in self.open_gate
                                               and not await self.gate(remote, protocol_id)):
@@ -133,7 +136,7 @@ class StreamMethods:
         timeout = lim.timeout if timeout is None else timeout
         max_message = lim.request if max_message is None else max_message
 
-        async def handler(stream, remote: str) -> None:
+        async def handler(stream: INetStream, remote: str) -> None:
             try:
                 msg = await read_msg(stream, timeout, max_message)
             except FrameError as e:
@@ -154,7 +157,7 @@ class StreamMethods:
 
         self.set_handler(protocol_id, handler)
 
-    async def open_stream(self, peer_id: str, protocol_id: str, timeout: float = 10.0):
+    async def open_stream(self, peer_id: str, protocol_id: str, timeout: float = 10.0) -> INetStream:
         """Open a new stream to ``peer_id`` speaking ``protocol_id`` (dials known addresses if needed).
 
         The caller owns the stream: use :func:`~node.p2p.framing.write_msg` / ``read_msg`` on it and finish with
@@ -190,8 +193,8 @@ class StreamMethods:
         except Exception as e:  # noqa: BLE001 - every libp2p failure becomes PeerUnreachable
             raise PeerUnreachable(f"{peer_id} {protocol_id}: {type(e).__name__}: {e}") from None
 
-    async def request(self, peer_id: str, protocol_id: str, msg: dict, timeout: float,
-                      max_message: int | None = None) -> dict:
+    async def request(self, peer_id: str, protocol_id: str, msg: dict[str, Any], timeout: float,
+                      max_message: int | None = None) -> dict[str, Any]:
         """Open a stream, send ``msg``, read one reply, close. ``timeout`` (seconds) bounds the whole exchange.
         ``max_message``: largest reply read, in bytes (``None``: the protocol's reply limit in
         :data:`node.p2p.wirelimits.TABLE`, 64 KiB for a protocol not in it); ``msg`` is written up to
@@ -227,13 +230,13 @@ class StreamMethods:
         return check_reply(reply)
 
 
-async def _reset(stream) -> None:
+async def _reset(stream: INetStream) -> None:
     # best-effort cleanup of a stream that may already be gone
     with trio.CancelScope(shield=True), trio.move_on_after(1.0), suppress(Exception):
         await stream.reset()
 
 
-async def _close(stream) -> None:
+async def _close(stream: INetStream) -> None:
     with trio.move_on_after(1.0):
         with suppress(Exception):  # best-effort cleanup of a stream that may already be gone
             await stream.close()

@@ -64,7 +64,7 @@ import tempfile
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 from libp2p.exceptions import BaseLibp2pError
@@ -94,6 +94,11 @@ from .tokfetch import (
     install_tokenizer,
     tokenizer_trusted,
 )
+
+if TYPE_CHECKING:
+    from libp2p.abc import INetStream
+
+    from ..p2p.host import P2PHost
 
 __all__ = ["BLOCK_PROTOCOL", "FETCH_DEADLINE", "FETCH_TIMEOUT", "MAX_FILE", "MAX_MANIFEST", "MAX_TOKENIZER",
            "REQUEST_MAX", "REQUEST_TIMEOUT", "TOKENIZER_FILES", "UNVERIFIED_TOKENIZER", "BlockFetcher",
@@ -176,7 +181,7 @@ class BlockFetcher:
         deadline: seconds one :meth:`ensure` or :meth:`ensure_model` may take in all.
     """
 
-    def __init__(self, host, root: Path, holders: Callable[[bytes, int], list[str]],
+    def __init__(self, host: P2PHost, root: Path, holders: Callable[[bytes, int], list[str]],
                  timeout: float = FETCH_TIMEOUT, max_peers: int = MAX_PEERS, *,
                  bonded: Callable[[str], bool] | None = None, min_servers: int = 1,
                  max_model_bytes: int = MAX_MODEL_BYTES, max_total_bytes: int = MAX_TOTAL_BYTES,
@@ -230,8 +235,8 @@ class BlockFetcher:
                 out.append(p)
         return out[:self.max_peers]
 
-    async def _ask(self, peers: list[str], msg: dict, accept, what: str, to_file: Path | None = None,
-                   max_size: int = MAX_FILE):
+    async def _ask(self, peers: list[str], msg: dict[str, Any], accept: Callable[[dict[str, Any]], Awaitable[_T]],
+                   what: str, to_file: Path | None = None, max_size: int = MAX_FILE) -> _T:
         """``accept(reply)`` of the first peer whose reply passes it. Peers that answer ``busy`` (their reply
         budget is full) are asked again after the others, up to :data:`BUSY_ROUNDS` more times, pausing
         :data:`BUSY_PAUSE` seconds, then twice that, and so on. ``to_file``: the reply's ``data`` is written
@@ -240,7 +245,7 @@ class BlockFetcher:
         errors: list[str] = []
         try:
             for attempt in range(BUSY_ROUNDS + 1):
-                busy = []
+                busy: list[str] = []
                 for peer in peers:
                     try:
                         if to_file is not None:
@@ -269,7 +274,8 @@ class BlockFetcher:
                 to_file.unlink(missing_ok=True)  # accepted files were moved into place
         raise BlockUnavailable(f"{what} unavailable: {'; '.join(errors[-2 * MAX_PEERS:]) or 'no peer holds it'}")
 
-    async def _fetch_file(self, peer: str, msg: dict, dest: Path, max_size: int = MAX_FILE) -> dict:
+    async def _fetch_file(self, peer: str, msg: dict[str, Any], dest: Path,
+                          max_size: int = MAX_FILE) -> dict[str, Any]:
         """Send ``msg`` to ``peer`` and write the reply's ``data`` to ``dest`` as its frames arrive
         (:func:`node.p2p.filerecv.read_file_msg`: at most ``max_size`` bytes, one frame in memory at a time);
         the whole exchange within the fetch timeout. Returns the reply (``data``: its size in bytes).
@@ -315,7 +321,7 @@ class BlockFetcher:
                 return m
         self._gate(model_id)
 
-        async def accept(reply: dict) -> Manifest:
+        async def accept(reply: dict[str, Any]) -> Manifest:
             man, cfg = reply.get("manifest"), reply.get("config")
             if not (isinstance(man, bytes) and isinstance(cfg, bytes)) or max(len(man), len(cfg)) > MAX_MANIFEST:
                 raise ValueError("manifest and config must be bytes under 1 MiB")
@@ -407,7 +413,7 @@ class BlockFetcher:
             self._gate(model_id)
             part = d / f"{HEAD_FILE}.part{os.getpid()}"
 
-            async def accept_head(reply: dict) -> None:
+            async def accept_head(reply: dict[str, Any]) -> None:
                 if not isinstance(reply.get("data"), int):
                     raise ValueError("the reply holds no head file")
                 await trio.to_thread.run_sync(self._install_part, part, d / HEAD_FILE, m.head_hash)
@@ -421,7 +427,7 @@ class BlockFetcher:
             if committed is None:
                 (d / UNVERIFIED_TOKENIZER).write_text("no tokenizer commitment in the model's config\n")
 
-            async def accept_tok(reply: dict) -> None:
+            async def accept_tok(reply: dict[str, Any]) -> None:
                 files = reply.get("files")
                 if not (isinstance(files, dict) and set(files) <= set(TOKENIZER_FILES)
                         and all(isinstance(v, bytes) for v in files.values())
@@ -451,7 +457,7 @@ class BlockFetcher:
         os.replace(part, path)
 
     async def _block(self, m: Manifest, d: Path, i: int, extra: list[str], limit: trio.CapacityLimiter,
-                     errors: list) -> None:
+                     errors: list[BaseException]) -> None:
         """Fetch block ``i`` into ``d`` (checked against ``m.block_hashes[i]``, read under the room reserved for
         it); a failure (:class:`BlockUnavailable`, :class:`~node.verify.fetchstore.OverCap`) goes to ``errors``.
 
@@ -461,7 +467,7 @@ class BlockFetcher:
         path = d / block_file(i)
         part = d / f"{path.name}.part{os.getpid()}"
 
-        async def accept(reply: dict) -> None:
+        async def accept(reply: dict[str, Any]) -> None:
             if not isinstance(reply.get("data"), int):
                 raise ValueError("the reply holds no block file")
             await trio.to_thread.run_sync(self._install_part, part, path, m.block_hashes[i])
@@ -498,7 +504,7 @@ class BlockFetcher:
                 return
         log.info("fetched block %d of model %s (checked against its hash)", i, m.model_id.hex()[:16])
 
-    async def _request(self, peer: str, msg: dict, max_message: int) -> dict:
+    async def _request(self, peer: str, msg: dict[str, Any], max_message: int) -> dict[str, Any]:
         """One ``BLOCK_PROTOCOL`` request to ``peer`` within the request timeout (raises as ``host.request``)."""
         return await self.host.request(peer, BLOCK_PROTOCOL, msg, timeout=self.timeout, max_message=max_message)
 
@@ -509,7 +515,7 @@ class BlockFetcher:
         return block_bytes(d) + MAX_HEADER + 8
 
 
-async def _reset(stream) -> None:
+async def _reset(stream: INetStream | None) -> None:
     """Reset ``stream`` (None: nothing), shielded and within 1 s, whatever it raises."""
     if stream is None:
         return

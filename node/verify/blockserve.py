@@ -10,9 +10,8 @@ and node-wide; ``busy`` when full) and is written under a deadline (10 s + 1 s p
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -20,7 +19,11 @@ from ..compute.model import HEAD_FILE, MANIFEST, Manifest, block_file, load_mani
 from ..p2p.budget import ReplyBudget
 from ..p2p.filesend import STALL, open_sized, reply_deadline, serve_file, write_error
 from ..p2p.framing import RemoteError, read_msg, write_msg
+from ..p2p.streams import StreamHandler
 from .chunks import CHUNK, BadIndex, file_index, read_range
+
+if TYPE_CHECKING:
+    from libp2p.abc import INetStream
 
 BLOCK_PROTOCOL = "/tally/block/1.0.0"
 MAX_FILE = 48 << 20  # bytes: the largest block file served or accepted (below the 64 MiB message limit)
@@ -59,7 +62,7 @@ class HeldModels:
         d = self.fetched_root / model_id.hex()
         return d if (d / MANIFEST).is_file() else None
 
-    def _resolve(self, msg: dict) -> tuple[str, Path, Path | None]:
+    def _resolve(self, msg: dict[str, Any]) -> tuple[str, Path, Path | None]:
         """``(type, model dir, file)`` of a request; ``file`` is the block or head file (None for the small
         replies). Raises RemoteError: ``bad_request``, ``not_found``."""
         mid = msg.get("model_id")
@@ -105,11 +108,12 @@ class HeldModels:
             raise RemoteError("too_large", f"{kind} files are {total} bytes, over {limit}")
         return total
 
-    async def _small(self, kind: str, d: Path) -> dict:
+    async def _small(self, kind: str, d: Path) -> dict[str, Any]:
         if kind == "manifest":
             return {"manifest": await _read(d / MANIFEST, MAX_MANIFEST), "config": await _read(d / "config.json",
                                                                                               MAX_MANIFEST)}
-        files, total = {}, 0
+        files: dict[str, bytes] = {}
+        total = 0
         for name in TOKENIZER_FILES:
             if (d / name).is_file():
                 files[name] = await _read(d / name, MAX_TOKENIZER)
@@ -118,7 +122,7 @@ class HeldModels:
             raise RemoteError("too_large", f"tokenizer files are {total} bytes, over {MAX_TOKENIZER}")
         return {"files": files}
 
-    async def handle(self, msg: dict, peer: str) -> dict:
+    async def handle(self, msg: dict[str, Any], peer: str) -> dict[str, Any]:
         """The whole reply to one request, in memory: for :meth:`~node.p2p.host.P2PHost.set_request_handler` in
         tests and tools. A node registers :meth:`stream_handler` instead, which streams block files from disk
         under a budget and write deadlines.
@@ -135,7 +139,7 @@ class HeldModels:
         return await self._small(kind, d)
 
     def stream_handler(self, budget: ReplyBudget, stall: float = STALL,
-                       request_timeout: float = REQUEST_TIMEOUT) -> Callable[[Any, str], Awaitable[None]]:
+                       request_timeout: float = REQUEST_TIMEOUT) -> StreamHandler:
         """The ``BLOCK_PROTOCOL`` stream handler (:meth:`node.p2p.host.P2PHost.set_handler`): reads one request
         (at most :data:`REQUEST_MAX` bytes within ``request_timeout`` seconds) and writes one reply.
 
@@ -146,7 +150,7 @@ class HeldModels:
         the peer); a reply not written in time raises RequestTimeout (the host resets the stream).
         """
 
-        async def serve(stream, peer: str) -> None:
+        async def serve(stream: INetStream, peer: str) -> None:
             msg = await read_msg(stream, request_timeout, REQUEST_MAX)
             try:
                 kind, d, path = self._resolve(msg)
@@ -185,7 +189,7 @@ class HeldModels:
         return serve
 
 
-async def _chunk_reply(kind: str, path: Path, msg: dict) -> dict:
+async def _chunk_reply(kind: str, path: Path, msg: dict[str, Any]) -> dict[str, Any]:
     """The reply to an ``index`` or ``range`` request for the file at ``path`` (:mod:`node.verify.chunks`).
 
     Raises:

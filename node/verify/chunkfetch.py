@@ -13,6 +13,7 @@ import json
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -21,7 +22,8 @@ from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed
 from ..p2p.host import PeerUnreachable
 from .chunks import CHUNK, MAX_HEADER, MAX_TENSORS, BadIndex, FileIndex, parse_index
 
-Request = Callable[[str, dict, int], Awaitable[dict]]  # (peer, message, max reply bytes) -> reply
+# (peer, message, max reply bytes) -> reply: msgpack maps
+Request = Callable[[str, dict[str, Any], int], Awaitable[dict[str, Any]]]
 # what one request to a peer raises when that peer cannot or will not answer: the next peer is asked
 REQUEST_FAILURES = (PeerUnreachable, RemoteError, StreamClosed, FrameError, RequestTimeout, DecodeError)
 
@@ -29,7 +31,7 @@ REQUEST_FAILURES = (PeerUnreachable, RemoteError, StreamClosed, FrameError, Requ
 BUSY_PAUSES = (0.5, 1.0, 2.0)  # seconds waited before asking a peer that answered ``busy`` again
 
 
-async def _ask(request: Request, peer: str, msg: dict, max_message: int) -> dict:
+async def _ask(request: Request, peer: str, msg: dict[str, Any], max_message: int) -> dict[str, Any]:
     """``request`` with up to ``len(BUSY_PAUSES)`` retries of a peer whose reply budget is full (``busy``)."""
     for pause in (*BUSY_PAUSES, None):
         try:

@@ -36,6 +36,7 @@ from ..compute.executor import load_torch
 from ..compute.model import block_file
 from ..duty.parts import Executor, Host, Ledger, NodeParts
 from ..identity import Identity, account_to_str
+from ..ledger.core.block import Block
 from ..ledger.core.state import SAMPLED, State
 from ..ledger.core.tabs import TabReceipt
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID, InvalidTx, Receipt, Verdict, Vote
@@ -102,7 +103,8 @@ class CommitteeMember:
         self.streamed = 0  # re-executions run block by block (a span over the budget)
         self.over_budget = 0  # abstentions because not even one block fits the budget
         self._seen: set[tuple[bytes, int]] = set()
-        self._send, self._recv = trio.open_memory_channel(1000)
+        # (receipt, round): a receipt of any module's type (ReceiptRecord.receipt holds each module's own)
+        self._send, self._recv = trio.open_memory_channel[tuple[Any, int]](1000)
         self.checked = 0
         self.last_distances: list[float] = []
 
@@ -121,7 +123,7 @@ class CommitteeMember:
         return {"committee_held": sum(b for _, b in self._spans.values()), "streamed": self.streamed,
                 "over_budget": self.over_budget}
 
-    def on_block(self, block, state: State) -> None:
+    def on_block(self, block: Block, state: State) -> None:
         """Block listener: queue every sampled receipt of the current round that names us and we have not done."""
         for rid in state.open_receipts:
             rec = state.receipts[rid]
@@ -144,7 +146,7 @@ class CommitteeMember:
                 lane = own if isinstance(receipt, Receipt | TabReceipt) and receipt.model_id == self.model_id else other
                 n.start_soon(self._check_and_vote, receipt, round_, lane, room)
 
-    async def _check_and_vote(self, receipt, round_: int, lane: trio.Semaphore, room: trio.Semaphore) -> None:
+    async def _check_and_vote(self, receipt: Any, round_: int, lane: trio.Semaphore, room: trio.Semaphore) -> None:
         """Check one receipt in ``lane`` (its type's checker, see ``checkers``) and submit the vote; releases
         ``room`` when done."""
         try:
@@ -167,7 +169,7 @@ class CommitteeMember:
         finally:
             room.release()
 
-    def _checker_for(self, receipt) -> ReceiptChecker:
+    def _checker_for(self, receipt: object) -> ReceiptChecker:
         """The check of ``receipt``: the registered checker of its type, this member's own :meth:`check` for an
         inference receipt, else one that raises (the member abstains)."""
         for kind, check in self.checkers.items():
