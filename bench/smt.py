@@ -26,7 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from node.encoding import pack
-from node.ledger.core.smt import EMPTY_ROOT, MemoryNodeStore, get, prove, update, verify
+from node.ledger.core.smt import get, prove, update, verify
+from node.ledger.core.smtnode import EMPTY_ROOT, MemoryNodeStore
 
 VALUE_BYTES = 40
 

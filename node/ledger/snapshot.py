@@ -30,7 +30,7 @@ from .core.block import Header
 from .core.domain import MAX_DOMAIN, mismatch
 from .core.modules import STORE_KEYS
 from .core.records import MAPS, SETS
-from .core.smt import EMPTY_ROOT, Root
+from .core.smtnode import EMPTY_ROOT, Root
 from .core.state import State
 from .core.valset import ValidatorSet
 from .proofs import verify_header

@@ -2,7 +2,7 @@
 
 Keys (values msgpack, see :mod:`node.ledger.core.records`):
   ``S/m``                  ``[FORMAT, height, last block hash, sequence counter, {table: entries}, state root
-                           (:meth:`node.ledger.core.smt.Root.to_bytes`)]``
+                           (:meth:`node.ledger.core.smtnode.Root.to_bytes`)]``
   ``S/u``                  the undo record of the head block: ``[height - 1, its hash, its counter,
                            {table: [[key, value before or None], ...]}, its state root]`` (what the head
                            header commits to)
@@ -28,7 +28,7 @@ from .core import jmt, tree as tr
 from .core.kv import _DEL, Batch, StoreRoot, Table
 from .core.modules import STORE_KEYS
 from .core.records import CODECS, MAPS, SETS
-from .core.smt import Root
+from .core.smtnode import Root
 from .core.state import State
 from .genesis import Genesis
 

@@ -25,13 +25,13 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from node.encoding import DecodeError, H, pack, unpack_local
 from node.ledger import explorer_index
-from node.ledger.core import blockcodec, jmt, jmtnode, smt, tree
+from node.ledger.core import blockcodec, jmt, jmtnode, smtnode, tree
 from node.ledger.core.chain import commit_block, propose
 from node.ledger.core.kv import Codec, OrderedSet, StoreRoot, Table
 from node.ledger.core.modules import MODULE_MAPS
 from node.ledger.core.records import CODECS, to_plain
 from node.ledger.core.rows import Account, ReceiptRecord, evolve
-from node.ledger.core.smt import EMPTY_ROOT, MemoryNodeStore
+from node.ledger.core.smtnode import EMPTY_ROOT, MemoryNodeStore
 from node.ledger.core.status import SAMPLED, ReceiptStatus
 from node.ledger.core.tx import TX_KINDS, Tx
 from node.ledger.core.txbase import VALID, Receipt, Verdict
@@ -281,9 +281,9 @@ def test_explorer_entries_and_the_head_commit_read_without_a_full_decode_are_as_
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=80), st.binary(max_size=80), st.sampled_from(sorted(tree.TAG)))
 def test_hashes_from_absorbed_prefixes_are_the_hashes_of_the_concatenations(a, b, table):
-    assert smt.leaf_hash(a, b) == H(b"\x00", a, H(b))
-    assert smt.internal_hash(a, b) == H(b"\x01", a, b)  # (jmtnode hashes its nodes with it)
-    assert tree.entry_key(table, a) == smt.tree_key(tree.TAG[table], a)
+    assert smtnode.leaf_hash(a, b) == H(b"\x00", a, H(b))
+    assert smtnode.internal_hash(a, b) == H(b"\x01", a, b)  # (jmtnode hashes its nodes with it)
+    assert tree.entry_key(table, a) == smtnode.tree_key(tree.TAG[table], a)
     assert tree.leaf_value(a) == H(b"tally/state-entry/v1", a)
     # a prefix state is never changed by use
-    assert smt.internal_hash(b, a) == H(b"\x01", b, a) and tree.leaf_value(b) == H(b"tally/state-entry/v1", b)
+    assert smtnode.internal_hash(b, a) == H(b"\x01", b, a) and tree.leaf_value(b) == H(b"tally/state-entry/v1", b)

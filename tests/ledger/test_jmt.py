@@ -10,8 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from node.encoding import H, pack
-from node.ledger.core import jmt, jmtnode, smt
-from node.ledger.core.smt import EMPTY_HASH, EMPTY_ROOT, MemoryNodeStore, OverlayNodeStore, Root, verify
+from node.ledger.core import jmt, jmtnode, smt, smtnode
+from node.ledger.core.smt import verify
+from node.ledger.core.smtnode import EMPTY_HASH, EMPTY_ROOT, MemoryNodeStore, OverlayNodeStore, Root
 
 
 def _flip(key: bytes, bit: int) -> bytes:
@@ -155,7 +156,7 @@ def test_overlay_and_deep_paths():
     base = MemoryNodeStore()
     pend = [r]
     r2 = jmt.update(OverlayNodeStore(base, [p.writes for p in pend]), 2, r.root, {a: None})
-    assert r2.root == Root(smt.leaf_hash(_flip(a, 255), b"z"), 2)  # the survivor lifted to the root
+    assert r2.root == Root(smtnode.leaf_hash(_flip(a, 255), b"z"), 2)  # the survivor lifted to the root
     base.commit(r)
     base.commit(r2)
     p = jmt.prove(base, r.root, a)
@@ -172,13 +173,13 @@ def test_missing_and_corrupt_nodes_are_reported():
     r2 = jmt.update(store, 2, r.root, {keys[0]: b"new"})
     store.commit(r2)
     store.prune(2)
-    with pytest.raises(smt.MissingNodeError, match="pruned"):
+    with pytest.raises(smtnode.MissingNodeError, match="pruned"):
         jmt.get(store, r.root, keys[0])
-    with pytest.raises(smt.MissingNodeError):
+    with pytest.raises(smtnode.MissingNodeError):
         jmt.update(store, 3, r.root, {keys[1]: b"x"})
     for nk, data in list(store.nodes.items()):
-        for bad, what in ((data[:-1] + bytes([data[-1] ^ 1]), smt.TreeError), (data[:5], smt.CorruptNodeError),
-                          (data[:20] + bytes([data[20] ^ 4]) + data[21:], smt.CorruptNodeError)):
+        for bad, what in ((data[:-1] + bytes([data[-1] ^ 1]), smtnode.TreeError), (data[:5], smtnode.CorruptNodeError),
+                          (data[:20] + bytes([data[20] ^ 4]) + data[21:], smtnode.CorruptNodeError)):
             store.nodes[nk] = bad
             with pytest.raises(what):
                 for k in keys:

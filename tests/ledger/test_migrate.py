@@ -14,7 +14,7 @@ import pytest
 
 from node.encoding import pack
 from node.ledger import proofs, statedb
-from node.ledger.core import jmt, smt, tree as tr
+from node.ledger.core import jmt, smt, smtnode, tree as tr
 from node.ledger.core.chain import commit_block, propose
 from node.ledger.statedb import CODECS, MAPS, SETS
 from node.ledger.store import LedgerStore
@@ -57,7 +57,7 @@ def _root_from_entries(state) -> bytes:
     ch = {tr.entry_key(n, k): tr.leaf_value(CODECS[n].dumps(v)) for n in MAPS + SETS
           for k, v in state.tables[n].items()}
     ch[tr.SEQ_KEY] = tr.leaf_value(pack(state.seq))
-    return jmt.update(smt.MemoryNodeStore(), 0, smt.EMPTY_ROOT, ch).root.hash
+    return jmt.update(smtnode.MemoryNodeStore(), 0, smtnode.EMPTY_ROOT, ch).root.hash
 
 
 def _old_store(path, monkeypatch, g, blocks=7):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from node.ledger.core import jmt, smt, tree as tr
+from node.ledger.core import jmt, smtnode, tree as tr
 from node.ledger.core.chain import commit_block, propose
 from node.ledger.store import LedgerStore
 
@@ -48,8 +48,8 @@ def test_pruned_nodes_leave_the_cache_and_cached_nodes_are_the_stored_ones(tmp_p
                 assert store.db.get(tr.NODES + nk) == raw
         assert roots[-1] == state.tree.root
         nodes = tr.LevelNodes(store.db, state.tree.base.cache)  # the node's own reader, its cache included
-        assert jmt.get(nodes, roots[-1], smt.tree_key(b"x", b"absent")) is None
-        with pytest.raises(smt.MissingNodeError):  # pruned (stale for more than RETAIN versions): unreadable
-            jmt.prove(nodes, roots[0], smt.tree_key(b"x", b"absent"))
+        assert jmt.get(nodes, roots[-1], smtnode.tree_key(b"x", b"absent")) is None
+        with pytest.raises(smtnode.MissingNodeError):  # pruned (stale for more than RETAIN versions): unreadable
+            jmt.prove(nodes, roots[0], smtnode.tree_key(b"x", b"absent"))
     finally:
         store.close()

@@ -8,26 +8,22 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from node.encoding import H, pack, unpack
-from node.ledger.core import smt
+from node.ledger.core import smt, smtnode
 from node.ledger.core.block import Header
-from node.ledger.core.smt import (
+from node.ledger.core.smt import MAX_PROOF_BYTES, Proof, prove, update, verify
+from node.ledger.core.smtnode import (
     EMPTY_HASH,
     EMPTY_ROOT,
-    MAX_PROOF_BYTES,
     CorruptNodeError,
     MemoryNodeStore,
     MissingNodeError,
     OverlayNodeStore,
-    Proof,
     Root,
     StaleNode,
     internal_hash,
     leaf_hash,
     node_key,
-    prove,
     tree_key,
-    update,
-    verify,
 )
 from node.ledger.proofs import verify_state_proof
 
@@ -344,7 +340,7 @@ def test_missing_and_corrupt_nodes_are_reported():
         # the last byte: a leaf's value (its hash no longer matches) or a child's version (the child is sought
         # at a version that has no node there)
         store.nodes[nk] = data[:-1] + bytes([data[-1] ^ 1])
-        with pytest.raises(smt.TreeError):
+        with pytest.raises(smtnode.TreeError):
             for k in (H(b"a"), H(b"b")):
                 smt.get(store, roots[2], k)
         store.nodes[nk] = data[:5]
@@ -376,7 +372,7 @@ def test_encodings_roundtrip_and_keys():
         Root.from_bytes(b"\x00" * 39)
     s = StaleNode(7, node_key(3, 9, H(b"x")))
     assert StaleNode.from_index_key(s.index_key()) == s
-    assert s.index_key() < smt.prune_bound(7) <= StaleNode(8, s.node_key).index_key()
+    assert s.index_key() < smtnode.prune_bound(7) <= StaleNode(8, s.node_key).index_key()
     assert len(node_key(1, 0, H(b"x"))) == 10 and len(node_key(1, 256, H(b"x"))) == 42
     assert node_key(1, 3, b"\xff" * 32) == node_key(1, 3, b"\xe0" + b"\x00" * 31)
     assert tree_key(b"ab", b"c") != tree_key(b"a", b"bc") and len(tree_key(b"acct", b"x")) == 32

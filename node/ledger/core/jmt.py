@@ -19,14 +19,14 @@ binary subtree; Gao et al., "Jellyfish Merkle Tree", Diem, 2021):
   ~20 binary ones), and the nodes one update writes share its version prefix, so they are adjacent in LevelDB.
 
 Versioning, stale nodes and exact pruning work as in :mod:`.smt`: every write goes to a fresh key of the new
-version, and a replaced node is recorded stale since that version (:class:`node.ledger.core.smt.StaleNode`).
+version, and a replaced node is recorded stale since that version (:class:`node.ledger.core.smtnode.StaleNode`).
 
 Complexity: :func:`update` with ``c`` changes reads and writes O(c · log16 n) nodes, each read node checked
 against its parent's hash (at most 15 hashes; the upper 4 levels, which every block reads, are kept decoded with
 their binary levels) and each rewritten one rehashed above its changed slots (4 hashes per slot); :func:`get` and
 :func:`prove` read O(log16 n) nodes; proofs are the binary :class:`node.ledger.core.smt.Proof` and verify with
 :func:`node.ledger.core.smt.verify`, which needs no store. Pure, like :mod:`.smt`: storage arrives through a
-:class:`node.ledger.core.smt.NodeStore` and writes go back to the caller.
+:class:`node.ledger.core.smtnode.NodeStore` and writes go back to the caller.
 """
 
 from __future__ import annotations
@@ -58,20 +58,18 @@ from .jmtnode import (
     _verified,
     node_key,
 )
-from .smt import (
+from .smt import Proof, checked_changes, merge_leaf
+from .smtnode import (
     DEPTH,
     EMPTY_HASH,
     EMPTY_ROOT,
     KEY_LEN,
     CorruptNodeError,
     NodeStore,
-    Proof,
     Root,
     StaleNode,
     UpdateResult,
-    checked_changes,
     leaf_hash,
-    merge_leaf,
 )
 
 # ---------------------------------------------------------------- update
@@ -278,7 +276,7 @@ def build_sorted(leaves: Iterable[tuple[bytes, bytes]], version: int,
     """Build the tree of ``leaves`` (``(key, value)``, keys strictly increasing) as version ``version`` in one
     streaming pass, calling ``emit(node key, node bytes)`` for each node (bottom-up). Memory: O(64 · 16) node
     slots whatever the number of leaves, for a one-time rebuild of a large store (the layout migration).
-    The root equals :func:`update` of the same map onto :data:`node.ledger.core.smt.EMPTY_ROOT`.
+    The root equals :func:`update` of the same map onto :data:`node.ledger.core.smtnode.EMPTY_ROOT`.
 
     Raises: ValueError for keys that are not 32 bytes or not strictly increasing.
     """

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from hashlib import blake2b
 
 from ...encoding import HASH_LEN
-from .smt import DEPTH, EMPTY_HASH, KEY_LEN, CorruptNodeError, MissingNodeError, internal_hash, leaf_hash
+from .smtnode import DEPTH, EMPTY_HASH, KEY_LEN, CorruptNodeError, MissingNodeError, internal_hash, leaf_hash
 
 NIBBLES = DEPTH // 4  # 64 nibbles in a key: internal nodes at nibble depths 0..63, leaves at 0..64
 _ZERO_VERSION = bytes(8)

@@ -29,7 +29,7 @@ from typing import Any
 
 from .jmt import prove, update
 from .modules import STORE_KEYS
-from .smt import EMPTY_ROOT, Root, StaleNode, UpdateResult, prune_bound, tree_key
+from .smtnode import EMPTY_ROOT, Root, StaleNode, UpdateResult, prune_bound, tree_key
 
 TAG = STORE_KEYS  # table -> the tag hashed into its entries' tree keys: its module's store key (core.modules)
 SEQ_KEY = tree_key(b"meta", b"seq")
@@ -51,7 +51,7 @@ _LEAF_STATE = blake2b(_LEAF_TAG, digest_size=32)
 
 
 def entry_key(table: str, key: bytes) -> bytes:
-    """The tree key of ``key`` in state table ``table`` (32 bytes): :func:`node.ledger.core.smt.tree_key` of the
+    """The tree key of ``key`` in state table ``table`` (32 bytes): :func:`node.ledger.core.smtnode.tree_key` of the
     table's tag, computed with one hash call (once per changed entry per block).
 
     Raises: KeyError for an unknown table; TypeError for a key that is not bytes."""
@@ -144,7 +144,7 @@ class NodeCache:
 
 
 class LevelNodes:
-    """The committed tree's nodes in LevelDB (a :class:`node.ledger.core.smt.NodeStore`), through a
+    """The committed tree's nodes in LevelDB (a :class:`node.ledger.core.smtnode.NodeStore`), through a
     :class:`NodeCache` (shared by the trees of successive committed states)."""
 
     def __init__(self, db: Any, cache: NodeCache | None = None):
