@@ -29,7 +29,7 @@ from .lockfile import LockHeld, hold
 from .market.cli import add_job_parser, run_job_command
 from .models.cli import add_model_parser, run_model_command
 from .models.registry import RegistryError
-from .net.addrs import DEFAULT_PORT, AddrError, default_listen, parse_addr
+from .p2p.addrs import DEFAULT_PORT, AddrError, default_listen, parse_addr
 from .p2p.quirks import check_port_free
 from .peers_cli import add_parsers as add_peers_parsers, run as run_peers_command
 from .training.cli import add_run_parser, run_run_command

@@ -56,9 +56,9 @@ from .ledger.syncfetch import SyncLimits
 from .market.check import TrainingCheck
 from .market.worker import TRAIN_FAULTS, JobWorker
 from .models.lookup import find_model_dir
-from .net.limits import Limits
 from .net.service import NetworkService, RelayMode
 from .p2p.host import P2PHost
+from .p2p.limits import Limits
 from .p2p.wirelimits import READ_BUDGET
 from .settle.book import EpochBook
 from .settle.disputes import DisputeDuty
@@ -99,7 +99,7 @@ class NodeConfig:
     listen: list[str] | None = None  # libp2p multiaddrs to bind (None: 127.0.0.1 with p2p_port)
     announce: list[str] = field(default_factory=list)  # addresses reachable from outside, announced first
     relay: str = "auto"  # relay for others: auto (when listening beyond loopback), on, off
-    limits: Limits | None = None  # per-peer connection and stream limits (None: node.net.limits defaults)
+    limits: Limits | None = None  # per-peer connection and stream limits (None: node.p2p.limits defaults)
     api_port: int = 0
     api_host: str = "127.0.0.1"
     device: str = "cpu"

@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import grimp
 
-KNOWN: dict[frozenset[str], str] = {
-    frozenset({"node.net", "node.p2p"}):  # package level, see below
-        "p2p.host uses net's admission, addrs, limits and logs, and net's services use the host (pyproject's "
-        "layers contract marks them 'net : p2p'); splitting net into the parts below the host and above it ends it",
-}
+KNOWN: dict[frozenset[str], str] = {}
 
 
 def _cycles(nodes: list[str], edges: dict[str, set[str]]) -> list[frozenset[str]]:

@@ -1,6 +1,6 @@
 """Which of a peer's addresses to dial from here, in which order, and how to race them (issue 25).
 
-A peer tells us up to 8 addresses (:func:`node.net.addrs.announceable`): a NAT'd one announces a relay circuit and
+A peer tells us up to 8 addresses (:func:`node.p2p.addrs.announceable`): a NAT'd one announces a relay circuit and
 its interface addresses, which are private addresses of a network we are usually not on. Dialling those waits for
 a TCP timeout each (py-libp2p: ~10 s, several rounds) before the circuit is tried; the first generation of a new
 user took 64 s that way. Here:
@@ -13,7 +13,7 @@ user took 64 s that way. Here:
 * :func:`race` dials the candidates staggered (happy eyeballs, RFC 8305 §5: the next attempt starts when the
   previous one failed or after the Connection Attempt Delay, 250 ms) and the first success cancels the rest.
 
-Multiaddrs are strings without ``/p2p/<peer>`` (a circuit keeps its relay's ``/p2p``), as in :mod:`node.net.addrs`.
+Multiaddrs are strings without ``/p2p/<peer>`` (a circuit keeps its relay's ``/p2p``), as in :mod:`node.p2p.addrs`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import TypeVar
 import psutil
 import trio
 
-from .addrs import Scope, host_ip, scope
+from ..p2p.addrs import Scope, host_ip, scope
 
 ATTEMPT_DELAY = 0.25  # seconds between two staggered attempts: RFC 8305 §5 "Connection Attempt Delay" (250 ms)
 MAX_CANDIDATES = 6  # addresses raced per dial

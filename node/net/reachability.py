@@ -29,8 +29,8 @@ import trio
 from libp2p.peer.id import ID
 from multiaddr import Multiaddr
 
+from ..p2p.addrs import Scope, host_ip, scope
 from ..p2p.framing import RemoteError
-from .addrs import Scope, host_ip, scope
 
 log = logging.getLogger(__name__)
 

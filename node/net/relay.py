@@ -40,8 +40,8 @@ from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.tools.anyio_service import background_trio_service
 from multiaddr import Multiaddr
 
-from .addrs import Scope, scope, strip_peer
-from .logs import reason
+from ..p2p.addrs import Scope, scope, strip_peer
+from ..p2p.logs import reason
 
 log = logging.getLogger(__name__)
 

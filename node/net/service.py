@@ -31,13 +31,13 @@ import trio
 if TYPE_CHECKING:  # mypy reads trio's types from trio-typing (a py-libp2p dependency) here
     from trio_typing import TaskStatus
 
+from ..p2p.addrs import Scope, scope, strip_peer, usable_from
 from ..p2p.framing import RemoteError, error_reply, read_msg, write_msg
 from ..p2p.host import P2PHost
+from ..p2p.logs import reason
 from ..p2p.scoring import BAD_REQUEST
-from .addrs import Scope, scope, strip_peer, usable_from
 from .dial import LocalView, local_view, race, select
 from .hello import HELLO_PROTOCOL, Hello
-from .logs import reason
 from .paths import PathBook, describe
 from .peers import PeerBook
 from .reachability import DIALBACK_PROTOCOL, DialBackServer, Reachability, dial_fresh, probe

@@ -10,9 +10,15 @@ what a peer may send.
   :mod:`~node.p2p.budget` -- reply bytes in flight per peer and node-wide; :mod:`~node.p2p.filesend` and
   :mod:`~node.p2p.filerecv` -- bulk replies streamed from and to disk; :mod:`~node.p2p.scoring` -- misbehaviour
   scores.
+* Below the host, pure policy it applies: :mod:`~node.p2p.addrs` (which addresses a node listens on and
+  announces), :mod:`~node.p2p.admission` (inbound connections capped before any handshake),
+  :mod:`~node.p2p.listener_guard` (refusal in the accept loop), :mod:`~node.p2p.shun` and
+  :mod:`~node.p2p.synfilter` (a churning source's SYNs dropped in the kernel), :mod:`~node.p2p.limits` (per-peer
+  connection and stream limits; what they need of the host is the ``Penalizer`` protocol), :mod:`~node.p2p.logs`
+  (py-libp2p's records routed, failure reasons spelled out).
 
-Importing this package does not import py-libp2p; starting a host does. The host uses :mod:`node.net`'s admission,
-addresses, limits and logs (the two packages import each other: docs/architecture.md).
+Importing this package does not import py-libp2p; starting a host does. Nothing here imports :mod:`node.net`,
+which builds on the host (the genesis handshake, reachability, relays, discovery).
 """
 
 from .framing import (

@@ -33,10 +33,8 @@ import multiaddr
 import nacl.signing
 import trio
 
-from ..net.addrs import Scope, announceable, parse_addr, scope
-from ..net.admission import Admission, AdmissionLimits, install as install_admission
-from ..net.limits import ConnectionNotifee, Limits, PeerLimiter, StreamGate
-from ..net.logs import install as route_network_logs, reason
+from .addrs import Scope, announceable, parse_addr, scope
+from .admission import Admission, AdmissionLimits, install as install_admission
 from .gossip import (
     Gossip,
     GossipMethods,
@@ -46,6 +44,8 @@ from .gossip import (
     raise_outbound_queue,
     retry_pubsub_streams,
 )
+from .limits import ConnectionNotifee, Limits, PeerLimiter, StreamGate
+from .logs import install as route_network_logs, reason
 from .quirks import batch_yamux_window_updates, check_port_free, exception_leaves
 from .scoring import PeerScores
 from .streams import (
@@ -99,20 +99,20 @@ class P2PHost(GossipMethods, StreamMethods):
         listen_host: IP address to listen on (``"0.0.0.0"`` for all interfaces) with ``listen_port``, when
             ``listen`` is not given.
         listen: multiaddrs to bind, e.g. ``["/ip4/0.0.0.0/tcp/4001", "/ip6/::/tcp/4001"]``
-            (:func:`node.net.addrs.parse_addr`).
+            (:func:`node.p2p.addrs.parse_addr`).
         announce: multiaddrs reachable from outside (port forwarding, a DNS name), announced first.
         genesis_hash: the chain's genesis hash; gossip topics carry its first 8 bytes, so nodes of another
             genesis never share a topic (the connection-time check is :mod:`node.net.hello`).
-        limits: per-peer connection and stream limits (:class:`node.net.limits.Limits`).
+        limits: per-peer connection and stream limits (:class:`node.p2p.limits.Limits`).
         admission: limits on raw inbound connections per IP and subnet, before any handshake
-            (:class:`node.net.admission.AdmissionLimits`).
+            (:class:`node.p2p.admission.AdmissionLimits`).
         heartbeat_interval: gossipsub heartbeat in seconds (mesh maintenance, gossip).
         degree, degree_low, degree_high: gossipsub mesh degree D, D_lo, D_hi.
         scores: per-peer misbehaviour scores (default: :class:`~node.p2p.scoring.PeerScores` defaults).
 
     Raises:
         ValueError: empty ``chain_id``.
-        node.net.addrs.AddrError: a bad ``listen`` or ``announce`` multiaddr.
+        node.p2p.addrs.AddrError: a bad ``listen`` or ``announce`` multiaddr.
     """
 
     def __init__(self, identity: Identity, listen_port: int = 0, chain_id: str | None = None, *,
@@ -216,11 +216,11 @@ class P2PHost(GossipMethods, StreamMethods):
             addrs_factory=lambda _candidates: self._factory_addrs(multiaddr.Multiaddr),
         )
         self._memoize_get_addrs(host)
-        # py-libp2p's resource manager caps streams node-wide and leaks slots on refusals (node.net.limits):
+        # py-libp2p's resource manager caps streams node-wide and leaks slots on refusals (node.p2p.limits):
         # Tally's per-peer limits replace it
         _swarm(host).set_resource_manager(None)
         # py-libp2p's accept path holds an inbound slot per connection until the swarm stops, and caps nothing
-        # per address: Tally's admission replaces it (node.net.admission)
+        # per address: Tally's admission replaces it (node.p2p.admission)
         install_admission(host.get_network(), self.admission)
         StreamGate(self.limiter, self).install(host.get_network())
         gossipsub = make_router(**self._gossip_params)
@@ -355,7 +355,7 @@ class P2PHost(GossipMethods, StreamMethods):
     def announced(self) -> list[str]:
         """What this node tells others it can be reached at, without ``/p2p``: ``--announce`` addresses,
         dial-back-confirmed and relay addresses, then bound addresses with wildcards expanded; never wildcard,
-        loopback only for a node bound to loopback alone (:func:`node.net.addrs.announceable`)."""
+        loopback only for a node bound to loopback alone (:func:`node.p2p.addrs.announceable`)."""
         if self._host is None:
             return []
         key = (tuple(self.announce), tuple(self.confirmed_addrs), tuple(self.relay_addrs))
@@ -395,7 +395,7 @@ class P2PHost(GossipMethods, StreamMethods):
     def reserve(self, peers: Iterable[str] = (), ips: Iterable[str] = ()) -> None:
         """Keep connection slots for ``peers`` (peer ID strings: validators, bootstrap peers) and for connections
         from ``ips`` (their addresses): reserved peers are not held to ``Limits.max_conns`` and reserved IPs get
-        the admission's reserved slots (:mod:`node.net.admission`); once a reserved peer has connected, its IP
+        the admission's reserved slots (:mod:`node.p2p.admission`); once a reserved peer has connected, its IP
         is reserved too. Callable before or while running."""
         for p in peers:
             self.limiter.reserved.add(p)
@@ -407,7 +407,7 @@ class P2PHost(GossipMethods, StreamMethods):
         """Keep connection slots for ``peers`` (peer ID strings that recently did useful work: a receipt of
         theirs landed in a block) for ``ttl`` seconds from now, as :meth:`reserve` does for validators; each
         vouch ends by itself (nothing a peer caused outlives its cause) and the table is LRU-bounded
-        (:meth:`node.net.admission.Admission.vouch`)."""
+        (:meth:`node.p2p.admission.Admission.vouch`)."""
         until = self.admission.clock() + ttl
         for p in peers:
             self.admission.vouch(p, until)
@@ -470,7 +470,7 @@ class P2PHost(GossipMethods, StreamMethods):
             pid = info.peer_id.to_base58()
             if pid == self._peer_id:
                 return
-            if self.banned(pid):  # its connection would be closed as it opens (node.net.limits)
+            if self.banned(pid):  # its connection would be closed as it opens (node.p2p.limits)
                 log.debug("not dialling %s: banned", pid)
                 return
             try:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from node.net.addrs import (
+from node.net.peers import MAX_BACKOFF, PeerBook
+from node.p2p.addrs import (
     AddrError,
     Scope,
     announceable,
@@ -15,8 +16,7 @@ from node.net.addrs import (
     strip_peer,
     usable_from,
 )
-from node.net.limits import Limits, PeerLimiter
-from node.net.peers import MAX_BACKOFF, PeerBook
+from node.p2p.limits import Limits, PeerLimiter
 
 P = "12D3KooWRcNPtNp97U5hzRFZcN4eP4CsUScKtjSEtqXbAZKJ9p4N"
 R = "12D3KooWSb8MMzSsKLLjEZDtwCKiaj2VMzoHgmeh5H6hZv44ijQV"

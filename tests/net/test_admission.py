@@ -20,9 +20,9 @@ from libp2p.peer.id import ID
 from multiaddr import Multiaddr
 
 from node.identity import Identity
-from node.net.limits import Limits
 from node.net.service import NetworkService
 from node.p2p.host import P2PHost
+from node.p2p.limits import Limits
 from tests.net.srcbind import idle_sockets, source
 from tests.p2p.util import run
 

@@ -1,4 +1,4 @@
-"""Refusal in the listener's accept loop (:mod:`node.net.listener_guard`), against real P2PHosts on loopback.
+"""Refusal in the listener's accept loop (:mod:`node.p2p.listener_guard`), against real P2PHosts on loopback.
 
 Two nodes run in one process, each with its own admission limits: a connection churn against one is refused in
 that node's accept loop (reset, no trio task spawned for it, no stream object), is counted by that node only, and
@@ -12,8 +12,8 @@ import time
 
 import trio
 
-from node.net.admission import AdmissionLimits
-from node.net.listener_guard import ListenerGuard
+from node.p2p.admission import AdmissionLimits
+from node.p2p.listener_guard import ListenerGuard
 from tests.net.test_admission import _port, fresh_peer, node, settled
 from tests.p2p.util import run
 

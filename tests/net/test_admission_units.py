@@ -11,10 +11,10 @@ import pytest
 import trio
 
 from node.identity import Identity
-from node.net.admission import Admission, AdmissionLimits, Refusal, subnet_of
 from node.net.hello import MAX_OBSERVED, MAX_TRACKED, Hello
-from node.net.limits import Limits, PeerLimiter
 from node.net.peers import MAX_PEERS, PeerBook
+from node.p2p.admission import Admission, AdmissionLimits, Refusal, subnet_of
+from node.p2p.limits import Limits, PeerLimiter
 from node.p2p.scoring import PeerScores
 
 G = b"\x01" * 32

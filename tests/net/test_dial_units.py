@@ -9,9 +9,9 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from node.net import logs
 from node.net.dial import Kind, LocalView, classify, race, select
 from node.net.paths import PathBook, PathKind, relay_of
+from node.p2p import logs
 
 R = "12D3KooWRelayRelayRelayRelayRelayRelayRelayRelayRel"
 CIRCUIT = f"/ip4/203.0.113.9/tcp/4001/p2p/{R}/p2p-circuit"

@@ -16,7 +16,7 @@ import trio
 from node.compute.model import make_tiny
 from node.compute.reference import local_generate
 from node.inference.server import INFERENCE_PROTOCOL
-from node.net.limits import Limits
+from node.p2p.limits import Limits
 from tests.e2e.swarm import swarm, tiny_genesis
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,10 +12,10 @@ from libp2p.peer.id import ID
 from multiaddr import Multiaddr
 
 from node.identity import Identity
-from node.net.limits import Limits
 from node.net.service import NetworkService
 from node.p2p.framing import RemoteError, StreamClosed
 from node.p2p.host import P2PHost, PeerUnreachable
+from node.p2p.limits import Limits
 from tests.p2p.util import run
 
 G1, G2 = b"\x01" * 32, b"\x02" * 32

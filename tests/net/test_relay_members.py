@@ -146,7 +146,7 @@ def test_non_members_hold_a_few_reservations_members_are_not_crowded_out():
             # an outsider that leaves gives its reservation back to the next outsider
             h0 = outsiders[0][0]
             # it leaves for good: a mere disconnect is undone at once by py-libp2p, whose gossipsub redials every
-            # peer it saw, so h0 also stops dialling the relay (a banned peer is never dialled: node.net.limits)
+            # peer it saw, so h0 also stops dialling the relay (a banned peer is never dialled: node.p2p.limits)
             h0.penalize(r.peer_id, 1e9)
             await h0.disconnect(r.peer_id)
             with trio.fail_after(10):

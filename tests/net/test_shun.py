@@ -1,6 +1,6 @@
 """Shunning (issue 23, check 3): a source refused too often has its SYNs dropped in the kernel for a while.
 
-The policy (:class:`node.net.shun.ShunList`) with a fake clock; the filter (:mod:`node.net.synfilter`) on real
+The policy (:class:`node.p2p.shun.ShunList`) with a fake clock; the filter (:mod:`node.p2p.synfilter`) on real
 listening sockets on loopback; and the two together in front of a real P2PHost: a churn from one address gets it
 shunned (its connects go unanswered, no accept, no task), a fresh peer from another address connects meanwhile, and
 once the shun ends by itself a fresh peer from the shunned address connects again (nothing outlives its cause).
@@ -14,9 +14,9 @@ import socket
 import pytest
 import trio
 
-from node.net.admission import Admission, AdmissionLimits
-from node.net.shun import ShunList, ShunPolicy
-from node.net.synfilter import MAX_PREFIXES, attach, compile_filter
+from node.p2p.admission import Admission, AdmissionLimits
+from node.p2p.shun import ShunList, ShunPolicy
+from node.p2p.synfilter import MAX_PREFIXES, attach, compile_filter
 from tests.net.test_admission import _port, fresh_peer, node, settled
 from tests.net.test_admission_listener import churn
 from tests.p2p.util import run

@@ -32,7 +32,7 @@ import psutil
 
 from node.compute.model import load_manifest
 from node.identity import Identity, dev_seed
-from node.net.admission import AdmissionLimits
+from node.p2p.admission import AdmissionLimits
 from tests.inference.procs import free_port, spawn, stop_all, tail, wait_info
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ What py-libp2p 0.8.1 does on its own (``libp2p/network/swarm.py``):
    :attr:`AdmissionLimits.reserved` slots are kept for reserved addresses (bootstrap peers', validators', peers
    vouched for by the node: :meth:`Admission.reserve_ip`);
    a refused socket is closed at once, before it costs a handshake: for TCP listeners in the listener's accept
-   loop itself, before a trio task or stream object exists (:mod:`node.net.listener_guard`; ``SO_LINGER`` 0);
+   loop itself, before a trio task or stream object exists (:mod:`node.p2p.listener_guard`; ``SO_LINGER`` 0);
 2. upgrades with ``inbound_upgrade_timeout`` = :attr:`AdmissionLimits.upgrade_timeout` (a few seconds);
 3. holds the connection's counts exactly while it is open: they are given back when its muxer shuts down.
 
@@ -102,7 +102,7 @@ class AdmissionLimits:
     upgrade_timeout: float = 4.0  # seconds for Noise + Yamux negotiation of one inbound connection
     max_tracked: int = 4096  # IPs and subnets whose state is kept (LRU beyond)
     # A source refused shun_after times within one second (per IP or per subnet reasons only) has its SYNs dropped
-    # in the kernel for shun_seconds (node.net.shun, node.net.synfilter); shun_after 0: never.
+    # in the kernel for shun_seconds (node.p2p.shun, node.p2p.synfilter); shun_after 0: never.
     shun_after: int = 64
     shun_seconds: float = 5.0
     shun_max: int = 128  # sources shunned at once
@@ -119,7 +119,7 @@ class AdmissionLimits:
         self.shun_policy()  # raises ValueError for a bad shun setting
 
     def shun_policy(self) -> ShunPolicy:
-        """The :class:`~node.net.shun.ShunPolicy` of these limits."""
+        """The :class:`~node.p2p.shun.ShunPolicy` of these limits."""
         return ShunPolicy(self.shun_after, self.shun_seconds, self.shun_max, self.max_tracked)
 
 
@@ -221,7 +221,7 @@ class Admission:
         self.accepted = 0
         self._keys: OrderedDict[str, tuple[str, str]] = OrderedDict()  # raw ip -> (normal ip, subnet); LRU
         self._total: tuple[float, float] = (float(self.limits.total_accept_burst), clock())  # (tokens, at)
-        # sources refused too often: their SYNs dropped in the kernel for a while (node.net.shun)
+        # sources refused too often: their SYNs dropped in the kernel for a while (node.p2p.shun)
         self.shun = ShunList(self.limits.shun_policy(), clock, reserved=self.ip_reserved,
                              reserved_ips=lambda: list(self.reserved_ips))
 
@@ -404,7 +404,7 @@ def install(network: Any, admission: Admission, outbound_headroom: int = 256) ->
     ``max_connections`` (and pruning high watermark) to ``open_total + outbound_headroom``, so py-libp2p's own
     300-connection cap, outbound included, no longer lets an inbound flood stop the node from dialling its peers.
     Wraps this swarm's ``listen`` (the instance's, not the class's: other hosts in the process keep theirs) so that
-    the TCP listeners it starts refuse in their accept loop (:func:`node.net.listener_guard.guard_listeners`).
+    the TCP listeners it starts refuse in their accept loop (:func:`node.p2p.listener_guard.guard_listeners`).
     Idempotent per swarm.
     """
     if getattr(network, "_tally_admission", None) is not None:
@@ -416,7 +416,7 @@ def install(network: Any, admission: Admission, outbound_headroom: int = 256) ->
 
     async def listen_guarded(*maddrs: Any) -> bool:
         ok = bool(await listen(*maddrs))
-        guard_listeners(network, guard)  # refusals in the accept loop from now on (node.net.listener_guard)
+        guard_listeners(network, guard)  # refusals in the accept loop from now on (node.p2p.listener_guard)
         return ok
 
     network.listen = listen_guarded

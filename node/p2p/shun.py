@@ -1,5 +1,5 @@
 """Shunning a source that keeps connecting after it is refused: its SYNs dropped in the kernel for a while
-(issue 23, check 3; the filter is :mod:`node.net.synfilter`, the refusals :mod:`node.net.admission`).
+(issue 23, check 3; the filter is :mod:`node.p2p.synfilter`, the refusals :mod:`node.p2p.admission`).
 
 A refusal in the accept loop is cheap but not free; an attacker that reconnects as fast as it is reset (~1,600
 times/s from one process) makes the node pay it over and over. :class:`ShunList` counts the refusals charged to one
@@ -33,7 +33,7 @@ class ShunPolicy:
 
     Raises:
         ValueError: ``after`` below 0 (0 turns shunning off), ``seconds`` not positive, a bound below 1 or
-            ``max_entries`` over :data:`node.net.synfilter.MAX_PREFIXES`.
+            ``max_entries`` over :data:`node.p2p.synfilter.MAX_PREFIXES`.
     """
 
     after: int = 64  # refusals of one IP (or one subnet) within one second that shun it; 0: never shun

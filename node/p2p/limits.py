@@ -12,7 +12,7 @@ and applies these limits instead:
   ``conn_rate`` new connections per peer per minute, and ``max_conns`` in all. Connections this node dialled
   and connections of reserved peers (validators, bootstrap peers: :attr:`PeerLimiter.reserved`) are not held
   to ``max_conns``, so a flood of fresh identities cannot stop a validator from reaching the others.
-  Per-address limits, which identities cannot dodge, apply before the handshake (:mod:`node.net.admission`).
+  Per-address limits, which identities cannot dodge, apply before the handshake (:mod:`node.p2p.admission`).
 
 Per-peer state is bounded: stream counts and buckets exist only while a peer has streams open, connection
 times are kept for at most :attr:`Limits.max_tracked` peers (least recently connected forgotten first).

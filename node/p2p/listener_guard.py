@@ -3,23 +3,23 @@
 
 py-libp2p 0.8.1 serves a TCP listen address with ``trio.serve_listeners`` (``libp2p/transport/tcp/tcp.py``,
 ``TCPListener.listen``): every accepted socket gets its own handler task, a ``TrioTCPStream`` and py-libp2p's
-connection wrappers before Tally's admission (:mod:`node.net.admission`) can look at its address. A peer that
+connection wrappers before Tally's admission (:mod:`node.p2p.admission`) can look at its address. A peer that
 reconnects as fast as it is refused (~1,600 connections/s from one process on loopback) then costs the node a task
 spawn, those wrappers and two closes per connection: 0.83 cores against 0.28 without the churn (``bench/attack.py``,
 class ``idle``, before this module).
 
 :func:`guard_listeners` replaces the ``accept`` method of each ``trio.SocketListener`` of one swarm's TCP listeners
 (an attribute of that listener object only: several hosts in one process keep their own admissions) with a loop
-that accepts the raw socket, asks the swarm's :class:`~node.net.admission.Admission` about its remote address, and
+that accepts the raw socket, asks the swarm's :class:`~node.p2p.admission.Admission` about its remote address, and
 
 * refuses synchronously, without a task or a stream object: ``SO_LINGER`` 0, then ``close`` (the kernel answers
   with RST, so no ``TIME_WAIT`` state is kept for a connection we never wanted);
 * admits by returning the ``trio.SocketStream`` to ``trio.serve_listeners``, which spawns the handler task as
-  before; the connection's :class:`~node.net.admission.Ticket` is handed to that task through :func:`take_ticket`.
+  before; the connection's :class:`~node.p2p.admission.Ticket` is handed to that task through :func:`take_ticket`.
 
-A source refused too often (:mod:`node.net.shun`: 64 refusals within a second, by default) is shunned for a while:
+A source refused too often (:mod:`node.p2p.shun`: 64 refusals within a second, by default) is shunned for a while:
 the guard attaches a socket filter to each listening socket that drops its SYNs in the kernel
-(:mod:`node.net.synfilter`), so a churn that goes on costs the node no accept at all; the accept loop's wait is
+(:mod:`node.p2p.synfilter`), so a churn that goes on costs the node no accept at all; the accept loop's wait is
 bounded by the next shun's end, when the filter is attached again without it.
 
 trio's own ``SocketListener.accept`` semantics are kept: ``EBADF`` becomes ``trio.ClosedResourceError``, the errnos
@@ -47,7 +47,7 @@ from .shun import ShunList
 
 
 class Gate(Protocol):
-    """What the guard needs of the swarm's admission (:class:`node.net.admission.Admission`): a decision per
+    """What the guard needs of the swarm's admission (:class:`node.p2p.admission.Admission`): a decision per
     remote address (an opaque ticket, or None for a refusal) and its shun list. Declared here, by the consumer,
     so that the admission may import the guard without a cycle."""
 
@@ -77,8 +77,8 @@ class ListenerGuard:
     """The accept-loop admission of one swarm (see the module doc).
 
     Args:
-        admission: returns the swarm's current :class:`~node.net.admission.Admission` (looked up per accept, so
-            that :func:`node.net.admission.install` may replace it).
+        admission: returns the swarm's current :class:`~node.p2p.admission.Admission` (looked up per accept, so
+            that :func:`node.p2p.admission.install` may replace it).
 
     Attributes:
         refused_in_accept: connections refused in the accept loop (also counted in the admission's ``refused``).
@@ -95,7 +95,7 @@ class ListenerGuard:
 
     def _sync_filter(self) -> float | None:
         """End the admission's due shuns and, if its set of shunned prefixes changed since the last sync, attach
-        the new SYN filter (:mod:`node.net.synfilter`) to every guarded listener's socket. Returns the seconds
+        the new SYN filter (:mod:`node.p2p.synfilter`) to every guarded listener's socket. Returns the seconds
         until the next shun ends (None: none left), which bounds the accept loop's wait."""
         shun = self.admission().shun
         wait = shun.expire()

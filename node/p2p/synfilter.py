@@ -1,7 +1,7 @@
 """Dropping the SYNs of shunned source addresses in the kernel, with a classic BPF socket filter on the listening
 socket (issue 23, check 3: a connection churn must not cost the node a core).
 
-Refusing a connection in the accept loop (:mod:`node.net.listener_guard`) still costs the node an ``accept``, an
+Refusing a connection in the accept loop (:mod:`node.p2p.listener_guard`) still costs the node an ``accept``, an
 address lookup and a reset close per connection: ~1,600 connections/s from one attacking process kept ~0.4 of a
 core busy. A socket filter attached to a *listening* TCP socket (``SO_ATTACH_FILTER``, Linux
 ``Documentation/networking/filter.rst``) runs on every packet delivered to that socket, the SYN included
