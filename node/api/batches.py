@@ -73,7 +73,7 @@ async def get_batch(node: NodeDep, batch_id: str, items: bool = False) -> dict[s
     adds every assigned item's workers, commit and reveal counts and accepted result hash."""
     _, b = _batch(node, batch_id)
     out = batch_json(b, node.ledger.state, with_items=items)
-    w = getattr(node, "batches", None)
+    w = node.batches
     if w is not None:
         out["local_results_computed"] = w.done
     return out

@@ -11,7 +11,7 @@ the node of the app it reached. The token check is :func:`node.api.security.requ
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Protocol
 
 from fastapi import Depends, Request
 
@@ -19,19 +19,30 @@ from .security import require_token
 
 if TYPE_CHECKING:  # types only: the API sits above all of these (see the layers contract in pyproject.toml)
     from ..batch.items import ContentStore
+    from ..batch.worker import BatchWorker
     from ..blobs import BlobStore
+    from ..compute.budget import MemoryBudget
     from ..compute.model import Manifest
-    from ..inference.client import Generation
+    from ..inference.client import Generation, RouteClient
+    from ..inference.server import SpanServer
     from ..inference.swarm import SwarmTable
     from ..keys import Identity
     from ..ledger.core.genesis import Genesis
     from ..ledger.service import LedgerService
     from ..ledger.store import LedgerStore
+    from ..market.worker import JobWorker
+    from ..net.service import NetworkService
+    from ..p2p.budget import ReplyBudget
+    from ..p2p.host import P2PHost
+    from ..settle.book import EpochBook
+    from ..settle.tabs import TabBook
     from ..training.seams import Executor
+    from ..verify.member import CommitteeMember
 
 
 class ModelSettings(Protocol):
-    """What the API reads of the node's configuration (``node.cfg``)."""
+    """What the API reads of the node's configuration (``node.cfg``, a :class:`node.runtime.NodeConfig`: above the
+    API in the layers, hence this Protocol)."""
 
     @property
     def model_dir(self) -> Path: ...
@@ -42,11 +53,15 @@ class ModelSettings(Protocol):
     @property
     def span(self) -> tuple[int, int] | str | None: ...  # the decoder blocks served ("auto" until resolved)
 
+    @property
+    def budget(self) -> MemoryBudget | None: ...  # node start --max-memory (None: no budget)
+
 
 class NodeAPI(Protocol):
     """What the API's routers use of :class:`node.runtime.Node` (read-only properties, so the node's plain
-    attributes satisfy them). Attributes a node may lack (``jobs``, ``batches``, ``net``, ``server``) are None
-    when the node runs without that service; the routes that need them say so in their replies."""
+    attributes satisfy them; :func:`node.runtime.api_view` checks that a Node is one). A service the node runs
+    without (``server``, ``jobs``, ``batches``, ``member``, ``tab_book``, ``book``; ``net`` in a test's node) is
+    None; the routes that need it say so in their replies."""
 
     @property
     def api_token(self) -> str: ...
@@ -73,19 +88,31 @@ class NodeAPI(Protocol):
     def swarm(self) -> SwarmTable: ...
 
     @property
-    def server(self) -> Any: ...  # node.inference.server.SpanServer or None: ``active`` (sessions open now)
+    def server(self) -> SpanServer | None: ...  # sessions open now and served (status, swarm, /metrics)
 
     @property
-    def jobs(self) -> Any: ...  # node.market.worker.JobWorker or None: ``progress``, ``release``
+    def jobs(self) -> JobWorker | None: ...  # ``progress`` (a job's local losses), ``release``
 
     @property
-    def batches(self) -> Any: ...  # node.batch.worker.BatchWorker or None: ``done``
+    def batches(self) -> BatchWorker | None: ...  # ``done`` (results computed here)
 
     @property
-    def net(self) -> Any: ...  # node.net.service.NetworkService or None: ``path_of(peer)``
+    def member(self) -> CommitteeMember | None: ...  # ``memory_view`` (what committee duty holds of the budget)
 
     @property
-    def host(self) -> Any: ...  # node.p2p.host.P2PHost: handed to the capabilities' clients (post, fetch)
+    def net(self) -> NetworkService | None: ...  # ``status``, ``path_of(peer)`` (issue 25)
+
+    @property
+    def host(self) -> P2PHost: ...  # addresses, peers, gossip counts; handed to the capabilities' clients
+
+    @property
+    def reply_budget(self) -> ReplyBudget: ...  # bulk replies in flight and refused (/metrics)
+
+    @property
+    def tab_book(self) -> TabBook | None: ...  # what this node signed on its tabs as a requester (issue 37)
+
+    @property
+    def book(self) -> EpochBook | None: ...  # the tab receipts this node holds as a worker (issue 37)
 
     @property
     def blobs(self) -> BlobStore: ...
@@ -96,7 +123,7 @@ class NodeAPI(Protocol):
     @property
     def executor(self) -> Executor: ...  # the torch thread (node.training.client computes θ_0 there)
 
-    def client_for(self, model: str | None = None) -> Any:
+    def client_for(self, model: str | None = None) -> RouteClient:
         """The route client of ``model`` (name or id; None: this node's model); ``manifest.vocab_size``.
 
         Raises:

@@ -83,22 +83,20 @@ class NodeCollector:
         yield counter("slashed_base_units", "Base units slashed", int(ver["slashed"]["base_units"]))
         server = n.server
         yield counter("sessions_served", "Inference sessions this node served and receipted",
-                      getattr(server, "sessions_served", 0) if server else 0)
+                      server.sessions_served if server else 0)
         yield gauge("sessions_active", "Inference sessions open on this node",
-                    getattr(server, "active", 0) if server else 0)
+                    server.active if server else 0)
         yield counter("tokens_served", "Token positions this node's span processed",
-                      getattr(server, "tokens_served", 0) if server else 0)
+                      server.tokens_served if server else 0)
         yield counter("ledger_sessions", "Inference sessions receipted on the ledger", len(st.sessions))
         yield counter("p2p_stream_bytes", "Bytes of framed protocol messages (this process)",
                       {"sent": STATS["sent"], "received": STATS["received"]}, ["direction"])
         yield gauge("peers", "Connected libp2p peers", len(n.host.connected_peers()))
-        rb = getattr(n, "reply_budget", None)  # node.p2p.budget: memory of bulk replies in flight, refusals
-        if rb is not None:
-            b = rb.stats()
-            yield gauge("reply_bytes_in_flight", "Bytes reserved by bulk replies being written now (blocks, batch "
-                        "content, blobs, snapshot chunks, sync)", b["in_flight_bytes"])
-            yield counter("replies_refused", "Bulk replies refused as busy, by the budget cap that was full",
-                          {"peer": b["refused_peer"], "node": b["refused_node"]}, ["cap"])
+        b = n.reply_budget.stats()  # node.p2p.budget: memory of bulk replies in flight, refusals
+        yield gauge("reply_bytes_in_flight", "Bytes reserved by bulk replies being written now (blocks, batch "
+                    "content, blobs, snapshot chunks, sync)", b["in_flight_bytes"])
+        yield counter("replies_refused", "Bulk replies refused as busy, by the budget cap that was full",
+                      {"peer": b["refused_peer"], "node": b["refused_node"]}, ["cap"])
         gc = n.host.gossip_counts()
         yield counter("gossip_sent", "Gossip RPC items sent to peers (publish: per receiving peer; ihave/iwant: "
                       "message ids)", {f"{k}:{t}" if t else k: x for (k, t), x in sorted(gc.sent.items())}, ["kind"])

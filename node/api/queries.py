@@ -116,7 +116,7 @@ class Queries:
             "num_blocks": n.manifest.num_blocks, "span": list(n.cfg.span) if n.cfg.span else None,
             "swarm": [{"peer": p, "span": [s, e]} for p, s, e in n.swarm.live(n.manifest.model_id)],
             "supply": v.amount(st.supply()), "genesis_hash": n.genesis.hash.hex(),
-            "network": n.net.status() if getattr(n, "net", None) is not None else None,
+            "network": n.net.status() if n.net is not None else None,
             "pruned_below": n.store.pruned_below, **self._history_status(st),
             "consensus": self._consensus(),
             "committee_warning": self._committee_warning(st),
@@ -125,10 +125,10 @@ class Queries:
 
     def _memory(self) -> Json | None:
         """``node start --max-memory``'s budget and what committee duty holds of it; None without a budget."""
-        budget = getattr(self.node.cfg, "budget", None)
+        budget = self.node.cfg.budget
         if budget is None:
             return None
-        member = getattr(self.node, "member", None)
+        member = self.node.member
         return {**budget.view(), **(member.memory_view() if member is not None else {})}
 
     def _committee_warning(self, st: State) -> str | None:
@@ -141,7 +141,7 @@ class Queries:
 
     def _consensus(self) -> Json | None:
         """The consensus driver's state (:meth:`node.ledger.driver.ConsensusDriver.status`); None without one."""
-        driver = getattr(self.node.ledger, "driver", None)
+        driver = self.node.ledger.driver
         if driver is None:
             return None
         out = driver.status()

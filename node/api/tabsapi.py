@@ -12,17 +12,21 @@ first ones.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from ..ledger.core.tabs import EpochBatch
 from ..ledger.core.tabs.state import Settlement, Tab
-from .deps import NodeDep
+from .deps import NodeAPI, NodeDep
 from .models import ErrorOut
 from .security import ApiError
 from .views import acct, amount, hexid, parse_account, parse_id
+
+if TYPE_CHECKING:
+    from ..ledger.core.state import State
+    from ..ledger.store import LedgerStore
 
 MAX_TABS = 1000
 
@@ -35,7 +39,7 @@ def tab_json(tab_id: bytes, t: Tab) -> dict[str, Any]:
             "closes_at": t.close_at or None}
 
 
-def tabs_of(s: Any, a: bytes) -> tuple[list[dict[str, Any]], int]:
+def tabs_of(s: State, a: bytes) -> tuple[list[dict[str, Any]], int]:
     """The tabs ``a`` opened or is paid through (the first :data:`MAX_TABS`), and the base units locked in those it
     opened, in one scan of the tab table."""
     tabs: list[dict[str, Any]] = []
@@ -60,7 +64,7 @@ def settlement_json(key: bytes, st: Settlement) -> dict[str, Any]:
             "decided": st.decided, "disputes": st.disputes, "final_at": None, "vouchers": []}
 
 
-def final_settlement_json(store: Any, key: bytes) -> dict[str, Any] | None:
+def final_settlement_json(store: LedgerStore, key: bytes) -> dict[str, Any] | None:
     """An epoch batch the state no longer holds, from the explorer's index and its block
     (:meth:`node.ledger.store.LedgerStore.batch_story`): what it committed to, its vouchers, the receipts revealed
     from it and its fate (``paid`` or ``refunded``; ``included`` while the index knows no end). None: no block
@@ -71,7 +75,7 @@ def final_settlement_json(store: Any, key: bytes) -> dict[str, Any] | None:
     tx_id, fate, reveals = story
     loc = store.tx_location(tx_id)
     got = store.get_block(loc[0]) if loc is not None else None
-    if got is None:
+    if got is None or loc is None:
         return None
     b = got[0].txs[loc[1]]
     if not isinstance(b, EpochBatch):
@@ -84,14 +88,14 @@ def final_settlement_json(store: Any, key: bytes) -> dict[str, Any] | None:
             "drawn": [{"index": i, "receipt": hexid(rid)} for i, rid in reveals], "decided": None, "disputes": 0}
 
 
-def owed_on(node: Any, tab_id: bytes, t: Tab) -> int | None:
+def owed_on(node: NodeAPI, tab_id: bytes, t: Tab) -> int | None:
     """What the requester has signed on ``tab_id`` beyond what the ledger redeemed (base units), as this node knows
     it: the highest cumulative it countersigned (its requester's tab book) or holds (its worker's epoch book); None
     for a tab this node is neither end of (only the two ends hold the receipts)."""
     me = node.ident.account
-    if t.requester == me and getattr(node, "tab_book", None) is not None:
-        signed: int = node.tab_book.signed.get(tab_id, 0)
-    elif t.worker == me and getattr(node, "book", None) is not None:
+    if t.requester == me and node.tab_book is not None:
+        signed = node.tab_book.signed.get(tab_id, 0)
+    elif t.worker == me and node.book is not None:
         newest = node.book.newest(tab_id)
         signed = newest.cumulative if newest is not None else 0
     else:

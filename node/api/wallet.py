@@ -401,5 +401,5 @@ async def generate(node: NodeDep, req: m.GenerateRequest) -> JSON:
 
 def route_path(node: NodeAPI, peer: str) -> dict[str, Any]:
     """How ``node`` reaches a route's server now: ``path`` (direct or relayed) and ``rtt_ms`` (issue 25)."""
-    net = getattr(node, "net", None)
+    net = node.net
     return net.path_of(peer) if net is not None else {}
