@@ -9,10 +9,12 @@ compares the result with the stored state, with a progress bar (plain lines when
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TextIO
+from typing import IO, TextIO
 
 from ..lockfile import LockHeld, hold
 from . import statedb
@@ -22,7 +24,7 @@ from .store import LedgerStore, StoreCorrupt, StoreLocked
 KINDS = {b"B": "blocks", b"S/": "state", b"i/": "explorer index", b"X/": "history log", b"T/": "state tree"}
 
 
-def add_ledger_parser(sub, default_data_dir: Path) -> None:
+def add_ledger_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], default_data_dir: Path) -> None:
     """Register ``node ledger info|verify`` on an argparse subparsers object."""
     p = sub.add_parser("ledger", help="inspect or re-verify this node's ledger (the node must be stopped)",
                        description="Inspect and re-verify a node's ledger while the node is stopped: `info` prints "
@@ -41,7 +43,7 @@ def add_ledger_parser(sub, default_data_dir: Path) -> None:
                            help="rewrite the stored state from the replay when they differ")
 
 
-def _open(args) -> tuple[LedgerStore, object]:
+def _open(args: argparse.Namespace) -> tuple[LedgerStore, IO[str]]:
     path = args.data_dir / "ledger"
     if not path.is_dir():
         sys.exit(f"node ledger: no ledger in {args.data_dir} (start a node there first)")
@@ -59,7 +61,7 @@ def _open(args) -> tuple[LedgerStore, object]:
         sys.exit(f"node ledger: {e}")
 
 
-def _progress(total: int, out: TextIO):
+def _progress(total: int, out: TextIO) -> tuple[Callable[[int], None], Callable[[], None]]:
     """``(fn(height), close())``: a tqdm bar on a terminal, else a plain line every 10 % of the blocks."""
     if out.isatty():
         # local: tqdm (~70 ms) only while a progress bar is drawn; every CLI command imports this module
@@ -76,7 +78,7 @@ def _progress(total: int, out: TextIO):
     return line, (lambda: None)
 
 
-def run_ledger_command(args, out: TextIO = sys.stdout) -> int:
+def run_ledger_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     """Run ``node ledger info|verify``. Returns the exit status (verify: 1 when the stored state differs and
     was not repaired, 2 when a block does not verify)."""
     store, _lock = _open(args)

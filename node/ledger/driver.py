@@ -31,14 +31,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
 from ..encoding import pack
-from ..identity import Identity, verify
-from .core.block import InvalidBlock, decode_block, proposal_digest, vote_digest
+from .consensus_msgs import decode_message, sign_message
+from .core.block import Block, InvalidBlock, decode_block
 from .core.chain import check_block, check_time, propose
 from .core.consensus import (
     PRECOMMIT,
@@ -54,8 +53,8 @@ from .core.consensus import (
 )
 from .core.liveness import block_due, height_need, needs_proof
 from .core.state import State
-from .core.tx import Evidence, InvalidTx, Tx
-from .genesis import Genesis
+from .core.tx import Evidence, InvalidTx
+from .seams import ConsensusLedger
 
 log = logging.getLogger("tally.consensus")
 
@@ -65,36 +64,6 @@ RESEND_MAX = 4.0  # seconds: the longest wait between two re-broadcasts while it
 RESEND_SLACK = 0.05  # seconds: a re-send falls due this early, so that the 1 s loop tick meets it
 IDLE_POLL = 1.0  # seconds between two looks at the mempool while a quiet height waits with no wake-up (a backstop:
 # a transaction admitted through LedgerService.add_tx wakes the waiting height at once, see tx_added)
-
-
-class ConsensusLedger(Protocol):
-    """What the driver needs of the ledger service that runs it (the consumer's view of
-    :class:`node.ledger.service.LedgerService`, which imports this module): the head state and its genesis, the
-    store (``head_time_ms``, ``last_commit``, ``get_block_raw``), the mempool (``verified``), the gossip host
-    (``publish``, ``topic``, ``mesh_peers``), a wall clock in seconds, and the calls below."""
-
-    ident: Identity
-    state: State
-    genesis: Genesis
-    store: Any
-    mempool: Any
-    host: Any
-    clock: Callable[[], float]
-
-    @property
-    def chain_id(self) -> str: ...
-
-    def candidates(self) -> list[Tx]: ...
-
-    def drop_rejected(self, rejected) -> None: ...
-
-    def request_sync(self, peer: str) -> None: ...
-
-    def on_block(self, fn: Callable[..., None]) -> None: ...
-
-    async def submit(self, tx: Tx) -> bytes: ...
-
-    async def commit_decided(self, block, commit, new_state: State) -> bool: ...
 
 
 class ConsensusDriver:
@@ -109,14 +78,14 @@ class ConsensusDriver:
         self.fault = fault
         self.machine = Tendermint(self.ident.account, ledger.state.valset(), ledger.state.height + 1,
                                   self._get_value, self._valid, timeouts)
-        self.blocks: dict[bytes, tuple] = {}  # value id -> (Block, state after it), current height
+        self.blocks: dict[bytes, tuple[Block, State]] = {}  # value id -> (Block, state after it), current height
         self.signed: dict[tuple[str, int, int, bytes], tuple[bytes, bytes]] = {}  # (kind, h, r, sender) -> (v, sig)
-        self.future: list[tuple[dict, str]] = []
+        self.future: list[tuple[dict[str, Any], str]] = []  # (message, from peer) of a later height
         self.reported: set[bytes] = set()
         self.decide_times: list[float] = []  # seconds from a height's first proposal to its decision
         self._height_started = time.monotonic()
         self._committing = False
-        self.extra_sent: list[dict] = []  # test switch: the double-signed vote, re-sent like the others
+        self.extra_sent: list[dict[str, Any]] = []  # test switch: the double-signed vote, re-sent like the others
         p = ledger.genesis.params
         self.quiet = p.heartbeat() > p.block_time_ms  # wait for a reason before round 0 (module docstring)
         self._idle_height = 0  # the height waiting for a reason to start round 0 (0: none)
@@ -128,11 +97,13 @@ class ConsensusDriver:
         self._round_key = (self.machine.height, self.machine.round)  # (height, round) the machine is in
         self._round_since = time.monotonic()  # when the machine entered it
         self._last_commit: float | None = None  # time.monotonic() of the last block this node stored (None: none yet)
-        self._resend_key: tuple = ()  # (height, round, step) at the last re-send look
+        self._resend_key: tuple[int, int, str] | tuple[()] = ()  # (height, round, step) at the last re-send look
         self._resend_at = 0.0  # time.monotonic() from which the current state's messages are re-sent
         self._resend_gap = RESEND_PERIOD  # seconds to the next re-send after that
         self.resends = 0  # re-broadcasts of this height's messages since start
-        self._send, self._recv = trio.open_memory_channel(10_000)
+        # events, in order: ("msg", wire map, from peer), ("timeout", Timeout), ("next", height), ("wake", height,
+        # why), ("resend",)
+        self._send, self._recv = trio.open_memory_channel[tuple[Any, ...]](10_000)
         ledger.on_block(self._on_block)
 
     # ------------------------------------------------------------------ machine callbacks
@@ -150,7 +121,7 @@ class ConsensusDriver:
     def _valid(self, value: bytes) -> bool:
         return value in self.blocks
 
-    def _on_block(self, block, state) -> None:
+    def _on_block(self, block: Block, state: State) -> None:
         """A block committed by sync or from another validator's gossip: move on at once. Our own decisions
         move on ``block_time_ms`` after the decided height started instead, see :meth:`_decide`."""
         self._last_commit = time.monotonic()
@@ -169,34 +140,12 @@ class ConsensusDriver:
         quiet height waiting for a reason looks at once instead of at its next backstop poll."""
         self._tx_event.set()
 
-    def inbound(self, msg: dict, from_peer: str) -> None:
+    def inbound(self, msg: dict[str, Any], from_peer: str) -> None:
         """Queue a consensus message from gossip (checked in the consensus task)."""
         try:
             self._send.send_nowait(("msg", msg, from_peer))
         except trio.WouldBlock:
             log.warning("consensus queue full; dropping a message from %s", from_peer[:16])
-
-    def _decode(self, msg: dict):
-        kind, h, r = msg.get("k"), msg.get("h"), msg.get("r")
-        sender, sig = msg.get("from"), msg.get("sig")
-        if not (isinstance(h, int) and isinstance(r, int) and h >= 1 and 0 <= r < 10_000
-                and isinstance(sender, bytes) and sender in self._senders() and isinstance(sig, bytes)):
-            raise ValueError("malformed consensus message")
-        if kind == "proposal":
-            value, vr = msg.get("v"), msg.get("vr")
-            if not (isinstance(value, bytes) and len(value) == 32 and isinstance(vr, int) and -1 <= vr < r):
-                raise ValueError("malformed proposal")
-            if not verify(sender, proposal_digest(self.chain_id, h, r, value, vr), sig):
-                raise ValueError("bad proposal signature")
-            return Proposal(h, r, value, vr, sender)
-        if kind in (PREVOTE, PRECOMMIT):
-            value = msg.get("v")
-            if not (isinstance(value, bytes) and len(value) in (0, 32)):
-                raise ValueError("malformed vote")
-            if not verify(sender, vote_digest(kind, self.chain_id, h, r, value or None), sig):
-                raise ValueError("bad vote signature")
-            return Vote(kind, h, r, value or None, sender)
-        raise ValueError(f"unknown consensus message {kind!r}")
 
     def _senders(self) -> set[bytes]:
         """Who may send consensus messages we keep: the validators of the next two heights (the state knows
@@ -204,9 +153,9 @@ class ConsensusDriver:
         st = self.ledger.state
         return set(st.valset().accounts) | set(st.next_valset().accounts)
 
-    async def _handle_msg(self, msg: dict, from_peer: str) -> None:
+    async def _handle_msg(self, msg: dict[str, Any], from_peer: str) -> None:
         try:
-            m = self._decode(msg)
+            m = decode_message(msg, self.chain_id, self._senders)
         except ValueError as e:
             log.info("dropped consensus message from %s: %s", from_peer[:16], e)
             return
@@ -228,7 +177,7 @@ class ConsensusDriver:
             await self._record_vote(m, msg["sig"])
             await self._act(self.machine.on_vote(m))
 
-    def _check_proposal(self, msg: dict, p: Proposal) -> None:
+    def _check_proposal(self, msg: dict[str, Any], p: Proposal) -> None:
         try:
             block = decode_block(msg.get("block"))
             if block.hash != p.value or block.height != p.height or block.header.proposer != p.sender:
@@ -266,21 +215,14 @@ class ConsensusDriver:
 
     # ------------------------------------------------------------------ outbound
 
-    def _wire(self, m) -> dict:
-        if isinstance(m, Proposal):
-            block = self.blocks[m.value][0]
-            sig = self.ident.sign(proposal_digest(self.chain_id, m.height, m.round, m.value, m.valid_round))
-            return {"k": "proposal", "h": m.height, "r": m.round, "v": m.value, "vr": m.valid_round,
-                    "from": self.ident.account, "sig": sig, "block": block.to_wire()}
-        value = m.value or b""
-        sig = self.ident.sign(vote_digest(m.kind, self.chain_id, m.height, m.round, m.value))
-        return {"k": m.kind, "h": m.height, "r": m.round, "v": value, "from": self.ident.account, "sig": sig}
+    def _wire(self, m: Proposal | Vote) -> dict[str, Any]:
+        return sign_message(self.ident, self.chain_id, m, self.blocks[m.value][0] if isinstance(m, Proposal) else None)
 
-    async def _publish(self, wire: dict) -> None:
+    async def _publish(self, wire: dict[str, Any]) -> None:
         wire = {**wire, "t": time.time_ns()}  # unsigned: keeps re-broadcasts distinct for gossip de-duplication
-        await self.ledger.host.publish(self.ledger.host.topic("consensus"), pack(wire))
+        await self.ledger.net.publish(self.ledger.net.topic("consensus"), pack(wire))
 
-    async def _act(self, actions: list) -> None:
+    async def _act(self, actions: list[Any]) -> None:
         queue = list(actions)
         while queue:
             a = queue.pop(0)
@@ -423,7 +365,7 @@ class ConsensusDriver:
                          m.locked_round, m.valid_round)
             self._round_key, self._round_since = key, time.monotonic()
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         """This validator's consensus state for ``/v1/status``: the height and round the machine is in, its step
         (``idle``: a quiet height waiting for a reason to start round 0), seconds in this round and since the last
         stored block (None: none since start), the round's proposer (account bytes), the voting power of the
@@ -453,7 +395,7 @@ class ConsensusDriver:
             "timeouts": dict(self.timeouts_acted),
             "timeout_lag": m.lag, "resends": self.resends,
             "queued": self._send.statistics().current_buffer_used,
-            "mesh": len(self.ledger.host.mesh_peers(self.ledger.host.topic("consensus"))),
+            "mesh": len(self.ledger.net.mesh_peers(self.ledger.net.topic("consensus"))),
         }
 
     # ------------------------------------------------------------------ quiet when idle

@@ -5,6 +5,8 @@ changes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..encoding import pack
 from .core.block import Block
 from .core.kv import Table
@@ -33,7 +35,7 @@ def index_block(block: Block, old: State, new: State) -> list[tuple[bytes, bytes
     out: list[tuple[bytes, bytes]] = [(b"i/k" + block.hash, hb)]
     seq = 0
 
-    def event(account: bytes, ev: dict) -> None:
+    def event(account: bytes, ev: dict[str, Any]) -> None:
         nonlocal seq
         out.append((b"i/a" + account + hb + seq.to_bytes(4, "big"), pack(ev)))
         seq += 1
@@ -113,7 +115,7 @@ def settlement_entries(block: Block, old: State, new: State) -> list[tuple[bytes
     return out
 
 
-def _left(olds: Table, news: Table) -> list[bytes]:
+def _left(olds: Table[bytes, Settlement], news: Table[bytes, Settlement]) -> list[bytes]:
     """Keys of the settlements ``olds`` holds and ``news`` no longer does (only the keys written in between when
     ``news`` is an overlay over ``olds``)."""
     written = _written(olds, news)
@@ -121,16 +123,16 @@ def _left(olds: Table, news: Table) -> list[bytes]:
     return [k for k in keys if k in olds and k not in news]
 
 
-def _written(base: Table, top: Table) -> dict | None:
+def _written(base: Table[bytes, Any], top: Table[bytes, Any]) -> dict[bytes, Any] | None:
     """Every key written in ``top``'s overlays above ``base`` (a superset is fine), or None when ``top`` is not an
     overlay stack over ``base``."""
-    t: Table | None = top
+    t: Table[bytes, Any] | None = top
     while t is not None and t is not base:
         t = t.parent
     return None if t is None else top.changes()
 
 
-def _written_receipts(old: State, new: State) -> dict | None:
+def _written_receipts(old: State, new: State) -> dict[bytes, Any] | None:
     """Every receipt key written between ``old`` and ``new`` (a superset is fine), or None when ``new``'s
     receipts are not an overlay stack over ``old``'s (then every open receipt is compared). A receipt not
     written reads as the very object ``old`` holds, which :func:`index_block` skips: looking up only the written

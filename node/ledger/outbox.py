@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..encoding import DecodeError, pack, unpack
 from .core.tx import Tx, decode_tx
@@ -26,7 +27,7 @@ OUTBOX_MAX_TXS = 1024  # local account transactions kept on disk while pending (
 OUTBOX_MAX_BYTES = 4 << 20  # bytes of the outbox file (msgpack list of transaction wire forms)
 
 
-def outbox_path(store) -> Path | None:
+def outbox_path(store: object) -> Path | None:
     """``<ledger dir>.outbox``: beside the LevelDB directory of ``store`` (a
     :class:`~node.ledger.store.LedgerStore`); None for a store without a path."""
     name = getattr(getattr(store, "db", None), "name", None)
@@ -53,7 +54,7 @@ class Outbox:
         """Write the ACCOUNT-class transactions of ``local`` (in order); a write error is logged, not raised."""
         if self.path is None:
             return
-        wires: list[dict] = []
+        wires: list[dict[Any, Any]] = []
         ids: list[bytes] = []
         size = 0
         for tx in local:
@@ -115,7 +116,7 @@ class ResendSchedule:
     waits doubling to :data:`RESEND_MAX`; everything pending at once (and the waits reset) after a catch-up or a
     newly connected validator; at most :data:`RESEND_BATCH` a look."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._turns: dict[bytes, _Turn] = {}
 
     def add(self, tid: bytes, at: float) -> None:

@@ -11,7 +11,7 @@ Nothing else is trusted: not the node that served the proof.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..encoding import DecodeError, H, inclusion_proof, pack, unpack, verify_inclusion
 from ..keys import verify
@@ -23,8 +23,13 @@ from .core.state import State, genesis_state
 from .core.tree import entry_key, leaf_value
 from .core.valset import ValidatorSet, ValidatorSetError
 
+if TYPE_CHECKING:  # (annotations only)
+    from .core.genesis import Genesis
+    from .store import LedgerStore
 
-def header_to_list(h: Header) -> list:
+
+def header_to_list(h: Header) -> list[Any]:
+    """The wire list of header ``h``: ``[chain id, *fields]`` (:func:`header_from_list` reads it back)."""
     return [h.chain_id, *h.fields()]
 
 
@@ -38,7 +43,7 @@ def header_from_list(x: Any) -> Header:
     return Header(*x)
 
 
-def tx_proof(block: Block, tx_id: bytes) -> dict:
+def tx_proof(block: Block, tx_id: bytes) -> dict[str, Any]:
     """Proof that the transaction with ``tx_id`` is in ``block``.
 
     Raises:
@@ -52,7 +57,7 @@ def tx_proof(block: Block, tx_id: bytes) -> dict:
     raise KeyError("transaction not in block")
 
 
-def entry_proof(parent_state: State, header: Header, table: str, key: bytes) -> dict:
+def entry_proof(parent_state: State, header: Header, table: str, key: bytes) -> dict[str, Any]:
     """Proof of entry ``key`` of state table ``table`` (``"accounts"``, ``"receipts"``, ...) in
     ``parent_state``, the state ``header.state_root`` commits to: the entry's stored bytes (``leaf``) and the
     sparse Merkle siblings from the root down (``path``, b"" for an empty subtree; :mod:`node.ledger.core.tree`).
@@ -68,7 +73,7 @@ def entry_proof(parent_state: State, header: Header, table: str, key: bytes) -> 
             "tree": "smt", "table": table}
 
 
-def account_proof(parent_state: State, header: Header, account: bytes) -> dict:
+def account_proof(parent_state: State, header: Header, account: bytes) -> dict[str, Any]:
     """:func:`entry_proof` of an account. Raises as :func:`entry_proof`."""
     return entry_proof(parent_state, header, "accounts", account)
 
@@ -98,7 +103,7 @@ class LightClient:
     of the set that signs the next height, ``valset`` the last set that verified a header.
     """
 
-    def __init__(self, genesis: Any):
+    def __init__(self, genesis: Genesis) -> None:
         gs = genesis_state(genesis)
         self.chain_id = genesis.domain  # the signing domain: chain id and genesis hash (core.domain)
         self.fixed = not genesis.params.min_validator_bond
@@ -236,7 +241,7 @@ def commit_signers(header: Header, commit: Any, among: ValidatorSet) -> set[byte
     return out
 
 
-def light_block(store: Any, height: int) -> dict[str, Any]:
+def light_block(store: LedgerStore, height: int) -> dict[str, Any]:
     """What a light client needs of ``height`` (:class:`LightClient`): ``{"header": header list, "commit":
     [[validator, round, sig], ...], "validators": [[account, power], ...]}``, from a
     :class:`node.ledger.store.LedgerStore`.
@@ -262,21 +267,22 @@ def parse_light_block(x: Any) -> tuple[Header, Any, ValidatorSet]:
         raise InvalidBlock(f"malformed light block: {e}") from None
 
 
-def _check_path(proof: dict, root: bytes) -> bool:
+def _check_path(proof: dict[str, Any], root: bytes) -> bool:
     try:
         return verify_inclusion(proof["leaf"], proof["index"], proof["size"], proof["path"], root)
     except (KeyError, TypeError):
         return False
 
 
-def verify_tx_proof(proof: dict, header: Header) -> dict | None:
+def verify_tx_proof(proof: dict[str, Any], header: Header) -> dict[Any, Any] | None:
     """The transaction's wire map if ``proof`` shows it in the block of ``header``, else None."""
     if header_from_list(proof.get("header")) != header or not _check_path(proof, header.tx_root):
         return None
-    return unpack(proof["leaf"])
+    wire: dict[Any, Any] = unpack(proof["leaf"])  # a leaf under the header's tx root: a transaction's map
+    return wire
 
 
-def verify_entry_proof(proof: dict, header: Header, table: str, key: bytes) -> bytes | None:
+def verify_entry_proof(proof: dict[str, Any], header: Header, table: str, key: bytes) -> bytes | None:
     """The entry's stored bytes if ``proof`` (:func:`entry_proof`) shows them under ``header.state_root`` for
     ``key`` of ``table``, else None (malformed input included: never raises)."""
     try:
@@ -292,7 +298,7 @@ def verify_entry_proof(proof: dict, header: Header, table: str, key: bytes) -> b
         return None
 
 
-def verify_account_proof(proof: dict, header: Header, account: bytes) -> dict | None:
+def verify_account_proof(proof: dict[str, Any], header: Header, account: bytes) -> dict[str, int] | None:
     """``{"balance", "bond", "escrow", "nonce", ...}`` of ``account`` if ``proof`` shows it under
     ``header.state_root``, else None."""
     raw = verify_entry_proof(proof, header, "accounts", account)
@@ -307,14 +313,15 @@ def verify_account_proof(proof: dict, header: Header, account: bytes) -> dict | 
     return dict(zip(("balance", "bond", "escrow", "nonce", "valid_run", "slashed"), leaf, strict=True))
 
 
-def verify_record_proof(proof: dict, header: Header, receipt_id: bytes) -> dict | None:
+def verify_record_proof(proof: dict[str, Any], header: Header, receipt_id: bytes) -> dict[str, Any] | None:
     """The receipt's ledger record (status, committee, votes, payouts: :meth:`ReceiptRecord.to_dict`) if
     ``proof`` shows it under ``header.state_root``, else None."""
     raw = verify_entry_proof(proof, header, "receipts", receipt_id)
     if raw is None:
         return None
     try:
-        return CODECS["receipts"].loads(raw).to_dict()
+        record: dict[str, Any] = CODECS["receipts"].loads(raw).to_dict()
+        return record
     except Exception:  # noqa: BLE001 - a verified record this node's code cannot read: report nothing rather than guess
         return None
 
@@ -338,7 +345,7 @@ def verify_state_proof(proof: Any, header: Header, key: bytes, value: bytes | No
 # ------------------------------------------------------------------ receipts that left the state (history log)
 
 def history_proof(parent_state: State, header: Header, nodes: NodeReader, receipt_id: bytes, index: int,
-                  data: bytes) -> dict:
+                  data: bytes) -> dict[str, Any]:
     """Proof that the summary ``data`` of ``receipt_id`` is leaf ``index`` of the history log
     (:mod:`node.ledger.core.history`) whose head is in ``parent_state``, the state ``header.state_root`` commits
     to: ``leaf`` (the summary), ``index``, ``size``, ``path`` (the RFC 9162 audit path to the log root, read from
@@ -356,7 +363,7 @@ def history_proof(parent_state: State, header: Header, nodes: NodeReader, receip
             "receipt_id": receipt_id, "head": entry_proof(parent_state, header, "history", HEAD_KEY)}
 
 
-def verify_history_proof(proof: dict, header: Header, receipt_id: bytes) -> dict | None:
+def verify_history_proof(proof: dict[str, Any], header: Header, receipt_id: bytes) -> dict[str, Any] | None:
     """The summary of receipt ``receipt_id`` (``{"id", "worker", "requester", "price", "status", "final_height",
     "payouts", ...}``, :data:`node.ledger.core.history.SUMMARY_FIELDS`) if ``proof`` (:func:`history_proof`) shows
     it in the history log whose head (size and root) is an entry of the state under ``header.state_root``, else

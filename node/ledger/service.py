@@ -14,7 +14,9 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import trio
 
@@ -31,6 +33,7 @@ from .driver import ConsensusDriver
 from .genesis import Genesis
 from .mempool import Limits, Mempool, Priority, priority
 from .outbox import RESEND_FIRST, Outbox, ResendSchedule, outbox_path
+from .seams import LedgerHost, MsgStream
 from .store import LedgerStore
 from .txstatus import TxState, TxStatus
 
@@ -49,7 +52,7 @@ RESEND_LOOK = 1.0  # seconds between two looks at which local pending transactio
 class LedgerService:
     """Owns the :class:`LedgerStore` and the current :class:`State` of one node."""
 
-    def __init__(self, store: LedgerStore, genesis: Genesis, ident: Identity, host,
+    def __init__(self, store: LedgerStore, genesis: Genesis, ident: Identity, host: LedgerHost | None,
                  clock: Callable[[], float] = time.time, consensus_fault: str | None = None,
                  mempool_limits: Limits = Limits()):  # noqa: B008 - frozen: one shared default is safe
         self.store, self.genesis, self.ident, self.host = store, genesis, ident, host
@@ -61,14 +64,14 @@ class LedgerService:
         self.new_block = trio.Event()
         self._lock = trio.Lock()
         self._listeners: list[Callable[[Block, State], None]] = []
-        self._sync_requests, self._sync_requests_recv = trio.open_memory_channel(64)
+        self._sync_requests, self._sync_requests_recv = trio.open_memory_channel[str](64)  # peers to sync from
         self.drop: Callable[[str], bool] | None = None  # test hook: ignore consensus traffic from these peers
         self._resend = ResendSchedule()  # local pending transactions: when each is next re-sent
         self._outbox = Outbox(outbox_path(store))  # local pending account transactions, kept over a crash
         self._caught_up = False  # sync pulled blocks since the last resend look
         self._known_peers: frozenset[str] = frozenset()  # connected validators at the last resend look
         self.reply_budget = ReplyBudget()  # sync replies' memory, per peer and node-wide (a node shares its own)
-        self.driver = None
+        self.driver: ConsensusDriver | None = None
         if self.is_validator or genesis.params.min_validator_bond:  # a node that may join the set later
             self.driver = ConsensusDriver(self, fault=consensus_fault)  # runs the machine too: votes once a member
 
@@ -84,6 +87,17 @@ class LedgerService:
         """This node's account is in the validator set of the next height (which changes with bonds on a chain
         whose genesis sets ``min_validator_bond``, :mod:`node.ledger.core.valset`)."""
         return self.ident.account in self.state.valset()
+
+    @property
+    def net(self) -> LedgerHost:
+        """The host this service gossips and syncs through.
+
+        Raises:
+            AttributeError: the service was made without one (``host=None``: no network, as in tests).
+        """
+        if self.host is None:
+            raise AttributeError("this ledger service has no host (made with host=None)")
+        return self.host
 
     @property
     def chain_id(self) -> str:
@@ -111,7 +125,7 @@ class LedgerService:
         return tid
 
     @property
-    def rejected(self):
+    def rejected(self) -> OrderedDict[bytes, str]:
         """Recently refused, dropped or evicted transaction ids with their reasons (bounded, oldest forgotten)."""
         return self.mempool.rejected
 
@@ -123,11 +137,11 @@ class LedgerService:
         """Mempool transactions in the order a block should try them (they apply in this order on the head)."""
         return self.mempool.candidates()
 
-    def drop_rejected(self, rejected) -> None:
+    def drop_rejected(self, rejected: Iterable[tuple[Tx, str]]) -> None:
         """Forget transactions a block builder found not to apply, with their reasons."""
         self.mempool.drop(rejected)
 
-    def _prune_mempool(self, included=()) -> None:
+    def _prune_mempool(self, included: Iterable[bytes] = ()) -> None:
         """After a block (on every node, not only the proposer: a node must learn that its own transaction was
         refused, or its next nonce would be wrong): forget the ``included`` ids and re-apply the queued ones on the
         new head, without checking their signatures again."""
@@ -151,14 +165,14 @@ class LedgerService:
     async def _send_out(self, tx: Tx, direct: bool) -> None:
         """Gossip ``tx``; with ``direct``, also hand it to each connected validator (but us) over the submit
         protocol (5 s each), which needs no gossip mesh."""
-        await self.host.publish(self.host.topic("tx"), pack(tx.to_wire()))
+        await self.net.publish(self.net.topic("tx"), pack(tx.to_wire()))
         if not direct:
             return
         for v in self.state.valset().accounts:
             peer = account_to_str(v)
-            if v != self.ident.account and peer in self.host.connected_peers():
+            if v != self.ident.account and peer in self.net.connected_peers():
                 try:
-                    await self.host.request(peer, SUBMIT_PROTOCOL, {"tx": tx.to_wire()}, timeout=5)
+                    await self.net.request(peer, SUBMIT_PROTOCOL, {"tx": tx.to_wire()}, timeout=5)
                 except Exception as e:  # noqa: BLE001 - gossip still carries it
                     log.debug("direct submit to %s failed: %s", peer[:16], e)
 
@@ -267,7 +281,7 @@ class LedgerService:
     async def _on_tx_gossip(self, data: bytes, from_peer: str) -> None:
         """Admitted already, by :meth:`_validate_tx_gossip`."""
 
-    async def _submit_handler(self, stream, peer: str) -> None:
+    async def _submit_handler(self, stream: MsgStream, peer: str) -> None:
         """``SUBMIT_PROTOCOL``: ``{"tx": wire}`` → ``{"status": "ok", "id": 32 B}`` or ``invalid_tx``; the reply
         is written within :data:`REPLY_TIMEOUT` seconds (a peer that does not read it is cut)."""
         msg = await read_msg(stream, timeout=10, max_message=MAX_TX_WIRE)
@@ -280,7 +294,7 @@ class LedgerService:
 
     # ---------------------------------------------------------------- blocks
 
-    async def _commit(self, block: Block, commit, new_state: State) -> None:
+    async def _commit(self, block: Block, commit: Sequence[Sequence[Any]], new_state: State) -> None:
         old = self.state
         self.store.append(block, commit, old, new_state)
         self.parent_state, self.state = self.store.parent_state, new_state
@@ -293,7 +307,7 @@ class LedgerService:
         ev, self.new_block = self.new_block, trio.Event()
         ev.set()
 
-    async def commit_decided(self, block: Block, commit, new_state: State) -> bool:
+    async def commit_decided(self, block: Block, commit: Sequence[Sequence[Any]], new_state: State) -> bool:
         """Store a block this node's consensus decided. False if sync already stored that height."""
         async with self._lock:
             if self.state.height != block.height - 1:
@@ -306,7 +320,7 @@ class LedgerService:
         with contextlib.suppress(trio.WouldBlock):
             self._sync_requests.send_nowait(peer)
 
-    async def apply_remote(self, wire: dict) -> bool:
+    async def apply_remote(self, wire: dict[str, Any]) -> bool:
         """Check and store a block with its commit from a peer. Returns True if it extended our chain.
 
         Raises:
@@ -342,7 +356,7 @@ class LedgerService:
         except (DecodeError, InvalidBlock, KeyError, TypeError, IndexError) as e:
             log.warning("bad block from %s: %s", from_peer, e)
 
-    async def _sync_handler(self, stream, peer: str) -> None:
+    async def _sync_handler(self, stream: MsgStream, peer: str) -> None:
         """``SYNC_PROTOCOL``: ``{"from": height}`` → ``{"status": "ok", "head": int, "blocks": [wire, ...]}``: the
         blocks from that height on, at most :data:`SYNC_BATCH` of them and :data:`SYNC_REPLY_BYTES` bytes (at least
         one); or ``bad_request``, ``pruned``, ``busy``.
@@ -403,7 +417,7 @@ class LedgerService:
         """Fetch and apply blocks from ``peer`` until we reach its head. Returns blocks applied."""
         applied = 0
         while True:
-            reply = await self.host.request(peer, SYNC_PROTOCOL, {"from": self.state.height + 1}, timeout=20,
+            reply = await self.net.request(peer, SYNC_PROTOCOL, {"from": self.state.height + 1}, timeout=20,
                                             max_message=MAX_MESSAGE)
             blocks = reply.get("blocks") or []
             for wire in blocks:
@@ -436,7 +450,7 @@ class LedgerService:
             targets += [account_to_str(v) for v in vals if v != self.ident.account]
             asked = False
             for peer in dict.fromkeys(targets):
-                if peer not in self.host.connected_peers() or (self.drop is not None and self.drop(peer)):
+                if peer not in self.net.connected_peers() or (self.drop is not None and self.drop(peer)):
                     continue
                 asked = True
                 try:
@@ -447,10 +461,10 @@ class LedgerService:
 
     async def run(self) -> None:
         """Subscribe, serve sync and submit requests, run consensus (validators) and sync. Runs forever."""
-        self.host.set_handler(SYNC_PROTOCOL, self._sync_handler)
-        self.host.set_handler(SUBMIT_PROTOCOL, self._submit_handler)
-        await self.host.subscribe(self.host.topic("tx"), self._on_tx_gossip, self._validate_tx_gossip)
-        await self.host.subscribe(self.host.topic("consensus"), self._on_consensus_gossip)
+        self.net.set_handler(SYNC_PROTOCOL, self._sync_handler)
+        self.net.set_handler(SUBMIT_PROTOCOL, self._submit_handler)
+        await self.net.subscribe(self.net.topic("tx"), self._on_tx_gossip, self._validate_tx_gossip)
+        await self.net.subscribe(self.net.topic("consensus"), self._on_consensus_gossip)
         self.load_outbox()
         async with trio.open_nursery() as n:
             n.start_soon(self.sync_loop)

@@ -65,8 +65,11 @@ from . import snapshot as snap
 from .core.block import Header, InvalidBlock
 from .core.state import State
 from .core.valset import ValidatorSet
-from .proofs import LightClient, light_block, parse_light_block
+from .genesis import Genesis
+from .proofs import LightClient, light_block, parse_light_block, verify_header
+from .seams import MsgStream
 from .snapstore import KEEP, ChunkSpool, DiskChunks, SnapshotDir
+from .store import LedgerStore
 from .syncfetch import (
     BAD_CHUNK,
     BAD_OFFER,
@@ -106,8 +109,8 @@ class SnapshotServer:
         OSError: ``directory`` cannot be created.
     """
 
-    def __init__(self, store: Any, every: int, chunk_bytes: int = snap.CHUNK_BYTES, directory: Path | None = None,
-                 keep: int = KEEP, budget: ReplyBudget | None = None):
+    def __init__(self, store: LedgerStore, every: int, chunk_bytes: int = snap.CHUNK_BYTES,
+                 directory: Path | None = None, keep: int = KEEP, budget: ReplyBudget | None = None) -> None:
         self.store, self.every, self.chunk_bytes = store, every, chunk_bytes
         self.manifest: snap.Manifest | None = None
         self.chunks: Any = {}  # chunk id -> bytes: a dict, or DiskChunks reading the directory
@@ -175,7 +178,7 @@ class SnapshotServer:
                 return m, {"b": {"h": block["b"]["h"]}, "c": block["c"]}
         return None
 
-    async def _reply(self, stream: Any, peer: str, reply: dict[str, Any], limit: int) -> None:
+    async def _reply(self, stream: MsgStream, peer: str, reply: dict[str, Any], limit: int) -> None:
         """Write an in-memory reply while ~3x its packed size is reserved for ``peer`` (the map, its packed
         bytes, its frames), under :func:`node.p2p.filesend.reply_deadline`; ``busy`` when the budget is full."""
         size = len(pack(reply))
@@ -185,7 +188,7 @@ class SnapshotServer:
         except Busy as e:
             await write_error(stream, e.code, e.message)
 
-    async def handle(self, stream: Any, peer: str) -> None:
+    async def handle(self, stream: MsgStream, peer: str) -> None:
         """Answer one request (module docstring). Every write is under a deadline; a reader that stops reading
         is cut after :data:`node.p2p.filesend.STALL` seconds per frame, giving its reservation back.
 
@@ -218,7 +221,7 @@ class SnapshotServer:
             return
         await write_error(stream, "bad_request", "op is offer, chunk or light")
 
-    async def _chunk(self, stream: Any, peer: str, m: snap.Manifest, i: int) -> None:
+    async def _chunk(self, stream: MsgStream, peer: str, m: snap.Manifest, i: int) -> None:
         cid = m.chunks[i]
         if self.disk is None:  # in memory: the chunk's bytes are held anyway; reserve its packed copies
             data = self.chunks.get(cid) if m is self.manifest else None
@@ -249,7 +252,7 @@ class SnapshotServer:
             await write_error(stream, e.code, e.message)
 
 
-async def _light_handler_reply(store: Any, msg: dict[str, Any]) -> dict[str, Any]:
+async def _light_handler_reply(store: LedgerStore, msg: dict[str, Any]) -> dict[str, Any]:
     lo, n = msg.get("from"), msg.get("count")
     if not (isinstance(lo, int) and isinstance(n, int) and lo >= 1 and 1 <= n <= LIGHT_BATCH):
         return {"status": "error", "code": "bad_request", "message": f"from >= 1 and 1 <= count <= {LIGHT_BATCH}"}
@@ -262,7 +265,7 @@ async def _light_handler_reply(store: Any, msg: dict[str, Any]) -> dict[str, Any
     return {"status": "ok", "head": store.head, "blocks": blocks}
 
 
-async def follow_headers(host: SyncHost, peer: str, genesis: Any, height: int,
+async def follow_headers(host: SyncHost, peer: str, genesis: Genesis, height: int,
                          timeout: float = 30.0) -> LightClient:
     """A :class:`LightClient` that followed ``peer``'s headers from genesis to ``height``.
 
@@ -314,7 +317,7 @@ def parse_offer(reply: dict[str, Any]) -> tuple[snap.Manifest, Header, Any]:
     return m, _header(wire["b"].get("h")), commit
 
 
-async def check_offer(host: SyncHost, peer: str, store: Any, reply: dict[str, Any], timeout: float,
+async def check_offer(host: SyncHost, peer: str, store: LedgerStore, reply: dict[str, Any], timeout: float,
                       max_chunks: int) -> Offer:
     """An :class:`Offer` of ``peer``'s offer ``reply`` once everything checkable before a chunk is fetched holds:
     shapes, the header's commit (following ``peer``'s headers from genesis when the validator set changes) and
@@ -332,11 +335,11 @@ async def check_offer(host: SyncHost, peer: str, store: Any, reply: dict[str, An
         if lc.header is None or lc.header.hash != header.hash:
             raise InvalidBlock("the offered header is not the chain's header at its height")
         validators = lc.valset
-    snap.verify_header(header, commit, validators)
+    verify_header(header, commit, validators)
     return Offer(m, header, commit, validators, [peer])
 
 
-async def _offer(host: SyncHost, peer: str, store: Any, timeout: float, limits: SyncLimits) -> Offer | None:
+async def _offer(host: SyncHost, peer: str, store: LedgerStore, timeout: float, limits: SyncLimits) -> Offer | None:
     """``peer``'s checked offer, or None: then the peer was penalised (unless it only has no snapshot)."""
     why: str | None = None
     weight = SLOW
@@ -361,7 +364,7 @@ async def _offer(host: SyncHost, peer: str, store: Any, timeout: float, limits: 
     return None
 
 
-async def gather_offers(host: SyncHost, store: Any, peers: list[str], timeout: float,
+async def gather_offers(host: SyncHost, store: LedgerStore, peers: list[str], timeout: float,
                         limits: SyncLimits) -> list[Offer]:
     """Ask the first ``limits.max_peers`` distinct ``peers`` for offers at once; the checked ones, one per
     manifest (with every peer that offered it), in the order they are tried: highest certified height, then
@@ -386,7 +389,7 @@ async def gather_offers(host: SyncHost, store: Any, peers: list[str], timeout: f
     return sorted(by_id.values(), key=lambda o: (-o.header.height, -len(o.sources), len(o.manifest.chunks)))
 
 
-async def state_sync(store: Any, host: SyncHost, peers: list[str], timeout: float = 30.0,
+async def state_sync(store: LedgerStore, host: SyncHost, peers: list[str], timeout: float = 30.0,
                      limits: SyncLimits | None = None, spool_dir: Path | None = None) -> State | None:
     """Install the best snapshot offered by ``peers`` into the empty ``store``; None when none checks out.
 

@@ -32,33 +32,33 @@ open the node reads that state (:meth:`LedgerStore.replay` replays nothing then,
 store without one (written by an older version) is replayed from genesis once and its state written.
 :meth:`LedgerStore.verify` re-checks every block from genesis through the same checks as a block from the
 network (:func:`node.ledger.core.chain.check_and_apply`) and compares the result with the stored state.
+
+This module writes (blocks, state, indexes, the history log), opens, replays and verifies; the reads of the
+indexes, the history log and stored records are :mod:`node.ledger.store_reads`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import plyvel
 
-from ..encoding import pack, unpack, unpack_local
+from ..encoding import pack, unpack_local
 from . import statedb
 from .core import blockcodec, domain
 from .core.block import Block, decode_block
 from .core.chain import check_and_apply, paused_gc
-from .core.history import HEAD_KEY, SUMMARY_FIELDS, LogHead
+from .core.history import HEAD_KEY, Append, LogHead
+from .core.records import CODECS
 from .core.state import State, genesis_state
+from .core.tree import StateTree
 from .core.valset import ValidatorSet
-from .explorer_index import (  # noqa: F401 (re-exported)
-    BATCH_PREFIX,
-    INDEX_VERSION,
-    VALSET_PREFIX,
-    _h,
-    index_block,
-    valset_entries,
-)
+from .explorer_index import INDEX_VERSION, VALSET_PREFIX, _h, index_block
 from .genesis import Genesis
 from .leveldb_reads import prefer_pread
+from .store_reads import StoreReads, WriteBatch
 
 READ_MODE = prefer_pread()  # at import, so before any database of this process opens (node/ledger/leveldb_reads.py)
 
@@ -87,12 +87,15 @@ PRUNE_PER_BLOCK = 64  # old bodies one append deletes at most (a store pruned fo
 COMPRESSION = None
 
 
-class LedgerStore:
+class LedgerStore(StoreReads):
     """Single-owner LevelDB ledger at ``path`` for chain ``genesis``.
 
     ``prune_bodies``: keep the bodies (transactions) of the last N blocks only (0: every one). Older bodies are
     deleted in the batch of a later block (at most :data:`PRUNE_PER_BLOCK` per block); every header and commit
     stays, and ``P`` records :attr:`pruned_below`.
+
+    The reads of the explorer indexes, the history log and stored records are :class:`~node.ledger.store_reads.
+    StoreReads`'.
 
     Raises:
         StoreLocked: another process holds the database lock (never retried in-process: plyvel releases the
@@ -101,7 +104,7 @@ class LedgerStore:
         ValueError: ``prune_bodies`` is negative.
     """
 
-    def __init__(self, path: Path, genesis: Genesis, prune_bodies: int = 0):
+    def __init__(self, path: Path, genesis: Genesis, prune_bodies: int = 0) -> None:
         if not isinstance(prune_bodies, int) or prune_bodies < 0:
             raise ValueError(f"prune_bodies must be a whole number of blocks >= 0 (0: keep every body), got "
                              f"{prune_bodies!r}")
@@ -144,11 +147,13 @@ class LedgerStore:
             f"{path.name}.old; mv snapshots snapshots.old` and start the node again; its keys stay.")
 
     def close(self) -> None:
+        """Close the database (a second close is a no-op)."""
         if not self.db.closed:
             self.db.close()
 
     @property
     def head(self) -> int:
+        """The height of the last stored block (0: none yet)."""
         v = self.db.get(b"H")
         return int.from_bytes(v, "big") if v else 0
 
@@ -167,7 +172,7 @@ class LedgerStore:
         base = self.base
         return max(pruned, base + 1 if base else 0)
 
-    def _prune(self, wb, height: int) -> None:
+    def _prune(self, wb: WriteBatch, height: int) -> None:
         """Delete, in ``wb``, the bodies (transactions) of blocks older than the last ``prune_bodies`` as of block
         ``height``: their records keep the header (with its tx root) and the commits."""
         keep_from = height - self.prune_bodies + 1
@@ -187,7 +192,7 @@ class LedgerStore:
                 wb.put(b"B" + _h(h), pack([obj[0], obj[1], [], obj[3], obj[4]]))
         wb.put(b"P", _h(stop))
 
-    def install_snapshot(self, entries: list[tuple[str, bytes, bytes]], tree: Any, height: int, last_hash: bytes,
+    def install_snapshot(self, entries: list[tuple[str, bytes, bytes]], tree: StateTree, height: int, last_hash: bytes,
                          seq: int, counts: dict[str, int]) -> None:
         """Write a checked snapshot (:func:`node.ledger.snapshot.restore` checks it) into this empty store as
         its head and base, in one batch: ``entries`` ``(table, key, stored bytes)``, the state ``tree`` built
@@ -202,19 +207,19 @@ class LedgerStore:
             statedb.write_raw(self.db, wb, entries, tree, height, last_hash, seq, counts)
             for name, k, raw in entries:
                 if name == "history" and k == HEAD_KEY:  # the log's frontier: later appends' proofs need it
-                    self._seed_history(wb, LogHead.from_plain(statedb.CODECS["history"].loads(raw)))
+                    self._seed_history(wb, LogHead.from_plain(CODECS["history"].loads(raw)))
             wb.put(b"base", _h(height))
             wb.put(b"H", _h(height))
             wb.put(b"i/h", pack([height, INDEX_VERSION, 0, 0]))
 
-    def get_block(self, height: int) -> tuple[Block, list] | None:
+    def get_block(self, height: int) -> tuple[Block, list[Any]] | None:
         """The block at ``height`` and its commit, or None (absent, or its body pruned: :attr:`pruned_below`)."""
         d = self.get_block_raw(height)
         if d is None:
             return None
         return decode_block(d["b"]), d["c"]
 
-    def get_block_raw(self, height: int) -> dict | None:
+    def get_block_raw(self, height: int) -> dict[Any, Any] | None:
         """The wire dict ``{"b": block wire, "c": commit}`` of the block at ``height``, or None (absent, or its
         body pruned: :meth:`get_header_raw` still reads its header and commit).
 
@@ -226,7 +231,7 @@ class LedgerStore:
         raw = self.db.get(b"B" + _h(height))
         return None if raw is None else self.expand_record(height, raw)
 
-    def get_header_raw(self, height: int) -> dict | None:
+    def get_header_raw(self, height: int) -> dict[Any, Any] | None:
         """As :meth:`get_block_raw`, also for a block whose body was pruned: then ``"b"`` has no ``txs`` (empty)
         and the dict has ``"pruned": True`` (its header, tx root included, and commits are as stored)."""
         raw = self.db.get(b"B" + _h(height))
@@ -235,7 +240,7 @@ class LedgerStore:
         d = self.expand_record(height, raw)
         return {**d, "pruned": True} if height < self.pruned_below else d
 
-    def expand_record(self, height: int, raw: bytes) -> dict:
+    def expand_record(self, height: int, raw: bytes) -> dict[Any, Any]:
         """The wire dict of ``raw``, the stored record of the block at ``height`` (either format).
 
         Raises:
@@ -244,7 +249,7 @@ class LedgerStore:
         return blockcodec.decode_record(raw, self.genesis.domain, self.genesis.validators,
                                         lambda: self._commit_at(height - 1))
 
-    def _commit_at(self, height: int) -> list:
+    def _commit_at(self, height: int) -> list[list[Any]]:
         """The commit stored with the block at ``height`` as wire lists (empty at 0 or when absent)."""
         raw = self.db.get(b"B" + _h(height)) if height >= 1 else None
         return [] if raw is None else blockcodec.record_commit(raw, self.genesis.validators)
@@ -274,17 +279,7 @@ class LedgerStore:
                 if i == 0 or vs != sets[i - 1]:
                     wb.put(VALSET_PREFIX + _h(max(1, state.height + i)), vs.to_bytes())
 
-    def get_receipt(self, rid: bytes) -> dict | None:
-        """The stored record of receipt ``rid`` (:meth:`ReceiptRecord.to_dict`), or None."""
-        raw = self.db.get(statedb.PREFIX["receipts"] + rid)
-        return None if raw is None else statedb.CODECS["receipts"].loads(raw).to_dict()
-
-    def get_account(self, account: bytes) -> list[int] | None:
-        """The stored ``Account.to_list()`` of ``account``, or None."""
-        raw = self.db.get(statedb.PREFIX["accounts"] + account)
-        return None if raw is None else statedb.CODECS["accounts"].loads(raw).to_list()
-
-    def append(self, block: Block, commit, old: State, new: State) -> None:
+    def append(self, block: Block, commit: Sequence[Sequence[Any]], old: State, new: State) -> None:
         """Write ``block`` with its ``commit``, the state changes from ``old`` (the stored head state) to
         ``new`` and the index entries, atomically and durably. Afterwards ``new`` reads the stored state and
         ``old`` (now :attr:`parent_state`) still reads as it was.
@@ -299,7 +294,7 @@ class LedgerStore:
         with paused_gc():  # the state root and the batch: ~10^5 short-lived objects (chain.paused_gc)
             self._append(block, commit, old, new)
 
-    def _append(self, block: Block, commit, old: State, new: State) -> None:
+    def _append(self, block: Block, commit: Sequence[Sequence[Any]], old: State, new: State) -> None:
         blob = blockcodec.encode_record(block.to_wire(), commit, self._commit_at(block.height - 1),
                                         self.genesis.domain, self.genesis.validators)
         meta = self.index_meta()
@@ -316,7 +311,7 @@ class LedgerStore:
         self.parent_state = old
 
     @staticmethod
-    def _write_history(wb, height: int, archived: list) -> None:
+    def _write_history(wb: WriteBatch, height: int, archived: list[Append]) -> None:
         """The leaves and subtree hashes of the receipts that left the state in block ``height``."""
         for a in archived:
             wb.put(b"X/l" + _h(a.index), a.data)
@@ -325,7 +320,7 @@ class LedgerStore:
                 wb.put(b"X/n" + bytes([level]) + _h(idx), hsh)
 
     @staticmethod
-    def _seed_history(wb, head: LogHead) -> None:
+    def _seed_history(wb: WriteBatch, head: LogHead) -> None:
         """Store the frontier of a restored log head as the perfect subtrees it is (largest first): the audit
         paths of every receipt that leaves after the snapshot need only these and later nodes."""
         start, hashes = 0, iter(head.frontier)
@@ -334,27 +329,7 @@ class LedgerStore:
                 wb.put(b"X/n" + bytes([level]) + _h(start >> level), next(hashes))
                 start += 1 << level
 
-    def history_node(self, level: int, index: int) -> bytes | None:
-        """A stored subtree hash of the history log (a :class:`node.ledger.core.history.NodeReader`)."""
-        return self.db.get(b"X/n" + bytes([level]) + _h(index))
-
-    def history_entry(self, rid: bytes) -> tuple[int, int, bytes] | None:
-        """``(log index, height it left at, summary bytes)`` of a receipt that left the state, or None (still in
-        the state, never on the ledger, or left before this node's snapshot base)."""
-        raw = self.db.get(b"X/r" + rid)
-        if raw is None:
-            return None
-        index, height = unpack(raw)
-        data = self.db.get(b"X/l" + _h(index))
-        return None if data is None else (int(index), int(height), data)
-
-    def archived_summary(self, rid: bytes) -> dict[str, Any] | None:
-        """The :data:`node.ledger.core.history.SUMMARY_FIELDS` of a receipt that left the state, as a dict, or
-        None (see :meth:`history_entry`)."""
-        entry = self.history_entry(rid)
-        return None if entry is None else dict(zip(SUMMARY_FIELDS, unpack(entry[2]), strict=True))
-
-    def _write_index(self, wb, block: Block, index: list[tuple[bytes, bytes]], nbytes: int,
+    def _write_index(self, wb: WriteBatch, block: Block, index: list[tuple[bytes, bytes]], nbytes: int,
                      meta: list[int]) -> list[int]:
         for k, v in index:
             wb.put(k, v)
@@ -362,60 +337,7 @@ class LedgerStore:
         wb.put(b"i/h", pack(meta))
         return meta
 
-    # ---------------------------------------------------------------- explorer index reads
-
-    def index_meta(self) -> list[int]:
-        """``[indexed height, index version, stored block bytes, transactions]`` (zeros before any block)."""
-        raw = self.db.get(b"i/h")
-        return unpack(raw) if raw is not None else [0, INDEX_VERSION, 0, 0]
-
-    def tx_location(self, tx_id: bytes) -> tuple[int, int, str] | None:
-        """``(height, position, kind)`` of a stored transaction, or None."""
-        raw = self.db.get(b"i/t" + tx_id)
-        return None if raw is None else tuple(unpack(raw))  # type: ignore[return-value]
-
-    def batch_story(self, key: bytes) -> tuple[bytes, tuple[str, int] | None, list[tuple[int, bytes]]] | None:
-        """An epoch batch's index entries (:func:`node.ledger.explorer_index.settlement_entries`): ``(transaction
-        id, (fate, height) or None while not final, [(leaf index, revealed receipt id)])``, or None for a key no
-        block included."""
-        p = BATCH_PREFIX + key
-        tx_id = self.db.get(p)
-        if tx_id is None:
-            return None
-        fate = self.db.get(p + b"f")
-        with self.db.iterator(prefix=p + b"d") as it:
-            reveals = [(int.from_bytes(k[len(p) + 1:], "big"), v) for k, v in it]
-        return tx_id, (None if fate is None else tuple(unpack(fate))), reveals  # type: ignore[return-value]
-
-    def height_of_hash(self, block_hash: bytes) -> int | None:
-        raw = self.db.get(b"i/k" + block_hash)
-        return None if raw is None else int.from_bytes(raw, "big")
-
-    def _page(self, prefix: bytes, limit: int, cursor: bytes | None):
-        """Newest-first entries under ``prefix`` strictly before the key suffix ``cursor``; returns
-        ``([(suffix, value)], next cursor or None)``."""
-        it = (self.db.iterator(start=prefix, stop=prefix + cursor, reverse=True) if cursor
-              else self.db.iterator(prefix=prefix, reverse=True))
-        items: list[tuple[bytes, bytes]] = []
-        with it:
-            for k, v in it:
-                if len(items) == limit:
-                    return items, items[-1][0]
-                items.append((k[len(prefix):], v))
-        return items, None
-
-    def history(self, account: bytes, limit: int, cursor: bytes | None = None):
-        """An account's history events, newest first: ``([(height, seq, event)], next cursor)``."""
-        items, nxt = self._page(b"i/a" + account, limit, cursor)
-        return [(int.from_bytes(s[:8], "big"), int.from_bytes(s[8:12], "big"), unpack(v)) for s, v in items], nxt
-
-    def account_receipts(self, account: bytes, limit: int, cursor: bytes | None = None):
-        """Receipts naming an account (worker, requester, committee member), newest inclusion first:
-        ``([(inclusion height, receipt id, role)], next cursor)``."""
-        items, nxt = self._page(b"i/r" + account, limit, cursor)
-        return [(int.from_bytes(s[:8], "big"), s[8:], unpack(v)) for s, v in items], nxt
-
-    def replay(self, progress=None) -> State:
+    def replay(self, progress: Callable[[int], None] | None = None) -> State:
         """Open the stored state: read it where one is stored for the head (no block is replayed), else replay
         the chain from genesis once and store the result. Rebuilds the explorer indexes from the blocks when
         they are absent, stale or were interrupted. Sets :attr:`parent_state`.
@@ -449,7 +371,7 @@ class LedgerStore:
                     wb.delete(k)
         return self.replay()
 
-    def _replay_from_genesis(self, progress=None, reindex: bool = False) -> State:
+    def _replay_from_genesis(self, progress: Callable[[int], None] | None = None, reindex: bool = False) -> State:
         """The state after the head, recomputed from genesis in memory through every block's checks; rewrites
         the explorer indexes on the way when ``reindex``.
 
@@ -481,8 +403,8 @@ class LedgerStore:
             except ValueError as e:
                 raise StoreCorrupt(f"block {h} does not verify: {e}") from None
             if reindex:
-                meta = self._write_index(wb, block, index_block(block, state, new),
-                                         len(self.db.get(b"B" + _h(h))), meta)
+                stored = cast(bytes, self.db.get(b"B" + _h(h)))  # present: get_block(h) just read it
+                meta = self._write_index(wb, block, index_block(block, state, new), len(stored), meta)
                 if h % 256 == 0 or h == self.head:
                     wb.write()
                     wb = self.db.write_batch(sync=True)
@@ -491,7 +413,7 @@ class LedgerStore:
                 progress(h)
         return state
 
-    def verify(self, progress=None, repair: bool = False) -> list[str]:
+    def verify(self, progress: Callable[[int], None] | None = None, repair: bool = False) -> list[str]:
         """Re-check every stored block from genesis and compare the result with the stored state.
 
         Args:
@@ -518,7 +440,7 @@ class LedgerStore:
         d = self.get_block_raw(self.head)
         return self.genesis.genesis_time_ms if d is None else int(d["b"]["h"][3])
 
-    def last_commit(self) -> tuple:
+    def last_commit(self) -> tuple[tuple[bytes, int, bytes], ...]:
         """The commit ``(validator, round, signature)…`` stored with the head block (empty at genesis)."""
         if self.head < self.pruned_below:  # (as get_block_raw: a body pruned, or below a state-synced base)
             return ()

@@ -16,6 +16,7 @@ from ..p2p.framing import RemoteError
 from . import snapshot as snap
 from .core.block import Header
 from .core.valset import ValidatorSet
+from .seams import MsgHandler
 from .snapstore import ChunkSpool
 
 log = logging.getLogger(__name__)
@@ -107,10 +108,10 @@ class Offer:
 class SyncHost(Protocol):
     """What state sync needs of the host (:class:`node.p2p.host.P2PHost`)."""
 
-    def set_handler(self, protocol_id: str, handler: Any) -> None: ...
+    def set_handler(self, protocol_id: str, handler: MsgHandler) -> None: ...
 
-    async def request(self, peer_id: str, protocol_id: str, msg: dict, timeout: float,
-                      max_message: int = ...) -> dict: ...
+    async def request(self, peer_id: str, protocol_id: str, msg: dict[str, Any], timeout: float,
+                      max_message: int = ...) -> dict[str, Any]: ...
 
     def penalize(self, peer_id: str, weight: float, ban_s: float | None = None) -> bool: ...
 
