@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from node.identity import Identity, dev_seed
-from node.ledger.core import batch as bm
+from node.ledger.core import batch as bm, batchrules as br
 from node.ledger.core.batchstate import BatchStatus, Fate, Item, ItemStatus, WorkerRecord, item_key
 from node.ledger.core.batchtx import (
     BatchCancel,
@@ -340,12 +340,12 @@ def test_batch_waits_for_enough_bonded_workers():
 def test_assignment_is_deterministic_and_depends_on_the_beacon():
     cands = [k.account for k in WORKERS]
     bid = b"b" * 16
-    one = [bm.draw(b"\x01" * 32, bid, i, 0, cands, 3, 2) for i in range(16)]
-    assert one == [bm.draw(b"\x01" * 32, bid, i, 0, list(reversed(cands)), 3, 2) for i in range(16)]
-    other = [bm.draw(b"\x02" * 32, bid, i, 0, cands, 3, 2) for i in range(16)]
+    one = [br.draw(b"\x01" * 32, bid, i, 0, cands, 3, 2) for i in range(16)]
+    assert one == [br.draw(b"\x01" * 32, bid, i, 0, list(reversed(cands)), 3, 2) for i in range(16)]
+    other = [br.draw(b"\x02" * 32, bid, i, 0, cands, 3, 2) for i in range(16)]
     assert one != other
     assert len({w for i in range(16) for w in one[i][0]}) > 3  # draws differ per item
-    assert bm.draw(b"\x01" * 32, bid, 0, 0, cands[:2], 3, 2) == ((), 0)
+    assert br.draw(b"\x01" * 32, bid, 0, 0, cands[:2], 3, 2) == ((), 0)
     # the same blocks give the same assignment and the same root on two nodes
     s1, p = posted(n=3)
     s0 = genesis_state(G)
@@ -357,14 +357,14 @@ def test_assignment_is_deterministic_and_depends_on_the_beacon():
 def test_adaptive_replication_lowers_k_toward_min_replication():
     cands = [k.account for k in WORKERS]
     bid, beacon = b"b" * 16, b"\x07" * 32
-    full, q = bm.draw(beacon, bid, 0, 0, cands, 3, 2)
+    full, q = br.draw(beacon, bid, 0, 0, cands, 3, 2)
     assert len(full) == 3 and q == 2
-    assert bm.draw(beacon, bid, 0, 0, cands, 3, 2, 2, lambda w: False) == (full, 2)
-    assert bm.draw(beacon, bid, 0, 0, cands, 3, 2, 2, lambda w: True) == (full[:2], 2)
-    assert bm.draw(beacon, bid, 0, 0, cands, 3, 2, 1, lambda w: True) == (full[:1], 1)
-    assert bm.draw(beacon, bid, 0, 0, cands, 3, 2, 1, lambda w: w == full[0]) == (full[:2], 2)
-    five, q5 = bm.draw(beacon, bid, 0, 0, cands, 5, 3, 2, lambda w: w in full[:2])
-    assert five == tuple(bm.draw(beacon, bid, 0, 0, cands, 5, 3)[0][:3]) and q5 == 2  # still one dissent tolerated
+    assert br.draw(beacon, bid, 0, 0, cands, 3, 2, 2, lambda w: False) == (full, 2)
+    assert br.draw(beacon, bid, 0, 0, cands, 3, 2, 2, lambda w: True) == (full[:2], 2)
+    assert br.draw(beacon, bid, 0, 0, cands, 3, 2, 1, lambda w: True) == (full[:1], 1)
+    assert br.draw(beacon, bid, 0, 0, cands, 3, 2, 1, lambda w: w == full[0]) == (full[:2], 2)
+    five, q5 = br.draw(beacon, bid, 0, 0, cands, 5, 3, 2, lambda w: w in full[:2])
+    assert five == tuple(br.draw(beacon, bid, 0, 0, cands, 5, 3)[0][:3]) and q5 == 2  # still one dissent tolerated
     # on the ledger: with adapt_step 1, a worker that agreed once is trusted; every worker agreeing once lowers k
     g = genesis(min_replication=2, adapt_step=1)
     s, p = posted(g, n=1)
@@ -377,7 +377,7 @@ def test_adaptive_replication_lowers_k_toward_min_replication():
     sizes = [len(item(s, p2.batch_id, i).workers) for i in range(6)]
     for i in range(6):
         it = item(s, p2.batch_id, i)
-        trusted = sum(1 for w in bm.draw(s.last_hash, p2.batch_id, i, 0, [k.account for k in WORKERS], 3, 2)[0]
+        trusted = sum(1 for w in br.draw(s.last_hash, p2.batch_id, i, 0, [k.account for k in WORKERS], 3, 2)[0]
                       if w in {x.account for x in ws})
         assert len(it.workers) == max(2, 3 - trusted) and it.quorum == 2
     assert min(sizes) == 2
@@ -393,12 +393,12 @@ def test_new_params_keep_the_genesis_hash_and_are_checked():
     with pytest.raises(GenesisError, match="min_replication"):
         genesis(min_replication=17)
     g = genesis(batch_slash=5 * C, batch_absent_penalty=C)
-    assert bm.slash_of(g.params) == 5 * C and bm.absent_penalty_of(g.params) == C
-    assert bm.slash_of(base.params) == base.params.slash_amount
-    assert bm.absent_penalty_of(base.params) == base.params.job_start_penalty
+    assert br.slash_of(g.params) == 5 * C and br.absent_penalty_of(g.params) == C
+    assert br.slash_of(base.params) == base.params.slash_amount
+    assert br.absent_penalty_of(base.params) == base.params.job_start_penalty
     small = Params(sample_base_ppm=50_000, sample_floor_ppm=50_000, slash_amount=1000, max_receipt_price=10)
     small.check()  # a chain with a small slash and default batch params stays valid: the penalty is capped
-    assert bm.absent_penalty_of(small) == 500 < bm.slash_of(small)
+    assert br.absent_penalty_of(small) == 500 < br.slash_of(small)
 
 
 def test_state_root_covers_the_batch_tables_and_records_round_trip():
@@ -510,7 +510,7 @@ def test_a_worker_holds_at_most_batch_max_held_undecided_items_and_a_dead_one_is
             break
         assert all(bm.held(s, w.account) <= 2 for w in WORKERS)  # no re-issue here (the others always agree)
         seen_held = max(seen_held, max(bm.held(s, w.account) for w in WORKERS if w.account != dead))
-        limits.append(bm.held_limit(g.params, bm.reputation(s, dead)))
+        limits.append(br.held_limit(g.params, bm.reputation(s, dead)))
         txs = []
         for i in range(b.assigned):
             it = item(s, p.batch_id, i)

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from node.identity import Identity, dev_seed
-from node.ledger.core import batch as bm
+from node.ledger.core import batch as bm, batchrules as br
 from node.ledger.core.batchstate import AuditStatus, BatchStatus, ItemStatus, WorkerRecord, item_key
 from node.ledger.core.batchtx import (
     WITHDRAWN,
@@ -23,6 +23,7 @@ from node.ledger.core.batchtx import (
     BatchPost,
     BatchReveal,
     commitment,
+    escrow_of,
     items_root,
 )
 from node.ledger.core.chain import commit_block, propose
@@ -253,7 +254,7 @@ def test_audit_members_that_vote_the_outcome_are_paid_from_the_fee_escrowed_at_t
     before = ch.state.account(REQ.account).balance
     ch.block(p)
     esc = p.escrow() + 3 * 2 * price // 2
-    assert bm.escrow_of(g.params, p) == esc and ch.state.account(REQ.account).escrow == esc
+    assert escrow_of(g.params, p) == esc and ch.state.account(REQ.account).escrow == esc
 
     def vote(it, m):  # upheld: every member votes the result; undecided: only the committee's first member votes
         # (one vote of two is no 2/3 quorum), the other stays silent
@@ -293,7 +294,7 @@ def test_new_params_are_optional_in_the_genesis_hash_and_checked():
         Params(batch_audit_pay_bps=100_001).check()
     with pytest.raises(GenesisError, match="batch_min_token_price"):
         Params(batch_min_token_price=10**16).check()
-    assert Params().batch_token_floor() == 1 and bm.max_open_items(Params()) == 100_000
+    assert Params().batch_token_floor() == 1 and br.max_open_items(Params()) == 100_000
 
 
 def test_mempool_cost_counts_the_audit_fee_escrow():
@@ -301,7 +302,7 @@ def test_mempool_cost_counts_the_audit_fee_escrow():
 
     g = genesis(batch_audit_ppm=1_000, batch_audit_pay_bps=10_000, committee_size=2)
     p = post(genesis_state(g), 10, FLOOR * TOKENS, g)
-    assert cost(p, g.params) == bm.escrow_of(g.params, p) == p.escrow() + 10 * 2 * FLOOR * TOKENS
+    assert cost(p, g.params) == escrow_of(g.params, p) == p.escrow() + 10 * 2 * FLOOR * TOKENS
     assert cost(p) == p.escrow()  # without the chain's parameters: the replicas' escrow only
 
 
@@ -350,7 +351,7 @@ def test_an_overturning_audit_pays_the_members_that_found_the_result_and_nobody_
     st = ch.reopen()
     b = st.tables["batches"][p.batch_id]
     items = [st.tables["batch_items"][item_key(p.batch_id, i)] for i in range(30)]
-    assert b.status == BatchStatus.SETTLED and b.escrow_left == 0 and b.paid + b.refunded == bm.escrow_of(g.params, p)
+    assert b.status == BatchStatus.SETTLED and b.escrow_left == 0 and b.paid + b.refunded == escrow_of(g.params, p)
     won = [it for it in items if pair <= set(it.workers)]
     assert won and b.overturned == len(won)
     expect = {w.account: 100 * C for w in five}

@@ -3,7 +3,8 @@
 BOINC's replication with a quorum (Anderson, "BOINC: A Platform for Volunteer Computing", J. Grid Computing 2020,
 §3.4 "Validation" and §5.3 "Adaptive replication"), applied to the seeds' "distributed pre-processing validated by
 simple majority voting" (issue 14). Records in :mod:`node.ledger.core.batchstate`, transactions in
-:mod:`node.ledger.core.batchtx`.
+:mod:`node.ledger.core.batchtx`, their checks and effects in :mod:`node.ledger.core.batchapply`, the draw, offers,
+limits, penalties and money moves they share with the end block (here) in :mod:`node.ledger.core.batchrules`.
 
 **Money** (base units). A post moves :meth:`BatchPost.escrow` ``= N × k × price × (1 + max_reissues)`` from the
 requester's balance to its escrow; each item holds ``k × price × (1 + max_reissues)`` of it. When an item is decided
@@ -15,7 +16,7 @@ built to fail). Balances + bonds + escrows are therefore constant.
 
 **Opt-in and price floors** (issue 24 finding 2). Batch work is never forced: the candidates of every draw (items,
 re-issues and audits) are the bonded accounts with a live :class:`~node.ledger.core.batchtx.BatchOffer` whose
-floor per token, times :meth:`BatchPost.tokens`, is at most the post's ``price`` (:func:`takers`). A post is
+floor per token, times :meth:`BatchPost.tokens`, is at most the post's ``price`` (:func:`.batchrules.takers`). A post is
 refused, changing nothing, when its price per token is below genesis ``batch_min_token_price``
 (:meth:`Params.batch_token_floor`), when it would bring its requester's items in open batches above genesis
 ``batch_max_open_items`` (0: :data:`MAX_ITEMS`), or when fewer than ``replication`` opted-in accounts other than
@@ -52,8 +53,8 @@ majority, and committee sampling of single-replica work is what catches them in 
 **Audits** (:mod:`node.ledger.core.batchaudit`): with genesis ``batch_audit_ppm``, a sampled accepted item is re-run
 by a committee; an overturning verdict slashes the workers that agreed on it and returns the slash of the dissenters
 that were right. **Limits**: with genesis ``batch_max_held``, a worker holding that many undecided assignments
-(halved per consecutive absence, :func:`held_limit`) is not drawn for more; a re-issue falls back to every fresh
-worker rather than refund an item for lack of their capacity.
+(halved per consecutive absence, :func:`.batchrules.held_limit`) is not drawn for more; a re-issue falls back to
+every fresh worker rather than refund an item for lack of their capacity.
 
 **Decision.** In ``end_block`` of height ``assigned + commit_window + reveal_window``, or of the block in which the
 last drawn worker revealed, the item is decided (at most :data:`MAX_DECIDE_PER_BLOCK` per block, earliest first;
@@ -71,12 +72,25 @@ and penalises only the absent; it is re-issued to fresh workers up to ``max_reis
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
 from dataclasses import replace
 
-from ...encoding import MAX_AMOUNT, H
 from . import batchaudit as audit
+from .batchapply import apply_batch_tx
 from .batchparams import BATCH_PART
+from .batchrules import (
+    _move_bond,
+    _pay,
+    _return_bond,
+    _set_batch,
+    _set_worker,
+    _worker,
+    absent_penalty_of,
+    draw,
+    held_limit,
+    offers,
+    slash_of,
+    takers,
+)
 from .batchstate import (
     TERMINAL,
     AuditStatus,
@@ -89,117 +103,18 @@ from .batchstate import (
     due_key,
     item_key,
 )
-from .batchtx import (
-    BATCH_TXS,
-    GENERATE,
-    MAX_FLOOR,
-    MAX_GENERATE_TOKENS,
-    MAX_ITEMS,
-    MAX_REISSUES,
-    MAX_REPLICATION,
-    MAX_WINDOW,
-    TASK_KINDS,
-    WITHDRAWN,
-    BatchAuditVote,
-    BatchCancel,
-    BatchCommit,
-    BatchOffer,
-    BatchPost,
-    BatchReveal,
-    audit_share,
-    commitment,
-    escrow_of,
-    member_pay,
-)
-from .genesis import TREASURY, Params
+from .batchtx import BATCH_TXS, BatchAuditVote, BatchCommit, BatchReveal, audit_share, member_pay
 from .kv import Codec
 from .module import Module, ident
-from .txbase import Tx, _check
 from .view import StateView
 
 MAX_ASSIGN_PER_BLOCK = 64  # new items drawn per block, over all batches
 MAX_DECIDE_PER_BLOCK = 64  # items decided (and possibly re-issued) per block, over all batches
 
 
-def slash_of(p: Params) -> int:
-    """Base units a dissenting result costs its worker's bond: genesis ``batch_slash``, or ``slash_amount`` if 0."""
-    return p.batch_slash or p.slash_amount
-
-
-def absent_penalty_of(p: Params) -> int:
-    """Base units an absent (never committed, or never revealed) worker's bond pays: genesis
-    ``batch_absent_penalty`` (checked below :func:`slash_of` by :meth:`Params.check`), or if 0
-    ``min(job_start_penalty, slash_of(p) // 2)`` (below the slash on every chain, whatever its ``slash_amount``)."""
-    return p.batch_absent_penalty or min(p.job_start_penalty, slash_of(p) // 2)
-
-
-def draw(beacon: bytes, batch_id: bytes, item: int, attempt: int, candidates: Iterable[bytes], k: int, quorum: int,
-         min_replication: int = 0, trusted: Callable[[bytes], bool] = lambda _w: False
-         ) -> tuple[tuple[bytes, ...], int]:
-    """The workers of one item's attempt and its quorum (the rule in the module docstring). Deterministic in its
-    arguments. Returns ``((), 0)`` when fewer than ``k`` candidates remain."""
-    ranked = sorted(set(candidates), key=lambda w: H(b"tally/batch-assign/v1", beacon, batch_id,
-                                                     item.to_bytes(4, "big"), attempt.to_bytes(4, "big"), w))
-    if len(ranked) < k:
-        return (), 0
-    first = ranked[:k]
-    kk = k
-    if min_replication:
-        kk = max(min(min_replication, k), k - sum(1 for w in first if trusted(w)))
-    return tuple(first[:kk]), max(kk // 2 + 1, kk - (k - quorum))
-
-
-def _worker(s: StateView, w: bytes) -> WorkerRecord:
-    rec: WorkerRecord = s.tables["batch_workers"].get(w, WorkerRecord())
-    return rec
-
-
-def _set_worker(s: StateView, w: bytes, rec: WorkerRecord) -> None:
-    if rec == WorkerRecord():
-        s.tables["batch_workers"].pop(w, None)
-    else:
-        s.tables["batch_workers"][w] = rec
-
-
-def offers(s: StateView, eligible: Iterable[bytes]) -> dict[bytes, int]:
-    """The floor (base units per token) of every account of ``eligible`` (bonded accounts) with a live offer."""
-    out = {}
-    for w in eligible:
-        f = _worker(s, w).offer
-        if f >= 0:
-            out[w] = f
-    return out
-
-
-def takers(floors: dict[bytes, int], post: BatchPost) -> list[bytes]:
-    """The accounts of ``floors`` (:func:`offers`) whose floor takes ``post``'s price: ``floor × tokens <=
-    price``, in ``floors``' order."""
-    t = post.tokens()
-    return [w for w, f in floors.items() if f * t <= post.price]
-
-
-def max_open_items(p: Params) -> int:
-    """Items one requester's open batches may hold together: genesis ``batch_max_open_items``, 0 meaning
-    :data:`MAX_ITEMS`."""
-    return p.batch_max_open_items or MAX_ITEMS
-
-
 def held(s: StateView, worker: bytes) -> int:
     """Assignments of ``worker`` not yet decided (its bond cannot be unbonded while any is)."""
     return _worker(s, worker).held
-
-
-MAX_MISSED_SHIFT = 16  # a limit halves with each consecutive absence, at most 16 times (then 1)
-
-
-def held_limit(p: Params, rec: WorkerRecord) -> int:
-    """How many undecided assignments a worker may hold before it is drawn for no more: genesis ``batch_max_held``
-    halved per consecutive absence (``rec.missed``), at least 1; 0 means no limit. After BOINC's per-host limit of
-    jobs in progress (``max_wus_in_progress``) and its quota cut for hosts whose results miss their deadline
-    (Anderson, "BOINC: A Platform for Volunteer Computing", J. Grid Computing 2020, §6)."""
-    if not p.batch_max_held:
-        return 0
-    return max(1, p.batch_max_held >> min(rec.missed, MAX_MISSED_SHIFT))
 
 
 def reputation(s: StateView, worker: bytes) -> WorkerRecord:
@@ -220,181 +135,11 @@ def assignments_of(s: StateView, worker: bytes) -> list[tuple[bytes, int, int]]:
     return out
 
 
-def _move_bond(s: StateView, w: bytes, amount: int, slash: bool) -> int:
-    acc = s.account(w)
-    took = min(acc.bond, amount)
-    s.accounts[w] = replace(acc, bond=acc.bond - took, slashed=acc.slashed + (took if slash else 0))
-    t = s.account(TREASURY)
-    s.accounts[TREASURY] = replace(t, balance=t.balance + took)
-    return took
-
-
-def _return_bond(s: StateView, w: bytes, amount: int) -> int:
-    """The reverse of a slash by :func:`_move_bond`: up to ``amount`` base units go back from the treasury to
-    ``w``'s bond (and off its slashed total). Returns what was returned (less if the treasury holds less)."""
-    t = s.account(TREASURY)
-    back = min(amount, t.balance)
-    s.accounts[TREASURY] = replace(t, balance=t.balance - back)
-    acc = s.account(w)
-    s.accounts[w] = replace(acc, bond=acc.bond + back, slashed=acc.slashed - back)
-    return back
-
-
-def _pay(s: StateView, batch: Batch, to: bytes, amount: int, refund: bool) -> Batch:
-    """Move ``amount`` from the requester's escrow to ``to``'s balance (to the requester itself for a refund)."""
-    req = batch.post.sender
-    acc = s.account(req)
-    s.accounts[req] = replace(acc, escrow=acc.escrow - amount)
-    dest = s.account(to)
-    s.accounts[to] = replace(dest, balance=dest.balance + amount)
-    if refund:
-        return replace(batch, escrow_left=batch.escrow_left - amount, refunded=batch.refunded + amount)
-    return replace(batch, escrow_left=batch.escrow_left - amount, paid=batch.paid + amount)
-
-
-def _set_batch(s: StateView, b: Batch) -> None:
-    bid = b.post.batch_id
-    s.tables["batches"][bid] = b
-    if b.status in TERMINAL:
-        if bid in s.open_batches:  # it closes now: its items leave the requester's open count
-            r = _worker(s, b.post.sender)
-            _set_worker(s, b.post.sender, replace(r, open_items=r.open_items - b.post.n_items))
-        s.open_batches.pop(bid, None)
-    else:
-        s.open_batches[bid] = None
-
-
-def _check_post(s: StateView, tx: BatchPost) -> None:
-    _check(tx.batch_id not in s.tables["batches"], "a batch with this id exists")
-    _check(1 <= tx.n_items <= MAX_ITEMS, f"n_items must be in 1..{MAX_ITEMS} (got {tx.n_items})")
-    _check(tx.kind in TASK_KINDS, f"kind must be one of {', '.join(TASK_KINDS)} (got {tx.kind!r})")
-    if tx.kind == GENERATE:
-        _check(1 <= tx.max_tokens <= MAX_GENERATE_TOKENS,
-               f"max_tokens must be in 1..{MAX_GENERATE_TOKENS} for generate (got {tx.max_tokens})")
-    else:
-        _check(tx.max_tokens == 0, f"max_tokens must be 0 for score (got {tx.max_tokens})")
-    k, q = tx.replication, tx.quorum
-    _check(2 <= k <= MAX_REPLICATION, f"replication k must be in 2..{MAX_REPLICATION} (got {k})")
-    _check(k < 2 * q and q <= k, f"quorum q must satisfy k/2 < q <= k (got k {k}, q {q})")
-    _check(tx.price >= 1, "price per item per replica must be at least 1 base unit")
-    _check(0 <= tx.max_reissues <= MAX_REISSUES, f"max_reissues must be in 0..{MAX_REISSUES}")
-    _check(1 <= tx.commit_window <= MAX_WINDOW and 1 <= tx.reveal_window <= MAX_WINDOW,
-           f"commit_window and reveal_window must be in 1..{MAX_WINDOW} blocks")
-    p = s.params
-    esc = escrow_of(p, tx)
-    _check(esc <= MAX_AMOUNT, "the batch's escrow (n_items × (k × price × (1 + max_reissues) + audit fee)) is "
-                              "too large")
-    floor, tokens = p.batch_token_floor(), tx.tokens()
-    _check(tx.price >= floor * tokens,
-           f"price {tx.price} per item per replica is below the chain's floor of {floor} base units per token × "
-           f"{tokens} tokens per item = {floor * tokens} (genesis batch_min_token_price)")
-    _check(s.account(tx.sender).balance >= esc,
-           f"balance cannot cover the batch's escrow of {esc} base units "
-           "(n_items × (k × price × (1 + max_reissues) + audit fee))")
-    cap, have = max_open_items(p), _worker(s, tx.sender).open_items
-    _check(have + tx.n_items <= cap,
-           f"this requester's open batches hold {have} items; {tx.n_items} more would exceed the chain's cap of "
-           f"{cap} (genesis batch_max_open_items): wait for them to settle, or cancel one")
-    able = 0
-    for w, rec in s.tables["batch_workers"].items():  # stops at the k-th opted-in account that takes the price
-        if (rec.offer >= 0 and rec.offer * tokens <= tx.price and w != tx.sender
-                and s.account(w).bond >= p.min_bond):
-            able += 1
-            if able >= tx.replication:
-                break
-    _check(able >= tx.replication,
-           f"only {able} bonded account(s) other than the requester accept batches at {tx.price} base units per "
-           f"item ({tx.price // tokens} per token); replication k = {tx.replication} needs {tx.replication}: "
-           "raise the price or lower k (workers opt in with 'node start --accept-batches --batch-floor')")
-
-
-def _open_item(s: StateView, tx: BatchCommit | BatchReveal) -> tuple[Batch, Item]:
-    b: Batch | None = s.tables["batches"].get(tx.batch_id)
-    _check(b is not None, "unknown batch")
-    assert b is not None
-    _check(0 <= tx.item < b.assigned, f"item {tx.item} of this batch is not assigned")
-    it: Item = s.tables["batch_items"][item_key(tx.batch_id, tx.item)]
-    _check(it.status == ItemStatus.ASSIGNED, f"item {tx.item} is already decided ({it.status.value})")
-    _check(tx.attempt == it.attempt, f"item {tx.item} is in attempt {it.attempt}, not {tx.attempt}")
-    _check(tx.sender in it.workers, "this worker is not assigned to this item")
-    return b, it
-
-
-def apply_batch_tx(s: StateView, tx: Tx) -> None:
-    """Apply a batch transaction to ``s`` in place (every check first: a refused tx changes nothing). The caller,
-    :func:`node.ledger.core.state.apply_tx`, checks signatures and the nonce of posts and cancels.
-
-    Raises:
-        InvalidTx: a bad post (amounts, k or q out of range, unknown kind, balance short, a price below the
-            genesis floor, over the requester's cap of open items, fewer than k opted-in accounts that take its
-            price), an offer with a floor out of range or from an account that is not bonded, a withdrawal
-            without a live offer, a cancel of a batch that is not the sender's or has assigned items, a commit or
-            reveal from a worker not assigned to the item, outside its window, twice, or (reveal) not matching
-            its commitment.
-    """
-    height = s.height + 1
-    if isinstance(tx, BatchAuditVote):
-        audit.apply_audit_vote(s, tx)
-    elif isinstance(tx, BatchOffer):
-        f = tx.min_price_per_token
-        _check(f == WITHDRAWN or 0 <= f <= MAX_FLOOR,
-               f"min_price_per_token must be -1 (withdraw) or in 0..{MAX_FLOOR} base units per token")
-        # neither creates state for free: an offer needs a bond (an unbonded account is never drawn), a withdrawal
-        # a live offer
-        if f == WITHDRAWN:
-            _check(_worker(s, tx.sender).offer >= 0, "this account has no batch offer to withdraw")
-        else:
-            _check(s.account(tx.sender).bond >= s.params.min_bond,
-                   f"only a bonded account (bond at least min_bond = {s.params.min_bond} base units) may offer "
-                   "to take batch items")
-        _set_worker(s, tx.sender, replace(_worker(s, tx.sender), offer=f))
-    elif isinstance(tx, BatchPost):
-        _check_post(s, tx)
-        acc = s.account(tx.sender)
-        esc = escrow_of(s.params, tx)
-        s.accounts[tx.sender] = replace(acc, balance=acc.balance - esc, escrow=acc.escrow + esc)
-        r = _worker(s, tx.sender)
-        _set_worker(s, tx.sender, replace(r, open_items=r.open_items + tx.n_items))
-        _set_batch(s, Batch(post=tx, height=height, escrow_left=esc))
-    elif isinstance(tx, BatchCancel):
-        b: Batch | None = s.tables["batches"].get(tx.batch_id)
-        _check(b is not None and b.post.sender == tx.sender, "no such batch of yours")
-        assert b is not None
-        _check(b.status == BatchStatus.OPEN, f"only a batch with no item assigned can be cancelled; this one is "
-                                             f"{b.status.value}")
-        b = _pay(s, b, b.post.sender, b.escrow_left, refund=True)
-        _set_batch(s, replace(b, status=BatchStatus.CANCELLED, final_height=height))
-    elif isinstance(tx, BatchCommit):
-        b, it = _open_item(s, tx)
-        _check(it.commitment_of(tx.sender) is None, "this worker already committed to this item")
-        end = it.assigned_height + b.post.commit_window
-        _check(height <= end, f"the commit window of this item closed at height {end}")
-        s.tables["batch_items"][item_key(tx.batch_id, tx.item)] = replace(
-            it, commits=it.commits + ((tx.sender, tx.commitment),))
-    elif isinstance(tx, BatchReveal):
-        b, it = _open_item(s, tx)
-        c = it.commitment_of(tx.sender)
-        _check(c is not None, "this worker did not commit to this item")
-        _check(all(w != tx.sender for w, _ in it.reveals), "this worker already revealed this item")
-        cw_end = it.assigned_height + b.post.commit_window
-        _check(height > cw_end or len(it.commits) == len(it.workers),
-               f"reveals open after the commit window (height {cw_end}) or once every drawn worker committed")
-        _check(height <= it.due, f"the reveal window of this item closed at height {it.due}")
-        _check(commitment(tx.batch_id, tx.item, tx.attempt, tx.sender, tx.result_hash, tx.salt) == c,
-               "the reveal does not match its commitment")
-        it = replace(it, reveals=it.reveals + ((tx.sender, tx.result_hash),))
-        key = item_key(tx.batch_id, tx.item)
-        if len(it.reveals) == len(it.workers) and it.due != height:  # everyone revealed: decide in this block
-            s.tables["batch_due"].pop(due_key(it.due, tx.batch_id, tx.item), None)
-            s.tables["batch_due"][due_key(height, tx.batch_id, tx.item)] = 0
-            it = replace(it, due=height)
-        s.tables["batch_items"][key] = it
-
-
 def _assign(s: StateView, b: Batch, i: int, attempt: int, height: int, beacon: bytes, eligible: list[bytes],
             exclude: tuple[bytes, ...], limit: bool = True) -> tuple[tuple[bytes, ...], int]:
-    """Draw an item's workers among ``eligible`` (the batch's :func:`takers`) but the requester and ``exclude``;
-    with ``limit`` (and genesis ``batch_max_held``), only among those below their :func:`held_limit`."""
+    """Draw an item's workers among ``eligible`` (the batch's :func:`.batchrules.takers`) but the requester and
+    ``exclude``; with ``limit`` (and genesis ``batch_max_held``), only among those below their
+    :func:`.batchrules.held_limit`."""
     p, params = b.post, s.params
     cands = [w for w in eligible if w != p.sender and w not in exclude]
     if limit and params.batch_max_held:
@@ -597,7 +342,5 @@ MODULE = Module("batches", txs=BATCH_TXS,
                 on_unbond=_unbond_blocker)
 
 
-__all__ = ["MAX_ASSIGN_PER_BLOCK", "MAX_DECIDE_PER_BLOCK", "BatchCancel", "BatchCommit", "BatchOffer", "BatchPost",
-           "BatchReveal", "absent_penalty_of", "apply_batch_tx", "assignments_of", "audit_share", "draw",
-           "end_block_batches", "escrow_of", "held", "held_limit", "max_open_items", "member_pay", "offers",
-           "reputation", "slash_of", "takers"]
+__all__ = ["MAX_ASSIGN_PER_BLOCK", "MAX_DECIDE_PER_BLOCK", "MODULE", "assignments_of", "end_block_batches", "held",
+           "reputation"]

@@ -38,7 +38,7 @@ batch_audit_pay_bps / 10^4`` per item (:func:`node.ledger.core.batch.audit_share
 overturned, each member that voted the committee's result is paid ``price × batch_audit_pay_bps / 10^4`` from it,
 and the rest (members that voted otherwise or not at all, an undecided audit, an item never audited) returns to the
 requester. Committees are drawn only among accounts that opted in to batch work at the batch's price
-(:func:`node.ledger.core.batch.takers`). Not closed here: votes are not committed first, so a member that copies
+(:func:`node.ledger.core.batchrules.takers`). Not closed here: votes are not committed first, so a member that copies
 the votes already on the chain is paid without re-running the item (it still cannot change a verdict the members
 before it decided); a commit–reveal of audit votes, as items have, would close that.
 

@@ -143,7 +143,7 @@ class WorkerRecord:
     """A worker's batch reputation: ``agreed``, results that matched a quorum (ever); ``run``, consecutive ones (reset
     by a dissent or an absence); ``held``, assignments not yet decided (an unbond waits for them); ``missed``,
     consecutive absences (never committed or never revealed; reset by any reveal), which shrink the worker's limit
-    of undecided assignments (:func:`node.ledger.core.batch.held_limit`); ``offer``, the floor of its live
+    of undecided assignments (:func:`node.ledger.core.batchrules.held_limit`); ``offer``, the floor of its live
     :class:`~node.ledger.core.batchtx.BatchOffer` in base units per token (-1: no offer, never drawn); as a
     requester, ``open_items``, the items of its batches not yet settled or cancelled (genesis
     ``batch_max_open_items`` caps them)."""
