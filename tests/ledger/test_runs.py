@@ -270,7 +270,7 @@ def test_round_closes_at_timeout_with_the_minimum_and_reopens_below_it():
 def test_a_reopened_round_waits_longer_for_commits_each_attempt():
     """Attempt a's commit phase lasts round_timeout × (a + 1) blocks (capped): a network slightly too slow for
     round_timeout gets a window it can meet instead of failing every attempt alike."""
-    from node.ledger.core.runs import MAX_TIMEOUT_STEPS, phase_timeout
+    from node.ledger.core.runrounds import MAX_TIMEOUT_STEPS, phase_timeout
 
     assert [phase_timeout(5, a) for a in (0, 1, 2, 50)] == [5, 10, 15, 5 * MAX_TIMEOUT_STEPS]
     c = Chain()
@@ -439,7 +439,7 @@ def test_a_duplicate_root_in_one_block_lands_once():
 
 
 def test_run_sampling_floor_makes_cheating_a_loss_for_a_thinly_bonded_worker():
-    from node.ledger.core.runs import run_floor_ppm
+    from node.ledger.core.runrounds import run_floor_ppm
 
     for price, slashable in [(1, 1), (5 * C, 100 * C), (C, 10 * C), (7, 3), (10**6, 10**12)]:
         p = run_floor_ppm(price, slashable)
