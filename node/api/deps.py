@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # types only: the API sits above all of these (see the layers
     from ..compute.budget import MemoryBudget
     from ..compute.model import Manifest
     from ..inference.client import Generation, RouteClient
+    from ..inference.seams import Head
     from ..inference.server import SpanServer
     from ..inference.swarm import SwarmTable
     from ..keys import Identity
@@ -123,7 +124,7 @@ class NodeAPI(Protocol):
     @property
     def executor(self) -> Executor: ...  # the torch thread (node.training.client computes θ_0 there)
 
-    def client_for(self, model: str | None = None) -> RouteClient:
+    def client_for(self, model: str | None = None) -> RouteClient[Head]:
         """The route client of ``model`` (name or id; None: this node's model); ``manifest.vocab_size``.
 
         Raises:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 from fastapi import Depends, Request
 
@@ -30,6 +30,8 @@ from .security import ApiError
 from .views import Json
 
 if TYPE_CHECKING:
+    from ..ledger.core.jobs import Job
+    from ..ledger.core.kv import Table
     from ..ledger.core.state import State
     from ..ledger.store import LedgerStore
     from .deps import NodeAPI
@@ -395,8 +397,9 @@ class Queries:
 
     # ------------------------------------------------------------------ jobs
 
-    def _jobs(self) -> Any:
-        return getattr(self.state, "jobs", None) or {}
+    def _jobs(self) -> Table[bytes, Job]:
+        jobs: Table[bytes, Job] = self.state.jobs
+        return jobs
 
     def jobs(self, limit: int, cursor: str | None, status: str | None = None) -> Json:
         """A page of jobs, newest first, optionally of one status. Raises ApiError 400 ``bad_cursor``."""
@@ -453,7 +456,7 @@ class Queries:
                 return _hit("tx", b.hex(), f"/tx/{b.hex()}", f"/v1/txs/{b.hex()}")
         if len(b) == 16 and b in self._jobs():
             return _hit("job", b.hex(), f"/jobs/{b.hex()}", f"/v1/jobs/{b.hex()}")
-        if len(b) == 16 and b in getattr(st, "runs", {}):  # a collaborative training run (node.api.runs)
+        if len(b) == 16 and b in st.runs:  # a collaborative training run (node.api.runs)
             return _hit("run", b.hex(), f"/runs/{b.hex()}", f"/v1/runs/{b.hex()}")
         if len(b) == 32 and b in st.accounts:  # a public key in hex: only an account the ledger knows
             name = v.acct(b)

@@ -13,20 +13,21 @@ from typing import Any
 
 from ..encoding import format_amount, unpack
 from ..identity import account_from_str, account_to_str
-from ..ledger.core import jobs as jobs_mod
 from ..ledger.core.block import Block
 from ..ledger.core.history import SUMMARY_FIELDS
-from ..ledger.core.jobs import Job
+from ..ledger.core.jobs import STATUS_TEXT, Job
 from ..ledger.core.rows import Account, ReceiptRecord
 from ..ledger.core.tx import VERDICT_NAMES
 from ..ledger.core.txbase import Tx
 from ..ledger.genesis import TREASURY
+from .receiptview import receipt_view
 from .security import ApiError
 
 ACCOUNT_FIELDS = {"sender", "recipient", "worker", "requester", "voter", "validator"}
 AMOUNT_FIELDS = {"amount", "price", "price_per_step"}
 RECEIPT_MAIN = {"session_id", "job_id", "worker", "requester", "model_id", "span_start", "span_end", "tokens",
                 "price", "opened_height"}
+_STATUS_TEXT: dict[str, str] = {k.value: text for k, text in STATUS_TEXT.items()}  # by a Job's status string
 Json = dict[str, Any]  # a JSON object as the routes answer it (shaped like its model in node.api.models)
 Commit = Iterable[Sequence[Any]]  # (validator, round, signature) entries: tuples in a Block, lists from msgpack
 
@@ -91,7 +92,8 @@ def value(name: str, v: Any) -> Any:
 
 
 def tx_fields(tx: Tx, skip: frozenset[str] | set[str] = frozenset()) -> Json:
-    """Every unsigned field of a transaction object (chain id and signatures left out)."""
+    """Every unsigned field of a transaction object (chain id and signatures left out): a generic dump over the
+    kind's declared dataclass fields, by name (the fields a view names are read typed, :mod:`node.api.receiptview`)."""
     return {f.name: value(f.name, getattr(tx, f.name)) for f in dc_fields(tx)
             if f.name not in tx.SIGS and f.name != "chain_id" and f.name not in skip}
 
@@ -99,16 +101,16 @@ def tx_fields(tx: Tx, skip: frozenset[str] | set[str] = frozenset()) -> Json:
 def receipt_json(rec: ReceiptRecord) -> Json:
     """A :class:`~node.ledger.core.state.ReceiptRecord` (inference or training receipt) with its verification."""
     r = rec.receipt
-    start, end = getattr(r, "span_start", None), getattr(r, "span_end", None)
-    tokens = getattr(r, "tokens", None)
+    rv = receipt_view(r)  # raises TypeError for a kind it does not know
+    s = rv.session  # an inference receipt's session, None for a training receipt
     return {
-        "id": r.id.hex(), "kind": "inference" if r.KIND in ("receipt", "tab_receipt") else "training",
-        "status": rec.status,
-        "height": rec.height, "session_id": hexid(getattr(r, "session_id", None)),
-        "job_id": hexid(getattr(r, "job_id", None)), "worker": acct(r.worker), "requester": acct(r.requester),
-        "model_id": hexid(getattr(r, "model_id", None)), "span": [start, end] if start is not None else None,
-        "tokens": tokens, "work": tokens * (end - start) if tokens is not None and start is not None else None,
-        "price": amount(r.price), "opened_height": getattr(r, "opened_height", None),
+        "id": rv.id.hex(), "kind": rv.kind, "status": rec.status,
+        "height": rec.height, "session_id": s.session_id.hex() if s is not None else None,
+        "job_id": hexid(rv.job_id), "worker": acct(rv.worker), "requester": acct(rv.requester),
+        "model_id": s.model_id.hex() if s is not None else None,
+        "span": [s.span_start, s.span_end] if s is not None else None,
+        "tokens": s.tokens if s is not None else None, "work": s.work if s is not None else None,
+        "price": amount(rv.price), "opened_height": s.opened_height if s is not None else None,
         "sampling_probability_ppm": rec.p_ppm, "round": rec.round, "committee": [acct(m) for m in rec.committee],
         "votes": [{"voter": acct(v), "round": rd, "verdict": VERDICT_NAMES.get(verdict, str(verdict)),
                    "distance_ppm": d} for v, rd, verdict, d in rec.votes],
@@ -175,7 +177,7 @@ def job_json(job: Job) -> Json:
     p = job.post
     losses = [None if x < 0 else x / 1e6 for x in job.losses]
     return {"id": p.job_id.hex(), "title": p.title, "status": job.status,
-            "status_text": getattr(jobs_mod, "STATUS_TEXT", {}).get(job.status, job.status),
+            "status_text": _STATUS_TEXT.get(job.status, job.status),
             "requester": acct(p.sender), "worker": acct(job.worker) if job.worker else None, "height": job.height,
             "deadline": p.deadline, "steps": p.steps, "next_step": job.next_step, "price": amount(p.price),
             "escrow_left": amount(job.escrow_left), "refunded": amount(job.refunded), "losses": losses,
