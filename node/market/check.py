@@ -18,7 +18,6 @@ the tiny model was 0 and stays far below ``TRAIN_TOLERANCE`` (see ``tests/verify
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -27,6 +26,7 @@ from ..blobs import BlobStore, fetch_blob
 from ..compute.data import dataset_bytes
 from ..compute.model import tokenizer_trusted
 from ..duty.parts import Executor, Host, Ledger
+from ..duty.verdict import CheckResult
 from ..encoding import commitments_root
 from ..ledger.core.jobtx import JobPost, TrainReceipt
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID
@@ -71,8 +71,9 @@ def _trainer(cache: TrainerCache, model_dir: Path, spec: TrainSpec, device: str)
 
 def replay_segment(model_dir: Path, post: JobPost, text: bytes, r: TrainReceipt, before: list[torch.Tensor],
                    after: list[torch.Tensor], device: str = "cpu",
-                   cache: TrainerCache | None = None) -> tuple[int, float]:
-    """Re-execute segment ``r`` of job ``post`` (blocking, torch): returns ``(verdict, distance)``.
+                   cache: TrainerCache | None = None) -> CheckResult:
+    """Re-execute segment ``r`` of job ``post`` (blocking, torch): returns the verdict and the distance
+    (:func:`node.compute.train.state_distance` between the committed and the replayed state).
 
     ``cache``: a dict owned by one caller (one thread at a time) in which the job's Trainer is kept between
     segments, so the base model is loaded once per job rather than once per segment. On a ``model_dir`` whose
@@ -84,20 +85,20 @@ def replay_segment(model_dir: Path, post: JobPost, text: bytes, r: TrainReceipt,
     spec = spec_of(post)
     trainer, initial = _trainer({} if cache is None else cache, model_dir, spec, device)
     if r.step_start == 0 and commitments_root(initial) != r.state_before:
-        return INVALID, math.inf  # not the job's initial adapter
+        return CheckResult(INVALID)  # not the job's initial adapter
     try:
         trainer.load_state(before)
     except ValueError:
-        return INVALID, math.inf
+        return CheckResult(INVALID)
     if trainer.step != r.step_start:
-        return INVALID, math.inf
+        return CheckResult(INVALID)
     train_ids, _ = split_tokens(encode_text(model_dir, text))
     batches = [batch_for_step(train_ids, spec, s) for s in range(r.step_start, r.step_end)]
     if commitments_root(batches) != r.batches_root:  # committed batches are not the job's data
-        return (INVALID if tokenizer_trusted(model_dir) else ABSTAIN), math.inf
+        return CheckResult(INVALID if tokenizer_trusted(model_dir) else ABSTAIN)
     trainer.train_steps(train_ids, r.step_start, r.step_end)
     d = state_distance(after, trainer.state_tensors())
-    return (VALID if d <= TRAIN_TOLERANCE else INVALID), d
+    return CheckResult(VALID if d <= TRAIN_TOLERANCE else INVALID, d)
 
 
 class TrainingCheck:
@@ -112,30 +113,30 @@ class TrainingCheck:
         """Receipt type -> check, for :class:`node.verify.member.CommitteeMember`'s ``checkers``."""
         return {TrainReceipt: self}
 
-    async def __call__(self, member: CheckingMember, r: TrainReceipt, /) -> tuple[int, float]:
+    async def __call__(self, member: CheckingMember, r: TrainReceipt, /) -> CheckResult:
         return await check_training(member, r, self.cache)
 
 
-async def check_training(member: CheckingMember, r: TrainReceipt, cache: TrainerCache) -> tuple[int, float]:
+async def check_training(member: CheckingMember, r: TrainReceipt, cache: TrainerCache) -> CheckResult:
     """A committee member's verdict on a training receipt (ABSTAIN when it cannot fetch or replay); ``cache`` as
     in :func:`replay_segment`."""
     job = member.ledger.state.jobs.get(r.job_id)
     if job is None:
-        return ABSTAIN, math.inf
+        return CheckResult(ABSTAIN)
     holders = [r.worker, r.requester]
     model_dir = await member.model_dir_for(job.post.model_id, holders)
     if model_dir is None:
-        return ABSTAIN, math.inf
+        return CheckResult(ABSTAIN)
     try:
         text = dataset_bytes(await fetch_blob(member.host, member.blobs, job.post.dataset_root, holders))
         before = await fetch_blob(member.host, member.blobs, r.state_before, [r.worker])
         after = await fetch_blob(member.host, member.blobs, r.state_after, [r.worker])
     except (LookupError, ValueError) as e:
         log.info("abstain on training receipt %s: %s", r.id.hex()[:16], e)
-        return ABSTAIN, math.inf
+        return CheckResult(ABSTAIN)
     try:
         return await member.executor.run(replay_segment, model_dir, job.post, text, r, before, after, "cpu", cache)
     except (RuntimeError, MemoryError) as e:
         log.warning("abstain on training receipt %s: %s", r.id.hex()[:16], e)
-        return ABSTAIN, math.inf
+        return CheckResult(ABSTAIN)
 

@@ -22,6 +22,7 @@ import trio
 
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..compute.model import tokenizer_trusted
+from ..duty.verdict import CheckResult
 from ..encoding import commitments_root
 from ..ledger.core.runs import Phase, attempt_of
 from ..ledger.core.runstate import Run
@@ -63,15 +64,15 @@ class RunChecks:
     def __init__(self) -> None:
         self.cache = RunCache()
 
-    def checkers(self) -> dict[type, Callable[[ReplayMember, Any], Awaitable[tuple[int, float]]]]:
+    def checkers(self) -> dict[type, Callable[[ReplayMember, Any], Awaitable[CheckResult]]]:
         """Receipt type -> check, for :class:`node.verify.member.CommitteeMember`'s ``checkers``."""
         return {RoundReceipt: self.round_receipt, RoundAggregate: self.aggregate}
 
-    async def round_receipt(self, member: ReplayMember, r: RoundReceipt) -> tuple[int, float]:
+    async def round_receipt(self, member: ReplayMember, r: RoundReceipt) -> CheckResult:
         """:func:`check_round_receipt` with this object's cache."""
         return await check_round_receipt(member, r, self.cache)
 
-    async def aggregate(self, member: ReplayMember, a: RoundAggregate) -> tuple[int, float]:
+    async def aggregate(self, member: ReplayMember, a: RoundAggregate) -> CheckResult:
         """:func:`check_aggregate` with this object's cache."""
         return await check_aggregate(member, a, self.cache)
 
@@ -87,8 +88,9 @@ def _reveal_missed(run: Run, r: RoundReceipt) -> bool:
     return False
 
 
-async def check_round_receipt(member: ReplayMember, r: RoundReceipt, cache: RunCache) -> tuple[int, float]:
-    """A committee member's ``(verdict, distance)`` on a sampled round receipt; ``cache`` holds the run's trainer
+async def check_round_receipt(member: ReplayMember, r: RoundReceipt, cache: RunCache) -> CheckResult:
+    """A committee member's verdict and distance (:func:`node.training.rounds.replay_round`'s) on a sampled round
+    receipt; ``cache`` holds the run's trainer
     and windows between checks."""
     # local: both import torch (~2 s); only a member drawn for a round receipt replays one
     from . import rounds as rd
@@ -97,10 +99,10 @@ async def check_round_receipt(member: ReplayMember, r: RoundReceipt, cache: RunC
     state = member.ledger.state
     run = state.runs.get(r.run_id)
     if run is None:
-        return ABSTAIN, math.inf
+        return CheckResult(ABSTAIN)
     model_dir = await member.model_dir_for(run.post.model_id, [r.worker, run.post.sender])
     if model_dir is None:
-        return ABSTAIN, math.inf
+        return CheckResult(ABSTAIN)
     holders = [r.worker]
     got = None
     with trio.move_on_after(REVEAL_WAIT_S):
@@ -108,14 +110,14 @@ async def check_round_receipt(member: ReplayMember, r: RoundReceipt, cache: RunC
             run = member.ledger.state.runs[r.run_id]
             if _reveal_missed(run, r):
                 log.info("round receipt %s: never revealed: invalid", r.id.hex()[:16])
-                return INVALID, math.inf
+                return CheckResult(INVALID)
             try:
                 got = [await fetch_blob(member.host, member.blobs, root, holders, timeout=FETCH_TIMEOUT, keep=False)
                        for root in (r.opt_before, r.params_after, r.opt_after, r.delta_root)]
             except BlobUnavailable:
                 await member.ledger.new_block.wait()  # not revealed yet: the commit phase may still be open
     if got is None:
-        return ABSTAIN, math.inf
+        return CheckResult(ABSTAIN)
     opt_before, params_after, opt_after, payload = got
     try:
         loaded = await load_run(cache, member.executor, member.host, member.blobs, model_dir, run)
@@ -127,20 +129,20 @@ async def check_round_receipt(member: ReplayMember, r: RoundReceipt, cache: RunC
                 if prev_id else None)
     except (BlobUnavailable, ValueError) as e:
         log.info("abstain on round receipt %s: %s", r.id.hex()[:16], e)
-        return ABSTAIN, math.inf
+        return CheckResult(ABSTAIN)
     opened = attempt_of(run, r.round, r.attempt)
     if opened is None:  # the ledger took the receipt in an attempt that opened: not reached
-        return ABSTAIN, math.inf
+        return CheckResult(ABSTAIN)
     beacon, parts = opened
     try:
         a = rd.assignment(run.post, beacon, r.round, parts, loaded.windows.shape[0], r.worker)
     except ValueError:
-        return INVALID, math.inf
+        return CheckResult(INVALID)
     batches = batch_tensors(loaded.windows, a)
     if not tokenizer_trusted(model_dir) and commitments_root(batches) != r.batches_root:
         # our batches come from a tokenizer a peer sent (another model's dir): they, not the worker, may be wrong
         log.info("abstain on round receipt %s: batches differ under a fetched tokenizer", r.id.hex()[:16])
-        return ABSTAIN, math.inf
+        return CheckResult(ABSTAIN)
 
     def replay() -> tuple[int, float, str]:
         expected = rd.expected_opt_before(loaded.trainer, run.post, prev)
@@ -151,10 +153,10 @@ async def check_round_receipt(member: ReplayMember, r: RoundReceipt, cache: RunC
         verdict, d, why = await member.executor.run(replay)
     except (RuntimeError, MemoryError) as e:
         log.warning("abstain on round receipt %s: %s", r.id.hex()[:16], e)
-        return ABSTAIN, math.inf
+        return CheckResult(ABSTAIN)
     log.info("round receipt %s of run %s round %d: %s (%s, distance %.3g)", r.id.hex()[:16], r.run_id.hex()[:12],
              r.round, Verdict(verdict).label, why, d)
-    return verdict, d
+    return CheckResult(Verdict(verdict), d)
 
 
 def _all_commits(run: Run) -> Iterator[tuple[bytes, bytes, bytes]]:
@@ -164,16 +166,16 @@ def _all_commits(run: Run) -> Iterator[tuple[bytes, bytes, bytes]]:
         yield from h.commits
 
 
-async def check_aggregate(member: ReplayMember, a: RoundAggregate, cache: RunCache) -> tuple[int, float]:
-    """A committee member's ``(verdict, distance)`` on an aggregate: 0 and VALID iff both ids re-compute;
+async def check_aggregate(member: ReplayMember, a: RoundAggregate, cache: RunCache) -> CheckResult:
+    """A committee member's verdict and distance on an aggregate: 0 and VALID iff both ids re-compute;
     ``cache`` as in :func:`check_round_receipt`."""
     state = member.ledger.state
     run = state.runs.get(a.run_id)
     if run is None or run.cur is None:
-        return ABSTAIN, math.inf
+        return CheckResult(ABSTAIN)
     model_dir = await member.model_dir_for(run.post.model_id, [a.aggregator, run.post.sender])
     if model_dir is None:
-        return ABSTAIN, math.inf
+        return CheckResult(ABSTAIN)
     holders = [a.aggregator] + theta_holders(state, run)
     try:
         loaded = await load_run(cache, member.executor, member.host, member.blobs, model_dir, run)
@@ -182,7 +184,7 @@ async def check_aggregate(member: ReplayMember, a: RoundAggregate, cache: RunCac
             a.aggregator, a.params_before, a.momentum_before, holders)
     except (BlobUnavailable, ValueError) as e:
         log.info("abstain on aggregate %s: %s", a.id.hex()[:16], e)
-        return ABSTAIN, math.inf
+        return CheckResult(ABSTAIN)
     ok = params_id == a.params_next and mom_id == a.momentum_next and tuple(sorted(res.accepted)) == tuple(a.accepted)
     if ok:
         member.blobs.put(res.params)  # a verified θ_{r+1}: serve it to the next round's workers
@@ -192,4 +194,4 @@ async def check_aggregate(member: ReplayMember, a: RoundAggregate, cache: RunCac
     verdict = VALID if ok else INVALID if tokenizer_trusted(model_dir) else ABSTAIN
     log.info("aggregate %s of run %s round %d: %s", a.id.hex()[:16], a.run_id.hex()[:12], a.round,
              Verdict(verdict).label + (" (fetched tokenizer)" if verdict == ABSTAIN else ""))
-    return verdict, (0.0 if ok else math.inf)
+    return CheckResult(verdict, 0.0 if ok else math.inf)

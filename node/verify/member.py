@@ -35,6 +35,7 @@ from ..compute.compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
 from ..compute.executor import load_torch
 from ..compute.model import block_file
 from ..duty.parts import Executor, Host, Ledger, NodeParts
+from ..duty.verdict import CheckResult
 from ..identity import Identity, account_to_str
 from ..ledger.core.block import Block
 from ..ledger.core.state import SAMPLED, State
@@ -53,15 +54,16 @@ MAX_PENDING = 64  # committee checks waiting for a lane or running; more stay in
 
 
 class ReceiptChecker(Protocol):
-    """A capability's committee check of one kind of receipt: ``await check(member, receipt)`` returns
-    ``(verdict, distance)`` (VALID / INVALID / ABSTAIN of :mod:`node.ledger.core.tx`; the distance in the check's
-    own unit, ``inf`` when there is none). It may raise; the member then abstains. The capability's package owns
-    it and its caches (``node.market.check.TrainingCheck``, ``node.training.replay.RunChecks``); the runtime hands
-    them to :class:`CommitteeMember`, which imports no capability. A checker declares what it uses of the member
-    as its own Protocol (``CheckingMember``, ``ReplayMember``); mypy checks the member against it where the runtime
-    lists the checkers (``node.runtime.CHECKERS``)."""
+    """A capability's committee check of one kind of receipt: ``await check(member, receipt)`` returns a
+    :class:`~node.duty.verdict.CheckResult` (its verdict, VALID / INVALID / ABSTAIN of :mod:`node.ledger.core.tx`,
+    and the distance in the check's own unit, ``inf`` when there is none). It may raise; the member then abstains.
+    The capability's package owns it and its caches (``node.market.check.TrainingCheck``,
+    ``node.training.replay.RunChecks``); the runtime hands them to :class:`CommitteeMember`, which imports no
+    capability. A checker declares what it uses of the member as its own Protocol (``CheckingMember``,
+    ``ReplayMember``); mypy checks the member against it where the runtime lists the checkers
+    (``node.runtime.CHECKERS``)."""
 
-    def __call__(self, member: CommitteeMember, receipt: Any, /) -> Awaitable[tuple[int, float]]: ...
+    def __call__(self, member: CommitteeMember, receipt: Any, /) -> Awaitable[CheckResult]: ...
 
 
 class OverBudget(Exception):
@@ -153,19 +155,20 @@ class CommitteeMember:
             async with lane:
                 try:
                     await load_torch(self.executor)  # the checks decode fetched tensors on the loop
-                    verdict, d = await self._checker_for(receipt)(self, receipt)
+                    result = await self._checker_for(receipt)(self, receipt)
                 except Exception:
                     log.exception("re-execution of %s failed", receipt.id.hex()[:16])
-                    verdict, d = ABSTAIN, float("inf")
-            vote = Vote(self.ledger.chain_id, receipt.id, self.ident.account, round_, verdict, to_ppm(d))
+                    result = CheckResult(ABSTAIN)
+            vote = Vote(self.ledger.chain_id, receipt.id, self.ident.account, round_, result.verdict,
+                        to_ppm(result.distance))
             try:
                 await self.ledger.submit(vote.signed(self.ident))
             except InvalidTx as e:  # e.g. the round moved on (escalation) while re-executing: nothing to vote on
                 log.info("vote on %s refused: %s", receipt.id.hex()[:16], e)
                 return
             self.checked += 1
-            log.info("voted %s on %s (distance %.3g)", Verdict(verdict).label,
-                     receipt.id.hex()[:16], d)
+            log.info("voted %s on %s (distance %.3g)", Verdict(result.verdict).label,
+                     receipt.id.hex()[:16], result.distance)
         finally:
             room.release()
 
@@ -246,8 +249,9 @@ class CommitteeMember:
             return True
         return all((self.model_dir / block_file(i)).is_file() for i in range(start, end))
 
-    async def check(self, receipt: Receipt) -> tuple[int, float]:
-        """Re-execute ``receipt``'s session and return ``(verdict, distance)``.
+    async def check(self, receipt: Receipt) -> CheckResult:
+        """Re-execute ``receipt``'s session and return its :class:`~node.duty.verdict.CheckResult` (the distance of
+        :func:`node.compute.compare.distance` between the committed and the re-computed outputs).
 
         The committed inputs are every step the worker processed: a failover replacement's start with the
         replayed prefix it was not paid for, so they hold at least ``receipt.tokens`` (the billed, last)
@@ -262,43 +266,43 @@ class CommitteeMember:
             # another model, or this node's own model converted or fetched for one span only (node model add
             # --blocks, node model fetch --blocks): the blocks come from peers, checked against the model id
             if self.fetcher is None:
-                return ABSTAIN, float("inf")
+                return CheckResult(ABSTAIN)
             try:
                 other = await self.fetcher.ensure(receipt.model_id, receipt.span_start, receipt.span_end,
                                                   [account_to_str(receipt.worker)])
             except (BlockUnavailable, ValueError) as e:
                 log.info("abstain on %s: blocks of model %s: %s", receipt.id.hex()[:16], receipt.model_id.hex()[:16],
                          e)
-                return ABSTAIN, float("inf")
+                return CheckResult(ABSTAIN)
         try:
             inputs = await self.fetch(receipt, receipt.inputs_root)
             outputs = await self.fetch(receipt, receipt.outputs_root)
         except BlobUnavailable as e:
             log.info("abstain on %s: %s", receipt.id.hex()[:16], e)
-            return ABSTAIN, float("inf")
+            return CheckResult(ABSTAIN)
         if sum(t.shape[1] for t in inputs) < receipt.tokens or len(inputs) != len(outputs):
-            return INVALID, float("inf")
+            return CheckResult(INVALID)
         x = torch.cat(inputs, dim=1)
         y = torch.cat(outputs, dim=1)
         if not (x.is_floating_point() and y.is_floating_point()):
-            return INVALID, float("inf")
+            return CheckResult(INVALID)
         try:
             span = await self.executor.run(self._span, receipt.span_start, receipt.span_end, other)
         except OverBudget as e:
             log.info("abstain on %s: %s", receipt.id.hex()[:16], e)
-            return ABSTAIN, float("inf")
+            return CheckResult(ABSTAIN)
         try:
             y_hat = await self.executor.run(span.prefill, x.float())
             y_hat = y_hat.to(y.dtype)
         except (RuntimeError, MemoryError) as e:  # out of memory and the like: not the worker's fault
             log.warning("abstain on %s: %s", receipt.id.hex()[:16], e)
-            return ABSTAIN, float("inf")
+            return CheckResult(ABSTAIN)
         d = distance(y, y_hat)
         self.last_distances.append(d)
-        return (VALID if is_valid(d, self.tolerance) else INVALID), d
+        return CheckResult(VALID if is_valid(d, self.tolerance) else INVALID, d)
 
 
-async def _check_inference(member: CommitteeMember, receipt: Receipt, /) -> tuple[int, float]:
+async def _check_inference(member: CommitteeMember, receipt: Receipt, /) -> CheckResult:
     """The :class:`ReceiptChecker` of an inference receipt: :meth:`CommitteeMember.check`.
 
     Raises:
