@@ -21,13 +21,16 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 # SUPPORTED: ``model_type`` -> human architecture name. Only these are accepted by ``node model add``; each one is
 # tested end to end (spans, KV cache, LoRA training, committee replay) in ``tests/models``.
 from .families import SUPPORTED
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 
 class UnsupportedArchitecture(ValueError):
@@ -57,10 +60,11 @@ def check_model_type(model_type: Any) -> str:
     if model_type not in SUPPORTED:
         raise UnsupportedArchitecture(
             f"unsupported architecture: model_type {model_type!r}; supported: {', '.join(sorted(SUPPORTED))}")
+    assert isinstance(model_type, str)  # a key of SUPPORTED
     return model_type
 
 
-def architecture(cfg) -> Arch:
+def architecture(cfg: PretrainedConfig) -> Arch:
     """The :class:`Arch` of a transformers config (``cfg.model_type``).
 
     Raises:
@@ -76,7 +80,7 @@ def architecture(cfg) -> Arch:
     return Arch(t, SUPPORTED[t], getattr(transformers, base), getattr(transformers, causal))
 
 
-def materialize_buffers(model: torch.nn.Module, cfg) -> None:
+def materialize_buffers(model: torch.nn.Module, cfg: PretrainedConfig) -> None:
     """Give a model built on the ``meta`` device real non-persistent buffers after its weights were assigned:
     rotary embeddings are rebuilt from ``cfg`` and Gemma's ``embed_scale`` from its scalar.
 
@@ -95,12 +99,12 @@ def materialize_buffers(model: torch.nn.Module, cfg) -> None:
         raise RuntimeError(f"{type(model).__name__}: tensors left uninitialised: {', '.join(left[:5])}")
 
 
-def embed_scale(cfg) -> float | None:
+def embed_scale(cfg: PretrainedConfig) -> float | None:
     """The factor the embedding output is multiplied by (Gemma: sqrt(hidden_size)), or None."""
     return math.sqrt(cfg.hidden_size) if cfg.model_type in ("gemma2", "gemma3_text") else None
 
 
-def norm_class(cfg) -> type:
+def norm_class(cfg: PretrainedConfig) -> type:
     """The RMSNorm class of the architecture (Gemma's scales by ``1 + weight``)."""
     arch = architecture(cfg)
     mod = importlib.import_module(arch.base_cls.__module__)
@@ -108,11 +112,13 @@ def norm_class(cfg) -> type:
     prefix = arch.base_cls.__name__.removesuffix("TextModel").removesuffix("Model")
     for n in names:
         if n == f"{prefix}RMSNorm":
-            return getattr(mod, n)
+            cls = getattr(mod, n)
+            assert isinstance(cls, type)  # transformers' <X>RMSNorm class
+            return cls
     raise UnsupportedArchitecture(f"no RMSNorm class found for {arch.model_type}")
 
 
-def final_softcap(cfg) -> float | None:
+def final_softcap(cfg: PretrainedConfig) -> float | None:
     """Final-logit soft-capping value (Gemma 2/3: ``logits = cap · tanh(logits / cap)``), or None."""
     cap = getattr(cfg, "final_logit_softcapping", None)
     return float(cap) if cap else None

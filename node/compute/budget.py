@@ -46,7 +46,7 @@ def block_bytes(model_dir: Path) -> int:
         cfg.layer_types = list(cfg.layer_types[:1])
     with torch.device("meta"):
         net = architecture(cfg).base_cls(cfg)
-    return 4 * sum(p.numel() for p in net.layers[0].parameters())
+    return int(4 * sum(p.numel() for p in net.layers[0].parameters()))
 
 
 def head_bytes(manifest: Manifest) -> int:

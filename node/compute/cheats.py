@@ -27,7 +27,7 @@ WEIGHT_FAULTS = ("skip-block", "perturb", "other-model", "bf16", "int8")
 FAULTS = (None, *OUTPUT_FAULTS, *WEIGHT_FAULTS)
 
 
-def _gen(*parts) -> torch.Generator:
+def _gen(*parts: object) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(H(pack(list(parts)))[:8], "little") & (2**63 - 1))
 
 
@@ -58,7 +58,8 @@ def cheat_net(net: torch.nn.Module, fault: str, seed: bytes) -> torch.nn.Module 
         for name, p in cheat.named_parameters():
             if is_linear_weight(name, p):
                 p.copy_(dequantize_weight(*quantize_weight(p)).to(p))
-    return cheat.eval().requires_grad_(False)
+    done: torch.nn.Module = cheat.eval().requires_grad_(False)
+    return done
 
 
 def apply_output_fault(fault: str | None, hidden: torch.Tensor, out: torch.Tensor, past: int, seed: bytes,

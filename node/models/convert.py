@@ -32,12 +32,14 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from node.compute.arch import SUPPORTED, architecture, check_model_type
+from node.compute.arch import architecture, check_model_type
+from node.compute.families import SUPPORTED
 from node.compute.ggufq import pack_float
 from node.compute.model import (
     HEAD_FILE,
@@ -60,6 +62,9 @@ from .lookup import model_dir_of
 from .progress import progress_iter
 from .quantize import QuantizePlan
 
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase
+
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 INDEX = "model.safetensors.index.json"
@@ -69,6 +74,27 @@ _IGNORED = re.compile(r"(^|\.)rotary_emb\.inv_freq$")  # old checkpoints stored 
 
 class CheckpointError(ValueError):
     """The checkpoint cannot be added; the message says why and what to do. Nothing was written."""
+
+
+class _Slice(Protocol):
+    """A tensor of an open safetensors file, before it is read: its header's shape and dtype."""
+
+    def get_shape(self) -> list[int]: ...
+
+    def get_dtype(self) -> str: ...
+
+
+class _Shard(Protocol):
+    """An open safetensors file (:class:`safetensors.safe_open`, whose methods are unannotated)."""
+
+    def keys(self) -> list[str]: ...
+
+    def get_tensor(self, name: str) -> torch.Tensor: ...
+
+    def get_slice(self, name: str) -> _Slice: ...
+
+
+_Where = dict[str, tuple[_Shard, str]]  # tensor name -> (open file holding it, file name)
 
 
 # ---------------------------------------------------------------- refusals
@@ -117,14 +143,14 @@ def _weight_files(src: Path) -> list[Path]:
     return files
 
 
-def _open_all(files: list[Path]) -> dict[str, tuple[object, str]]:
+def _open_all(files: list[Path]) -> _Where:
     """``{tensor name: (open safetensors handle, file name)}``; raises CheckpointError for a bad file."""
-    where: dict[str, tuple[object, str]] = {}
+    where: _Where = {}
     for path in files:
         if _is_pickle_bytes(_magic(path)):
             raise _refuse_pickle(str(path))
         try:
-            handle = safe_open(str(path), framework="pt")
+            handle: _Shard = safe_open(str(path), framework="pt")
             names = list(handle.keys())
         except (SafetensorError, OSError, ValueError) as e:
             raise CheckpointError(f"{path} is not a valid safetensors file (truncated or corrupt?): {e}") from None
@@ -135,7 +161,7 @@ def _open_all(files: list[Path]) -> dict[str, tuple[object, str]]:
     return where
 
 
-def _read_raw(where: dict, name: str) -> torch.Tensor:
+def _read_raw(where: _Where, name: str) -> torch.Tensor:
     """Tensor ``name`` in its checkpoint dtype, checked finite."""
     handle, fname = where[name]
     try:
@@ -150,7 +176,7 @@ def _read_raw(where: dict, name: str) -> torch.Tensor:
 _SIXTEEN = {torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
-def _stored(where: dict, key: str, name: str, storage: Storage) -> tuple[str, torch.Tensor]:
+def _stored(where: _Where, key: str, name: str, storage: Storage) -> tuple[str, torch.Tensor]:
     """``(stored name, tensor)`` of checkpoint tensor ``name`` under block/head key ``key``, as ``storage`` keeps
     it (:class:`~node.models.ggufstream.Storage`): 16-bit tensors of rank ≥ 2 kept in their own type (``native``)
     or every rank ≥ 2 tensor rounded to bfloat16 (``bf16``), as GGUF F16/BF16 bytes that load back as float32
@@ -167,7 +193,7 @@ def _stored(where: dict, key: str, name: str, storage: Storage) -> tuple[str, to
 _FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 
 
-def _check_shapes(where: dict, names: dict[str, str], want: dict[str, tuple], what: str) -> None:
+def _check_shapes(where: _Where, names: dict[str, str], want: dict[str, tuple[int, ...]], what: str) -> None:
     """``names`` maps the Tally key to the checkpoint key; shapes and dtypes come from the safetensors headers."""
     missing, extra = sorted(set(want) - set(names)), sorted(set(names) - set(want))
     if missing or extra:
@@ -185,7 +211,7 @@ def _check_shapes(where: dict, names: dict[str, str], want: dict[str, tuple], wh
                                   "weights are not supported")
 
 
-def load_hf_config(src: Path):
+def load_hf_config(src: Path) -> PretrainedConfig:
     """The transformers config of checkpoint dir ``src``, checked: supported ``model_type``, not quantized.
 
     Raises:
@@ -212,13 +238,13 @@ def load_hf_config(src: Path):
         method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
         raise CheckpointError(f"{path} describes a quantized checkpoint ({method}); add the float release")
     try:
-        cfg = AutoConfig.from_pretrained(str(src), trust_remote_code=False)
+        cfg: PretrainedConfig = AutoConfig.from_pretrained(str(src), trust_remote_code=False)
     except (ValueError, OSError, TypeError, KeyError) as e:
         raise CheckpointError(f"{path}: transformers cannot read this config: {e}") from None
     return cfg
 
 
-def load_tokenizer(src: Path):
+def load_tokenizer(src: Path) -> PreTrainedTokenizerBase:
     """The checkpoint's tokenizer (``AutoTokenizer``, no remote code).
 
     Raises:
@@ -231,9 +257,10 @@ def load_tokenizer(src: Path):
         raise CheckpointError(f"{src} has no tokenizer (tokenizer.json or tokenizer.model): clients could not "
                               "turn text into tokens; copy the model's tokenizer files into the directory")
     try:
-        return AutoTokenizer.from_pretrained(str(src), trust_remote_code=False)
+        tok: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(str(src), trust_remote_code=False)
     except Exception as e:  # noqa: BLE001 -- tokenizer back ends raise many types; all mean "cannot load"
         raise CheckpointError(f"{src}: the tokenizer cannot be loaded: {type(e).__name__}: {e}") from None
+    return tok
 
 
 class HFPlan:

@@ -112,11 +112,18 @@ class GGUFStream:
 
         self.path, self.cfg = Path(path), cfg
         self.reader = GGUFReader(str(path), "r")
-        parsed = load_gguf_checkpoint(str(path), return_tensors=False)
+        # transformers leaves its GGUF helpers unannotated
+        parsed = load_gguf_checkpoint(str(path), return_tensors=False)  # type: ignore[no-untyped-call]
         gguf_arch = str(self.reader.fields["general.architecture"].contents())
-        processor = TENSOR_PROCESSORS.get(gguf_arch, TensorProcessor)(config=parsed["config"])
-        self._process = lambda w, n: processor.process(weights=w, name=n, tensor_key_mapping={},
-                                                       parsed_parameters={"tensors": {}}).weights
+        processor = TENSOR_PROCESSORS.get(gguf_arch, TensorProcessor)(config=parsed["config"])  # type: ignore[no-untyped-call]  # likewise
+
+        def process(w: np.ndarray, n: str) -> np.ndarray:
+            done = processor.process(weights=w, name=n, tensor_key_mapping={},  # type: ignore[no-untyped-call]  # likewise
+                                     parsed_parameters={"tensors": {}})
+            out: np.ndarray = done.weights
+            return out
+
+        self._process: Callable[[np.ndarray, str], np.ndarray] = process
         with torch.device("meta"):
             skeleton = architecture(cfg).causal_cls(cfg)
         name_map = get_gguf_hf_weights_map(skeleton, processor)

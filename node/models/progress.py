@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
-def progress_iter(items: Iterable, total: int, desc: str, enabled: bool) -> Iterable:
+def progress_iter(items: Iterable[T], total: int, desc: str, enabled: bool) -> Iterator[T]:
     """``items`` with a tqdm bar on stdout when it is a terminal, else a plain ``desc i/total`` line per item."""
     if not enabled:
         yield from items

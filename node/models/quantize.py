@@ -17,6 +17,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Protocol
 
 from safetensors.torch import save_file
 
@@ -76,11 +77,18 @@ def quantize_dir(src: Path, out: Path, name: str, progress: bool = False) -> Man
     return qm
 
 
+class FloatPlan(Protocol):
+    """What :class:`QuantizePlan` needs of a checked source (:class:`~node.models.checkpoint.HFPlan`,
+    :class:`~node.models.checkpoint.GGUFPlan`): writing the float model into a dir."""
+
+    def write(self, out: Path, name: str, progress: bool = False) -> Manifest: ...
+
+
 class QuantizePlan:
     """Makes the int8 copy of a source: ``inner`` (a checked :mod:`node.models.convert` plan, written to a temp
     float dir first) or ``model_dir`` (an already converted float model dir). Same ``write`` as the other plans."""
 
-    def __init__(self, quantization: str, inner=None, model_dir: Path | None = None):
+    def __init__(self, quantization: str, inner: FloatPlan | None = None, model_dir: Path | None = None):
         if quantization not in QUANTIZATIONS:
             raise ValueError(f"unknown quantization {quantization!r}; expected one of {QUANTIZATIONS}")
         if (inner is None) == (model_dir is None):
@@ -93,6 +101,7 @@ class QuantizePlan:
         if self.model_dir is not None:
             return quantize_dir(self.model_dir, out, name, progress)
 
+        assert self.inner is not None  # exactly one of inner and model_dir (checked in the constructor)
         tmp = Path(tempfile.mkdtemp(prefix=".add-tmp-float-", dir=Path(out).parent))
         try:
             self.inner.write(tmp, name, progress)
