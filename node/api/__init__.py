@@ -13,7 +13,8 @@
   :mod:`~node.api.charts` (SVG chart geometry).
 * The read side: :mod:`~node.api.queries` (everything a page or route shows), :mod:`~node.api.views` (JSON views
   of ledger objects), :mod:`~node.api.cache` (a response cache for the hottest reads).
-* :mod:`~node.api.models` -- request and response models: the OpenAPI schema.
+* :mod:`~node.api.models` (reads, shared types) and :mod:`~node.api.postmodels` (transfers, bonds, generate):
+  request and response models, the OpenAPI schema; :mod:`~node.api.receiptview` -- typed views of the receipt kinds.
 * :mod:`~node.api.security` -- loopback Host, same-origin, the API token, response headers;
   :mod:`~node.api.metrics` -- Prometheus text.
 """

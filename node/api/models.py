@@ -1,4 +1,6 @@
-"""Request and response models of the wallet/credits API: they are the OpenAPI schema (``/openapi.json``).
+"""Response models of the wallet/credits API's reads, and the shared conventions and types (amounts, accounts,
+errors): with :mod:`node.api.postmodels` (the state-changing routes' requests and replies) they are the OpenAPI
+schema (``/openapi.json``).
 
 Conventions: an amount is ``{"base_units": "<integer string>", "credits": "<decimal string>"}`` (1 credit =
 10^9 base units; strings so no JSON parser rounds them); accounts are libp2p peer IDs (``12D3KooW...``); hashes and
@@ -9,11 +11,11 @@ models (Schemathesis).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, Field
 
-from ..encoding import AMOUNT_FORM, AMOUNT_GRAMMAR, AmountSyntaxError, parse_amount
+from ..encoding import AMOUNT_GRAMMAR, AmountSyntaxError, parse_amount
 
 # The shape of an account; whether its bytes are a valid Ed25519 public key is checked by
 # node.api.views.parse_account (node.identity.account_from_str), which answers 400 bad_account.
@@ -350,10 +352,6 @@ class ValidatorChangeOut(BaseModel):
     effective_height: int
 
 
-class ValidatorTxRequest(BaseModel):
-    action: str = Field(..., description="join (bond at least min_validator_bond first) or leave")
-
-
 class ValidatorsOut(BaseModel):
     window: int
     height: int
@@ -441,67 +439,3 @@ class HistoryProofOut(BaseModel):
     path: list[str] = Field(description="RFC 9162 audit path from the leaf to the log root, bottom-up")
     head: ProofOut = Field(description="smt proof of the log head entry (size, root) under the header's state root")
     summary: dict[str, Any] = Field(default_factory=dict, description="the summary, decoded")
-
-
-class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant"] = Field(description="who says it")
-    content: str = Field(max_length=100_000, description="what is said")
-
-
-class GenerateRequest(BaseModel):
-    prompt: str | None = Field(None, max_length=100_000, description="text, tokenized by the model's tokenizer")
-    prompt_ids: list[int] | None = Field(None, max_length=100_000, description="token ids instead of text")
-    messages: list[ChatMessage] | None = Field(
-        None, min_length=1, max_length=256, description="a chat instead of a prompt: the model's own chat template "
-        "(its tokenizer's) turns it into the prompt, ending with the assistant's turn to speak")
-    max_new_tokens: int = Field(32, ge=1, le=4096)
-    model: str | None = Field(None, max_length=128, description="the model to generate with: a name or id (at least "
-                              "8 hex digits) of a model in this node's model cache; default: the node's model. "
-                              "Only servers announcing that model id are routed through")
-    redundancy: int | None = Field(None, ge=1, le=2, description="2: run every step on two routes with no server in "
-                                   "common and compare them hop by hop; a mismatch is disputed (both hops' receipts "
-                                   "go to a committee) and the generation finishes on a third route. Both routes "
-                                   "are paid. Default: the node's --redundancy")
-
-
-class MismatchOut(BaseModel):
-    step: int = Field(..., description="the generation step (1-based) where the two routes disagreed")
-    span: list[int] = Field(..., description="[start, end) blocks of the differing hops")
-    hops_a: list[SpanOut]
-    hops_b: list[SpanOut]
-    distance_ppm: int = Field(..., description="relative L2 distance of their hidden states, parts per million")
-    tolerance_ppm: int
-    next_tokens: list[int] | None = Field(None, description="the two routes' next tokens, when those differed")
-    disputed: list[str] = Field(..., description="receipt ids sent to a committee")
-    finish: list[SpanOut] = Field(..., description="the third route the generation finished on")
-
-
-class GenerateOut(BaseModel):
-    prompt_ids: list[int]
-    tokens: list[int]
-    text: str | None
-    route: list[SpanOut]
-    receipts: list[str]
-    seconds: float
-    first_token_s: float | None = Field(None, description="seconds from the start of the generation to its first "
-                                        "new token (the rest is later tokens and settling receipts); null with "
-                                        "redundancy 2")
-    redundancy: int = 1
-    routes: list[list[SpanOut]] | None = Field(None, description="with redundancy 2: the two compared routes")
-    mismatch: MismatchOut | None = None
-
-
-class TransferRequest(BaseModel):
-    to: str = Field(..., max_length=128, pattern=ACCOUNT_RE, description="recipient peer ID")
-    amount: AmountText = Field(..., description="decimal credits, e.g. \"1.5\": " + AMOUNT_FORM)
-
-
-class BondRequest(BaseModel):
-    amount: AmountText = Field(..., description="decimal credits to bond or unbond: " + AMOUNT_FORM)
-
-
-class SubmittedOut(BaseModel):
-    id: str = Field(..., description="transaction id")
-    kind: str
-    amount: Amount
-    nonce: int

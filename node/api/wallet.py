@@ -1,6 +1,7 @@
 """``/v1``: the wallet/credits JSON API (reads for anyone on loopback; state changes with the API token).
 
-Every route answers JSON shaped like its model in :mod:`node.api.models`; errors are ``{"code", "message"}``
+Every route answers JSON shaped like its model in :mod:`node.api.models` (:mod:`node.api.postmodels` for the
+state-changing ones); errors are ``{"code", "message"}``
 with 400 (bad input), 401 (``unauthorized``: missing or wrong token), 403 (foreign ``Host``/``Origin``), 404
 (``not_found``), 413 (``prompt_too_long``), 422 (``bad_request``: body or parameters do not match the schema),
 502 (``route_failed``) or 503 (``no_route``). A state-changing request is checked in full — token, input, and a
@@ -32,7 +33,7 @@ from ..ledger.core.valset import ValidatorJoin, ValidatorLeave
 from ..ledger.genesis import TREASURY
 from ..ledger.txstatus import TxState, TxStatus
 from ..models.lookup import UnknownModel
-from . import models as m, views as v
+from . import models as m, postmodels as pm, views as v
 from .deps import AUTH, NodeAPI, NodeDep
 from .queries import QueriesDep
 from .security import ApiError
@@ -302,9 +303,9 @@ async def _submit(node: NodeAPI, tx: Transfer | Bond | Unbond, kind: str) -> JSO
     return JSON({"id": tid.hex(), "kind": kind, "amount": v.amount(tx.amount), "nonce": tx.nonce})
 
 
-@router.post("/transfer", dependencies=AUTH, response_model=m.SubmittedOut, responses=E_POST,
+@router.post("/transfer", dependencies=AUTH, response_model=pm.SubmittedOut, responses=E_POST,
              summary="Send credits from this node's account (needs the API token)")
-async def transfer(node: NodeDep, req: m.TransferRequest) -> JSON:
+async def transfer(node: NodeDep, req: pm.TransferRequest) -> JSON:
     to = v.parse_account(req.to)
     if to == TREASURY:
         raise ApiError(400, "bad_account", "the treasury cannot receive transfers")
@@ -313,24 +314,24 @@ async def transfer(node: NodeDep, req: m.TransferRequest) -> JSON:
     return await _submit(node, tx, "transfer")
 
 
-@router.post("/bond", dependencies=AUTH, response_model=m.SubmittedOut, responses=E_POST,
+@router.post("/bond", dependencies=AUTH, response_model=pm.SubmittedOut, responses=E_POST,
              summary="Lock part of this node's balance as its worker bond (needs the API token)")
-async def bond(node: NodeDep, req: m.BondRequest) -> JSON:
+async def bond(node: NodeDep, req: pm.BondRequest) -> JSON:
     me = node.ident.account
     return await _submit(node, Bond(node.genesis.domain, me, _amount(req.amount), _next_nonce(node, me)), "bond")
 
 
-@router.post("/unbond", dependencies=AUTH, response_model=m.SubmittedOut, responses=E_POST,
+@router.post("/unbond", dependencies=AUTH, response_model=pm.SubmittedOut, responses=E_POST,
              summary="Release bond back to the balance once no receipt of this node is pending (needs the token)")
-async def unbond(node: NodeDep, req: m.BondRequest) -> JSON:
+async def unbond(node: NodeDep, req: pm.BondRequest) -> JSON:
     me = node.ident.account
     return await _submit(node, Unbond(node.genesis.domain, me, _amount(req.amount), _next_nonce(node, me)), "unbond")
 
 
-@router.post("/validator", dependencies=AUTH, response_model=m.SubmittedOut, responses=E_POST,
+@router.post("/validator", dependencies=AUTH, response_model=pm.SubmittedOut, responses=E_POST,
              summary="Join the validator set (bonded with at least min_validator_bond) or leave it; effective two "
                      "heights after the block that includes it (needs the API token)")
-async def validator(node: NodeDep, req: m.ValidatorTxRequest) -> JSON:
+async def validator(node: NodeDep, req: pm.ValidatorTxRequest) -> JSON:
     kinds = {"join": ValidatorJoin, "leave": ValidatorLeave}
     if req.action not in kinds:
         raise ApiError(400, "bad_request", "action is join or leave")
@@ -361,10 +362,10 @@ def redundancy_view(gen: Generation) -> Json:
         "disputed": [x.hex() for x in mm.disputed], "finish": hops(mm.finish)}}
 
 
-@router.post("/generate", dependencies=AUTH, response_model=m.GenerateOut,
+@router.post("/generate", dependencies=AUTH, response_model=pm.GenerateOut,
              responses={**E_POST, **{c: {"model": m.ErrorOut} for c in (404, 413, 502, 503)}},
              summary="Generate greedily through the swarm, paying for each span (needs the API token)")
-async def generate(node: NodeDep, req: m.GenerateRequest) -> JSON:
+async def generate(node: NodeDep, req: pm.GenerateRequest) -> JSON:
     if sum(x is not None for x in (req.prompt, req.prompt_ids, req.messages)) != 1:
         raise ApiError(400, "bad_request", "give exactly one of prompt, prompt_ids or messages")
     try:
