@@ -7,6 +7,8 @@ servers, and the running receipts both ends sign after every step (DESIGN.md, Re
   :mod:`~node.inference.client` -- routing, failover and greedy generation;
   :mod:`~node.inference.redundant` -- each step on two disjoint routes, compared.
 * :mod:`~node.inference.receipts` -- running receipts; :mod:`~node.inference.wire` -- hidden states on the wire.
+* :mod:`~node.inference.seams` -- what the package needs of the node's other parts (executor, host, ledger, head);
+  :mod:`~node.inference.tabseam` -- what a session needs of settlement by tabs.
 
 Committees check these receipts in :mod:`node.verify.member`; the ledger's half is :mod:`node.ledger.core.state`.
 """

@@ -27,6 +27,9 @@ import trio
 if TYPE_CHECKING:
     from transformers import DynamicCache
 
+    from ..compute.span import SpanModel
+    from .seams import Executor
+
 
 @dataclass
 class _Req:
@@ -50,7 +53,7 @@ class StepBatcher:
     Attributes: ``batches`` (batched forwards run), ``batched_steps`` (steps served by them).
     """
 
-    def __init__(self, span, executor, max_batch: int = 8, max_len: int = 256):
+    def __init__(self, span: SpanModel, executor: Executor, max_batch: int = 8, max_len: int = 256):
         self.span, self.executor = span, executor
         self.max_batch, self.max_len = max_batch, max_len
         self._pending: list[_Req] = []
@@ -63,7 +66,7 @@ class StepBatcher:
                 and r.hidden.shape[0] == 1
                 and r.hidden.shape[1] == 1 and 0 < r.cache.get_seq_length() <= self.max_len)
 
-    async def forward(self, hidden: torch.Tensor, cache) -> torch.Tensor:
+    async def forward(self, hidden: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
         """The span's forward of ``hidden`` float32 ``(1, t, hidden)`` on ``cache`` (appended in place).
 
         Returns a float32 CPU tensor of the same shape. Raises as :meth:`SpanModel.forward`.
@@ -101,7 +104,7 @@ class StepBatcher:
             except Exception as e:  # noqa: BLE001 - handed to the request's own task, which raises it
                 r.error = e
 
-    def _batched(self, hiddens: list[torch.Tensor], caches: list) -> list[torch.Tensor]:
+    def _batched(self, hiddens: list[torch.Tensor], caches: list[DynamicCache]) -> list[torch.Tensor]:
         # local: transformers adds ~1.5 s to torch's import; loaded only where a model is built or tokenized
         from transformers import DynamicCache
 
@@ -110,9 +113,12 @@ class StepBatcher:
         longest = max(lens)
         big = DynamicCache(config=span.config)
         for li in range(len(span.net.layers)):
-            ks, vs = [], []
+            ks: list[torch.Tensor] = []
+            vs: list[torch.Tensor] = []
             for c, n in zip(caches, lens, strict=True):
-                k, v = c.layers[li].keys, c.layers[li].values
+                layer = c.layers[li]
+                k, v = layer.keys, layer.values  # type: ignore[union-attr]  # a span's layers are DynamicLayers
+                assert k is not None and v is not None  # batched caches hold at least one position (_batchable)
                 if n < longest:  # left-pad the sequence dimension
                     k = torch.nn.functional.pad(k, (0, 0, longest - n, 0))
                     v = torch.nn.functional.pad(v, (0, 0, longest - n, 0))
@@ -125,8 +131,8 @@ class StepBatcher:
         pos = torch.tensor([[n] for n in lens], dtype=torch.long, device=span.device)
         x = torch.cat(hiddens).to(span.device, torch.float32)
         with torch.inference_mode():
-            out = span.net(inputs_embeds=x, attention_mask=mask, position_ids=pos, cache=big,
-                           use_cache=True).last_hidden_state
+            out: torch.Tensor = span.net(inputs_embeds=x, attention_mask=mask, position_ids=pos, cache=big,
+                                         use_cache=True).last_hidden_state
             for li in range(len(span.net.layers)):
                 layer = big.layers[li]
                 k, v = layer.keys[:, :, -1:], layer.values[:, :, -1:]  # type: ignore[union-attr, index]  # DynamicLayer

@@ -25,8 +25,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import trio
 
@@ -39,14 +40,17 @@ from ..ledger.core.tx import Receipt
 from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed, check_reply, read_msg, write_msg
 from ..p2p.host import PeerUnreachable
 from ..p2p.quirks import exception_leaves
-from .receipts import CLOCK, RunningReceipt, SessionTerms, TabTerms, store_blob, wire_commitment
+from .receipts import CLOCK, ReceiptState, RunningReceipt, SessionTerms, TabTerms, store_blob, wire_commitment
+from .seams import ClientHost, ClientLedger, ClientStream, Executor, Head
 from .server import CONTROL_MAX, INFERENCE_PROTOCOL, new_session_id
 from .swarm import SwarmTable
 from .tabseam import RequesterTabs, tab_reply
-from .wire import check_codec, decode_hidden, encode_hidden
+from .wire import WireParts, check_codec, decode_hidden, encode_hidden
 
 if TYPE_CHECKING:
     import torch
+
+    from ..compute.model import Manifest
 
 ROUTE_WARM_PERIOD = 2.0  # seconds between re-plans of the route kept connected (RouteClient.keep_route_connected)
 ROUTE_WARM_MAX = 8  # servers of one route kept connected ahead of a generation
@@ -56,6 +60,10 @@ ROUTE_WAIT = 5.0
 ROUTE_POLL = 0.1  # seconds between two looks at the swarm table meanwhile
 
 log = logging.getLogger("tally.client")
+
+Route = list[tuple[str, int, int]]  # [(peer, start, end), ...] of a generation's hops, in order
+# ``await on_token(index, token, route)`` after each new token (index from 1)
+OnToken = Callable[[int, int, Route], Awaitable[object]]
 
 
 class PromptTooLong(ValueError):
@@ -80,14 +88,14 @@ class Hop:
     end: int
     codec: str = "none"
     replay: int = 0
-    stream: Any = None  # the session's stream (py-libp2p's or in-memory); None once closed
+    stream: ClientStream | None = None  # the session's stream (py-libp2p's or in-memory); None once closed
     session_id: bytes = b""
     opened_height: int = 0
     rr: RunningReceipt | None = None
     tab_id: bytes | None = None  # the tab this session is paid through, held until it is settled
-    inputs: list = field(default_factory=list)
-    outputs: list = field(default_factory=list)
-    signed: tuple | None = None
+    inputs: list[torch.Tensor] = field(default_factory=list)
+    outputs: list[torch.Tensor] = field(default_factory=list)
+    signed: tuple[ReceiptState, bytes, bytes, bytes] | None = None
     signed_steps: int = 0
     broken: Exception | None = None
     acking: trio.Event | None = None  # set when the last acknowledgement has been written
@@ -125,6 +133,11 @@ class Generation:
     first_token_s: float | None = None  # seconds from the call to the first new token (None: not measured)
 
 
+# a step whose receipt work waits for the round's end: (hop, input parts, output parts, positions, worker signature;
+# None for an unbilled step)
+_Pending = tuple[Hop, WireParts, WireParts, int, bytes | None]
+
+
 @dataclass
 class _Run:
     total: int
@@ -132,15 +145,19 @@ class _Run:
     hops: list[Hop]
     retired: list[Hop] = field(default_factory=list)
     failovers: list[Failover] = field(default_factory=list)
-    excluded: set = field(default_factory=set)
-    pending: list = field(default_factory=list)  # steps whose receipt work waits for the round's end
+    excluded: set[str] = field(default_factory=set)
+    pending: list[_Pending] = field(default_factory=list)  # steps whose receipt work waits for the round's end
     bg: trio.Nursery | None = None  # nursery for acknowledgements
 
 
 OPEN_TIMEOUT = 10.0  # seconds to open a session's stream to a server before failing over
 
 
-class RouteClient:
+# the client's head: a RouteClient[LazyHead] (the node's) or RouteClient[ClientHead] keeps its head's own type
+HeadT = TypeVar("HeadT", bound=Head, covariant=True)
+
+
+class RouteClient(Generic[HeadT]):
     """Generates text through a route of span servers and settles each session with a countersigned receipt.
 
     Args:
@@ -152,9 +169,10 @@ class RouteClient:
         open_timeout: seconds to wait for a session's stream to a server (then it fails over).
     """
 
-    def __init__(self, ident: Identity, host, head, manifest, ledger, executor, blobs: BlobStore,
-                 swarm: SwarmTable, step_timeout: float = 60.0, compression: str = "none", max_failovers: int = 4,
-                 submit: bool = True, tabs: RequesterTabs | None = None, open_timeout: float = OPEN_TIMEOUT):
+    def __init__(self, ident: Identity, host: ClientHost, head: HeadT, manifest: Manifest, ledger: ClientLedger,
+                 executor: Executor, blobs: BlobStore, swarm: SwarmTable, step_timeout: float = 60.0,
+                 compression: str = "none", max_failovers: int = 4, submit: bool = True,
+                 tabs: RequesterTabs | None = None, open_timeout: float = OPEN_TIMEOUT):
         self.ident, self.host, self.head, self.manifest = ident, host, head, manifest
         self.open_timeout = open_timeout
         self.tabs = tabs  # sessions paid through tabs (node.inference.tabseam), or None: one receipt each
@@ -175,7 +193,8 @@ class RouteClient:
                                 f"exceeds the model's maximum length of {self.manifest.max_length} tokens")
         return total
 
-    def _plan(self, need: int, start: int = 0, end: int | None = None, exclude=frozenset()) -> list[SpanInfo]:
+    def _plan(self, need: int, start: int = 0, end: int | None = None,
+              exclude: Collection[str] = frozenset()) -> list[SpanInfo]:
         return choose_route(self.swarm.infos(self.manifest.model_id), self.manifest.num_blocks, start, end,
                             exclude=set(exclude) | {self.host.peer_id}, need_cache=need, rtt=self.swarm.rtt)
 
@@ -305,6 +324,7 @@ class RouteClient:
 
     async def _ack(self, hop: Hop, steps: int, sig: bytes, done: trio.Event) -> None:
         try:
+            assert hop.stream is not None  # an abandoned hop sends nothing more
             await write_msg(hop.stream, {"type": "ack", "steps": steps, "sig": sig})
         except Exception as e:  # noqa: BLE001 - the next step fails over; the output is already ours and signed
             hop.broken = hop.broken or e
@@ -323,10 +343,11 @@ class RouteClient:
         t0 = time.perf_counter()
         wire, sent, in_parts = encode_hidden(hidden, hop.codec, commit=False)
         n = sent.shape[1]
-        msg = {"type": "step", "hidden": wire}
+        msg: dict[str, Any] = {"type": "step", "hidden": wire}
         if hop.pending_ack is not None:
             steps, sig = hop.pending_ack
             msg["ack"] = {"steps": steps, "sig": sig}
+        assert hop.stream is not None  # open from the session's open until the hop is abandoned
         await write_msg(hop.stream, msg)
         hop.pending_ack = None
         reply = check_reply(await read_msg(hop.stream, timeout=self.step_timeout))
@@ -339,7 +360,7 @@ class RouteClient:
         hop.inputs.append(sent)
         hop.outputs.append(out)
         hop.sent_positions += n
-        run.pending.append((hop, in_parts, out_parts, n, wsig))
+        run.pending.append((hop, in_parts, out_parts, n, wsig if isinstance(wsig, bytes) else None))
         if n == 1:
             e = self.swarm.entries.get(hop.peer)
             self.swarm.observe_rtt(hop.peer, time.perf_counter() - t0 - (e["latency"] if e else 0.0))
@@ -354,13 +375,16 @@ class RouteClient:
         pending, run.pending = run.pending, []
         acks = []
         with CLOCK:
-            prev_parts, prev_c = None, None
+            prev_parts: WireParts | None = None  # the previous hop's output: this hop's input, already hashed
+            prev_c = b""
             for hop, in_parts, out_parts, n, wsig in pending:
                 c_in = prev_c if in_parts == prev_parts else wire_commitment(*in_parts)
                 c_out = wire_commitment(*out_parts)
                 prev_parts, prev_c = out_parts, c_out
+                assert hop.rr is not None  # set when the session opened, before its first step
                 rid = hop.rr.append(c_in, c_out, n)
                 if rid is not None:
+                    assert wsig is not None  # a billed step's reply is signed (checked by _step)
                     csig = self.ident.sign(rid)
                     hop.signed, hop.signed_steps = (hop.rr.state, rid, wsig, csig), hop.rr.steps
                     acks.append((hop, hop.rr.steps, csig))
@@ -396,6 +420,7 @@ class RouteClient:
                 steps, sig = hop.pending_ack
                 msg["ack"] = {"steps": steps, "sig": sig}
                 hop.pending_ack = None
+            assert hop.stream is not None  # the hops closed are those still open
             await write_msg(hop.stream, msg)
             reply = check_reply(await read_msg(hop.stream, timeout=self.step_timeout, max_message=CONTROL_MAX))
             if reply.get("steps") != hop.signed_steps:
@@ -534,7 +559,7 @@ class RouteClient:
         return receipts
 
     async def generate(self, prompt_ids: list[int], max_new_tokens: int, compression: str | None = None,
-                       on_token=None) -> Generation:
+                       on_token: OnToken | None = None) -> Generation:
         """Greedy generation of ``max_new_tokens`` tokens after ``prompt_ids`` through the swarm.
 
         Args:
@@ -559,7 +584,8 @@ class RouteClient:
         run = _Run(total, codec, [Hop(s.peer, s.start, s.end, codec) for s in await self._first_plan(total)])
         first: float | None = None
         try:
-            hidden = await self.executor.run(lambda: self.head.embed_ids(prompt_ids))  # a lazy head: built there
+            # a lazy head: built there. None after the last token (the next round's input is not embedded)
+            hidden: torch.Tensor | None = await self.executor.run(lambda: self.head.embed_ids(prompt_ids))
             t_embed = time.perf_counter()
             await self._open_all(run)  # then the first step follows at once (servers time out idle sessions)
             t_open = time.perf_counter()
@@ -567,6 +593,7 @@ class RouteClient:
             try:
                 async with trio.open_nursery() as run.bg:  # acknowledgements, written off the critical path
                     while True:
+                        assert hidden is not None  # None only once the last token is generated (loop ended)
                         hidden = await self._forward(run, hidden, len(new) + 1)
                         await self._flush(run)  # the round's receipt work, before the LM head (no GIL contention)
                         tok, hidden = await self.executor.run(self._next, hidden, len(new) + 1 < max_new_tokens)

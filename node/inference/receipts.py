@@ -40,10 +40,19 @@ import hashlib
 import os
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..encoding import HASH_LEN, H, pack, tensor_to_wire
 from ..ledger.core.tabs import TabReceipt
 from ..ledger.core.tx import Receipt
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..blobs import BlobStore
+
+# the moving fields of a session's receipt after a step: (billed positions, inputs_root, outputs_root)
+ReceiptState = tuple[int, bytes, bytes]
 
 
 class ReceiptClock:
@@ -62,7 +71,7 @@ class ReceiptClock:
         self._t0 = time.perf_counter()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.seconds += time.perf_counter() - self._t0
         self.cpu_seconds += time.thread_time() - self._c0
         self.calls += 1
@@ -75,7 +84,7 @@ class ReceiptClock:
 CLOCK = ReceiptClock()
 
 
-_HEADERS: dict[tuple, bytes] = {}
+_HEADERS: dict[tuple[str | int, ...], bytes] = {}
 
 
 def wire_commitment(dtype: str, shape: list[int], data: bytes) -> bytes:
@@ -83,7 +92,7 @@ def wire_commitment(dtype: str, shape: list[int], data: bytes) -> bytes:
 
     Equal to :func:`node.encoding.tensor_commitment` of the decoded tensor, without re-serialising it.
     """
-    key = (dtype, *shape)
+    key: tuple[str | int, ...] = (dtype, *shape)
     head = _HEADERS.get(key)
     if head is None:
         head = dtype.encode() + pack(list(shape))
@@ -206,6 +215,7 @@ class RunningReceipt:
         self.outputs = MerkleAccumulator()
         self.steps = 0
         self.positions = 0
+        self.state: ReceiptState  # set by every append
         t = terms
         tag = Receipt.TAG if t.tab is None else TabReceipt.TAG
         head = [tag, t.chain_id, t.session_id, t.worker, t.requester, t.model_id, t.start, t.end]
@@ -274,7 +284,7 @@ class RunningReceipt:
         return self.receipt_of(self.billed, self.inputs.root(), self.outputs.root())
 
 
-def store_blob(blobs, root: bytes, tensors: list) -> None:
+def store_blob(blobs: BlobStore, root: bytes, tensors: list[torch.Tensor]) -> None:
     """:meth:`node.blobs.BlobStore.put` for tensors whose Merkle root is already known (the running receipt's
     ``inputs_root`` or ``outputs_root``), without hashing them all again; same file, same format."""
     path = blobs.dir / root.hex()

@@ -36,13 +36,14 @@ from typing import TYPE_CHECKING
 import trio
 
 from ..compute.compare import DEFAULT_TOLERANCE, distance, is_valid
-from ..compute.shards import NoRouteError
+from ..compute.shards import NoRouteError, SpanInfo
 from ..identity import account_from_str
 from ..ledger.core.disputes import Dispute
 from ..ledger.core.tabs import TabReceipt
 from ..ledger.core.tx import Receipt
 from ..p2p.quirks import exception_leaves
-from .client import HOP_ERRORS, Generation, Hop, HopFailed, RouteClient, _abort, _Run
+from .client import HOP_ERRORS, Generation, Hop, HopFailed, OnToken, Route, RouteClient, _abort, _Run
+from .seams import Head
 from .wire import check_codec
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ class Mismatch:
     finish: list[tuple[str, int, int]] = field(default_factory=list)
 
     def describe(self) -> str:
-        def side(hops):
+        def side(hops: Route) -> str:
             return " + ".join(f"{p[:16]} [{s}, {e})" for p, s, e in hops)
 
         why = (f"next tokens {self.next_tokens[0]} and {self.next_tokens[1]} differ" if self.next_tokens
@@ -118,7 +119,7 @@ def check_redundancy(n: int) -> int:
     return n
 
 
-def _route(run: _Run) -> list[tuple[str, int, int]]:
+def _route(run: _Run) -> Route:
     return [(h.peer, h.start, h.end) for h in run.hops]
 
 
@@ -150,10 +151,10 @@ class RedundantClient:
         dispute: file a :class:`Dispute` for the differing hops' receipts (needs ``client.submit``).
     """
 
-    def __init__(self, client: RouteClient, tolerance: float = DEFAULT_TOLERANCE, dispute: bool = True):
+    def __init__(self, client: RouteClient[Head], tolerance: float = DEFAULT_TOLERANCE, dispute: bool = True):
         self.client, self.tolerance, self.dispute = client, tolerance, dispute
 
-    def routes(self, need: int = 0) -> tuple[list, list]:
+    def routes(self, need: int = 0) -> tuple[list[SpanInfo], list[SpanInfo]]:
         """Two routes ``[SpanInfo, ...]`` with no peer in common: the fastest, and the fastest of the rest; if that
         fails, each alternative first route that avoids one server of the fastest is tried (bounded).
 
@@ -172,14 +173,14 @@ class RedundantClient:
         assert last is not None  # candidates holds at least ``first``
         raise NoDisjointRoutes(last.block, last.num_blocks, [s.peer for s in first])
 
-    def _try(self, need: int, exclude: set) -> list | None:
+    def _try(self, need: int, exclude: set[str]) -> list[SpanInfo] | None:
         try:
             return self.client._plan(need, exclude=exclude)
         except NoRouteError:
             return None
 
     async def generate(self, prompt_ids: list[int], max_new_tokens: int, compression: str | None = None,
-                       on_token=None) -> RedundantGeneration:
+                       on_token: OnToken | None = None) -> RedundantGeneration:
         """Greedy generation of ``max_new_tokens`` tokens, every step on two disjoint routes (paid twice).
 
         Args and errors as :meth:`RouteClient.generate`, and:
@@ -194,7 +195,7 @@ class RedundantClient:
         codec = check_codec(compression or c.compression)
         t0 = time.perf_counter()
         ra, rb = self.routes(total)
-        shared: set = {s.peer for s in ra} | {s.peer for s in rb}  # failover replacements avoid both routes
+        shared: set[str] = {s.peer for s in ra} | {s.peer for s in rb}  # failover replacements avoid both routes
         runs = [_Run(total, codec, [Hop(s.peer, s.start, s.end, codec) for s in r], excluded=shared)
                 for r in (ra, rb)]
         routes = [_route(r) for r in runs]
@@ -203,7 +204,8 @@ class RedundantClient:
         mismatch: Mismatch | None = None
         finish: _Run | None = None
         try:
-            hidden = await c.executor.run(lambda: c.head.embed_ids(prompt_ids))
+            # None after the last token (the next round's input is not embedded)
+            hidden: torch.Tensor | None = await c.executor.run(lambda: c.head.embed_ids(prompt_ids))
             for run in runs:
                 await c._open_all(run)
             try:
@@ -211,6 +213,7 @@ class RedundantClient:
                     for run in runs:
                         run.bg = bg
                     while len(new) < max_new_tokens:
+                        assert hidden is not None  # None only once the last token is generated (loop ended)
                         step_in = hidden
                         outs = await self._both(runs, hidden, len(new) + 1)
                         for run in runs:
@@ -260,7 +263,7 @@ class RedundantClient:
 
     async def _both(self, runs: list[_Run], hidden: torch.Tensor, token: int) -> list[torch.Tensor]:
         """One step on both routes at once; their final hidden states."""
-        outs: list = [None, None]
+        outs: list[torch.Tensor | None] = [None, None]
 
         async def one(i: int) -> None:
             outs[i] = await self.client._forward(runs[i], hidden, token)
@@ -270,9 +273,12 @@ class RedundantClient:
                 n.start_soon(one, i)
         if {h.peer for h in runs[0].hops} & {h.peer for h in runs[1].hops}:
             log.warning("failovers made the redundant routes share a server; they are compared anyway")
-        return outs
+        a, b = outs
+        assert a is not None and b is not None  # both steps returned (or the nursery raised)
+        return [a, b]
 
-    def _tokens(self, outs: list[torch.Tensor], embed: bool):
+    def _tokens(self, outs: list[torch.Tensor], embed: bool) -> tuple[tuple[int, torch.Tensor | None],
+                                                                      tuple[int, None]]:
         """Executor thread: each route's greedy next token and (for route A) its embedding."""
         return self.client._next(outs[0], embed), (self.client.head.next_token(outs[1]), None)
 
@@ -347,8 +353,8 @@ class RedundantClient:
             return run
         raise MismatchUnresolved(m, f"{THIRD_ROUTE_TRIES} third routes failed to open")
 
-    async def _continue(self, run: _Run, prompt_ids: list[int], new: list[int], max_new_tokens: int, on_token,
-                        step_in: torch.Tensor) -> None:
+    async def _continue(self, run: _Run, prompt_ids: list[int], new: list[int], max_new_tokens: int,
+                        on_token: OnToken | None, step_in: torch.Tensor) -> None:
         """Replay the prefix through ``run`` (unbilled), then redo the differing step (input ``step_in``) and
         generate the rest, appending to ``new``."""
         c = self.client
@@ -362,8 +368,9 @@ class RedundantClient:
             async with trio.open_nursery() as run.bg:
                 if ids is not None:
                     await c._forward(run, ids, len(new) + 1)  # the replayed prefix: no position billed
-                hidden = step_in
+                hidden: torch.Tensor | None = step_in  # None after the last token
                 while True:
+                    assert hidden is not None  # None only once the last token is generated (loop ended)
                     hidden = await c._forward(run, hidden, len(new) + 1)
                     await c._flush(run)
                     tok, hidden = await c.executor.run(c._next, hidden, len(new) + 1 < max_new_tokens)

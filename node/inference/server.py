@@ -38,7 +38,7 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -49,9 +49,16 @@ from ..ledger.core.tabs import TabReceipt
 from ..ledger.core.tx import Receipt
 from ..p2p.framing import FrameError, RequestTimeout, StreamClosed, error_reply, read_msg, write_msg
 from ..p2p.scoring import BAD_REQUEST, BAD_SIGNATURE, MALFORMED_FRAME
-from .receipts import CLOCK, RunningReceipt, SessionTerms, TabTerms, store_blob, wire_commitment
+from .receipts import CLOCK, ReceiptState, RunningReceipt, SessionTerms, TabTerms, store_blob, wire_commitment
+from .seams import AnnounceHost, Executor, Height, Penalize, SessionStream, Submit, TabWait
 from .tabseam import WorkerTabs
 from .wire import CODECS, decode_hidden, encode_hidden
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import DynamicCache
+
+    from ..compute.span import SpanModel
 
 log = logging.getLogger("tally.inference")
 
@@ -115,11 +122,11 @@ class _Session:
     max_length: int
     codec: str
     rr: RunningReceipt
-    cache: object
-    inputs: list = field(default_factory=list)
-    outputs: list = field(default_factory=list)
-    history: list = field(default_factory=list)  # per step: (billed, inputs_root, outputs_root)
-    acks: dict = field(default_factory=dict)  # steps -> requester signature
+    cache: DynamicCache | None  # None once the session ended (freed)
+    inputs: list[torch.Tensor] = field(default_factory=list)
+    outputs: list[torch.Tensor] = field(default_factory=list)
+    history: list[ReceiptState] = field(default_factory=list)  # per step: (billed, inputs_root, outputs_root)
+    acks: dict[int, bytes] = field(default_factory=dict)  # steps -> requester signature
     verified: int = 0  # steps covered by the latest ack whose signature verified
     bad_acks: int = 0
 
@@ -147,10 +154,11 @@ class SpanServer:
     carried by a ``step`` or ``close``).
     """
 
-    def __init__(self, ident: Identity, chain_id: str, span, executor, blobs: BlobStore, height,
-                 price_per_token_block: int, step_timeout: float = 60.0, max_sessions: int = 32,
-                 cache_tokens: int | None = None, submit=None, penalize=None, max_batch: int = 8,
-                 inline_acks: bool = True, tabs: WorkerTabs | None = None, tab_wait=None):
+    def __init__(self, ident: Identity, chain_id: str, span: SpanModel, executor: Executor, blobs: BlobStore,
+                 height: Height, price_per_token_block: int, step_timeout: float = 60.0, max_sessions: int = 32,
+                 cache_tokens: int | None = None, submit: Submit | None = None, penalize: Penalize | None = None,
+                 max_batch: int = 8, inline_acks: bool = True, tabs: WorkerTabs | None = None,
+                 tab_wait: TabWait | None = None):
         self.ident, self.chain_id, self.span, self.executor, self.blobs = ident, chain_id, span, executor, blobs
         self.height = height
         self.price = price_per_token_block
@@ -201,7 +209,7 @@ class SpanServer:
         self.stats.observe(sec, sec)
         return sec
 
-    def announcement(self, addrs: list[str], seq: int, period: float, ttl: float | None = None) -> dict:
+    def announcement(self, addrs: list[str], seq: int, period: float, ttl: float | None = None) -> dict[str, Any]:
         """A span announcement: who serves which blocks, measured ``throughput`` (tokens/s through the span),
         ``latency`` (s per one-token step, queueing included) and ``free_cache`` (tokens). ``seq`` grows with
         every refresh: gossip de-duplicates identical content, so a refresh must never repeat the last one."""
@@ -210,7 +218,8 @@ class SpanServer:
                 "ttl": period * TTL_PERIODS if ttl is None else ttl, "throughput": self.stats.throughput,
                 "latency": self.stats.latency, "free_cache": self.free_cache}
 
-    async def announce_loop(self, host, period: float = ANNOUNCE_PERIOD, ttl: float | None = None) -> None:
+    async def announce_loop(self, host: AnnounceHost, period: float = ANNOUNCE_PERIOD,
+                            ttl: float | None = None) -> None:
         """Publish this span on ``tally/<chain>/shards`` every ``period`` seconds, each announcement valid for
         ``ttl`` seconds (default ``TTL_PERIODS × period``).
 
@@ -231,7 +240,7 @@ class SpanServer:
 
     # ------------------------------------------------------------------ session protocol
 
-    def _open(self, msg: dict, peer: str) -> _Session:
+    def _open(self, msg: dict[str, Any], peer: str) -> _Session:
         if msg.get("type") != "open":
             raise SessionError("bad_request", "first message must be open")
         sid = msg.get("session_id")
@@ -273,7 +282,7 @@ class SpanServer:
         if self.penalize is not None:
             self.penalize(peer, weight)
 
-    async def _refuse(self, stream, peer: str, e: Exception) -> None:
+    async def _refuse(self, stream: SessionStream, peer: str, e: Exception) -> None:
         """Answer a bad message with an error frame and penalize its sender (best effort, bounded)."""
         weight = MALFORMED_FRAME if isinstance(e, FrameError) else BAD_REQUEST
         self._offence(peer, weight)
@@ -282,7 +291,7 @@ class SpanServer:
             with contextlib.suppress(StreamClosed, RequestTimeout, FrameError):
                 await write_msg(stream, error_reply(code, str(e)))
 
-    async def handle(self, stream, peer: str) -> None:
+    async def handle(self, stream: SessionStream, peer: str) -> None:
         """Serve one session on ``stream`` from ``peer`` (the requester); see the module docstring."""
         try:
             opening = await read_msg(stream, timeout=self.step_timeout, max_message=CONTROL_MAX)
@@ -335,7 +344,7 @@ class SpanServer:
             if sess.rr.terms.tab is not None and self.tabs is not None:
                 self.tabs.close(sess.rr.terms.tab.tab_id)  # after its receipt is kept: the next session's before
 
-    async def _serve(self, stream, sess: _Session) -> str:
+    async def _serve(self, stream: SessionStream, sess: _Session) -> str:
         """The step/ack/close loop; returns how the session ended. Raises on a bad or missing message."""
         hidden_size = self.span.hidden_size
         step_max = sess.max_length * hidden_size * 4 * 101 // 100 + 4096
@@ -353,10 +362,11 @@ class SpanServer:
                                                  sess.max_length - sess.rr.positions, commit=False)
                 n = hidden.shape[1]
                 t1 = time.perf_counter()
+                assert sess.cache is not None  # freed only when the session ends
                 out = await self.batcher.forward(hidden.float(), sess.cache)
                 t2 = time.perf_counter()
                 wire, sent, out_parts = encode_hidden(out, sess.codec, commit=False)
-                reply = {"status": "ok", "hidden": wire}
+                reply: dict[str, Any] = {"status": "ok", "hidden": wire}
                 with CLOCK:  # all of a step's receipt work in one go: after the first hash, caches are warm
                     rid = sess.rr.append(wire_commitment(*in_parts), wire_commitment(*out_parts), n)
                     if rid is not None:
@@ -379,7 +389,7 @@ class SpanServer:
             else:
                 raise SessionError("bad_request", f"unknown message type {kind!r}")
 
-    def _take_ack(self, sess: _Session, ack: dict) -> None:
+    def _take_ack(self, sess: _Session, ack: dict[str, Any]) -> None:
         """Record the requester's countersignature ``{"steps": n, "sig": 64 B}`` over the receipt after step ``n``
         (an ``ack`` message, or the ``ack`` field of a ``step`` or ``close``); every ``VERIFY_EVERY`` acks the
         newest is verified at once.
@@ -438,7 +448,7 @@ class SpanServer:
         return receipt
 
 
-async def blob_handler(blobs: BlobStore, stream, peer: str) -> None:
+async def blob_handler(blobs: BlobStore, stream: SessionStream, peer: str) -> None:
     """``{"type": "get", "root": 32 B}`` → ``{"status": "ok", "tensors": [...]}`` or ``not_found``."""
     msg = await read_msg(stream, timeout=10, max_message=1 << 12)
     root = msg.get("root")
@@ -450,4 +460,5 @@ async def blob_handler(blobs: BlobStore, stream, peer: str) -> None:
 
 
 def new_session_id() -> bytes:
+    """A fresh random 16-byte session id."""
     return os.urandom(16)

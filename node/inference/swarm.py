@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, TypedDict
 
 import trio
 
@@ -24,7 +25,28 @@ RTT_EWMA = 0.2
 log = logging.getLogger("tally.client")  # the client's logger: its lines keep their name
 
 
-def _num(v, default: float = 0.0) -> float:
+class SwarmEntry(TypedDict):
+    """One peer's latest announcement as heard (:meth:`SwarmTable.on_announcement`): its model and span, up to 8
+    addresses, when it was heard (``seen``, the table's clock) and for how long it holds (``ttl``, seconds), its
+    sessions open, ``seq``, measured ``throughput`` (tokens/s) and ``latency`` (s), ``free_cache`` (tokens, None
+    when not announced) and how many refreshes of it were heard."""
+
+    model_id: bytes
+    start: int
+    end: int
+    addrs: list[object]  # as announced: a route client dials only strings naming the peer
+    seen: float
+    ttl: float
+    active: int
+    seq: int
+    throughput: float
+    latency: float
+    free_cache: int | None
+    refreshes: int
+
+
+def _num(v: Any, default: float = 0.0) -> float:
+    """``v`` (a value of a peer's announcement: anything) as a finite float >= 0, else ``default``."""
     try:
         x = float(v)
     except (TypeError, ValueError):
@@ -37,7 +59,7 @@ class SwarmTable:
     """Span announcements heard on ``tally/<chain>/shards`` (peer → model, span, measurements, seen_at) and the
     client's measured network round trip per peer (seconds, EWMA)."""
 
-    entries: dict[str, dict] = field(default_factory=dict)
+    entries: dict[str, SwarmEntry] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic  # seconds
     rtt: dict[str, float] = field(default_factory=dict)
     # set (and replaced) when a peer announces a span it did not announce before: a route may have changed
@@ -69,7 +91,7 @@ class SwarmTable:
         except (DecodeError, KeyError, TypeError, ValueError) as e:
             log.debug("bad announcement from %s: %s", from_peer, e)
 
-    def _live(self, model_id: bytes):
+    def _live(self, model_id: bytes) -> list[tuple[str, SwarmEntry]]:
         now = self.clock()
         return [(p, e) for p, e in sorted(self.entries.items())
                 if e["model_id"] == model_id and now - e["seen"] < e["ttl"]]

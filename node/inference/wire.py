@@ -23,7 +23,7 @@ and every value finite.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import zstandard
 
@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     import torch
 
 CODECS = ("none", "fp16", "zstd", "fp16+zstd")
+# a tensor's commitment before it is hashed: (wire dtype name, shape, little-endian bytes), for wire_commitment
+WireParts = tuple[str, list[int], bytes]
+WireMap = dict[str, Any]  # hidden states on the wire: {"dtype", "shape", "data" | "zstd"}
 ZSTD_LEVEL = 3
 
 _zc: zstandard.ZstdCompressor | None = None
@@ -68,7 +71,15 @@ def codec_dtype(codec: str) -> tuple[str, torch.dtype]:
     return ("float16", torch.float16) if codec.startswith("fp16") else ("float32", torch.float32)
 
 
-def encode_hidden(t: torch.Tensor, codec: str, commit: bool = True) -> tuple[dict, torch.Tensor, bytes | tuple]:
+@overload
+def encode_hidden(t: torch.Tensor, codec: str, commit: Literal[True] = ...) -> tuple[WireMap, torch.Tensor, bytes]: ...
+
+
+@overload
+def encode_hidden(t: torch.Tensor, codec: str, commit: Literal[False]) -> tuple[WireMap, torch.Tensor, WireParts]: ...
+
+
+def encode_hidden(t: torch.Tensor, codec: str, commit: bool = True) -> tuple[WireMap, torch.Tensor, bytes | WireParts]:
     """Encode hidden states for the wire.
 
     Args:
@@ -87,7 +98,7 @@ def encode_hidden(t: torch.Tensor, codec: str, commit: bool = True) -> tuple[dic
     arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
     data = arr.tobytes()
     shape = list(arr.shape)
-    commitment: bytes | tuple
+    commitment: bytes | WireParts
     if commit:
         with CLOCK:
             commitment = wire_commitment(name, shape, data)
@@ -98,8 +109,18 @@ def encode_hidden(t: torch.Tensor, codec: str, commit: bool = True) -> tuple[dic
     return {"dtype": name, "shape": shape, "data": data}, sent, commitment
 
 
-def decode_hidden(obj: object, codec: str, hidden_size: int, max_positions: int,
-                  positions: int | None = None, commit: bool = True) -> tuple[torch.Tensor, bytes | tuple]:
+@overload
+def decode_hidden(obj: object, codec: str, hidden_size: int, max_positions: int, positions: int | None = None,
+                  commit: Literal[True] = ...) -> tuple[torch.Tensor, bytes]: ...
+
+
+@overload
+def decode_hidden(obj: object, codec: str, hidden_size: int, max_positions: int, positions: int | None = None, *,
+                  commit: Literal[False]) -> tuple[torch.Tensor, WireParts]: ...
+
+
+def decode_hidden(obj: object, codec: str, hidden_size: int, max_positions: int, positions: int | None = None,
+                  commit: bool = True) -> tuple[torch.Tensor, bytes | WireParts]:
     """Decode and check hidden states from a peer.
 
     Args:
