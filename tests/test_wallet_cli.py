@@ -264,7 +264,7 @@ def test_the_wallet_gives_up_saying_why_a_transaction_is_pending_or_dropped(tmp_
     from node.api.app import create_app
     from node.ledger.core.chain import commit_block
     from node.ledger.core.tx import Transfer
-    from node.ledger.mempool import Limits
+    from node.ledger.mempool_policy import Limits
     from node.ledger.service import LedgerService
     from node.ledger.store import LedgerStore
     from node.wallet.cli import EXIT_DROPPED, EXIT_PENDING

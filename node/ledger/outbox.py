@@ -16,7 +16,7 @@ from typing import Any
 
 from ..encoding import DecodeError, pack, unpack
 from .core.tx import Tx, decode_tx
-from .mempool import Priority, priority
+from .mempool_policy import Priority, priority
 
 log = logging.getLogger("tally.ledger")
 

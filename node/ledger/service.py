@@ -31,7 +31,8 @@ from .core.state import State
 from .core.tx import InvalidTx, Tx, decode_tx
 from .driver import ConsensusDriver
 from .genesis import Genesis
-from .mempool import Limits, Mempool, Priority, priority
+from .mempool import Mempool
+from .mempool_policy import Limits, Priority, priority
 from .outbox import RESEND_FIRST, Outbox, ResendSchedule, outbox_path
 from .seams import LedgerHost, MsgStream
 from .store import LedgerStore

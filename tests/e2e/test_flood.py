@@ -36,7 +36,7 @@ import trio
 from node.compute.model import make_tiny
 from node.identity import Identity, dev_seed
 from node.ledger.core.state import VALID_S
-from node.ledger.mempool import Limits
+from node.ledger.mempool_policy import Limits
 
 from .swarm import C, swarm, tiny_genesis, wait_final
 

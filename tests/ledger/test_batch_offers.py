@@ -298,7 +298,7 @@ def test_new_params_are_optional_in_the_genesis_hash_and_checked():
 
 
 def test_mempool_cost_counts_the_audit_fee_escrow():
-    from node.ledger.mempool import cost
+    from node.ledger.mempool_policy import cost
 
     g = genesis(batch_audit_ppm=1_000, batch_audit_pay_bps=10_000, committee_size=2)
     p = post(genesis_state(g), 10, FLOOR * TOKENS, g)

@@ -23,7 +23,8 @@ from node.ledger.core.chain import check_and_apply, check_block, commit_block, p
 from node.ledger.core.runtx import RunJoin, RunLeave, RunPost
 from node.ledger.core.state import SAMPLED, genesis_state
 from node.ledger.core.tx import Bond, InvalidTx, Transfer, Unbond
-from node.ledger.mempool import Limits, Mempool, Priority, cost, is_free, priority
+from node.ledger.mempool import Mempool
+from node.ledger.mempool_policy import Limits, Priority, cost, is_free, priority
 from node.ledger.service import LedgerService
 from node.ledger.store import LedgerStore
 

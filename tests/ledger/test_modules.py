@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import pytest
 
-from node.ledger import mempool, snapshot, statedb
+from node.ledger import mempool_policy, snapshot, statedb
 from node.ledger.core import genesis, liveness, modules, records, tree, tx as txmod
 from node.ledger.core.genesis import GenesisError
 from node.ledger.core.kv import Codec
@@ -53,7 +53,7 @@ def test_store_keys_work_kinds_and_params_are_the_modules_declarations():
     declared = {t for m in modules.MODULES for t in (*m.maps, *m.sets)}
     assert declared == set(records.MAPS + records.SETS) == set(records.CODECS) == set(STORE_KEYS)
     assert tuple(sorted(STORE_KEYS, key=STORE_KEYS.__getitem__)) == snapshot.TABLES  # the snapshot's table index
-    assert mempool.WORK_KINDS == WORK_KINDS == modules.WORK_KINDS
+    assert mempool_policy.WORK_KINDS == WORK_KINDS == modules.WORK_KINDS
     owners = {m.params: m.name for m in modules.MODULES if m.params is not None}
     assert {p.fields.__name__: owners.get(p, "core") for p in genesis.PARTS} == {
         "CoreParams": "core", "JobParams": "jobs", "IdleParams": "core", "HistoryParams": "history",

@@ -13,7 +13,7 @@ import trio
 from node.identity import Identity
 from node.ledger.core.chain import commit_block
 from node.ledger.core.tx import Transfer
-from node.ledger.mempool import Limits
+from node.ledger.mempool_policy import Limits
 from node.ledger.outbox import outbox_path
 from node.ledger.service import LedgerService
 from node.ledger.store import LedgerStore

@@ -97,7 +97,7 @@ class LedgerModule(Protocol):
     def work_txs(self) -> tuple[type[Tx], ...]:
         """Those of its kinds that are a worker's or a committee member's work (receipts, votes, commits,
         reveals): a full mempool evicts other transactions for them, never the other way round
-        (:class:`node.ledger.mempool.Priority`)."""
+        (:class:`node.ledger.mempool_policy.Priority`)."""
         ...
 
     @property

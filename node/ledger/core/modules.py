@@ -16,7 +16,7 @@ disputes). The tuple is at once
   * the store keys: :data:`STORE_KEYS` (table -> key), from which the state tree's per-table tags
     (:mod:`node.ledger.core.tree`), LevelDB's prefixes (:mod:`node.ledger.statedb`) and the state snapshot's
     table order (:mod:`node.ledger.snapshot`) are derived;
-  * the mempool's work kinds: :data:`WORK_KINDS`, every module's ``work_txs`` (:mod:`node.ledger.mempool`);
+  * the mempool's work kinds: :data:`WORK_KINDS`, every module's ``work_txs`` (:mod:`node.ledger.mempool_policy`);
   * liveness: :func:`node.ledger.core.liveness.height_need` asks each module's ``height_need`` in order;
   * the genesis parameters: each module's ``params`` part is checked here to be one of
     :data:`node.ledger.core.genesis.PARTS`, and every part to be a module's or the core's.
