@@ -25,13 +25,13 @@ from node.encoding import (
     object_id,
     pack,
     parse_amount,
-    scan_msgpack,
     tensor_commitment,
     tensor_from_wire,
     tensor_to_wire,
     unpack,
     verify_inclusion,
 )
+from node.msgscan import scan_msgpack
 
 
 def test_rfc9162_empty_and_single_leaf():
