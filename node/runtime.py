@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from .compute.span import SpanModel
 
 log = logging.getLogger("tally.node")
+T = TypeVar("T")
 
 INFO_FILE = "node.json"
 __all__ = ["CHECKERS", "TRAIN_FAULTS", "LazyHead", "Node", "NodeConfig", "api_view", "ensure_api_token"]
@@ -474,6 +475,17 @@ class Node:
         if self.client is None:
             raise RuntimeError("the node's services are not built yet (Node.run builds them)")
         return self.client
+
+    def service(self, kind: type[T]) -> T | None:
+        """This node's running part of type ``kind`` — a capability's worker, keeper or book (``JobWorker``,
+        ``BatchWorker``, ``TabBook``, ``EpochBook``, ...), the span server or the committee member — or None when
+        this node runs none (a capability's settings leave it off, or :meth:`run` has not built it yet). What a
+        capability's API router reaches of the node, typed, without naming the runtime."""
+        for part in (*self.duties, self.jobs, self.runs, self.batches, self.offers, self.member, self.server,
+                     self.tab_book, self.tab_gate, self.tab_disputes, self.book):
+            if isinstance(part, kind):
+                return part
+        return None
 
     def client_for(self, model: str | None = None) -> RouteClient:
         """The :class:`~node.inference.client.RouteClient` of ``model`` (a name or id; None or "": this node's
