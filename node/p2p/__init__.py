@@ -1,11 +1,13 @@
 """Networking: libp2p host (TCP + Noise + Yamux), framed msgpack request/response, gossipsub, and the limits on
 what a peer may send.
 
-* :mod:`~node.p2p.host` -- ``P2PHost``: the host, its lifecycle, addresses, dialling and peer slots, with
-  :mod:`~node.p2p.streams` (serving and asking request/response streams; ``PeerUnreachable``) and
-  :mod:`~node.p2p.gossip` mixed in; :mod:`~node.p2p.quirks` -- work-arounds for py-libp2p 0.8.1.
+* :mod:`~node.p2p.host` -- ``P2PHost``: the host, its lifecycle, addresses and peer slots, with
+  :mod:`~node.p2p.streams` (serving and asking request/response streams; ``PeerUnreachable``),
+  :mod:`~node.p2p.dialing` (dialling peers, remembering their addresses) and :mod:`~node.p2p.gossip` mixed in;
+  :mod:`~node.p2p.quirks` -- work-arounds for py-libp2p 0.8.1.
 * :mod:`~node.p2p.framing` -- the wire format, errors and reply convention; :mod:`~node.p2p.gossip` -- gossip
-  semantics and de-duplication.
+  semantics, de-duplication and counters; :mod:`~node.p2p.gossipsub` -- py-libp2p's router settings and pubsub
+  patches.
 * :mod:`~node.p2p.wirelimits` -- every protocol's request/reply limits and the node-wide read pool;
   :mod:`~node.p2p.budget` -- reply bytes in flight per peer and node-wide; :mod:`~node.p2p.filesend` and
   :mod:`~node.p2p.filerecv` -- bulk replies streamed from and to disk; :mod:`~node.p2p.scoring` -- misbehaviour

@@ -70,9 +70,10 @@ import trio
 from libp2p.exceptions import BaseLibp2pError
 
 from ..compute.budget import block_bytes
-from ..compute.model import HEAD_FILE, MANIFEST, Manifest, ManifestError, block_file, load_manifest, tensors_hash
+from ..compute.model import HEAD_FILE, MANIFEST, Manifest, ManifestError, block_file, load_manifest
 from ..p2p.filerecv import read_file_msg
 from ..p2p.framing import RemoteError, RequestTimeout, StreamClosed, check_reply, write_msg
+from .blockcheck import check_block_file
 from .blockserve import (
     BLOCK_PROTOCOL,
     MAX_FILE,
@@ -102,8 +103,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BLOCK_PROTOCOL", "FETCH_DEADLINE", "FETCH_TIMEOUT", "MAX_FILE", "MAX_MANIFEST", "MAX_TOKENIZER",
            "REQUEST_MAX", "REQUEST_TIMEOUT", "TOKENIZER_FILES", "UNVERIFIED_TOKENIZER", "BlockFetcher",
-           "BlockUnavailable", "FetchRefused", "HeldModels", "bonded_peers", "check_block", "check_block_file",
-           "tokenizer_trusted"]
+           "BlockUnavailable", "FetchRefused", "HeldModels", "bonded_peers", "tokenizer_trusted"]
 
 log = logging.getLogger("tally.blockfetch")
 
@@ -125,44 +125,6 @@ class FetchRefused(BlockUnavailable):
 
 
 _T = TypeVar("_T")
-
-
-def check_block(data: bytes, expected: bytes) -> None:
-    """Parse safetensors ``data`` and check its :func:`tensors_hash` is ``expected`` (32 bytes).
-
-    Raises:
-        ValueError: not a safetensors file, or another hash.
-    """
-    # local: safetensors.torch imports torch (seconds); a node that never fetches a model does not pay it
-    from safetensors import SafetensorError
-    from safetensors.torch import load
-
-    try:
-        tensors = load(data)
-    except (SafetensorError, ValueError, OSError) as e:
-        raise ValueError(f"not a safetensors file: {e}") from None
-    got = tensors_hash(tensors)
-    if got != expected:
-        raise ValueError(f"hashes to {got.hex()[:16]}, the manifest says {expected.hex()[:16]}")
-
-
-def check_block_file(path: Path, expected: bytes) -> None:
-    """:func:`check_block` of the safetensors file at ``path`` (read by ``safetensors``, never pickle).
-
-    Raises:
-        ValueError: not a safetensors file, or another hash.
-    """
-    # local: safetensors.torch imports torch (seconds); a node that never fetches a model does not pay it
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        tensors = load_file(str(path))
-    except (SafetensorError, ValueError, OSError) as e:
-        raise ValueError(f"not a safetensors file: {e}") from None
-    got = tensors_hash(tensors)
-    if got != expected:
-        raise ValueError(f"hashes to {got.hex()[:16]}, the manifest says {expected.hex()[:16]}")
 
 
 class BlockFetcher:

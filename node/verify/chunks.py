@@ -16,7 +16,7 @@ of at most :data:`CHUNK` bytes, and each tensor is checked as soon as its last r
 
 A fetch is resumable: the tensors already checked are listed beside the part file (``<file>.part.json``, with
 the index's digest), and a new fetch of the same file skips them. The finished file is checked once more whole
-(:func:`~node.verify.blockfetch.check_block_file`) and moved into place.
+(:func:`~node.verify.blockcheck.check_block_file`) and moved into place.
 """
 
 from __future__ import annotations

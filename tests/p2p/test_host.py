@@ -319,7 +319,7 @@ def test_a_peer_that_never_subscribes_costs_a_bounded_queue_and_no_log_lines(cap
     and logs nothing about it (py-libp2p 0.8.1 held 100 and logged a WARNING per publication once full)."""
     import logging
 
-    from node.p2p.gossip import PENDING_PER_PEER, PENDING_TTL
+    from node.p2p.gossipsub import PENDING_PER_PEER, PENDING_TTL
 
     async def body():
         async with running_hosts(2) as (a, b):

@@ -101,7 +101,7 @@ def test_idle_gossip_stays_within_protocol_bounds(tmp_path):
 
 def test_a_cached_signed_peer_record_still_refuses_a_changed_or_foreign_one():
     """The per-RPC signed-record check is skipped only for bytes already accepted from that peer by that host
-    (:func:`node.p2p.gossip.cache_signed_records`): a tampered record, or the same record arriving from another
+    (:func:`node.p2p.gossipsub.cache_signed_records`): a tampered record, or the same record arriving from another
     peer, is still checked and refused."""
     import multiaddr
     from libp2p import new_host
@@ -110,7 +110,7 @@ def test_a_cached_signed_peer_record_still_refuses_a_changed_or_foreign_one():
     from libp2p.pubsub.pb.rpc_pb2 import RPC
 
     from node.identity import Identity, dev_seed
-    from node.p2p.gossip import cache_signed_records
+    from node.p2p.gossipsub import cache_signed_records
     from node.p2p.host import libp2p_keypair
 
     cache_signed_records()

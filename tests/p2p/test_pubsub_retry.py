@@ -1,5 +1,5 @@
 """A peer whose pubsub stream could not be negotiated at connection time still joins gossip
-(:func:`node.p2p.gossip.retry_pubsub_streams`)."""
+(:func:`node.p2p.gossipsub.retry_pubsub_streams`)."""
 
 from __future__ import annotations
 

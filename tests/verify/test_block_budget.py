@@ -17,7 +17,8 @@ from node.p2p.budget import ReplyBudget
 from node.p2p.filesend import STREAM_HOLD
 from node.p2p.framing import RemoteError, StreamClosed, check_reply, read_msg, write_msg
 from node.p2p.host import P2PHost
-from node.verify.blockfetch import BLOCK_PROTOCOL, BlockFetcher, HeldModels, check_block
+from node.verify.blockcheck import check_block
+from node.verify.blockfetch import BLOCK_PROTOCOL, BlockFetcher, HeldModels
 
 from ..p2p.util import CHAIN
 

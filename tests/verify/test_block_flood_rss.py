@@ -24,7 +24,8 @@ from node.p2p.budget import PER_PEER
 from node.p2p.filesend import STREAM_HOLD
 from node.p2p.framing import RequestTimeout, StreamClosed, read_msg, write_msg
 from node.p2p.host import P2PHost
-from node.verify.blockfetch import BLOCK_PROTOCOL, BlockFetcher, check_block
+from node.verify.blockcheck import check_block
+from node.verify.blockfetch import BLOCK_PROTOCOL, BlockFetcher
 
 from ..inference.procs import free_port, metric, spawn, stop_all, tail, wait_info, write_genesis
 

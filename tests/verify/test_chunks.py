@@ -18,7 +18,8 @@ from node.models.convert import add_model
 from node.models.ggufstream import Storage
 from node.models.lookup import model_dir_of
 from node.p2p.framing import RemoteError
-from node.verify.blockfetch import BLOCK_PROTOCOL, MAX_FILE, REQUEST_MAX, BlockFetcher, HeldModels, check_block_file
+from node.verify.blockcheck import check_block_file
+from node.verify.blockfetch import BLOCK_PROTOCOL, MAX_FILE, REQUEST_MAX, BlockFetcher, HeldModels
 from node.verify.chunkfetch import ChunkFetchFailed, fetch_file
 from node.verify.chunks import CHUNK, BadIndex, file_index, parse_index
 from tests.p2p.util import running_hosts
