@@ -13,7 +13,7 @@ attention over every layer; Qwen2 — q/k/v biases; Qwen3 — q/k RMSNorm per he
 soft-capping, alternating sliding/global layers, pre/post-feedforward norms; Gemma3 (text) — q/k norms,
 sliding/global layers with their own rope bases (``rope_parameters[layer_type]``). The spans
 (:mod:`node.compute.span`), the client head (:mod:`node.compute.head`), the one-process reference model and
-``node model add`` (:mod:`node.models.convert`) all build from here.
+``node model add`` (:mod:`node.models.sources`) all build from here.
 """
 
 from __future__ import annotations

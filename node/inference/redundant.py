@@ -42,7 +42,8 @@ from ..ledger.core.disputes import Dispute
 from ..ledger.core.tabs import TabReceipt
 from ..ledger.core.tx import Receipt
 from ..p2p.quirks import exception_leaves
-from .client import HOP_ERRORS, Generation, Hop, HopFailed, OnToken, Route, RouteClient, _abort, _Run
+from .client import Generation, OnToken, Route, RouteClient
+from .hops import HOP_ERRORS, Hop, HopFailed, RouteRun, abort_hop
 from .seams import Head
 from .wire import check_codec
 
@@ -119,7 +120,7 @@ def check_redundancy(n: int) -> int:
     return n
 
 
-def _route(run: _Run) -> Route:
+def _route(run: RouteRun) -> Route:
     return [(h.peer, h.start, h.end) for h in run.hops]
 
 
@@ -196,13 +197,13 @@ class RedundantClient:
         t0 = time.perf_counter()
         ra, rb = self.routes(total)
         shared: set[str] = {s.peer for s in ra} | {s.peer for s in rb}  # failover replacements avoid both routes
-        runs = [_Run(total, codec, [Hop(s.peer, s.start, s.end, codec) for s in r], excluded=shared)
+        runs = [RouteRun(total, codec, [Hop(s.peer, s.start, s.end, codec) for s in r], excluded=shared)
                 for r in (ra, rb)]
         routes = [_route(r) for r in runs]
         receipts: list[Receipt | TabReceipt] = []
         new: list[int] = []
         mismatch: Mismatch | None = None
-        finish: _Run | None = None
+        finish: RouteRun | None = None
         try:
             # None after the last token (the next round's input is not embedded)
             hidden: torch.Tensor | None = await c.executor.run(lambda: c.head.embed_ids(prompt_ids))
@@ -261,7 +262,7 @@ class RedundantClient:
                     await c._finish(run, close=False)  # pay for what was received
             raise
 
-    async def _both(self, runs: list[_Run], hidden: torch.Tensor, token: int) -> list[torch.Tensor]:
+    async def _both(self, runs: list[RouteRun], hidden: torch.Tensor, token: int) -> list[torch.Tensor]:
         """One step on both routes at once; their final hidden states."""
         outs: list[torch.Tensor | None] = [None, None]
 
@@ -282,7 +283,7 @@ class RedundantClient:
         """Executor thread: each route's greedy next token and (for route A) its embedding."""
         return self.client._next(outs[0], embed), (self.client.head.next_token(outs[1]), None)
 
-    def _check(self, runs: list[_Run], token: int, ta: int, tb: int) -> Mismatch | None:
+    def _check(self, runs: list[RouteRun], token: int, ta: int, tb: int) -> Mismatch | None:
         a, b = runs[0].hops, runs[1].hops
         found = compare_hops(a, b, self.tolerance)
         if found is None and ta == tb:
@@ -322,7 +323,7 @@ class RedundantClient:
         return out
 
     async def _finish_route(self, total: int, codec: str, m: Mismatch, prompt_ids: list[int], new: list[int],
-                            step_in: torch.Tensor) -> _Run:
+                            step_in: torch.Tensor) -> RouteRun:
         """The third route, opened with ``replay`` = the positions before the differing step (raises
         MismatchUnresolved when none avoids the suspects)."""
         c = self.client
@@ -335,7 +336,7 @@ class RedundantClient:
             except NoRouteError as e:
                 raise MismatchUnresolved(m, f"no third route avoids {', '.join(p[:16] for p in sorted(suspects))} "
                                             f"({e})") from e
-            run = _Run(total, codec, [Hop(s.peer, s.start, s.end, codec, replay=positions) for s in plan],
+            run = RouteRun(total, codec, [Hop(s.peer, s.start, s.end, codec, replay=positions) for s in plan],
                        excluded=set(excluded))
             current = None
             try:
@@ -346,14 +347,14 @@ class RedundantClient:
                 log.warning("third route: %s did not open: %s", current.peer[:16], e)
                 excluded.add(current.peer)
                 for h in run.hops:
-                    await _abort(h)
+                    await abort_hop(h)
                 continue
             m.finish = _route(run)
             log.info("finishing on a third route: %s", ", ".join(f"{p[:16]} [{s}, {e})" for p, s, e in m.finish))
             return run
         raise MismatchUnresolved(m, f"{THIRD_ROUTE_TRIES} third routes failed to open")
 
-    async def _continue(self, run: _Run, prompt_ids: list[int], new: list[int], max_new_tokens: int,
+    async def _continue(self, run: RouteRun, prompt_ids: list[int], new: list[int], max_new_tokens: int,
                         on_token: OnToken | None, step_in: torch.Tensor) -> None:
         """Replay the prefix through ``run`` (unbilled), then redo the differing step (input ``step_in``) and
         generate the rest, appending to ``new``."""

@@ -87,8 +87,9 @@ def _human(n: float) -> str:
 def run_model_command(args: argparse.Namespace) -> int:
     """Run ``node model ...``; returns the exit code (0 ok, 1 refused or failed: the message is on stderr)."""
     # local: node.models.convert imports torch (~2 s): only the model commands load it
-    from .convert import CheckpointError, add_model, list_models, remove_model
+    from .convert import add_model, list_models, remove_model
     from .ggufstream import Storage
+    from .sources import CheckpointError
 
     cache = args.model_cache or default_cache_dir()
     try:

@@ -85,7 +85,7 @@ class FloatPlan(Protocol):
 
 
 class QuantizePlan:
-    """Makes the int8 copy of a source: ``inner`` (a checked :mod:`node.models.convert` plan, written to a temp
+    """Makes the int8 copy of a source: ``inner`` (a checked :mod:`node.models.sources` plan, written to a temp
     float dir first) or ``model_dir`` (an already converted float model dir). Same ``write`` as the other plans."""
 
     def __init__(self, quantization: str, inner: FloatPlan | None = None, model_dir: Path | None = None):

@@ -180,7 +180,7 @@ def test_without_a_third_route_the_mismatch_is_a_clear_error_and_still_disputed(
 def test_compare_hops_uses_common_boundaries_and_the_committee_tolerance():
     import torch
 
-    from node.inference.client import Hop
+    from node.inference.hops import Hop
 
     x = torch.randn(1, 1, 8)
 

@@ -13,8 +13,9 @@ import pytest
 from node.cli import build_parser, main, resolve_model
 from node.compute.model import load_manifest
 from node.models import registry
-from node.models.convert import CheckpointError, add_model
+from node.models.convert import add_model
 from node.models.registry import RegistryError
+from node.models.sources import CheckpointError
 
 from .conftest import write_checkpoint
 

@@ -22,9 +22,10 @@ from node.compute.ggufq import QuantizedTensorError, dequantize_stored
 from node.compute.model import block_file, load_checked, load_manifest
 from node.compute.reference import load_causal_lm, local_generate
 from node.compute.span import SpanModel
-from node.models.convert import CheckpointError, add_model
+from node.models.convert import add_model
 from node.models.ggufstream import Storage
 from node.models.lookup import model_dir_of
+from node.models.sources import CheckpointError
 
 from .synth_gguf import write_llama_gguf
 

@@ -23,7 +23,8 @@ from node.inference.server import SpanServer
 from node.ledger.core.tx import INVALID, VALID
 from node.models import registry
 from node.models.cli import main as model_cli
-from node.models.convert import CheckpointError, add_model
+from node.models.convert import add_model
+from node.models.sources import CheckpointError
 from node.verify.member import CommitteeMember
 
 from ..inference.fakenet import CHAIN, PRICE, FakeLedger, announce, make_swarm
