@@ -18,41 +18,18 @@ runs on every node, so they are committed and revealed as usual.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
-from typing import Protocol
 
 import trio
 
 from ..duty.runner import DutyRunner
+from ..duty.seams import Ledger
 from ..identity import Identity
 from ..ledger.core.batch import reputation
 from ..ledger.core.batchtx import WITHDRAWN, BatchOffer
-from ..ledger.core.block import Block
 from ..ledger.core.state import State
-from ..ledger.core.tx import InvalidTx, Tx
+from ..ledger.core.tx import InvalidTx
 
 log = logging.getLogger("tally.batch")
-
-class OfferLedger(Protocol):
-    """What :class:`OfferKeeper` needs of :class:`node.ledger.service.LedgerService`."""
-
-    @property
-    def state(self) -> State: ...
-
-    @property
-    def mempool(self) -> Mapping[bytes, Tx]:
-        """:class:`node.ledger.mempool.Mempool`: tx id -> queued tx (KeyError when not queued)."""
-        ...
-
-    @property
-    def chain_id(self) -> str: ...
-
-    def on_block(self, fn: Callable[[Block, State], None]) -> None: ...
-
-    def next_nonce(self, account: bytes) -> int: ...
-
-    async def submit(self, tx: Tx) -> bytes: ...
-
 
 def wanted_offer(accept: bool, floor: int | None, genesis_floor: int) -> int:
     """The ``min_price_per_token`` this node wants on the ledger: :data:`WITHDRAWN` without ``--accept-batches``,
@@ -66,7 +43,7 @@ class OfferKeeper:
     """Submits a :class:`BatchOffer` whenever the ledger's offer for ``ident`` differs from ``want`` (module
     docstring). ``want``: base units per token, or :data:`WITHDRAWN`."""
 
-    def __init__(self, ident: Identity, ledger: OfferLedger, want: int):
+    def __init__(self, ident: Identity, ledger: Ledger, want: int):
         self.ident, self.ledger, self.want = ident, ledger, want
         self.last: bytes | None = None  # id of the last offer sent
         self.duty_runner = DutyRunner(self, ledger, at_start=True)  # at start and after each block

@@ -26,23 +26,22 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 import trio
 
 from ..duty.parts import NodeParts
 from ..duty.runner import DutyRunner
+from ..duty.seams import Executor, Ledger
 from ..encoding import pack
 from ..identity import Identity
 from ..ledger.core.batch import assignments_of
 from ..ledger.core.batchaudit import audits_of
 from ..ledger.core.batchstate import AuditStatus, Batch, Item, ItemStatus, item_key
 from ..ledger.core.batchtx import BatchAuditVote, BatchCommit, BatchReveal, commitment
-from ..ledger.core.block import Block
 from ..ledger.core.state import State
-from ..ledger.core.tx import InvalidTx, Tx
+from ..ledger.core.tx import InvalidTx
 from .content import (
     Requester,
     Unavailable,
@@ -58,29 +57,6 @@ RESEND_BLOCKS = 5  # a commit or reveal not on the ledger after this many blocks
 PARALLEL = 2  # items fetched/run at once (the executor runs one torch call at a time anyway)
 SUBMITS = 4  # commits and reveals being submitted at once (each opens a stream to every connected validator)
 MAX_OUTSTANDING = 32  # commits and reveals sent and not yet on the ledger (nor due for a resend), at most
-
-
-class LedgerView(Protocol):
-    """What the worker needs of :class:`node.ledger.service.LedgerService`."""
-
-    @property
-    def state(self) -> State: ...
-
-    @property
-    def chain_id(self) -> str: ...
-
-    def on_block(self, fn: Callable[[Block, State], None]) -> None: ...
-
-    async def submit(self, tx: Tx) -> bytes: ...
-
-
-T = TypeVar("T")
-
-
-class Executor(Protocol):
-    """The node's torch executor (:class:`node.compute.executor.TorchExecutor`): ``fn(*args)`` on its thread."""
-
-    async def run(self, fn: Callable[..., T], *args: Any) -> T: ...
 
 
 class Runner(Protocol):
@@ -143,7 +119,7 @@ class BatchWorker:
         runner: executes one item (on the executor thread). data_dir: where :class:`SaltBook` keeps salts.
     """
 
-    def __init__(self, ident: Identity, ledger: LedgerView, host: Requester, store: ContentStore,
+    def __init__(self, ident: Identity, ledger: Ledger, host: Requester, store: ContentStore,
                  executor: Executor, runner: Runner, data_dir: Path):
         self.ident, self.ledger, self.host, self.store = ident, ledger, host, store
         self.executor, self.runner = executor, runner

@@ -1,6 +1,6 @@
 """What a committee check of one receipt returns (issue 38): :class:`CheckResult`, a verdict and its distance.
 
-Every capability's :class:`~node.verify.member.ReceiptChecker` (``node.market.check.TrainingCheck``,
+Every capability's :class:`~node.duty.seams.ReceiptChecker` (``node.market.check.TrainingCheck``,
 ``node.training.replay.RunChecks``, the member's own inference check) returns one; the committee member signs it
 as a :class:`~node.ledger.core.tx.Vote` (the distance in parts per million, ``inf`` saturated:
 :func:`node.compute.compare.to_ppm`). It lives here, below the capabilities, so that each can build one without

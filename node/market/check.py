@@ -1,5 +1,5 @@
 """Committee re-execution of a fine-tune job's training segment (DESIGN.md, Verification §2; issue: verified
-training receipts): the marketplace's :class:`~node.verify.member.ReceiptChecker`, :class:`TrainingCheck`.
+training receipts): the marketplace's :class:`~node.duty.seams.ReceiptChecker`, :class:`TrainingCheck`.
 
 The member fetches the job's dataset (by its content hash, from the worker or the requester), the training
 state before the segment and the committed state after it (from the worker), then:
@@ -18,14 +18,13 @@ the tiny model was 0 and stays far below ``TRAIN_TOLERANCE`` (see ``tests/verify
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from ..blobs import BlobStore, fetch_blob
+from ..blobs import fetch_blob
 from ..compute.data import dataset_bytes
 from ..compute.model import tokenizer_trusted
-from ..duty.parts import Executor, Host, Ledger
+from ..duty.seams import Member
 from ..duty.verdict import CheckResult
 from ..encoding import commitments_root
 from ..ledger.core.jobtx import JobPost, TrainReceipt
@@ -43,19 +42,6 @@ TRAIN_TOLERANCE = 1e-3
 
 # (model dir, spec, device) -> (the job's trainer, its initial state tensors): one base model at a time
 TrainerCache = dict[tuple[str, "TrainSpec", str], tuple["Trainer", list["torch.Tensor"]]]
-
-
-class CheckingMember(Protocol):
-    """What a segment's check needs of the committee member running it (the consumer's view of
-    :class:`node.verify.member.CommitteeMember`, which this package does not import): the ledger (``state.jobs``),
-    the host and blob store to fetch from, the torch executor, and the model dir to replay in."""
-
-    ledger: Ledger
-    host: Host
-    blobs: BlobStore
-    executor: Executor
-
-    async def model_dir_for(self, model_id: bytes, holders: Iterable[bytes]) -> Path | None: ...
 
 
 def _trainer(cache: TrainerCache, model_dir: Path, spec: TrainSpec, device: str) -> tuple[Trainer, list[torch.Tensor]]:
@@ -113,11 +99,11 @@ class TrainingCheck:
         """Receipt type -> check, for :class:`node.verify.member.CommitteeMember`'s ``checkers``."""
         return {TrainReceipt: self}
 
-    async def __call__(self, member: CheckingMember, r: TrainReceipt, /) -> CheckResult:
+    async def __call__(self, member: Member, r: TrainReceipt, /) -> CheckResult:
         return await check_training(member, r, self.cache)
 
 
-async def check_training(member: CheckingMember, r: TrainReceipt, cache: TrainerCache) -> CheckResult:
+async def check_training(member: Member, r: TrainReceipt, cache: TrainerCache) -> CheckResult:
     """A committee member's verdict on a training receipt (ABSTAIN when it cannot fetch or replay); ``cache`` as
     in :func:`replay_segment`."""
     job = member.ledger.state.jobs.get(r.job_id)

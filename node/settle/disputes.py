@@ -17,31 +17,22 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Protocol
 
 import trio
 
+from ..duty.seams import Ledger
 from ..identity import Identity
 from ..ledger.core.state import State
 from ..ledger.core.tabs import TabDispute, TabReceipt
 from ..ledger.core.tabs.rules import epoch_of, redeems
 from ..ledger.core.tabs.state import Settlement
 from ..ledger.core.tabs.tabtx import batch_key
-from ..ledger.core.tx import InvalidTx, Tx
+from ..ledger.core.tx import InvalidTx
 
 log = logging.getLogger(__name__)
 
 MAX_QUEUED = 1024  # receipts waiting for their batch
 GIVE_UP_EPOCHS = 8  # epochs after the receipt's in which its batch must appear
-
-
-class DisputeLedger(Protocol):
-    """What the duty needs of the node's ledger."""
-
-    @property
-    def state(self) -> State: ...
-
-    async def submit(self, tx: Tx) -> bytes: ...
 
 
 def redeeming_batch(s: State, r: TabReceipt) -> bytes | None:
@@ -64,7 +55,7 @@ class DisputeDuty:
 
     name = "tab-disputes"
 
-    def __init__(self, ledger: DisputeLedger, ident: Identity):
+    def __init__(self, ledger: Ledger, ident: Identity):
         self.ledger, self.ident = ledger, ident
         self.queued: OrderedDict[bytes, TabReceipt] = OrderedDict()  # receipt id -> receipt
         self.sent: list[bytes] = []  # receipt ids disputed on the ledger (newest last; bounded)
@@ -109,4 +100,4 @@ class DisputeDuty:
             log.info("tab dispute of receipt %s sent (batch %s)", rid.hex()[:16], key.hex()[:16])
 
 
-__all__ = ["GIVE_UP_EPOCHS", "MAX_QUEUED", "DisputeDuty", "DisputeLedger", "redeeming_batch"]
+__all__ = ["GIVE_UP_EPOCHS", "MAX_QUEUED", "DisputeDuty", "redeeming_batch"]

@@ -19,13 +19,13 @@ epoch, so nothing is paid twice.
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Protocol
 
 import trio
 
+from ..duty.seams import Ledger
 from ..encoding import inclusion_proof
 from ..identity import Identity
-from ..ledger.core.state import State
 from ..ledger.core.tabs import Reveal
 from ..ledger.core.tabs.rules import epoch_of
 from ..ledger.core.tabs.state import SettlementStatus
@@ -33,18 +33,6 @@ from ..ledger.core.tx import InvalidTx, Tx
 from .book import EpochBook
 
 log = logging.getLogger("tally.settle")
-
-
-class SettleLedger(Protocol):
-    """What the duty needs of the ledger: the state, the pending transactions, and submitting one."""
-
-    @property
-    def state(self) -> State: ...
-
-    @property
-    def mempool(self) -> Any: ...  # a mapping of pending transaction ids
-
-    async def submit(self, tx: Tx) -> bytes: ...
 
 
 class BlobDeleter(Protocol):
@@ -58,7 +46,7 @@ class SettleDuty:
 
     name = "settle"
 
-    def __init__(self, ledger: SettleLedger, ident: Identity, book: EpochBook, blobs: BlobDeleter | None = None):
+    def __init__(self, ledger: Ledger, ident: Identity, book: EpochBook, blobs: BlobDeleter | None = None):
         self.ledger, self.ident, self.book = ledger, ident, book
         self.blobs = blobs  # where the sessions' tensors are kept: a final batch's are deleted (None: left alone)
         self.blobs_deleted = 0
@@ -120,4 +108,4 @@ class SettleDuty:
                          len(batch.vouchers))
 
 
-__all__ = ["BlobDeleter", "SettleDuty", "SettleLedger"]
+__all__ = ["BlobDeleter", "SettleDuty"]

@@ -20,15 +20,14 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 import trio
 
+from ..duty.seams import Ledger
 from ..identity import Identity
 from ..ledger.core.state import State
 from ..ledger.core.tabs import TabOpen, TabReceipt, TabTopUp
 from ..ledger.core.tabs.state import Tab
-from ..ledger.core.tx import Tx
 from .book import EpochBook
 from .disputes import DisputeDuty
 
@@ -80,26 +79,11 @@ class TabGate:
         self.busy.discard(tab_id)
 
 
-class TabLedger(Protocol):
-    """What a requester needs of the ledger: the state, the next nonce of an account, submitting a transaction and
-    the event of the next block."""
-
-    @property
-    def state(self) -> State: ...
-
-    def next_nonce(self, account: bytes) -> int: ...
-
-    async def submit(self, tx: Tx) -> bytes: ...
-
-    @property
-    def new_block(self) -> trio.Event: ...
-
-
 class TabBook:
     """The requester's tabs (module docstring), kept in ``path`` (JSON: worker -> tab id, tab id -> the highest
     cumulative signed)."""
 
-    def __init__(self, ledger: TabLedger, ident: Identity, path: Path, lock: int,
+    def __init__(self, ledger: Ledger, ident: Identity, path: Path, lock: int,
                  disputes: DisputeDuty | None = None):
         self.ledger, self.ident, self.path, self.lock = ledger, ident, path, lock
         self.disputes = disputes  # files the disputes of :meth:`dispute` (a duty the node runs); None: refused
@@ -189,4 +173,4 @@ class TabBook:
             lock.release()
 
 
-__all__ = ["TAB_WAIT", "TabBook", "TabGate", "TabLedger", "TabRefused"]
+__all__ = ["TAB_WAIT", "TabBook", "TabGate", "TabRefused"]

@@ -9,9 +9,10 @@ committees replay sampled rounds and every aggregate.
   aggregate one round).
 * The node's part: :mod:`~node.training.worker` (the run worker, driven by blocks), :mod:`~node.training.replay`
   (:class:`~node.training.replay.RunChecks`, the committee checks, registered with the committee member by the
-  runtime). :mod:`~node.training.seams` -- the Protocols of what these need of the node's executor, host and
-  ledger; :mod:`~node.training.faults` -- the run worker's test switches. These two import no torch: they import
-  the torch modules where they train, replay or aggregate, so that building a node imports no torch.
+  runtime); what they need of the node's executor, host and ledger are the roles of :mod:`node.duty.seams`.
+  :mod:`~node.training.faults` -- the run worker's test switches. The worker and the checks import no torch at
+  import: they import the torch modules where they train, replay or aggregate, so that building a node imports no
+  torch.
 * :mod:`~node.training.client` -- the sponsor's and a worker's side outside the node; :mod:`~node.training.cli` --
   ``node run``.
 

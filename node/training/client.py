@@ -24,6 +24,7 @@ from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..compute.data import dataset_bytes, dataset_tensors
 from ..compute.executor import load_torch
 from ..compute.model import Manifest
+from ..duty.seams import Executor, Host, Ledger
 from ..encoding import commitments_root, format_amount
 from ..identity import Identity
 from ..ledger.core import runs as runs_mod
@@ -31,7 +32,6 @@ from ..ledger.core.genesis import Genesis
 from ..ledger.core.runstate import Run
 from ..ledger.core.runtx import RunCancel, RunJoin, RunLeave, RunPost
 from ..ledger.core.tx import InvalidTx
-from .seams import BlobHost, Executor, RunLedger
 
 if TYPE_CHECKING:
     import torch
@@ -69,10 +69,10 @@ class SponsorNode(Protocol):
     def manifest(self) -> Manifest: ...
 
     @property
-    def ledger(self) -> RunLedger: ...
+    def ledger(self) -> Ledger: ...
 
     @property
-    def host(self) -> BlobHost: ...
+    def host(self) -> Host: ...
 
     @property
     def blobs(self) -> BlobStore: ...

@@ -14,46 +14,25 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Awaitable, Callable, Iterable, Iterator
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import trio
 
-from ..blobs import BlobStore, BlobUnavailable, fetch_blob
+from ..blobs import BlobUnavailable, fetch_blob
 from ..compute.model import tokenizer_trusted
+from ..duty.seams import Member
 from ..duty.verdict import CheckResult
 from ..encoding import commitments_root
 from ..ledger.core.runs import Phase, attempt_of
 from ..ledger.core.runstate import Run
 from ..ledger.core.runtx import RoundAggregate, RoundReceipt
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID, Verdict
-from .seams import BlobHost, Executor, LedgerReader
 from .worker import FETCH_TIMEOUT, RunCache, load_run, recompute_aggregate, theta_holders
 
 log = logging.getLogger("tally.verify")
 
 REVEAL_WAIT_S = 60.0  # how long a member waits for a worker's blobs before it abstains
-
-
-class ReplayMember(Protocol):
-    """What a run receipt's check needs of the committee member running it (the consumer's view of
-    :class:`node.verify.member.CommitteeMember`, which this package does not import): the ledger (``state``,
-    ``new_block``), the host and blob store to fetch from, the torch executor, and the model dir to replay in."""
-
-    @property
-    def ledger(self) -> LedgerReader: ...
-
-    @property
-    def host(self) -> BlobHost: ...
-
-    @property
-    def blobs(self) -> BlobStore: ...
-
-    @property
-    def executor(self) -> Executor: ...
-
-    async def model_dir_for(self, model_id: bytes, holders: Iterable[bytes]) -> Path | None: ...
 
 
 class RunChecks:
@@ -64,15 +43,15 @@ class RunChecks:
     def __init__(self) -> None:
         self.cache = RunCache()
 
-    def checkers(self) -> dict[type, Callable[[ReplayMember, Any], Awaitable[CheckResult]]]:
+    def checkers(self) -> dict[type, Callable[[Member, Any], Awaitable[CheckResult]]]:
         """Receipt type -> check, for :class:`node.verify.member.CommitteeMember`'s ``checkers``."""
         return {RoundReceipt: self.round_receipt, RoundAggregate: self.aggregate}
 
-    async def round_receipt(self, member: ReplayMember, r: RoundReceipt) -> CheckResult:
+    async def round_receipt(self, member: Member, r: RoundReceipt) -> CheckResult:
         """:func:`check_round_receipt` with this object's cache."""
         return await check_round_receipt(member, r, self.cache)
 
-    async def aggregate(self, member: ReplayMember, a: RoundAggregate) -> CheckResult:
+    async def aggregate(self, member: Member, a: RoundAggregate) -> CheckResult:
         """:func:`check_aggregate` with this object's cache."""
         return await check_aggregate(member, a, self.cache)
 
@@ -88,7 +67,7 @@ def _reveal_missed(run: Run, r: RoundReceipt) -> bool:
     return False
 
 
-async def check_round_receipt(member: ReplayMember, r: RoundReceipt, cache: RunCache) -> CheckResult:
+async def check_round_receipt(member: Member, r: RoundReceipt, cache: RunCache) -> CheckResult:
     """A committee member's verdict and distance (:func:`node.training.rounds.replay_round`'s) on a sampled round
     receipt; ``cache`` holds the run's trainer
     and windows between checks."""
@@ -166,7 +145,7 @@ def _all_commits(run: Run) -> Iterator[tuple[bytes, bytes, bytes]]:
         yield from h.commits
 
 
-async def check_aggregate(member: ReplayMember, a: RoundAggregate, cache: RunCache) -> CheckResult:
+async def check_aggregate(member: Member, a: RoundAggregate, cache: RunCache) -> CheckResult:
     """A committee member's verdict and distance on an aggregate: 0 and VALID iff both ids re-compute;
     ``cache`` as in :func:`check_round_receipt`."""
     state = member.ledger.state

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -31,9 +31,9 @@ from ..compute.data import dataset_bytes
 from ..compute.executor import load_torch
 from ..duty.parts import NodeParts
 from ..duty.runner import DutyRunner
+from ..duty.seams import Executor, Host, Ledger
 from ..encoding import commitments_root
 from ..identity import Identity
-from ..ledger.core.block import Block
 from ..ledger.core.runs import Phase, attempt_of
 from ..ledger.core.runstate import Run
 from ..ledger.core.runtx import NO_MOMENTUM, RoundAggregate, RoundReceipt, RoundReveal, RunPost
@@ -41,7 +41,6 @@ from ..ledger.core.state import State
 from ..ledger.core.status import INVALID_S, SAMPLED
 from ..ledger.core.tx import InvalidTx
 from .faults import RUN_FAULTS
-from .seams import BlobHost, Executor, RunLedger
 
 if TYPE_CHECKING:
     import torch
@@ -53,13 +52,6 @@ log = logging.getLogger("tally.training")
 
 FETCH_TIMEOUT = 8.0  # seconds per holder for a blob (then the next holder is tried)
 DEV_CHAINS = ("tally-devnet", "tally-test")
-
-
-class WorkerLedger(RunLedger, Protocol):
-    """The ledger as the run worker uses it: a :class:`~node.training.seams.RunLedger` whose block listeners
-    (``fn(block, new_state)`` after each stored block) drive the worker's :class:`~node.duty.runner.DutyRunner`."""
-
-    def on_block(self, fn: Callable[[Block, State], None]) -> None: ...
 
 
 @dataclass
@@ -107,7 +99,7 @@ def theta_holders(state: State, run: Run) -> list[bytes]:
     return list(dict.fromkeys(out))  # each account once, at its first place
 
 
-async def load_run(cache: RunCache, executor: Executor, host: BlobHost, blobs: BlobStore, model_dir: Path,
+async def load_run(cache: RunCache, executor: Executor, host: Host, blobs: BlobStore, model_dir: Path,
                    run: Run) -> LoadedRun:
     """The run's trainer and windows (dataset fetched by hash from the sponsor or the workers), kept in ``cache``."""
     if cache.run_id == run.post.run_id and cache.trainer is not None and cache.windows is not None:
@@ -123,7 +115,7 @@ async def load_run(cache: RunCache, executor: Executor, host: BlobHost, blobs: B
     return LoadedRun(trainer, windows, cache.verified)
 
 
-async def check_theta(cache: LoadedRun, executor: Executor, host: BlobHost, blobs: BlobStore, state: State,
+async def check_theta(cache: LoadedRun, executor: Executor, host: Host, blobs: BlobStore, state: State,
                       run: Run) -> list[torch.Tensor]:
     """θ_r of ``run`` fetched by its id and, for r > 0, re-computed from the last round's accepted Δs.
 
@@ -148,7 +140,7 @@ async def check_theta(cache: LoadedRun, executor: Executor, host: BlobHost, blob
     return theta
 
 
-async def recompute_aggregate(cache: LoadedRun, executor: Executor, host: BlobHost, blobs: BlobStore, state: State,
+async def recompute_aggregate(cache: LoadedRun, executor: Executor, host: Host, blobs: BlobStore, state: State,
                               post: RunPost, commits: Iterable[tuple[bytes, bytes, bytes]], accepted: Iterable[bytes],
                               aggregator: bytes, params_before: bytes, momentum_before: bytes,
                               holders: list[bytes]) -> tuple[OuterResult, bytes, bytes]:
@@ -170,7 +162,7 @@ async def recompute_aggregate(cache: LoadedRun, executor: Executor, host: BlobHo
     return res, commitments_root(res.params), mom_id
 
 
-async def fetch_payloads(host: BlobHost, blobs: BlobStore, state: State, commits: Iterable[tuple[bytes, bytes, bytes]],
+async def fetch_payloads(host: Host, blobs: BlobStore, state: State, commits: Iterable[tuple[bytes, bytes, bytes]],
                          workers: Iterable[bytes], aggregator: bytes) -> dict[bytes, list[torch.Tensor]]:
     """``{worker: Δ payload}`` of ``workers`` (their round receipts among ``commits``, roots from the ledger
     ``state``), from each worker or else the aggregator, who kept them.
@@ -196,7 +188,7 @@ class RunWorker:
         ValueError: a fault on a chain that is not a devnet or test chain.
     """
 
-    def __init__(self, ident: Identity, ledger: WorkerLedger, host: BlobHost, blobs: BlobStore, executor: Executor,
+    def __init__(self, ident: Identity, ledger: Ledger, host: Host, blobs: BlobStore, executor: Executor,
                  model_dir: Path, model_id: bytes, fault: str | None = None) -> None:
         if fault is not None and not ledger.chain_id.startswith(DEV_CHAINS):
             raise ValueError("cheat switches exist only on devnet and test chains")

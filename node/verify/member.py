@@ -25,7 +25,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -34,7 +34,8 @@ from ..compute.budget import block_bytes
 from ..compute.compare import DEFAULT_TOLERANCE, distance, is_valid, to_ppm
 from ..compute.executor import load_torch
 from ..compute.model import block_file
-from ..duty.parts import Executor, Host, Ledger, NodeParts
+from ..duty.parts import NodeParts
+from ..duty.seams import Executor, Host, Ledger, ReceiptChecker
 from ..duty.verdict import CheckResult
 from ..identity import Identity, account_to_str
 from ..ledger.core.block import Block
@@ -53,19 +54,6 @@ log = logging.getLogger("tally.verify")
 MAX_PENDING = 64  # committee checks waiting for a lane or running; more stay in the queue (1,000 at most)
 
 
-class ReceiptChecker(Protocol):
-    """A capability's committee check of one kind of receipt: ``await check(member, receipt)`` returns a
-    :class:`~node.duty.verdict.CheckResult` (its verdict, VALID / INVALID / ABSTAIN of :mod:`node.ledger.core.tx`,
-    and the distance in the check's own unit, ``inf`` when there is none). It may raise; the member then abstains.
-    The capability's package owns it and its caches (``node.market.check.TrainingCheck``,
-    ``node.training.replay.RunChecks``); the runtime hands them to :class:`CommitteeMember`, which imports no
-    capability. A checker declares what it uses of the member as its own Protocol (``CheckingMember``,
-    ``ReplayMember``); mypy checks the member against it where the runtime lists the checkers
-    (``node.runtime.CHECKERS``)."""
-
-    def __call__(self, member: CommitteeMember, receipt: Any, /) -> Awaitable[CheckResult]: ...
-
-
 class OverBudget(Exception):
     """Not even one block of a span fits the member's committee budget: it abstains."""
 
@@ -80,7 +68,7 @@ class CommitteeMember:
             blocks cannot be had.
         fetcher: :class:`~node.verify.blockfetch.BlockFetcher`, or None (other models: ABSTAIN).
         tolerance: maximum honest distance (see :mod:`node.compute.compare`).
-        checkers: receipt type -> :class:`ReceiptChecker` for the receipts other capabilities define (fine-tune
+        checkers: receipt type -> :class:`~node.duty.seams.ReceiptChecker` for the receipts other capabilities define (fine-tune
             segments, training-run rounds and aggregates); an inference :class:`~node.ledger.core.tx.Receipt` is
             this member's own :meth:`check`, and a receipt of a type with no checker gets ABSTAIN.
         budget: bytes of weights committee duty may hold (:class:`node.compute.budget.MemoryBudget`'s committee
@@ -172,7 +160,7 @@ class CommitteeMember:
         finally:
             room.release()
 
-    def _checker_for(self, receipt: object) -> ReceiptChecker:
+    def _checker_for(self, receipt: object) -> Callable[[CommitteeMember, Any], Awaitable[CheckResult]]:
         """The check of ``receipt``: the registered checker of its type, this member's own :meth:`check` for an
         inference receipt, else one that raises (the member abstains)."""
         for kind, check in self.checkers.items():
@@ -303,7 +291,7 @@ class CommitteeMember:
 
 
 async def _check_inference(member: CommitteeMember, receipt: Receipt, /) -> CheckResult:
-    """The :class:`ReceiptChecker` of an inference receipt: :meth:`CommitteeMember.check`.
+    """The :class:`~node.duty.seams.ReceiptChecker` of an inference receipt: :meth:`CommitteeMember.check`.
 
     Raises:
         TypeError: ``receipt`` is of a type no checker was registered for (the member abstains on it).
