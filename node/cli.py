@@ -9,30 +9,28 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import trio
 from multiaddr import Multiaddr
 
-from .batch.cli import add_batch_parser, run_batch_command
+from .capabilities import CAPABILITIES
 from .cliargs import check_span_held, fetch_missing_model, resolve_device, resolve_model
 from .compute.budget import BudgetError, plan_budget
 from .compute.model import default_cache_dir, load_manifest
 from .devnet import run_devnet
-from .encoding import parse_amount
+from .duty.argtypes import count, positive
 from .genesis_cli import add_genesis_parser, add_key_parser, run_genesis_command, run_key_command
 from .identity import KeyFileError, dev_seed
 from .ledger.cli import add_ledger_parser, run_ledger_command
-from .ledger.core.batchtx import MAX_FLOOR
 from .ledger.genesis import GenesisError, load_genesis
 from .ledger.store import StoreCorrupt, StoreLocked
 from .lockfile import LockHeld, hold
-from .market.cli import add_job_parser, run_job_command
 from .models.cli import add_model_parser, run_model_command
 from .models.registry import RegistryError
 from .p2p.addrs import DEFAULT_PORT, AddrError, default_listen, parse_addr
 from .p2p.quirks import check_port_free
 from .peers_cli import add_parsers as add_peers_parsers, run as run_peers_command
-from .training.cli import add_run_parser, run_run_command
 from .wallet.cli import add_wallet_parser, run_wallet_command
 
 DEFAULT_DATA_DIR = Path(os.environ.get("TALLY_HOME", Path.home() / ".tally"))
@@ -64,35 +62,6 @@ def _port(text: str) -> int:
     if not 0 <= n <= 65535:
         raise argparse.ArgumentTypeError(f"{n} is not a port (0..65535; 0 picks a free one)")
     return n
-
-
-def _int_at_least(text: str, low: int) -> int:
-    """An integer >= ``low`` from ``text``. Raises argparse.ArgumentTypeError otherwise."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if n < low:
-        raise argparse.ArgumentTypeError(f"{n} is not >= {low}")
-    return n
-
-
-def _positive(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    return _int_at_least(text, 1)
-
-
-def _credits(text: str) -> int:
-    """A decimal credit amount (0 allowed) in base units, for argparse."""
-    try:
-        return parse_amount(text, allow_zero=True)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _count(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    return _int_at_least(text, 0)
 
 
 def _seconds(text: str) -> float:
@@ -171,9 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     _add_start_parser(sub)
     _add_devnet_parser(sub)
-    add_job_parser(sub, DEFAULT_DATA_DIR)
-    add_run_parser(sub, DEFAULT_DATA_DIR)
-    add_batch_parser(sub, DEFAULT_DATA_DIR)
+    for cap in CAPABILITIES:  # node job, node run, node batch (node.capabilities)
+        for command in cap.commands:
+            command.add(sub, DEFAULT_DATA_DIR)
+            sub.choices[command.name].set_defaults(func=command.run)
     add_genesis_parser(sub)
     add_peers_parsers(sub, DEFAULT_DATA_DIR)  # node peers, node status
     add_key_parser(sub, DEFAULT_DATA_DIR)
@@ -181,8 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_ledger_parser(sub, DEFAULT_DATA_DIR)
     add_model_parser(sub)
     # each subcommand names the function that runs it (argparse's set_defaults(func=...))
-    for name, func in (("start", cmd_start), ("devnet", run_devnet), ("job", run_job_command),
-                       ("run", run_run_command), ("batch", run_batch_command), ("genesis", run_genesis_command),
+    for name, func in (("start", cmd_start), ("devnet", run_devnet), ("genesis", run_genesis_command),
                        ("key", run_key_command), ("peers", run_peers_command), ("status", run_peers_command),
                        ("wallet", run_wallet_command), ("ledger", run_ledger_command), ("model", _run_model)):
         sub.choices[name].set_defaults(func=func)
@@ -204,7 +173,7 @@ def carry_data_dir(parser: argparse.ArgumentParser) -> None:
                 carry_data_dir(child)
 
 
-def _run_model(args) -> int:
+def _run_model(args: argparse.Namespace) -> int:
     """``node model ...``: ``fetch`` talks to peers (node.verify, above the models package), the rest is
     :func:`node.models.cli.run_model_command`."""
     if args.model_cmd != "fetch":
@@ -290,7 +259,7 @@ def _add_start_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def _add_start_work_args(s: argparse.ArgumentParser) -> None:
     """``node start``'s model, compute and duty options (the jobs and batches it takes)."""
     _model_args(s)
-    s.add_argument("--threads", type=_positive, default=1, help="torch threads for compute (default: %(default)s)")
+    s.add_argument("--threads", type=positive, default=1, help="torch threads for compute (default: %(default)s)")
     s.add_argument("--max-memory", type=_gib, metavar="GIB",
                    help="memory for weights in GiB (e.g. 2.5): the span (float32 at run time), the client head "
                         "when built at start, a 0.5 GiB reserve, and what is left for committee duty, which "
@@ -305,16 +274,6 @@ def _add_start_work_args(s: argparse.ArgumentParser) -> None:
                    help="devnet only: use well-known dev key N (0 is the devnet validator) if the data dir "
                         "has no key yet; a devnet node with neither a key nor --bootstrap uses dev key 0")
     s.add_argument("--fault", choices=FAULTS, help=TEST_SWITCH_HELP)
-    s.add_argument("--accept-jobs", action="store_true",
-                   help="take fine-tune jobs from the marketplace for credits (needs a bond)")
-    s.add_argument("--accept-batches", action="store_true",
-                   help="offer to do batch items (generate, score) for credits: publishes a batch offer on the "
-                        "ledger, so the ledger may draw this node for batches that pay at least --batch-floor per "
-                        "token (needs a bond). Without this flag the node withdraws any offer it made before and is "
-                        "drawn for no new batch (items already drawn are still done)")
-    s.add_argument("--batch-floor", type=_credits, metavar="CREDITS",
-                   help="with --accept-batches: the least this node takes per token of batch work, in credits "
-                        "(e.g. 0.0001); a score item counts as 256 tokens (default: the chain's genesis floor)")
     head = s.add_mutually_exclusive_group()
     head.add_argument("--lazy-head", action="store_true",
                       help="build the client head and tokenizer (~4 CPU-seconds and the head's size in memory: "
@@ -325,32 +284,31 @@ def _add_start_work_args(s: argparse.ArgumentParser) -> None:
     head.add_argument("--warm-head", action="store_true",
                       help="build the client head at start even on a server (--span), which then also generates "
                            "without a late first token")
-    s.add_argument("--job-capacity", type=_positive, default=1, metavar="N",
-                   help="with --accept-jobs: hold at most N jobs at once, trained side by side (default: "
-                        "%(default)s). The ledger also needs the bond to cover the start penalty of every job held "
-                        "before its first segment")
+    for cap in CAPABILITIES:  # each capability's own flags (--accept-jobs, --accept-batches, ...)
+        if cap.start is not None:
+            cap.start.add(s)
 
 
 def _add_start_ledger_args(s: argparse.ArgumentParser) -> None:
     """``node start``'s ledger storage, snapshot and state-sync options, and its log level."""
-    s.add_argument("--snapshot-every", type=_count, default=0, metavar="N",
+    s.add_argument("--snapshot-every", type=count, default=0, metavar="N",
                    help="make a snapshot of the ledger state every N blocks and serve it to peers that start with "
                         "--state-sync (written as files under DATA_DIR/snapshots, the last 2 kept and served "
                         "again after a restart; about 265 bytes per account, receipt, job or run; "
                         "default: %(default)s, never)")
-    s.add_argument("--fetch-caps", type=_positive, nargs=2, default=[1024, 4096], metavar=("MODEL_MIB", "TOTAL_MIB"),
+    s.add_argument("--fetch-caps", type=positive, nargs=2, default=[1024, 4096], metavar=("MODEL_MIB", "TOTAL_MIB"),
                    help="MiB of disk one model fetched for committee duty may take under DATA_DIR/models, and all "
                         "of them together (the least recently used is evicted first, never this node's own model; "
                         "default: %(default)s)")
-    s.add_argument("--prune-bodies", type=_count, default=0, metavar="N",
+    s.add_argument("--prune-bodies", type=count, default=0, metavar="N",
                    help="keep the transactions of the last N blocks only; older block bodies are deleted as new "
                         "blocks come (headers and commits are kept forever, so light clients and proofs still "
                         "work). A pruning node cannot run `node ledger verify` from genesis nor serve the older "
                         "blocks to peers that sync (default: %(default)s, keep every block)")
-    s.add_argument("--state-sync-max", type=_positive, default=1024, metavar="MIB",
+    s.add_argument("--state-sync-max", type=positive, default=1024, metavar="MIB",
                    help="with --state-sync: the most snapshot chunks fetched from peers, in MiB; a larger offer is "
                         "refused and its sources dropped (default: %(default)s)")
-    s.add_argument("--read-pool", type=_positive, default=256, metavar="MIB",
+    s.add_argument("--read-pool", type=positive, default=256, metavar="MIB",
                    help="MiB of memory shared by all peers' large messages (over 1 MiB) being read at once; a "
                         "read that finds the pool full is refused at once (default: %(default)s; one peer holds "
                         "at most 72 MiB of it)")
@@ -416,7 +374,7 @@ def is_dev_chain(chain_id: str) -> bool:
     return chain_id == "tally-devnet" or chain_id.startswith("tally-test")
 
 
-def cmd_start(args) -> int:
+def cmd_start(args: argparse.Namespace) -> int:
     from .runtime import Node, NodeConfig  # local: it imports torch and libp2p (~2 s); other commands start fast
 
     try:
@@ -436,10 +394,13 @@ def cmd_start(args) -> int:
     except (GenesisError, OSError) as e:
         sys.exit(f"node: bad genesis: {e}")
     bootstrap = args.bootstrap or list(genesis.bootstrap)  # --bootstrap replaces the genesis file's list
-    if args.batch_floor is not None and not args.accept_batches:
-        sys.exit("node: --batch-floor sets the price of --accept-batches; give both")
-    if args.batch_floor is not None and args.batch_floor > MAX_FLOOR:
-        sys.exit(f"node: --batch-floor is at most {MAX_FLOOR / 10**9:g} credits per token")
+    settings: dict[str, Any] = {}  # each capability's part of NodeConfig, from its own flags
+    for cap in CAPABILITIES:
+        if cap.start is not None:
+            try:
+                settings.update(vars(cap.start.settings(args)))
+            except ValueError as e:
+                sys.exit(f"node: {e}")
     if (args.fault or args.dev_account is not None) and not is_dev_chain(genesis.chain_id):
         sys.exit("node: --fault and --dev-account exist only on devnet/test chains")
     dev_account = args.dev_account
@@ -478,16 +439,14 @@ def cmd_start(args) -> int:
     cfg = NodeConfig(data_dir=args.data_dir, genesis=genesis, model_dir=model_dir, span=span,
                      bootstrap=bootstrap, listen=listen, announce=args.announce, relay=args.relay,
                      p2p_port=args.port or 0, api_port=args.api_port, api_host=args.api_host,
-                     device=device, threads=args.threads, fault=args.fault, accept_jobs=args.accept_jobs,
-                     job_capacity=args.job_capacity,
-                     accept_batches=args.accept_batches, batch_floor=args.batch_floor, warm_head=warm_head,
+                     device=device, threads=args.threads, fault=args.fault, warm_head=warm_head,
                      budget=budget,
                      snapshot_every=args.snapshot_every, state_sync=args.state_sync, prune_bodies=args.prune_bodies,
                      state_sync_max_bytes=args.state_sync_max << 20, read_pool_bytes=args.read_pool << 20,
                      compression=args.compression, step_timeout=args.step_timeout, redundancy=args.redundancy,
                      auto_blocks=auto_blocks, fetch_model_bytes=args.fetch_caps[0] << 20,
                      fetch_total_bytes=args.fetch_caps[1] << 20,
-                     seed=dev_seed(dev_account) if dev_account is not None else None)
+                     seed=dev_seed(dev_account) if dev_account is not None else None, **settings)
     if args.fault:
         logging.getLogger("tally.node").warning(
             "TEST SWITCH --fault %s is on: this node cheats on purpose and will be slashed", args.fault)
@@ -496,7 +455,7 @@ def cmd_start(args) -> int:
     except (StoreLocked, StoreCorrupt, KeyFileError) as e:  # a key or token others can read: say how to fix it
         sys.exit(f"node: {e}")
 
-    async def main():
+    async def main() -> None:
         async with trio.open_nursery() as n:
             n.start_soon(node.run)
             with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

@@ -3,9 +3,9 @@ the HTTP API, all on one trio event loop (DESIGN.md, Runtime). torch runs in a w
 
 :class:`Node` is the composition root. It builds the node's services, bundles them as one typed
 :class:`~node.duty.parts.NodeParts` (key, settings, ledger, host, blobs, executor, model id), and builds each
-capability from that bundle by the capability's own constructor (:meth:`Node._capabilities`, the list of what a
-node runs, in the order they start). Each capability's receipt check is registered with the committee member
-(:data:`CHECKERS`); the block-driven ones run as duties (:mod:`node.duty.runner`).
+capability from that bundle by the capability's own record (:data:`node.capabilities.CAPABILITIES`, built in
+:meth:`Node._build_services` in the order they start). Each capability's receipt checks are registered with the
+committee member; its services run in the node's nursery, its stream handlers are set on the host.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -24,18 +23,20 @@ import trio
 
 from .api.deps import NodeAPI
 from .api.serve import serve_api
-from .batch.content import BATCH_PROTOCOL, ContentAccess, content_handler
 from .batch.items import ContentStore
-from .batch.offer import OfferKeeper, wanted_offer
+from .batch.offer import OfferKeeper
+from .batch.settings import BatchSettings
 from .batch.worker import BatchWorker
 from .blobs import BLOB_PROTOCOL, BlobStore, serve_blob
+from .capabilities import CAPABILITIES
 from .compute.budget import MemoryBudget
 from .compute.executor import TorchExecutor
 from .compute.lazyhead import LazyHead
 from .compute.model import load_manifest
 from .compute.shards import choose_blocks
+from .duty.capability import Built
 from .duty.parts import NodeParts, Service
-from .duty.runner import DutyRunner
+from .duty.seams import ReceiptChecker
 from .encoding import DecodeError, H, pack, unpack
 from .identity import Identity, ensure_api_token, load_or_create
 from .inference.client import Generation, RouteClient
@@ -53,7 +54,7 @@ from .ledger.snapshot import CHUNK_BYTES
 from .ledger.statesync import SnapshotServer, state_sync
 from .ledger.store import LedgerStore
 from .ledger.syncfetch import SyncLimits
-from .market.check import TrainingCheck
+from .market.settings import MarketSettings
 from .market.worker import TRAIN_FAULTS, JobWorker
 from .models.lookup import find_model_dir
 from .net.service import NetworkService, RelayMode
@@ -62,13 +63,12 @@ from .p2p.limits import Limits
 from .p2p.wirelimits import READ_BUDGET
 from .settle.book import EpochBook
 from .settle.disputes import DisputeDuty
-from .settle.duty import SettleDuty
+from .settle.settings import SettleSettings
 from .settle.tabs import TabBook, TabGate
-from .training.replay import RunChecks
 from .training.worker import RunWorker
 from .verify.blockfetch import BLOCK_PROTOCOL, BlockFetcher, HeldModels, bonded_peers
 from .verify.fetchstore import MAX_MODEL_BYTES, MAX_TOTAL_BYTES
-from .verify.member import CommitteeMember, ReceiptChecker
+from .verify.member import CommitteeMember
 
 if TYPE_CHECKING:
     from .compute.span import SpanModel
@@ -77,19 +77,12 @@ log = logging.getLogger("tally.node")
 T = TypeVar("T")
 
 INFO_FILE = "node.json"
-__all__ = ["CHECKERS", "TRAIN_FAULTS", "LazyHead", "Node", "NodeConfig", "api_view", "ensure_api_token"]
-
-#: The receipt checks the capabilities register with the committee member, each a constructor of a checker object
-#: that owns its caches and maps its receipt types to itself (an inference receipt is the member's own check).
-CHECKERS: tuple[Callable[[], Mapping[type, ReceiptChecker]], ...] = (
-    lambda: TrainingCheck().checkers(),  # fine-tune job segments (node.market.check)
-    lambda: RunChecks().checkers(),  # training-run rounds and aggregates (node.training.replay)
-)
-
+__all__ = ["TRAIN_FAULTS", "LazyHead", "Node", "NodeConfig", "api_view", "ensure_api_token"]
 
 @dataclass
-class NodeConfig:
-    """Everything ``node start`` decides. Ports 0 mean "any free port"."""
+class BaseConfig:
+    """What ``node start`` decides for the node's base (ports 0 mean "any free port"); each capability's part is
+    its own settings class (:class:`NodeConfig`'s other bases)."""
 
     data_dir: Path
     genesis: Genesis
@@ -114,10 +107,6 @@ class NodeConfig:
     redundancy: int = 1  # 2: each generation step on two disjoint routes, compared (node.inference.redundant)
     auto_blocks: int | None = None  # span "auto": blocks to serve (default: a third of the model, rounded up)
     cache_tokens: int | None = None  # KV-cache positions the span server holds at most (default: 32 sessions)
-    accept_jobs: bool = False  # take fine-tune jobs from the marketplace (needs a bond)
-    accept_batches: bool = False  # offer to be drawn for batch items on the ledger (node.batch.offer; needs a bond)
-    batch_floor: int | None = None  # with accept_batches: base units per token at least (None: the genesis floor)
-    job_capacity: int = 1  # fine-tune jobs held at once (node.market.worker)
     snapshot_every: int = 0  # make and serve a state snapshot every N blocks (0: never; node.ledger.statesync)
     state_sync: bool = False  # on an empty ledger, start from a peer's snapshot instead of replaying the chain
     prune_bodies: int = 0  # keep the bodies of the last N blocks only (0: every one; headers and commits stay)
@@ -133,9 +122,18 @@ class NodeConfig:
     read_pool_bytes: int | None = None
     # bytes of chunks one state sync fetches at most (node.ledger.syncfetch.SyncLimits.max_bytes; None: 1 GiB)
     state_sync_max_bytes: int | None = None
-    # on a chain with tabs (genesis epoch_blocks, issue 37): base units this node locks in each tab it opens to
-    # pay a server (at least one session's most expensive outcome)
-    tab_lock: int = 10 * 10**9
+
+
+@dataclass
+class NodeConfig(SettleSettings, BatchSettings, MarketSettings, BaseConfig):
+    """Everything ``node start`` decides: the base's settings, then each capability's (a dataclass's fields run
+    from its last base to its first: the capabilities' settings in reverse). A capability reads its own part with
+    :func:`node.duty.capability.settings_of`."""
+
+
+for _cap in CAPABILITIES:  # every capability's settings are a part of NodeConfig
+    if _cap.settings is not None and not issubclass(NodeConfig, _cap.settings):
+        raise TypeError(f"NodeConfig lacks {_cap.settings.__name__}, the settings of capability {_cap.name!r}")
 
 
 class Node:
@@ -159,11 +157,7 @@ class Node:
         self.held = HeldModels(cfg.model_dir, cfg.data_dir / "models")  # blocks served over BLOCK_PROTOCOL
         self.executor = TorchExecutor(cfg.threads)
         self.blobs = BlobStore(cfg.data_dir)
-        self.batch_store = ContentStore(cfg.data_dir)  # batch item files and results, by content hash
         self.store = LedgerStore(cfg.data_dir / "ledger", cfg.genesis, prune_bodies=cfg.prune_bodies)
-        # settlement by tabs (issue 37): the receipts this node holds as a worker until their epoch batch is final
-        self.book = (EpochBook(cfg.data_dir / "settle", cfg.genesis.domain)
-                     if cfg.genesis.params.epoch_blocks else None)
         if cfg.prune_bodies:
             log.info("pruning block bodies: keeping the last %d (headers and commits kept); bodies held from "
                      "height %d; this node cannot re-verify from genesis nor serve older blocks",
@@ -179,25 +173,17 @@ class Node:
                                         directory=snapdir if cfg.snapshot_every or snapdir.exists() else None)
         log.info("ledger opened: head %d (%s)", self.ledger.state.height,
                  self.ledger.state.last_hash.hex()[:16])
+        self.reply_budget = self.snapshots.budget  # shared by snapshot, block, batch, blob and sync replies
         # what every capability is built from (node.duty.parts): the services above, typed by what they offer
         self.parts = NodeParts(self.ident, cfg, self.ledger, self.host, self.blobs, self.executor,
-                               self.manifest.model_id)
+                               self.manifest.model_id, self.reply_budget)
         self.server: SpanServer | None = None
-        self.client: RouteClient | None = None
-        self.clients: dict[bytes, RouteClient] = {}  # model id -> its RouteClient (one per model generated for)
+        self.client: RouteClient[LazyHead] | None = None
+        self.clients: dict[bytes, RouteClient[LazyHead]] = {}  # model id -> its RouteClient (one per model used)
         self.swarm = SwarmTable()
         self.member: CommitteeMember | None = None
-        self.jobs: JobWorker | None = None
-        self.runs: RunWorker | None = None
-        self.batches: BatchWorker | None = None
-        self.offers: OfferKeeper | None = None
-        self.duties: tuple[Service, ...] = ()  # the capabilities' long-running parts, in the order they start
-        self.reply_budget = self.snapshots.budget  # shared by snapshot, block, batch, blob and sync replies
-        self.tab_gate = None if self.book is None else TabGate(lambda: self.ledger.state, self.book,
-                                                               self.ident.account)
-        self.tab_disputes = None if self.book is None else DisputeDuty(self.ledger, self.ident)
-        self.tab_book = None if self.book is None else TabBook(self.ledger, self.ident, cfg.data_dir / "tabs.json",
-                                                               cfg.tab_lock, self.tab_disputes)
+        self.built: dict[str, Built] = {}  # capability name -> what it runs here (_capabilities)
+        self.duties: tuple[Service, ...] = ()  # the member's and the capabilities' services, in the order they start
         self.api_url = ""
         self.started = trio.Event()
 
@@ -208,9 +194,10 @@ class Node:
         return SpanModel(self.cfg.model_dir, start, end, device=self.cfg.device, fault=fault)
 
     def _build_services(self) -> None:
-        """Build the route client, the committee member and the capabilities (on the event loop: none of them
+        """Build the capabilities, the route client and the committee member (on the event loop: none of them
         loads a model or imports torch here; :meth:`_serve_span` loads the span, on the executor)."""
         cfg = self.cfg
+        self.built = {cap.name: cap.build(self.parts) for cap in CAPABILITIES}  # node.capabilities, in order
         self.net.on_rtt = self.swarm.observe_rtt  # ping round trips weigh routes: direct paths win (issue 25)
         head = LazyHead(cfg.model_dir, device=cfg.device)  # built at the first generation
         self.client = RouteClient(self.ident, self.host, head, self.manifest, self.ledger, self.executor,
@@ -220,28 +207,12 @@ class Node:
         self.member = self._committee_member()
         self.ledger.on_block(self.member.on_block)
         self.ledger.on_block(self._vouch_for_work)
-        self.duties = self._capabilities(self.parts)
-
-    def _capabilities(self, parts: NodeParts) -> tuple[Service, ...]:
-        """The capabilities this node runs, in the order they start, each built from the node's ``parts`` by its
-        own package (None, and not started, when this node's settings leave it off). The committee member, which
-        checks every capability's receipts (:data:`CHECKERS`), starts first."""
-        self.jobs = JobWorker.from_parts(parts)  # fine-tune jobs (node.market), with accept_jobs
-        self.runs = RunWorker.from_parts(parts)  # training runs this node joined (node.training)
-        self.batches = BatchWorker.from_parts(parts, self.batch_store)  # batch items the ledger assigns (node.batch)
-        self.offers = OfferKeeper(parts.ident, parts.ledger,  # this node's batch offer (node.batch.offer)
-                                  wanted_offer(self.cfg.accept_batches, self.cfg.batch_floor,
-                                               self.genesis.params.batch_token_floor()))
-        settle = None if self.book is None else DutyRunner(
-            SettleDuty(self.ledger, self.ident, self.book, self.blobs), self.ledger)
-        disputes = None if self.tab_disputes is None else DutyRunner(self.tab_disputes, self.ledger)
-        return tuple(s for s in (self.member, self.jobs, self.runs, self.batches, self.offers, settle, disputes)
-                     if s is not None)
+        self.duties = (self.member, *(svc for b in self.built.values() for svc in b.services))
 
     def _committee_member(self) -> CommitteeMember:
         """This node's committee member: re-executes its own model's inference receipts and those of models it
         fetches by content hash (:class:`~node.verify.blockfetch.BlockFetcher`), and checks the capabilities'
-        receipts with the checkers they register (:data:`CHECKERS`)."""
+        receipts with the checkers their records register (:data:`node.capabilities.CAPABILITIES`)."""
         cfg = self.cfg
         fetcher = BlockFetcher(self.host, self.held.fetched_root,
                                lambda mid, i: [p for p, s, e in self.swarm.live(mid) if i < 0 or s <= i < e],
@@ -249,8 +220,9 @@ class Node:
                                min_servers=self.genesis.params.model_servers(),
                                max_model_bytes=cfg.fetch_model_bytes, max_total_bytes=cfg.fetch_total_bytes)
         checkers: dict[type, ReceiptChecker] = {}
-        for make in CHECKERS:
-            checkers.update(make())
+        for cap in CAPABILITIES:
+            if cap.checkers is not None:
+                checkers.update(cap.checkers())
         return CommitteeMember.from_parts(self.parts, lambda s, e: self._load_span(s, e), fetcher, checkers,
                                           budget=None if self.cfg.budget is None else self.cfg.budget.committee)
 
@@ -362,8 +334,9 @@ class Node:
                 self.ledger.reply_budget = self.reply_budget
                 self.host.set_handler(BLOB_PROTOCOL, partial(serve_blob, self.blobs, self.reply_budget))
                 self.host.set_handler(BLOCK_PROTOCOL, self.held.stream_handler(self.reply_budget))
-                self.host.set_handler(BATCH_PROTOCOL, partial(content_handler, self.batch_store,
-                                                              ContentAccess(self.ledger), self.reply_budget))
+                for b in self.built.values():  # the capabilities' protocols (batch content, ...)
+                    for protocol, handler in b.handlers.items():
+                        self.host.set_handler(protocol, handler)
                 await self.host.subscribe(self.host.topic("shards"), self._on_shards)
                 await self.host.start_service(self.net.run)
                 self.snapshots.install(self.host)  # answers "no snapshot" while it has none
@@ -392,8 +365,8 @@ class Node:
                     self._warn_small_network()
         finally:
             self.store.close()
-            if self.book is not None:
-                self.book.close()
+            for b in self.built.values():
+                b.close()
 
     def _warms_route(self) -> bool:
         """Whether this node keeps its route's servers connected ahead of a generation: ``cfg.warm_route``, by
@@ -466,7 +439,7 @@ class Node:
         tmp.write_text(json.dumps(self.info(), indent=2))
         os.replace(tmp, path)
 
-    def _route_client(self) -> RouteClient:
+    def _route_client(self) -> RouteClient[LazyHead]:
         """This node's own model's route client.
 
         Raises:
@@ -481,13 +454,63 @@ class Node:
         ``BatchWorker``, ``TabBook``, ``EpochBook``, ...), the span server or the committee member — or None when
         this node runs none (a capability's settings leave it off, or :meth:`run` has not built it yet). What a
         capability's API router reaches of the node, typed, without naming the runtime."""
-        for part in (*self.duties, self.jobs, self.runs, self.batches, self.offers, self.member, self.server,
-                     self.tab_book, self.tab_gate, self.tab_disputes, self.book):
+        for part in (self.member, self.server, *(x for b in self.built.values() for x in (*b.services, *b.parts))):
             if isinstance(part, kind):
                 return part
         return None
 
-    def client_for(self, model: str | None = None) -> RouteClient:
+    @property
+    def jobs(self) -> JobWorker | None:
+        """The fine-tune job worker (:mod:`node.market`), None without ``accept_jobs``."""
+        return self.service(JobWorker)
+
+    @property
+    def runs(self) -> RunWorker | None:
+        """The training-run worker (:mod:`node.training`)."""
+        return self.service(RunWorker)
+
+    @property
+    def batches(self) -> BatchWorker | None:
+        """The batch worker (:mod:`node.batch`)."""
+        return self.service(BatchWorker)
+
+    @property
+    def offers(self) -> OfferKeeper | None:
+        """This node's batch offer keeper (:mod:`node.batch.offer`)."""
+        return self.service(OfferKeeper)
+
+    @property
+    def batch_store(self) -> ContentStore:
+        """Batch item files and results by content hash (:mod:`node.batch.items`).
+
+        Raises:
+            RuntimeError: before :meth:`run` built the capabilities."""
+        store = self.service(ContentStore)
+        if store is None:
+            raise RuntimeError("the node's capabilities are not built yet (Node.run builds them)")
+        return store
+
+    @property
+    def book(self) -> EpochBook | None:
+        """On a chain with tabs: the receipts this node holds as a worker until their epoch batch is final."""
+        return self.service(EpochBook)
+
+    @property
+    def tab_gate(self) -> TabGate | None:
+        """On a chain with tabs: the worker's check of a session's tab (:mod:`node.settle.tabs`)."""
+        return self.service(TabGate)
+
+    @property
+    def tab_book(self) -> TabBook | None:
+        """On a chain with tabs: this node's tabs as a requester (:mod:`node.settle.tabs`)."""
+        return self.service(TabBook)
+
+    @property
+    def tab_disputes(self) -> DisputeDuty | None:
+        """On a chain with tabs: the requester's disputes (:mod:`node.settle.disputes`)."""
+        return self.service(DisputeDuty)
+
+    def client_for(self, model: str | None = None) -> RouteClient[LazyHead]:
         """The :class:`~node.inference.client.RouteClient` of ``model`` (a name or id; None or "": this node's
         model). Its routes use only servers announcing that model id. Built on first use from the model dir in
         ``cfg.model_cache`` (:func:`node.models.lookup.find_model_dir`; its head is loaded at the first generation).
@@ -527,7 +550,8 @@ class Node:
         tok = self.client_for(model).head.tokenizer
         if tok is None:
             raise ValueError("this model has no tokenizer; pass prompt_ids")
-        return tok.encode(text)
+        ids: list[int] = tok.encode(text)
+        return ids
 
     def encode_chat(self, messages: list[dict[str, str]], model: str | None = None) -> list[int]:
         """Token ids of a chat (``[{"role", "content"}, ...]``) through ``model``'s own chat template (its

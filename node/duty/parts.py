@@ -17,11 +17,13 @@ from typing import Protocol
 
 from ..blobs import BlobStore
 from ..identity import Identity
+from ..p2p.budget import ReplyBudget
 from .seams import Executor, Host, Ledger
 
 
 class Settings(Protocol):
-    """What the capabilities read of the node's settings (``node.runtime.NodeConfig``)."""
+    """What the capabilities read of the node's base settings (``node.runtime.NodeConfig``); each reads its own
+    part with :func:`node.duty.capability.settings_of`."""
 
     @property
     def data_dir(self) -> Path: ...  # the node's data dir (capabilities keep their files under it)
@@ -34,18 +36,6 @@ class Settings(Protocol):
 
     @property
     def fault(self) -> str | None: ...  # a test/devnet cheat; each capability takes the names it knows
-
-    @property
-    def accept_jobs(self) -> bool: ...  # take fine-tune jobs (node.market.worker)
-
-    @property
-    def job_capacity(self) -> int: ...  # fine-tune jobs held at once
-
-    @property
-    def accept_batches(self) -> bool: ...  # keep a batch offer on the ledger (node.batch.offer)
-
-    @property
-    def batch_floor(self) -> int | None: ...  # base units per token at least (None: the genesis floor)
 
 
 class Service(Protocol):
@@ -61,6 +51,8 @@ class NodeParts:
     Attributes:
         ident: the node's key. config: its settings. ledger, host, blobs, executor: its services.
         model_id: the Merkle root of this node's model (``config.model_dir``'s manifest).
+        reply_budget: the bytes of bulk replies (blobs, blocks, batch content) the node streams at once, per peer
+            and in all (:class:`node.p2p.budget.ReplyBudget`), shared by every protocol that streams from disk.
     """
 
     ident: Identity
@@ -70,6 +62,7 @@ class NodeParts:
     blobs: BlobStore
     executor: Executor
     model_id: bytes
+    reply_budget: ReplyBudget
 
 
 __all__ = ["Executor", "Host", "Ledger", "NodeParts", "Service", "Settings"]  # the roles: node.duty.seams

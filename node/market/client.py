@@ -18,7 +18,7 @@ from ..blobs import BlobStore, fetch_blob
 from ..compute.data import dataset_bytes, dataset_tensors
 from ..compute.executor import load_torch
 from ..compute.model import Manifest
-from ..duty.parts import Executor, Host, Ledger
+from ..duty.seams import Executor, Host, Ledger
 from ..encoding import format_amount
 from ..identity import Identity, account_to_str
 from ..ledger.core.genesis import Genesis

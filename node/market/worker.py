@@ -24,14 +24,16 @@ import trio
 from ..blobs import BlobStore, BlobUnavailable, fetch_blob
 from ..compute.data import dataset_bytes
 from ..compute.executor import load_torch
-from ..duty.parts import Executor, Host, Ledger, NodeParts
+from ..duty.parts import NodeParts
 from ..duty.runner import DutyRunner
+from ..duty.seams import Executor, Host, Ledger
 from ..encoding import H, commitments_root
 from ..identity import Identity
 from ..ledger.core.jobs import ACCEPTED, OPEN
 from ..ledger.core.jobtx import JobAccept, JobDeliver, JobPost, JobRelease, TrainReceipt, parse_targets
 from ..ledger.core.state import State
 from ..ledger.core.tx import InvalidTx
+from .settings import MarketSettings
 
 if TYPE_CHECKING:
     from ..compute.train import Trainer, TrainSpec
@@ -95,15 +97,15 @@ class JobWorker:
         self.duty_runner = DutyRunner(self, ledger)  # steps at each block, and when a dataset is checked
 
     @classmethod
-    def from_parts(cls, parts: NodeParts) -> JobWorker | None:
-        """The node's job worker (:class:`node.duty.parts.NodeParts`), or None unless ``config.accept_jobs``; a
+    def from_parts(cls, parts: NodeParts, settings: MarketSettings) -> JobWorker | None:
+        """The node's job worker (:class:`node.duty.parts.NodeParts`), or None unless ``settings.accept_jobs``; a
         ``config.fault`` of :data:`TRAIN_FAULTS` makes it cheat (test and devnet chains)."""
-        cfg = parts.config
-        if not cfg.accept_jobs:
+        if not settings.accept_jobs:
             return None
+        cfg = parts.config
         return cls(parts.ident, parts.ledger, parts.host, parts.blobs, parts.executor, cfg.model_dir, parts.model_id,
                    device=cfg.device, fault=cfg.fault if cfg.fault in TRAIN_FAULTS else None,
-                   capacity=cfg.job_capacity)
+                   capacity=settings.job_capacity)
 
     # ------------------------------------------------------------------ the loop
 

@@ -1,0 +1,58 @@
+"""Settlement by tabs' record (:class:`node.duty.capability.Capability`): tabs and epoch batches in a node.
+
+Its ledger module is :data:`node.ledger.core.tabs.MODULE`. On a chain with tabs (genesis ``epoch_blocks``) a node
+keeps, as a worker, the receipts it holds until their epoch batch is final (:class:`~node.settle.book.EpochBook`,
+checked for each session by :class:`~node.settle.tabs.TabGate`) and commits to them once per epoch
+(:class:`~node.settle.duty.SettleDuty`); as a requester, its tabs (:class:`~node.settle.tabs.TabBook`) and its
+disputes (:class:`~node.settle.disputes.DisputeDuty`). The span server and the route client reach the gate, the
+book and the tabs through ``Node.service``. It serves the tabs' and settlements' API (:mod:`node.settle.api`); it
+adds no command of its own (``node wallet tabs`` reads that API). On a chain without tabs it builds nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..duty.capability import Built, Capability, settings_of
+from ..duty.parts import NodeParts
+from ..duty.runner import DutyRunner
+from ..ledger.core import tabs
+from .book import EpochBook
+from .disputes import DisputeDuty
+from .duty import SettleDuty
+from .settings import SettleSettings
+from .tabs import TabBook, TabGate
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
+
+
+def _build(parts: NodeParts) -> Built:
+    ledger, cfg = parts.ledger, parts.config
+    if not ledger.genesis.params.epoch_blocks:
+        return Built()
+    book = EpochBook(cfg.data_dir / "settle", ledger.genesis.domain)  # a LevelDB: closed with the node
+    gate = TabGate(lambda: ledger.state, book, parts.ident.account)
+    disputes = DisputeDuty(ledger, parts.ident)
+    tabs_ = TabBook(ledger, parts.ident, cfg.data_dir / "tabs.json", settings_of(cfg, SettleSettings).tab_lock,
+                    disputes)
+    return Built(services=(DutyRunner(SettleDuty(ledger, parts.ident, book, parts.blobs), ledger),
+                           DutyRunner(disputes, ledger)),
+                 parts=(book, gate, disputes, tabs_), close=book.close)
+
+
+def _router() -> APIRouter:
+    from .api import router  # local: FastAPI loads only in a node or an app, not for node --help
+
+    return router
+
+
+CAPABILITY = Capability(
+    name="settle",
+    ledger=(tabs.MODULE,),
+    build=_build,
+    router=_router,
+    settings=SettleSettings,
+)
+
+__all__ = ["CAPABILITY"]
