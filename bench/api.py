@@ -93,9 +93,10 @@ def run_bench(args) -> None:
     from hypercorn.trio import serve
 
     from node.compute.model import make_tiny
+    from node.config import NodeConfig
     from node.identity import Identity, dev_seed
     from node.ledger.genesis import Genesis, Params
-    from node.runtime import Node, NodeConfig
+    from node.runtime import Node
 
     tmp = Path(tempfile.mkdtemp(prefix="tally-bench-api-"))
     import atexit

@@ -97,7 +97,8 @@ def finality(heights: int) -> list[float]:
     import trio
 
     from node.compute.model import make_tiny
-    from node.runtime import Node, NodeConfig
+    from node.config import NodeConfig
+    from node.runtime import Node
 
     keys = [Identity.from_seed(dev_seed(i)) for i in range(4)]
     g = Genesis("tally-test-bench", 0, tuple(k.account for k in keys),

@@ -375,7 +375,8 @@ def is_dev_chain(chain_id: str) -> bool:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    from .runtime import Node, NodeConfig  # local: it imports torch and libp2p (~2 s); other commands start fast
+    from .config import NodeConfig  # local: as the line below
+    from .runtime import Node  # local: it imports torch and libp2p (~2 s); other commands start fast
 
     try:
         lock = hold(args.data_dir / "node.lock")  # noqa: F841 (held until this process exits; see node.lockfile)

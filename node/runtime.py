@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -25,15 +24,14 @@ from .api.deps import NodeAPI
 from .api.serve import serve_api
 from .batch.items import ContentStore
 from .batch.offer import OfferKeeper
-from .batch.settings import BatchSettings
 from .batch.worker import BatchWorker
 from .blobs import BLOB_PROTOCOL, BlobStore, serve_blob
 from .capabilities import CAPABILITIES
-from .compute.budget import MemoryBudget
 from .compute.executor import TorchExecutor
-from .compute.lazyhead import LazyHead
+from .compute.lazyhead import LazyHead, chat_token_ids
 from .compute.model import load_manifest
 from .compute.shards import choose_blocks
+from .config import NodeConfig
 from .duty.capability import Built
 from .duty.parts import NodeParts, Service
 from .duty.seams import ReceiptChecker
@@ -48,26 +46,20 @@ from .ledger.core.block import Block
 from .ledger.core.capture import capture_risk
 from .ledger.core.state import State
 from .ledger.core.tx import Receipt
-from .ledger.genesis import Genesis
 from .ledger.service import LedgerService
-from .ledger.snapshot import CHUNK_BYTES
 from .ledger.statesync import SnapshotServer, state_sync
 from .ledger.store import LedgerStore
 from .ledger.syncfetch import SyncLimits
-from .market.settings import MarketSettings
 from .market.worker import TRAIN_FAULTS, JobWorker
 from .models.lookup import find_model_dir
 from .net.service import NetworkService, RelayMode
 from .p2p.host import P2PHost
-from .p2p.limits import Limits
 from .p2p.wirelimits import READ_BUDGET
 from .settle.book import EpochBook
 from .settle.disputes import DisputeDuty
-from .settle.settings import SettleSettings
 from .settle.tabs import TabBook, TabGate
 from .training.worker import RunWorker
 from .verify.blockfetch import BLOCK_PROTOCOL, BlockFetcher, HeldModels, bonded_peers
-from .verify.fetchstore import MAX_MODEL_BYTES, MAX_TOTAL_BYTES
 from .verify.member import CommitteeMember
 
 if TYPE_CHECKING:
@@ -77,64 +69,7 @@ log = logging.getLogger("tally.node")
 T = TypeVar("T")
 
 INFO_FILE = "node.json"
-__all__ = ["TRAIN_FAULTS", "LazyHead", "Node", "NodeConfig", "api_view", "ensure_api_token"]
-
-@dataclass
-class BaseConfig:
-    """What ``node start`` decides for the node's base (ports 0 mean "any free port"); each capability's part is
-    its own settings class (:class:`NodeConfig`'s other bases)."""
-
-    data_dir: Path
-    genesis: Genesis
-    model_dir: Path
-    span: tuple[int, int] | str | None = None  # None: client / committee only; "auto": choose (see auto_blocks)
-    bootstrap: list[str] = field(default_factory=list)
-    p2p_port: int = 0
-    listen: list[str] | None = None  # libp2p multiaddrs to bind (None: 127.0.0.1 with p2p_port)
-    announce: list[str] = field(default_factory=list)  # addresses reachable from outside, announced first
-    relay: str = "auto"  # relay for others: auto (when listening beyond loopback), on, off
-    limits: Limits | None = None  # per-peer connection and stream limits (None: node.p2p.limits defaults)
-    api_port: int = 0
-    api_host: str = "127.0.0.1"
-    device: str = "cpu"
-    threads: int = 1
-    fault: str | None = None
-    seed: bytes | None = None  # devnet well-known key, used only when the data dir has no key yet
-    step_timeout: float = 60.0
-    announce_period: float = 5.0  # seconds between span announcements
-    announce_ttl: float | None = None  # seconds an announcement stays valid (default 3 periods; must exceed it)
-    compression: str = "none"  # hidden-state codec this node's client asks for (node.inference.wire)
-    redundancy: int = 1  # 2: each generation step on two disjoint routes, compared (node.inference.redundant)
-    auto_blocks: int | None = None  # span "auto": blocks to serve (default: a third of the model, rounded up)
-    cache_tokens: int | None = None  # KV-cache positions the span server holds at most (default: 32 sessions)
-    snapshot_every: int = 0  # make and serve a state snapshot every N blocks (0: never; node.ledger.statesync)
-    state_sync: bool = False  # on an empty ledger, start from a peer's snapshot instead of replaying the chain
-    prune_bodies: int = 0  # keep the bodies of the last N blocks only (0: every one; headers and commits stay)
-    model_cache: Path | None = None  # where generate finds other models by name or id (default: model_dir's parent)
-    fetch_model_bytes: int = MAX_MODEL_BYTES  # cap of one model fetched for committee duty (node.verify.fetchstore)
-    fetch_total_bytes: int = MAX_TOTAL_BYTES  # cap of all of them together; least recently used evicted first
-    warm_head: bool = True  # build the client head while starting, before the API opens (False: at first use)
-    budget: MemoryBudget | None = None  # node start --max-memory (node.compute.budget); None: no budget
-    # keep connections to the servers of the current route (RouteClient.keep_route_connected) on a node that serves
-    # no span and warms its head: its first generation finds them connected (issue 25). None: that default.
-    warm_route: bool | None = None
-    # bytes of the process-wide pool for large reads from peers (node.p2p.wirelimits.ReadBudget; None: 256 MiB)
-    read_pool_bytes: int | None = None
-    # bytes of chunks one state sync fetches at most (node.ledger.syncfetch.SyncLimits.max_bytes; None: 1 GiB)
-    state_sync_max_bytes: int | None = None
-
-
-@dataclass
-class NodeConfig(SettleSettings, BatchSettings, MarketSettings, BaseConfig):
-    """Everything ``node start`` decides: the base's settings, then each capability's (a dataclass's fields run
-    from its last base to its first: the capabilities' settings in reverse). A capability reads its own part with
-    :func:`node.duty.capability.settings_of`."""
-
-
-for _cap in CAPABILITIES:  # every capability's settings are a part of NodeConfig
-    if _cap.settings is not None and not issubclass(NodeConfig, _cap.settings):
-        raise TypeError(f"NodeConfig lacks {_cap.settings.__name__}, the settings of capability {_cap.name!r}")
-
+__all__ = ["TRAIN_FAULTS", "LazyHead", "Node", "api_view", "ensure_api_token"]
 
 class Node:
     """Composes the services of one node; :meth:`run` runs them until cancelled.
@@ -234,8 +169,8 @@ class Node:
         return SpanServer(self.ident, self.genesis.domain, span, self.executor, self.blobs,
                           lambda: self.ledger.state.height, self.genesis.params.price_per_token_block,
                           step_timeout=cfg.step_timeout, cache_tokens=cfg.cache_tokens,
-                          submit=self.ledger.submit if self.book is None else self._keep_receipt,
-                          penalize=self.host.penalize, tabs=self.tab_gate, tab_wait=self._next_block)
+                          submit=self.ledger.submit if self.service(EpochBook) is None else self._keep_receipt,
+                          penalize=self.host.penalize, tabs=self.service(TabGate), tab_wait=self._next_block)
 
     async def _next_block(self, height: int) -> None:
         """Until block ``height`` is stored here, or ten seconds at most."""
@@ -245,8 +180,9 @@ class Node:
 
     async def _keep_receipt(self, receipt: Any) -> None:
         """A session's receipt on a chain with tabs: into the epoch book (the worker batches it), not the ledger."""
-        assert self.book is not None
-        await trio.to_thread.run_sync(self.book.add, receipt)  # a synced LevelDB write
+        book = self.service(EpochBook)
+        assert book is not None
+        await trio.to_thread.run_sync(book.add, receipt)  # a synced LevelDB write
 
     async def _choose_span(self) -> tuple[int, int]:
         """``--span auto``: listen to the swarm's announcements for 1.5 announcement periods (plus an offset
@@ -283,24 +219,14 @@ class Node:
         if peers:
             self.host.vouch(peers)
 
-    def _sync_limits(self) -> SyncLimits:
-        """:class:`SyncLimits` with ``cfg.state_sync_max_bytes`` (its chunk count raised to match, so that a larger
-        snapshot is not refused by count first)."""
-        lim = SyncLimits()
-        cap = self.cfg.state_sync_max_bytes
-        if cap is None:
-            return lim
-        chunks = max(lim.max_chunks, -(-cap // CHUNK_BYTES))  # chunks of ~1 MiB
-        offer = max(lim.max_offer_bytes, chunks * 40 + (64 << 10))  # ~34 B per chunk id, plus header and commit
-        return replace(lim, max_bytes=cap, max_chunks=chunks, max_offer_bytes=offer)
-
     async def _state_sync(self) -> None:
         """Install a snapshot that a connected peer offers (checked against a finalised header); the ledger then
         follows the chain from the block after it. Without a usable offer, the node replays from genesis."""
         peers = self.host.connected_peers()
         try:  # state_sync penalises and skips whatever a peer does; this guards the node against the rest
-            synced = (await state_sync(self.store, self.host, peers, limits=self._sync_limits(),
-                                       spool_dir=self.cfg.data_dir) if peers else None)
+            limits = SyncLimits.capped(self.cfg.state_sync_max_bytes)
+            synced = (await state_sync(self.store, self.host, peers, limits=limits, spool_dir=self.cfg.data_dir)
+                      if peers else None)
         except Exception:
             if self.store.head or self.store.base:  # a snapshot was installed, then something local failed
                 raise
@@ -496,11 +422,6 @@ class Node:
         return self.service(EpochBook)
 
     @property
-    def tab_gate(self) -> TabGate | None:
-        """On a chain with tabs: the worker's check of a session's tab (:mod:`node.settle.tabs`)."""
-        return self.service(TabGate)
-
-    @property
     def tab_book(self) -> TabBook | None:
         """On a chain with tabs: this node's tabs as a requester (:mod:`node.settle.tabs`)."""
         return self.service(TabBook)
@@ -561,18 +482,7 @@ class Node:
             ValueError: the model has no tokenizer or no chat template (the caller passes ``prompt``), or the
                 template refuses the chat (e.g. roles out of order).
         """
-        tok = self.client_for(model).head.tokenizer
-        if tok is None:
-            raise ValueError("this model has no tokenizer; pass prompt_ids")
-        if not getattr(tok, "chat_template", None):
-            raise ValueError("this model has no chat template; pass prompt instead of messages")
-        try:
-            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        except Exception as e:  # noqa: BLE001 - a template raises jinja2's and its own errors for a bad chat
-            raise ValueError(f"the model's chat template refused this chat: {e}") from None
-        if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in newer transformers
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
+        return chat_token_ids(self.client_for(model).head.tokenizer, messages)
 
     def decode(self, ids: list[int], model: str | None = None) -> str | None:
         """``ids`` as text with ``model``'s tokenizer, special tokens skipped; None when it has none."""

@@ -43,3 +43,24 @@ class LazyHead:
         if name.startswith("_"):  # never build for private lookups (copy, pickle probes, repr internals)
             raise AttributeError(name)
         return getattr(self.built(), name)
+
+
+def chat_token_ids(tok: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of a chat (``[{"role", "content"}, ...]``) through the tokenizer ``tok``'s own chat template
+    (rendered by transformers in Jinja2's sandbox), ending with the assistant's turn to speak.
+
+    Raises:
+        ValueError: ``tok`` is None or has no chat template (the caller passes ``prompt``), or the template
+            refuses the chat (e.g. roles out of order).
+    """
+    if tok is None:
+        raise ValueError("this model has no tokenizer; pass prompt_ids")
+    if not getattr(tok, "chat_template", None):
+        raise ValueError("this model has no chat template; pass prompt instead of messages")
+    try:
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    except Exception as e:  # noqa: BLE001 - a template raises jinja2's and its own errors for a bad chat
+        raise ValueError(f"the model's chat template refused this chat: {e}") from None
+    if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in newer transformers
+        ids = ids["input_ids"]
+    return [int(i) for i in ids]

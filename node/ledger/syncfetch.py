@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import trio
@@ -69,6 +69,17 @@ class SyncLimits:
     grace_s: float = 10.0
     min_rate: float = 64 * 1024
     source_budget_s: float = 3600.0
+
+    @classmethod
+    def capped(cls, max_bytes: int | None) -> SyncLimits:
+        """The defaults with ``max_bytes`` (``node start --state-sync-max``; None: the default), the chunk count
+        and the offer's size raised to match, so that a larger snapshot is not refused by count first."""
+        lim = cls()
+        if max_bytes is None:
+            return lim
+        chunks = max(lim.max_chunks, -(-max_bytes // snap.CHUNK_BYTES))  # chunks of ~1 MiB
+        offer = max(lim.max_offer_bytes, chunks * 40 + (64 << 10))  # ~34 B per chunk id, plus header and commit
+        return replace(lim, max_bytes=max_bytes, max_chunks=chunks, max_offer_bytes=offer)
 
 
 class SourceState(enum.Enum):

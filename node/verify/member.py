@@ -68,9 +68,10 @@ class CommitteeMember:
             blocks cannot be had.
         fetcher: :class:`~node.verify.blockfetch.BlockFetcher`, or None (other models: ABSTAIN).
         tolerance: maximum honest distance (see :mod:`node.compute.compare`).
-        checkers: receipt type -> :class:`~node.duty.seams.ReceiptChecker` for the receipts other capabilities define (fine-tune
-            segments, training-run rounds and aggregates); an inference :class:`~node.ledger.core.tx.Receipt` is
-            this member's own :meth:`check`, and a receipt of a type with no checker gets ABSTAIN.
+        checkers: receipt type -> :class:`~node.duty.seams.ReceiptChecker` for the receipts other capabilities
+            define (fine-tune segments, training-run rounds and aggregates); an inference
+            :class:`~node.ledger.core.tx.Receipt` is this member's own :meth:`check`, and a receipt of a type with no
+            checker gets ABSTAIN.
         budget: bytes of weights committee duty may hold (:class:`node.compute.budget.MemoryBudget`'s committee
             share), or None (no budget: up to ``max_spans`` spans are kept). Within a budget a span that fits is
             loaded whole (kept spans are dropped, least recently used first, to make room), a larger one is run

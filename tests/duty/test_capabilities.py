@@ -12,11 +12,11 @@ import pytest
 
 from node import capabilities, cli
 from node.batch.settings import BatchSettings
+from node.config import NodeConfig
 from node.duty.capability import Built, Capability, Command, StartOptions, settings_of
 from node.ledger.core import modules
 from node.ledger.core.module import Module
 from node.market.settings import MarketSettings
-from node.runtime import NodeConfig
 from node.settle.settings import SettleSettings
 
 

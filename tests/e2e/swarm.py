@@ -7,9 +7,10 @@ from pathlib import Path
 
 import trio
 
+from node.config import NodeConfig
 from node.identity import Identity, dev_seed
 from node.ledger.genesis import Genesis, Params
-from node.runtime import Node, NodeConfig
+from node.runtime import Node
 
 C = 10**9
 

@@ -120,9 +120,10 @@ def test_joined_validator_is_needed_and_counted_in_process(tmp_path):
     every later block proves the newcomer's precommits are counted; its precommits are in the commits."""
     import trio
 
+    from node.config import NodeConfig
     from node.ledger.core.valset import ValidatorJoin
     from node.ledger.genesis import Genesis, Params
-    from node.runtime import Node, NodeConfig
+    from node.runtime import Node
 
     keys = [Identity.from_seed(dev_seed(i)) for i in range(3)]
     p = Params(block_time_ms=300, price_per_token_block=100_000, max_receipt_price=50 * C,

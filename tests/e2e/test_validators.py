@@ -8,9 +8,10 @@ import pytest
 import trio
 
 from node.compute.model import make_tiny
+from node.config import NodeConfig
 from node.identity import Identity, dev_seed
 from node.ledger.genesis import Genesis, Params
-from node.runtime import Node, NodeConfig
+from node.runtime import Node
 
 C = 10**9
 N = 4

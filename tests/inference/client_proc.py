@@ -32,9 +32,10 @@ from pathlib import Path
 
 import trio
 
+from node.config import NodeConfig
 from node.identity import account_to_str, dev_seed
 from node.ledger.genesis import load_genesis
-from node.runtime import Node, NodeConfig
+from node.runtime import Node
 
 WAIT_SERVERS = 300.0  # seconds; six SmolLM2 server processes on two loaded cores take minutes to come up
 

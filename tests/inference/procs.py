@@ -12,10 +12,11 @@ from pathlib import Path
 
 import trio
 
+from node.config import NodeConfig
 from node.identity import Identity, dev_seed
 from node.ledger.genesis import load_genesis
 from node.net.service import NetworkService
-from node.runtime import Node, NodeConfig
+from node.runtime import Node
 
 ROOT = Path(__file__).resolve().parents[2]
 

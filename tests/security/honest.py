@@ -25,9 +25,10 @@ from pathlib import Path
 
 import trio
 
+from node.config import NodeConfig
 from node.identity import dev_seed
 from node.ledger.genesis import load_genesis
-from node.runtime import Node, NodeConfig
+from node.runtime import Node
 from tests.inference.client_proc import connect_servers
 from tests.security.srcaddr import bind_source
 
