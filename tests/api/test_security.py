@@ -103,7 +103,7 @@ def test_key_and_token_are_never_served(live, caplog):
 
 def test_api_binds_to_loopback_by_default():
     from node.cli import build_parser
-    from node.runtime import NodeConfig
+    from node.config import NodeConfig
 
     args = build_parser().parse_args(["start"])
     assert args.api_host == "127.0.0.1"
