@@ -1,5 +1,5 @@
 """No function in ``node/`` is over 100 lines (issue 26), docstring and comments included: an AST scan that fails on
-a new long one and names it."""
+a new long one and names it. No module in ``node/`` is over 500 lines (issue 38): a line count that names each."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 NODE = Path(__file__).resolve().parents[1] / "node"
 MAX_LINES = 100
+MAX_MODULE_LINES = 500
 
 # each with its reason; a function leaves this list when it is split
 ALLOWED = {
@@ -42,3 +43,24 @@ def test_the_scan_counts_lines(tmp_path):
     (tmp_path / "m.py").write_text("def short():\n    return 1\n\n\n@staticmethod\ndef long():\n"
                                    + "    x = 1\n" * 99 + "    return x\n")
     assert long_functions(tmp_path) == {"m.py:long": 102}
+
+
+def long_modules(root: Path = NODE, limit: int = MAX_MODULE_LINES) -> dict[str, int]:
+    """``{"<path under root>": lines}`` of every module over ``limit`` lines."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        lines = len(path.read_text().splitlines())
+        if lines > limit:
+            found[path.relative_to(root).as_posix()] = lines
+    return found
+
+
+def test_no_module_over_500_lines():
+    found = long_modules()
+    assert not found, f"modules over {MAX_MODULE_LINES} lines (split them by responsibility): {found}"
+
+
+def test_the_module_scan_counts_lines(tmp_path):
+    (tmp_path / "a.py").write_text("x = 1\n" * 501)
+    (tmp_path / "b.py").write_text("x = 1\n" * 500)
+    assert long_modules(tmp_path) == {"a.py": 501}
