@@ -3,12 +3,15 @@
 
 * :mod:`~node.api.app` -- ``create_app(node)``: the app, its error handlers and its routers;
   :mod:`~node.api.serve` -- serving it inside the node's nursery.
-* :mod:`~node.api.deps` -- the typed seam: ``NodeAPI`` (what the routers use of the node, a Protocol) and the
-  FastAPI dependencies ``NodeDep`` / ``AUTH`` that hand it and the token check to endpoints (``create_app`` puts
-  the node in ``app.state``); ``QueriesDep`` (:mod:`~node.api.queries`) hands them the node's views.
+* :mod:`~node.api.deps` -- the typed seam: ``NodeAPI`` (what the app, the wallet routes, the explorer and
+  ``/metrics`` use of the node, a Protocol extending the capability routers' ``node.web.deps.CapabilityNode``) and
+  ``NodeAPIDep``, the FastAPI dependency that hands it to endpoints (``create_app`` puts the node in ``app.state``);
+  ``QueriesDep`` (:mod:`~node.api.queries`) hands them the node's views. The token check (``AUTH``), ``ApiError``
+  and the JSON helpers the capabilities' routers share with this package are in :mod:`node.web`, below them.
 * Routers, each a module-level ``router``: :mod:`~node.api.wallet` (accounts, transfers, bonds, proofs, generate),
-  :mod:`~node.api.jobs` (fine-tune jobs), :mod:`~node.api.runs` (training runs), :mod:`~node.api.batches` (batch
-  jobs), :mod:`~node.api.modelsapi` (``/v1/models``).
+  :mod:`~node.api.modelsapi` (``/v1/models``); and each capability's own, which ``create_app`` includes:
+  :mod:`node.market.api` (fine-tune jobs), :mod:`node.training.api` (training runs), :mod:`node.batch.api` (batch
+  jobs), :mod:`node.settle.api` (tabs and settlements).
 * The explorer: :mod:`~node.api.pages` (server-rendered pages, ``templates/``, ``static/``),
   :mod:`~node.api.charts` (SVG chart geometry).
 * The read side: :mod:`~node.api.queries` (everything a page or route shows), :mod:`~node.api.views` (JSON views

@@ -24,16 +24,21 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..batch import api as batch_api
 from ..ledger.core.tx import InvalidTx
-from . import batches, jobs, modelsapi, pages, runs, tabsapi, wallet
+from ..market import api as market_api
+from ..settle import api as settle_api
+from ..training import api as training_api
+from ..web.errors import ApiError
+from ..web.models import ErrorOut
+from . import modelsapi, pages, wallet
 from .cache import ResponseCache
 from .deps import NodeAPI
 from .metrics import CONTENT_TYPE, metrics_registry, render
-from .models import ErrorOut
 from .pages import error_page
 from .queries import Queries
-from .security import ApiError, SecurityMiddleware
-from .views import amount, proof_from_json, receipt_json  # noqa: F401  (re-exported for callers and tests)
+from .security import SecurityMiddleware
+from .views import proof_from_json, receipt_json  # noqa: F401  (re-exported for callers and tests)
 
 log = logging.getLogger("tally.api")
 STATIC = Path(__file__).parent / "static"
@@ -111,21 +116,21 @@ ERROR_HANDLERS: tuple[tuple[type[Exception], Handler], ...] = (
     (ApiError, _api_error), (InvalidTx, _invalid_tx), (StarletteHTTPException, _http_error),
     (RequestValidationError, _validation_error), (Exception, _internal))
 ERRORS: Responses = {c: {"model": ErrorOut} for c in (400, 401, 403, 404, 409, 422, 503)}
-# (router, the error responses it documents): /v1 and the pages declare theirs; jobs, runs, batches and models
-# get ERRORS at inclusion
+# (router, the error responses it documents): /v1 and the pages declare theirs; the capabilities' routers (jobs,
+# runs, batches, tabs: each in its package's ``api`` module) and models get ERRORS at inclusion
 ROUTERS: tuple[tuple[APIRouter, Responses | None], ...] = (
-    (wallet.router, None), (jobs.router, ERRORS), (runs.router, ERRORS), (batches.router, ERRORS),
-    (modelsapi.router, ERRORS), (tabsapi.router, ERRORS), (pages.router, None))
+    (wallet.router, None), (market_api.router, ERRORS), (training_api.router, ERRORS), (batch_api.router, ERRORS),
+    (modelsapi.router, ERRORS), (settle_api.router, ERRORS), (pages.router, None))
 
 
 def create_app(node: NodeAPI) -> FastAPI:
     """The API, explorer and metrics of ``node`` (a :class:`~node.runtime.Node`). The module-level routers reach
-    the node through ``app.state.node`` (:mod:`node.api.deps`); one process may build several apps."""
+    the node through ``app.state.node`` (:func:`node.web.deps.get_node`); one process may build several apps."""
     app = FastAPI(title="Tally node API", version="1", description=__doc__, docs_url=None, redoc_url=None)
     app.add_middleware(ResponseCache, node=node)  # inner: sees only requests the security checks let through
     app.add_middleware(SecurityMiddleware)  # outermost (Starlette runs the last added first)
     q = Queries(node)
-    app.state.node = node  # read by the routers' dependencies (node.api.deps)
+    app.state.node = node  # read by the routers' dependencies (node.web.deps.get_node, require_token)
     app.state.queries = q
     for exc, handler in ERROR_HANDLERS:
         app.add_exception_handler(exc, handler)

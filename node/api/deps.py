@@ -1,11 +1,14 @@
-"""The API's typed seam to the node: :class:`NodeAPI` names what the routers use of a running
-:class:`node.runtime.Node`, and a FastAPI dependency hands it to the module-level routers.
+"""The API's typed seam to the node: :class:`NodeAPI` names what the app, the wallet routes, the explorer and
+``/metrics`` use of a running :class:`node.runtime.Node`; ``NodeAPIDep`` hands it to their module-level routers.
 
-:func:`node.api.app.create_app` puts the node in ``app.state.node`` and its views in ``app.state.queries``; an
-endpoint asks for them with ``node: NodeDep`` and ``queries: QueriesDep`` (:mod:`node.api.queries`, which this
-module does not import: the views are typed by :class:`NodeAPI`). The routers therefore hold no node of
-their own: one router object serves every app built in a process (the tests build several), each request reading
-the node of the app it reached. The token check is :func:`node.api.security.require_token` (``AUTH``).
+:class:`NodeAPI` extends what the capabilities' routers use (:class:`node.web.deps.CapabilityNode`, and
+:class:`node.batch.api.BatchApiNode` for the batch routes), so the node :func:`node.api.app.create_app` puts in
+``app.state.node`` is the node each of them expects (mypy checks a Node against it: :func:`node.runtime.api_view`).
+An endpoint asks for it with ``node: NodeAPIDep`` (:func:`node.web.deps.get_node` reads it) and for the node's views
+with ``queries: QueriesDep`` (:mod:`node.api.queries`, which this module does not import: the views are typed by
+:class:`NodeAPI`). The routers therefore hold no node of their own: one router object serves every app built in a
+process (the tests build several), each request reading the node of the app it reached. The token check is
+:func:`node.web.deps.require_token` (``node.web.deps.AUTH``).
 """
 
 from __future__ import annotations
@@ -13,37 +16,29 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Protocol
 
-from fastapi import Depends, Request
+from fastapi import Depends
 
-from .security import require_token
+from ..batch.api import BatchApiNode
+from ..duty.parts import Settings
+from ..web.deps import get_node
 
-if TYPE_CHECKING:  # types only: the API sits above all of these (see the layers contract in pyproject.toml)
-    from ..batch.items import ContentStore
-    from ..batch.worker import BatchWorker
-    from ..blobs import BlobStore
+if TYPE_CHECKING:  # types only
     from ..compute.budget import MemoryBudget
-    from ..compute.model import Manifest
     from ..inference.client import Generation, RouteClient
     from ..inference.seams import Head
     from ..inference.server import SpanServer
     from ..inference.swarm import SwarmTable
-    from ..keys import Identity
-    from ..ledger.core.genesis import Genesis
     from ..ledger.service import LedgerService
-    from ..ledger.store import LedgerStore
-    from ..market.worker import JobWorker
     from ..net.service import NetworkService
     from ..p2p.budget import ReplyBudget
     from ..p2p.host import P2PHost
-    from ..settle.book import EpochBook
-    from ..settle.tabs import TabBook
-    from ..training.seams import Executor
     from ..verify.member import CommitteeMember
 
 
-class ModelSettings(Protocol):
+class ModelSettings(Settings, Protocol):
     """What the API reads of the node's configuration (``node.cfg``, a :class:`node.runtime.NodeConfig`: above the
-    API in the layers, hence this Protocol)."""
+    API in the layers, hence this Protocol): the capabilities' settings (:class:`node.duty.parts.Settings`) and the
+    node's models, span and memory budget."""
 
     @property
     def model_dir(self) -> Path: ...
@@ -58,11 +53,13 @@ class ModelSettings(Protocol):
     def budget(self) -> MemoryBudget | None: ...  # node start --max-memory (None: no budget)
 
 
-class NodeAPI(Protocol):
-    """What the API's routers use of :class:`node.runtime.Node` (read-only properties, so the node's plain
-    attributes satisfy them; :func:`node.runtime.api_view` checks that a Node is one). A service the node runs
-    without (``server``, ``jobs``, ``batches``, ``member``, ``tab_book``, ``book``; ``net`` in a test's node) is
-    None; the routes that need it say so in their replies."""
+class NodeAPI(BatchApiNode, Protocol):
+    """What the API's routers use of :class:`node.runtime.Node`: the capability routers' node
+    (:class:`~node.web.deps.CapabilityNode`: key, settings, genesis, manifest, ledger, store, host, blobs,
+    executor, ``service(kind)``; :class:`~node.batch.api.BatchApiNode`: the batch store, ``decode``) and what the
+    wallet, the explorer and ``/metrics`` read besides (read-only properties, so the node's plain attributes satisfy
+    them; :func:`node.runtime.api_view` checks that a Node is one). A service the node runs without (``server``,
+    ``member``; ``net`` in a test's node) is None; the routes that need it say so in their replies."""
 
     @property
     def api_token(self) -> str: ...
@@ -71,31 +68,13 @@ class NodeAPI(Protocol):
     def cfg(self) -> ModelSettings: ...
 
     @property
-    def ident(self) -> Identity: ...
-
-    @property
-    def genesis(self) -> Genesis: ...
-
-    @property
-    def manifest(self) -> Manifest: ...
-
-    @property
     def ledger(self) -> LedgerService: ...
-
-    @property
-    def store(self) -> LedgerStore: ...
 
     @property
     def swarm(self) -> SwarmTable: ...
 
     @property
     def server(self) -> SpanServer | None: ...  # sessions open now and served (status, swarm, /metrics)
-
-    @property
-    def jobs(self) -> JobWorker | None: ...  # ``progress`` (a job's local losses), ``release``
-
-    @property
-    def batches(self) -> BatchWorker | None: ...  # ``done`` (results computed here)
 
     @property
     def member(self) -> CommitteeMember | None: ...  # ``memory_view`` (what committee duty holds of the budget)
@@ -108,21 +87,6 @@ class NodeAPI(Protocol):
 
     @property
     def reply_budget(self) -> ReplyBudget: ...  # bulk replies in flight and refused (/metrics)
-
-    @property
-    def tab_book(self) -> TabBook | None: ...  # what this node signed on its tabs as a requester (issue 37)
-
-    @property
-    def book(self) -> EpochBook | None: ...  # the tab receipts this node holds as a worker (issue 37)
-
-    @property
-    def blobs(self) -> BlobStore: ...
-
-    @property
-    def batch_store(self) -> ContentStore: ...  # a batch's item files and results (node.batch.client)
-
-    @property
-    def executor(self) -> Executor: ...  # the torch thread (node.training.client computes θ_0 there)
 
     def client_for(self, model: str | None = None) -> RouteClient[Head]:
         """The route client of ``model`` (name or id; None: this node's model); ``manifest.vocab_size``.
@@ -142,12 +106,4 @@ class NodeAPI(Protocol):
                        redundancy: int | None = None) -> Generation: ...
 
 
-async def get_node(request: Request) -> NodeAPI:
-    """The node of the app that ``request`` reached (``app.state.node``). A coroutine, so FastAPI calls it on the
-    event loop rather than in its thread pool."""
-    node: NodeAPI = request.app.state.node
-    return node
-
-
-NodeDep = Annotated[NodeAPI, Depends(get_node)]
-AUTH = [Depends(require_token)]  # ``dependencies=AUTH``: the route needs the API token (401 without it)
+NodeAPIDep = Annotated[NodeAPI, Depends(get_node)]  # the node of the app a request reached, as the API uses it

@@ -5,57 +5,26 @@ schema (``/openapi.json``).
 Conventions: an amount is ``{"base_units": "<integer string>", "credits": "<decimal string>"}`` (1 credit =
 10^9 base units; strings so no JSON parser rounds them); accounts are libp2p peer IDs (``12D3KooW...``); hashes and
 ids are lower-case hex; heights are block numbers (genesis is 0); times are Unix milliseconds. Handlers build
-plain dicts (:mod:`node.api.views`) and return them as JSON directly; tests check every response against these
-models (Schemathesis).
+plain dicts (:mod:`node.api.views`, :mod:`node.web.views`) and return them as JSON directly; tests check every
+response against these models (Schemathesis).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import BaseModel, BeforeValidator, Field
-
-from ..encoding import AMOUNT_GRAMMAR, AmountSyntaxError, parse_amount
+from pydantic import BaseModel, Field
 
 # The shape of an account; whether its bytes are a valid Ed25519 public key is checked by
-# node.api.views.parse_account (node.identity.account_from_str), which answers 400 bad_account.
+# node.web.views.parse_account (node.identity.account_from_str), which answers 400 bad_account.
 ACCOUNT_RE = r"^(12D3KooW[1-9A-HJ-NP-Za-km-z]{44}|[0-9a-fA-F]{64})$"
-# The one spelling of an amount (node.encoding.AMOUNT_GRAMMAR): "12", "0.5", "1.000000001"; no sign, spaces,
-# exponent, leading zeros, "1." or ".5". parse_amount then checks that it is positive and at most MAX_AMOUNT.
-AMOUNT_RE = rf"^{AMOUNT_GRAMMAR}$"
-AMOUNT_MAX_LENGTH = 64  # longer than any amount (at most 20 characters) so that a too-large one reads as such
-
-
-def _amount_syntax(v: Any) -> Any:
-    """Refuse a string that is not in the canonical amount syntax (422) with :func:`~node.encoding.parse_amount`'s
-    message, which shows the accepted form (pydantic's own for ``pattern`` would show only the regular expression).
-    Zero and too-large amounts pass here and are refused by the handler (400 ``bad_amount``); non-strings pass on
-    to pydantic's type check."""
-    if isinstance(v, str) and len(v) <= AMOUNT_MAX_LENGTH:
-        try:
-            parse_amount(v, allow_zero=True)
-        except AmountSyntaxError:
-            raise
-        except ValueError:
-            pass
-    return v
-
-
-# (the Field first: pydantic leaves a pattern placed after a BeforeValidator out of the JSON schema; the
-# BeforeValidator runs before the pattern check either way)
-AmountText = Annotated[str, Field(max_length=AMOUNT_MAX_LENGTH, pattern=AMOUNT_RE, examples=["1.5"]),
-                       BeforeValidator(_amount_syntax)]
+# Amounts as users write them (AmountText) and the error reply (ErrorOut) are shared with the capabilities'
+# routers: node.web.models.
 
 
 class Amount(BaseModel):
     base_units: str = Field(..., description="integer number of base units (10^-9 credit)")
     credits: str = Field(..., description="the same amount in credits, as a decimal string")
-
-
-class ErrorOut(BaseModel):
-    code: str = Field(..., description="machine-readable error code, e.g. not_found, bad_account, unauthorized")
-    message: str
-    details: list[Any] | None = None
 
 
 class SpanOut(BaseModel):

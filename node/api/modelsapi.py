@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 from ..compute.families import SUPPORTED
 from ..compute.model import ManifestError, config_dict, load_manifest
 from ..models import registry
-from .deps import NodeAPI, NodeDep
+from .deps import NodeAPI, NodeAPIDep
 
 
 class ModelServerOut(BaseModel):
@@ -102,10 +102,10 @@ def models_view(node: NodeAPI) -> dict[str, Any]:
 
 
 router = APIRouter(prefix="/v1", tags=["swarm"])
-"""``GET /v1/models`` for the node of the app it reached (:data:`~node.api.deps.NodeDep`)."""
+"""``GET /v1/models`` for the node of the app it reached (:data:`~node.api.deps.NodeAPIDep`)."""
 
 
 @router.get("/models", response_model=ModelsOut,
             summary="Models this node knows (its cache and the swarm): id, name, quantization, block coverage")
-async def models(node: NodeDep) -> JSONResponse:
+async def models(node: NodeAPIDep) -> JSONResponse:
     return JSONResponse(models_view(node))

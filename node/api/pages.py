@@ -22,14 +22,14 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from ..batch.client import batch_json
 from ..ledger.txstatus import TxState
-from . import charts, views as v
-from .deps import NodeAPI, NodeDep
+from ..settle.api import MAX_TABS, final_settlement_json, settlement_json, tab_json, tabs_of
+from ..training.api import RUN_STATUSES, list_runs, run_view
+from ..web.errors import ApiError
+from ..web.views import Json, parse_account, parse_id
+from . import charts
+from .deps import NodeAPI, NodeAPIDep
 from .modelsapi import models_view
 from .queries import Queries, QueriesDep
-from .runs import RUN_STATUSES, list_runs, run_view
-from .security import ApiError
-from .tabsapi import MAX_TABS, final_settlement_json, settlement_json, tab_json, tabs_of
-from .views import Json
 
 TEMPLATES = FsPath(__file__).parent / "templates"
 VERIF_KEYS = ["valid", "invalid", "abstain", "slashes"]
@@ -50,7 +50,7 @@ def environment() -> jinja2.Environment:
 
 ENV = environment()
 router = APIRouter(include_in_schema=False, default_response_class=HTMLResponse)
-"""The explorer's pages; each reads the node of the app it reached (:data:`NodeDep`) through its views
+"""The explorer's pages; each reads the node of the app it reached (:data:`NodeAPIDep`) through its views
 (:data:`QueriesDep`)."""
 
 
@@ -63,7 +63,7 @@ def page(node: NodeAPI, name: str, status: int = 200, **ctx: Any) -> HTMLRespons
 
 
 @router.get("/")
-async def home(queries: QueriesDep, node: NodeDep) -> HTMLResponse:
+async def home(queries: QueriesDep, node: NodeAPIDep) -> HTMLResponse:
     status = queries.status()
     head = queries.blocks(10, None)["blocks"]
     last = node.store.get_block_raw(status["height"]) if status["height"] else None
@@ -76,18 +76,19 @@ async def home(queries: QueriesDep, node: NodeDep) -> HTMLResponse:
 
 
 @router.get("/blocks")
-async def blocks(queries: QueriesDep, node: NodeDep, before: int | None = Query(None, ge=1, le=2**62)) -> HTMLResponse:
+async def blocks(queries: QueriesDep, node: NodeAPIDep,
+                 before: int | None = Query(None, ge=1, le=2**62)) -> HTMLResponse:
     return page(node, "blocks.html", page=queries.blocks(50, before))
 
 
 @router.get("/blocks/{height}")
-async def block(queries: QueriesDep, node: NodeDep, height: int = Path(..., ge=1, le=2**62)) -> HTMLResponse:
+async def block(queries: QueriesDep, node: NodeAPIDep, height: int = Path(..., ge=1, le=2**62)) -> HTMLResponse:
     return page(node, "block.html", b=queries.block(height))
 
 
 @router.get("/tx/{tx_id}")
-async def tx(queries: QueriesDep, node: NodeDep, tx_id: str = Path(..., max_length=64)) -> Response:
-    tid = v.parse_id(tx_id, "transaction id")
+async def tx(queries: QueriesDep, node: NodeAPIDep, tx_id: str = Path(..., max_length=64)) -> Response:
+    tid = parse_id(tx_id, "transaction id")
     if tid in node.ledger.state.receipts:
         return RedirectResponse(f"/receipts/{tid.hex()}", status_code=303)
     try:
@@ -102,15 +103,15 @@ async def tx(queries: QueriesDep, node: NodeDep, tx_id: str = Path(..., max_leng
 
 
 @router.get("/receipts")
-async def receipts(queries: QueriesDep, node: NodeDep, cursor: str | None = Query(None, max_length=64),
+async def receipts(queries: QueriesDep, node: NodeAPIDep, cursor: str | None = Query(None, max_length=64),
                    status: str | None = Query(
                        None, pattern="^(pending|sampled|valid|invalid|settled|unverified)$")) -> HTMLResponse:
     return page(node, "receipts.html", page=queries.receipts(50, cursor, status), status_filter=status)
 
 
 @router.get("/receipts/{receipt_id}")
-async def receipt(queries: QueriesDep, node: NodeDep, receipt_id: str = Path(..., max_length=64)) -> HTMLResponse:
-    rec = queries.receipt(v.parse_id(receipt_id, "receipt id"))
+async def receipt(queries: QueriesDep, node: NodeAPIDep, receipt_id: str = Path(..., max_length=64)) -> HTMLResponse:
+    rec = queries.receipt(parse_id(receipt_id, "receipt id"))
     loc = node.store.tx_location(bytes.fromhex(rec["id"]))
     return page(node, "receipt.html", r=rec, job=_job_of(queries, rec), in_block=loc[0] if loc else rec["height"])
 
@@ -126,10 +127,10 @@ def _job_of(queries: Queries, rec: Json) -> Json | None:
 
 
 @router.get("/accounts/{account}")
-async def account(queries: QueriesDep, node: NodeDep, account: str = Path(..., max_length=128),
+async def account(queries: QueriesDep, node: NodeAPIDep, account: str = Path(..., max_length=128),
                   cursor: str | None = Query(None, max_length=64),
                   rcursor: str | None = Query(None, max_length=96)) -> HTMLResponse:
-    a = v.parse_account(account)
+    a = parse_account(account)
     st = node.ledger.state
     tabs, _ = tabs_of(st, a)  # a scan of the tab table: at most MAX_TABS shown
     return page(node, "account.html", acc=queries.account(a), hist=queries.history(a, 25, cursor),
@@ -138,30 +139,30 @@ async def account(queries: QueriesDep, node: NodeDep, account: str = Path(..., m
 
 
 @router.get("/validators")
-async def validators(queries: QueriesDep, node: NodeDep) -> HTMLResponse:
+async def validators(queries: QueriesDep, node: NodeAPIDep) -> HTMLResponse:
     return page(node, "validators.html", vals=queries.validators(100), bonds=queries.bonds())
 
 
 @router.get("/swarm")
-async def swarm(queries: QueriesDep, node: NodeDep) -> HTMLResponse:
+async def swarm(queries: QueriesDep, node: NodeAPIDep) -> HTMLResponse:
     sw = queries.swarm()
     mine = [s for s in sw["servers"] if s["model_id"] == sw["model_id"]]
     return page(node, "swarm.html", swarm=sw, mine=mine, cov=charts.coverage(sw["num_blocks"], mine, sw["coverage"]))
 
 
 @router.get("/peers")
-async def peers(queries: QueriesDep, node: NodeDep) -> HTMLResponse:
+async def peers(queries: QueriesDep, node: NodeAPIDep) -> HTMLResponse:
     status = queries.status()
     return page(node, "peers.html", ns=status, net=status.get("network"))
 
 
 @router.get("/models")
-async def models(node: NodeDep) -> HTMLResponse:
+async def models(node: NodeAPIDep) -> HTMLResponse:
     return page(node, "models.html", models=models_view(node)["models"])
 
 
 @router.get("/verification")
-async def verification(queries: QueriesDep, node: NodeDep) -> HTMLResponse:
+async def verification(queries: QueriesDep, node: NodeAPIDep) -> HTMLResponse:
     ver = queries.verification(24)
     return page(node, "verification.html", verif=ver,
                 outcome=charts.stacked_bars(ver["series"], VERIF_KEYS),
@@ -169,29 +170,29 @@ async def verification(queries: QueriesDep, node: NodeDep) -> HTMLResponse:
 
 
 @router.get("/jobs")
-async def jobs(queries: QueriesDep, node: NodeDep, cursor: str | None = Query(None, max_length=64),
+async def jobs(queries: QueriesDep, node: NodeAPIDep, cursor: str | None = Query(None, max_length=64),
                status: str | None = Query(None, max_length=32)) -> HTMLResponse:
     return page(node, "jobs.html", page=queries.jobs(50, cursor, status), status_filter=status,
                 market=hasattr(node.ledger.state, "jobs"))
 
 
 @router.get("/jobs/{job_id}")
-async def job(queries: QueriesDep, node: NodeDep, job_id: str = Path(..., max_length=32)) -> HTMLResponse:
-    j = queries.job(v.parse_id(job_id, "job id", 16))
+async def job(queries: QueriesDep, node: NodeAPIDep, job_id: str = Path(..., max_length=32)) -> HTMLResponse:
+    j = queries.job(parse_id(job_id, "job id", 16))
     recs = [queries.receipt(bytes.fromhex(s)) for s in j["segments"] if bytes.fromhex(s) in node.ledger.state.receipts]
     return page(node, "job.html", j=j, loss=charts.line(j["losses"]), segs=recs)
 
 
 @router.get("/runs")
-async def runs(node: NodeDep, status: str | None = Query(None, pattern=f"^({RUN_STATUSES})$"),
+async def runs(node: NodeAPIDep, status: str | None = Query(None, pattern=f"^({RUN_STATUSES})$"),
                offset: int = Query(0, ge=0, le=10**9)) -> HTMLResponse:
     return page(node, "runs.html", page=list_runs(node.ledger.state, status, 50, offset), status_filter=status,
                 offset=offset)
 
 
 @router.get("/runs/{run_id}")
-async def run(node: NodeDep, run_id: str = Path(..., max_length=32)) -> HTMLResponse:
-    rid = v.parse_id(run_id, "run id", 16)
+async def run(node: NodeAPIDep, run_id: str = Path(..., max_length=32)) -> HTMLResponse:
+    rid = parse_id(run_id, "run id", 16)
     st = node.ledger.state
     if rid not in st.runs:
         raise ApiError(404, "not_found", "no such run on the ledger")
@@ -200,7 +201,7 @@ async def run(node: NodeDep, run_id: str = Path(..., max_length=32)) -> HTMLResp
 
 
 @router.get("/batches")
-async def batches(node: NodeDep, offset: int = Query(0, ge=0, le=10**9)) -> HTMLResponse:
+async def batches(node: NodeAPIDep, offset: int = Query(0, ge=0, le=10**9)) -> HTMLResponse:
     st = node.ledger.state
     bs = sorted(st.tables["batches"].values(), key=lambda b: (-b.height, b.post.id))
     return page(node, "batches.html", page={"batches": [batch_json(b, st) for b in bs[offset:offset + 50]],
@@ -208,8 +209,8 @@ async def batches(node: NodeDep, offset: int = Query(0, ge=0, le=10**9)) -> HTML
 
 
 @router.get("/batches/{batch_id}")
-async def batch(node: NodeDep, batch_id: str = Path(..., max_length=32)) -> HTMLResponse:
-    bid = v.parse_id(batch_id, "batch id", 16)
+async def batch(node: NodeAPIDep, batch_id: str = Path(..., max_length=32)) -> HTMLResponse:
+    bid = parse_id(batch_id, "batch id", 16)
     st = node.ledger.state
     b = st.tables["batches"].get(bid)
     if b is None:
@@ -218,8 +219,8 @@ async def batch(node: NodeDep, batch_id: str = Path(..., max_length=32)) -> HTML
 
 
 @router.get("/tabs/{tab_id}")
-async def tab(node: NodeDep, tab_id: str = Path(..., max_length=64)) -> HTMLResponse:
-    tid = v.parse_id(tab_id, "tab id", 32)
+async def tab(node: NodeAPIDep, tab_id: str = Path(..., max_length=64)) -> HTMLResponse:
+    tid = parse_id(tab_id, "tab id", 32)
     st = node.ledger.state
     t = st.tables["tabs"].get(tid)
     if t is None:
@@ -229,8 +230,8 @@ async def tab(node: NodeDep, tab_id: str = Path(..., max_length=64)) -> HTMLResp
 
 
 @router.get("/settlements/{key}")
-async def settlement(node: NodeDep, key: str = Path(..., max_length=64)) -> HTMLResponse:
-    k = v.parse_id(key, "batch key", 32)
+async def settlement(node: NodeAPIDep, key: str = Path(..., max_length=64)) -> HTMLResponse:
+    k = parse_id(key, "batch key", 32)
     x = node.ledger.state.tables["settlements"].get(k)
     s = settlement_json(k, x) if x is not None else final_settlement_json(node.store, k)
     if s is None:
@@ -239,7 +240,7 @@ async def settlement(node: NodeDep, key: str = Path(..., max_length=64)) -> HTML
 
 
 @router.get("/search")
-async def search(queries: QueriesDep, node: NodeDep, q_: str = Query("", alias="q", max_length=256)) -> Response:
+async def search(queries: QueriesDep, node: NodeAPIDep, q_: str = Query("", alias="q", max_length=256)) -> Response:
     try:
         hit = queries.search(q_)
     except ApiError as e:

@@ -11,7 +11,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from ..encoding import AMOUNT_FORM
-from .models import ACCOUNT_RE, Amount, AmountText, SpanOut
+from ..web.models import AmountText
+from .models import ACCOUNT_RE, Amount, SpanOut
 
 
 class ChatMessage(BaseModel):

@@ -2,7 +2,7 @@
 
 All methods are synchronous and cheap; they run on the node's event loop. Blocks are immutable once stored, so
 their views are cached by height; views derived from the whole state (verification statistics, validator
-activity) are cached until the next block. Errors are :class:`~node.api.security.ApiError` (404 ``not_found``,
+activity) are cached until the next block. Errors are :class:`~node.web.errors.ApiError` (404 ``not_found``,
 400 ``bad_id`` / ``bad_account`` / ``bad_cursor``).
 """
 
@@ -25,9 +25,9 @@ from ..ledger.core.status import INVALID_S, PENDING, SETTLED, UNVERIFIED, VALID_
 from ..ledger.core.tabs import Reveal
 from ..ledger.core.tx import ABSTAIN, VERDICT_NAMES
 from ..ledger.genesis import TREASURY
+from ..web.errors import ApiError
+from ..web.views import Json, acct, amount
 from . import views as v
-from .security import ApiError
-from .views import Json
 
 if TYPE_CHECKING:
     from ..ledger.core.jobs import Job
@@ -117,7 +117,7 @@ class Queries:
             "mempool": len(n.ledger.mempool), "model_id": n.manifest.model_id.hex(),
             "num_blocks": n.manifest.num_blocks, "span": list(n.cfg.span) if n.cfg.span else None,
             "swarm": [{"peer": p, "span": [s, e]} for p, s, e in n.swarm.live(n.manifest.model_id)],
-            "supply": v.amount(st.supply()), "genesis_hash": n.genesis.hash.hex(),
+            "supply": amount(st.supply()), "genesis_hash": n.genesis.hash.hex(),
             "network": n.net.status() if n.net is not None else None,
             "pruned_below": n.store.pruned_below, **self._history_status(st),
             "consensus": self._consensus(),
@@ -147,7 +147,7 @@ class Queries:
         if driver is None:
             return None
         out = driver.status()
-        return {**out, "proposer": v.acct(out["proposer"])}
+        return {**out, "proposer": acct(out["proposer"])}
 
     @staticmethod
     def _history_status(st: State) -> Json:
@@ -162,14 +162,14 @@ class Queries:
             return hit[1]
         offer = reputation(st, a).offer  # its batch offer's floor per token (node.ledger.core.batch), -1: none
         view = {**v.account_json(st.account(a), a, st.height, st.params.min_bond),
-                "batch_offer": v.amount(offer) if offer >= 0 else None}
+                "batch_offer": amount(offer) if offer >= 0 else None}
         self._accounts.put(a, (st, view))
         return view
 
     def history(self, a: bytes, limit: int, cursor: str | None) -> Json:
         """A page of ``a``'s history, newest first. Raises ApiError 400 ``bad_cursor``."""
         items, nxt = self.node.store.history(a, min(limit, MAX_PAGE), _cursor(cursor, 12))
-        return {"account": v.acct(a), "events": [v.event_json(h, s, ev) for h, s, ev in items],
+        return {"account": acct(a), "events": [v.event_json(h, s, ev) for h, s, ev in items],
                 "next": nxt.hex() if nxt else None}
 
     def account_receipts(self, a: bytes, limit: int, cursor: str | None) -> Json:
@@ -178,18 +178,18 @@ class Queries:
         items, nxt = self.node.store.account_receipts(a, min(limit, MAX_PAGE), _cursor(cursor, 40))
         recs = self.state.receipts
         out = [{"role": role, "receipt": v.receipt_json(recs[rid])} for _, rid, role in items if rid in recs]
-        return {"account": v.acct(a), "receipts": out, "next": nxt.hex() if nxt else None}
+        return {"account": acct(a), "receipts": out, "next": nxt.hex() if nxt else None}
 
     def bonds(self) -> Json:
         """Bonded (or slashed) accounts, largest bond first, the treasury left out."""
         st = self.state
         p = st.params
-        rows = [{"account": v.acct(a), "bond": v.amount(x.bond), "balance": v.amount(x.balance),
-                 "slashed": v.amount(x.slashed), "valid_run": x.valid_run, "eligible": x.bond >= p.min_bond,
+        rows = [{"account": acct(a), "bond": amount(x.bond), "balance": amount(x.balance),
+                 "slashed": amount(x.slashed), "valid_run": x.valid_run, "eligible": x.bond >= p.min_bond,
                  "validator": a in st.validators}
                 for a, x in st.accounts.items() if (x.bond or x.slashed) and a != TREASURY]
         rows.sort(key=lambda r: -int(r["bond"]["base_units"]))
-        return {"min_bond": v.amount(p.min_bond), "slash_amount": v.amount(p.slash_amount), "bonds": rows}
+        return {"min_bond": amount(p.min_bond), "slash_amount": amount(p.slash_amount), "bonds": rows}
 
     # ------------------------------------------------------------------ blocks and transactions
 
@@ -219,7 +219,7 @@ class Queries:
         _chain, h, _prev, t, proposer = raw["b"]["h"][:5]  # then the roots and the validator hashes, if any
         kinds = Counter(tx.get("t", "?") for tx in raw["b"]["txs"])
         s = {"height": h, "hash": Header(*raw["b"]["h"]).hash.hex(), "time_ms": t,
-             "proposer": v.acct(proposer), "txs": sum(kinds.values()), "kinds": dict(kinds)}
+             "proposer": acct(proposer), "txs": sum(kinds.values()), "kinds": dict(kinds)}
         return self._summaries.put(height, (s, {bytes(x[0]) for x in raw["c"]}))
 
     def blocks(self, limit: int, before: int | None) -> Json:
@@ -329,7 +329,7 @@ class Queries:
                 "sampled": sampled, "valid": status[VALID_S], "invalid": status[INVALID_S],
                 "settled": status[SETTLED], "unverified": status[UNVERIFIED],
                 "votes": {name: votes[k] for k, name in VERDICT_NAMES.items()},
-                "slashes": slashes, "slashed": v.amount(slashed), "series": series}
+                "slashes": slashes, "slashed": amount(slashed), "series": series}
 
     # ------------------------------------------------------------------ validators and swarm
 
@@ -352,20 +352,20 @@ class Queries:
         now, nxt = st.valset(), st.next_valset()
         for a in now.accounts:
             x = st.account(a)
-            name = v.acct(a)
-            rows.append({"account": name, "balance": v.amount(x.balance), "bond": v.amount(x.bond),
-                         "slashed": v.amount(x.slashed), "proposed": proposed[name], "signed": signed[a],
+            name = acct(a)
+            rows.append({"account": name, "balance": amount(x.balance), "bond": amount(x.bond),
+                         "slashed": amount(x.slashed), "proposed": proposed[name], "signed": signed[a],
                          "power": str(now.power(a))})
         # changes already decided (node.ledger.core.valset: a block's joins, leaves, bonds and slashes take effect
         # two heights later, so the state holds the set of height + 2): from the next block's set to that one
-        pending = [{"account": v.acct(a), "power": str(nxt.power(a)), "from_power": str(now.power(a)),
+        pending = [{"account": acct(a), "power": str(nxt.power(a)), "from_power": str(now.power(a)),
                     "effective_height": st.height + 2} for a in sorted(set(now.accounts) | set(nxt.accounts))
                    if now.power(a) != nxt.power(a)]
         return {"window": st.height - lo + 1 if st.height else 0, "height": st.height, "validators": rows,
                 "total_power": str(now.total), "quorum_power": str(now.total - (now.total - 1) // 3),
                 "validators_hash": now.hash.hex(), "next_validators_hash": nxt.hash.hex(),
                 "changes": bool(st.params.min_validator_bond),
-                "min_validator_bond": v.amount(st.params.min_validator_bond), "pending": pending}
+                "min_validator_bond": amount(st.params.min_validator_bond), "pending": pending}
 
     def swarm(self) -> Json:
         """Live servers of every model and this node's model's block coverage (:class:`~node.api.models.SwarmOut`)."""
@@ -456,10 +456,10 @@ class Queries:
                 return _hit("tx", b.hex(), f"/tx/{b.hex()}", f"/v1/txs/{b.hex()}")
         if len(b) == 16 and b in self._jobs():
             return _hit("job", b.hex(), f"/jobs/{b.hex()}", f"/v1/jobs/{b.hex()}")
-        if len(b) == 16 and b in st.runs:  # a collaborative training run (node.api.runs)
+        if len(b) == 16 and b in st.runs:  # a collaborative training run (node.training.api)
             return _hit("run", b.hex(), f"/runs/{b.hex()}", f"/v1/runs/{b.hex()}")
         if len(b) == 32 and b in st.accounts:  # a public key in hex: only an account the ledger knows
-            name = v.acct(b)
+            name = acct(b)
             return _hit("account", name, f"/accounts/{name}", f"/v1/accounts/{name}")
         if not b:
             try:
@@ -467,7 +467,7 @@ class Queries:
             except ValueError:
                 a = None
             if a is not None:
-                name = v.acct(a)
+                name = acct(a)
                 return _hit("account", name, f"/accounts/{name}", f"/v1/accounts/{name}")
         raise ApiError(404, "not_found", "no block, transaction, receipt, job, run or account matches")
 

@@ -9,8 +9,9 @@ read it may move the node's credits. Browsers are kept out of state changes thre
 * Cross-site requests: a request with an ``Origin`` other than this server's own (``http://<Host>``) is refused
   with 403 ``forbidden_origin`` (``Origin: null`` too), and so is a fetch a browser labels
   ``Sec-Fetch-Site: cross-site`` that is not a top-level navigation. No CORS headers are ever sent.
-* Every state-changing request needs ``Authorization: Bearer <token>`` (401 ``unauthorized``). The token is never
-  put in a cookie, a page or a log, so a browser never sends it on its own.
+* Every state-changing request needs ``Authorization: Bearer <token>`` (401 ``unauthorized``;
+  :func:`node.web.deps.require_token`, which the routes name as ``dependencies=AUTH``). The token is never put in
+  a cookie, a page or a log, so a browser never sends it on its own.
 
 Every response carries a strict Content-Security-Policy (scripts and styles from this server only, no inline
 script, no framing), ``X-Content-Type-Options: nosniff`` and ``Referrer-Policy: no-referrer``.
@@ -18,12 +19,9 @@ script, no framing), ``X-Content-Type-Options: nosniff`` and ``Referrer-Policy: 
 
 from __future__ import annotations
 
-import hmac
 import json
 import re
 
-from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LOOPBACK_HOST = re.compile(r"^(127\.\d{1,3}\.\d{1,3}\.\d{1,3}|localhost|\[::1\])(:\d{1,5})?$")
@@ -34,14 +32,6 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 DOCS_CSP = CSP.replace("style-src 'self'", "style-src 'self' 'unsafe-inline'")
 STATIC_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer"),
                   (b"x-frame-options", b"DENY"), (b"cross-origin-resource-policy", b"same-origin")]
-
-
-class ApiError(Exception):
-    """An error answered as JSON ``{"code", "message"}`` (or an HTML page on explorer routes) with ``status``."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
 
 
 def _refusal(code: str, message: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
@@ -88,23 +78,3 @@ class SecurityMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
-
-
-BEARER = HTTPBearer(auto_error=False, scheme_name="api_token",
-                    description="the node's API token: the contents of <data-dir>/api_token")
-
-
-def require_token(request: Request, creds: HTTPAuthorizationCredentials | None = Depends(BEARER)) -> None:
-    """A FastAPI dependency (an HTTP bearer security scheme in the OpenAPI schema) that lets a request through only
-    if it carries ``Authorization: Bearer <token>`` with the token of the app's node (``app.state.node.api_token``,
-    compared in constant time).
-
-    Raises:
-        ApiError: 401 ``unauthorized`` (no token, or another one).
-    """
-    want: bytes = request.app.state.node.api_token.encode()
-    token = creds.credentials.strip() if creds is not None else ""
-    if not hmac.compare_digest(token.encode("utf-8", "replace"), want):
-        raise ApiError(401, "unauthorized", "missing or wrong API token (Authorization: Bearer "
-                                            "$(cat <data-dir>/api_token))")
-

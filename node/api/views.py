@@ -1,18 +1,16 @@
 """JSON views of ledger objects (plain dicts shaped like :mod:`node.api.models`), shared by the API and pages.
 
 Amounts become ``{"base_units": str, "credits": str}``, accounts peer IDs (the treasury is ``"treasury"``), other
-bytes lower-case hex.
+bytes lower-case hex (the helpers, and parsing ids and accounts from a path, are :mod:`node.web.views`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import fields as dc_fields
-from functools import lru_cache
 from typing import Any
 
-from ..encoding import format_amount, unpack
-from ..identity import account_from_str, account_to_str
+from ..encoding import unpack
 from ..ledger.core.block import Block
 from ..ledger.core.history import SUMMARY_FIELDS
 from ..ledger.core.jobs import STATUS_TEXT, Job
@@ -20,64 +18,15 @@ from ..ledger.core.rows import Account, ReceiptRecord
 from ..ledger.core.tx import VERDICT_NAMES
 from ..ledger.core.txbase import Tx
 from ..ledger.genesis import TREASURY
+from ..web.views import Json, acct, amount, hexid
 from .receiptview import receipt_view
-from .security import ApiError
 
 ACCOUNT_FIELDS = {"sender", "recipient", "worker", "requester", "voter", "validator"}
 AMOUNT_FIELDS = {"amount", "price", "price_per_step"}
 RECEIPT_MAIN = {"session_id", "job_id", "worker", "requester", "model_id", "span_start", "span_end", "tokens",
                 "price", "opened_height"}
 _STATUS_TEXT: dict[str, str] = {k.value: text for k, text in STATUS_TEXT.items()}  # by a Job's status string
-Json = dict[str, Any]  # a JSON object as the routes answer it (shaped like its model in node.api.models)
 Commit = Iterable[Sequence[Any]]  # (validator, round, signature) entries: tuples in a Block, lists from msgpack
-
-
-def amount(units: int) -> dict[str, str]:
-    """``{"base_units": "1500000000", "credits": "1.5"}``."""
-    return {"base_units": str(units), "credits": format_amount(units)}
-
-
-@lru_cache(maxsize=8192)
-def acct(a: bytes) -> str:
-    """An account as its peer ID string; the treasury as ``"treasury"``."""
-    return "treasury" if a == TREASURY else account_to_str(a)
-
-
-def hexid(b: bytes | None) -> str | None:
-    """``b`` as lower-case hex; None for None (or anything that is not bytes)."""
-    return b.hex() if isinstance(b, bytes) else None
-
-
-def hex_id(text: str, n: int = 32) -> bytes | None:
-    """``text`` as an id of ``n`` bytes, or None when it is not ``2n`` hex characters."""
-    try:
-        b = bytes.fromhex(text)
-    except ValueError:
-        return None
-    return b if len(b) == n else None
-
-
-def parse_id(text: str, what: str, n: int = 32) -> bytes:
-    """Hex id of ``n`` bytes. Raises ApiError 400 ``bad_id``."""
-    b = hex_id(text, n)
-    if b is None:
-        raise ApiError(400, "bad_id", f"{what} must be {2 * n} hex characters")
-    return b
-
-
-def parse_account(text: str) -> bytes:
-    """A peer ID (or 64 hex characters) as a 32-byte account. Raises ApiError 400 ``bad_account``."""
-    if len(text) > 128:
-        raise ApiError(400, "bad_account", "not a peer ID")
-    try:
-        return _account_from_str(text)
-    except ValueError as e:
-        raise ApiError(400, "bad_account", str(e)) from None
-
-
-@lru_cache(maxsize=4096)
-def _account_from_str(text: str) -> bytes:
-    return account_from_str(text)  # base58 and multihash decoding: ~40 µs, worth remembering
 
 
 def value(name: str, v: Any) -> Any:

@@ -33,14 +33,16 @@ from ..ledger.core.valset import ValidatorJoin, ValidatorLeave
 from ..ledger.genesis import TREASURY
 from ..ledger.txstatus import TxState, TxStatus
 from ..models.lookup import UnknownModel
+from ..web.deps import AUTH
+from ..web.errors import ApiError
+from ..web.models import ErrorOut
+from ..web.views import Json, amount, parse_account, parse_id
 from . import models as m, postmodels as pm, views as v
-from .deps import AUTH, NodeAPI, NodeDep
+from .deps import NodeAPI, NodeAPIDep
 from .queries import QueriesDep
-from .security import ApiError
-from .views import Json
 
-E: dict[int | str, dict[str, Any]] = {c: {"model": m.ErrorOut} for c in (400, 403, 404, 422)}
-E_POST: dict[int | str, dict[str, Any]] = {**E, 401: {"model": m.ErrorOut}}
+E: dict[int | str, dict[str, Any]] = {c: {"model": ErrorOut} for c in (400, 403, 404, 422)}
+E_POST: dict[int | str, dict[str, Any]] = {**E, 401: {"model": ErrorOut}}
 
 
 class JSON(JSONResponse):
@@ -90,7 +92,7 @@ def _amount(text: str) -> int:
 
 
 router = APIRouter(prefix="/v1", default_response_class=JSON, responses=E)
-"""The ``/v1`` wallet, explorer-data and proof routes; each reads the node of the app it reached (:data:`NodeDep`)
+"""The ``/v1`` wallet, explorer-data and proof routes; each reads the node of the app it reached (:data:`NodeAPIDep`)
 through its views (:data:`QueriesDep`)."""
 
 
@@ -123,20 +125,20 @@ async def status(queries: QueriesDep) -> JSON:
 
 @router.get("/accounts/{account}", response_model=m.AccountOut, summary="Balance, bond and escrow of an account")
 async def account(queries: QueriesDep, account: str = Account()) -> JSON:
-    return JSON(queries.account(v.parse_account(account)))
+    return JSON(queries.account(parse_account(account)))
 
 
 @router.get("/accounts/{account}/history", response_model=m.HistoryOut, summary="History of an account, newest first")
 async def history(queries: QueriesDep, account: str = Account(), limit: int = Limit(),
                   cursor: str | None = Cursor()) -> JSON:
-    return JSON(queries.history(v.parse_account(account), limit, cursor))
+    return JSON(queries.history(parse_account(account), limit, cursor))
 
 
 @router.get("/accounts/{account}/receipts", response_model=m.AccountReceiptsOut,
             summary="Receipts naming an account (worker, requester, committee) with their verdicts")
 async def account_receipts(queries: QueriesDep, account: str = Account(), limit: int = Limit(),
                            cursor: str | None = Cursor()) -> JSON:
-    return JSON(queries.account_receipts(v.parse_account(account), limit, cursor))
+    return JSON(queries.account_receipts(parse_account(account), limit, cursor))
 
 
 @router.get("/bonds", response_model=m.BondsOut, summary="Bonded accounts (workers, committee members, validators)")
@@ -156,11 +158,11 @@ async def block(queries: QueriesDep, height: int = Path(..., ge=1, le=2**62)) ->
 
 
 @router.get("/txs/{tx_id}", response_model=m.TxOut, summary="A transaction in a stored block")
-async def tx(queries: QueriesDep, node: NodeDep, tx_id: str = Id()) -> JSON:
+async def tx(queries: QueriesDep, node: NodeAPIDep, tx_id: str = Id()) -> JSON:
     """404 while it is in no stored block: code ``pending`` (queued here; the message says for how long and
     why, e.g. which nonce is missing), ``dropped`` (with the reason) or ``not_found``; ``/v1/txs/{id}/status``
     answers the same as fields."""
-    tid = v.parse_id(tx_id, "transaction id")
+    tid = parse_id(tx_id, "transaction id")
     try:
         return JSON(queries.tx(tid))
     except ApiError as e:
@@ -176,8 +178,8 @@ async def tx(queries: QueriesDep, node: NodeDep, tx_id: str = Id()) -> JSON:
 
 @router.get("/txs/{tx_id}/status", response_model=m.TxStatusOut,
             summary="Where a transaction stands on this node: included, pending (why) or dropped (why)")
-async def tx_status(node: NodeDep, tx_id: str = Id()) -> JSON:
-    tid = v.parse_id(tx_id, "transaction id")
+async def tx_status(node: NodeAPIDep, tx_id: str = Id()) -> JSON:
+    tid = parse_id(tx_id, "transaction id")
     return JSON(tx_status_json(tid, node.ledger.tx_status(tid)))
 
 
@@ -191,7 +193,7 @@ async def receipts(queries: QueriesDep, limit: int = Limit(), cursor: str | None
 @router.get("/receipts/{receipt_id}", response_model=m.ReceiptOut,
                  summary="A receipt, its committee, votes and verdict")
 async def receipt(queries: QueriesDep, receipt_id: str = Id()) -> JSON:
-    return JSON(queries.receipt(v.parse_id(receipt_id, "receipt id")))
+    return JSON(queries.receipt(parse_id(receipt_id, "receipt id")))
 
 
 @router.get("/validators", response_model=m.ValidatorsOut, summary="The validator set and its recent activity")
@@ -215,7 +217,7 @@ async def search(queries: QueriesDep, q_: str = Query(..., alias="q", min_length
 
 
 @router.get("/light/{height}", summary="What a light client needs of a height: header, commit, signing validator set")
-async def light(node: NodeDep, height: int = Path(..., ge=1, le=2**62)) -> JSON:
+async def light(node: NodeAPIDep, height: int = Path(..., ge=1, le=2**62)) -> JSON:
     """``{"height", "light_block": hex of msgpack {"header", "commit", "validators"}}``: verify with
     :class:`node.ledger.proofs.LightClient` (:func:`~node.ledger.proofs.parse_light_block` reads it), which
     checks the set against the previous header's ``next_validators_hash``."""
@@ -228,9 +230,9 @@ async def light(node: NodeDep, height: int = Path(..., ge=1, le=2**62)) -> JSON:
 
 @router.get("/proofs/receipts/{receipt_id}", response_model=m.ProofOut,
             summary="Inclusion proof of a receipt in its block, with the block's commit")
-async def receipt_proof(node: NodeDep, receipt_id: str = Id()) -> JSON:
+async def receipt_proof(node: NodeAPIDep, receipt_id: str = Id()) -> JSON:
     """Light client: :func:`node.ledger.proofs.verify_header`, then :func:`~node.ledger.proofs.verify_tx_proof`."""
-    rid = v.parse_id(receipt_id, "receipt id")
+    rid = parse_id(receipt_id, "receipt id")
     rec = node.ledger.state.receipts.get(rid)
     if rec is None:
         raise ApiError(404, "not_found", "no such receipt on the ledger")
@@ -244,9 +246,9 @@ async def receipt_proof(node: NodeDep, receipt_id: str = Id()) -> JSON:
 
 @router.get("/proofs/accounts/{account}", response_model=m.ProofOut,
             summary="Proof of an account's state under the head header's state root")
-async def account_proof(node: NodeDep, account: str = Account()) -> JSON:
+async def account_proof(node: NodeAPIDep, account: str = Account()) -> JSON:
     """The state after the parent of the head block (the state the head header commits to)."""
-    a = v.parse_account(account)
+    a = parse_account(account)
     got = node.store.get_block(node.store.head) if node.store.head else None
     if got is None or a not in node.ledger.parent_state.accounts:
         raise ApiError(404, "not_found", "no block yet, or no such account in the committed state")
@@ -256,9 +258,9 @@ async def account_proof(node: NodeDep, account: str = Account()) -> JSON:
 
 @router.get("/proofs/records/{receipt_id}", response_model=m.ProofOut,
             summary="Proof of a receipt's ledger record (status, votes, payouts) under the head header's state root")
-async def record_proof(node: NodeDep, receipt_id: str = Id()) -> JSON:
+async def record_proof(node: NodeAPIDep, receipt_id: str = Id()) -> JSON:
     """The record in the state after the parent of the head block (the state the head header commits to)."""
-    rid = v.parse_id(receipt_id, "receipt id")
+    rid = parse_id(receipt_id, "receipt id")
     got = node.store.get_block(node.store.head) if node.store.head else None
     if got is None or rid not in node.ledger.parent_state.receipts:
         raise ApiError(404, "not_found", "no block yet, or no such receipt in the committed state")
@@ -269,10 +271,10 @@ async def record_proof(node: NodeDep, receipt_id: str = Id()) -> JSON:
 @router.get("/proofs/history/{receipt_id}", response_model=m.HistoryProofOut,
             summary="Proof of a receipt that left the hot state: its summary in the history log, the log's RFC 9162 "
                     "audit path, and the log head under the head header's state root")
-async def history_proof(node: NodeDep, receipt_id: str = Id()) -> JSON:
+async def history_proof(node: NodeAPIDep, receipt_id: str = Id()) -> JSON:
     """Light client: :func:`node.ledger.proofs.verify_header`, then
     :func:`~node.ledger.proofs.verify_history_proof`."""
-    rid = v.parse_id(receipt_id, "receipt id")
+    rid = parse_id(receipt_id, "receipt id")
     archived = node.store.history_entry(rid)
     if archived is None:
         where = ("it is still in the hot state: use /v1/proofs/records/" + receipt_id
@@ -300,13 +302,13 @@ async def _submit(node: NodeAPI, tx: Transfer | Bond | Unbond, kind: str) -> JSO
         tid = await node.ledger.submit(signed)
     except InvalidTx as e:
         raise ApiError(400, "invalid_tx", str(e)) from None
-    return JSON({"id": tid.hex(), "kind": kind, "amount": v.amount(tx.amount), "nonce": tx.nonce})
+    return JSON({"id": tid.hex(), "kind": kind, "amount": amount(tx.amount), "nonce": tx.nonce})
 
 
 @router.post("/transfer", dependencies=AUTH, response_model=pm.SubmittedOut, responses=E_POST,
              summary="Send credits from this node's account (needs the API token)")
-async def transfer(node: NodeDep, req: pm.TransferRequest) -> JSON:
-    to = v.parse_account(req.to)
+async def transfer(node: NodeAPIDep, req: pm.TransferRequest) -> JSON:
+    to = parse_account(req.to)
     if to == TREASURY:
         raise ApiError(400, "bad_account", "the treasury cannot receive transfers")
     me = node.ident.account
@@ -316,14 +318,14 @@ async def transfer(node: NodeDep, req: pm.TransferRequest) -> JSON:
 
 @router.post("/bond", dependencies=AUTH, response_model=pm.SubmittedOut, responses=E_POST,
              summary="Lock part of this node's balance as its worker bond (needs the API token)")
-async def bond(node: NodeDep, req: pm.BondRequest) -> JSON:
+async def bond(node: NodeAPIDep, req: pm.BondRequest) -> JSON:
     me = node.ident.account
     return await _submit(node, Bond(node.genesis.domain, me, _amount(req.amount), _next_nonce(node, me)), "bond")
 
 
 @router.post("/unbond", dependencies=AUTH, response_model=pm.SubmittedOut, responses=E_POST,
              summary="Release bond back to the balance once no receipt of this node is pending (needs the token)")
-async def unbond(node: NodeDep, req: pm.BondRequest) -> JSON:
+async def unbond(node: NodeAPIDep, req: pm.BondRequest) -> JSON:
     me = node.ident.account
     return await _submit(node, Unbond(node.genesis.domain, me, _amount(req.amount), _next_nonce(node, me)), "unbond")
 
@@ -331,7 +333,7 @@ async def unbond(node: NodeDep, req: pm.BondRequest) -> JSON:
 @router.post("/validator", dependencies=AUTH, response_model=pm.SubmittedOut, responses=E_POST,
              summary="Join the validator set (bonded with at least min_validator_bond) or leave it; effective two "
                      "heights after the block that includes it (needs the API token)")
-async def validator(node: NodeDep, req: pm.ValidatorTxRequest) -> JSON:
+async def validator(node: NodeAPIDep, req: pm.ValidatorTxRequest) -> JSON:
     kinds = {"join": ValidatorJoin, "leave": ValidatorLeave}
     if req.action not in kinds:
         raise ApiError(400, "bad_request", "action is join or leave")
@@ -343,7 +345,7 @@ async def validator(node: NodeDep, req: pm.ValidatorTxRequest) -> JSON:
         tid = await node.ledger.submit(tx)
     except InvalidTx as e:
         raise ApiError(400, "invalid_tx", str(e)) from None
-    return JSON({"id": tid.hex(), "kind": tx.KIND, "amount": v.amount(0), "nonce": nonce})
+    return JSON({"id": tid.hex(), "kind": tx.KIND, "amount": amount(0), "nonce": nonce})
 
 
 def redundancy_view(gen: Generation) -> Json:
@@ -363,9 +365,9 @@ def redundancy_view(gen: Generation) -> Json:
 
 
 @router.post("/generate", dependencies=AUTH, response_model=pm.GenerateOut,
-             responses={**E_POST, **{c: {"model": m.ErrorOut} for c in (404, 413, 502, 503)}},
+             responses={**E_POST, **{c: {"model": ErrorOut} for c in (404, 413, 502, 503)}},
              summary="Generate greedily through the swarm, paying for each span (needs the API token)")
-async def generate(node: NodeDep, req: pm.GenerateRequest) -> JSON:
+async def generate(node: NodeAPIDep, req: pm.GenerateRequest) -> JSON:
     if sum(x is not None for x in (req.prompt, req.prompt_ids, req.messages)) != 1:
         raise ApiError(400, "bad_request", "give exactly one of prompt, prompt_ids or messages")
     try:

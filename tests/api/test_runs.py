@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from node.api.pages import environment
-from node.api.runs import run_view
 from node.compute.data import dataset_bytes
 from node.encoding import commitments_root
 from node.ledger.core.runs import RunStatus
 from node.ledger.core.tx import INVALID
+from node.training.api import run_view
 from node.training.inner import InnerTrainer
 
 from ..ledger.test_runs import WORKERS, Chain, start
@@ -269,7 +269,7 @@ def test_run_pages_with_history_show_rounds_workers_and_verdicts():
     assert "screened out" in html and "invalid" in html and "4.0000" in html and "3000" in html
     assert run.history[1].params_next.hex()[:12] in html and "&lt;i&gt;hist&lt;/i&gt;" in html
     assert "<i>hist</i>" not in html
-    from node.api.runs import list_runs
+    from node.training.api import list_runs
 
     lst = env.get_template("runs.html").render(**base, page=list_runs(c.s, None, 50, 0), status_filter=None, offset=0)
     assert f"/runs/{post_.run_id.hex()}" in lst and "2/2" in lst

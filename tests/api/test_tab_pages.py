@@ -4,7 +4,7 @@ a field the view lacks fails here), from a real chain in memory mid-epoch: a bat
 from __future__ import annotations
 
 from node.api.pages import ENV
-from node.api.tabsapi import settlement_json, tab_json
+from node.settle.api import settlement_json, tab_json
 from tests.ledger.tabs_helpers import KEYS, C, Chain, tab_genesis
 
 REQ, W1 = KEYS[0], KEYS[1]
@@ -34,9 +34,9 @@ def test_a_final_batch_keeps_its_page_from_the_index_paid_or_refunded(tmp_path):
     """Once final the state prunes a batch; its page and ``GET /v1/settlements/KEY`` then come from the explorer's
     index (a real LevelDB store) and the batch's block: what it committed to, its vouchers, the receipts revealed
     from it, and its fate -- paid after its window, refunded when a drawn receipt was withheld."""
-    from node.api.tabsapi import final_settlement_json
     from node.ledger.core.tx import VALID
     from node.ledger.store import LedgerStore
+    from node.settle.api import final_settlement_json
 
     g = tab_genesis()
     store = LedgerStore(tmp_path / "db", g)
@@ -80,21 +80,23 @@ def test_owed_is_what_a_tab_end_signed_or_holds_beyond_what_was_redeemed(tmp_pat
     worker's node the newest receipt in its epoch book; a node that is neither end of the tab does not know."""
     from types import SimpleNamespace
 
-    from node.api.tabsapi import owed_on
+    from node.settle.api import owed_on
     from node.settle.book import EpochBook
+    from node.settle.tabs import TabBook
 
     c = Chain(tab_genesis())
     tab = c.open_tab(REQ, W1, 10 * C)
     c.block()
     rs = c.receipts(W1, REQ, tab, [C, 2 * C])
     t = c.state.tables["tabs"][tab]
-    requester = SimpleNamespace(ident=REQ, tab_book=SimpleNamespace(signed={tab: rs[-1].cumulative}), book=None)
+    # a node's running parts by type (node.runtime.Node.service): the requester's tab book, the worker's epoch book
+    requester = SimpleNamespace(ident=REQ, service={TabBook: SimpleNamespace(signed={tab: rs[-1].cumulative})}.get)
     book = EpochBook(tmp_path / "book", c.g.domain)
     try:
         for r in rs:
             book.add(r)
-        worker = SimpleNamespace(ident=W1, tab_book=None, book=book)
-        other = SimpleNamespace(ident=KEYS[3], tab_book=None, book=None)
+        worker = SimpleNamespace(ident=W1, service={EpochBook: book}.get)
+        other = SimpleNamespace(ident=KEYS[3], service={}.get)
         assert owed_on(requester, tab, t) == owed_on(worker, tab, t) == 3 * C and owed_on(other, tab, t) is None
         c.batch(W1, rs)
         c.block()  # the batch redeemed both: nothing owed any more

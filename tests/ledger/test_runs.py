@@ -6,8 +6,6 @@ import os
 
 import pytest
 
-from node.api.runs import run_view
-from node.api.views import acct
 from node.encoding import H
 from node.ledger.core.runs import Phase, RunStatus
 from node.ledger.core.runtx import (
@@ -24,6 +22,8 @@ from node.ledger.core.state import INVALID_S, SAMPLED, apply_block_body, apply_t
 from node.ledger.core.status import FINAL, VALID_S
 from node.ledger.core.tx import INVALID, VALID, InvalidTx, Vote, decode_tx
 from node.ledger.genesis import TREASURY
+from node.training.api import run_view
+from node.web.views import acct
 
 from .helpers import KEYS, C, make_genesis
 

@@ -1,22 +1,44 @@
-"""Batch job endpoints under ``/v1/batches`` (issue 14): post an item file, list, status with progress, agreement
-rate and payouts, fetch the accepted results, cancel a batch nothing of which is assigned yet."""
+"""The batch jobs' HTTP router: endpoints under ``/v1/batches`` (issue 14): post an item file, list, status with
+progress, agreement rate and payouts, fetch the accepted results, cancel a batch nothing of which is assigned yet.
+:func:`node.api.app.create_app` includes it; it builds on :mod:`node.web` (the node dependency, ``ApiError``, the
+JSON helpers)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Protocol
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
-from ..batch.client import BatchError, batch_json, fetch_results, post_batch
 from ..encoding import AMOUNT_FORM, parse_amount
 from ..ledger.core.batchstate import Batch, BatchStatus
 from ..ledger.core.batchtx import MAX_GENERATE_TOKENS, MAX_REISSUES, MAX_REPLICATION, MAX_WINDOW, BatchCancel
 from ..ledger.core.tx import InvalidTx
-from .deps import AUTH, NodeAPI, NodeDep
-from .models import AmountText
-from .security import ApiError
-from .views import hex_id
+from ..web.deps import AUTH, CapabilityNode, NodeDep, get_node
+from ..web.errors import ApiError
+from ..web.models import AmountText
+from ..web.views import hex_id
+from .client import BatchError, batch_json, fetch_results, post_batch
+from .items import ContentStore
+from .worker import BatchWorker
+
+
+class BatchApiNode(CapabilityNode, Protocol):
+    """What the batch routes use of the node beyond :class:`~node.web.deps.CapabilityNode`: the store of batch
+    item files and results (:func:`~node.batch.client.post_batch` keeps a posted file there, ``fetch_results`` the
+    results) and the model's tokenizer (``fetch_results`` decodes generated ids)."""
+
+    @property
+    def batch_store(self) -> ContentStore: ...
+
+    def decode(self, ids: list[int]) -> str | None:
+        """The text of token ``ids``, or None when the model has no tokenizer."""
+        ...
+
+
+# the node of the app a request reached (node.web.deps.get_node), as the batch routes use it: create_app's node is
+# a node.api.deps.NodeAPI, which extends BatchApiNode
+BatchNodeDep = Annotated[BatchApiNode, Depends(get_node)]
 
 
 # A batch job to post (``POST /v1/batches``): its item file and terms.
@@ -41,10 +63,11 @@ class BatchFetchRequest(BaseModel):
 
 
 router = APIRouter()
-"""The ``/v1/batches`` routes; each reads the node of the app it reached (:data:`~node.api.deps.NodeDep`)."""
+"""The ``/v1/batches`` routes; each reads the node of the app it reached (:data:`~node.web.deps.NodeDep`;
+:data:`BatchNodeDep` to post and fetch)."""
 
 
-def _batch(node: NodeAPI, batch_id: str) -> tuple[bytes, Batch]:
+def _batch(node: CapabilityNode, batch_id: str) -> tuple[bytes, Batch]:
     """``(batch id, batch)`` of ``batch_id`` on the ledger.
 
     Raises:
@@ -73,14 +96,14 @@ async def get_batch(node: NodeDep, batch_id: str, items: bool = False) -> dict[s
     adds every assigned item's workers, commit and reveal counts and accepted result hash."""
     _, b = _batch(node, batch_id)
     out = batch_json(b, node.ledger.state, with_items=items)
-    w = node.batches
+    w = node.service(BatchWorker)
     if w is not None:
         out["local_results_computed"] = w.done
     return out
 
 
 @router.post("/v1/batches", dependencies=AUTH)
-async def post(node: NodeDep, req: BatchRequest) -> dict[str, Any]:
+async def post(node: BatchNodeDep, req: BatchRequest) -> dict[str, Any]:
     """Check the item file, keep it on this node (workers fetch it from here) and post the batch with escrow.
     A bad file or parameter is refused with its reason (the line number for a file); nothing is posted."""
     try:
@@ -99,7 +122,7 @@ async def post(node: NodeDep, req: BatchRequest) -> dict[str, Any]:
 
 
 @router.post("/v1/batches/{batch_id}/fetch", dependencies=AUTH)
-async def fetch(node: NodeDep, batch_id: str, req: BatchFetchRequest | None = None) -> dict[str, Any]:
+async def fetch(node: BatchNodeDep, batch_id: str, req: BatchFetchRequest | None = None) -> dict[str, Any]:
     """The accepted results, each fetched by hash from the workers that agreed on it (and kept here)."""
     bid, b = _batch(node, batch_id)
     try:

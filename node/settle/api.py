@@ -1,4 +1,7 @@
-"""``GET /v1/accounts/{account}/tabs`` and ``GET /v1/settlements/{key}``: tabs and epoch batches (issue 37).
+"""Settlement's HTTP router, ``GET /v1/accounts/{account}/tabs`` and ``GET /v1/settlements/{key}``: tabs and epoch
+batches (issue 37), and their JSON views, which the explorer's tab and settlement pages show too.
+:func:`node.api.app.create_app` includes the router; it builds on :mod:`node.web` (the node dependency,
+``ApiError``, the JSON helpers).
 
 An account's tabs are those it opened (as requester) or is paid through (as worker): locked (still the
 requester's), redeemed (the newest voucher's cumulative the worker was paid from the tab), the tab nonce, and owed
@@ -19,10 +22,12 @@ from fastapi.responses import JSONResponse
 
 from ..ledger.core.tabs import EpochBatch
 from ..ledger.core.tabs.state import Settlement, Tab
-from .deps import NodeAPI, NodeDep
-from .models import ErrorOut
-from .security import ApiError
-from .views import acct, amount, hexid, parse_account, parse_id
+from ..web.deps import CapabilityNode, NodeDep
+from ..web.errors import ApiError
+from ..web.models import ErrorOut
+from ..web.views import acct, amount, hexid, parse_account, parse_id
+from .book import EpochBook
+from .tabs import TabBook
 
 if TYPE_CHECKING:
     from ..ledger.core.state import State
@@ -88,15 +93,16 @@ def final_settlement_json(store: LedgerStore, key: bytes) -> dict[str, Any] | No
             "drawn": [{"index": i, "receipt": hexid(rid)} for i, rid in reveals], "decided": None, "disputes": 0}
 
 
-def owed_on(node: NodeAPI, tab_id: bytes, t: Tab) -> int | None:
+def owed_on(node: CapabilityNode, tab_id: bytes, t: Tab) -> int | None:
     """What the requester has signed on ``tab_id`` beyond what the ledger redeemed (base units), as this node knows
     it: the highest cumulative it countersigned (its requester's tab book) or holds (its worker's epoch book); None
     for a tab this node is neither end of (only the two ends hold the receipts)."""
     me = node.ident.account
-    if t.requester == me and node.tab_book is not None:
-        signed = node.tab_book.signed.get(tab_id, 0)
-    elif t.worker == me and node.book is not None:
-        newest = node.book.newest(tab_id)
+    tab_book, book = node.service(TabBook), node.service(EpochBook)
+    if t.requester == me and tab_book is not None:
+        signed = tab_book.signed.get(tab_id, 0)
+    elif t.worker == me and book is not None:
+        newest = book.newest(tab_id)
         signed = newest.cumulative if newest is not None else 0
     else:
         return None

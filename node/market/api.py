@@ -1,5 +1,6 @@
-"""Job marketplace endpoints under ``/v1/jobs`` (post, list, status, cancel, fetch the adapter; and for the
-worker: release an accepted job before its first segment)."""
+"""The fine-tune job marketplace's HTTP router: endpoints under ``/v1/jobs`` (post, list, status, cancel, fetch the
+adapter; and for the worker: release an accepted job before its first segment). :func:`node.api.app.create_app`
+includes it; it builds on :mod:`node.web` (the node dependency, ``ApiError``, the JSON helpers)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ from ..encoding import AMOUNT_FORM, parse_amount
 from ..ledger.core.jobs import Job, JobStatus
 from ..ledger.core.jobtx import JobCancel, JobRelease
 from ..ledger.core.tx import InvalidTx
-from ..market.client import JobError, fetch_adapter, job_json, post_job
-from .deps import AUTH, NodeAPI, NodeDep
-from .models import AmountText
-from .security import ApiError
-from .views import hex_id
+from ..web.deps import AUTH, CapabilityNode, NodeDep
+from ..web.errors import ApiError
+from ..web.models import AmountText
+from ..web.views import hex_id
+from .client import JobError, fetch_adapter, job_json, post_job
+from .worker import JobWorker
 
 
 # A fine-tune job to post (``POST /v1/jobs``): exactly one of ``text`` and ``play`` is the dataset.
@@ -50,10 +52,10 @@ class FetchRequest(BaseModel):
 
 
 router = APIRouter()
-"""The ``/v1/jobs`` routes; each reads the node of the app it reached (:data:`~node.api.deps.NodeDep`)."""
+"""The ``/v1/jobs`` routes; each reads the node of the app it reached (:data:`~node.web.deps.NodeDep`)."""
 
 
-def _job(node: NodeAPI, job_id: str) -> tuple[bytes, Job]:
+def _job(node: CapabilityNode, job_id: str) -> tuple[bytes, Job]:
     """``(job id, job)`` of ``job_id`` on the ledger.
 
     Raises:
@@ -80,8 +82,9 @@ async def list_jobs(node: NodeDep, status: str | None = None, limit: int = 50, o
 async def get_job(node: NodeDep, job_id: str) -> dict[str, Any]:
     _, job = _job(node, job_id)
     out = job_json(job, node.ledger.state, node.store.archived_summary)
-    if node.jobs is not None and job.worker == node.ident.account:
-        prog = node.jobs.progress.get(job.post.job_id)
+    worker = node.service(JobWorker)
+    if worker is not None and job.worker == node.ident.account:
+        prog = worker.progress.get(job.post.job_id)
         if prog:
             out["local_step_losses"] = [x if x == x and abs(x) != float("inf") else None for x in prog["losses"]]
     return out
@@ -137,8 +140,9 @@ async def release(node: NodeDep, job_id: str) -> dict[str, Any]:
         raise ApiError(409, "started", "the job has started (a segment is on the ledger): it can no longer be "
                                        "released; deliver it or let it reach its deadline")
     why = "released through the API"
-    if node.jobs is not None:
-        await node.jobs.release(jid, why)
+    worker = node.service(JobWorker)
+    if worker is not None:
+        await worker.release(jid, why)
     else:
         await node.ledger.submit(JobRelease(node.genesis.domain, me, jid, node.ledger.next_nonce(me))
                                  .signed(node.ident))

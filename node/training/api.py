@@ -1,5 +1,7 @@
-"""Collaborative training run endpoints under ``/v1/runs`` (list, status, post, join, leave, cancel, fetch θ) and
-the JSON view of a run shared with the explorer (:func:`run_view`).
+"""The training runs' HTTP router: collaborative training run endpoints under ``/v1/runs`` (list, status, post,
+join, leave, cancel, fetch θ), and the JSON views of runs the explorer's pages show too (:func:`run_view`,
+:func:`list_runs`). :func:`node.api.app.create_app` includes the router; it builds on :mod:`node.web` (the node
+dependency, ``ApiError``, the JSON helpers).
 
 A run is posted by this node's account (the sponsor) with the whole budget in escrow; workers join from their
 own nodes (each ``POST /v1/runs/{id}/join`` signs with that node's key). Settings travel in user units here
@@ -26,11 +28,11 @@ from ..ledger.core.runstate import Run
 from ..ledger.core.runtx import RoundReceipt
 from ..ledger.core.tx import VERDICT_NAMES
 from ..ledger.core.txbase import Tx
-from ..training.client import RunError, fetch_params, post_run, run_action
-from .deps import AUTH, NodeAPI, NodeDep
-from .models import AmountText
-from .security import ApiError
-from .views import Json, acct, amount, hex_id, hexid
+from ..web.deps import AUTH, CapabilityNode, NodeDep
+from ..web.errors import ApiError
+from ..web.models import AmountText
+from ..web.views import Json, acct, amount, hex_id, hexid
+from .client import RunError, fetch_params, post_run, run_action
 
 if TYPE_CHECKING:
     from ..ledger.core.state import State
@@ -265,10 +267,10 @@ def list_runs(state: State, status: str | None, limit: int, offset: int) -> Json
 # ------------------------------------------------------------------ router
 
 router = APIRouter()
-"""The ``/v1/runs`` routes; each reads the node of the app it reached (:data:`~node.api.deps.NodeDep`)."""
+"""The ``/v1/runs`` routes; each reads the node of the app it reached (:data:`~node.web.deps.NodeDep`)."""
 
 
-def _run(node: NodeAPI, run_id: str) -> tuple[bytes, Run]:
+def _run(node: CapabilityNode, run_id: str) -> tuple[bytes, Run]:
     """``(run id, run)`` of ``run_id`` on the ledger.
 
     Raises:
