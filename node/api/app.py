@@ -17,18 +17,15 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import swagger_ui_bundle  # type: ignore[import-untyped]  # the package ships no type information
+import swagger_ui_bundle  # ships no type information: pyproject's mypy overrides
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..batch import api as batch_api
+from ..capabilities import CAPABILITIES
 from ..ledger.core.tx import InvalidTx
-from ..market import api as market_api
-from ..settle import api as settle_api
-from ..training import api as training_api
 from ..web.errors import ApiError
 from ..web.models import ErrorOut
 from . import modelsapi, pages, wallet
@@ -116,11 +113,14 @@ ERROR_HANDLERS: tuple[tuple[type[Exception], Handler], ...] = (
     (ApiError, _api_error), (InvalidTx, _invalid_tx), (StarletteHTTPException, _http_error),
     (RequestValidationError, _validation_error), (Exception, _internal))
 ERRORS: Responses = {c: {"model": ErrorOut} for c in (400, 401, 403, 404, 409, 422, 503)}
-# (router, the error responses it documents): /v1 and the pages declare theirs; the capabilities' routers (jobs,
-# runs, batches, tabs: each in its package's ``api`` module) and models get ERRORS at inclusion
-ROUTERS: tuple[tuple[APIRouter, Responses | None], ...] = (
-    (wallet.router, None), (market_api.router, ERRORS), (training_api.router, ERRORS), (batch_api.router, ERRORS),
-    (modelsapi.router, ERRORS), (settle_api.router, ERRORS), (pages.router, None))
+
+
+def routers() -> tuple[tuple[APIRouter, Responses | None], ...]:
+    """(router, the error responses it documents), in mount order: /v1's wallet routes, each capability's router
+    (:data:`node.capabilities.CAPABILITIES`: jobs, runs, batches, tabs, each in its package's ``api`` module) and
+    the models' with ERRORS at inclusion, the explorer's pages (which declare theirs)."""
+    caps = tuple((make(), ERRORS) for make in (c.router for c in CAPABILITIES) if make is not None)
+    return ((wallet.router, None), *caps, (modelsapi.router, ERRORS), (pages.router, None))
 
 
 def create_app(node: NodeAPI) -> FastAPI:
@@ -134,7 +134,7 @@ def create_app(node: NodeAPI) -> FastAPI:
     app.state.queries = q
     for exc, handler in ERROR_HANDLERS:
         app.add_exception_handler(exc, handler)
-    for router, errors in ROUTERS:
+    for router, errors in routers():
         if errors is None:
             app.include_router(router)
         else:
