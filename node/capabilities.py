@@ -15,6 +15,7 @@ inference receipt's check is the member's own.
 from __future__ import annotations
 
 from .batch.capability import CAPABILITY as BATCH
+from .disputes.capability import CAPABILITY as DISPUTES
 from .duty.capability import Capability
 from .ledger.core.modules import MODULES
 from .market.capability import CAPABILITY as MARKET
@@ -26,6 +27,7 @@ CAPABILITIES: tuple[Capability, ...] = (
     TRAINING,  # DiLoCo training runs (node.training)
     BATCH,  # batch jobs checked by majority vote (node.batch)
     SETTLE,  # settlement by tabs and epoch batches (node.settle)
+    DISPUTES,  # a requester's disputes of receipts it caught (node.disputes)
 )
 
 

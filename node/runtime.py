@@ -32,6 +32,7 @@ from .compute.lazyhead import LazyHead, chat_token_ids
 from .compute.model import load_manifest
 from .compute.shards import choose_blocks
 from .config import NodeConfig
+from .disputes.duty import DisputeDuty
 from .duty.capability import Built
 from .duty.parts import NodeParts, Service
 from .duty.seams import ReceiptChecker
@@ -56,7 +57,6 @@ from .net.service import NetworkService, RelayMode
 from .p2p.host import P2PHost
 from .p2p.wirelimits import READ_BUDGET
 from .settle.book import EpochBook
-from .settle.disputes import DisputeDuty
 from .settle.tabs import TabBook, TabGate
 from .training.worker import RunWorker
 from .verify.blockfetch import BLOCK_PROTOCOL, BlockFetcher, HeldModels, bonded_peers
@@ -137,7 +137,7 @@ class Node:
         head = LazyHead(cfg.model_dir, device=cfg.device)  # built at the first generation
         self.client = RouteClient(self.ident, self.host, head, self.manifest, self.ledger, self.executor,
                                   self.blobs, self.swarm, step_timeout=cfg.step_timeout, compression=cfg.compression,
-                                  tabs=self.tab_book)
+                                  tabs=self.tab_book, disputes=self.disputes)
         self.clients[self.manifest.model_id] = self.client
         self.member = self._committee_member()
         self.ledger.on_block(self.member.on_block)
@@ -427,8 +427,8 @@ class Node:
         return self.service(TabBook)
 
     @property
-    def tab_disputes(self) -> DisputeDuty | None:
-        """On a chain with tabs: the requester's disputes (:mod:`node.settle.disputes`)."""
+    def disputes(self) -> DisputeDuty | None:
+        """The requester's disputes (:mod:`node.disputes`): plain receipts' at once, tab receipts' queued."""
         return self.service(DisputeDuty)
 
     def client_for(self, model: str | None = None) -> RouteClient[LazyHead]:
@@ -448,7 +448,7 @@ class Node:
             self.clients[m.model_id] = RouteClient(
                 self.ident, self.host, LazyHead(model_dir, device=self.cfg.device), m, self.ledger, self.executor,
                 self.blobs, self.swarm, step_timeout=self.cfg.step_timeout, compression=self.cfg.compression,
-                tabs=self.tab_book)
+                tabs=self.tab_book, disputes=self.disputes)
         return self.clients[m.model_id]
 
     async def generate(self, prompt_ids: list[int], max_new_tokens: int, model: str | None = None,

@@ -33,7 +33,7 @@ from ..ledger.core.tabs import TabReceipt
 from ..ledger.core.tx import Receipt
 from ..p2p.quirks import exception_leaves
 from .hops import HOP_ERRORS, OPEN_TIMEOUT, Failover, Hop, HopFailed, HopSessions, RouteRun, abort_hop
-from .seams import ClientHost, ClientLedger, Executor, Head
+from .seams import ClientHost, ClientLedger, Disputes, Executor, Head
 from .swarm import SwarmTable
 from .tabseam import RequesterTabs
 from .wire import check_codec
@@ -96,14 +96,18 @@ class RouteClient(HopSessions, Generic[HeadT]):
         step_timeout: seconds to wait for each reply. compression: default codec (:mod:`node.inference.wire`).
         max_failovers: replacements allowed per generation. submit: submit receipts to the ledger.
         open_timeout: seconds to wait for a session's stream to a server (then it fails over).
+        disputes: where the receipts a redundant session caught go (:class:`~node.inference.seams.Disputes`), or
+            None: this client disputes nothing.
     """
 
     def __init__(self, ident: Identity, host: ClientHost, head: HeadT, manifest: Manifest, ledger: ClientLedger,
                  executor: Executor, blobs: BlobStore, swarm: SwarmTable, step_timeout: float = 60.0,
                  compression: str = "none", max_failovers: int = 4, submit: bool = True,
-                 tabs: RequesterTabs | None = None, open_timeout: float = OPEN_TIMEOUT):
+                 tabs: RequesterTabs | None = None, open_timeout: float = OPEN_TIMEOUT,
+                 disputes: Disputes | None = None):
         super().__init__(ident, host, manifest, ledger, blobs, swarm, step_timeout, tabs, open_timeout)
         self.head, self.executor = head, executor
+        self.disputes = disputes
         self.compression = check_codec(compression)
         self.max_failovers = max_failovers
         self.submit = submit

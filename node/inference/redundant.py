@@ -38,7 +38,6 @@ import trio
 from ..compute.compare import DEFAULT_TOLERANCE, distance, is_valid
 from ..compute.shards import NoRouteError, SpanInfo
 from ..identity import account_from_str
-from ..ledger.core.disputes import Dispute
 from ..ledger.core.tabs import TabReceipt
 from ..ledger.core.tx import Receipt
 from ..p2p.quirks import exception_leaves
@@ -149,7 +148,7 @@ class RedundantClient:
 
     Args:
         tolerance: largest honest distance between the two routes' hidden states (default: the committee's).
-        dispute: file a :class:`Dispute` for the differing hops' receipts (needs ``client.submit``).
+        dispute: dispute the differing hops' receipts (through ``client.disputes``, :mod:`node.disputes`).
     """
 
     def __init__(self, client: RouteClient[Head], tolerance: float = DEFAULT_TOLERANCE, dispute: bool = True):
@@ -299,8 +298,9 @@ class RedundantClient:
                         None if ta == tb else (ta, tb))
 
     async def _dispute(self, receipts: list[Receipt | TabReceipt], hops: list[Hop]) -> list[bytes]:
-        """Dispute the receipt of each of ``hops`` (matched by worker and session id): a plain receipt at once, a tab
-        receipt through the node's tabs once the batch that redeems it is on the ledger."""
+        """Dispute the receipt of each of ``hops`` (matched by worker and session id) through the client's
+        disputes (:class:`~node.inference.seams.Disputes`: a plain receipt at once, a tab receipt once the batch
+        that redeems it is on the ledger)."""
         c = self.client
         want = {(account_from_str(h.peer), h.session_id) for h in hops}
         out = []
@@ -308,15 +308,9 @@ class RedundantClient:
             if (r.worker, r.session_id) not in want:
                 continue
             try:
-                if isinstance(r, TabReceipt):  # judged against the worker's batch, once that is on the ledger
-                    if c.tabs is None:
-                        raise ValueError("a tab receipt without the node's tabs")
-                    c.tabs.dispute(r)
-                    log.info("receipt %s of %s queued for a tab dispute (filed when its batch is on the ledger)",
-                             r.id.hex()[:16], r.worker.hex()[:16])
-                else:
-                    await c.ledger.submit(Dispute(c.ledger.chain_id, c.ident.account, r.id).signed(c.ident))
-                    log.info("disputed receipt %s of %s", r.id.hex()[:16], r.worker.hex()[:16])
+                if c.disputes is None:
+                    raise ValueError("this client files no disputes")
+                await c.disputes.dispute(r)
                 out.append(r.id)
             except Exception as e:  # noqa: BLE001 - the ledger says why; the generation goes on
                 log.warning("could not dispute receipt %s: %s", r.id.hex()[:16], e)

@@ -123,6 +123,19 @@ class ClientLedger(Protocol):
     async def submit(self, tx: Receipt | TabReceipt | Dispute, /) -> object: ...
 
 
+class Disputes(Protocol):
+    """The requester's disputes (:class:`node.disputes.duty.DisputeDuty`), which the redundant client hands the
+    receipts its two routes disagreed on."""
+
+    async def dispute(self, receipt: Receipt | TabReceipt, /) -> None:
+        """Put ``receipt`` before a committee (a plain one at once, a tab receipt once its batch is on the ledger).
+
+        Raises:
+            ValueError: ``receipt`` is another requester's. InvalidTx: the local ledger refused the dispute.
+        """
+        ...
+
+
 class Head(Protocol):
     """The client's end of the model (:class:`node.compute.head.ClientHead`, or the node's
     :class:`~node.compute.lazyhead.LazyHead`): embedding and greedy next token."""
@@ -136,5 +149,6 @@ class Head(Protocol):
         ...
 
 
-__all__ = ["AnnounceHost", "ClientHost", "ClientLedger", "ClientStream", "Executor", "Head", "Height", "Penalize",
+__all__ = ["AnnounceHost", "ClientHost", "ClientLedger", "ClientStream", "Disputes", "Executor", "Head", "Height",
+           "Penalize",
            "SessionStream", "Submit", "TabWait"]

@@ -30,11 +30,6 @@ class RequesterTabs(Protocol):
         """The session ended; ``cumulative``: what its countersigned receipt says is owed (None: no receipt)."""
         ...
 
-    def dispute(self, receipt: Any) -> None:
-        """Put ``receipt`` (a :class:`~node.ledger.core.tabs.TabReceipt` of this requester) before a committee once
-        the worker's batch that redeems it is on the ledger; raises ``ValueError`` when this node cannot."""
-        ...
-
 
 class WorkerTabs(Protocol):
     """The worker's side (:class:`node.settle.tabs.TabGate`)."""

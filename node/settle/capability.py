@@ -3,10 +3,11 @@
 Its ledger module is :data:`node.ledger.core.tabs.MODULE`. On a chain with tabs (genesis ``epoch_blocks``) a node
 keeps, as a worker, the receipts it holds until their epoch batch is final (:class:`~node.settle.book.EpochBook`,
 checked for each session by :class:`~node.settle.tabs.TabGate`) and commits to them once per epoch
-(:class:`~node.settle.duty.SettleDuty`); as a requester, its tabs (:class:`~node.settle.tabs.TabBook`) and its
-disputes (:class:`~node.settle.disputes.DisputeDuty`). The span server and the route client reach the gate, the
-book and the tabs through ``Node.service``. It serves the tabs' and settlements' API (:mod:`node.settle.api`); it
-adds no command of its own (``node wallet tabs`` reads that API). On a chain without tabs it builds nothing.
+(:class:`~node.settle.duty.SettleDuty`); as a requester, its tabs (:class:`~node.settle.tabs.TabBook`; a tab
+receipt's dispute is the disputes capability's, :mod:`node.disputes`). The span server and the route client reach
+the gate, the book and the tabs through ``Node.service``. It serves the tabs' and settlements' API
+(:mod:`node.settle.api`); it adds no command of its own (``node wallet tabs`` reads that API). On a chain without
+tabs it builds nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from ..duty.parts import NodeParts
 from ..duty.runner import DutyRunner
 from ..ledger.core import tabs
 from .book import EpochBook
-from .disputes import DisputeDuty
 from .duty import SettleDuty
 from .settings import SettleSettings
 from .tabs import TabBook, TabGate
@@ -33,12 +33,9 @@ def _build(parts: NodeParts) -> Built:
         return Built()
     book = EpochBook(cfg.data_dir / "settle", ledger.genesis.domain)  # a LevelDB: closed with the node
     gate = TabGate(lambda: ledger.state, book, parts.ident.account)
-    disputes = DisputeDuty(ledger, parts.ident)
-    tabs_ = TabBook(ledger, parts.ident, cfg.data_dir / "tabs.json", settings_of(cfg, SettleSettings).tab_lock,
-                    disputes)
-    return Built(services=(DutyRunner(SettleDuty(ledger, parts.ident, book, parts.blobs), ledger),
-                           DutyRunner(disputes, ledger)),
-                 parts=(book, gate, disputes, tabs_), close=book.close)
+    tabs_ = TabBook(ledger, parts.ident, cfg.data_dir / "tabs.json", settings_of(cfg, SettleSettings).tab_lock)
+    return Built(services=(DutyRunner(SettleDuty(ledger, parts.ident, book, parts.blobs), ledger),),
+                 parts=(book, gate, tabs_), close=book.close)
 
 
 def _router() -> APIRouter:

@@ -26,10 +26,9 @@ import trio
 from ..duty.seams import Ledger
 from ..identity import Identity
 from ..ledger.core.state import State
-from ..ledger.core.tabs import TabOpen, TabReceipt, TabTopUp
+from ..ledger.core.tabs import TabOpen, TabTopUp
 from ..ledger.core.tabs.state import Tab
 from .book import EpochBook
-from .disputes import DisputeDuty
 
 TAB_WAIT = 30.0  # seconds a requester waits for its tab transaction to be included
 
@@ -83,10 +82,8 @@ class TabBook:
     """The requester's tabs (module docstring), kept in ``path`` (JSON: worker -> tab id, tab id -> the highest
     cumulative signed)."""
 
-    def __init__(self, ledger: Ledger, ident: Identity, path: Path, lock: int,
-                 disputes: DisputeDuty | None = None):
+    def __init__(self, ledger: Ledger, ident: Identity, path: Path, lock: int):
         self.ledger, self.ident, self.path, self.lock = ledger, ident, path, lock
-        self.disputes = disputes  # files the disputes of :meth:`dispute` (a duty the node runs); None: refused
         self.tab_of: dict[bytes, bytes] = {}
         self.signed: dict[bytes, int] = {}
         self._locks: dict[bytes, trio.Semaphore] = {}  # one session per tab (released by another task)
@@ -151,17 +148,6 @@ class TabBook:
         redeemed): never more."""
         tab: Tab | None = self.ledger.state.tables["tabs"].get(tab_id)
         return before <= max(self.signed.get(tab_id, 0), tab.redeemed if tab is not None else 0)
-
-    def dispute(self, receipt: TabReceipt) -> None:
-        """Put ``receipt`` (this requester's, co-signed) before a committee once the batch that redeems it is on the
-        ledger (:class:`node.settle.disputes.DisputeDuty`).
-
-        Raises:
-            ValueError: this book files no disputes, or the receipt is another requester's.
-        """
-        if self.disputes is None:
-            raise ValueError("this node files no tab disputes")
-        self.disputes.add(receipt)
 
     def release(self, worker: bytes, tab_id: bytes, cumulative: int | None) -> None:
         """The session on ``worker``'s tab ended; ``cumulative`` is what its countersigned receipt says is owed."""

@@ -22,9 +22,9 @@ from node.settle.settings import SettleSettings
 
 def test_the_tuple_is_each_package_record_with_its_ledger_module():
     caps = {c.name: c for c in capabilities.CAPABILITIES}
-    assert list(caps) == ["market", "training", "batch", "settle"]  # the order their services start in
+    assert list(caps) == ["market", "training", "batch", "settle", "disputes"]  # the order their services start in
     assert {c.name: [m.name for m in c.ledger] for c in caps.values()} == {
-        "market": ["jobs"], "training": ["runs"], "batch": ["batches"], "settle": ["tabs"]}
+        "market": ["jobs"], "training": ["runs"], "batch": ["batches"], "settle": ["tabs"], "disputes": ["disputes"]}
     assert {cmd.name for c in caps.values() for cmd in c.commands} == {"job", "run", "batch"}
     for c in caps.values():
         assert c.settings is None or issubclass(NodeConfig, c.settings)

@@ -1,5 +1,5 @@
 """A node's capabilities are built from its parts (node.duty.parts.NodeParts), each taking its own settings and
-cheat names, and start in the order Node._capabilities lists them. A real Node (LevelDB, libp2p host, the tiny
+cheat names, and start in the order node.capabilities.CAPABILITIES lists them. A real Node (LevelDB, libp2p host, the tiny
 model), built but not started."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import trio
 
 from node.batch.worker import BatchWorker
 from node.compute.model import make_tiny
+from node.duty.runner import DutyRunner
 from node.market.worker import JobWorker
 from node.runtime import Node
 from node.training.worker import RunWorker
@@ -56,8 +57,9 @@ def test_parts_bundle_the_node_services_and_is_frozen(tmp_path, tiny):
 def test_capabilities_in_start_order_and_jobs_only_when_accepted(tmp_path, tiny):
     nd = built(tmp_path, tiny)
     assert nd.jobs is None  # accept_jobs off: not built, not started
-    assert [type(d) for d in nd.duties] == [CommitteeMember, RunWorker, BatchWorker, type(nd.offers)]
+    assert [type(d) for d in nd.duties] == [CommitteeMember, RunWorker, BatchWorker, type(nd.offers), DutyRunner]
     assert nd.duties[0] is nd.member and nd.duties[1] is nd.runs and nd.duties[2] is nd.batches
+    assert nd.duties[4].duty is nd.disputes  # the disputes capability's duty (node.disputes), last
     for w in (nd.runs, nd.batches):
         assert w.ledger is nd.ledger and w.executor is nd.executor and w.ident is nd.ident
     assert nd.runs.fault is None and nd.batches.runner.fault is None

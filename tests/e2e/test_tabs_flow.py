@@ -148,7 +148,7 @@ def test_a_redundant_session_disputes_a_corrupt_servers_tab_receipt_and_its_batc
                         break
                     await client.ledger.new_block.wait()
             locked1 = {w: tab_of(w).locked for w in locked0}
-            return gen, disputed, recs, client.tab_disputes.sent, bad.ident.account, good.ident.account, \
+            return gen, disputed, recs, client.disputes.sent, bad.ident.account, good.ident.account, \
                 bad_before, good_before, st.account(bad.ident.account), st.account(good.ident.account), locked0, \
                 locked1
 

@@ -18,6 +18,7 @@ from node.compute.executor import TorchExecutor
 from node.compute.head import ClientHead
 from node.compute.model import load_manifest
 from node.compute.span import SpanModel
+from node.disputes.duty import DisputeDuty
 from node.encoding import pack
 from node.identity import Identity, dev_seed
 from node.inference.client import RouteClient
@@ -129,8 +130,12 @@ async def announce(swarm: SwarmTable, server: SpanServer, seq: int = 1) -> None:
 
 
 def make_client(model_dir: Path, net: FakeNet, tmp: Path, ident: Identity, **kw) -> RouteClient:
+    """A route client over ``net`` whose receipts and disputes (the node's DisputeDuty, node.disputes) go to a
+    FakeLedger."""
     manifest = load_manifest(model_dir)
-    return RouteClient(ident, net, ClientHead(model_dir), manifest, FakeLedger(), TorchExecutor(1),
+    ledger = FakeLedger()
+    kw.setdefault("disputes", DisputeDuty(ledger, ident))  # type: ignore[arg-type]  # a plain dispute: submit only
+    return RouteClient(ident, net, ClientHead(model_dir), manifest, ledger, TorchExecutor(1),
                        BlobStore(tmp / "client"), SwarmTable(), step_timeout=5.0, **kw)
 
 

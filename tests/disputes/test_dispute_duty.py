@@ -1,4 +1,4 @@
-"""Issue 37: the requester's side of a tab dispute (:class:`node.settle.disputes.DisputeDuty`) against a real chain
+"""Issue 37: the requester's side of a tab dispute (:class:`node.disputes.duty.DisputeDuty`) against a real chain
 in memory: a receipt queued before the worker's batch exists is filed once the batch that redeems it is included,
 judged by its committee, and an invalid verdict refutes the batch; a receipt no batch ever redeems is given up;
 another requester's receipt is refused at once."""
@@ -8,11 +8,10 @@ from __future__ import annotations
 import pytest
 import trio
 
+from node.disputes.duty import GIVE_UP_EPOCHS, DisputeDuty, redeeming_batch
 from node.ledger.core.tx import INVALID
-from node.settle.disputes import GIVE_UP_EPOCHS, DisputeDuty, redeeming_batch
 from tests.ledger.tabs_helpers import KEYS, C, Chain, tab_genesis
-
-from .test_duty import ChainLedger
+from tests.settle.test_duty import ChainLedger
 
 REQ, W1 = KEYS[0], KEYS[1]
 

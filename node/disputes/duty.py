@@ -1,7 +1,9 @@
-"""The requester's disputes of tab receipts (issue 37): filed once the batch that redeems the receipt is on the
-ledger.
+"""The requester's disputes: a plain receipt's at once, a tab receipt's once the batch that redeems it is on the
+ledger (issue 37).
 
-A requester that finds a receipt wrong (a redundant session whose two routes disagree, :mod:`node.inference.
+A plain :class:`~node.ledger.core.tx.Receipt` is disputed by a :class:`~node.ledger.core.disputes.Dispute` sent
+at once (:meth:`DisputeDuty.dispute`): the ledger puts it before a committee at the end of the next block. A
+requester that finds a receipt wrong (a redundant session whose two routes disagree, :mod:`node.inference.
 redundant`) holds the co-signed :class:`~node.ledger.core.tabs.TabReceipt` at once, but the ledger can judge it
 only against the worker's epoch batch that redeemed it (:mod:`node.ledger.core.tabs.checks`), which the worker
 sends after the epoch ends. :class:`DisputeDuty` keeps such receipts and, at each block, looks for the batch:
@@ -22,12 +24,13 @@ import trio
 
 from ..duty.seams import Ledger
 from ..identity import Identity
+from ..ledger.core.disputes import Dispute
 from ..ledger.core.state import State
 from ..ledger.core.tabs import TabDispute, TabReceipt
 from ..ledger.core.tabs.rules import epoch_of, redeems
 from ..ledger.core.tabs.state import Settlement
 from ..ledger.core.tabs.tabtx import batch_key
-from ..ledger.core.tx import InvalidTx
+from ..ledger.core.tx import InvalidTx, Receipt
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +56,29 @@ def redeeming_batch(s: State, r: TabReceipt) -> bytes | None:
 class DisputeDuty:
     """The requester's queued disputes (module docstring); ``name`` for the duty runner."""
 
-    name = "tab-disputes"
+    name = "disputes"
 
     def __init__(self, ledger: Ledger, ident: Identity):
         self.ledger, self.ident = ledger, ident
         self.queued: OrderedDict[bytes, TabReceipt] = OrderedDict()  # receipt id -> receipt
         self.sent: list[bytes] = []  # receipt ids disputed on the ledger (newest last; bounded)
+
+    async def dispute(self, receipt: Receipt | TabReceipt) -> None:
+        """Put ``receipt`` (this requester's) before a committee: a plain receipt by a ``Dispute`` sent now, a tab
+        receipt queued (:meth:`add`) until the worker's batch that redeems it is on the ledger.
+
+        Raises:
+            ValueError: ``receipt`` is another requester's. InvalidTx: the local ledger refused the dispute.
+        """
+        if receipt.requester != self.ident.account:
+            raise ValueError("only the receipt's requester disputes it")
+        if isinstance(receipt, TabReceipt):
+            self.add(receipt)
+            log.info("receipt %s of %s queued for a tab dispute (filed when its batch is on the ledger)",
+                     receipt.id.hex()[:16], receipt.worker.hex()[:16])
+            return
+        await self.ledger.submit(Dispute(self.ledger.chain_id, self.ident.account, receipt.id).signed(self.ident))
+        log.info("disputed receipt %s of %s", receipt.id.hex()[:16], receipt.worker.hex()[:16])
 
     def add(self, r: TabReceipt) -> None:
         """Dispute ``r`` (this requester's, co-signed) once its batch is on the ledger.
