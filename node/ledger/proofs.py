@@ -327,7 +327,7 @@ def verify_record_proof(proof: dict[str, Any], header: Header, receipt_id: bytes
 
 
 def verify_state_proof(proof: Any, header: Header, key: bytes, value: bytes | None) -> bool:
-    """Whether ``proof`` shows that tree key ``key`` (32 bytes, :func:`node.ledger.core.smt.tree_key`) holds
+    """Whether ``proof`` shows that tree key ``key`` (32 bytes, :func:`node.ledger.core.smtnode.tree_key`) holds
     ``value`` (None: holds nothing) in the sparse Merkle tree whose root is ``header.state_root``.
 
     ``proof``: the wire form of :class:`node.ledger.core.smt.Proof` (``[siblings, leaf]``), or those lists packed

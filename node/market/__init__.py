@@ -3,9 +3,11 @@ worker trains it segment by segment with a training receipt per segment, committ
 
 * :mod:`~node.market.worker` -- the worker: fetch and check the dataset, accept, train, deliver;
   :mod:`~node.market.client` -- the requester's side; :mod:`~node.market.cli` -- ``node job``.
-* :mod:`~node.market.check` -- :class:`~node.market.check.TrainingCheck`, the committee's replay of a segment
-  (registered with :class:`node.verify.member.CommitteeMember` by the runtime).
+* :mod:`~node.market.check` -- :class:`~node.market.check.TrainingCheck`, the committee's replay of a segment.
+* :mod:`~node.market.api` -- its HTTP router (``/v1/jobs``); :mod:`~node.market.settings` -- its part of the
+  node's settings (``--accept-jobs``, ``--job-capacity``).
+* :mod:`~node.market.capability` -- its record (:data:`node.capabilities.CAPABILITIES`): the worker, the check
+  registered with the committee member, the router, the command and the flags.
 
-The ledger's half is :mod:`node.ledger.core.jobtx` and :mod:`node.ledger.core.jobs`; the API's is
-:mod:`node.api.jobs`.
+The ledger's half is :mod:`node.ledger.core.jobtx` and :mod:`node.ledger.core.jobs`.
 """

@@ -227,7 +227,7 @@ async def read_msg(stream: ByteReader, timeout: float | None = None,
         FrameError: a frame declares more than MAX_FRAME bytes (checked before allocating), bad flag bits,
             an empty non-final frame, a reassembled size over ``max_message``, malformed msgpack, msgpack
             nested too deep, holding too many objects or too costly to decode
-            (:class:`~node.encoding.DecodeError`), or a payload that is not a map.
+            (:class:`~node.msgscan.DecodeError`), or a payload that is not a map.
         ReadBusy: the node-wide pool for large reads has no room for this message now.
         RequestTimeout: ``timeout`` elapsed.
 
