@@ -26,7 +26,7 @@ from .compute.model import Manifest, load_manifest
 from .compute.shards import assign_spans
 from .encoding import format_amount
 from .identity import Identity, dev_seed
-from .ledger.core.jobs import JobStatus
+from .ledger.core.jobstate import JobStatus
 from .ledger.core.status import FINAL, ReceiptStatus
 from .lockfile import LockHeld, hold, holder
 from .market.cli import FINAL as JOB_FINAL

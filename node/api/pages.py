@@ -21,6 +21,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from ..batch.client import batch_json
+from ..ledger.core.runstate import runs_of
 from ..ledger.txstatus import TxState
 from ..settle.api import MAX_TABS, final_settlement_json, settlement_json, tab_json, tabs_of
 from ..training.api import RUN_STATUSES, list_runs, run_view
@@ -173,7 +174,7 @@ async def verification(queries: QueriesDep, node: NodeAPIDep) -> HTMLResponse:
 async def jobs(queries: QueriesDep, node: NodeAPIDep, cursor: str | None = Query(None, max_length=64),
                status: str | None = Query(None, max_length=32)) -> HTMLResponse:
     return page(node, "jobs.html", page=queries.jobs(50, cursor, status), status_filter=status,
-                market=hasattr(node.ledger.state, "jobs"))
+                market="jobs" in node.ledger.state.tables)
 
 
 @router.get("/jobs/{job_id}")
@@ -194,9 +195,9 @@ async def runs(node: NodeAPIDep, status: str | None = Query(None, pattern=f"^({R
 async def run(node: NodeAPIDep, run_id: str = Path(..., max_length=32)) -> HTMLResponse:
     rid = parse_id(run_id, "run id", 16)
     st = node.ledger.state
-    if rid not in st.runs:
+    if rid not in runs_of(st):
         raise ApiError(404, "not_found", "no such run on the ledger")
-    x = run_view(st.runs[rid], st, node.store.archived_summary)
+    x = run_view(runs_of(st)[rid], st, node.store.archived_summary)
     return page(node, "run.html", run=x, loss=charts.line(x["loss_per_round"]))
 
 

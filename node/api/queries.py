@@ -20,6 +20,9 @@ from ..ledger.core.batch import reputation
 from ..ledger.core.block import Header, decode_block
 from ..ledger.core.capture import capture_risk
 from ..ledger.core.history import read_head
+from ..ledger.core.jobstate import jobs_of
+from ..ledger.core.runstate import runs_of
+from ..ledger.core.staking import evidence_of
 from ..ledger.core.state import FINAL
 from ..ledger.core.status import INVALID_S, PENDING, SETTLED, UNVERIFIED, VALID_S
 from ..ledger.core.tabs import Reveal
@@ -30,7 +33,7 @@ from ..web.views import Json, acct, amount
 from . import views as v
 
 if TYPE_CHECKING:
-    from ..ledger.core.jobs import Job
+    from ..ledger.core.jobstate import Job
     from ..ledger.core.kv import Table
     from ..ledger.core.state import State
     from ..ledger.store import LedgerStore
@@ -320,7 +323,7 @@ class Queries:
                 slashes += 1
                 slashed += rec.slashed
                 at(rec.final_height)["slashes"] += 1
-        for h, amt in st.evidence.values():
+        for h, amt in evidence_of(st).values():
             slashes += 1
             slashed += amt
             at(h)["slashes"] += 1
@@ -398,8 +401,7 @@ class Queries:
     # ------------------------------------------------------------------ jobs
 
     def _jobs(self) -> Table[bytes, Job]:
-        jobs: Table[bytes, Job] = self.state.jobs
-        return jobs
+        return jobs_of(self.state)
 
     def jobs(self, limit: int, cursor: str | None, status: str | None = None) -> Json:
         """A page of jobs, newest first, optionally of one status. Raises ApiError 400 ``bad_cursor``."""
@@ -456,7 +458,7 @@ class Queries:
                 return _hit("tx", b.hex(), f"/tx/{b.hex()}", f"/v1/txs/{b.hex()}")
         if len(b) == 16 and b in self._jobs():
             return _hit("job", b.hex(), f"/jobs/{b.hex()}", f"/v1/jobs/{b.hex()}")
-        if len(b) == 16 and b in st.runs:  # a collaborative training run (node.training.api)
+        if len(b) == 16 and b in runs_of(st):  # a collaborative training run (node.training.api)
             return _hit("run", b.hex(), f"/runs/{b.hex()}", f"/v1/runs/{b.hex()}")
         if len(b) == 32 and b in st.accounts:  # a public key in hex: only an account the ledger knows
             name = acct(b)

@@ -13,7 +13,7 @@ from typing import Any
 from ..encoding import unpack
 from ..ledger.core.block import Block
 from ..ledger.core.history import SUMMARY_FIELDS
-from ..ledger.core.jobs import STATUS_TEXT, Job
+from ..ledger.core.jobstate import STATUS_TEXT, Job
 from ..ledger.core.rows import Account, ReceiptRecord
 from ..ledger.core.tx import VERDICT_NAMES
 from ..ledger.core.txbase import Tx
@@ -122,7 +122,7 @@ def tx_json(tx: Tx, height: int, index: int, block_hash: bytes) -> Json:
 
 
 def job_json(job: Job) -> Json:
-    """A :class:`node.ledger.core.jobs.Job` (the marketplace's ledger record)."""
+    """A :class:`node.ledger.core.jobstate.Job` (the marketplace's ledger record)."""
     p = job.post
     losses = [None if x < 0 else x / 1e6 for x in job.losses]
     return {"id": p.job_id.hex(), "title": p.title, "status": job.status,

@@ -16,7 +16,7 @@ from libp2p.abc import INetStream
 
 from ..encoding import DecodeError
 from ..identity import account_from_str, account_to_str
-from ..ledger.core.batchstate import Batch, Item, item_key
+from ..ledger.core.batchstate import Batch, Item, item_key, open_batches
 from ..ledger.core.batchtx import items_root
 from ..ledger.core.state import State
 from ..p2p.budget import ReplyBudget
@@ -114,7 +114,7 @@ class ContentAccess:
     def _open_index(self, st: State) -> dict[bytes, list[bytes]]:
         if self._open is None:
             index: dict[bytes, list[bytes]] = {}
-            for bid in st.open_batches:
+            for bid in open_batches(st):
                 b: Batch = st.tables["batches"][bid]
                 index.setdefault(b.post.items_root, []).append(bid)
                 sets = self._batch_sets(st, bid, cache=False)

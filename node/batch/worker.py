@@ -38,7 +38,7 @@ from ..encoding import pack
 from ..identity import Identity
 from ..ledger.core.batch import assignments_of
 from ..ledger.core.batchaudit import audits_of
-from ..ledger.core.batchstate import AuditStatus, Batch, Item, ItemStatus, item_key
+from ..ledger.core.batchstate import AuditStatus, Batch, Item, ItemStatus, item_key, open_batches
 from ..ledger.core.batchtx import BatchAuditVote, BatchCommit, BatchReveal, commitment
 from ..ledger.core.state import State
 from ..ledger.core.tx import InvalidTx
@@ -168,7 +168,7 @@ class BatchWorker:
                 del self.audits[(bid, i)]
                 self.sent.pop(("audit", (bid, i, AUDIT)), None)
         busy = {slot[0] for slot in self.working} | {bid for bid, _ in self.audits}
-        for bid in [bid for bid in self.files if bid not in st.open_batches and bid not in busy]:
+        for bid in [bid for bid in self.files if bid not in open_batches(st) and bid not in busy]:
             del self.files[bid]  # closed: its items are decided (an audit drawn later fetches it again)
 
     async def step(self, nursery: trio.Nursery) -> None:

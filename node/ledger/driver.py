@@ -52,6 +52,7 @@ from .core.consensus import (
     Vote,
 )
 from .core.liveness import block_due, height_need, needs_proof
+from .core.staking import evidence_of
 from .core.state import State
 from .core.tx import Evidence, InvalidTx
 from .seams import ConsensusLedger
@@ -204,7 +205,7 @@ class ConsensusDriver:
             self.signed[key] = (value, sig)
         elif prev[0] != value:
             ev = Evidence(self.chain_id, v.sender, v.kind, v.height, v.round, prev[0], prev[1], value, sig)
-            if ev.key not in self.reported and ev.key not in self.ledger.state.evidence:
+            if ev.key not in self.reported and ev.key not in evidence_of(self.ledger.state):
                 self.reported.add(ev.key)
                 log.warning("validator %s double-signed %s at %d/%d: submitting evidence",
                             v.sender.hex()[:12], v.kind, v.height, v.round)

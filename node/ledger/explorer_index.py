@@ -10,6 +10,7 @@ from typing import Any
 from ..encoding import pack
 from .core.block import Block
 from .core.kv import Table
+from .core.staking import evidence_of
 from .core.state import FINAL, State
 from .core.tabs import EpochBatch, Reveal
 from .core.tabs.state import Settlement, SettlementStatus
@@ -55,8 +56,8 @@ def index_block(block: Block, old: State, new: State) -> list[tuple[bytes, bytes
         out.append((b"i/t" + tx.id, pack([block.height, i, tx.KIND])))
         amount = getattr(tx, "amount", None) or getattr(tx, "price", None)
         key = getattr(tx, "key", None)  # evidence transactions
-        if key in new.evidence:
-            amount = new.evidence[key][1]
+        if isinstance(key, bytes) and key in evidence_of(new):  # its slash (node.ledger.core.staking)
+            amount = evidence_of(new)[key][1]
         parties: dict[bytes, str] = {}
         for f in _PARTIES:
             a = getattr(tx, f, None)

@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 
 from ..compute.data import shakespeare_play
 from ..encoding import AMOUNT_FORM, parse_amount
-from ..ledger.core.jobs import Job, JobStatus
+from ..ledger.core.jobstate import Job, JobStatus, jobs_of
 from ..ledger.core.jobtx import JobCancel, JobRelease
 from ..ledger.core.tx import InvalidTx
 from ..web.deps import AUTH, CapabilityNode, NodeDep
@@ -62,7 +62,7 @@ def _job(node: CapabilityNode, job_id: str) -> tuple[bytes, Job]:
         ApiError: 404 ``not_found`` (malformed id or no such job).
     """
     jid = hex_id(job_id, 16)
-    job: Job | None = node.ledger.state.jobs.get(jid) if jid is not None else None
+    job: Job | None = jobs_of(node.ledger.state).get(jid) if jid is not None else None
     if jid is None or job is None:
         raise ApiError(404, "not_found", "no such job (ids are 32 hex characters)")
     return jid, job
@@ -71,7 +71,7 @@ def _job(node: CapabilityNode, job_id: str) -> tuple[bytes, Job]:
 @router.get("/v1/jobs")
 async def list_jobs(node: NodeDep, status: str | None = None, limit: int = 50, offset: int = 0) -> dict[str, Any]:
     st = node.ledger.state
-    jobs = [j for j in sorted(st.jobs.values(), key=lambda j: (-j.height, j.post.id))  # newest first
+    jobs = [j for j in sorted(jobs_of(st).values(), key=lambda j: (-j.height, j.post.id))  # newest first
             if status is None or j.status == status]
     limit = max(1, min(limit, 500))
     page = jobs[max(0, offset):max(0, offset) + limit]

@@ -27,6 +27,7 @@ from ..compute.model import tokenizer_trusted
 from ..duty.seams import Member
 from ..duty.verdict import CheckResult
 from ..encoding import commitments_root
+from ..ledger.core.jobstate import jobs_of
 from ..ledger.core.jobtx import JobPost, TrainReceipt
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID
 from .worker import spec_of
@@ -106,7 +107,7 @@ class TrainingCheck:
 async def check_training(member: Member, r: TrainReceipt, cache: TrainerCache) -> CheckResult:
     """A committee member's verdict on a training receipt (ABSTAIN when it cannot fetch or replay); ``cache`` as
     in :func:`replay_segment`."""
-    job = member.ledger.state.jobs.get(r.job_id)
+    job = jobs_of(member.ledger.state).get(r.job_id)
     if job is None:
         return CheckResult(ABSTAIN)
     holders = [r.worker, r.requester]

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..encoding import format_amount, parse_amount
-from ..ledger.core.jobs import TERMINAL
+from ..ledger.core.jobstate import TERMINAL
 from ..localapi import LocalApi, dataset_field
 
 

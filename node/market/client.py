@@ -22,7 +22,7 @@ from ..duty.seams import Executor, Host, Ledger
 from ..encoding import format_amount
 from ..identity import Identity, account_to_str
 from ..ledger.core.genesis import Genesis
-from ..ledger.core.jobs import ACCEPTED, STATUS_TEXT, Job, JobStatus
+from ..ledger.core.jobstate import ACCEPTED, STATUS_TEXT, Job, JobStatus, jobs_of
 from ..ledger.core.jobtx import JobPost
 from ..ledger.core.state import State, apply_tx
 from ..ledger.core.tx import InvalidTx
@@ -187,7 +187,7 @@ async def fetch_adapter(node: JobNode, job_id: bytes, out_dir: Path) -> dict[str
     Raises:
         JobError: unknown job, not delivered, or the adapter cannot be fetched.
     """
-    job = node.ledger.state.jobs.get(job_id)
+    job = jobs_of(node.ledger.state).get(job_id)
     if job is None:
         raise JobError("no such job")
     if not job.adapter:

@@ -29,7 +29,7 @@ from ..duty.runner import DutyRunner
 from ..duty.seams import Executor, Host, Ledger
 from ..encoding import H, commitments_root
 from ..identity import Identity
-from ..ledger.core.jobs import ACCEPTED, OPEN
+from ..ledger.core.jobstate import ACCEPTED, OPEN, jobs_of, open_jobs
 from ..ledger.core.jobtx import JobAccept, JobDeliver, JobPost, JobRelease, TrainReceipt, parse_targets
 from ..ledger.core.state import State
 from ..ledger.core.tx import InvalidTx
@@ -121,19 +121,19 @@ class JobWorker:
 
     def _held(self, st: State) -> list[bytes]:
         me = self.ident.account
-        return [jid for jid in st.open_jobs if (j := st.jobs[jid]).status == ACCEPTED and j.worker == me]
+        return [jid for jid in open_jobs(st) if (j := jobs_of(st)[jid]).status == ACCEPTED and j.worker == me]
 
     def _forget_final(self, st: State) -> None:
         """Drop local records of jobs that left the open set (final) or are no longer waiting for us."""
         for d in (self.failures, self.skipped, self.accepting, self.releasing, self.delivering):
-            for jid in [j for j in d if j not in st.open_jobs]:
+            for jid in [j for j in d if j not in open_jobs(st)]:
                 del d[jid]
         for s in (self.ready, self.unusable):
-            s.intersection_update(st.open_jobs)
+            s.intersection_update(open_jobs(st))
 
     def _wanted(self, st: State, jid: bytes) -> bool:
         """An open job of our model, not ours to pay for, not one we lost before, not past its deadline."""
-        job = st.jobs[jid]
+        job = jobs_of(st)[jid]
         me = self.ident.account
         return (job.status == OPEN and job.post.model_id == self.model_id and job.post.sender != me
                 and st.height < job.post.deadline and all(d[0] != me for d in job.dropped)
@@ -161,13 +161,14 @@ class JobWorker:
             if jid not in self.training and now >= self.failures.get(jid, (0, 0.0))[1]:
                 self.training.add(jid)
                 nursery.start_soon(self._train_task, jid)
-        for jid in [j for j, h in self.accepting.items() if st.jobs[j].status != OPEN or st.height - h > RESEND_BLOCKS]:
+        jobs = jobs_of(st)
+        for jid in [j for j, h in self.accepting.items() if jobs[j].status != OPEN or st.height - h > RESEND_BLOCKS]:
             del self.accepting[jid]  # taken by someone else, or lost: may be tried again
         free = self.capacity - len(held) - len(self.accepting)
         if free <= 0:
             return
         # each worker prefers open jobs in its own pseudo-random order, so idle workers spread over open jobs
-        for jid in sorted(st.open_jobs, key=lambda j: H(j, me)):
+        for jid in sorted(open_jobs(st), key=lambda j: H(j, me)):
             if free <= 0:
                 break
             if jid in self.accepting or not self._wanted(st, jid):
@@ -204,7 +205,7 @@ class JobWorker:
             raise ValueError(f"dataset too short: {len(train_ids)} training tokens for windows of {post.seq_len + 1}")
 
     async def _prefetch(self, jid: bytes) -> None:
-        post = self.ledger.state.jobs[jid].post
+        post = jobs_of(self.ledger.state)[jid].post
         try:
             with trio.fail_after(FETCH_TIMEOUT + 30):  # the fetch itself, then tokenizing
                 await self.check_dataset(post)
@@ -251,7 +252,7 @@ class JobWorker:
             return None
 
     def _unstarted(self, jid: bytes) -> bool:
-        job = self.ledger.state.jobs.get(jid)
+        job = jobs_of(self.ledger.state).get(jid)
         return job is not None and job.status == ACCEPTED and job.worker == self.ident.account and not job.segments
 
     async def _train_task(self, jid: bytes) -> None:
@@ -277,7 +278,7 @@ class JobWorker:
             self.training.discard(jid)
 
     def _check_ours(self, jid: bytes) -> None:
-        job = self.ledger.state.jobs.get(jid)
+        job = jobs_of(self.ledger.state).get(jid)
         if jid in self.releasing or job is None or job.status != ACCEPTED or job.worker != self.ident.account:
             raise JobLost(f"job is {job.status if job else 'unknown'} and not held by this worker")
 
@@ -294,7 +295,7 @@ class JobWorker:
             JobLost: the job stopped being ours. BlobUnavailable: dataset or last state unavailable. Anything the
             trainer raises.
         """
-        job = self.ledger.state.jobs[jid]
+        job = jobs_of(self.ledger.state)[jid]
         post = job.post
         if job.next_step >= post.steps:  # every segment is on the ledger: only the delivery is missing
             return await self._deliver(jid, job.last_state)

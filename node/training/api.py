@@ -24,7 +24,7 @@ from ..compute.data import shakespeare_play
 from ..encoding import AMOUNT_FORM, parse_amount
 from ..ledger.core.rows import ReceiptRecord
 from ..ledger.core.runs import RunStatus
-from ..ledger.core.runstate import Run
+from ..ledger.core.runstate import Run, runs_of
 from ..ledger.core.runtx import RoundReceipt
 from ..ledger.core.tx import VERDICT_NAMES
 from ..ledger.core.txbase import Tx
@@ -259,7 +259,7 @@ def run_summary(run: Run) -> Json:
 
 def list_runs(state: State, status: str | None, limit: int, offset: int) -> Json:
     """Runs newest first, optionally of one :class:`RunStatus` value."""
-    runs = [r for r in sorted(state.runs.values(), key=lambda r: (-r.height, r.post.run_id))  # newest first
+    runs = [r for r in sorted(runs_of(state).values(), key=lambda r: (-r.height, r.post.run_id))  # newest first
             if status is None or r.status.value == status]
     return {"total": len(runs), "runs": [run_summary(r) for r in runs[offset:offset + limit]]}
 
@@ -279,7 +279,7 @@ def _run(node: CapabilityNode, run_id: str) -> tuple[bytes, Run]:
     rid = hex_id(run_id, 16)
     if rid is None:
         raise ApiError(400, "bad_id", "a run id is 32 hex characters")
-    run: Run | None = node.ledger.state.runs.get(rid)
+    run: Run | None = runs_of(node.ledger.state).get(rid)
     if run is None:
         raise ApiError(404, "not_found", "no such run on the ledger")
     return rid, run

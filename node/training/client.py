@@ -29,7 +29,7 @@ from ..encoding import commitments_root, format_amount
 from ..identity import Identity
 from ..ledger.core import runs as runs_mod
 from ..ledger.core.genesis import Genesis
-from ..ledger.core.runstate import Run
+from ..ledger.core.runstate import Run, runs_of
 from ..ledger.core.runtx import RunCancel, RunJoin, RunLeave, RunPost
 from ..ledger.core.tx import InvalidTx
 
@@ -159,11 +159,11 @@ async def run_action(node: SponsorNode, run_id: bytes, action: str) -> RunJoin |
             cancelled").
     """
     st = node.ledger.state
-    if run_id not in st.runs:
+    if run_id not in runs_of(st):
         raise RunError("no such run on the ledger")
     me = node.ident.account
-    if action == "join" and st.runs[run_id].post.model_id != node.manifest.model_id:  # its worker would never train
-        raise RunError(f"the run trains model {st.runs[run_id].post.model_id.hex()[:16]}, this node holds "
+    if action == "join" and runs_of(st)[run_id].post.model_id != node.manifest.model_id:  # its worker would never train
+        raise RunError(f"the run trains model {runs_of(st)[run_id].post.model_id.hex()[:16]}, this node holds "
                        f"{node.manifest.name} ({node.manifest.model_id.hex()[:16]}); start it with --model of the run")
     tx = ACTIONS[action](node.genesis.domain, me, run_id, node.ledger.next_nonce(me))
     try:
@@ -246,7 +246,7 @@ async def fetch_params(node: SponsorNode, run_id: bytes, out_dir: Path) -> dict[
         RunError: unknown run, a base model other than this node's, or θ unavailable from every holder.
         OSError: ``out_dir`` cannot be written.
     """
-    run = node.ledger.state.runs.get(run_id)
+    run = runs_of(node.ledger.state).get(run_id)
     if run is None:
         raise RunError("no such run on the ledger")
     post = run.post

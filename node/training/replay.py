@@ -25,7 +25,7 @@ from ..duty.seams import Member
 from ..duty.verdict import CheckResult
 from ..encoding import commitments_root
 from ..ledger.core.runs import Phase, attempt_of
-from ..ledger.core.runstate import Run
+from ..ledger.core.runstate import Run, runs_of
 from ..ledger.core.runtx import RoundAggregate, RoundReceipt
 from ..ledger.core.tx import ABSTAIN, INVALID, VALID, Verdict
 from .worker import FETCH_TIMEOUT, RunCache, load_run, recompute_aggregate, theta_holders
@@ -76,7 +76,7 @@ async def check_round_receipt(member: Member, r: RoundReceipt, cache: RunCache) 
     from .assign import batch_tensors
 
     state = member.ledger.state
-    run = state.runs.get(r.run_id)
+    run = runs_of(state).get(r.run_id)
     if run is None:
         return CheckResult(ABSTAIN)
     model_dir = await member.model_dir_for(run.post.model_id, [r.worker, run.post.sender])
@@ -86,7 +86,7 @@ async def check_round_receipt(member: Member, r: RoundReceipt, cache: RunCache) 
     got = None
     with trio.move_on_after(REVEAL_WAIT_S):
         while got is None:
-            run = member.ledger.state.runs[r.run_id]
+            run = runs_of(member.ledger.state)[r.run_id]
             if _reveal_missed(run, r):
                 log.info("round receipt %s: never revealed: invalid", r.id.hex()[:16])
                 return CheckResult(INVALID)
@@ -149,7 +149,7 @@ async def check_aggregate(member: Member, a: RoundAggregate, cache: RunCache) ->
     """A committee member's verdict and distance on an aggregate: 0 and VALID iff both ids re-compute;
     ``cache`` as in :func:`check_round_receipt`."""
     state = member.ledger.state
-    run = state.runs.get(a.run_id)
+    run = runs_of(state).get(a.run_id)
     if run is None or run.cur is None:
         return CheckResult(ABSTAIN)
     model_dir = await member.model_dir_for(run.post.model_id, [a.aggregator, run.post.sender])

@@ -35,7 +35,7 @@ from ..duty.seams import Executor, Host, Ledger
 from ..encoding import commitments_root
 from ..identity import Identity
 from ..ledger.core.runs import Phase, attempt_of
-from ..ledger.core.runstate import Run
+from ..ledger.core.runstate import Run, open_runs, runs_of
 from ..ledger.core.runtx import NO_MOMENTUM, RoundAggregate, RoundReceipt, RoundReveal, RunPost
 from ..ledger.core.state import State
 from ..ledger.core.status import INVALID_S, SAMPLED
@@ -230,8 +230,8 @@ class RunWorker:
         on committed to, start training a round this node takes part in, or aggregating one it was drawn for."""
         st = self.ledger.state
         me = self.ident.account
-        for rid in list(st.open_runs):
-            run = st.runs[rid]
+        for rid in list(open_runs(st)):
+            run = runs_of(st)[rid]
             for key in [k for k in self.sealed if k[0] == rid]:  # an attempt moved on: serve what we committed
                 cur = run.cur
                 if cur is None or (cur.round, cur.attempt) != key[1:] or cur.phase != Phase.COMMIT:
@@ -298,7 +298,7 @@ class RunWorker:
                                        self.stale.get(post.run_id), self.last_payload.get(post.run_id), other)
         self.stale[post.run_id] = theta
         self.last_payload[post.run_id] = work.payload
-        now = self.ledger.state.runs[post.run_id].cur
+        now = runs_of(self.ledger.state)[post.run_id].cur
         if now is None or (now.round, now.attempt, now.phase) != (cur.round, cur.attempt, Phase.COMMIT):
             raise ValueError("the commit phase closed while training (too slow for round_timeout)")
         r = RoundReceipt(self.ledger.chain_id, post.run_id, cur.round, cur.attempt, me, post.sender, run.params,
@@ -319,7 +319,7 @@ class RunWorker:
         me = self.ident.account
         while True:
             st = self.ledger.state
-            cur = st.runs[key[0]].cur
+            cur = runs_of(st)[key[0]].cur
             if cur is None or (cur.round, cur.attempt, cur.phase) != (key[1], key[2], Phase.COMMIT):
                 raise ValueError("run-copyroot: the commit phase closed before another worker committed")
             other = next((st.receipts[rid].receipt for w, rid, _ in cur.commits if w != me), None)

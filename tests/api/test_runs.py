@@ -18,6 +18,7 @@ from node.api.pages import environment
 from node.compute.data import dataset_bytes
 from node.encoding import commitments_root
 from node.ledger.core.runs import RunStatus
+from node.ledger.core.runstate import runs_of
 from node.ledger.core.tx import INVALID
 from node.training.api import run_view
 from node.training.inner import InnerTrainer
@@ -66,7 +67,7 @@ def ledger_view(live):
     """What a refused post must not change: mempool, the sponsor's account, the runs, the stored blobs."""
     def snap():
         c = live.client
-        return (set(c.ledger.mempool), c.ledger.state.account(c.ident.account), dict(c.ledger.state.runs),
+        return (set(c.ledger.mempool), c.ledger.state.account(c.ident.account), dict(runs_of(c.ledger.state)),
                 sorted(p.name for p in c.blobs.dir.iterdir()))
     return live.call(snap)
 
@@ -86,7 +87,7 @@ def test_post_escrows_the_budget_and_serves_theta0(live, tiny, posted):
     out, run, acc0 = posted
     c = live.client
     rid = bytes.fromhex(out["run_id"])
-    on_ledger = live.call(lambda: c.ledger.state.runs[rid])
+    on_ledger = live.call(lambda: runs_of(c.ledger.state)[rid])
     p = on_ledger.post
     # budget = rounds × (max_workers × inner_steps × price_per_step + aggregator_fee), all in escrow
     budget = 2 * (3 * 2 * 500_000_000 + 250_000_000)

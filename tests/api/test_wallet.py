@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from node.encoding import AMOUNT_FORM
 from node.identity import account_to_str
+from node.ledger.core.jobstate import jobs_of
 from node.ledger.genesis import TREASURY
 from tests.ledger.test_accounts_valid import BAD
 from tests.test_amounts import ALPHABET, ORACLE
@@ -198,7 +199,7 @@ def _mine(live):
         me = c.ident.account
         acc = c.ledger.state.account(me)
         queued = frozenset(t.id for t in list(c.ledger.mempool.values()) if getattr(t, "sender", None) == me)
-        return acc.nonce, acc.bond, queued, len(c.ledger.state.jobs)
+        return acc.nonce, acc.bond, queued, len(jobs_of(c.ledger.state))
     return live.call(read)
 
 

@@ -23,7 +23,8 @@ def post(sender: Identity, bid: bytes, root: bytes) -> BatchPost:
 
 
 def state(height: int, batches: dict, items: dict, open_: list) -> SimpleNamespace:
-    return SimpleNamespace(height=height, tables={"batches": batches, "batch_items": items}, open_batches=open_)
+    tables = {"batches": batches, "batch_items": items, "open_batches": open_}  # the batch module's tables
+    return SimpleNamespace(height=height, tables=tables, ordered=tables.__getitem__)
 
 
 class View:

@@ -10,6 +10,7 @@ import trio
 from node.compute.model import make_tiny
 from node.config import NodeConfig
 from node.identity import Identity, dev_seed
+from node.ledger.core.staking import evidence_of
 from node.ledger.genesis import Genesis, Params
 from node.runtime import Node
 
@@ -79,11 +80,11 @@ def test_double_signing_validator_is_slashed_once(tmp_path, tiny):
         async with validators(tmp_path, tiny, faults={3: "equivocate"}) as nodes:
             cheat = nodes[3].ident.account
             with trio.fail_after(30):
-                while not nodes[0].ledger.state.evidence:
+                while not evidence_of(nodes[0].ledger.state):
                     await trio.sleep(0.05)
             await wait_all_height(nodes, nodes[0].ledger.state.height + 3)
             st = nodes[0].ledger.state
-            assert len(st.evidence) == 1
+            assert len(evidence_of(st)) == 1
             # resubmitting the same evidence is refused and changes nothing
             ev = next(tx for h in range(1, nodes[0].store.head + 1) for tx in nodes[0].store.get_block(h)[0].txs
                       if tx.KIND == "evidence")
@@ -97,7 +98,7 @@ def test_double_signing_validator_is_slashed_once(tmp_path, tiny):
             await wait_all_height(nodes, st.height + 3)
             st2 = nodes[0].ledger.state
             assert_no_fork(nodes)
-            return st.account(cheat), st2.account(cheat), st2.params.slash_amount, len(st2.evidence)
+            return st.account(cheat), st2.account(cheat), st2.params.slash_amount, len(evidence_of(st2))
 
     before, after, slash, n_ev = trio.run(main)
     assert before.bond == 200 * C - slash and after.bond == before.bond and n_ev == 1

@@ -14,7 +14,7 @@ import pytest
 
 from node.identity import Identity, dev_seed
 from node.ledger.core import batch as bm, batchrules as br
-from node.ledger.core.batchstate import AuditStatus, BatchStatus, ItemStatus, WorkerRecord, item_key
+from node.ledger.core.batchstate import AuditStatus, BatchStatus, ItemStatus, WorkerRecord, item_key, open_batches
 from node.ledger.core.batchtx import (
     WITHDRAWN,
     BatchAuditVote,
@@ -133,7 +133,7 @@ def test_check4_a_10000_item_batch_below_the_floor_is_refused_and_one_at_the_flo
     cheap = post(s, 10_000, (FLOOR - 1) * TOKENS)
     refused(s, cheap, r"below the chain's floor of 1000 base units per token × 16 tokens per item = 16000")
     _, after, rejected = propose(s, [cheap], REQ, 5000, ch.store.last_commit())
-    assert len(rejected) == 1 and after.state_root() == s.state_root() and not after.open_batches  # nothing moved
+    assert len(rejected) == 1 and after.state_root() == s.state_root() and not open_batches(after)  # nothing moved
     p = post(s, 10_000, FLOOR * TOKENS)
     ch.block(p)
     for _ in range(4):

@@ -24,6 +24,7 @@ from node.ledger.core import domain
 from node.ledger.core.block import InvalidBlock, decode_block, precommit_digest, vote_digest
 from node.ledger.core.chain import check_and_apply, commit_block, propose
 from node.ledger.core.genesis import parse_genesis
+from node.ledger.core.staking import evidence_of
 from node.ledger.core.state import apply_tx, genesis_state
 from node.ledger.core.tx import INVALID, Evidence, InvalidTx, Transfer, Vote, decode_tx
 from node.ledger.proofs import LightClient
@@ -101,7 +102,7 @@ def test_consensus_votes_and_double_sign_evidence_of_one_genesis_slash_nobody_on
     ev = Evidence(GA.domain, k.account, "prevote", 1, 0, a, sig(a), b, sig(b))
     sa = genesis_state(GA)
     apply_tx(sa, ev)  # control: on A it is double signing, recorded (and slashed from whatever bond it holds)
-    assert ev.key in sa.evidence
+    assert ev.key in evidence_of(sa)
     sb = genesis_state(GB)
     before = sb.account(k.account)
     with pytest.raises(InvalidTx, match="signed for another network"):
@@ -109,7 +110,7 @@ def test_consensus_votes_and_double_sign_evidence_of_one_genesis_slash_nobody_on
     relabelled = replace(ev, chain_id=GB.domain)
     with pytest.raises(InvalidTx, match="bad evidence vote signature"):
         apply_tx(sb, relabelled)
-    assert sb.account(k.account) == before and ev.key not in sb.evidence and relabelled.key not in sb.evidence
+    assert sb.account(k.account) == before and ev.key not in evidence_of(sb) and relabelled.key not in evidence_of(sb)
 
 
 def _chain_a(store: LedgerStore | None = None):

@@ -13,6 +13,7 @@ from node.encoding import H, inclusion_proof, merkle_root
 from node.ledger.core import history as hist
 from node.ledger.core.chain import commit_block, propose
 from node.ledger.core.genesis import Params, parse_genesis
+from node.ledger.core.jobstate import jobs_of
 from node.ledger.core.sampling import is_sampled
 from node.ledger.core.state import VALID, State, apply_block_body, genesis_state
 from node.ledger.proofs import history_proof, verify_header, verify_history_proof
@@ -262,7 +263,7 @@ def test_a_jobs_receipts_leave_after_the_job_ended_and_its_view_reads_them_from_
     archived with their status, steps and payouts (the paid total unchanged), each proves against a header, a
     replay of one is refused (the job ended), and a restart reopens the same state."""
 
-    from node.ledger.core.jobs import SETTLED
+    from node.ledger.core.jobstate import SETTLED
     from node.ledger.core.jobtx import JobAccept, JobDeliver, JobPost, TrainReceipt
     from node.market.client import job_json
 
@@ -284,21 +285,21 @@ def test_a_jobs_receipts_leave_after_the_job_ended_and_its_view_reads_them_from_
         state = _step(store, state, [r], next(t))
     state = _step(store, state, [JobDeliver(g.domain, W1.account, post.job_id, states[2], 1).signed(W1)], next(t))
     for _ in range(40):  # verdicts (this node's keys vote valid), settlement, then the retention window
-        if state.jobs[post.job_id].status == SETTLED:
+        if jobs_of(state)[post.job_id].status == SETTLED:
             break
         state = _step(store, state, [], next(t))
-    job = state.jobs[post.job_id]
+    job = jobs_of(state)[post.job_id]
     assert job.status == SETTLED and all(r.id in state.receipts for r in segs)
     before = job_json(job, state, store.archived_summary)
     for _ in range(g.params.retention_blocks + 2):
         state = _step(store, state, [], next(t))
     assert all(r.id not in state.receipts for r in segs), "the ended job's receipts left the hot state"
     assert all(store.history_entry(r.id) is not None for r in segs)
-    after = job_json(state.jobs[post.job_id], state, store.archived_summary)
+    after = job_json(jobs_of(state)[post.job_id], state, store.archived_summary)
     assert after["paid"] == before["paid"] and int(after["paid"]["base_units"]) > 0
     assert [x["status"] for x in after["segments"]] == [x["status"] for x in before["segments"]]
     assert [x["steps"] for x in after["segments"]] == [[0, 2], [2, 4]] and all(x["archived"] for x in after["segments"])
-    assert job_json(state.jobs[post.job_id], state)["segments"][0]["status"] == "archived"  # no store at hand
+    assert job_json(jobs_of(state)[post.job_id], state)["segments"][0]["status"] == "archived"  # no store at hand
     summary = store.archived_summary(segs[0].id)
     assert summary["kind"] == "train_receipt" and summary["session_id"] == post.job_id and summary["tokens"] == 2
     _, _, rejected = propose(state, [segs[0]], KEYS[0], next(t), store.last_commit())

@@ -23,6 +23,7 @@ from node.identity import Identity, dev_seed
 from node.ledger.core import blockcodec
 from node.ledger.core.block import Block, Header, sign_commit, tx_root
 from node.ledger.core.chain import commit_block, propose
+from node.ledger.core.jobstate import jobs_of
 from node.ledger.core.jobtx import JobCancel
 from node.ledger.core.liveness import block_due, height_need, needs_height, needs_proof
 from node.ledger.core.state import FINAL, SAMPLED, VALID, apply_block_body, genesis_state
@@ -220,7 +221,7 @@ def test_an_open_job_needs_heights_until_it_is_cancelled():
     s = block(s, p)
     assert height_need(s) == "job"  # its deadline (and a worker's start window) count in blocks
     s = block(s, JobCancel(JG.domain, CLIENT.account, p.job_id, s.account(CLIENT.account).nonce).signed(CLIENT))
-    assert s.jobs[p.job_id].status == "cancelled" and not needs_height(s)
+    assert jobs_of(s)[p.job_id].status == "cancelled" and not needs_height(s)
 
 
 def test_block_due_rules():

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from node.ledger.core.chain import check_and_apply, commit_block, propose
-from node.ledger.core.jobs import ACCEPTED, CANCELLED, OPEN, RELEASED, START_TIMEOUT
+from node.ledger.core.jobstate import ACCEPTED, CANCELLED, OPEN, RELEASED, START_TIMEOUT, jobs_of, open_jobs
 from node.ledger.core.jobtx import JobAccept, JobCancel, JobPost, JobRelease, TrainReceipt
 from node.ledger.core.state import apply_tx, genesis_state
 from node.ledger.core.tx import InvalidTx, Unbond, decode_tx
@@ -55,7 +55,7 @@ def posted_and_accepted(worker=W1):
     s0 = genesis_state(G)
     p = post(s0)
     s = block(block(s0, p), accept(s0, p, worker))
-    assert s.jobs[p.job_id].status == ACCEPTED and s.jobs[p.job_id].accepted_height == s.height
+    assert jobs_of(s)[p.job_id].status == ACCEPTED and jobs_of(s)[p.job_id].accepted_height == s.height
     return s0, s, p
 
 
@@ -64,9 +64,9 @@ def test_start_window_expiry_returns_the_job_to_open_and_slashes_the_start_penal
     accepted_at = s.height
     while s.height < accepted_at + WINDOW - 1:  # the last block of the window still belongs to the worker
         s = block(s)
-        assert s.jobs[p.job_id].status == ACCEPTED
+        assert jobs_of(s)[p.job_id].status == ACCEPTED
     s = block(s)
-    job = s.jobs[p.job_id]
+    job = jobs_of(s)[p.job_id]
     assert s.height == accepted_at + WINDOW
     assert job.status == OPEN and job.worker == b"" and job.accepted_height == 0
     assert job.dropped == ((W1.account, START_TIMEOUT, s.height, START_PEN),)
@@ -77,7 +77,7 @@ def test_start_window_expiry_returns_the_job_to_open_and_slashes_the_start_penal
     with pytest.raises(InvalidTx, match="cannot accept it again"):  # no holding the same job window after window
         apply_tx(s.copy(), accept(s, p, W1))
     s = block(s, accept(s, p, W2))  # another worker takes it
-    assert s.jobs[p.job_id].worker == W2.account and s.jobs[p.job_id].status == ACCEPTED
+    assert jobs_of(s)[p.job_id].worker == W2.account and jobs_of(s)[p.job_id].status == ACCEPTED
 
 
 def test_a_first_segment_in_the_last_block_of_the_window_keeps_the_job():
@@ -89,14 +89,14 @@ def test_a_first_segment_in_the_last_block_of_the_window_keeps_the_job():
     assert s.height == accepted_at + WINDOW
     for _ in range(2 * WINDOW):  # a started job is never taken back by the window
         s = block(s)
-        assert s.jobs[p.job_id].status == ACCEPTED and s.jobs[p.job_id].worker == W1.account
-    assert s.account(W1.account).bond == s0.account(W1.account).bond and s.jobs[p.job_id].dropped == ()
+        assert jobs_of(s)[p.job_id].status == ACCEPTED and jobs_of(s)[p.job_id].worker == W1.account
+    assert s.account(W1.account).bond == s0.account(W1.account).bond and jobs_of(s)[p.job_id].dropped == ()
 
 
 def test_release_before_the_first_segment_costs_the_smaller_penalty():
     s0, s, p = posted_and_accepted()
     s = block(s, release(s, p))
-    job = s.jobs[p.job_id]
+    job = jobs_of(s)[p.job_id]
     assert job.status == OPEN and job.worker == b""
     assert job.dropped == ((W1.account, RELEASED, s.height, RELEASE_PEN),)
     assert s.account(W1.account).bond == s0.account(W1.account).bond - RELEASE_PEN
@@ -104,7 +104,7 @@ def test_release_before_the_first_segment_costs_the_smaller_penalty():
     assert s.supply() == G.supply
     # back to open: the requester may now cancel it and gets everything back
     s = block(s, JobCancel(G.domain, CLIENT.account, p.job_id, s.account(CLIENT.account).nonce).signed(CLIENT))
-    assert s.jobs[p.job_id].status == CANCELLED
+    assert jobs_of(s)[p.job_id].status == CANCELLED
     assert s.account(CLIENT.account).balance == s0.account(CLIENT.account).balance
 
 
@@ -146,11 +146,11 @@ def test_capacity_is_bounded_by_the_bond_covering_each_unstarted_job():
         apply_tx(s.copy(), Unbond(G.domain, W1.account, START_PEN, s.account(W1.account).nonce).signed(W1))
     s = block(s, segment(posts[0]))  # a started job no longer needs the collateral
     s = block(s, accept(s, posts[4]))
-    assert s.jobs[posts[4].job_id].worker == W1.account
+    assert jobs_of(s)[posts[4].job_id].worker == W1.account
     with pytest.raises(InvalidTx, match="holds 4"):
         apply_tx(s.copy(), accept(s, posts[5]))
     s = block(s, accept(s, posts[5], W2))  # other workers are not limited by W1's bond
-    held = sum(1 for j in s.jobs.values() if j.worker == W1.account and j.status == ACCEPTED)
+    held = sum(1 for j in jobs_of(s).values() if j.worker == W1.account and j.status == ACCEPTED)
     assert held == 5 and s.supply() == G.supply
 
 
@@ -162,8 +162,8 @@ def test_deadline_beyond_the_genesis_maximum_is_refused_with_the_limit():
         apply_tx(s.copy(), post(s, deadline=height + MAX_DEADLINE + 1))
     w = s.copy()
     apply_tx(w, post(s, deadline=height + MAX_DEADLINE))
-    assert len(w.jobs) == 1
-    assert s.jobs == {} and s.account(CLIENT.account) == genesis_state(G).account(CLIENT.account)  # nothing moved
+    assert len(jobs_of(w)) == 1
+    assert jobs_of(s) == {} and s.account(CLIENT.account) == genesis_state(G).account(CLIENT.account)  # nothing moved
 
 
 @pytest.mark.parametrize("bad, why", [
@@ -208,14 +208,14 @@ def test_credits_are_conserved_and_no_job_is_held_unstarted_past_its_window(acti
         blk, state, _ = propose(state, pending, VALIDATOR, len(blocks), blocks[-1][1] if blocks else ())
         blocks.append((blk, commit_block(VALIDATOR, blk)))
         pending = []
-        for jid in state.open_jobs:
-            j = state.jobs[jid]
+        for jid in open_jobs(state):
+            j = jobs_of(state)[jid]
             if j.status == ACCEPTED and not j.segments:
                 assert state.height < j.accepted_height + G.params.job_start_window, "held past its window"
 
     prefix = [("post", 0, 60), ("post", 0, 90), ("block", 0, 0), ("accept", 1, 0), ("accept", 2, 1), ("block", 0, 0)]
     for kind, a, b in prefix + actions:
-        jobs = list(state.jobs.values())
+        jobs = list(jobs_of(state).values())
         if kind == "post":
             k = KEYS[a]
             pending.append(JobPost(G.domain, k.account, os.urandom(16), "t", b"m" * 32, b"d" * 32, 4, "q_proj", 4,
@@ -243,19 +243,19 @@ def test_credits_are_conserved_and_no_job_is_held_unstarted_past_its_window(acti
     for _ in range(G.params.job_start_window + 1):  # let every window run out
         close()
     assert state.supply() == G.supply
-    penalties = sum(d[3] for j in state.jobs.values() for d in j.dropped)
+    penalties = sum(d[3] for j in jobs_of(state).values() for d in j.dropped)
     slashes = sum(r.slashed for r in state.receipts.values())
     assert state.account(TREASURY).balance - genesis_state(G).account(TREASURY).balance == penalties + slashes
     bonds0 = sum(genesis_state(G).account(a).bond for a in keys)
     unbonded = sum(t.amount for blk, _ in blocks for t in blk.txs if isinstance(t, Unbond))
     assert bonds0 - sum(state.account(a).bond for a in keys) == penalties + slashes + unbonded  # bonds only paid these
     escrow_open = sum(r.receipt.price for r in state.receipts.values() if r.receipt.id in state.open_receipts)
-    assert escrow_open + sum(j.escrow_left for j in state.jobs.values()) == sum(
+    assert escrow_open + sum(j.escrow_left for j in jobs_of(state).values()) == sum(
         x.escrow for x in state.accounts.values())
-    for j in state.jobs.values():
+    for j in jobs_of(state).values():
         event(f"job {j.status}, {len(j.segments)} segments, dropped: {sorted(d[1] for d in j.dropped)}")
         assert len({d[0] for d in j.dropped}) == len(j.dropped)  # no worker lost the same job twice
     replay = genesis_state(G)
     for blk, commit in blocks:
         replay = check_and_apply(replay, blk, commit)
-    assert replay.state_root() == state.state_root() and replay.jobs == state.jobs
+    assert replay.state_root() == state.state_root() and jobs_of(replay) == jobs_of(state)

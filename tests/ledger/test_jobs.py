@@ -8,7 +8,7 @@ import os
 import pytest
 
 from node.ledger.core.chain import propose
-from node.ledger.core.jobs import ACCEPTED, CANCELLED, DIVERGED, EXPIRED, FAILED, OPEN, SETTLED
+from node.ledger.core.jobstate import ACCEPTED, CANCELLED, DIVERGED, EXPIRED, FAILED, OPEN, SETTLED, jobs_of
 from node.ledger.core.jobtx import JobAccept, JobCancel, JobDeliver, JobPost, TrainReceipt
 from node.ledger.core.state import apply_tx, genesis_state
 from node.ledger.core.tx import INVALID, VALID, InvalidTx
@@ -49,14 +49,14 @@ def test_full_lifecycle_pays_exactly_the_price():
     s0 = genesis_state(G)
     p = post(s0)
     s = blocks(s0, [p])
-    assert s.jobs[p.job_id].status == OPEN and s.account(CLIENT.account).escrow == p.price
+    assert jobs_of(s)[p.job_id].status == OPEN and s.account(CLIENT.account).escrow == p.price
     s = blocks(s, [JobAccept(G.domain, W1.account, p.job_id, 0).signed(W1)])
-    assert s.jobs[p.job_id].status == ACCEPTED
+    assert jobs_of(s)[p.job_id].status == ACCEPTED
     states = [os.urandom(32) for _ in range(4)]
     for i in range(3):
         s = run_valid(s, seg(p, 2 * i, 2 * i + 2, states[i], states[i + 1]))
     s = blocks(s, [JobDeliver(G.domain, W1.account, p.job_id, states[3], 1).signed(W1)], [])
-    job = s.jobs[p.job_id]
+    job = jobs_of(s)[p.job_id]
     assert job.status == SETTLED and job.refunded == 0
     client_paid = s0.account(CLIENT.account).balance - s.account(CLIENT.account).balance
     assert client_paid == p.price and s.account(CLIENT.account).escrow == 0
@@ -72,7 +72,7 @@ def test_cancel_before_acceptance_refunds_everything_and_not_after():
     s0 = genesis_state(G)
     p = post(s0)
     s = blocks(s0, [p], [JobCancel(G.domain, CLIENT.account, p.job_id, 1).signed(CLIENT)])
-    assert s.jobs[p.job_id].status == CANCELLED
+    assert jobs_of(s)[p.job_id].status == CANCELLED
     assert s.account(CLIENT.account).balance == s0.account(CLIENT.account).balance
     p2 = post(s)
     s = blocks(s, [p2], [JobAccept(G.domain, W1.account, p2.job_id, 0).signed(W1)])
@@ -89,7 +89,7 @@ def test_expiry_refunds_all_but_verified_segments():
     s = run_valid(s, seg(p, 0, 2, a, b))
     while s.height <= 12:
         s = blocks(s, [])
-    job = s.jobs[p.job_id]
+    job = jobs_of(s)[p.job_id]
     assert job.status == EXPIRED and job.refunded == p.price - 2 * PPS
     assert s0.account(CLIENT.account).balance - s.account(CLIENT.account).balance == 2 * PPS
     with pytest.raises(InvalidTx, match="expired"):
@@ -105,7 +105,7 @@ def test_invalid_segment_fails_job_slashes_and_refunds():
     s = blocks(s, [r], [])
     members = {k.account: k for k in KEYS}
     s = blocks(s, [vote(G, r.id, members[m], INVALID) for m in s.receipts[r.id].committee])
-    job = s.jobs[p.job_id]
+    job = jobs_of(s)[p.job_id]
     assert job.status == FAILED
     assert s.account(CLIENT.account).balance == s0.account(CLIENT.account).balance  # everything back
     assert s.account(W1.account).bond == s0.account(W1.account).bond - G.params.slash_amount
@@ -117,7 +117,7 @@ def test_nan_loss_marks_job_diverged_and_refunds_unreserved():
     p = post(s0)
     s = blocks(s0, [p], [JobAccept(G.domain, W1.account, p.job_id, 0).signed(W1)])
     s = blocks(s, [seg(p, 0, 2, os.urandom(32), os.urandom(32), loss=-1)])
-    job = s.jobs[p.job_id]
+    job = jobs_of(s)[p.job_id]
     assert job.status == DIVERGED and job.refunded == p.price - 2 * PPS and job.losses == (-1,)
 
 
@@ -136,7 +136,7 @@ def test_bad_segments_are_refused():
         apply_tx(s.copy(), seg(p, 2, 4, a, os.urandom(32)))
     with pytest.raises(InvalidTx, match="steps receipted"):
         apply_tx(s.copy(), JobDeliver(G.domain, W1.account, p.job_id, b, 1).signed(W1))
-    assert s.jobs[p.job_id].status == ACCEPTED
+    assert jobs_of(s)[p.job_id].status == ACCEPTED
 
 
 def test_posts_with_unknown_lora_targets_or_bad_segments_are_refused_with_the_reason():

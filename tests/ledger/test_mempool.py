@@ -20,6 +20,7 @@ from node.identity import Identity, dev_seed
 from node.ledger.core.batchtx import BatchPost
 from node.ledger.core.block import Block, Header, InvalidBlock, tx_root
 from node.ledger.core.chain import check_and_apply, check_block, commit_block, propose
+from node.ledger.core.runstate import runs_of
 from node.ledger.core.runtx import RunJoin, RunLeave, RunPost
 from node.ledger.core.state import SAMPLED, genesis_state
 from node.ledger.core.tx import Bond, InvalidTx, Transfer, Unbond
@@ -372,7 +373,7 @@ def test_run_join_leave_toggles_cannot_evict_transfers(tmp_path):
     async def main():
         svc.add_tx(post)
         await produce(svc)
-        assert post.run_id in svc.state.runs
+        assert post.run_id in runs_of(svc.state)
         honest = [pay(A, 0), pay(B, 0), pay(D, 0), pay(A, 1), pay(B, 1)]
         for t in honest:
             svc.add_tx(t)

@@ -8,6 +8,7 @@ import pytest
 
 from node.encoding import H
 from node.ledger.core.runs import Phase, RunStatus
+from node.ledger.core.runstate import runs_of
 from node.ledger.core.runtx import (
     NO_MOMENTUM,
     RoundAggregate,
@@ -68,7 +69,7 @@ class Chain:
         return RunPost(self.g.domain, SPONSOR.account, os.urandom(16), nonce=nonce, **f).signed(SPONSOR)
 
     def run(self, post):
-        return self.s.runs[post.run_id]
+        return runs_of(self.s)[post.run_id]
 
     def receipt(self, post, w, *, params_before=None, delta=None, **kw) -> RoundReceipt:
         run = self.run(post)

@@ -17,7 +17,7 @@ import trio
 
 from node.compute.model import make_tiny
 from node.identity import Identity, dev_seed
-from node.ledger.core.jobs import ACCEPTED, CANCELLED, OPEN, RELEASED, START_TIMEOUT
+from node.ledger.core.jobstate import ACCEPTED, CANCELLED, OPEN, RELEASED, START_TIMEOUT, jobs_of
 from node.ledger.core.jobtx import JobAccept, JobCancel, JobPost
 from node.ledger.genesis import TREASURY, Genesis, Params
 from node.market.client import job_json, post_job
@@ -70,7 +70,7 @@ def test_unfetchable_jobs_hold_no_worker_and_the_hostage_holder_pays(tmp_path, t
 
             def watch(block, st):
                 supplies.append(st.supply())
-                held_by.update((jid, j.worker) for jid, j in st.jobs.items() if j.status == ACCEPTED)
+                held_by.update((jid, j.worker) for jid, j in jobs_of(st).items() if j.status == ACCEPTED)
 
             client.ledger.on_block(watch)
             mid = client.manifest.model_id
@@ -80,41 +80,41 @@ def test_unfetchable_jobs_hold_no_worker_and_the_hostage_holder_pays(tmp_path, t
             h2 = unfetchable_post(g.domain, KEYS[0], mid, st.height, client.ledger.next_nonce(KEYS[0].account))
             await client.ledger.submit(h1)
             await client.ledger.submit(h2)
-            await wait_for(client, lambda s: h1.job_id in s.jobs and h2.job_id in s.jobs)
+            await wait_for(client, lambda s: h1.job_id in jobs_of(s) and h2.job_id in jobs_of(s))
             # a bonded key accepts h1 and will never train it
             await client.ledger.submit(JobAccept(g.domain, HOSTAGE_WORKER.account, h1.job_id, 0)
                                        .signed(HOSTAGE_WORKER))
-            s = await wait_for(client, lambda s: s.jobs[h1.job_id].status == ACCEPTED)
-            hostage_at = s.jobs[h1.job_id].accepted_height
+            s = await wait_for(client, lambda s: jobs_of(s)[h1.job_id].status == ACCEPTED)
+            hostage_at = jobs_of(s)[h1.job_id].accepted_height
             # meanwhile a real job
             real = await post_job(client, title="real", text=TEXT, seed=3, **JOB)
-            s = await wait_for(client, lambda s: real.job_id in s.jobs)
-            posted_at = s.jobs[real.job_id].height
-            s = await wait_for(client, lambda s: s.jobs[real.job_id].status == ACCEPTED, timeout=window * 0.15 + 30)
-            real_accepted = s.jobs[real.job_id]
-            s = await wait_for(client, lambda s: s.jobs[real.job_id].segments, timeout=window * 0.15 + 30)
+            s = await wait_for(client, lambda s: real.job_id in jobs_of(s))
+            posted_at = jobs_of(s)[real.job_id].height
+            s = await wait_for(client, lambda s: jobs_of(s)[real.job_id].status == ACCEPTED, timeout=window * 0.15 + 30)
+            real_accepted = jobs_of(s)[real.job_id]
+            s = await wait_for(client, lambda s: jobs_of(s)[real.job_id].segments, timeout=window * 0.15 + 30)
             real_started_at = s.height
-            s = await wait_for(client, lambda s: s.jobs[h1.job_id].status == OPEN)
-            reopened = s.jobs[h1.job_id]
+            s = await wait_for(client, lambda s: jobs_of(s)[h1.job_id].status == OPEN)
+            reopened = jobs_of(s)[h1.job_id]
             s = await wait_for(client, lambda s: s.height >= reopened.dropped[0][2] + 20)  # a few more blocks
             skipped = {nd.ident.account: dict(nd.jobs.skipped) for nd in nodes[1:]}
             return (s.detach(), hostage_at, posted_at, real_accepted, real_started_at, reopened, supplies, held_by,
-                    workers, skipped, job_json(s.jobs[h1.job_id], s))
+                    workers, skipped, job_json(jobs_of(s)[h1.job_id], s))
 
     with caplog.at_level(logging.INFO, logger="tally.market"):
         s, hostage_at, posted_at, real_acc, real_started_at, reopened, supplies, held_by, workers, skipped, h1_json = \
             trio.run(main)
     h1_id = reopened.post.job_id
-    h2_id = next(j for j in s.jobs if j not in (h1_id, real_acc.post.job_id))
+    h2_id = next(j for j in jobs_of(s) if j not in (h1_id, real_acc.post.job_id))
     p = g.params
     # no honest worker ever held a hostage job; the real job posted meanwhile was accepted within the window
     assert not {(h1_id, w) for w in workers} & held_by and not {(h2_id, w) for w in workers} & held_by
-    assert s.jobs[h2_id].status == OPEN and s.jobs[h2_id].dropped == ()
+    assert jobs_of(s)[h2_id].status == OPEN and jobs_of(s)[h2_id].dropped == ()
     assert real_acc.worker in workers and real_acc.accepted_height - posted_at <= p.job_start_window
     assert real_started_at <= real_acc.accepted_height + p.job_start_window  # and started in its own window
     # the hostage holder held h1 for exactly the start window, then paid the start penalty from its bond
     assert reopened.dropped == ((HOSTAGE_WORKER.account, START_TIMEOUT, hostage_at + window, p.job_start_penalty),)
-    assert s.jobs[h1_id].status == OPEN and s.jobs[h1_id].worker == b""  # and honest workers still skip it
+    assert jobs_of(s)[h1_id].status == OPEN and jobs_of(s)[h1_id].worker == b""  # and honest workers still skip it
     assert s.account(HOSTAGE_WORKER.account).bond == 20 * C - p.job_start_penalty
     assert s.account(TREASURY).balance == p.job_start_penalty  # the treasury holds nothing else on this chain
     assert s.account(real_acc.worker).bond == 200 * C  # the honest worker paid nothing
@@ -149,13 +149,13 @@ def test_a_worker_that_cannot_train_releases_its_jobs_for_the_smaller_penalty(tm
             client.ledger.on_block(lambda block, st: supplies.append(st.supply()))
             a = await post_job(client, title="a", text=TEXT, seed=1, **JOB)
             b = await post_job(client, title="b", text=TEXT[::-1], seed=2, **JOB)
-            s = await wait_for(client, lambda s: all(s.jobs.get(j.job_id) and s.jobs[j.job_id].status == ACCEPTED
-                                                     for j in (a, b)))
-            held_at_once = {s.jobs[j.job_id].worker for j in (a, b)}
-            accepted_at = {j.job_id: s.jobs[j.job_id].accepted_height for j in (a, b)}
-            st_w = await wait_for(worker, lambda s: all(j.job_id in s.jobs and s.jobs[j.job_id].status == ACCEPTED
-                                                        for j in (a, b)))
-            assert st_w.jobs[a.job_id].worker == worker.ident.account
+            s = await wait_for(client, lambda s: all(
+                jobs_of(s).get(j.job_id) and jobs_of(s)[j.job_id].status == ACCEPTED for j in (a, b)))
+            held_at_once = {jobs_of(s)[j.job_id].worker for j in (a, b)}
+            accepted_at = {j.job_id: jobs_of(s)[j.job_id].accepted_height for j in (a, b)}
+            st_w = await wait_for(worker, lambda s: all(
+                j.job_id in jobs_of(s) and jobs_of(s)[j.job_id].status == ACCEPTED for j in (a, b)))
+            assert jobs_of(st_w)[a.job_id].worker == worker.ident.account
             url, token = worker.api_url, worker.api_token
 
             def api_release(jid):
@@ -165,14 +165,14 @@ def test_a_worker_that_cannot_train_releases_its_jobs_for_the_smaller_penalty(tm
             bad = await trio.to_thread.run_sync(lambda: httpx.post(f"{client.api_url}/v1/jobs/{b.job_id.hex()}/release",
                                                                   headers={"Authorization":
                                                                            f"Bearer {client.api_token}"}))
-            s = await wait_for(client, lambda s: all(s.jobs[j.job_id].status == OPEN for j in (a, b)), timeout=60)
-            dropped = {j.job_id: s.jobs[j.job_id].dropped for j in (a, b)}
+            s = await wait_for(client, lambda s: all(jobs_of(s)[j.job_id].status == OPEN for j in (a, b)), timeout=60)
+            dropped = {j.job_id: jobs_of(s)[j.job_id].dropped for j in (a, b)}
             # back to open, the requester cancels both and gets the whole escrow back
             n = client.ledger.next_nonce(client.ident.account)
             for i, j in enumerate((a, b)):
                 await client.ledger.submit(JobCancel(g.domain, client.ident.account, j.job_id, n + i)
                                            .signed(client.ident))
-            s = await wait_for(client, lambda s: all(s.jobs[j.job_id].status == CANCELLED for j in (a, b)))
+            s = await wait_for(client, lambda s: all(jobs_of(s)[j.job_id].status == CANCELLED for j in (a, b)))
             return s, held_at_once, accepted_at, r, bad, dropped, supplies, worker.ident.account
 
     s, held_at_once, accepted_at, r, bad, dropped, supplies, w = trio.run(main)

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from node.compute.model import make_tiny
-from node.ledger.core.jobs import ACCEPTED, DELIVERED, DIVERGED, FAILED, SETTLED
+from node.ledger.core.jobstate import ACCEPTED, DELIVERED, DIVERGED, FAILED, SETTLED, jobs_of
 from node.ledger.core.state import FINAL
 from node.market.client import fetch_adapter, job_json, post_job
 
@@ -30,7 +30,7 @@ def tiny(tmp_path_factory):
 async def wait_job(node, jid, statuses, timeout=120):
     with trio.fail_after(timeout):
         while True:
-            job = node.ledger.state.jobs.get(jid)
+            job = jobs_of(node.ledger.state).get(jid)
             if job is not None and job.status in statuses:
                 return job
             await node.ledger.new_block.wait()
@@ -52,7 +52,7 @@ def test_job_lifecycle_two_jobs_two_workers(tmp_path, tiny):
             await wait_job(client, a.job_id, {ACCEPTED})
             b = await post_job(client, title="second", text=TEXT[::-1], seed=2, **JOB)
             await wait_job(client, b.job_id, {ACCEPTED, DELIVERED, SETTLED})
-            a_steps_when_b_accepted = client.ledger.state.jobs[a.job_id].next_step
+            a_steps_when_b_accepted = jobs_of(client.ledger.state)[a.job_id].next_step
             ja = await wait_job(client, a.job_id, {SETTLED, FAILED})
             jb = await wait_job(client, b.job_id, {SETTLED, FAILED})
             fetched = await fetch_adapter(client, a.job_id, tmp_path / "adapter")
@@ -95,10 +95,10 @@ def test_training_cheats_are_caught_and_slashed(tmp_path, tiny, fault):
             job = await wait_job(client, p.job_id, {FAILED, SETTLED})
             with trio.fail_after(120):  # segments already in flight are still verified and settled
                 while not all(client.ledger.state.receipts[r].status in FINAL
-                              for r in client.ledger.state.jobs[p.job_id].segments):
+                              for r in jobs_of(client.ledger.state)[p.job_id].segments):
                     await client.ledger.new_block.wait()
             st = client.ledger.state.detach()  # read after the nodes closed their stores
-            job = st.jobs[p.job_id]
+            job = jobs_of(st)[p.job_id]
             return job, st, bal0, bond0, st.account(cheat).bond, st.account(client.ident.account).balance
 
     job, st, bal0, bond0, bond1, bal1 = trio.run(main)

@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from node.identity import Identity
-from node.ledger.core.jobs import ACCEPTED
+from node.ledger.core.jobstate import ACCEPTED
 from node.market.worker import JobWorker
 
 
@@ -18,7 +18,8 @@ def worker_holding(jid: bytes):
     ident = Identity.generate()
     # a started job (a segment is on the ledger): it cannot be released, so the worker retries it
     job = SimpleNamespace(status=ACCEPTED, worker=ident.account, segments=(b"r" * 32,))
-    state = SimpleNamespace(open_jobs={jid: None}, jobs={jid: job}, height=1,
+    tables = {"jobs": {jid: job}, "open_jobs": {jid: None}}  # the jobs module's tables (node.ledger.core.jobstate)
+    state = SimpleNamespace(tables=tables, ordered=tables.__getitem__, height=1,
                             account=lambda a: SimpleNamespace(bond=100))
     hooks = []
     ledger = SimpleNamespace(state=state, genesis=SimpleNamespace(params=SimpleNamespace(min_bond=10)),
@@ -69,7 +70,7 @@ def test_backoff_is_capped_and_never_overflows():
             hooks[0](None, state)
             await trio.sleep(1)
             assert w.failures[jid][0] == 5001 and w.failures[jid][1] - trio.current_time() > 290
-            state.open_jobs.clear()  # the job expired: its failure record goes at the next block
+            state.tables["open_jobs"].clear()  # the job expired: its failure record goes at the next block
             hooks[0](None, state)
             await trio.sleep(1)
             assert jid not in w.failures

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from node.compute.reference import local_generate
-from node.ledger.core.jobs import SETTLED, TERMINAL
+from node.ledger.core.jobstate import SETTLED, TERMINAL
 from node.ledger.core.status import VALID_S
 
 from ..inference.procs import (

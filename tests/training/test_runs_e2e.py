@@ -12,6 +12,7 @@ import trio
 
 from node.compute.model import make_tiny
 from node.ledger.core.runs import RunStatus
+from node.ledger.core.runstate import runs_of
 from node.ledger.core.runtx import RunJoin
 from node.ledger.core.state import FINAL
 from node.training.client import post_run
@@ -41,7 +42,7 @@ def genesis():
 async def wait_run(node, run_id, statuses, timeout=540):
     with trio.fail_after(timeout):
         while True:
-            run = node.ledger.state.runs.get(run_id)
+            run = runs_of(node.ledger.state).get(run_id)
             if run is not None and run.status in statuses and (
                     run.status != RunStatus.FINISHED or all(node.ledger.state.receipts[r].status in FINAL
                                                             for r in run.receipts)):
@@ -63,14 +64,14 @@ async def _run(tmp_path, tiny, settings, faults=None):
         for nd in nodes[1:]:
             me = nd.ident.account
             with trio.fail_after(30):
-                while post.run_id not in nd.ledger.state.runs:
+                while post.run_id not in runs_of(nd.ledger.state):
                     await nd.ledger.new_block.wait()
             await nd.ledger.submit(RunJoin(g.domain, me, post.run_id, nd.ledger.next_nonce(me)).signed(nd.ident))
         run = await wait_run(sponsor, post.run_id, {RunStatus.FINISHED, RunStatus.EXPIRED})
         for nd in nodes[1:]:  # followers apply the same blocks a little later
             await wait_run(nd, post.run_id, {RunStatus.FINISHED, RunStatus.EXPIRED}, timeout=120)
         st = sponsor.ledger.state.detach()  # read after the nodes closed their stores
-        views = [nd.ledger.state.runs[post.run_id].params for nd in nodes]
+        views = [runs_of(nd.ledger.state)[post.run_id].params for nd in nodes]
         verified = {nd.ident.account: set(nd.runs.cache.verified) for nd in nodes[1:]}
         return post, run, st, supply, views, verified, nodes
 

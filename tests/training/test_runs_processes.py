@@ -16,6 +16,7 @@ import pytest
 
 from node.compute.model import make_tiny
 from node.identity import account_from_str
+from node.ledger.core.runstate import runs_of
 from node.ledger.core.runtx import RoundReveal
 from node.ledger.genesis import load_genesis
 from node.ledger.store import LedgerStore
@@ -219,7 +220,7 @@ def test_a_killed_worker_and_a_late_joiner(tmp_path, tiny):
     try:
         st = store.replay()
         assert st.supply() == supply0  # balances + bonds + escrows = genesis supply, in the reopened LevelDB
-        stored = st.runs[bytes.fromhex(run_id)]
+        stored = runs_of(st)[bytes.fromhex(run_id)]
         # round 1's commit phase closed at its timeout: no reveal of it is in a block before opened + ROUND_TIMEOUT
         r1_reveals = [h for h in range(1, st.height + 1) for tx in store.get_block(h)[0].txs
                       if isinstance(tx, RoundReveal) and tx.run_id.hex() == run_id and tx.round == 1]

@@ -16,6 +16,7 @@ import pytest
 from node.compute.data import shakespeare_play
 from node.compute.model import ensure_smollm2
 from node.identity import account_from_str
+from node.ledger.core.runstate import runs_of
 from node.ledger.genesis import load_genesis
 from node.ledger.store import LedgerStore
 
@@ -129,7 +130,7 @@ def test_four_smollm2_workers_finish_a_lora_run_with_one_theta_and_each_contribu
     try:
         st = store.replay()
         assert st.supply() == supply0
-        stored = st.runs[bytes.fromhex(run_id)]
+        stored = runs_of(st)[bytes.fromhex(run_id)]
         assert stored.status.value == "finished" and stored.round == ROUNDS
         assert st.account(account_from_str(peer(0))).escrow == 0
     finally:

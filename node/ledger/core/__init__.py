@@ -21,12 +21,15 @@ A map, from the bottom up:
   (``LedgerModule``, ``ReceiptKind``, ``Module``).
 * the modules: the bank (:mod:`~node.ledger.core.bank`: transfers, bonds, unbonds), the receipts
   (:mod:`~node.ledger.core.receipts`: inference receipts, votes, and every receipt's sampling and settlement),
-  then the extensions: fine-tune jobs (:mod:`~node.ledger.core.jobtx`, :mod:`~node.ledger.core.jobs`),
+  then the extensions: fine-tune jobs (:mod:`~node.ledger.core.jobtx`, :mod:`~node.ledger.core.jobstate`,
+  :mod:`~node.ledger.core.jobs`),
   training runs (:mod:`~node.ledger.core.runtx`, :mod:`~node.ledger.core.runstate`, :mod:`~node.ledger.core.runs`),
   batch jobs (:mod:`~node.ledger.core.batchtx`, :mod:`~node.ledger.core.batchstate`,
   :mod:`~node.ledger.core.batchaudit`, :mod:`~node.ledger.core.batch`), the receipt history
   (:mod:`~node.ledger.core.history`), the validator set's changes and evidence (:mod:`~node.ledger.core.staking`),
-  disputes (:mod:`~node.ledger.core.disputes`, a package).
+  disputes (:mod:`~node.ledger.core.disputes`, a package). Each owns its tables; its records' module gives
+  their typed accessors (``jobstate.jobs_of``/``open_jobs``, ``runstate.runs_of``/``open_runs``,
+  ``batchstate.open_batches``, ``staking.evidence_of``): the state names only the core's.
 * the registry: :mod:`~node.ledger.core.modules` (``MODULES``: the transaction registry, the dispatch and the
   end-block order), :mod:`~node.ledger.core.tx` (``TX_KINDS``, ``decode_tx``), :mod:`~node.ledger.core.records`
   (every table's codec, in snapshot order).

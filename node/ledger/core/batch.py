@@ -102,6 +102,7 @@ from .batchstate import (
     WorkerRecord,
     due_key,
     item_key,
+    open_batches,
 )
 from .batchtx import BATCH_TXS, BatchAuditVote, BatchCommit, BatchReveal, audit_share, member_pay
 from .kv import Codec
@@ -126,7 +127,7 @@ def assignments_of(s: StateView, worker: bytes) -> list[tuple[bytes, int, int]]:
     """``(batch id, item, attempt)`` of every undecided assignment of ``worker`` (what its worker loop queries).
     O(undecided items of open batches)."""
     out = []
-    for bid in s.open_batches:
+    for bid in open_batches(s):
         b: Batch = s.tables["batches"][bid]
         for i in range(b.assigned):
             it: Item = s.tables["batch_items"][item_key(bid, i)]
@@ -272,7 +273,7 @@ def end_block_batches(s: StateView, height: int, beacon: bytes) -> None:
     """Per-block batch work after the transactions, ``beacon`` being this block's hash: decide up to
     :data:`MAX_DECIDE_PER_BLOCK` items due at or before ``height`` (re-issuing those without a quorum), then assign up
     to :data:`MAX_ASSIGN_PER_BLOCK` new items of batches posted before this block."""
-    if not s.open_batches:
+    if not open_batches(s):
         return
     floors = offers(s, s.eligible())  # the opted-in bonded accounts, read once per block
     able: dict[bytes, list[bytes]] = {}
@@ -295,7 +296,7 @@ def end_block_batches(s: StateView, height: int, beacon: bytes) -> None:
         elif it.audit == AuditStatus.OPEN:  # an accepted item's audit is due
             _close_audit(s, bid, i, height)
     budget = MAX_ASSIGN_PER_BLOCK
-    for bid in list(s.open_batches):
+    for bid in list(open_batches(s)):
         b: Batch = s.tables["batches"][bid]
         p = b.post
         if b.height >= height or b.assigned >= p.n_items:
@@ -318,7 +319,7 @@ def end_block_batches(s: StateView, height: int, beacon: bytes) -> None:
 
 def _height_need(s: StateView) -> str | None:
     """``batch`` while a batch is open (its items are assigned, decided and re-issued by heights)."""
-    return "batch" if s.open_batches else None
+    return "batch" if open_batches(s) else None
 
 
 # ------------------------------------------------------------------ the module (node.ledger.core.modules)

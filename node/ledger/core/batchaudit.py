@@ -53,7 +53,7 @@ from dataclasses import replace
 
 from ...encoding import H
 from . import committee as cm
-from .batchstate import AuditStatus, Batch, Item, ItemStatus, due_key, item_key
+from .batchstate import AuditStatus, Batch, Item, ItemStatus, due_key, item_key, open_batches
 from .batchtx import BatchAuditVote
 from .genesis import Params
 from .sampling import is_sampled
@@ -122,7 +122,7 @@ def audits_of(s: StateView, member: bytes) -> list[tuple[bytes, int]]:
     """``(batch id, item)`` of every open audit on whose committee ``member`` sits and has not voted (what its
     worker loop queries). O(items of open batches)."""
     out = []
-    for bid in s.open_batches:
+    for bid in open_batches(s):
         b: Batch = s.tables["batches"][bid]
         if not b.auditing:
             continue

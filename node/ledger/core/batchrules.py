@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 from ...encoding import H
-from .batchstate import TERMINAL, Batch, WorkerRecord
+from .batchstate import TERMINAL, Batch, WorkerRecord, open_batches
 from .batchtx import MAX_ITEMS, BatchPost
 from .genesis import TREASURY, Params
 from .view import StateView
@@ -129,9 +129,9 @@ def _set_batch(s: StateView, b: Batch) -> None:
     bid = b.post.batch_id
     s.tables["batches"][bid] = b
     if b.status in TERMINAL:
-        if bid in s.open_batches:  # it closes now: its items leave the requester's open count
+        if bid in open_batches(s):  # it closes now: its items leave the requester's open count
             r = _worker(s, b.post.sender)
             _set_worker(s, b.post.sender, replace(r, open_items=r.open_items - b.post.n_items))
-        s.open_batches.pop(bid, None)
+        open_batches(s).pop(bid, None)
     else:
-        s.open_batches[bid] = None
+        open_batches(s)[bid] = None

@@ -3,7 +3,7 @@
 Tables (:mod:`node.ledger.core.records`): ``batches`` (batch id -> :class:`Batch`), ``batch_items``
 (:func:`item_key` -> :class:`Item`, created when an item is first assigned), ``batch_due`` (:func:`due_key` -> 0:
 the items to decide, in height order), ``batch_workers`` (account -> :class:`WorkerRecord`) and the set
-``open_batches``.
+``open_batches`` (ids of the batches not yet terminal), reached from any state by :func:`open_batches`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .batchtx import BatchPost
+from .kv import OrderedSet
+from .view import StateView
 
 
 class BatchStatus(str, enum.Enum):
@@ -154,3 +156,9 @@ class WorkerRecord:
     missed: int = 0
     offer: int = -1
     open_items: int = 0
+
+
+def open_batches(s: StateView) -> OrderedSet[bytes]:
+    """The ids of the batches of ``s`` not yet terminal, in the order they were opened (the ``open_batches``
+    set)."""
+    return s.ordered("open_batches")

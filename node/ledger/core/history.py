@@ -29,8 +29,10 @@ from typing import Any, Protocol
 
 from ...encoding import H, leaf_hash, node_hash, pack
 from .historyparams import HISTORY_PART
+from .jobstate import jobs_of
 from .kv import Codec
 from .module import Module, ident
+from .runstate import runs_of
 from .view import StateView
 
 MAX_RETIRE_PER_BLOCK = 256  # receipts that leave the hot state in one block (the rest wait a height)
@@ -178,7 +180,7 @@ SUMMARY_FIELDS = ("tag", "id", "kind", "worker", "requester", "price", "status",
 def _owner_final(s: Any, r: Any) -> int:
     """The final height of the job or run receipt ``r`` belongs to (0 while it is open)."""
     job_id = getattr(r, "job_id", None)
-    owner = s.jobs.get(job_id) if job_id is not None else s.runs.get(r.run_id)
+    owner = jobs_of(s).get(job_id) if job_id is not None else runs_of(s).get(r.run_id)
     return int(getattr(owner, "final_height", 0) or 0)
 
 

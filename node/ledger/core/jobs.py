@@ -32,76 +32,33 @@ base units from a bond to the treasury's balance, so the supply (balances + bond
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 from . import history
 from .genesis import TREASURY
 from .jobparams import JOB_PART
+from .jobstate import (
+    ACCEPTED,
+    CANCELLED,
+    DELIVERED,
+    DIVERGED,
+    EXPIRED,
+    FAILED,
+    OPEN,
+    RELEASED,
+    SETTLED,
+    START_TIMEOUT,
+    TERMINAL,
+    Job,
+    jobs_of,
+    open_jobs,
+)
 from .jobtx import JOB_TXS, JobAccept, JobCancel, JobDeliver, JobPost, JobRelease, TrainReceipt, parse_targets
 from .module import Module, PlainReceipt, admit_receipt
 from .status import FINAL
 from .txbase import InvalidTx, Tx, Verdict, _check
 from .view import StateView
-
-
-class JobStatus(enum.StrEnum):
-    """A fine-tune job's status on the ledger (stored and served as its value, equal to that string)."""
-
-    OPEN = "open"
-    ACCEPTED = "accepted"
-    DELIVERED = "delivered"
-    SETTLED = "settled"
-    CANCELLED = "cancelled"
-    EXPIRED = "expired"
-    FAILED = "failed"
-    DIVERGED = "diverged"
-
-
-OPEN, ACCEPTED, DELIVERED, SETTLED = JobStatus.OPEN, JobStatus.ACCEPTED, JobStatus.DELIVERED, JobStatus.SETTLED
-CANCELLED, EXPIRED, FAILED, DIVERGED = JobStatus.CANCELLED, JobStatus.EXPIRED, JobStatus.FAILED, JobStatus.DIVERGED
-TERMINAL: frozenset[str] = frozenset({SETTLED, CANCELLED, EXPIRED, FAILED, DIVERGED})
-# why a worker lost a job it had accepted (``Job.dropped``)
-START_TIMEOUT, RELEASED = "start_timeout", "released"
-STATUS_TEXT = {
-    OPEN: "waiting for a bonded worker to accept", ACCEPTED: "training", DELIVERED: "adapter delivered; "
-    "waiting for the last segments' verdicts", SETTLED: "settled", CANCELLED: "cancelled before acceptance; "
-    "escrow refunded", EXPIRED: "deadline passed without delivery; unspent escrow refunded",
-    FAILED: "a training segment was voted invalid; the worker was slashed and unspent escrow refunded",
-    DIVERGED: "training diverged (the loss became NaN or infinite); unspent escrow refunded",
-}
-
-
-@dataclass(frozen=True)
-class Job:
-    """Ledger state of one job. ``losses``: per segment, mean loss in millionths of a nat per token (-1: NaN).
-    ``dropped``: ``(worker, START_TIMEOUT | RELEASED, height, penalty in base units)`` for each worker that held
-    the job and lost it before its first segment (those workers cannot accept it again)."""
-
-    post: JobPost
-    height: int
-    status: str = OPEN
-    worker: bytes = b""
-    accepted_height: int = 0
-    segments: tuple[bytes, ...] = ()
-    next_step: int = 0
-    last_state: bytes = b""
-    adapter: bytes = b""
-    escrow_left: int = 0
-    refunded: int = 0
-    losses: tuple[int, ...] = ()
-    final_height: int = 0
-    dropped: tuple[tuple[bytes, str, int, int], ...] = ()
-
-    def to_dict(self) -> dict[Any, Any]:
-        p = self.post
-        return {"job_id": p.job_id, "post": p.to_wire(), "height": self.height, "status": self.status,
-                "worker": self.worker, "accepted_height": self.accepted_height, "segments": list(self.segments),
-                "next_step": self.next_step, "last_state": self.last_state, "adapter": self.adapter,
-                "escrow_left": self.escrow_left, "refunded": self.refunded, "losses": list(self.losses),
-                "final_height": self.final_height, "dropped": [list(d) for d in self.dropped]}
 
 
 def _refund_left(s: StateView, job: Job, status: str, height: int) -> Job:
@@ -115,17 +72,17 @@ def _refund_left(s: StateView, job: Job, status: str, height: int) -> Job:
 
 def _set(s: StateView, job: Job) -> None:
     jid = job.post.job_id
-    s.jobs[jid] = job
+    jobs_of(s)[jid] = job
     if job.status in TERMINAL:
-        s.open_jobs.pop(jid, None)
+        open_jobs(s).pop(jid, None)
     else:
-        s.open_jobs[jid] = None
+        open_jobs(s)[jid] = None
 
 
 def unstarted_held(s: StateView, worker: bytes) -> int:
     """How many jobs ``worker`` holds accepted without a first segment (each backed by ``job_start_penalty``)."""
-    return sum(1 for jid in s.open_jobs
-               if (j := s.jobs[jid]).status == ACCEPTED and j.worker == worker and not j.segments)
+    return sum(1 for jid in open_jobs(s)
+               if (j := jobs_of(s)[jid]).status == ACCEPTED and j.worker == worker and not j.segments)
 
 
 def _reopen(s: StateView, job: Job, reason: str, penalty: int, height: int) -> Job:
@@ -149,7 +106,7 @@ def apply_job_tx(s: StateView, tx: Tx) -> None:
     """
     height = s.height + 1
     if isinstance(tx, JobPost):
-        _check(tx.job_id not in s.jobs, "a job with this id exists")
+        _check(tx.job_id not in jobs_of(s), "a job with this id exists")
         _check(1 <= tx.steps <= 100_000 and 1 <= tx.segment_steps <= tx.steps,
                f"steps must be in 1..100000 and segment_steps in 1..steps (got steps {tx.steps}, "
                f"segment_steps {tx.segment_steps})")
@@ -172,7 +129,7 @@ def apply_job_tx(s: StateView, tx: Tx) -> None:
         s.accounts[tx.sender] = replace(acc, balance=acc.balance - tx.price, escrow=acc.escrow + tx.price)
         _set(s, Job(post=tx, height=height, escrow_left=tx.price))
     elif isinstance(tx, JobAccept):
-        job = s.jobs.get(tx.job_id)
+        job = jobs_of(s).get(tx.job_id)
         _check(job is not None, "unknown job")
         _check(job.status == OPEN, f"job is {job.status}")
         _check(tx.sender != job.post.sender, "the requester cannot accept its own job")
@@ -187,19 +144,19 @@ def apply_job_tx(s: StateView, tx: Tx) -> None:
                f"this worker holds {held}: bond more, or start one of them first")
         _set(s, replace(job, status=ACCEPTED, worker=tx.sender, accepted_height=height))
     elif isinstance(tx, JobCancel):
-        job = s.jobs.get(tx.job_id)
+        job = jobs_of(s).get(tx.job_id)
         _check(job is not None and job.post.sender == tx.sender, "no such job of yours")
         _check(job.status == OPEN, f"only an open job can be cancelled; this one is {job.status}")
         _set(s, _refund_left(s, job, CANCELLED, height))
     elif isinstance(tx, JobDeliver):
-        job = s.jobs.get(tx.job_id)
+        job = jobs_of(s).get(tx.job_id)
         _check(job is not None and job.worker == tx.sender, "no such job of yours")
         _check(job.status == ACCEPTED, f"job is {job.status}")
         _check(job.next_step == job.post.steps, f"only {job.next_step} of {job.post.steps} steps receipted")
         _check(tx.adapter == job.last_state, "delivered adapter is not the last segment's state")
         _set(s, replace(job, status=DELIVERED, adapter=tx.adapter))
     elif isinstance(tx, JobRelease):
-        job = s.jobs.get(tx.job_id)
+        job = jobs_of(s).get(tx.job_id)
         _check(job is not None and job.worker == tx.sender and job.status == ACCEPTED,
                "no accepted job of yours with this id")
         _check(not job.segments, "the job has started (a segment is on the ledger): it can no longer be released; "
@@ -209,7 +166,7 @@ def apply_job_tx(s: StateView, tx: Tx) -> None:
 
 def check_train_receipt(s: StateView, r: TrainReceipt) -> Job:
     """Checks of a training receipt against its job (before anything moves). Returns the job."""
-    job: Job = s.jobs.get(r.job_id)
+    job: Job = jobs_of(s).get(r.job_id)
     _check(job is not None, "training receipt for an unknown job")
     _check(job.status == ACCEPTED, f"job is {job.status}: no more training receipts are paid")
     p = job.post
@@ -236,7 +193,7 @@ def record_train_receipt(s: StateView, r: TrainReceipt, job: Job) -> None:
 
 def on_final(s: StateView, r: TrainReceipt, valid: bool, height: int) -> None:
     """A training receipt reached a final status: an invalid one fails its job and refunds unspent escrow."""
-    job = s.jobs[r.job_id]
+    job = jobs_of(s)[r.job_id]
     if not valid and job.status not in (FAILED,):
         job = _refund_left(s, job, FAILED, height)
         _set(s, job)
@@ -246,8 +203,8 @@ def end_block_jobs(s: StateView, height: int, final_status: AbstractSet[str]) ->
     """Expire undelivered jobs past their deadline; return to open (the worker paying ``job_start_penalty``)
     accepted jobs with no segment by the end of block ``accepted_height + job_start_window``; settle delivered
     jobs whose segments are all final."""
-    for jid in list(s.open_jobs):
-        job = s.jobs[jid]
+    for jid in list(open_jobs(s)):
+        job = jobs_of(s)[jid]
         if job.status in (OPEN, ACCEPTED) and height > job.post.deadline:
             _set(s, _refund_left(s, job, EXPIRED, height))
         elif (job.status == ACCEPTED and not job.segments
@@ -264,7 +221,7 @@ class _TrainReceipts(PlainReceipt):
     """Training receipts: sampled at least at their job's ``sample_ppm``; an invalid one fails its job."""
 
     def sample_ppm(self, s: StateView, r: TrainReceipt, ppm: int) -> int:
-        need: int = s.jobs[r.job_id].post.sample_ppm  # the job may require a higher rate
+        need: int = jobs_of(s)[r.job_id].post.sample_ppm  # the job may require a higher rate
         return max(ppm, need)
 
     def finalized(self, s: StateView, r: TrainReceipt, verdict: Verdict, owed: int, height: int) -> None:
@@ -294,8 +251,8 @@ def _unbond_blocker(s: StateView, worker: bytes, bond_after: int) -> str | None:
 def _height_need(s: StateView) -> str | None:
     """``job``: an open or accepted job's deadline or start window counts in blocks, and a delivered one settles
     at the first height at which all its segments are final."""
-    for jid in s.open_jobs:
-        job = s.jobs[jid]
+    for jid in open_jobs(s):
+        job = jobs_of(s)[jid]
         if job.status in (OPEN, ACCEPTED):
             return "job"
         if job.status == DELIVERED and all(s.receipts[r].status in FINAL for r in job.segments):

@@ -12,7 +12,7 @@ from typing import Any
 from .module import Payouts, PlainReceipt
 from .rows import ReceiptRecord
 from .runrounds import _resolve, _set, _sponsor_pays
-from .runstate import TERMINAL, Phase, RoundSummary, Run, RunStatus
+from .runstate import TERMINAL, Phase, RoundSummary, Run, RunStatus, runs_of
 from .runtx import RoundAggregate, RoundReceipt
 from .sampling import PPM
 from .status import INVALID_S, PENDING, SAMPLED, SETTLED, VALID_S, ReceiptStatus
@@ -22,7 +22,7 @@ from .view import StateView
 
 def check_round_receipt(s: StateView, r: RoundReceipt) -> Run:
     """Rules of a round receipt against its run (raises :class:`InvalidTx`; changes nothing). Returns the run."""
-    run: Run = s.runs.get(r.run_id)
+    run: Run = runs_of(s).get(r.run_id)
     _check(run is not None, "round receipt for an unknown run")
     cur = run.cur
     if not (run.status == RunStatus.TRAINING and cur is not None and cur.phase == Phase.COMMIT):
@@ -58,7 +58,7 @@ def record_round_receipt(s: StateView, r: RoundReceipt, run: Run) -> None:
 
 def check_aggregate(s: StateView, a: RoundAggregate) -> Run:
     """Rules of an aggregate (raises :class:`InvalidTx`; changes nothing). Returns the run."""
-    run: Run = s.runs.get(a.run_id)
+    run: Run = runs_of(s).get(a.run_id)
     _check(run is not None, "aggregate for an unknown run")
     cur = run.cur
     if cur is None or cur.phase != Phase.AGGREGATE:
@@ -95,7 +95,7 @@ def on_final(s: StateView, r: RoundReceipt | RoundAggregate, status: ReceiptStat
     ``settled``: not sampled, or no committee could be drawn; ``unverified``: no quorum after every escalation).
     ``amount``: what is owed to its worker (the price less the
     committee's fee; 0 when invalid), still in the sponsor's escrow. The caller paid the committee / slashed."""
-    run = s.runs[r.run_id]
+    run = runs_of(s)[r.run_id]
     if isinstance(r, RoundReceipt):
         if status == INVALID_S:
             run = replace(run, escrow_left=run.escrow_left + r.price,

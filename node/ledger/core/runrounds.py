@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from ...encoding import H
 from . import committee as cm, history
-from .runstate import TERMINAL, Phase, RoundState, Run, RunStatus
+from .runstate import TERMINAL, Phase, RoundState, Run, RunStatus, open_runs, runs_of
 from .sampling import PPM, is_sampled, sampling_ppm
 from .status import SAMPLED
 from .view import StateView
@@ -21,11 +21,11 @@ from .view import StateView
 
 def _set(s: StateView, run: Run) -> None:
     rid = run.post.run_id
-    s.runs[rid] = run
+    runs_of(s)[rid] = run
     if run.status in TERMINAL and run.final_height:  # an expired run stays open until its escrow is returned
-        s.open_runs.pop(rid, None)
+        open_runs(s).pop(rid, None)
     else:
-        s.open_runs[rid] = None
+        open_runs(s)[rid] = None
 
 
 def _sponsor_pays(s: StateView, run: Run, to: bytes, amount: int) -> None:
@@ -128,8 +128,8 @@ def _draw_aggregator(s: StateView, run: Run, beacon: bytes) -> bytes:
 def end_block_runs(s: StateView, height: int, block_hash: bytes, final_status: AbstractSet[str]) -> None:
     """Open rounds, close phases at their ends or timeouts, sample closed commitments, draw aggregators, expire
     runs past their deadline, and return the unspent escrow of ended runs once all their receipts are final."""
-    for rid in list(s.open_runs):
-        run = s.runs[rid]
+    for rid in list(open_runs(s)):
+        run = runs_of(s)[rid]
         p = run.post
         if run.status in (RunStatus.WAITING, RunStatus.TRAINING) and height > p.deadline:
             if run.cur is not None:

@@ -62,12 +62,13 @@ A Δ revealed in an *earlier* attempt or round is a stale Δ, caught only by sam
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from .jobtx import parse_targets
 from .module import Module, admit_receipt
 from .runreceipts import _RunReceipts, check_aggregate, check_round_receipt, record_aggregate, record_round_receipt
 from .runrounds import _set, end_block_runs
-from .runstate import MAX_JOINED, Phase, Run, RunStatus, attempt_of
+from .runstate import MAX_JOINED, Phase, Run, RunStatus, attempt_of, open_runs, runs_of
 from .runtx import (
     CODECS,
     INNER_STATE,
@@ -92,7 +93,7 @@ def check_post(s: StateView, tx: RunPost) -> None:
     """Every rule of a run post (raises :class:`InvalidTx`; changes nothing)."""
     height = s.height + 1
     p = s.params
-    _check(tx.run_id not in s.runs, "a run with this id exists")
+    _check(tx.run_id not in runs_of(s), "a run with this id exists")
     _check(tx.trainable in TRAINABLE, f"trainable must be one of {', '.join(TRAINABLE)}")
     if tx.trainable == "lora":
         _check(1 <= tx.rank <= 256, f"rank must be in 1..256 (got {tx.rank})")
@@ -139,7 +140,8 @@ def apply_run_tx(s: StateView, tx: Tx) -> None:
         s.accounts[tx.sender] = replace(acc, balance=acc.balance - tx.budget, escrow=acc.escrow + tx.budget)
         _set(s, Run(post=tx, height=height, params=tx.params0, escrow_left=tx.budget))
         return
-    run: Run = s.runs.get(getattr(tx, "run_id", None))  # every run transaction but the post names its run
+    rid: Any = getattr(tx, "run_id", None)  # every run transaction but the post names its run (None: no run)
+    run: Run = runs_of(s).get(rid)
     _check(run is not None, "unknown run")
     if isinstance(tx, RunJoin):
         _check(run.status in (RunStatus.WAITING, RunStatus.TRAINING), f"run is {run.status.value}")
@@ -197,8 +199,8 @@ def _height_need(s: StateView) -> str | None:
     """``run``: a waiting or training run's rounds, phase timeouts and deadline count in blocks, and a finishing
     or expired one returns its escrow at the first height at which nothing is held and all its receipts are
     final."""
-    for run_id in s.open_runs:
-        run = s.runs[run_id]
+    for run_id in open_runs(s):
+        run = runs_of(s)[run_id]
         if run.status in (RunStatus.WAITING, RunStatus.TRAINING):
             return "run"
         if (run.status in (RunStatus.FINISHING, RunStatus.EXPIRED) and not run.final_height and not run.held

@@ -1,4 +1,9 @@
-"""The ledger records of training runs (values only; the state machine is :mod:`node.ledger.core.runs`)."""
+"""The ledger records of training runs (values only; the state machine is :mod:`node.ledger.core.runs`).
+
+Tables (:mod:`node.ledger.core.records`): ``runs`` (run id -> :class:`Run`) and the insertion-ordered set
+``open_runs`` (ids of the runs not yet terminal), both owned by the runs module; :func:`runs_of` and
+:func:`open_runs` reach them from any state (:class:`node.ledger.core.view.StateView`).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,9 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from .kv import OrderedSet, Table
 from .runtx import NO_MOMENTUM, RunPost
+from .view import StateView
 
 MAX_JOINED = 256
 
@@ -139,3 +146,13 @@ class Run:
 def attempt_of(run: Run, round_: int, attempt: int) -> tuple[bytes, tuple[bytes, ...]] | None:
     """``(beacon, participants)`` of a round attempt of ``run``, or None if it never opened."""
     return next(((b, p) for r, a, b, p in run.attempts if (r, a) == (round_, attempt)), None)
+
+
+def runs_of(s: StateView) -> Table[bytes, Run]:
+    """The ``runs`` table of state ``s``: run id (16 bytes) -> :class:`Run`."""
+    return s.tables["runs"]
+
+
+def open_runs(s: StateView) -> OrderedSet[bytes]:
+    """The ids of the runs of ``s`` not yet terminal, in the order they were opened (the ``open_runs`` set)."""
+    return s.ordered("open_runs")

@@ -15,12 +15,18 @@ from dataclasses import replace
 from typing import Any
 
 from .genesis import TREASURY
-from .kv import Codec
+from .kv import Codec, Table
 from .module import Module, credit
 from .stakingparams import STAKING_PART
 from .txbase import Evidence, _check
 from .valset import VALIDATOR_TXS, Row, apply_validator_tx, end_block_validators, leaves_none
 from .view import StateView
+
+
+def evidence_of(s: StateView) -> Table[bytes, tuple[int, int]]:
+    """The ``evidence`` table of state ``s``: evidence key (:attr:`Evidence.key`) -> ``(height, slashed base
+    units)``, one entry per slashed double-sign."""
+    return s.tables["evidence"]
 
 
 def apply_evidence(s: StateView, e: Evidence) -> None:
@@ -32,13 +38,13 @@ def apply_evidence(s: StateView, e: Evidence) -> None:
     """
     _check(e.value_a != e.value_b, "evidence needs two different values")
     _check(e.validator in s.validators or e.validator in s.tables["validators"], "evidence against a non-validator")
-    _check(e.key not in s.evidence, "evidence already on the ledger (counted once)")
+    _check(e.key not in evidence_of(s), "evidence already on the ledger (counted once)")
     _check(e.height <= s.height + 1, "evidence from a future height")
     acc = s.account(e.validator)
     slashed = min(acc.bond, s.params.slash_amount)
     s.accounts[e.validator] = replace(acc, bond=acc.bond - slashed, slashed=acc.slashed + slashed)
     credit(s, TREASURY, slashed)
-    s.evidence[e.key] = (s.height + 1, slashed)
+    evidence_of(s)[e.key] = (s.height + 1, slashed)
 
 
 def _apply(s: StateView, tx: Any) -> None:
@@ -72,4 +78,4 @@ MODULE = Module("staking", txs=(*VALIDATOR_TXS, Evidence),
                 store_keys={"validators": b"v", "evidence": b"e"}, work_txs=(Evidence,), params=STAKING_PART,
                 on_apply=_apply, on_end_block=_end_block, on_unbond=_unbond_blocker)
 
-__all__ = ["MODULE"]
+__all__ = ["MODULE", "evidence_of"]

@@ -52,10 +52,10 @@ class State:
     LevelDB once :class:`node.ledger.store.LedgerStore` opens them. :meth:`copy` is O(1) (a copy-on-write
     overlay). The ``open_*`` sets iterate in insertion order (sequence numbers drawn from :attr:`seq`).
 
-    Maps (keys bytes): ``accounts`` -> :class:`Account`; ``receipts`` -> :class:`ReceiptRecord`; ``evidence``:
-    evidence key -> ``(height, slashed)``; ``sessions``: ``H(worker ‖ session_id)`` -> receipt id; ``jobs`` ->
-    :class:`node.ledger.core.jobs.Job`; ``runs`` -> :class:`node.ledger.core.runs.Run`. Sets: ids of receipts, jobs and
-    runs not yet final.
+    Every module's tables are in :attr:`tables` by name (:data:`node.ledger.core.records.MAPS` and ``SETS``);
+    the core's are also attributes: ``accounts`` -> :class:`Account`; ``receipts`` -> :class:`ReceiptRecord`;
+    ``sessions``: ``H(worker ‖ session_id)`` -> receipt id; ``open_receipts``: ids of receipts not yet final.
+    A module reaches its own sets by :meth:`ordered` (e.g. :func:`node.ledger.core.jobstate.open_jobs`).
     """
 
     def __init__(self, chain_id: str, params: Params, validators: tuple[bytes, ...], height: int = 0,
@@ -84,16 +84,21 @@ class State:
         self.seq += 1
         return self.seq
 
+    # the core's tables (the bank's and the receipts module's); a module reaches its own through ``tables`` and
+    # :meth:`ordered` (its accessors: node.ledger.core.jobstate.jobs_of, runstate.runs_of, staking.evidence_of...)
     accounts = property(lambda self: self.tables["accounts"])
     receipts = property(lambda self: self.tables["receipts"])
-    evidence = property(lambda self: self.tables["evidence"])
     sessions = property(lambda self: self.tables["sessions"])
-    jobs = property(lambda self: self.tables["jobs"])
-    runs = property(lambda self: self.tables["runs"])
     open_receipts = property(lambda self: OrderedSet(self.tables["open_receipts"], self._next_seq))
-    open_jobs = property(lambda self: OrderedSet(self.tables["open_jobs"], self._next_seq))
-    open_runs = property(lambda self: OrderedSet(self.tables["open_runs"], self._next_seq))
-    open_batches = property(lambda self: OrderedSet(self.tables["open_batches"], self._next_seq))
+
+    def ordered(self, name: str) -> OrderedSet[bytes]:
+        """The insertion-ordered set table ``name`` (one of a module's ``sets``): members iterate in the order
+        they were added, each numbered from this state's counter :attr:`seq`.
+
+        Raises:
+            KeyError: no set table of that name.
+        """
+        return OrderedSet(self.tables[name], self._next_seq)
 
     def copy(self) -> State:
         """A working copy: writes to it leave this state unchanged (O(1): overlays on every table; this

@@ -24,8 +24,9 @@ class StateView(Protocol):
     units, heights in blocks). Writes go to the copy; the caller's state is untouched until the block commits.
 
     ``tables`` holds every table by name (:data:`node.ledger.core.records.MAPS` and ``SETS``): a module reads and
-    writes its own tables there (the ones its :class:`node.ledger.core.module.LedgerModule` declares). The named
-    tables below are the core's, and the few capability tables other parts read by name.
+    writes its own tables there (the ones its :class:`node.ledger.core.module.LedgerModule` declares), its sets
+    through :meth:`ordered`, each by the typed accessors it gives (``jobs_of``, ``open_jobs``, ``runs_of``...).
+    The named tables below are the core's alone: the bank's and the receipts module's.
     """
 
     params: Params
@@ -45,28 +46,19 @@ class StateView(Protocol):
     def sessions(self) -> Table[bytes, bytes]: ...  # H(worker ‖ session id) -> receipt id
 
     @property
-    def evidence(self) -> Table[bytes, Any]: ...  # evidence key -> (height, slashed)
-
-    @property
-    def jobs(self) -> Table[Any, Any]: ...
-
-    @property
-    def runs(self) -> Table[Any, Any]: ...
-
-    @property
     def open_receipts(self) -> OrderedSet[bytes]: ...
 
     @property
-    def open_jobs(self) -> OrderedSet[bytes]: ...
-
-    @property
-    def open_runs(self) -> OrderedSet[bytes]: ...
-
-    @property
-    def open_batches(self) -> OrderedSet[bytes]: ...
-
-    @property
     def min_validator_bond(self) -> int: ...
+
+    def ordered(self, name: str) -> OrderedSet[bytes]:
+        """The insertion-ordered set table ``name`` (one of a module's ``sets``), numbered from the state's
+        counter; a module reaches its own sets through it (e.g. :func:`node.ledger.core.jobstate.open_jobs`).
+
+        Raises:
+            KeyError: no set table of that name.
+        """
+        ...
 
     def account(self, a: bytes) -> Account:
         """``a``'s account (an empty one when it holds nothing)."""
