@@ -2,7 +2,7 @@
 ``/metrics`` use of a running :class:`node.runtime.Node`; ``NodeAPIDep`` hands it to their module-level routers.
 
 :class:`NodeAPI` extends what the capabilities' routers use (:class:`node.web.deps.CapabilityNode`, and
-:class:`node.batch.api.BatchApiNode` for the batch routes), so the node :func:`node.api.app.create_app` puts in
+:class:`node.batch.client.RequesterNode` for the batch routes), so the node :func:`node.api.app.create_app` puts in
 ``app.state.node`` is the node each of them expects (mypy checks a Node against it: :func:`node.runtime.api_view`).
 An endpoint asks for it with ``node: NodeAPIDep`` (:func:`node.web.deps.get_node` reads it) and for the node's views
 with ``queries: QueriesDep`` (:mod:`node.api.queries`, which this module does not import: the views are typed by
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Protocol
 
 from fastapi import Depends
 
-from ..batch.api import BatchApiNode
+from ..batch.client import RequesterNode
 from ..duty.parts import Settings
 from ..web.deps import get_node
 
@@ -53,10 +53,10 @@ class ModelSettings(Settings, Protocol):
     def budget(self) -> MemoryBudget | None: ...  # node start --max-memory (None: no budget)
 
 
-class NodeAPI(BatchApiNode, Protocol):
+class NodeAPI(RequesterNode, Protocol):
     """What the API's routers use of :class:`node.runtime.Node`: the capability routers' node
     (:class:`~node.web.deps.CapabilityNode`: key, settings, genesis, manifest, ledger, store, host, blobs,
-    executor, ``service(kind)``; :class:`~node.batch.api.BatchApiNode`: the batch store, ``decode``) and what the
+    executor, ``service(kind)``; :class:`~node.batch.client.RequesterNode`: ``decode``) and what the
     wallet, the explorer and ``/metrics`` read besides (read-only properties, so the node's plain attributes satisfy
     them; :func:`node.runtime.api_view` checks that a Node is one). A service the node runs without (``server``,
     ``member``; ``net`` in a test's node) is None; the routes that need it say so in their replies."""

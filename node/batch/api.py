@@ -5,7 +5,7 @@ JSON helpers)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
@@ -18,27 +18,13 @@ from ..web.deps import AUTH, CapabilityNode, NodeDep, get_node
 from ..web.errors import ApiError
 from ..web.models import AmountText
 from ..web.views import hex_id
-from .client import BatchError, batch_json, fetch_results, post_batch
-from .items import ContentStore
+from .client import BatchError, RequesterNode, batch_json, fetch_results, post_batch
 from .worker import BatchWorker
 
-
-class BatchApiNode(CapabilityNode, Protocol):
-    """What the batch routes use of the node beyond :class:`~node.web.deps.CapabilityNode`: the store of batch
-    item files and results (:func:`~node.batch.client.post_batch` keeps a posted file there, ``fetch_results`` the
-    results) and the model's tokenizer (``fetch_results`` decodes generated ids)."""
-
-    @property
-    def batch_store(self) -> ContentStore: ...
-
-    def decode(self, ids: list[int]) -> str | None:
-        """The text of token ``ids``, or None when the model has no tokenizer."""
-        ...
-
-
-# the node of the app a request reached (node.web.deps.get_node), as the batch routes use it: create_app's node is
-# a node.api.deps.NodeAPI, which extends BatchApiNode
-BatchNodeDep = Annotated[BatchApiNode, Depends(get_node)]
+# the node of the app a request reached (node.web.deps.get_node), as the batch routes that post and fetch use it
+# (node.batch.client.RequesterNode: the capabilities' node and the model's tokenizer; the content store is
+# node.service(ContentStore)): create_app's node is a node.api.deps.NodeAPI, which extends RequesterNode
+BatchNodeDep = Annotated[RequesterNode, Depends(get_node)]
 
 
 # A batch job to post (``POST /v1/batches``): its item file and terms.

@@ -9,15 +9,14 @@ from typing import Any, Protocol
 
 import trio
 
-from ..compute.model import Manifest
 from ..encoding import DecodeError, format_amount, unpack
-from ..identity import Identity, account_to_str
+from ..identity import account_to_str
 from ..ledger.core.batchstate import AuditStatus, Batch, Fate, Item, ItemStatus, item_key
 from ..ledger.core.batchtx import GENERATE, BatchPost
-from ..ledger.core.genesis import Genesis
 from ..ledger.core.state import State, apply_tx
-from ..ledger.core.tx import InvalidTx, Tx
-from .content import Requester, fetch_content, result_check
+from ..ledger.core.tx import InvalidTx
+from ..web.deps import CapabilityNode
+from .content import fetch_content, result_check
 from .items import ContentStore, ItemFile, ItemsError, parse_items
 from .tasks import dequantize
 
@@ -30,41 +29,28 @@ class BatchError(ValueError):
     """A batch request that cannot be carried out (bad file or parameters, unknown batch, nothing accepted)."""
 
 
-class RequesterLedger(Protocol):
-    """What the requester's side needs of :class:`node.ledger.service.LedgerService`."""
-
-    @property
-    def state(self) -> State: ...
-
-    def next_nonce(self, account: bytes) -> int: ...
-
-    async def submit(self, tx: Tx) -> bytes: ...
-
-
-class RequesterNode(Protocol):
-    """What :func:`post_batch` and :func:`fetch_results` need of :class:`node.runtime.Node`."""
-
-    @property
-    def ident(self) -> Identity: ...
-
-    @property
-    def genesis(self) -> Genesis: ...
-
-    @property
-    def manifest(self) -> Manifest: ...
-
-    @property
-    def ledger(self) -> RequesterLedger: ...
-
-    @property
-    def host(self) -> Requester: ...
-
-    @property
-    def batch_store(self) -> ContentStore: ...
+class RequesterNode(CapabilityNode, Protocol):
+    """What :func:`post_batch`, :func:`fetch_results` and the batch routes (:mod:`node.batch.api`) need of
+    :class:`node.runtime.Node` beyond :class:`~node.web.deps.CapabilityNode` (whose ``service(ContentStore)`` is
+    the batch content store, :func:`content_store`): the model's tokenizer (``fetch_results`` decodes generated
+    ids)."""
 
     def decode(self, ids: list[int]) -> str | None:
         """The text of token ``ids``, or None when the model has no tokenizer."""
         ...
+
+
+def content_store(node: CapabilityNode) -> ContentStore:
+    """The node's store of batch item files and results by content hash (the batch capability's
+    :class:`~node.batch.items.ContentStore`, ``node.service(ContentStore)``).
+
+    Raises:
+        RuntimeError: the node has not built its capabilities yet (``Node.run`` builds them).
+    """
+    store = node.service(ContentStore)
+    if store is None:
+        raise RuntimeError("the node's capabilities are not built yet (Node.run builds them)")
+    return store
 
 
 def _amt(x: int) -> dict[str, str]:
@@ -123,7 +109,7 @@ async def post_batch(node: RequesterNode, data: bytes, *, kind: str, replication
     except InvalidTx as e:
         if "nonce" not in str(e):  # a nonce ahead of the ledger is fine: earlier txs are queued
             raise BatchError(str(e)) from None
-    node.batch_store.put_items(f)
+    content_store(node).put_items(f)
     await node.ledger.submit(post)
     return post
 
@@ -209,7 +195,7 @@ async def fetch_results(node: RequesterNode, batch_id: bytes) -> list[dict[str, 
     b: Batch | None = st.tables["batches"].get(batch_id)
     if b is None:
         raise BatchError("no such batch")
-    store: ContentStore = node.batch_store
+    store = content_store(node)
     local = store.get(b.post.items_root)
     inputs = parse_items(local, b.post.kind).items if local is not None else None
     rows = []

@@ -9,5 +9,6 @@ worker trains it segment by segment with a training receipt per segment, committ
 * :mod:`~node.market.capability` -- its record (:data:`node.capabilities.CAPABILITIES`): the worker, the check
   registered with the committee member, the router, the command and the flags.
 
-The ledger's half is :mod:`node.ledger.core.jobtx` and :mod:`node.ledger.core.jobs`.
+The ledger's half is :mod:`node.ledger.core.jobtx`, :mod:`node.ledger.core.jobstate` (the records and their
+accessors) and :mod:`node.ledger.core.jobs`.
 """

@@ -12,68 +12,31 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from ..blobs import BlobStore, fetch_blob
+from ..blobs import fetch_blob
 from ..compute.data import dataset_bytes, dataset_tensors
 from ..compute.executor import load_torch
-from ..compute.model import Manifest
-from ..duty.seams import Executor, Host, Ledger
 from ..encoding import format_amount
-from ..identity import Identity, account_to_str
-from ..ledger.core.genesis import Genesis
+from ..identity import account_to_str
 from ..ledger.core.jobstate import ACCEPTED, STATUS_TEXT, Job, JobStatus, jobs_of
 from ..ledger.core.jobtx import JobPost
 from ..ledger.core.state import State, apply_tx
 from ..ledger.core.tx import InvalidTx
+from ..web.deps import CapabilityNode
 from .worker import spec_of
 
 if TYPE_CHECKING:
     import torch
 
 
-class ModelConfig(Protocol):
-    """The part of :class:`node.runtime.NodeConfig` read here: the node's model dir."""
-
-    @property
-    def model_dir(self) -> Path: ...
-
-
-class JobNode(Protocol):
-    """What :func:`post_job` and :func:`fetch_adapter` need of :class:`node.runtime.Node`."""
-
-    @property
-    def cfg(self) -> ModelConfig: ...
-
-    @property
-    def ident(self) -> Identity: ...
-
-    @property
-    def genesis(self) -> Genesis: ...
-
-    @property
-    def manifest(self) -> Manifest: ...
-
-    @property
-    def ledger(self) -> Ledger: ...
-
-    @property
-    def host(self) -> Host: ...
-
-    @property
-    def blobs(self) -> BlobStore: ...
-
-    @property
-    def executor(self) -> Executor: ...
-
-
 class JobError(ValueError):
     """A job request that cannot be carried out (bad parameters, unknown job, not delivered yet)."""
 
 
-async def post_job(node: JobNode, *, title: str, text: bytes, steps: int, price_per_step: int, batch_size: int = 4,
-                   seq_len: int = 64, rank: int = 8, targets: str = "q_proj,v_proj", lr: float = 1e-3,
-                   seed: int = 0, segment_steps: int | None = None, deadline_blocks: int = 2000,
+async def post_job(node: CapabilityNode, *, title: str, text: bytes, steps: int, price_per_step: int,
+                   batch_size: int = 4, seq_len: int = 64, rank: int = 8, targets: str = "q_proj,v_proj",
+                   lr: float = 1e-3, seed: int = 0, segment_steps: int | None = None, deadline_blocks: int = 2000,
                    sample_ppm: int = 0) -> JobPost:
     """Store the dataset as a blob and submit a :class:`JobPost` escrowing ``steps × price_per_step``
     (base units). ``segment_steps`` defaults to ``min(10, steps)``; ``deadline_blocks`` (blocks from now) is at
@@ -180,7 +143,7 @@ def _write_adapter(model_dir: Path, post: JobPost, state: list[torch.Tensor], te
             "files": [str(out_dir / "adapter_model.safetensors"), str(out_dir / "adapter_config.json")]}
 
 
-async def fetch_adapter(node: JobNode, job_id: bytes, out_dir: Path) -> dict[str, Any]:
+async def fetch_adapter(node: CapabilityNode, job_id: bytes, out_dir: Path) -> dict[str, Any]:
     """Fetch a delivered job's adapter by content hash, write it as a peft adapter under ``out_dir``, and
     measure the held-out loss (last 10 % of the dataset) of the base model and of the base model + adapter.
 

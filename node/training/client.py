@@ -18,20 +18,17 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from ..blobs import BlobStore, BlobUnavailable, fetch_blob
+from ..blobs import BlobUnavailable, fetch_blob
 from ..compute.data import dataset_bytes, dataset_tensors
 from ..compute.executor import load_torch
-from ..compute.model import Manifest
-from ..duty.seams import Executor, Host, Ledger
 from ..encoding import commitments_root, format_amount
-from ..identity import Identity
 from ..ledger.core import runs as runs_mod
-from ..ledger.core.genesis import Genesis
 from ..ledger.core.runstate import Run, runs_of
 from ..ledger.core.runtx import RunCancel, RunJoin, RunLeave, RunPost
 from ..ledger.core.tx import InvalidTx
+from ..web.deps import CapabilityNode
 
 if TYPE_CHECKING:
     import torch
@@ -44,41 +41,6 @@ ACTIONS: dict[str, type[RunJoin | RunLeave | RunCancel]] = {"join": RunJoin, "le
 class RunError(ValueError):
     """A run request that cannot be carried out (bad parameters, dataset too small, unknown run, refused by the
     run rules, parameters unavailable). The message says why; nothing was stored or submitted."""
-
-
-class ModelConfig(Protocol):
-    """The part of :class:`node.runtime.NodeConfig` read here: the node's model dir."""
-
-    @property
-    def model_dir(self) -> Path: ...
-
-
-class SponsorNode(Protocol):
-    """What :func:`post_run`, :func:`run_action` and :func:`fetch_params` need of :class:`node.runtime.Node`."""
-
-    @property
-    def cfg(self) -> ModelConfig: ...
-
-    @property
-    def ident(self) -> Identity: ...
-
-    @property
-    def genesis(self) -> Genesis: ...
-
-    @property
-    def manifest(self) -> Manifest: ...
-
-    @property
-    def ledger(self) -> Ledger: ...
-
-    @property
-    def host(self) -> Host: ...
-
-    @property
-    def blobs(self) -> BlobStore: ...
-
-    @property
-    def executor(self) -> Executor: ...
 
 
 def _prepare(model_dir: Path, text: bytes, s: dict[str, Any]) -> tuple[list[torch.Tensor], int]:
@@ -110,7 +72,7 @@ def _prepare(model_dir: Path, text: bytes, s: dict[str, Any]) -> tuple[list[torc
     return theta0, n
 
 
-async def post_run(node: SponsorNode, *, title: str, text: bytes, settings: dict[str, Any],
+async def post_run(node: CapabilityNode, *, title: str, text: bytes, settings: dict[str, Any],
                    deadline_blocks: int) -> RunPost:
     """Compute θ_0 in the node's executor, then store the dataset and θ_0 as blobs and submit a signed
     :class:`RunPost` from the node's account at its next nonce.
@@ -149,7 +111,7 @@ async def post_run(node: SponsorNode, *, title: str, text: bytes, settings: dict
     return post
 
 
-async def run_action(node: SponsorNode, run_id: bytes, action: str) -> RunJoin | RunLeave | RunCancel:
+async def run_action(node: CapabilityNode, run_id: bytes, action: str) -> RunJoin | RunLeave | RunCancel:
     """Submit this node's :class:`RunJoin` / :class:`RunLeave` / :class:`RunCancel` (``action``: join, leave,
     cancel) for ``run_id`` after checking it against the run rules. Returns the submitted transaction.
 
@@ -236,7 +198,7 @@ def _write_params(model_dir: Path, post: RunPost, theta: list[torch.Tensor], tex
     return {"heldout_loss_initial": base, "heldout_loss": tuned, "files": [str(f) for f in files]}
 
 
-async def fetch_params(node: SponsorNode, run_id: bytes, out_dir: Path) -> dict[str, Any]:
+async def fetch_params(node: CapabilityNode, run_id: bytes, out_dir: Path) -> dict[str, Any]:
     """Fetch ``run_id``'s current parameters θ (the ledger's ``run.params``; the final ones once the run
     finished) by content hash from the local store or the peers of :func:`param_holders` (each reply checked
     against the id), write them under ``out_dir`` (see the module doc) and measure the mean held-out loss

@@ -5,7 +5,7 @@
 The routers therefore hold no node of their own: one router object serves every app built in a process (the tests
 build several), each request reading the node of the app it reached. ``create_app`` takes a
 :class:`node.api.deps.NodeAPI`, which extends :class:`CapabilityNode` and each capability router's own narrower
-need (``node.batch.api.BatchApiNode``), so the node an endpoint receives is one of them.
+need (``node.batch.client.RequesterNode``), so the node an endpoint receives is one of them.
 
 A capability's running part (its worker or book: ``JobWorker``, ``TabBook``, ``EpochBook``, ...) is reached with
 ``node.service(kind)``, typed by the kind the router names, without this layer naming any capability.
@@ -36,8 +36,9 @@ T = TypeVar("T")
 class CapabilityNode(Protocol):
     """What the capability routers use of :class:`node.runtime.Node` (read-only properties, so the node's plain
     attributes satisfy them): its key, settings, genesis, model manifest, ledger service and store, libp2p host, blob
-    store and torch executor (the capabilities' clients take the node itself: ``node.market.client.JobNode``,
-    ``node.training.client.SponsorNode``), and its running parts by type."""
+    store and torch executor, and its running parts by type. The capabilities' clients take it too
+    (``node.market.client.post_job``, ``node.training.client.post_run``, ...; ``node.batch.client.RequesterNode``
+    extends it by the model's tokenizer, and reaches the batch content store as ``service(ContentStore)``)."""
 
     @property
     def cfg(self) -> Settings: ...  # the node's settings (the clients read ``model_dir``)
