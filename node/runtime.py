@@ -22,7 +22,6 @@ import trio
 
 from .api.deps import NodeAPI
 from .api.serve import serve_api
-from .batch.items import ContentStore
 from .batch.offer import OfferKeeper
 from .batch.worker import BatchWorker
 from .blobs import BLOB_PROTOCOL, BlobStore, serve_blob
@@ -404,17 +403,6 @@ class Node:
     def offers(self) -> OfferKeeper | None:
         """This node's batch offer keeper (:mod:`node.batch.offer`)."""
         return self.service(OfferKeeper)
-
-    @property
-    def batch_store(self) -> ContentStore:
-        """Batch item files and results by content hash (:mod:`node.batch.items`).
-
-        Raises:
-            RuntimeError: before :meth:`run` built the capabilities."""
-        store = self.service(ContentStore)
-        if store is None:
-            raise RuntimeError("the node's capabilities are not built yet (Node.run builds them)")
-        return store
 
     @property
     def book(self) -> EpochBook | None:

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 import node.batch.worker as batch_worker
-from node.batch.client import items_of
+from node.batch.client import content_store, items_of
 from node.batch.items import MAX_DEPTH, ItemsError, nesting_too_deep, parse_items, parse_posted, result_hash
 from node.compute.model import make_tiny
 from node.encoding import pack
@@ -90,7 +90,7 @@ def test_nested_file_posted_raw_gets_bad_item_file_and_no_penalty(tmp_path, tiny
             me = req.ident.account
             await wait_offers(req, [nd.ident.account for nd in nodes[1:]])
             root = items_root(lines)
-            req.batch_store.put(root, data)  # served to the workers as-is: the attacker skips parse_items
+            content_store(req).put(root, data)  # served to the workers as-is: the attacker skips parse_items
             post = BatchPost(g.domain, me, os.urandom(16), root, len(lines), "generate", 3, 3, 2, 10**6, 1,
                              20, 20, req.ledger.next_nonce(me)).signed(req.ident)
             await req.ledger.submit(post)
