@@ -35,14 +35,14 @@ def test_the_node_applies_them(tmp_path):
     try:
         node = Node(cfg)
         assert READ_BUDGET.capacity == 64 * MIB and READ_BUDGET.available == 64 * MIB
-        lim = node._sync_limits()
+        lim = SyncLimits.capped(node.cfg.state_sync_max_bytes)  # what Node._state_sync asks for
         assert lim.max_bytes == 40 * 1024 * MIB
         assert lim.max_chunks == 40 * 1024 > SyncLimits().max_chunks  # 1 MiB chunks: the count follows the cap
         assert lim.max_offer_bytes > SyncLimits().max_offer_bytes
         node.store.close()
         small = Node(replace(cfg, data_dir=tmp_path / "n1", state_sync_max_bytes=16 * MIB, read_pool_bytes=None))
         assert READ_BUDGET.capacity == 64 * MIB  # not given: left as the process has it
-        lim = small._sync_limits()
+        lim = SyncLimits.capped(small.cfg.state_sync_max_bytes)
         assert lim.max_bytes == 16 * MIB and lim.max_chunks == SyncLimits().max_chunks
         small.store.close()
         plain = Node(replace(cfg, data_dir=tmp_path / "n2", state_sync_max_bytes=None, read_pool_bytes=None))
