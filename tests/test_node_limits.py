@@ -46,7 +46,7 @@ def test_the_node_applies_them(tmp_path):
         assert lim.max_bytes == 16 * MIB and lim.max_chunks == SyncLimits().max_chunks
         small.store.close()
         plain = Node(replace(cfg, data_dir=tmp_path / "n2", state_sync_max_bytes=None, read_pool_bytes=None))
-        assert plain._sync_limits() == SyncLimits()
+        assert SyncLimits.capped(plain.cfg.state_sync_max_bytes) == SyncLimits()
         plain.store.close()
     finally:
         READ_BUDGET.configure(READ_POOL)
