@@ -4,7 +4,7 @@
 Each record (:class:`node.duty.capability.Capability`) is its package's ``CAPABILITY``: its ledger modules, what
 it runs in a node, its committee checks, its API router, its ``node`` sub-commands, its settings and its ``node
 start`` flags. Adding a capability is one package and one line here (and its settings as a base of
-``node.runtime.NodeConfig``, its ledger modules in :data:`node.ledger.core.modules.EXTENSIONS`). The order is the
+``node.config.NodeConfig``, its ledger modules in :data:`node.ledger.core.modules.EXTENSIONS`). The order is the
 order their services start in (after the committee member), their routers mount and their commands are listed.
 
 The node's base is not a capability record: serving spans and generating (:mod:`node.inference`) and checking

@@ -50,7 +50,7 @@ from .ledger.service import LedgerService
 from .ledger.statesync import SnapshotServer, state_sync
 from .ledger.store import LedgerStore
 from .ledger.syncfetch import SyncLimits
-from .market.worker import TRAIN_FAULTS, JobWorker
+from .market.worker import JobWorker
 from .models.lookup import find_model_dir
 from .net.service import NetworkService, RelayMode
 from .p2p.host import P2PHost
@@ -68,7 +68,7 @@ log = logging.getLogger("tally.node")
 T = TypeVar("T")
 
 INFO_FILE = "node.json"
-__all__ = ["TRAIN_FAULTS", "LazyHead", "Node", "api_view", "ensure_api_token"]
+__all__ = ["Node", "api_view"]
 
 class Node:
     """Composes the services of one node; :meth:`run` runs them until cancelled.
@@ -116,7 +116,7 @@ class Node:
         self.clients: dict[bytes, RouteClient[LazyHead]] = {}  # model id -> its RouteClient (one per model used)
         self.swarm = SwarmTable()
         self.member: CommitteeMember | None = None
-        self.built: dict[str, Built] = {}  # capability name -> what it runs here (_capabilities)
+        self.built: dict[str, Built] = {}  # capability name -> what it runs here (_build_services)
         self.duties: tuple[Service, ...] = ()  # the member's and the capabilities' services, in the order they start
         self.api_url = ""
         self.started = trio.Event()
@@ -275,7 +275,7 @@ class Node:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self.ledger.run)
                     nursery.start_soon(self._presence_loop)
-                    for duty in self.duties:  # the committee member and the capabilities (_capabilities)
+                    for duty in self.duties:  # the committee member and the capabilities (_build_services)
                         nursery.start_soon(duty.run)
                     if self._warms_route():
                         nursery.start_soon(self._route_client().keep_route_connected)

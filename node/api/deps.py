@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # types only
 
 
 class ModelSettings(Settings, Protocol):
-    """What the API reads of the node's configuration (``node.cfg``, a :class:`node.runtime.NodeConfig`: above the
+    """What the API reads of the node's configuration (``node.cfg``, a :class:`node.config.NodeConfig`: above the
     API in the layers, hence this Protocol): the capabilities' settings (:class:`node.duty.parts.Settings`) and the
     node's models, span and memory budget."""
 

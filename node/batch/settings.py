@@ -1,4 +1,4 @@
-"""Batch jobs' part of a node's settings (a base of ``node.runtime.NodeConfig``; ``node start`` flags in
+"""Batch jobs' part of a node's settings (a base of ``node.config.NodeConfig``; ``node start`` flags in
 :mod:`node.batch.capability`)."""
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ class Capability:
         router: ``router()`` -> its FastAPI router (mounted with the API's error responses), or None; a callable,
             so that ``node --help`` imports no FastAPI.
         commands: its ``node`` sub-commands.
-        settings: the dataclass of its settings (a base of ``node.runtime.NodeConfig``), or None.
+        settings: the dataclass of its settings (a base of ``node.config.NodeConfig``), or None.
         start: its ``node start`` flags, or None.
     """
 

@@ -6,7 +6,7 @@ passing the node itself, untyped. Each field is typed by its role, declared once
 (``Ledger``, ``Host``, ``Executor``) and imported by every capability that receives it, as Cosmos SDK modules name
 their ``expected_keepers``; the settings by :class:`Settings`. The node passes
 :class:`node.ledger.service.LedgerService`, :class:`node.p2p.host.P2PHost`,
-:class:`node.compute.executor.TorchExecutor` and ``node.runtime.NodeConfig``.
+:class:`node.compute.executor.TorchExecutor` and ``node.config.NodeConfig``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from .seams import Executor, Host, Ledger
 
 
 class Settings(Protocol):
-    """What the capabilities read of the node's base settings (``node.runtime.NodeConfig``); each reads its own
+    """What the capabilities read of the node's base settings (``node.config.NodeConfig``); each reads its own
     part with :func:`node.duty.capability.settings_of`."""
 
     @property

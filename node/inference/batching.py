@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from transformers import DynamicCache
 
     from ..compute.span import SpanModel
-    from .seams import Executor
+    from ..duty.seams import Executor
 
 
 @dataclass

@@ -28,12 +28,13 @@ import trio
 
 from ..blobs import BlobStore
 from ..compute.shards import NoRouteError, SpanInfo, choose_route
+from ..duty.seams import Executor
 from ..identity import Identity
 from ..ledger.core.tabs import TabReceipt
 from ..ledger.core.tx import Receipt
 from ..p2p.quirks import exception_leaves
 from .hops import HOP_ERRORS, OPEN_TIMEOUT, Failover, Hop, HopFailed, HopSessions, RouteRun, abort_hop
-from .seams import ClientHost, ClientLedger, Disputes, Executor, Head
+from .seams import ClientHost, ClientLedger, Disputes, Head
 from .swarm import SwarmTable
 from .tabseam import RequesterTabs
 from .wire import check_codec

@@ -9,9 +9,8 @@ services; tests pass in-memory fakes of the same shape. Settlement by tabs has i
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from ..ledger.core.disputes import Dispute
 from ..ledger.core.tabs import TabReceipt
 from ..ledger.core.tx import Receipt
 from ..p2p.framing import ByteReader, ByteWriter
@@ -29,13 +28,6 @@ Submit = Callable[[Receipt | TabReceipt], Awaitable[object]]
 Penalize = Callable[[str, float], object]
 # ``await tab_wait(height)``: until this node holds block ``height`` (bounded)
 TabWait = Callable[[int], Awaitable[None]]
-
-
-class Executor(Protocol):
-    """The node's torch executor (:class:`node.compute.executor.TorchExecutor`): ``fn(*args)`` on its worker
-    thread, one call at a time, awaited."""
-
-    async def run(self, fn: Callable[..., T], *args: Any) -> T: ...
 
 
 class SessionStream(ByteReader, ByteWriter, Protocol):
@@ -109,7 +101,7 @@ class HeightState(Protocol):
 
 class ClientLedger(Protocol):
     """The ledger as the route client uses it (:class:`node.ledger.service.LedgerService`): the signing domain,
-    the price, the height (read for sessions on tabs) and submission (receipts, disputes)."""
+    the price, the height (read for sessions on tabs) and submission (receipts)."""
 
     @property
     def chain_id(self) -> str: ...
@@ -120,7 +112,7 @@ class ClientLedger(Protocol):
     @property
     def state(self) -> HeightState: ...
 
-    async def submit(self, tx: Receipt | TabReceipt | Dispute, /) -> object: ...
+    async def submit(self, tx: Receipt | TabReceipt, /) -> object: ...
 
 
 class Disputes(Protocol):
@@ -149,6 +141,6 @@ class Head(Protocol):
         ...
 
 
-__all__ = ["AnnounceHost", "ClientHost", "ClientLedger", "ClientStream", "Disputes", "Executor", "Head", "Height",
+__all__ = ["AnnounceHost", "ClientHost", "ClientLedger", "ClientStream", "Disputes", "Head", "Height",
            "Penalize",
            "SessionStream", "Submit", "TabWait"]

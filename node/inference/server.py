@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..blobs import BlobStore
+from ..duty.seams import Executor
 from ..encoding import DecodeError, pack
 from ..identity import Identity, account_from_str, verify
 from ..ledger.core.tabs import TabReceipt
@@ -50,7 +51,7 @@ from ..ledger.core.tx import Receipt
 from ..p2p.framing import FrameError, RequestTimeout, StreamClosed, error_reply, read_msg, write_msg
 from ..p2p.scoring import BAD_REQUEST, BAD_SIGNATURE, MALFORMED_FRAME
 from .receipts import CLOCK, ReceiptState, RunningReceipt, SessionTerms, TabTerms, store_blob, wire_commitment
-from .seams import AnnounceHost, Executor, Height, Penalize, SessionStream, Submit, TabWait
+from .seams import AnnounceHost, Height, Penalize, SessionStream, Submit, TabWait
 from .tabseam import WorkerTabs
 from .wire import CODECS, decode_hidden, encode_hidden
 

@@ -1,4 +1,4 @@
-"""The marketplace's part of a node's settings (a base of ``node.runtime.NodeConfig``; ``node start`` flags in
+"""The marketplace's part of a node's settings (a base of ``node.config.NodeConfig``; ``node start`` flags in
 :mod:`node.market.capability`)."""
 
 from __future__ import annotations

@@ -12,9 +12,11 @@ tabs it builds nothing.
 
 from __future__ import annotations
 
+import argparse
 from typing import TYPE_CHECKING
 
-from ..duty.capability import Built, Capability, settings_of
+from ..duty.argtypes import credits
+from ..duty.capability import Built, Capability, StartOptions, settings_of
 from ..duty.parts import NodeParts
 from ..duty.runner import DutyRunner
 from ..ledger.core import tabs
@@ -25,6 +27,20 @@ from .tabs import TabBook, TabGate
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
+
+
+def _flags(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--tab-lock", type=credits, default=SettleSettings.tab_lock, metavar="CREDITS",
+                   help="on a chain with tabs: the credits this node locks in each tab it opens to pay a server "
+                        "(at least one session's most expensive outcome; unspent credits return after the tab "
+                        "closes; default: 10)")
+
+
+def _settings(args: argparse.Namespace) -> SettleSettings:
+    """Raises ValueError: a lock of 0 credits (no session could be paid through it)."""
+    if args.tab_lock <= 0:
+        raise ValueError("--tab-lock must be more than 0 credits")
+    return SettleSettings(tab_lock=int(args.tab_lock))
 
 
 def _build(parts: NodeParts) -> Built:
@@ -50,6 +66,7 @@ CAPABILITY = Capability(
     build=_build,
     router=_router,
     settings=SettleSettings,
+    start=StartOptions(add=_flags, settings=_settings),
 )
 
 __all__ = ["CAPABILITY"]

@@ -1,4 +1,4 @@
-"""Settlement's part of a node's settings (a base of ``node.runtime.NodeConfig``)."""
+"""Settlement's part of a node's settings (a base of ``node.config.NodeConfig``)."""
 
 from __future__ import annotations
 

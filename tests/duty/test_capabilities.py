@@ -62,6 +62,11 @@ def test_start_flags_come_from_the_records_and_their_errors_are_the_users():
     lone_floor = cli.build_parser().parse_args(["start", "--batch-floor", "0.0001"])
     with pytest.raises(ValueError, match="give both"):
         by_name["batch"].start.settings(lone_floor)
+    assert by_name["settle"].start.settings(args) == SettleSettings()  # 10 credits unless told
+    lock = cli.build_parser().parse_args(["start", "--tab-lock", "2.5"])
+    assert by_name["settle"].start.settings(lock) == SettleSettings(tab_lock=2_500_000_000)
+    with pytest.raises(ValueError, match="more than 0"):
+        by_name["settle"].start.settings(cli.build_parser().parse_args(["start", "--tab-lock", "0"]))
 
 
 def test_a_record_added_to_the_tuple_is_a_command_flags_and_settings(monkeypatch):

@@ -1,7 +1,7 @@
 """The module tuple: the ledger's modules, registered once each (the Cosmos SDK's module manager, in small).
 
 :data:`MODULES` = the bank, the receipts, then :data:`EXTENSIONS` (jobs, runs, batches, history, staking,
-disputes). The tuple is at once
+disputes, tabs). The tuple is at once
   * the transaction registry: :data:`node.ledger.core.tx.TX_KINDS` is every module's kinds in the tuple's order,
     derived here (no kind is registered by an import-time write);
   * the dispatch: :data:`MODULE_OF` maps a transaction's type to its module, built once;
