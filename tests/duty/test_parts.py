@@ -1,6 +1,6 @@
 """A node's capabilities are built from its parts (node.duty.parts.NodeParts), each taking its own settings and
-cheat names, and start in the order node.capabilities.CAPABILITIES lists them. A real Node (LevelDB, libp2p host, the tiny
-model), built but not started."""
+cheat names, and start in the order node.capabilities.CAPABILITIES lists them. A real Node (LevelDB, libp2p host,
+the tiny model), built but not started."""
 
 from __future__ import annotations
 
