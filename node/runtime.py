@@ -241,9 +241,8 @@ class Node:
     def info(self) -> dict[str, Any]:
         """What ``node.json`` holds: peer id, addresses, API URL, genesis hash, chain id, span, process id."""
         return {"peer_id": self.ident.peer_id, "addrs": self.host.addrs, "bound": self.host.bound_addrs(),
-                "api": self.api_url, "genesis": self.genesis.hash.hex(),
-                "chain_id": self.genesis.chain_id, "span": list(self.cfg.span) if self.cfg.span else None,
-                "pid": os.getpid()}
+                "api": self.api_url, "genesis": self.genesis.hash.hex(), "chain_id": self.genesis.chain_id,
+                "span": list(self.cfg.span) if isinstance(self.cfg.span, tuple) else None, "pid": os.getpid()}
 
     async def run(self) -> None:
         """Run every service until cancelled; writes ``node.json`` (addresses, API URL) once listening."""

@@ -118,7 +118,7 @@ class Queries:
             "head_time_ms": head["time_ms"] if head else None, "peer_id": n.ident.peer_id, "addrs": n.host.addrs,
             "validator": n.ledger.is_validator, "validators": len(st.validators), "peers": n.host.connected_peers(),
             "mempool": len(n.ledger.mempool), "model_id": n.manifest.model_id.hex(),
-            "num_blocks": n.manifest.num_blocks, "span": list(n.cfg.span) if n.cfg.span else None,
+            "num_blocks": n.manifest.num_blocks, "span": list(n.cfg.span) if isinstance(n.cfg.span, tuple) else None,
             "swarm": [{"peer": p, "span": [s, e]} for p, s, e in n.swarm.live(n.manifest.model_id)],
             "supply": amount(st.supply()), "genesis_hash": n.genesis.hash.hex(),
             "network": n.net.status() if n.net is not None else None,

@@ -122,6 +122,20 @@ def test_reads_history_receipts_transfer_and_search(live):
     assert sum(b["valid"] for b in ver["series"]) == ver["valid"]
 
 
+def test_status_names_no_span_while_auto_has_not_chosen_one(live):
+    """``--span auto`` before the node has chosen its blocks: ``/v1/status`` says null, not the letters of "auto"
+    (it said ``["a", "u", "t", "o"]``); once chosen, the (start, end) pair."""
+    server = live.nodes[1]
+    chosen = server.cfg.span
+    try:
+        live.call(lambda: setattr(server.cfg, "span", "auto"))
+        assert get(f"{server.api_url}/v1/status").json()["span"] is None
+        assert live.call(server.info)["span"] is None  # node.json likewise
+    finally:
+        live.call(lambda: setattr(server.cfg, "span", chosen))
+    assert get(f"{server.api_url}/v1/status").json()["span"] == list(chosen)
+
+
 def test_bond_unbond_dry_run_and_errors(live):
     api, client = live.api, live.client
     before = live.call(lambda: dict(client.ledger.mempool))
