@@ -1,11 +1,13 @@
 """Issue 37, check 3 with real processes: a server killed with SIGKILL mid-epoch, after its sessions and before its
 epoch batch, is paid after restart for every receipt its requester signed, and nothing twice.
 
-Three ``node start`` processes on a tally-test chain whose genesis turns tabs on (an epoch of 20 blocks of
+Three ``node start`` processes on a tally-test chain whose genesis turns tabs on (an epoch of 30 blocks of
 500 ms, every receipt drawn): the validator, which also generates (it opens a tab per server), and two servers of
 the tiny model's whole span (each the other's committee). The server that served the generation is killed as soon
 as its node log shows the sessions settled (their receipts are in its epoch book on disk), then restarted from the
-same data dir; its batch covers them, the other server re-executes and votes, and the worker is paid."""
+same data dir; its batch covers them, the other server re-executes and votes, and the worker is paid. The
+generations start in the first blocks of an epoch, and the kill is checked to fall in that same epoch: under CI's
+load an epoch of 20 blocks once ended (and the batch was sent) before the kill, so the fault did not happen."""
 
 from __future__ import annotations
 
@@ -24,12 +26,22 @@ from node.devnet import devnet_genesis
 
 from .test_processes import ROOT, info, start, stop_all
 
-PARAMS = {"epoch_blocks": 20, "batch_samples": 1000, "reveal_window": 20, "settle_window": 2,
-          "tab_close_delay": 60}
+EPOCH = 30
+PARAMS = {"epoch_blocks": EPOCH, "batch_samples": 1000, "reveal_window": 20, "settle_window": 2,
+          "tab_close_delay": 100}
 
 
 def _get(api: str, path: str) -> dict:
     return httpx.get(f"{api}{path}", timeout=10).json()
+
+
+def _next_epoch_start(api: str) -> int:
+    """Wait until the chain is in the first two blocks of an epoch (at most ~1.5 epochs); returns the epoch."""
+    deadline = time.monotonic() + 1.5 * EPOCH * 0.5 + 30
+    while (h := _get(api, "/v1/status")["height"]) % EPOCH > 1:
+        assert time.monotonic() < deadline, f"no epoch started (height {h})"
+        time.sleep(0.1)
+    return h // EPOCH
 
 
 @pytest.mark.slow  # four node processes, a kill and a restart, an epoch of 10 s: about a minute on 2 cores
@@ -55,6 +67,7 @@ def test_a_server_killed_mid_epoch_is_paid_after_restart_once(tmp_path):
         while len(_get(i0["api"], "/v1/status")["swarm"]) < 2:
             assert time.monotonic() < deadline, "the servers were not announced"
             time.sleep(0.3)
+        epoch = _next_epoch_start(i0["api"])
         gens = [http.post(f"{i0['api']}/v1/generate", json={"prompt_ids": [5, 17, 42], "max_new_tokens": 4}).json()
                 for _ in range(2)]
         # kill the server of the first generation (routes follow measured speed: under load the second may have
@@ -70,6 +83,8 @@ def test_a_server_killed_mid_epoch_is_paid_after_restart_once(tmp_path):
         height_killed = _get(i0["api"], "/v1/status")["height"]
         procs[k].send_signal(signal.SIGKILL)
         procs[k].wait()
+        assert height_killed // EPOCH == epoch, (  # the fault under test: a kill before the epoch's batch
+            f"the sessions of epoch {epoch} settled only at height {height_killed}: not killed mid-epoch")
         tabs = _get(i0["api"], f"/v1/accounts/{infos[k]['peer_id']}/tabs")
         assert tabs["tabs"] and int(tabs["tabs"][0]["redeemed"]["base_units"]) == 0  # not paid yet: mid-epoch
         procs[k] = start(dirs[k], cache, "--genesis", str(gfile), "--dev-account", str(k), "--span", "0:6",
