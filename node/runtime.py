@@ -404,11 +404,6 @@ class Node:
         return self.service(OfferKeeper)
 
     @property
-    def book(self) -> EpochBook | None:
-        """On a chain with tabs: the receipts this node holds as a worker until their epoch batch is final."""
-        return self.service(EpochBook)
-
-    @property
     def tab_book(self) -> TabBook | None:
         """On a chain with tabs: this node's tabs as a requester (:mod:`node.settle.tabs`)."""
         return self.service(TabBook)
