@@ -24,27 +24,28 @@ def tiny_genesis(n_servers: int = 3, **params) -> Genesis:
 
 
 def node_config(tmp: Path, i: int, genesis: Genesis, model_dir: Path, span=None, fault=None,
-                accept_jobs=False) -> NodeConfig:
+                accept_jobs=False, step_timeout: float = 10.0) -> NodeConfig:
     return NodeConfig(data_dir=tmp / f"n{i}", genesis=genesis, model_dir=model_dir, span=span,
-                      seed=dev_seed(i), fault=fault, step_timeout=10.0, announce_period=0.5,
+                      seed=dev_seed(i), fault=fault, step_timeout=step_timeout, announce_period=0.5,
                       accept_jobs=accept_jobs)
 
 
 @asynccontextmanager
 async def swarm(tmp: Path, model_dir: Path, spans, genesis: Genesis | None = None, faults=None, accept_jobs=(),
-                budgets=None):
+                budgets=None, step_timeout: float = 10.0):
     """Start node 0 (validator + client) and one server per span; yield the list of nodes.
-    ``accept_jobs``: indexes of servers that take fine-tune jobs; ``budgets``: index -> MemoryBudget of a server."""
+    ``accept_jobs``: indexes of servers that take fine-tune jobs; ``budgets``: index -> MemoryBudget of a server;
+    ``step_timeout``: every node's (a client's wait for a reply, a server's wait for a session's next message)."""
     genesis = genesis or tiny_genesis(len(spans))
     faults = faults or {}
     async with trio.open_nursery() as n:
-        nodes = [Node(node_config(tmp, 0, genesis, model_dir))]
+        nodes = [Node(node_config(tmp, 0, genesis, model_dir, step_timeout=step_timeout))]
         n.start_soon(nodes[0].run)
         await nodes[0].started.wait()
         boot = nodes[0].host.addrs
         for i, span in enumerate(spans, start=1):
             cfg = node_config(tmp, i, genesis, model_dir, span=span, fault=faults.get(i),
-                              accept_jobs=i in accept_jobs)
+                              accept_jobs=i in accept_jobs, step_timeout=step_timeout)
             cfg.bootstrap = boot
             cfg.budget = (budgets or {}).get(i)
             nd = Node(cfg)

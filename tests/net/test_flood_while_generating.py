@@ -35,7 +35,11 @@ def test_stream_and_connection_flood_is_refused_while_generation_through_the_tar
     genesis = tiny_genesis(len(SPANS))
 
     async def main():
-        async with swarm(tmp_path, tiny, SPANS, genesis=genesis) as nodes:
+        # one process runs all four nodes, so a flood that slows the target's loop slows every hop; a server
+        # ends a session whose next step is 10 s late, and each span has one server, so under CI's load the
+        # first hop's session ended while the client waited on the target (CI at e045b1d: NoRouteError at
+        # block 0). 30 s is the margin; the limits below are what is tested
+        async with swarm(tmp_path, tiny, SPANS, genesis=genesis, step_timeout=30.0) as nodes:
             client, target = nodes[0], nodes[2]  # the middle span's server
             # a sequential loop here opens ~10-50 streams/s, each held for the 10 s step timeout: below the
             # defaults (128 open, 200/s), so the target gets tighter limits to show them biting
@@ -62,7 +66,8 @@ def test_stream_and_connection_flood_is_refused_while_generation_through_the_tar
 
     gens, stats, refused_streams, refused_conns, disconnects, route, target_id = trio.run(main)
     print(f"flood: {stats}; target refused {refused_streams} streams and {refused_conns} connections, "
-          f"disconnected the flooder {disconnects} time(s); {len(gens)} generations meanwhile")
+          f"disconnected the flooder {disconnects} time(s); {len(gens)} generations meanwhile, "
+          f"failovers: {[f for g in gens for f in g.failovers]}")
     want = local_generate(tiny, PROMPT, 12)
     assert len(gens) >= 2 and all(g.tokens == want for g in gens)
     assert target_id in route  # the flooded server was on the route
