@@ -312,9 +312,6 @@ def _job_demo(http: httpx.Client, api: str, accounts: list[str], root: Path, arg
     if r.status_code != 200:
         raise DevnetError(f"posting the job failed: {r.status_code} {r.text}")
     jid = r.json()["job_id"]
-    # local: tqdm (~70 ms) only while a progress bar is drawn; every CLI command imports this module
-    from tqdm import tqdm
-
     deadline = time.monotonic() + 60
     while (r := http.get(f"{api}/v1/jobs/{jid}")).status_code == 404:  # submitted, not in a block yet
         if time.monotonic() > deadline:
@@ -322,12 +319,11 @@ def _job_demo(http: httpx.Client, api: str, accounts: list[str], root: Path, arg
         time.sleep(0.3)
     r.raise_for_status()
     deadline = time.monotonic() + 1800
-    with tqdm(total=args.job_steps, unit="step", desc=f"job {jid[:8]}") as bar:
+    # on stderr, as before: a bar on a terminal, plain lines (no redraws) when it is a file or a pipe
+    with Progress(args.job_steps, "step", f"job {jid[:8]}", sys.stderr) as bar:
         while True:
             job = _get(http, f"{api}/v1/jobs/{jid}")
-            bar.n = job["steps_done"]
-            bar.set_postfix(status=job["status"])
-            bar.refresh()
+            bar.show(job["steps_done"], f"status={job['status']}")
             if job["status"] in JOB_FINAL:
                 break
             if time.monotonic() > deadline:
