@@ -30,6 +30,7 @@ from .ledger.core.jobstate import JobStatus
 from .ledger.core.status import FINAL, ReceiptStatus
 from .lockfile import LockHeld, hold, holder
 from .market.cli import FINAL as JOB_FINAL
+from .progress import Progress
 
 
 class DevnetError(RuntimeError):
