@@ -15,6 +15,7 @@ from typing import Any, TextIO, cast
 from ..encoding import parse_amount
 from ..ledger.core.batchtx import MAX_GENERATE_TOKENS, MAX_REPLICATION, TASK_KINDS
 from ..localapi import LocalApi
+from ..progress import Progress
 from .items import ItemsError, parse_items
 
 FINAL = {"settled", "cancelled"}
@@ -115,38 +116,26 @@ def summary(b: dict[str, Any]) -> str:
             f"{b['paid']['credits']} credits, slashed {b['slashed']['credits']}")
 
 
-def follow(api: LocalApi, batch_id: str, out: TextIO = sys.stdout) -> dict[str, Any]:
-    """Poll until the batch is settled or cancelled: a tqdm bar on a terminal, else one plain line per change."""
+def follow(api: LocalApi, batch_id: str, out: TextIO | None = None) -> dict[str, Any]:
+    """Poll every second until the batch is settled or cancelled (or :data:`FOLLOW_LIMIT` passed): a bar over its
+    items on a terminal, else its :func:`summary` line on each change (:class:`node.progress.Progress`). Returns the
+    last batch seen.
+
+    Exits: the batch is not on the ledger within 60 s."""
     deadline = time.monotonic() + 60
     while (b := api.call("GET", f"/v1/batches/{batch_id}", missing_ok=True)) is None:  # not in a block yet
         if time.monotonic() > deadline:
             sys.exit(f"node batch: batch {batch_id} did not appear on the ledger within 60 s")
         time.sleep(0.5)
     end = time.monotonic() + FOLLOW_LIMIT
-    bar = None
-    if out.isatty():
-        # local: tqdm (~70 ms) only while a progress bar is drawn; every CLI command imports this module
-        from tqdm import tqdm
-
-        bar = tqdm(total=b["n_items"], unit="item", desc=f"batch {batch_id[:8]}", file=out)
-    last = None
-    try:
+    with Progress(b["n_items"], "item", f"batch {batch_id[:8]}", out) as bar:
         while True:
-            if bar is not None:
-                bar.n = b["decided"]
-                bar.set_postfix(status=b["status"], accepted=b["accepted"],
-                                agree="n/a" if b["agreement_rate"] is None else f"{b['agreement_rate']:.2f}")
-                bar.refresh()
-            elif (line := summary(b)) != last:
-                print(line, file=out, flush=True)
-                last = line
+            agree = "n/a" if b["agreement_rate"] is None else f"{b['agreement_rate']:.2f}"
+            bar.show(b["decided"], f"status={b['status']}, accepted={b['accepted']}, agree={agree}", line=summary(b))
             if b["status"] in FINAL or time.monotonic() > end:
                 return b
             time.sleep(1)
             b = _call(api, "GET", f"/v1/batches/{batch_id}")
-    finally:
-        if bar is not None:
-            bar.close()
 
 
 def run_batch_command(args: argparse.Namespace) -> int:

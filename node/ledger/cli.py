@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, TextIO
 
 from ..lockfile import LockHeld, hold
+from ..progress import Progress
 from . import statedb
 from .genesis import GenesisError, load_genesis
 from .store import LedgerStore, StoreCorrupt, StoreLocked
@@ -61,23 +61,6 @@ def _open(args: argparse.Namespace) -> tuple[LedgerStore, IO[str]]:
         sys.exit(f"node ledger: {e}")
 
 
-def _progress(total: int, out: TextIO) -> tuple[Callable[[int], None], Callable[[], None]]:
-    """``(fn(height), close())``: a tqdm bar on a terminal, else a plain line every 10 % of the blocks."""
-    if out.isatty():
-        # local: tqdm (~70 ms) only while a progress bar is drawn; every CLI command imports this module
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, unit="block", desc="verify", file=out)
-        return (lambda h: bar.update(h - bar.n)), bar.close
-    step = max(1, total // 10)
-
-    def line(h: int) -> None:
-        if h % step == 0 or h == total:
-            print(f"verified {h}/{total} blocks", file=out, flush=True)
-
-    return line, (lambda: None)
-
-
 def run_ledger_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     """Run ``node ledger info|verify``. Returns the exit status (verify: 1 when the stored state differs and
     was not repaired, 2 when a block does not verify)."""
@@ -98,14 +81,16 @@ def run_ledger_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> in
                 print(f"{kind}: {counts[kind]} keys, {sizes[kind]} bytes", file=out)
             return 0
         t0 = time.monotonic()
-        fn, close = _progress(store.head, out)
-        try:
-            diffs = store.verify(progress=fn, repair=args.repair)
-        except StoreCorrupt as e:
-            close()
-            print(f"node ledger verify: {e}", file=out)
-            return 2
-        close()
+        total = store.head
+        # a bar on a terminal, else a plain line every 10 % of the blocks
+        with Progress(total, "block", "verify", out, every=total // 10) as bar:
+            try:
+                diffs = store.verify(progress=lambda h: bar.show(h, line=f"verified {h}/{total} blocks"),
+                                     repair=args.repair)
+            except StoreCorrupt as e:
+                bar.close()
+                print(f"node ledger verify: {e}", file=out)
+                return 2
         took = time.monotonic() - t0
         if not diffs:
             print(f"ok: {store.head} blocks verified from genesis in {took:.1f} s; the stored state matches",

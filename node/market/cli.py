@@ -12,6 +12,7 @@ from typing import Any
 from ..encoding import format_amount, parse_amount
 from ..ledger.core.jobstate import TERMINAL
 from ..localapi import LocalApi, dataset_field
+from ..progress import Progress
 
 
 def add_job_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], default_data_dir: Path) -> None:
@@ -85,20 +86,20 @@ FINAL = TERMINAL  # job statuses no block changes
 
 
 def _follow(api: LocalApi, job_id: str) -> dict[str, Any]:
-    # local: tqdm (~70 ms) only while a progress bar is drawn; every CLI command imports this module
-    from tqdm import tqdm
+    """Poll the job every second until its status is final: a bar over its steps on stderr when that is a
+    terminal, else one plain line per change (:class:`node.progress.Progress`). Returns the final job.
 
+    Exits: the job is not on the ledger within 60 s."""
     deadline = time.monotonic() + 60
     while (job := api.call("GET", f"/v1/jobs/{job_id}", missing_ok=True)) is None:  # not in a block yet
         if time.monotonic() > deadline:
             sys.exit(f"node job: job {job_id} did not appear on the ledger within 60 s")
         time.sleep(0.5)
-    with tqdm(total=job["steps"], unit="step", desc=f"job {job_id[:8]}") as bar:
+    with Progress(job["steps"], "step", f"job {job_id[:8]}", sys.stderr) as bar:
         while True:
-            bar.n = job["steps_done"]
             loss = next((x for x in reversed(job["losses"]) if x is not None), None)
-            bar.set_postfix(status=job["status"], loss="n/a" if loss is None else f"{loss:.3f}")
-            bar.refresh()
+            shown = "n/a" if loss is None else f"{loss:.3f}"
+            bar.show(job["steps_done"], f"status={job['status']}, loss={shown}")
             if job["status"] in FINAL:
                 return job
             time.sleep(1)

@@ -13,6 +13,7 @@ from typing import Any, TextIO, cast
 
 from ..encoding import parse_amount
 from ..localapi import LocalApi, dataset_field
+from ..progress import Progress
 
 FINAL = {"finished", "expired", "cancelled"}
 STATUSES = ("waiting", "training", "finishing", "finished", "expired", "cancelled")
@@ -185,30 +186,14 @@ def _follow(api: LocalApi, run_id: str, out: TextIO | None = None) -> dict[str, 
         if time.monotonic() > deadline:
             sys.exit(f"node run: run {run_id} did not appear on the ledger within 60 s")
         time.sleep(0.5)
-    bar = None
-    if out.isatty():
-        # local: tqdm (~70 ms) only while a progress bar is drawn; every CLI command imports this module
-        from tqdm import tqdm
-
-        bar = tqdm(total=run["rounds"], unit="round", desc=f"run {run_id[:8]}", file=out)
-    last = None
-    try:
+    with Progress(run["rounds"], "round", f"run {run_id[:8]}", out) as bar:
         while True:
             line = _line(run)
-            if bar is not None:
-                bar.n = run["round"]
-                bar.set_postfix_str(line.split(": ", 1)[1][:80])
-                bar.refresh()
-            elif line != last:
-                print(line, file=out, flush=True)
-            last = line
+            bar.show(run["round"], line.split(": ", 1)[1][:80], line=line)
             if run["status"] in FINAL:
                 return run
             time.sleep(1)
             run = _call(api, "GET", f"/v1/runs/{run_id}")
-    finally:
-        if bar is not None:
-            bar.close()
 
 
 def _summary(run: dict[str, Any]) -> str:
