@@ -1,5 +1,5 @@
 """Pure span arithmetic: splitting a model into shards, planning routes through announced servers (by
-measured speed and free cache) and choosing which blocks a new server should serve.
+measured speed, free cache and ledger standing) and choosing which blocks a new server should serve.
 
 Spans are half-open block ranges ``[start, end)``. No torch here.
 """
@@ -7,6 +7,7 @@ Spans are half-open block ranges ``[start, end)``. No torch here.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterable, Mapping, Set as AbstractSet
 from dataclasses import dataclass
 
@@ -104,34 +105,41 @@ class SpanInfo:
 
 def choose_route(spans: Iterable[SpanInfo], num_blocks: int, start: int = 0, end: int | None = None,
                  exclude: AbstractSet[str] = frozenset(), need_cache: int = 0,
-                 rtt: Mapping[str, float] | None = None) -> list[SpanInfo]:
+                 rtt: Mapping[str, float] | None = None,
+                 standing: Mapping[str, float] | None = None) -> list[SpanInfo]:
     """Fastest chain of announced spans covering blocks ``[start, end)`` (default: the whole model).
 
-    The estimated time of a route is the sum over its hops of ``span.step_seconds() + rtt[peer] +
-    HOP_OVERHEAD_S`` (``rtt``: the client's measured network round trip to a peer, seconds, default 0),
-    rounded to microseconds; among routes of equal time the one whose peer-id sequence sorts first wins, so
-    the result depends only on the inputs. Spans must be entered at their start and left at their end; spans
-    of excluded peers, spans outside ``[start, end)`` and spans whose ``free_cache`` is below ``need_cache``
-    tokens are ignored.
+    The estimated time of a route is the sum over its hops of ``(span.step_seconds() + rtt[peer] +
+    HOP_OVERHEAD_S) * standing[peer]`` (``rtt``: the client's measured network round trip to a peer, seconds,
+    default 0; ``standing``: a peer's cost factor >= 1 from its ledger record, default 1, see
+    :mod:`node.compute.standing`: a slower server with a proven record can win over a faster new or punished
+    one, and a factor never excludes a server), each hop rounded to microseconds; among routes of equal time
+    the one whose peer-id sequence sorts first wins, so the result depends only on the inputs. Spans must be
+    entered at their start and left at their end; spans of excluded peers, spans outside ``[start, end)`` and
+    spans whose ``free_cache`` is below ``need_cache`` tokens are ignored.
 
     Returns:
         ``[SpanInfo, ...]`` from ``start`` to ``end``.
 
     Raises:
-        ValueError: ``num_blocks < 1`` or a bad ``[start, end)``.
+        ValueError: ``num_blocks < 1``, a bad ``[start, end)``, or a standing factor below 1 or not finite.
         NoRouteError: no chain covers the range; ``.block`` is the farthest block reachable from ``start``.
     """
     end = num_blocks if end is None else end
     if num_blocks < 1 or not 0 <= start < end <= num_blocks:
         raise ValueError(f"bad block range [{start}, {end}) for a model of {num_blocks} blocks")
-    rtt = rtt or {}
+    rtt, standing = rtt or {}, standing or {}
+    bad = {p: f for p, f in standing.items() if not 1.0 <= f < math.inf}
+    if bad:
+        raise ValueError(f"standing factors must be finite and >= 1: {bad}")
     edges: dict[int, list[tuple[int, SpanInfo]]] = {}
     for s in spans:
         if s.peer in exclude or not start <= s.start < s.end <= end:
             continue
         if s.free_cache is not None and s.free_cache < need_cache:
             continue
-        cost = round((s.step_seconds() + max(0.0, rtt.get(s.peer, 0.0)) + HOP_OVERHEAD_S) * 1e6)
+        hop_s = s.step_seconds() + max(0.0, rtt.get(s.peer, 0.0)) + HOP_OVERHEAD_S
+        cost = round(hop_s * standing.get(s.peer, 1.0) * 1e6)
         edges.setdefault(s.start, []).append((cost, s))
     best: dict[int, tuple[int, tuple[str, ...]]] = {start: (0, ())}
     back: dict[int, tuple[int, SpanInfo]] = {}

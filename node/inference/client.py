@@ -7,7 +7,8 @@ their running receipts and acknowledgements are :mod:`node.inference.hops`'s; be
 ``on_token`` or gives up a session, every acknowledgement is sent at once.
 
 Routing: :func:`~node.compute.shards.choose_route` over the live announcements (measured throughput, latency,
-free cache) plus the client's own measured round trips; deterministic for equal inputs.
+free cache) plus the client's own measured round trips, each server weighed by its verified record on the ledger
+(:mod:`node.compute.standing`: new or punished servers get less work); deterministic for equal inputs.
 
 Failover: when a hop fails (EOF or reset, timeout, error reply, malformed or non-finite output) the client
 retires it — keeping the worker-signed receipt for every output it received, which it countersigns and submits
@@ -28,6 +29,7 @@ import trio
 
 from ..blobs import BlobStore
 from ..compute.shards import NoRouteError, SpanInfo, choose_route
+from ..compute.standing import standings
 from ..duty.seams import Executor
 from ..identity import Identity
 from ..ledger.core.tabs import TabReceipt
@@ -92,8 +94,9 @@ class RouteClient(HopSessions, Generic[HeadT]):
 
     Args:
         ident: the requester's identity. host: :class:`~node.p2p.host.P2PHost`. head: ClientHead (or LazyHead).
-        manifest: the model's manifest. ledger: anything with ``chain_id``, ``genesis.params``, ``state.height``
-        and ``async submit(tx)`` (LedgerService). executor: TorchExecutor. blobs: BlobStore. swarm: SwarmTable.
+        manifest: the model's manifest. ledger: anything with ``chain_id``, ``genesis.params``, ``state.height``,
+        ``state.account(key)`` and ``async submit(tx)`` (LedgerService). executor: TorchExecutor.
+        blobs: BlobStore. swarm: SwarmTable.
         step_timeout: seconds to wait for each reply. compression: default codec (:mod:`node.inference.wire`).
         max_failovers: replacements allowed per generation. submit: submit receipts to the ledger.
         open_timeout: seconds to wait for a session's stream to a server (then it fails over).
@@ -125,8 +128,15 @@ class RouteClient(HopSessions, Generic[HeadT]):
 
     def _plan(self, need: int, start: int = 0, end: int | None = None,
               exclude: Collection[str] = frozenset()) -> list[SpanInfo]:
-        return choose_route(self.swarm.infos(self.manifest.model_id), self.manifest.num_blocks, start, end,
-                            exclude=set(exclude) | {self.host.peer_id}, need_cache=need, rtt=self.swarm.rtt)
+        """The fastest route over the live announcements now (:func:`~node.compute.shards.choose_route`): blocks
+        ``[start, end)``, ``need`` tokens of free cache per hop, neither this node nor ``exclude``, each hop's time
+        weighed by its server's standing on the ledger (:mod:`node.compute.standing`, one account read per
+        candidate server). Raises NoRouteError."""
+        infos = self.swarm.infos(self.manifest.model_id)
+        skip = set(exclude) | {self.host.peer_id}
+        standing = standings((s.peer for s in infos if s.peer not in skip), self.ledger.state.account)
+        return choose_route(infos, self.manifest.num_blocks, start, end, exclude=skip, need_cache=need,
+                            rtt=self.swarm.rtt, standing=standing)
 
     async def _first_plan(self, need: int, wait: float = ROUTE_WAIT) -> list[SpanInfo]:
         """The route of a new generation (``need`` tokens of cache per hop). While the live announcements do not

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+from ..compute.standing import Record
 from ..ledger.core.tabs import TabReceipt
 from ..ledger.core.tx import Receipt
 from ..p2p.framing import ByteReader, ByteWriter
@@ -93,15 +94,19 @@ class PricedGenesis(Protocol):
 
 
 class HeightState(Protocol):
-    """The ledger state as the client reads it: its height."""
+    """The ledger state as the client reads it: its height, and a server's account (32-byte key -> its record,
+    an empty one when unknown), whose verdicts weigh its routes (:mod:`node.compute.standing`)."""
 
     @property
     def height(self) -> int: ...
 
+    def account(self, a: bytes, /) -> Record: ...
+
 
 class ClientLedger(Protocol):
     """The ledger as the route client uses it (:class:`node.ledger.service.LedgerService`): the signing domain,
-    the price, the height (read for sessions on tabs) and submission (receipts)."""
+    the price, the state (its height, read for sessions on tabs; the servers' accounts, read to plan routes) and
+    submission (receipts)."""
 
     @property
     def chain_id(self) -> str: ...

@@ -24,6 +24,7 @@ from node.identity import Identity, dev_seed
 from node.inference.client import RouteClient
 from node.inference.server import SpanServer
 from node.inference.swarm import SwarmTable
+from node.ledger.core.rows import Account
 from node.p2p.host import PeerUnreachable
 
 CHAIN = "tally-test"
@@ -51,6 +52,15 @@ class MemStream:
     reset = close
 
 
+class NoAccounts:
+    """A ledger state at height 0 where every account is empty (every server plans as a new one)."""
+
+    height = 0
+
+    def account(self, a: bytes, /) -> Account:
+        return Account()
+
+
 @dataclass
 class FakeLedger:
     chain_id: str = CHAIN
@@ -63,6 +73,7 @@ class FakeLedger:
             params = _P()
 
         self.genesis = _G()
+        self.state = NoAccounts()
         self.submitted: list = []
 
     async def submit(self, tx) -> bytes:
