@@ -78,6 +78,8 @@ TABLE: dict[str, WireLimit] = {
     "/tally/dialback/1.0.0": WireLimit(request=4 * KIB, reply=4 * KIB, objects=128, depth=4),
     # a reply holds at most 32 peers x 4 addresses
     "/tally/peers/1.0.0": WireLimit(request=1 * KIB, reply=64 * KIB, objects=1024, depth=4),
+    # span records (node.discovery): a store carries one record of at most 2 KiB, a find's reply at most 32
+    "/tally/discovery/1.0.0": WireLimit(request=4 * KIB, reply=72 * KIB, objects=128, depth=4, timeout=5.0),
     # open/ack/close are 4 KiB (server.CONTROL_MAX); a step carries hidden states, sized by the server per session
     "/tally/inference/2.0.0": WireLimit(request=MAX_MESSAGE, reply=MAX_MESSAGE, objects=BULK_OBJECTS, depth=8,
                                         timeout=30.0),

@@ -1,0 +1,264 @@
+"""Span discovery over libp2p: Kademlia finds the peers closest to a key, Tally's own protocol stores and fetches
+the signed records there (I/O edge of :mod:`node.discovery`).
+
+py-libp2p's ``KadDHT`` gives the routing table and the iterative lookup of the peers closest to a key (O(log n)
+hops: Maymounkov & Mazières 2002, section 2.3); its value store holds one value per key, and its provider records
+carry no span, so the records themselves travel on ``/tally/discovery/1.0.0``:
+
+- ``{"op": "store", "record": bytes}``: the sender stores its own record (a record of another server is refused:
+  nobody holds a place in another's name). Reply ``{"held": bool}``.
+- ``{"op": "find", "key": 32 bytes, "limit": n}``: reply ``{"records": [bytes, ...]}`` (at most
+  :data:`~node.discovery.store.ANSWER_LIMIT`).
+
+Every record read is checked (:func:`~node.discovery.record.decode_record`) before it is used; a peer that
+answers with a bad one is penalized. Requests and replies are bounded by the wire-limit table and have deadlines.
+A node in client mode (a light client) runs the lookup but holds no records and answers no requests: its cost is
+what it asks for.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol
+
+import trio
+
+from ..keys import account_to_str
+from ..p2p.framing import FrameError, RemoteError, RequestTimeout, StreamClosed
+from ..p2p.streams import PeerUnreachable
+from .keys import span_key
+from .record import RecordError, SpanRecord, decode_record
+from .store import ANSWER_LIMIT, RecordStore
+
+DISCOVERY_PROTOCOL = "/tally/discovery/1.0.0"
+REPLICATION = 8  # peers closest to a key that hold each record (Kademlia's k is 20; records are republished)
+REQUEST_TIMEOUT = 5.0  # seconds for one store or find exchange
+BAD_RECORD = 5.0  # penalty weight for a peer that sends a record that does not check
+
+log = logging.getLogger("tally.discovery")
+REQUEST_ERRORS = (PeerUnreachable, RemoteError, RequestTimeout, StreamClosed, FrameError)
+
+
+class Mode(Enum):
+    """A node's part in the DHT: a server holds records and answers; a client only asks."""
+
+    SERVER = "server"
+    CLIENT = "client"
+
+
+class DiscoveryHost(Protocol):
+    """What discovery needs of the host (:class:`node.p2p.host.P2PHost`)."""
+
+    @property
+    def peer_id(self) -> str: ...
+
+    @property
+    def libp2p(self) -> Any: ...
+
+    def set_request_handler(self, protocol_id: str, fn: Any, timeout: float | None = None,
+                            max_message: int | None = None) -> None: ...
+
+    async def request(self, peer_id: str, protocol_id: str, msg: dict[str, Any], timeout: float,
+                      max_message: int | None = None) -> dict[str, Any]: ...
+
+    def penalize(self, peer_id: str, weight: float, ban_s: float | None = None) -> bool: ...
+
+
+@dataclass
+class Counters:
+    """What a node's discovery did: requests served and sent, records refused (for benches and ``node peers``)."""
+
+    served_store: int = 0
+    served_find: int = 0
+    sent: int = 0
+    bad_records: int = 0
+
+
+class Discovery:
+    """Publish this node's span records and find other servers' (one per node; :meth:`run` while the host runs).
+
+    Args:
+        host: the running host. mode: :class:`Mode`. store: the records held (server mode).
+        clock: Unix seconds (records carry absolute expiries). rng: peer sampling.
+    """
+
+    def __init__(self, host: DiscoveryHost, mode: Mode = Mode.SERVER, store: RecordStore | None = None,
+                 clock: Callable[[], float] = time.time, rng: random.Random | None = None):
+        self.host, self.mode = host, mode
+        self.store = store or RecordStore()
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.dht: Any = None
+        self.counters = Counters()
+        self.ready = trio.Event()
+        if mode is Mode.SERVER:
+            host.set_request_handler(DISCOVERY_PROTOCOL, self._serve)
+
+    # ------------------------------------------------------------------ the DHT's routing
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Run py-libp2p's Kademlia routing on the host until cancelled (``task_status.started()`` once up)."""
+        # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
+        from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+        from libp2p.tools.anyio_service import background_trio_service
+
+        mode = DHTMode.SERVER if self.mode is Mode.SERVER else DHTMode.CLIENT
+        # max_peers_per_subnet=0: many Tally nodes may share a public /24 (shared/notes/py-libp2p-network.md §5)
+        self.dht = KadDHT(self.host.libp2p, mode, enable_random_walk=False, enable_providers=False,
+                          enable_values=False, max_peers_per_subnet=0)
+        async with AsyncExitStack() as stack:
+            await stack.enter_async_context(background_trio_service(self.dht))
+            self.ready.set()
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def add_peer(self, peer_id: str) -> bool:
+        """Put a connected peer into the routing table (once identify has its protocols); returns whether it
+        was added (a client-mode peer is not)."""
+        from libp2p.peer.id import ID
+
+        await self.ready.wait()
+        added: bool = await self.dht.add_peer(ID.from_base58(peer_id))
+        return added
+
+    def routing_table_size(self) -> int:
+        """Peers in the Kademlia routing table (bounded by its k-buckets: 20 per bucket, 256 buckets)."""
+        return 0 if self.dht is None else int(self.dht.get_routing_table_size())
+
+    async def closest(self, key: bytes, count: int = REPLICATION) -> list[str]:
+        """The ``count`` peers closest to ``key`` in the network (iterative lookup, XOR metric)."""
+        await self.ready.wait()
+        peers = await self.dht.peer_routing.find_closest_peers_network(key, count)
+        return [p.to_base58() for p in peers][:count]
+
+    # ------------------------------------------------------------------ serving (server mode)
+
+    async def _serve(self, msg: dict[str, Any], remote: str) -> dict[str, Any]:
+        now = self.clock()
+        op = msg.get("op")
+        if op == "store":
+            try:
+                rec = decode_record(msg.get("record"), now)  # type: ignore[arg-type]  # checked inside
+            except RecordError as e:
+                self.counters.bad_records += 1
+                self.host.penalize(remote, BAD_RECORD)
+                raise RemoteError("bad_record", str(e)) from None
+            if account_to_str(rec.account) != remote:
+                raise RemoteError("not_yours", "a node stores only its own span record")
+            self.counters.served_store += 1
+            return {"held": self.store.put(rec, now)}
+        if op == "find":
+            key, limit = msg.get("key"), msg.get("limit", ANSWER_LIMIT)
+            if not isinstance(key, bytes) or len(key) != 32 or type(limit) is not int or limit < 1:
+                raise RemoteError("bad_request", "find needs a 32-byte key and a limit >= 1")
+            self.counters.served_find += 1
+            return {"records": [r.encode() for r in self.store.get(key, now, min(limit, ANSWER_LIMIT))]}
+        raise RemoteError("bad_request", f"unknown op {op!r}")
+
+    # ------------------------------------------------------------------ publishing and finding
+
+    async def publish(self, rec: SpanRecord) -> int:
+        """Store ``rec`` (this node's own) on the :data:`REPLICATION` peers closest to its key, and here in server
+        mode; returns how many peers hold it now (this node included). Failures are counted, never raised."""
+        key = span_key(rec.model_id, rec.start)
+        held = int(self.mode is Mode.SERVER and self.store.put(rec, self.clock()))
+        results: list[bool] = []
+
+        async def one(peer: str) -> None:
+            try:
+                self.counters.sent += 1
+                reply = await self.host.request(peer, DISCOVERY_PROTOCOL, {"op": "store", "record": rec.encode()},
+                                                REQUEST_TIMEOUT)
+                results.append(reply.get("held") is True)
+            except REQUEST_ERRORS as e:
+                log.debug("store on %s failed: %s: %s", peer[:16], type(e).__name__, e)
+
+        async with trio.open_nursery() as n:
+            for peer in await self.closest(key):
+                n.start_soon(one, peer)
+        return held + sum(results)
+
+    async def find(self, model_id: bytes, block: int, limit: int = ANSWER_LIMIT) -> list[SpanRecord]:
+        """Servers of ``model_id`` whose span starts at ``block``: asks the peers closest to the key (and this
+        node's own store), checks every record, keeps each server's newest; sorted by account.
+
+        Raises:
+            ValueError: a model id that is not 32 bytes or a negative block.
+        """
+        key = span_key(model_id, block)
+        now = self.clock()
+        found: dict[bytes, SpanRecord] = {r.account: r for r in self.store.get(key, now, limit)}
+
+        async def one(peer: str) -> None:
+            try:
+                self.counters.sent += 1
+                reply = await self.host.request(peer, DISCOVERY_PROTOCOL, {"op": "find", "key": key, "limit": limit},
+                                                REQUEST_TIMEOUT)
+            except REQUEST_ERRORS as e:
+                log.debug("find on %s failed: %s: %s", peer[:16], type(e).__name__, e)
+                return
+            raw = reply.get("records")
+            if not isinstance(raw, list) or len(raw) > ANSWER_LIMIT:
+                self.host.penalize(peer, BAD_RECORD)
+                return
+            for data in raw:
+                try:
+                    rec = decode_record(data, now)
+                except RecordError:
+                    self.counters.bad_records += 1
+                    self.host.penalize(peer, BAD_RECORD)
+                    return
+                if span_key(rec.model_id, rec.start) != key:
+                    self.counters.bad_records += 1
+                    self.host.penalize(peer, BAD_RECORD)
+                    return
+                prev = found.get(rec.account)
+                if prev is None or rec.seq > prev.seq:
+                    found[rec.account] = rec
+
+        async with trio.open_nursery() as n:
+            for peer in await self.closest(key):
+                n.start_soon(one, peer)
+        recs = sorted(found.values(), key=lambda r: r.account)
+        if len(recs) > limit:  # a uniform sample, as a store answers
+            recs = sorted(self.rng.sample(recs, limit), key=lambda r: r.account)
+        return recs
+
+    async def find_route_records(self, model_id: bytes, start: int, end: int,
+                                 limit: int = ANSWER_LIMIT) -> list[SpanRecord]:
+        """Every record a route over ``[start, end)`` could use: a breadth-first walk of the positions reachable
+        from ``start`` (each looked up once, in parallel per wave). Costs one lookup per reachable position, never
+        one for a model or a span the route cannot use."""
+        seen: set[int] = set()
+        wave, out = [start], {}
+        results: dict[int, list[SpanRecord]] = {}
+
+        async def one(b: int) -> None:
+            results[b] = await self.find(model_id, b, limit)
+
+        while wave:
+            seen.update(wave)
+            results.clear()
+            async with trio.open_nursery() as n:
+                for b in wave:
+                    n.start_soon(one, b)
+            nxt: set[int] = set()
+            for recs in results.values():
+                for r in recs:
+                    if r.end <= end:
+                        out[(r.account, r.start)] = r
+                        if r.end < end and r.end not in seen:
+                            nxt.add(r.end)
+            wave = sorted(nxt)
+        return [out[k] for k in sorted(out)]
+
+
+def record_peers(records: Sequence[SpanRecord]) -> list[str]:
+    """The peer ids of ``records``' servers, in order."""
+    return [account_to_str(r.account) for r in records]
