@@ -3,6 +3,20 @@ to each peer, from which the client (:mod:`node.inference.client`) plans routes 
 
 An announcement is a gossip message signed by its sender (who must announce itself), read up to 16 KiB; a replayed or
 older one (by ``seq``) is dropped, and each entry expires after its ``ttl`` (at most :data:`MAX_TTL` seconds).
+
+Both tables are bounded whatever the number of peer ids heard (issue 39, "Bounded tables"):
+
+* ``entries`` holds at most :data:`MAX_PEERS` announcers, ordered by when each was last heard. Every insert and
+  every read pops expired entries from the head (amortized O(1)), so an entry heard more than :data:`MAX_TTL`
+  seconds ago is gone by then; readers skip an entry as soon as its own ``ttl`` is over. A new peer arriving at a
+  full table evicts, in order, (1) the expired entries (a full sweep, at most once per :data:`SWEEP_S` seconds),
+  else (2) the live entry heard longest ago -- but at most ``max_peers // LIVE_EVICTION_SHARE`` (512) live entries
+  per :data:`MAX_TTL` seconds (a token bucket): beyond that the newcomer's announcement is dropped
+  (:attr:`SwarmTable.dropped`), so a flood of fresh peer ids never pushes the live swarm out in one go. Refreshes of
+  a peer already in the table are always taken. There is no cap per /24 of the *announced* addresses: they are not
+  authenticated (any peer may announce any address), so such a cap would only let an attacker crowd out the /24
+  of an honest server.
+* ``rtt`` holds at most :data:`MAX_RTT_PEERS` peers, least recently measured forgotten first.
 """
 
 from __future__ import annotations
@@ -10,6 +24,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -21,10 +36,12 @@ from ..encoding import DecodeError, unpack
 
 MAX_TTL = 300.0  # seconds; a longer announced ttl is clamped
 RTT_EWMA = 0.2
+MAX_PEERS = 4096  # announcers the table holds at most (SwarmTable.entries)
+MAX_RTT_PEERS = 4096  # peers whose measured round trip is kept (SwarmTable.rtt; least recently measured dropped)
+LIVE_EVICTION_SHARE = 8  # a full table gives up at most max_peers // 8 live entries to new peers per MAX_TTL s
+SWEEP_S = 1.0  # seconds between two full sweeps for expired entries while the table is full
 
 log = logging.getLogger("tally.client")  # the client's logger: its lines keep their name
-
-
 class SwarmEntry(TypedDict):
     """One peer's latest announcement as heard (:meth:`SwarmTable.on_announcement`): its model and span, up to 8
     addresses, when it was heard (``seen``, the table's clock) and for how long it holds (``ttl``, seconds), its
@@ -54,16 +71,34 @@ def _num(v: Any, default: float = 0.0) -> float:
     return x if math.isfinite(x) and x >= 0 else default
 
 
+def _expired(e: SwarmEntry, now: float) -> bool:
+    return now - e["seen"] >= e["ttl"]
+
+
 @dataclass
 class SwarmTable:
-    """Span announcements heard on ``tally/<chain>/shards`` (peer → model, span, measurements, seen_at) and the
-    client's measured network round trip per peer (seconds, EWMA)."""
+    """Span announcements heard on ``tally/<chain>/shards`` (peer → model, span, measurements, seen_at; heard
+    longest ago first) and the client's measured network round trip per peer (seconds, EWMA; least recently
+    measured first). Bounds and eviction: the module docstring.
 
-    entries: dict[str, SwarmEntry] = field(default_factory=dict)
+    Attributes:
+        max_peers: ``entries`` held at most (default :data:`MAX_PEERS`).
+        evicted: live entries given up to new peers since start.
+        dropped: announcements of new peers dropped since start because the table was full of live entries and
+            its live-eviction budget spent.
+    """
+
+    entries: OrderedDict[str, SwarmEntry] = field(default_factory=OrderedDict)
     clock: Callable[[], float] = time.monotonic  # seconds
-    rtt: dict[str, float] = field(default_factory=dict)
+    rtt: OrderedDict[str, float] = field(default_factory=OrderedDict)
     # set (and replaced) when a peer announces a span it did not announce before: a route may have changed
     changed: trio.Event = field(default_factory=trio.Event)
+    max_peers: int = MAX_PEERS
+    evicted: int = 0
+    dropped: int = 0
+    _tokens: float = field(default=-1.0, repr=False)  # live evictions left (-1: a full budget, set at first use)
+    _tokens_at: float = field(default=0.0, repr=False)
+    _swept_at: float = field(default=-math.inf, repr=False)
 
     async def on_announcement(self, data: bytes, from_peer: str) -> None:
         try:
@@ -78,23 +113,68 @@ class SwarmTable:
             if prev is not None and int(a["seq"]) <= prev["seq"]:
                 return  # stale or replayed announcement
             free = a.get("free_cache")
-            self.entries[from_peer] = {
+            entry: SwarmEntry = {
                 "model_id": bytes(a["model_id"]), "start": start, "end": end,
                 "addrs": list(a.get("addrs", []))[:8], "seen": self.clock(), "ttl": ttl,
                 "active": int(a.get("active", 0)), "seq": int(a["seq"]),
                 "throughput": _num(a.get("throughput")), "latency": _num(a.get("latency")),
                 "free_cache": int(free) if isinstance(free, int) and free >= 0 else None,
                 "refreshes": (prev["refreshes"] + 1) if prev else 0}
+            if not self._put(from_peer, entry):
+                return
             if prev is None or (prev["model_id"], prev["start"], prev["end"]) != (a["model_id"], start, end):
                 self.changed.set()
                 self.changed = trio.Event()
         except (DecodeError, KeyError, TypeError, ValueError) as e:
             log.debug("bad announcement from %s: %s", from_peer, e)
 
+    def _put(self, peer: str, entry: SwarmEntry) -> bool:
+        """Store ``entry`` as the most recently heard; False when ``peer`` is new, the table full of live entries
+        and the live-eviction budget spent (nothing stored)."""
+        now = entry["seen"]
+        known = self.entries.pop(peer, None) is not None
+        self._prune_head(now)
+        if not known and len(self.entries) >= self.max_peers and not self._make_room(now):
+            self.dropped += 1
+            return False
+        self.entries[peer] = entry
+        return True
+
+    def _prune_head(self, now: float) -> None:
+        """Pop expired entries from the head (heard longest ago): amortized O(1) per insert."""
+        while self.entries:
+            head = next(iter(self.entries.values()))
+            if not _expired(head, now):
+                return
+            self.entries.popitem(last=False)
+
+    def _make_room(self, now: float) -> bool:
+        """Free one slot of a full table for a new peer (module docstring); False when none may be freed."""
+        if now - self._swept_at >= SWEEP_S:
+            self._swept_at = now
+            for p in [p for p, e in self.entries.items() if _expired(e, now)]:
+                del self.entries[p]
+            if len(self.entries) < self.max_peers:
+                return True
+        budget = float(max(1, self.max_peers // LIVE_EVICTION_SHARE))
+        if self._tokens < 0:
+            self._tokens = budget
+        else:
+            self._tokens = min(budget, self._tokens + (now - self._tokens_at) * budget / MAX_TTL)
+        self._tokens_at = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        while len(self.entries) >= self.max_peers:
+            self.entries.popitem(last=False)  # heard longest ago
+            self.evicted += 1
+        return True
+
     def _live(self, model_id: bytes) -> list[tuple[str, SwarmEntry]]:
         now = self.clock()
+        self._prune_head(now)
         return [(p, e) for p, e in sorted(self.entries.items())
-                if e["model_id"] == model_id and now - e["seen"] < e["ttl"]]
+                if e["model_id"] == model_id and not _expired(e, now)]
 
     def live(self, model_id: bytes) -> list[tuple[str, int, int]]:
         """``[(peer, start, end), ...]`` of unexpired announcements for ``model_id``, sorted by peer."""
@@ -106,7 +186,10 @@ class SwarmTable:
                 for p, e in self._live(model_id)]
 
     def observe_rtt(self, peer: str, seconds: float) -> None:
-        """Record a measured network round trip (step round trip minus the server's announced latency)."""
+        """Record a measured network round trip (step round trip minus the server's announced latency); the
+        least recently measured peers beyond :data:`MAX_RTT_PEERS` are forgotten."""
         seconds = max(0.0, seconds)
-        prev = self.rtt.get(peer)
+        prev = self.rtt.pop(peer, None)
         self.rtt[peer] = seconds if prev is None else (1 - RTT_EWMA) * prev + RTT_EWMA * seconds
+        while len(self.rtt) > MAX_RTT_PEERS:
+            self.rtt.popitem(last=False)

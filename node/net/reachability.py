@@ -22,6 +22,7 @@ import contextlib
 import enum
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -37,6 +38,8 @@ log = logging.getLogger(__name__)
 DIALBACK_PROTOCOL = "/tally/dialback/1.0.0"
 PER_PEER_INTERVAL = 20.0  # seconds between two dial-backs for one peer
 MAX_CONCURRENT = 4
+MAX_TRACKED = 4096  # peers whose last dial-back is remembered (DialBackServer; oldest first out, and any older
+# than PER_PEER_INTERVAL, which no longer limits anything)
 DIAL_TIMEOUT = 5.0  # seconds per candidate address
 
 
@@ -61,7 +64,7 @@ class DialBackServer:
 
     def __init__(self, dialer: Dialer, clock: Callable[[], float] = time.monotonic):
         self.dialer, self.clock = dialer, clock
-        self._last: dict[str, float] = {}
+        self._last: OrderedDict[str, float] = OrderedDict()  # peer -> its last dial-back, oldest first
         self._slots = trio.Semaphore(MAX_CONCURRENT)
         self.served = 0
 
@@ -78,9 +81,11 @@ class DialBackServer:
         now = self.clock()
         if now - self._last.get(remote, -1e9) < PER_PEER_INTERVAL:
             raise RemoteError("rate_limited", f"one dial-back per {PER_PEER_INTERVAL:g} s")
+        self._last.pop(remote, None)
         self._last[remote] = now
-        if len(self._last) > 4096:
-            self._last.pop(next(iter(self._last)))
+        while self._last and (len(self._last) > MAX_TRACKED or now - next(iter(self._last.values()))
+                              >= PER_PEER_INTERVAL):
+            self._last.popitem(last=False)
         seen_ip = remote_addr[0] if remote_addr else None
         ok: list[str] = []
         bad: list[str] = []

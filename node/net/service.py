@@ -96,9 +96,9 @@ class NetworkService:
         self.reachability = Reachability.UNKNOWN
         self.relay: Relay | None = None
         self.dialback = DialBackServer(self)
-        self._connecting: set[str] = set()
-        self._greeting: set[str] = set()
-        self._exchanged: set[str] = set()
+        self._connecting: set[str] = set()  # dials in flight (bounded by the tasks running them)
+        self._greeting: set[str] = set()  # handshakes in flight (bounded by the tasks running them)
+        self._exchanged: set[str] = set()  # connected peers asked for peers (removed on disconnect)
         self._changed = trio.Event()
         self.paths = PathBook()
         self._ping_fails: dict[str, int] = {}  # connected peer -> pings missed in a row (removed on disconnect)
@@ -188,7 +188,8 @@ class NetworkService:
         finally:
             self._greeting.discard(peer)
         if ok:
-            if peer not in self._exchanged:
+            # only while connected: _on_disconnected, which forgets it, may have run during the handshake
+            if peer not in self._exchanged and peer in self.host.connected_peers():
                 self._exchanged.add(peer)
                 await self._exchange(peer)
             self._changed.set()
@@ -445,13 +446,13 @@ class NetworkService:
         from libp2p.peer.id import ID
 
         rtt = await self.paths.measure(self.host.libp2p, ID.from_base58(peer))
-        if rtt is not None:
+        if rtt is not None or peer not in self.host.connected_peers():  # one gone meanwhile is forgotten here
             self._ping_fails.pop(peer, None)
-            if self.on_rtt is not None:
+            if rtt is not None and self.on_rtt is not None:
                 self.on_rtt(peer, rtt / 1000.0)
             return
         n = self._ping_fails[peer] = self._ping_fails.get(peer, 0) + 1
-        if n >= PING_FAILS and peer in self.host.connected_peers():
+        if n >= PING_FAILS:
             self._ping_fails.pop(peer, None)
             log.info("peer %s answered none of %d pings in %.0f s: closing its connections to redial it", peer, n,
                      n * PING_PERIOD)

@@ -40,6 +40,7 @@ from .gossip import Gossip, GossipMethods, count_pubsub_traffic
 from .gossipsub import cache_signed_records, make_router, raise_outbound_queue, retry_pubsub_streams
 from .limits import ConnectionNotifee, Limits, PeerLimiter, StreamGate
 from .logs import install as route_network_logs
+from .peerstore import bounded_peerstore
 from .quirks import batch_yamux_window_updates, check_port_free, exception_leaves
 from .scoring import PeerScores
 from .streams import (
@@ -192,12 +193,14 @@ class P2PHost(GossipMethods, StreamMethods, DialMethods):
                 check_port_free(parts[2], int(parts[4]))
         kp = libp2p_keypair(self.identity)
         listen = [multiaddr.Multiaddr(a) for a in self.listen]
+        peerstore = bounded_peerstore(keep=lambda pid: bool(host.get_network().get_connections(pid)))
         host = new_host(
             key_pair=kp,
             sec_opt={NOISE_ID: NoiseTransport(kp, noise_privkey=x25519_pair().private_key)},
             muxer_opt={TProtocol(YAMUX_ID): Yamux},
             listen_addrs=listen,
             addrs_factory=lambda _candidates: self._factory_addrs(multiaddr.Multiaddr),
+            peerstore_opt=peerstore,  # bounded, never evicting its own key or a connected peer (node.p2p.peerstore)
         )
         self._memoize_get_addrs(host)
         # py-libp2p's resource manager caps streams node-wide and leaks slots on refusals (node.p2p.limits):
