@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import signal
 import sys
@@ -12,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from multiaddr import Multiaddr
 
 from .capabilities import CAPABILITIES
 from .cliargs import check_span_held, fetch_missing_model, resolve_device, resolve_model
 from .compute.budget import BudgetError, plan_budget
 from .compute.model import default_cache_dir, load_manifest
 from .devnet import run_devnet
-from .duty.argtypes import count, positive
+from .duty.argtypes import announce_addr, bootstrap_addr, count, gib, listen_addr, port, positive, seconds, span
 from .genesis_cli import add_genesis_parser, add_key_parser, run_genesis_command, run_key_command
 from .identity import KeyFileError, dev_seed
 from .ledger.cli import add_ledger_parser, run_ledger_command
@@ -28,7 +26,7 @@ from .ledger.store import StoreCorrupt, StoreLocked
 from .lockfile import LockHeld, hold
 from .models.cli import add_model_parser, run_model_command
 from .models.registry import RegistryError
-from .p2p.addrs import DEFAULT_PORT, AddrError, default_listen, parse_addr
+from .p2p.addrs import DEFAULT_PORT, default_listen
 from .p2p.quirks import check_port_free
 from .peers_cli import add_parsers as add_peers_parsers, run as run_peers_command
 from .wallet.cli import add_wallet_parser, run_wallet_command
@@ -51,86 +49,6 @@ FAULTS = ["corrupt", "random", "zeros", "nan", "half-tokens", "replay", "skip-bl
           "bf16", "int8", "equivocate", "skip-steps", "other-data", "fake-adapter", "diverge", "run-zero",
           "run-scale", "run-flip", "run-nan", "run-fewer", "run-otherdata", "run-stale", "run-replay",
           "run-copyroot"]
-
-
-def _port(text: str) -> int:
-    """argparse type: a TCP port, 0..65535 (0: any free port)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"{n} is not a port (0..65535; 0 picks a free one)")
-    return n
-
-
-def _seconds(text: str) -> float:
-    """argparse type: a finite number of seconds > 0 (e.g. ``5`` or ``0.5``)."""
-    try:
-        x = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (math.isfinite(x) and x > 0):
-        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds > 0")
-    return x
-
-
-def _bootstrap_addr(text: str) -> str:
-    """argparse type: a multiaddr that names its peer, e.g. ``/ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...``."""
-    try:
-        ma = Multiaddr(text)
-        ma.value_for_protocol("p2p")
-    except Exception:  # noqa: BLE001 - multiaddr's parser raises many unrelated types
-        raise argparse.ArgumentTypeError(f"{text!r} is not a multiaddr with a peer ID, e.g. "
-                                         "/ip4/127.0.0.1/tcp/4001/p2p/12D3KooW...") from None
-    return text
-
-
-def _listen_addr(text: str) -> str:
-    """argparse type: a TCP multiaddr to bind, e.g. ``/ip4/0.0.0.0/tcp/4001``."""
-    try:
-        return parse_addr(text, for_listen=True)
-    except AddrError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _announce_addr(text: str) -> str:
-    """argparse type: a dialable multiaddr, e.g. ``/ip4/203.0.113.7/tcp/4001`` or ``/dns4/host/tcp/4001``."""
-    try:
-        return parse_addr(text, for_listen=False)
-    except AddrError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _gib(text: str) -> int:
-    """``--max-memory``: GiB (a positive decimal) -> bytes."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected GiB as a number, e.g. 2.5; got {text!r}") from None
-    if not 0 < value < 1 << 20:
-        raise argparse.ArgumentTypeError(f"expected a positive number of GiB, got {text!r}")
-    return int(value * (1 << 30))
-
-
-def _span(text: str) -> tuple[int, int] | tuple[str, int | None] | str:
-    if text == "all":
-        return "all"
-    if text == "auto" or text.startswith("auto:"):
-        try:
-            n = int(text[5:]) if text != "auto" else None
-        except ValueError:
-            raise argparse.ArgumentTypeError("span auto:N needs a whole number of blocks N") from None
-        if n is not None and n < 1:
-            raise argparse.ArgumentTypeError("span auto:N needs N >= 1")
-        return "auto", n
-    try:
-        a, b = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise argparse.ArgumentTypeError("span is START:END (blocks [START, END)), 'all', 'auto' or 'auto:N'") from None
-    if not 0 <= a < b:
-        raise argparse.ArgumentTypeError("need 0 <= START < END")
-    return a, b
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -217,16 +135,20 @@ def _add_start_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     s.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
                    help="node key, API token, ledger and blobs (default: %(default)s)")
     s.add_argument("--genesis", type=Path, help="genesis JSON file (default: the embedded devnet)")
-    s.add_argument("--bootstrap", nargs="*", default=[], metavar="MULTIADDR", type=_bootstrap_addr,
+    s.add_argument("--bootstrap", nargs="*", default=[], metavar="MULTIADDR", type=bootstrap_addr,
                    help="peers to dial at start, e.g. /ip4/127.0.0.1/tcp/4001/p2p/12D3KooW... (default: the "
                         "genesis file's bootstrap list)")
-    s.add_argument("--span", type=_span, help="serve decoder blocks [START, END) (e.g. 0:10), 'all', or 'auto[:N]' "
+    s.add_argument("--span", type=span, help="serve decoder blocks [START, END) (e.g. 0:10), 'all', or 'auto[:N]' "
                                               "(N blocks, default a third of the model, chosen where the swarm's "
                                               "announcements show the weakest coverage); default: serve nothing "
                                               "(client and committee only)")
     s.add_argument("--compression", default="none", choices=["none", "fp16", "zstd", "fp16+zstd"],
                    help="how this node's client sends hidden states to servers (recorded in each receipt; "
                         "default: %(default)s)")
+    s.add_argument("--discovery", default="gossip", choices=["gossip", "dht"],
+                   help="how span servers are found: gossip (every server's span announced to every node every 5 s) "
+                        "or dht (signed records in Kademlia, looked up when a route needs them: a node's cost stays "
+                        "flat as the swarm grows); every node of a network uses the same (default: %(default)s)")
     s.add_argument("--redundancy", type=int, default=1, choices=[1, 2],
                    help="2: this node's client runs every generation step on two routes with no server in common "
                         "and compares each pair of hops (hidden states within the committee's tolerance, equal "
@@ -236,21 +158,21 @@ def _add_start_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         "route. Needs two disjoint routes (else a clear error). The API's generate can override it "
                         "per request (default: %(default)s)")
     s.add_argument("--gpu", type=int, metavar="N", help="run compute on CUDA device N (default: CPU)")
-    s.add_argument("--listen", nargs="+", metavar="MULTIADDR", type=_listen_addr,
+    s.add_argument("--listen", nargs="+", metavar="MULTIADDR", type=listen_addr,
                    help="libp2p addresses to listen on (TCP). Default: /ip4/0.0.0.0/tcp/4001 plus /ip6/::/tcp/4001 "
                         "where the host has IPv6; on devnet and tally-test* chains /ip4/127.0.0.1/tcp/0 (this machine "
                         "only). "
                         "Open the TCP port in your firewall for others to reach you")
-    s.add_argument("--announce", nargs="+", default=[], metavar="MULTIADDR", type=_announce_addr,
+    s.add_argument("--announce", nargs="+", default=[], metavar="MULTIADDR", type=announce_addr,
                    help="addresses others can reach you at, announced first (port forwarding, a public IP or DNS "
                         "name, e.g. /dns4/node.example.org/tcp/4001); loopback and wildcard addresses are never "
                         "announced to other machines")
     s.add_argument("--relay", default="auto", choices=["auto", "on", "off"],
                    help="relay (circuit relay v2, with limits) for peers behind NATs: auto = when listening "
                         "beyond loopback (default: %(default)s)")
-    s.add_argument("--port", type=_port, default=None,
+    s.add_argument("--port", type=port, default=None,
                    help="TCP port of the default --listen addresses (default: 4001; on the devnet any free port)")
-    s.add_argument("--api-port", type=_port, default=8700, help="HTTP API port (default: %(default)s; 0: any)")
+    s.add_argument("--api-port", type=port, default=8700, help="HTTP API port (default: %(default)s; 0: any)")
     s.add_argument("--api-host", default="127.0.0.1", help="HTTP API bind address (default: %(default)s)")
     _add_start_work_args(s)
     _add_start_ledger_args(s)
@@ -260,13 +182,13 @@ def _add_start_work_args(s: argparse.ArgumentParser) -> None:
     """``node start``'s model, compute and duty options (the jobs and batches it takes)."""
     _model_args(s)
     s.add_argument("--threads", type=positive, default=1, help="torch threads for compute (default: %(default)s)")
-    s.add_argument("--max-memory", type=_gib, metavar="GIB",
+    s.add_argument("--max-memory", type=gib, metavar="GIB",
                    help="memory for weights in GiB (e.g. 2.5): the span (float32 at run time), the client head "
                         "when built at start, a 0.5 GiB reserve, and what is left for committee duty, which "
                         "re-executes other servers' spans whole when they fit, block by block from disk when one "
                         "block fits, and abstains otherwise. Refused at start when the span does not fit; shown in "
                         "/v1/status (default: no budget)")
-    s.add_argument("--step-timeout", type=_seconds, default=60.0, metavar="SECONDS",
+    s.add_argument("--step-timeout", type=seconds, default=60.0, metavar="SECONDS",
                    help="span server: end a session whose client sends no message for SECONDS, free its KV cache "
                         "and submit the receipt for the steps it acknowledged; also how long this node's client "
                         "waits for a server's reply (default: %(default)s)")
@@ -351,7 +273,7 @@ def _add_devnet_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     d.add_argument("--fault-server", type=int, metavar="I",
                    help="TEST SWITCH: start server I (1-based) with --fault corrupt; its receipt must be voted "
                         "invalid and its bond slashed")
-    d.add_argument("--api-port", type=_port, default=8700, help="API port of the client node (default: %(default)s)")
+    d.add_argument("--api-port", type=port, default=8700, help="API port of the client node (default: %(default)s)")
     d.add_argument("--job", metavar="PLAY", help="after the inference demo, post a LoRA fine-tune job on this "
                                                   "Shakespeare play (e.g. hamlet) and follow it to settlement")
     d.add_argument("--job-steps", type=int, default=60, help="training steps of the --job (default: %(default)s)")
@@ -416,7 +338,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     model_dir = resolve_model(args)
     manifest = load_manifest(model_dir)
     check_span_held(args, model_dir, manifest.num_blocks)
-    span = args.span  # None, "all", (start, end) or ("auto", blocks or None): _span
+    span = args.span  # None, "all", (start, end) or ("auto", blocks or None): span
     auto_blocks: int | None = None
     if span == "all":
         span = (0, manifest.num_blocks)
@@ -445,7 +367,7 @@ def cmd_start(args: argparse.Namespace) -> int:
                      snapshot_every=args.snapshot_every, state_sync=args.state_sync, prune_bodies=args.prune_bodies,
                      state_sync_max_bytes=args.state_sync_max << 20, read_pool_bytes=args.read_pool << 20,
                      compression=args.compression, step_timeout=args.step_timeout, redundancy=args.redundancy,
-                     auto_blocks=auto_blocks, fetch_model_bytes=args.fetch_caps[0] << 20,
+                     discovery=args.discovery, auto_blocks=auto_blocks, fetch_model_bytes=args.fetch_caps[0] << 20,
                      fetch_total_bytes=args.fetch_caps[1] << 20,
                      seed=dev_seed(dev_account) if dev_account is not None else None, **settings)
     if args.fault:

@@ -44,6 +44,11 @@ class BaseConfig:
     step_timeout: float = 60.0
     announce_period: float = 5.0  # seconds between span announcements
     announce_ttl: float | None = None  # seconds an announcement stays valid (default 3 periods; must exceed it)
+    # where span servers are found: "gossip" (every server's announcement to every node) or "dht" (signed records
+    # on the Kademlia peers closest to each (model, first block) key, looked up when a route needs them; issue 39)
+    discovery: str = "gossip"
+    record_period: float = 60.0  # "dht": seconds between republications of a server's record
+    record_ttl: float | None = None  # "dht": seconds a record lives (default 3 periods; node.discovery.publisher)
     compression: str = "none"  # hidden-state codec this node's client asks for (node.inference.wire)
     redundancy: int = 1  # 2: each generation step on two disjoint routes, compared (node.inference.redundant)
     auto_blocks: int | None = None  # span "auto": blocks to serve (default: a third of the model, rounded up)

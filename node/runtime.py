@@ -31,6 +31,8 @@ from .compute.lazyhead import LazyHead, chat_token_ids
 from .compute.model import load_manifest
 from .compute.shards import choose_blocks
 from .config import NodeConfig
+from .discovery.publisher import TTL_PERIODS as RECORD_TTL_PERIODS, check_record_timing, publish_loop
+from .discovery.service import Discovery, Mode, check_discovery
 from .disputes.duty import DisputeDuty
 from .duty.capability import Built
 from .duty.parts import NodeParts, Service
@@ -38,6 +40,7 @@ from .duty.seams import ReceiptChecker
 from .encoding import DecodeError, H, pack, unpack
 from .identity import Identity, ensure_api_token, load_or_create
 from .inference.client import Generation, RouteClient
+from .inference.dhtfeed import DhtFeed
 from .inference.redundant import RedundantClient, check_redundancy
 from .inference.server import INFERENCE_PROTOCOL, TTL_PERIODS, SpanServer, check_announce_timing
 from .inference.swarm import SwarmTable
@@ -47,7 +50,7 @@ from .ledger.core.capture import capture_risk
 from .ledger.core.state import State
 from .ledger.core.tx import Receipt
 from .ledger.service import LedgerService
-from .ledger.statesync import SnapshotServer, state_sync
+from .ledger.statesync import SnapshotServer, sync_or_replay
 from .ledger.store import LedgerStore
 from .ledger.syncfetch import SyncLimits
 from .market.worker import JobWorker
@@ -81,6 +84,8 @@ class Node:
 
     def __init__(self, cfg: NodeConfig) -> None:
         check_announce_timing(cfg.announce_period, cfg.announce_ttl or cfg.announce_period * TTL_PERIODS)
+        check_discovery(cfg.discovery)
+        check_record_timing(cfg.record_period, cfg.record_ttl or cfg.record_period * RECORD_TTL_PERIODS)
         self.cfg = cfg
         if cfg.read_pool_bytes is not None:  # one node per process: the pool is the process's
             READ_BUDGET.configure(cfg.read_pool_bytes)
@@ -115,6 +120,8 @@ class Node:
         self.client: RouteClient[LazyHead] | None = None
         self.clients: dict[bytes, RouteClient[LazyHead]] = {}  # model id -> its RouteClient (one per model used)
         self.swarm = SwarmTable()
+        self.discovery: Discovery | None = None  # cfg.discovery "dht": span records in Kademlia (issue 39)
+        self.dht_feed: DhtFeed | None = None
         self.member: CommitteeMember | None = None
         self.built: dict[str, Built] = {}  # capability name -> what it runs here (_build_services)
         self.duties: tuple[Service, ...] = ()  # the member's and the capabilities' services, in the order they start
@@ -133,10 +140,14 @@ class Node:
         cfg = self.cfg
         self.built = {cap.name: cap.build(self.parts) for cap in CAPABILITIES}  # node.capabilities, in order
         self.net.on_rtt = self.swarm.observe_rtt  # ping round trips weigh routes: direct paths win (issue 25)
+        if cfg.discovery == "dht":  # servers and validators hold records; other nodes only ask
+            serves = cfg.span is not None or self.ident.account in self.genesis.validators
+            self.discovery = Discovery(self.host, Mode.SERVER if serves else Mode.CLIENT)
+            self.dht_feed = DhtFeed(self.discovery, self.swarm, self._learn)
         head = LazyHead(cfg.model_dir, device=cfg.device)  # built at the first generation
         self.client = RouteClient(self.ident, self.host, head, self.manifest, self.ledger, self.executor,
                                   self.blobs, self.swarm, step_timeout=cfg.step_timeout, compression=cfg.compression,
-                                  tabs=self.tab_book, disputes=self.disputes)
+                                  tabs=self.tab_book, disputes=self.disputes, discover=self.dht_feed)
         self.clients[self.manifest.model_id] = self.client
         self.member = self._committee_member()
         self.ledger.on_block(self.member.on_block)
@@ -191,6 +202,8 @@ class Node:
         n = self.cfg.auto_blocks or -(-total // 3)
         period = self.cfg.announce_period
         await trio.sleep(period * (1.5 + int.from_bytes(H(self.ident.account)[:4], "big") / 2**32))
+        if self.dht_feed is not None:  # the servers of every block, asked for once
+            await self.dht_feed.every_block(self.manifest.model_id, total)
         start, end = choose_blocks(n, total, self.swarm.infos(self.manifest.model_id), me=self.ident.peer_id)
         log.info("span auto: serving blocks [%d, %d), the weakest covered", start, end)
         self.cfg.span = (start, end)
@@ -207,7 +220,11 @@ class Node:
         server = self.server = await self.executor.run(self._make_server, start, end)
         self.host.set_handler(INFERENCE_PROTOCOL, server.handle)
         await server.measure()
-        nursery.start_soon(server.announce_loop, self.host, self.cfg.announce_period, self.cfg.announce_ttl)
+        if self.discovery is not None:
+            nursery.start_soon(publish_loop, self.discovery, self.ident, server.record_fields,
+                               lambda: list(self.host.addrs), self.cfg.record_period, self.cfg.record_ttl)
+        else:
+            nursery.start_soon(server.announce_loop, self.host, self.cfg.announce_period, self.cfg.announce_ttl)
 
     def _vouch_for_work(self, block: Block, _state: State) -> None:
         """Keep connection slots (for :data:`node.p2p.host.VOUCH_TTL` seconds) for the worker and requester of
@@ -217,26 +234,6 @@ class Node:
         peers.discard(self.host.peer_id)
         if peers:
             self.host.vouch(peers)
-
-    async def _state_sync(self) -> None:
-        """Install a snapshot that a connected peer offers (checked against a finalised header); the ledger then
-        follows the chain from the block after it. Without a usable offer, the node replays from genesis."""
-        peers = self.host.connected_peers()
-        try:  # state_sync penalises and skips whatever a peer does; this guards the node against the rest
-            limits = SyncLimits.capped(self.cfg.state_sync_max_bytes)
-            synced = (await state_sync(self.store, self.host, peers, limits=limits, spool_dir=self.cfg.data_dir)
-                      if peers else None)
-        except Exception:
-            if self.store.head or self.store.base:  # a snapshot was installed, then something local failed
-                raise
-            log.exception("state sync failed; following the chain from genesis")
-            synced = None
-        if synced is None:
-            log.info("state sync: no usable snapshot from %d peer(s); following the chain from genesis", len(peers))
-            return
-        self.ledger.reset_to(synced)
-        log.info("state synced to height %d from a snapshot; following the chain from block %d",
-                 synced.height, synced.height + 1)
 
     def info(self) -> dict[str, Any]:
         """What ``node.json`` holds: peer id, addresses, API URL, genesis hash, chain id, span, process id."""
@@ -263,6 +260,9 @@ class Node:
                         self.host.set_handler(protocol, handler)
                 await self.host.subscribe(self.host.topic("shards"), self._on_shards)
                 await self.host.start_service(self.net.run)
+                if self.discovery is not None:  # before the bootstrap dials: their peers join the routing table
+                    await self.host.start_service(self.discovery.run)
+                    self.discovery.follow_connections()
                 self.snapshots.install(self.host)  # answers "no snapshot" while it has none
                 if self.cfg.snapshot_every:
                     self.ledger.on_block(lambda block, _st: self.host.spawn(self.snapshots.on_block, block.height))
@@ -270,7 +270,10 @@ class Node:
                     n = await self.host.connect(self.cfg.bootstrap)
                     log.info("connected to %d of %d bootstrap peers", n, len(self.cfg.bootstrap))
                 if self.cfg.state_sync and self.store.head == 0:
-                    await self._state_sync()
+                    synced = await sync_or_replay(self.store, self.host, self.host.connected_peers(),
+                                                  SyncLimits.capped(self.cfg.state_sync_max_bytes), self.cfg.data_dir)
+                    if synced is not None:
+                        self.ledger.reset_to(synced)
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self.ledger.run)
                     nursery.start_soon(self._presence_loop)
@@ -335,10 +338,14 @@ class Node:
         if isinstance(msg, dict) and from_peer in (msg.get("presence"), msg.get("peer")):
             addrs = msg.get("addrs")
             if isinstance(addrs, list):
-                mine = [a for a in addrs[:16] if isinstance(a, str) and a.endswith("/p2p/" + from_peer)]
-                self.host.remember([a for a in mine if "/p2p-circuit" not in a])
-                self.net.learn(from_peer, mine)
+                self._learn(from_peer, [a for a in addrs[:16]
+                                        if isinstance(a, str) and a.endswith("/p2p/" + from_peer)])
         await self.swarm.on_announcement(data, from_peer)
+
+    def _learn(self, peer: str, addrs: list[str]) -> None:
+        """Remember a peer's addresses (direct ones for the host, all for the network service's dialling)."""
+        self.host.remember([a for a in addrs if "/p2p-circuit" not in a])
+        self.net.learn(peer, addrs)
 
     async def _presence_loop(self) -> None:
         """Every ``announce_period``: publish this node's addresses on ``tally/<chain>/shards`` (unless it serves a
@@ -352,7 +359,7 @@ class Node:
                 written = self.host.addrs
                 log.info("announcing %s", ", ".join(written))
                 self._write_info()
-            if self.server is None:  # a server's span announcements carry the same peer and addresses
+            if self.server is None or self.discovery is not None:  # a span announcement carries the same
                 await self.host.publish(self.host.topic("shards"),
                                         pack({"presence": self.ident.peer_id, "addrs": self.host.addrs, "seq": seq}))
             await trio.sleep(self.cfg.announce_period)
@@ -430,7 +437,7 @@ class Node:
             self.clients[m.model_id] = RouteClient(
                 self.ident, self.host, LazyHead(model_dir, device=self.cfg.device), m, self.ledger, self.executor,
                 self.blobs, self.swarm, step_timeout=self.cfg.step_timeout, compression=self.cfg.compression,
-                tabs=self.tab_book, disputes=self.disputes)
+                tabs=self.tab_book, disputes=self.disputes, discover=self.dht_feed)
         return self.clients[m.model_id]
 
     async def generate(self, prompt_ids: list[int], max_new_tokens: int, model: str | None = None,

@@ -35,7 +35,7 @@ def test_the_node_applies_them(tmp_path):
     try:
         node = Node(cfg)
         assert READ_BUDGET.capacity == 64 * MIB and READ_BUDGET.available == 64 * MIB
-        lim = SyncLimits.capped(node.cfg.state_sync_max_bytes)  # what Node._state_sync asks for
+        lim = SyncLimits.capped(node.cfg.state_sync_max_bytes)  # what Node.run asks sync_or_replay for
         assert lim.max_bytes == 40 * 1024 * MIB
         assert lim.max_chunks == 40 * 1024 > SyncLimits().max_chunks  # 1 MiB chunks: the count follows the cap
         assert lim.max_offer_bytes > SyncLimits().max_offer_bytes

@@ -39,6 +39,8 @@ from .store import ANSWER_LIMIT, RecordStore
 DISCOVERY_PROTOCOL = "/tally/discovery/1.0.0"
 REPLICATION = 8  # peers closest to a key that hold each record (Kademlia's k is 20; records are republished)
 REQUEST_TIMEOUT = 5.0  # seconds for one store or find exchange
+ADOPT_TRIES, ADOPT_GAP = 10, 0.2  # a new connection's peer joins the routing table once identify knows it
+MAX_ADOPTING = 64  # connections whose peers are being adopted at once; beyond, a peer waits for its next one
 BAD_RECORD = 5.0  # penalty weight for a peer that sends a record that does not check
 
 log = logging.getLogger("tally.discovery")
@@ -68,6 +70,11 @@ class DiscoveryHost(Protocol):
                       max_message: int | None = None) -> dict[str, Any]: ...
 
     def penalize(self, peer_id: str, weight: float, ban_s: float | None = None) -> bool: ...
+
+    @property
+    def on_connected(self) -> list[Callable[[str, Any], None]]: ...
+
+    def spawn(self, fn: Callable[..., Any], *args: Any) -> None: ...
 
 
 @dataclass
@@ -126,6 +133,29 @@ class Discovery:
         await self.ready.wait()
         added: bool = await self.dht.add_peer(ID.from_base58(peer_id))
         return added
+
+    def follow_connections(self) -> None:
+        """Put every peer this host connects to (either way) into the routing table once identify has its
+        protocols (a peer in client mode never joins it). At most :data:`MAX_ADOPTING` at once."""
+        self._adopting: set[str] = set()
+
+        def connected(peer: str, _conn: Any) -> None:
+            if peer not in self._adopting and len(self._adopting) < MAX_ADOPTING:
+                self._adopting.add(peer)
+                self.host.spawn(self._adopt, peer)
+
+        self.host.on_connected.append(connected)
+
+    async def _adopt(self, peer: str) -> None:
+        try:
+            for _ in range(ADOPT_TRIES):
+                if await self.add_peer(peer):
+                    return
+                await trio.sleep(ADOPT_GAP)
+        except Exception as e:  # noqa: BLE001 - a peer gone mid-check; py-libp2p raises several types
+            log.debug("routing table: %s not added: %s: %s", peer[:16], type(e).__name__, e)
+        finally:
+            self._adopting.discard(peer)
 
     def routing_table_size(self) -> int:
         """Peers in the Kademlia routing table (bounded by its k-buckets: 20 per bucket, 256 buckets)."""
@@ -262,3 +292,17 @@ class Discovery:
 def record_peers(records: Sequence[SpanRecord]) -> list[str]:
     """The peer ids of ``records``' servers, in order."""
     return [account_to_str(r.account) for r in records]
+
+
+DISCOVERY_MODES = ("gossip", "dht")
+
+
+def check_discovery(name: str) -> str:
+    """``name`` if it is one of :data:`DISCOVERY_MODES` (``node start --discovery``).
+
+    Raises:
+        ValueError: another name.
+    """
+    if name not in DISCOVERY_MODES:
+        raise ValueError(f"discovery must be one of {', '.join(DISCOVERY_MODES)} (got {name!r})")
+    return name

@@ -36,7 +36,7 @@ from ..ledger.core.tabs import TabReceipt
 from ..ledger.core.tx import Receipt
 from ..p2p.quirks import exception_leaves
 from .hops import HOP_ERRORS, OPEN_TIMEOUT, Failover, Hop, HopFailed, HopSessions, RouteRun, abort_hop
-from .seams import ClientHost, ClientLedger, Disputes, Head
+from .seams import ClientHost, ClientLedger, Discover, Disputes, Head
 from .swarm import SwarmTable
 from .tabseam import RequesterTabs
 from .wire import check_codec
@@ -102,16 +102,19 @@ class RouteClient(HopSessions, Generic[HeadT]):
         open_timeout: seconds to wait for a session's stream to a server (then it fails over).
         disputes: where the receipts a redundant session caught go (:class:`~node.inference.seams.Disputes`), or
             None: this client disputes nothing.
+        discover: where routes come from when servers publish records instead of gossiping announcements
+            (:class:`~node.inference.dhtfeed.DhtFeed`), or None: the swarm table's gossip alone.
     """
 
     def __init__(self, ident: Identity, host: ClientHost, head: HeadT, manifest: Manifest, ledger: ClientLedger,
                  executor: Executor, blobs: BlobStore, swarm: SwarmTable, step_timeout: float = 60.0,
                  compression: str = "none", max_failovers: int = 4, submit: bool = True,
                  tabs: RequesterTabs | None = None, open_timeout: float = OPEN_TIMEOUT,
-                 disputes: Disputes | None = None):
+                 disputes: Disputes | None = None, discover: Discover | None = None):
         super().__init__(ident, host, manifest, ledger, blobs, swarm, step_timeout, tabs, open_timeout)
         self.head, self.executor = head, executor
         self.disputes = disputes
+        self.discover = discover
         self.compression = check_codec(compression)
         self.max_failovers = max_failovers
         self.submit = submit
@@ -138,6 +141,11 @@ class RouteClient(HopSessions, Generic[HeadT]):
         return choose_route(infos, self.manifest.num_blocks, start, end, exclude=skip, need_cache=need,
                             rtt=self.swarm.rtt, standing=standing)
 
+    async def _look_up(self, start: int, end: int, force: bool = False) -> None:
+        """Ask the DHT for the records of a route over ``[start, end)`` (no-op without ``discover``)."""
+        if self.discover is not None:
+            await self.discover.route(self.manifest.model_id, start, end, force)
+
     async def _first_plan(self, need: int, wait: float = ROUTE_WAIT) -> list[SpanInfo]:
         """The route of a new generation (``need`` tokens of cache per hop). While the live announcements do not
         cover every block, look again every :data:`ROUTE_POLL` seconds for up to ``wait`` seconds: a server whose
@@ -148,6 +156,7 @@ class RouteClient(HopSessions, Generic[HeadT]):
             NoRouteError: still no route after ``wait`` seconds (the blocks nobody serves named).
         """
         deadline = trio.current_time() + wait
+        await self._look_up(0, self.manifest.num_blocks)
         while True:
             try:
                 return self._plan(need)
@@ -155,6 +164,7 @@ class RouteClient(HopSessions, Generic[HeadT]):
                 if trio.current_time() >= deadline:
                     raise
             await trio.sleep(ROUTE_POLL)
+            await self._look_up(0, self.manifest.num_blocks, force=True)
 
     def route(self) -> list[tuple[str, int, int]]:
         """The route a generation would take now, ``[(peer, start, end), ...]`` (raises NoRouteError)."""
@@ -168,6 +178,7 @@ class RouteClient(HopSessions, Generic[HeadT]):
         parallel, at most :data:`ROUTE_WARM_MAX` peers, each bounded by ``step_timeout``; a failed dial is one
         DEBUG line and is retried at the next period. Runs until cancelled."""
         while True:
+            await self._look_up(0, self.manifest.num_blocks)
             try:
                 peers = list(dict.fromkeys(s.peer for s in self._plan(0)))[:ROUTE_WARM_MAX]
             except NoRouteError:
@@ -226,7 +237,13 @@ class RouteClient(HopSessions, Generic[HeadT]):
         while True:
             if len(run.failovers) >= self.max_failovers:
                 raise HopFailed(f"gave up after {len(run.failovers)} failovers; last error: {err}") from err
-            sub = self._plan(run.total, dead.start, dead.end, run.excluded)
+            try:
+                sub = self._plan(run.total, dead.start, dead.end, run.excluded)
+            except NoRouteError:
+                if self.discover is None:
+                    raise
+                await self._look_up(dead.start, dead.end, force=True)  # a server the last lookup did not return
+                sub = self._plan(run.total, dead.start, dead.end, run.excluded)
             new = [Hop(s.peer, s.start, s.end, run.codec, replay=positions) for s in sub]
             run.failovers.append(Failover(token, dead.peer, (dead.start, dead.end), [h.peer for h in new],
                                           positions, f"{type(err).__name__}: {err}"))

@@ -149,3 +149,12 @@ class Head(Protocol):
 __all__ = ["AnnounceHost", "ClientHost", "ClientLedger", "ClientStream", "Disputes", "Head", "Height",
            "Penalize",
            "SessionStream", "Submit", "TabWait"]
+
+
+class Discover(Protocol):
+    """Where a client's routes come from when servers publish DHT records (:class:`node.inference.dhtfeed.DhtFeed`)."""
+
+    async def route(self, model_id: bytes, start: int, end: int, force: bool = False, /) -> int:
+        """Feed the swarm table the records a route over blocks ``[start, end)`` of ``model_id`` can use (looked up
+        again only after an interval, a shorter one when ``force``); returns how many were fed."""
+        ...

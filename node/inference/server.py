@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..blobs import BlobStore
+from ..discovery.publisher import SpanFields
 from ..duty.seams import Executor
 from ..encoding import DecodeError, pack
 from ..identity import Identity, account_from_str, verify
@@ -218,6 +219,12 @@ class SpanServer:
                 "end": self.span.end, "addrs": addrs, "active": self.active, "seq": seq,
                 "ttl": period * TTL_PERIODS if ttl is None else ttl, "throughput": self.stats.throughput,
                 "latency": self.stats.latency, "free_cache": self.free_cache}
+
+    def record_fields(self) -> SpanFields:
+        """What this server's DHT record says (:func:`node.discovery.publisher.publish_loop`): the announcement's
+        model, span and measurements."""
+        return SpanFields(self.span.model_id, self.span.start, self.span.end, float(self.stats.throughput),
+                          float(self.stats.latency), int(self.free_cache))
 
     async def announce_loop(self, host: AnnounceHost, period: float = ANNOUNCE_PERIOD,
                             ttl: float | None = None) -> None:

@@ -436,3 +436,28 @@ async def state_sync(store: LedgerStore, host: SyncHost, peers: list[str], timeo
 __all__ = ["BAD_CHUNK", "BAD_OFFER", "LYING", "SLOW", "SNAPSHOT_PROTOCOL", "Offer", "SnapshotServer", "Source",
            "SourceState", "SyncHost", "SyncLimits", "check_offer", "follow_headers", "gather_offers", "parse_offer",
            "state_sync"]
+
+
+async def sync_or_replay(store: LedgerStore, host: SyncHost, peers: list[str], limits: SyncLimits,
+                         spool_dir: Path) -> State | None:
+    """``node start --state-sync`` on an empty ledger: the state of a snapshot that a connected peer offers
+    (checked against a finalised header; the ledger then follows the chain from the block after it), or None when
+    no offer checks out (the node replays from genesis). :func:`state_sync` penalises and skips whatever a peer
+    does; this also guards the node against a local failure before anything was installed.
+
+    Raises:
+        Exception: a local failure after a snapshot was installed (the store is no longer empty).
+    """
+    try:
+        synced = await state_sync(store, host, peers, limits=limits, spool_dir=spool_dir) if peers else None
+    except Exception:
+        if store.head or store.base:  # a snapshot was installed, then something local failed
+            raise
+        log.exception("state sync failed; following the chain from genesis")
+        synced = None
+    if synced is None:
+        log.info("state sync: no usable snapshot from %d peer(s); following the chain from genesis", len(peers))
+    else:
+        log.info("state synced to height %d from a snapshot; following the chain from block %d",
+                 synced.height, synced.height + 1)
+    return synced

@@ -24,28 +24,29 @@ def tiny_genesis(n_servers: int = 3, **params) -> Genesis:
 
 
 def node_config(tmp: Path, i: int, genesis: Genesis, model_dir: Path, span=None, fault=None,
-                accept_jobs=False, step_timeout: float = 10.0) -> NodeConfig:
+                accept_jobs=False, step_timeout: float = 10.0, discovery: str = "gossip") -> NodeConfig:
     return NodeConfig(data_dir=tmp / f"n{i}", genesis=genesis, model_dir=model_dir, span=span,
                       seed=dev_seed(i), fault=fault, step_timeout=step_timeout, announce_period=0.5,
-                      accept_jobs=accept_jobs)
+                      accept_jobs=accept_jobs, discovery=discovery, record_period=1.0)
 
 
 @asynccontextmanager
 async def swarm(tmp: Path, model_dir: Path, spans, genesis: Genesis | None = None, faults=None, accept_jobs=(),
-                budgets=None, step_timeout: float = 10.0):
+                budgets=None, step_timeout: float = 10.0, discovery: str = "gossip"):
     """Start node 0 (validator + client) and one server per span; yield the list of nodes.
     ``accept_jobs``: indexes of servers that take fine-tune jobs; ``budgets``: index -> MemoryBudget of a server;
-    ``step_timeout``: every node's (a client's wait for a reply, a server's wait for a session's next message)."""
+    ``step_timeout``: every node's (a client's wait for a reply, a server's wait for a session's next message);
+    ``discovery``: every node's (``"dht"``: node 0 looks the spans up until it has them all)."""
     genesis = genesis or tiny_genesis(len(spans))
     faults = faults or {}
     async with trio.open_nursery() as n:
-        nodes = [Node(node_config(tmp, 0, genesis, model_dir, step_timeout=step_timeout))]
+        nodes = [Node(node_config(tmp, 0, genesis, model_dir, step_timeout=step_timeout, discovery=discovery))]
         n.start_soon(nodes[0].run)
         await nodes[0].started.wait()
         boot = nodes[0].host.addrs
         for i, span in enumerate(spans, start=1):
             cfg = node_config(tmp, i, genesis, model_dir, span=span, fault=faults.get(i),
-                              accept_jobs=i in accept_jobs, step_timeout=step_timeout)
+                              accept_jobs=i in accept_jobs, step_timeout=step_timeout, discovery=discovery)
             cfg.bootstrap = boot
             cfg.budget = (budgets or {}).get(i)
             nd = Node(cfg)
@@ -55,6 +56,8 @@ async def swarm(tmp: Path, model_dir: Path, spans, genesis: Genesis | None = Non
             await nd.started.wait()
         with trio.fail_after(20):  # every span announced to the client
             while len(nodes[0].swarm.live(nodes[0].manifest.model_id)) < len(spans):
+                if nodes[0].dht_feed is not None:
+                    await nodes[0].dht_feed.route(nodes[0].manifest.model_id, 0, nodes[0].manifest.num_blocks, True)
                 await trio.sleep(0.1)
         try:
             yield nodes
