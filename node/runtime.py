@@ -32,7 +32,7 @@ from .compute.model import load_manifest
 from .compute.shards import choose_blocks
 from .config import NodeConfig
 from .discovery.publisher import TTL_PERIODS as RECORD_TTL_PERIODS, check_record_timing, publish_loop
-from .discovery.service import Discovery, Mode, check_discovery
+from .discovery.service import Discovery, Mode, check_discovery, with_lookup
 from .disputes.duty import DisputeDuty
 from .duty.capability import Built
 from .duty.parts import NodeParts, Service
@@ -144,6 +144,9 @@ class Node:
             serves = cfg.span is not None or self.ident.account in self.genesis.validators
             self.discovery = Discovery(self.host, Mode.SERVER if serves else Mode.CLIENT)
             self.dht_feed = DhtFeed(self.discovery, self.swarm, self._learn)
+            assert self.host.dial_hint is not None  # the network service's
+            self.host.dial_hint = with_lookup(self.host.dial_hint, self.discovery.find_peer_addrs, self._learn,
+                                              self.net.dial_peer)
         head = LazyHead(cfg.model_dir, device=cfg.device)  # built at the first generation
         self.client = RouteClient(self.ident, self.host, head, self.manifest, self.ledger, self.executor,
                                   self.blobs, self.swarm, step_timeout=cfg.step_timeout, compression=cfg.compression,
@@ -350,7 +353,8 @@ class Node:
     async def _presence_loop(self) -> None:
         """Every ``announce_period``: publish this node's addresses on ``tally/<chain>/shards`` (unless it serves a
         span: its announcements carry them, and twice the messages cost an idle server about a tenth of its CPU,
-        bench/idle.py) and rewrite ``node.json`` when they changed."""
+        bench/idle.py; nor with ``--discovery dht``: a peer is looked up when needed) and rewrite ``node.json`` when
+        they changed."""
         seq = 0
         written = self.host.addrs
         while True:
@@ -359,7 +363,8 @@ class Node:
                 written = self.host.addrs
                 log.info("announcing %s", ", ".join(written))
                 self._write_info()
-            if self.server is None or self.discovery is not None:  # a span announcement carries the same
+            # a server's span announcements carry the same; with a DHT, a peer is looked up when it is needed
+            if self.server is None and self.discovery is None:
                 await self.host.publish(self.host.topic("shards"),
                                         pack({"presence": self.ident.peer_id, "addrs": self.host.addrs, "seq": seq}))
             await trio.sleep(self.cfg.announce_period)

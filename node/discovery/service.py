@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from enum import Enum
@@ -157,6 +157,24 @@ class Discovery:
         finally:
             self._adopting.discard(peer)
 
+    async def find_peer_addrs(self, peer: str) -> list[str]:
+        """The addresses of ``peer`` (``.../p2p/<peer>``) that a Kademlia lookup finds, [] when none: how a node
+        reaches a server it never heard of (a worker whose receipt it checks) without any presence gossip."""
+        from libp2p.peer.id import ID
+
+        await self.ready.wait()
+        try:
+            pid = ID.from_base58(peer)
+            with trio.move_on_after(REQUEST_TIMEOUT * 2):
+                info = await self.dht.find_peer(pid)
+                if info is not None:  # with or without the peer's /p2p/ suffix; relay circuits kept
+                    plain = [str(a).removesuffix(f"/p2p/{peer}") for a in info.addrs]
+                    return [f"{a}/p2p/{peer}" for a in dict.fromkeys(plain)
+                            if "/p2p/" not in a or a.endswith("/p2p-circuit")][:8]
+        except Exception as e:  # noqa: BLE001 - a bad peer id or a failed query; py-libp2p raises several types
+            log.debug("find_peer %s: %s: %s", peer[:16], type(e).__name__, e)
+        return []
+
     def routing_table_size(self) -> int:
         """Peers in the Kademlia routing table (bounded by its k-buckets: 20 per bucket, 256 buckets)."""
         return 0 if self.dht is None else int(self.dht.get_routing_table_size())
@@ -287,6 +305,26 @@ class Discovery:
                             nxt.add(r.end)
             wave = sorted(nxt)
         return [out[k] for k in sorted(out)]
+
+
+def with_lookup(hint: Callable[[str], Awaitable[bool | None]], find: Callable[[str], Awaitable[list[str]]],
+                learn: Callable[[str, list[str]], None],
+                dial: Callable[[str, list[str]], Awaitable[bool]]) -> Callable[[str], Awaitable[bool | None]]:
+    """A host's ``dial_hint`` that, where ``hint`` knows no address of a peer (None), looks the peer up in the
+    DHT (``find``), learns what it found and dials it. True: connected; False: every address failed; None:
+    nothing known here or in the DHT."""
+
+    async def hinted(peer: str) -> bool | None:
+        known = await hint(peer)
+        if known is not None:
+            return known
+        addrs = await find(peer)
+        if not addrs:
+            return None
+        learn(peer, addrs)
+        return await dial(peer, addrs)
+
+    return hinted
 
 
 def record_peers(records: Sequence[SpanRecord]) -> list[str]:

@@ -8,7 +8,8 @@ import trio
 
 from node.discovery.keys import span_key
 from node.discovery.record import SpanRecord, sign_record
-from node.discovery.service import DISCOVERY_PROTOCOL, REPLICATION, Discovery, Mode
+from node.discovery.service import DISCOVERY_PROTOCOL, REPLICATION, Discovery, Mode, with_lookup
+from node.identity import Identity
 from node.p2p.framing import RemoteError
 from tests.p2p.util import run, running_hosts
 
@@ -103,3 +104,41 @@ def test_forged_foreign_and_tampered_records_are_refused():
     assert errors == ["not_yours", "bad_record"]
     assert got == [] and hosts[0].peer_id in penalties
     assert discs[1].counters.bad_records >= 1 and discs[0].counters.bad_records == 1
+
+
+def test_a_peer_known_to_nobody_here_is_found_in_the_dht_and_dialled():
+    """Without presence gossip, a node reaches a peer it never heard of (a worker whose receipt it re-executes)
+    through a Kademlia lookup: host 2 knows host 1 only as a peer id; both know host 0."""
+    async def main():
+        async with running_hosts(3) as hosts:
+            discs = [Discovery(h, Mode.SERVER, clock=clock) for h in hosts]
+            async with trio.open_nursery() as n:
+                for d in discs:
+                    await n.start(d.run)
+                await _mesh(hosts, discs)
+                assert hosts[1].peer_id not in hosts[2].connected_peers()
+                learnt = []
+
+                async def nothing_known(peer):
+                    return None
+
+                async def dial(peer, addrs):
+                    return await hosts[2].connect(addrs) > 0
+
+                hosts[2].dial_hint = with_lookup(nothing_known, discs[2].find_peer_addrs,
+                                                 lambda p, a: learnt.append((p, a)), dial)
+                hosts[1].set_request_handler("/tally/test-echo/1", lambda msg, remote: _echo(msg))
+                reply = await hosts[2].request(hosts[1].peer_id, "/tally/test-echo/1", {"x": 7}, 10.0)
+                unknown = await discs[2].find_peer_addrs(Identity.generate().peer_id)
+                n.cancel_scope.cancel()
+            return hosts, reply, learnt, unknown
+
+    hosts, reply, learnt, unknown = run(main, timeout=40)
+    assert reply["x"] == 7
+    assert learnt and learnt[0][0] == hosts[1].peer_id and all(a.endswith("/p2p/" + hosts[1].peer_id)
+                                                               for a in learnt[0][1])
+    assert unknown == []
+
+
+async def _echo(msg):
+    return {"x": msg.get("x")}
