@@ -49,7 +49,11 @@ IDLE_S = 20.0  # the idle window CPU is measured over
 CPU_BUDGET = 5.0  # % of one core per node, background (see the module docstring and the note in the test)
 GEN_AFTER_JOIN_S = 25.0  # the clients go on generating this long after the joiners are up
 CHAIN = "tally-test-swarm30"
-PARAMS = {"heartbeat_ms": 30_000}  # an idle chain makes a block every 30 s, as production's default
+# an idle chain makes a block every 30 s (production's default heartbeat); half the receipts sampled for a committee's
+# recomputation (devnet samples every one: on 2 cores the committees' work would crowd out the generations)
+PARAMS = {"heartbeat_ms": 30_000, "sample_base_ppm": 500_000, "sample_floor_ppm": 500_000}
+BATCH = 8  # nodes started at once (a stampede of 26 torch imports starves the event loops of those already up)
+QUIET_S = 15.0  # start-up is over once no node has logged a lost peer (unanswered pings) for this long
 
 
 def _start_all(tn: TallyNet, plan: Plan, names: list[str]) -> None:
@@ -62,6 +66,26 @@ def _wait_all_up(tn: TallyNet, names: list[str], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     for name in names:
         tn.wait_up(name, timeout=max(1.0, deadline - time.monotonic()))
+
+
+def _log(tn: TallyNet, name: str) -> str:
+    log = tn.nodes[name].log
+    return log.read_text(errors="replace") if log is not None and log.exists() else ""
+
+
+def _settle(tn: TallyNet, names: list[str], timeout: float) -> float:
+    """Wait until no node of ``names`` logged a lost peer (``answered none of``) for :data:`QUIET_S`; seconds
+    waited (``timeout`` at most)."""
+    t0 = time.monotonic()
+    seen, quiet_since = -1, t0
+    while time.monotonic() - t0 < timeout:
+        n = sum(_log(tn, x).count("answered none of") for x in names)
+        if n != seen:
+            seen, quiet_since = n, time.monotonic()
+        elif time.monotonic() - quiet_since >= QUIET_S:
+            break
+        time.sleep(1.0)
+    return time.monotonic() - t0
 
 
 def _drivers(tn: TallyNet, plan: Plan, stop: Path, seconds: float) -> dict[str, subprocess.Popen[bytes]]:
@@ -131,14 +155,16 @@ def _run_swarm(netns: Netns, tmp: Path, seed: int) -> None:
     # ---- start-up: validators first (the bootstrap peers), then everyone else
     _start_all(tn, plan, plan.validators)
     _wait_all_up(tn, plan.validators, 120)
-    _start_all(tn, plan, plan.servers + plan.clients)
-    _wait_all_up(tn, plan.servers + plan.clients, 300)
+    rest = plan.servers + plan.clients
+    for k in range(0, len(rest), BATCH):
+        _start_all(tn, plan, rest[k:k + BATCH])
+        _wait_all_up(tn, rest[k:k + BATCH], 240)
     t_up = time.monotonic()
+    settle = _settle(tn, everyone, 150.0)
     boot = {n: cpu_seconds(tn.nodes[n].proc.pid) for n in everyone}  # type: ignore[union-attr]  # started above
-    print(f"\nseed {seed}: {len(everyone)} nodes up in {t_up - t_start:.0f} s")
+    print(f"\nseed {seed}: {len(everyone)} nodes up in {t_up - t_start:.0f} s, quiet {settle:.0f} s later")
 
     # ---- background CPU: no generation, no attack
-    time.sleep(5.0)
     pids = {n: tn.nodes[n].proc.pid for n in everyone}  # type: ignore[union-attr]  # started above
     cpu = sample_cpu(pids, IDLE_S)
     rss = {n: m for n, p in pids.items() if (m := rss_mb(p)) is not None}
@@ -161,7 +187,7 @@ def _run_swarm(netns: Netns, tmp: Path, seed: int) -> None:
     def all_generated() -> bool:
         return all(any(r.get("status") == 200 for r in rows) for rows in _rows(tn, plan).values())
 
-    tn.wait(all_generated, 90, every=1.0, why="a first generation by every client")
+    tn.wait(all_generated, 180, every=1.0, why="a first generation by every client")
     time.sleep(3.0)
     leavers = _pick_leavers(tn, plan, protected)
     for k, s in enumerate(leavers):
@@ -187,8 +213,7 @@ def _run_swarm(netns: Netns, tmp: Path, seed: int) -> None:
     done = [(c, r) for c, rs in rows.items() for r in rs if r.get("status") == 200]
     failed = [(c, r) for c, rs in rows.items() for r in rs if r.get("status") != 200]
     wrong = [(c, r) for c, r in done if r["tokens"] != want[r["prompt"]]]
-    fo = {c: failovers_in_log(tn.nodes[c].log.read_text(errors="replace"))  # type: ignore[union-attr]
-          for c in plan.clients}
+    fo = {c: failovers_in_log(_log(tn, c)) for c in plan.clients}
     by_peer = {tn.nodes[s].peer_id: s for s in plan.servers + plan.joiners}
     through = {s: 0 for s in plan.joiners + plan.nat}
     for _, r in done:
