@@ -49,9 +49,11 @@ IDLE_S = 20.0  # the idle window CPU is measured over
 CPU_BUDGET = 5.0  # % of one core per node, background (see the module docstring and the note in the test)
 GEN_AFTER_JOIN_S = 25.0  # the clients go on generating this long after the joiners are up
 CHAIN = "tally-test-swarm30"
-# an idle chain makes a block every 30 s (production's default heartbeat); half the receipts sampled for a committee's
-# recomputation (devnet samples every one: on 2 cores the committees' work would crowd out the generations)
-PARAMS = {"heartbeat_ms": 30_000, "sample_base_ppm": 500_000, "sample_floor_ppm": 500_000}
+# an idle chain makes a block every 30 s (production's default heartbeat); a tenth of the receipts sampled for a
+# committee's recomputation (devnet samples every one: on 2 cores the committees' work crowds out the generations), a
+# receipt's price capped at 1e10 base units so that cheating stays unprofitable at that rate (node.ledger.core.params)
+PARAMS = {"heartbeat_ms": 30_000, "sample_base_ppm": 100_000, "sample_floor_ppm": 100_000,
+          "max_receipt_price": 10_000_000_000}
 BATCH = 8  # nodes started at once (a stampede of 26 torch imports starves the event loops of those already up)
 QUIET_S = 15.0  # start-up is over once no node has logged a lost peer (unanswered pings) for this long
 
