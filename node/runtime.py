@@ -272,6 +272,8 @@ class Node:
                 if self.cfg.bootstrap:
                     n = await self.host.connect(self.cfg.bootstrap)
                     log.info("connected to %d of %d bootstrap peers", n, len(self.cfg.bootstrap))
+                if self.discovery is not None:
+                    self.host.spawn(self.discovery.join)
                 if self.cfg.state_sync and self.store.head == 0:
                     synced = await sync_or_replay(self.store, self.host, self.host.connected_peers(),
                                                   SyncLimits.capped(self.cfg.state_sync_max_bytes), self.cfg.data_dir)

@@ -9,6 +9,7 @@ periods later), so a server that stops is forgotten within ``ttl`` seconds witho
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ class SpanFields:
 class Publisher(Protocol):
     """What the loop needs of :class:`~node.discovery.service.Discovery`."""
 
-    async def publish(self, rec: SpanRecord) -> int: ...
+    async def publish(self, rec: SpanRecord | Callable[[], SpanRecord]) -> int: ...
 
 
 def check_record_timing(period: float, ttl: float) -> None:
@@ -68,13 +69,18 @@ async def publish_loop(disc: Publisher, ident: Identity, fields: Callable[[], Sp
         seq = max(seq + 1, time.time_ns() // 1_000_000)  # grows across restarts too
         sent = list(addrs())
         f = fields()
+
+        def signed(f: SpanFields = f, seq: int = seq, sent: list[str] = sent) -> SpanRecord:
+            # signed once the closest peers are found (Discovery.publish): its life starts when it is stored
+            return sign_record(ident, f.model_id, f.start, f.end, throughput=f.throughput, latency=f.latency,
+                               free_cache=f.free_cache, addrs=tuple(sent), seq=seq, expires=math.ceil(clock() + ttl))
+
         try:
-            rec = sign_record(ident, f.model_id, f.start, f.end, throughput=f.throughput, latency=f.latency,
-                              free_cache=f.free_cache, addrs=tuple(sent), seq=seq, expires=int(clock() + ttl))
+            signed()
         except RecordError as e:
             log.warning("span record not published: %s", e)
         else:
-            held = await disc.publish(rec)
+            held = await disc.publish(signed)
             log.debug("span record [%d, %d) held by %d peer(s)", f.start, f.end, held)
         due = trio.current_time() + period
         while trio.current_time() < due and list(addrs()) == sent:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -39,6 +40,10 @@ from .store import ANSWER_LIMIT, RecordStore
 DISCOVERY_PROTOCOL = "/tally/discovery/1.0.0"
 REPLICATION = 8  # peers closest to a key that hold each record (Kademlia's k is 20; records are republished)
 REQUEST_TIMEOUT = 5.0  # seconds for one store or find exchange
+ASK_AT_ONCE = 2  # replicas a find asks at a time, nearest first; it stops once this many have answered
+ROUTE_LIMIT = 8  # records a route lookup asks for per position (a route needs a few candidates, not all)
+CLOSEST_TTL = 120.0  # seconds a key's closest peers are reused before the next iterative lookup
+MAX_CLOSEST_KEYS = 1024  # keys whose closest peers are remembered (oldest forgotten first)
 ADOPT_TRIES, ADOPT_GAP = 10, 0.2  # a new connection's peer joins the routing table once identify knows it
 MAX_ADOPTING = 64  # connections whose peers are being adopted at once; beyond, a peer waits for its next one
 BAD_RECORD = 5.0  # penalty weight for a peer that sends a record that does not check
@@ -93,17 +98,20 @@ class Discovery:
     Args:
         host: the running host. mode: :class:`Mode`. store: the records held (server mode).
         clock: Unix seconds (records carry absolute expiries). rng: peer sampling.
+        replication: peers closest to a key that hold each record (default :data:`REPLICATION`).
     """
 
     def __init__(self, host: DiscoveryHost, mode: Mode = Mode.SERVER, store: RecordStore | None = None,
-                 clock: Callable[[], float] = time.time, rng: random.Random | None = None):
-        self.host, self.mode = host, mode
+                 clock: Callable[[], float] = time.time, rng: random.Random | None = None,
+                 replication: int = REPLICATION):
+        self.host, self.mode, self.replication = host, mode, replication
         self.store = store or RecordStore()
         self.clock = clock
         self.rng = rng or random.Random()
         self.dht: Any = None
         self.counters = Counters()
         self.ready = trio.Event()
+        self._closest: OrderedDict[bytes, tuple[float, list[str]]] = OrderedDict()  # key -> (trio time, peers)
         if mode is Mode.SERVER:
             host.set_request_handler(DISCOVERY_PROTOCOL, self._serve)
 
@@ -112,13 +120,40 @@ class Discovery:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Run py-libp2p's Kademlia routing on the host until cancelled (``task_status.started()`` once up)."""
         # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
+        from libp2p.kad_dht.common import PROTOCOL_ID as KAD_PROTOCOL
         from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
         from libp2p.tools.anyio_service import background_trio_service
 
+        class ServersOnlyDHT(KadDHT):
+            """py-libp2p adds to the routing table any peer that opens a Kademlia stream (kad_dht.py
+            ``_do_handle_stream``), any peer a lookup queries (peer_routing.py, "regardless of query outcome",
+            connected light clients included when the table is small) and any peer whose protocols identify has not
+            told yet: every light client that looks something up would join the servers' tables and be handed out
+            to others (found by bench/swarm.py). Here only a peer that identify says serves Kademlia joins."""
+
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                table = self.routing_table
+                add = table.add_peer
+                store = self.host.get_peerstore()
+
+                async def add_server(peer_obj: Any, **kw: Any) -> bool:
+                    pid = getattr(peer_obj, "peer_id", peer_obj)
+                    try:
+                        protocols = store.get_protocols(pid) or []
+                    except Exception:  # noqa: BLE001 - a peer the peerstore does not know (yet)
+                        return False
+                    if str(KAD_PROTOCOL) not in protocols:
+                        return False
+                    added: bool = await add(peer_obj, **kw)
+                    return added
+
+                table.add_peer = add_server  # type: ignore[method-assign]  # our own table: py-libp2p has no hook
+
         mode = DHTMode.SERVER if self.mode is Mode.SERVER else DHTMode.CLIENT
         # max_peers_per_subnet=0: many Tally nodes may share a public /24 (shared/notes/py-libp2p-network.md §5)
-        self.dht = KadDHT(self.host.libp2p, mode, enable_random_walk=False, enable_providers=False,
-                          enable_values=False, max_peers_per_subnet=0)
+        self.dht = ServersOnlyDHT(self.host.libp2p, mode, enable_random_walk=False, enable_providers=False,
+                                  enable_values=False, max_peers_per_subnet=0)
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(background_trio_service(self.dht))
             self.ready.set()
@@ -157,6 +192,22 @@ class Discovery:
         finally:
             self._adopting.discard(peer)
 
+    async def join(self, wait: float = 10.0) -> bool:
+        """Kademlia's join (Maymounkov & Mazières 2002, section 2.3): once the routing table holds a peer (at most
+        ``wait`` seconds), look up this node's own id, which fills the buckets near it and tells the peers on
+        the way about it. Returns whether a peer was there to start from."""
+        await self.ready.wait()
+        with trio.move_on_after(wait):
+            while self.routing_table_size() == 0:
+                await trio.sleep(0.1)
+        if self.routing_table_size() == 0:
+            return False
+        try:
+            await self.dht.refresh_routing_table()
+        except Exception as e:  # noqa: BLE001 - a lookup's failures; py-libp2p raises several types
+            log.debug("join lookup failed: %s: %s", type(e).__name__, e)
+        return True
+
     async def find_peer_addrs(self, peer: str) -> list[str]:
         """The addresses of ``peer`` (``.../p2p/<peer>``) that a Kademlia lookup finds, [] when none: how a node
         reaches a server it never heard of (a worker whose receipt it checks) without any presence gossip."""
@@ -179,11 +230,27 @@ class Discovery:
         """Peers in the Kademlia routing table (bounded by its k-buckets: 20 per bucket, 256 buckets)."""
         return 0 if self.dht is None else int(self.dht.get_routing_table_size())
 
-    async def closest(self, key: bytes, count: int = REPLICATION) -> list[str]:
-        """The ``count`` peers closest to ``key`` in the network (iterative lookup, XOR metric)."""
+    async def closest(self, key: bytes, count: int | None = None) -> list[str]:
+        """The ``count`` peers closest to ``key`` in the network, nearest first (iterative lookup, XOR metric),
+        reused for :data:`CLOSEST_TTL` seconds: records are republished every minute to the same few peers, so a
+        client that looks a route up again asks them directly (a failed peer is dropped from the list)."""
         await self.ready.wait()
+        count = self.replication if count is None else count
+        hit = self._closest.get(key)
+        if hit is not None and trio.current_time() - hit[0] < CLOSEST_TTL and len(hit[1]) >= min(count, 2):
+            return hit[1][:count]
         peers = await self.dht.peer_routing.find_closest_peers_network(key, count)
-        return [p.to_base58() for p in peers][:count]
+        out = [p.to_base58() for p in peers][:count]
+        self._closest.pop(key, None)
+        while len(self._closest) >= MAX_CLOSEST_KEYS:
+            self._closest.popitem(last=False)
+        self._closest[key] = (trio.current_time(), out)
+        return out
+
+    def _failed(self, key: bytes, peer: str) -> None:
+        hit = self._closest.get(key)
+        if hit is not None and peer in hit[1]:
+            hit[1].remove(peer)
 
     # ------------------------------------------------------------------ serving (server mode)
 
@@ -211,30 +278,40 @@ class Discovery:
 
     # ------------------------------------------------------------------ publishing and finding
 
-    async def publish(self, rec: SpanRecord) -> int:
-        """Store ``rec`` (this node's own) on the :data:`REPLICATION` peers closest to its key, and here in server
-        mode; returns how many peers hold it now (this node included). Failures are counted, never raised."""
-        key = span_key(rec.model_id, rec.start)
-        held = int(self.mode is Mode.SERVER and self.store.put(rec, self.clock()))
+    async def publish(self, rec: SpanRecord | Callable[[], SpanRecord]) -> int:
+        """Store a record of this node's own on the ``replication`` peers closest to its key, and here in
+        server mode; returns how many peers hold it now (this node included). ``rec`` may be a function that
+        signs it: it is called once the closest peers are known, so a lookup that takes seconds does not eat
+        into the record's life. Failures are counted, never raised."""
+        first = rec() if callable(rec) else rec
+        key = span_key(first.model_id, first.start)
+        peers = await self.closest(key)
+        final = rec() if callable(rec) else rec
+        if span_key(final.model_id, final.start) != key:
+            raise ValueError("a record factory must keep its model and first block")
+        held = int(self.mode is Mode.SERVER and self.store.put(final, self.clock()))
         results: list[bool] = []
 
         async def one(peer: str) -> None:
             try:
                 self.counters.sent += 1
-                reply = await self.host.request(peer, DISCOVERY_PROTOCOL, {"op": "store", "record": rec.encode()},
+                reply = await self.host.request(peer, DISCOVERY_PROTOCOL, {"op": "store", "record": final.encode()},
                                                 REQUEST_TIMEOUT)
                 results.append(reply.get("held") is True)
             except REQUEST_ERRORS as e:
+                self._failed(key, peer)
                 log.debug("store on %s failed: %s: %s", peer[:16], type(e).__name__, e)
 
         async with trio.open_nursery() as n:
-            for peer in await self.closest(key):
+            for peer in peers:
                 n.start_soon(one, peer)
         return held + sum(results)
 
     async def find(self, model_id: bytes, block: int, limit: int = ANSWER_LIMIT) -> list[SpanRecord]:
-        """Servers of ``model_id`` whose span starts at ``block``: asks the peers closest to the key (and this
-        node's own store), checks every record, keeps each server's newest; sorted by account.
+        """Servers of ``model_id`` whose span starts at ``block``: asks the peers closest to the key, nearest
+        first, :data:`ASK_AT_ONCE` at a time until that many have answered (each replica holds the same records:
+        asking all of them would only repeat them), plus this node's own store; checks every record and keeps
+        each server's newest; sorted by account.
 
         Raises:
             ValueError: a model id that is not 32 bytes or a negative block.
@@ -242,13 +319,16 @@ class Discovery:
         key = span_key(model_id, block)
         now = self.clock()
         found: dict[bytes, SpanRecord] = {r.account: r for r in self.store.get(key, now, limit)}
+        answered = 0
 
         async def one(peer: str) -> None:
+            nonlocal answered
             try:
                 self.counters.sent += 1
                 reply = await self.host.request(peer, DISCOVERY_PROTOCOL, {"op": "find", "key": key, "limit": limit},
                                                 REQUEST_TIMEOUT)
             except REQUEST_ERRORS as e:
+                self._failed(key, peer)
                 log.debug("find on %s failed: %s: %s", peer[:16], type(e).__name__, e)
                 return
             raw = reply.get("records")
@@ -259,27 +339,30 @@ class Discovery:
                 try:
                     rec = decode_record(data, now)
                 except RecordError:
-                    self.counters.bad_records += 1
-                    self.host.penalize(peer, BAD_RECORD)
-                    return
-                if span_key(rec.model_id, rec.start) != key:
+                    rec = None
+                if rec is None or span_key(rec.model_id, rec.start) != key:
                     self.counters.bad_records += 1
                     self.host.penalize(peer, BAD_RECORD)
                     return
                 prev = found.get(rec.account)
                 if prev is None or rec.seq > prev.seq:
                     found[rec.account] = rec
+            answered += 1
 
-        async with trio.open_nursery() as n:
-            for peer in await self.closest(key):
-                n.start_soon(one, peer)
+        peers = await self.closest(key)
+        for i in range(0, len(peers), ASK_AT_ONCE):
+            async with trio.open_nursery() as n:
+                for peer in peers[i:i + ASK_AT_ONCE]:
+                    n.start_soon(one, peer)
+            if answered >= ASK_AT_ONCE and found:  # an empty answer may be a replica the publisher did not see
+                break
         recs = sorted(found.values(), key=lambda r: r.account)
         if len(recs) > limit:  # a uniform sample, as a store answers
             recs = sorted(self.rng.sample(recs, limit), key=lambda r: r.account)
         return recs
 
     async def find_route_records(self, model_id: bytes, start: int, end: int,
-                                 limit: int = ANSWER_LIMIT) -> list[SpanRecord]:
+                                 limit: int = ROUTE_LIMIT) -> list[SpanRecord]:
         """Every record a route over ``[start, end)`` could use: a breadth-first walk of the positions reachable
         from ``start`` (each looked up once, in parallel per wave). Costs one lookup per reachable position, never
         one for a model or a span the route cannot use."""

@@ -155,8 +155,8 @@ class RouteClient(HopSessions, Generic[HeadT]):
         Raises:
             NoRouteError: still no route after ``wait`` seconds (the blocks nobody serves named).
         """
+        await self._look_up(0, self.manifest.num_blocks)  # before the clock starts: a lookup takes a while
         deadline = trio.current_time() + wait
-        await self._look_up(0, self.manifest.num_blocks)
         while True:
             try:
                 return self._plan(need)

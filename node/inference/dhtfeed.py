@@ -19,7 +19,8 @@ from ..encoding import pack
 from ..keys import account_to_str
 from .swarm import SwarmTable
 
-LOOKUP_INTERVAL = 10.0  # seconds a route's lookup is reused before a plan looks again (unless forced)
+LOOKUP_INTERVAL = 60.0  # seconds a route's lookup is reused before a plan looks again (records live 180 s;
+# a missing route or a failover forces one)
 LOOKUP_CONCURRENCY = 16  # lookups in flight at once for --span auto's survey of every block
 FORCED_GAP = 0.5  # seconds between two forced lookups of one range (a failover, a route still missing)
 

@@ -8,7 +8,7 @@ import trio
 
 from node.discovery.keys import span_key
 from node.discovery.record import SpanRecord, sign_record
-from node.discovery.service import DISCOVERY_PROTOCOL, REPLICATION, Discovery, Mode, with_lookup
+from node.discovery.service import DISCOVERY_PROTOCOL, Discovery, Mode, with_lookup
 from node.identity import Identity
 from node.p2p.framing import RemoteError
 from tests.p2p.util import run, running_hosts
@@ -21,8 +21,9 @@ def clock() -> float:
     return NOW[0]
 
 
-async def _mesh(hosts, discs) -> None:
-    """Connect every host to host 0 and put each into the other's routing table (both ways)."""
+async def _mesh(hosts, discs, join: bool = True) -> None:
+    """Connect every host to host 0 and put each into the other's routing table (both ways); then, if ``join``,
+    every node looks itself up (Kademlia's join, which also connects it to the peers near it)."""
     for h in hosts[1:]:
         assert await h.connect(hosts[0].addrs) >= 1
     pairs = [(discs[0], h) for h, d in zip(hosts[1:], discs[1:], strict=True) if d.mode is Mode.SERVER]
@@ -31,12 +32,17 @@ async def _mesh(hosts, discs) -> None:
         for d, h in pairs:
             while not await d.add_peer(h.peer_id):  # identify has not stored the peer's protocols yet
                 await trio.sleep(0.05)
+    if join:
+        async with trio.open_nursery() as n:
+            for d in discs:
+                n.start_soon(d.join)
 
 
 def test_a_light_client_finds_the_spans_of_its_route_and_nothing_else():
     async def main():
         async with running_hosts(10) as hosts:
-            discs = [Discovery(h, Mode.SERVER if i < 8 else Mode.CLIENT, clock=clock) for i, h in enumerate(hosts)]
+            discs = [Discovery(h, Mode.SERVER if i < 8 else Mode.CLIENT, clock=clock, replication=3)
+                     for i, h in enumerate(hosts)]
             async with trio.open_nursery() as n:
                 for d in discs:
                     await n.start(d.run)
@@ -65,9 +71,10 @@ def test_a_light_client_finds_the_spans_of_its_route_and_nothing_else():
     assert by_peer == {k: tuple(v) for k, v in want.items()}  # [1, 6) is never reached: no lookup of block 1
     assert [r.account for r in found_b] == [hosts[6].identity.account]
     assert after == []
-    assert all(2 <= h <= REPLICATION + 1 for h in held.values()), held
-    # a record lives only where its key is close: no server holds every record
-    assert max(len(d.store) for d in discs[:8]) < 7
+    assert all(2 <= h <= 3 + 1 for h in held.values()), held  # on the 3 closest, and its server
+    # a record lives only where its key is close: no server holds every record, nor do clients hold any
+    assert max(len(d.store) for d in discs[:8]) < 7 and sum(len(d.store) for d in discs) <= 7 * 4
+    assert all(d.routing_table_size() <= 7 for d in discs[:8])  # the 7 other servers: no client joins a table
     client = discs[9]
     assert len(client.store) == 0 and client.counters.served_find == client.counters.served_store == 0
     assert client.counters.sent > 0
@@ -115,7 +122,7 @@ def test_a_peer_known_to_nobody_here_is_found_in_the_dht_and_dialled():
             async with trio.open_nursery() as n:
                 for d in discs:
                     await n.start(d.run)
-                await _mesh(hosts, discs)
+                await _mesh(hosts, discs, join=False)
                 assert hosts[1].peer_id not in hosts[2].connected_peers()
                 learnt = []
 

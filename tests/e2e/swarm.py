@@ -27,7 +27,7 @@ def node_config(tmp: Path, i: int, genesis: Genesis, model_dir: Path, span=None,
                 accept_jobs=False, step_timeout: float = 10.0, discovery: str = "gossip") -> NodeConfig:
     return NodeConfig(data_dir=tmp / f"n{i}", genesis=genesis, model_dir=model_dir, span=span,
                       seed=dev_seed(i), fault=fault, step_timeout=step_timeout, announce_period=0.5,
-                      accept_jobs=accept_jobs, discovery=discovery, record_period=1.0)
+                      accept_jobs=accept_jobs, discovery=discovery, record_period=2.0)
 
 
 @asynccontextmanager
