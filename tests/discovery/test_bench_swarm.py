@@ -9,10 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 ROW = re.compile(r"^\s+(\d+) \|(.*)\|(.*)$", re.M)
 
 
+@pytest.mark.slow  # six child processes (~25 s): a bench smoke test, like tests/training/test_bench_smoke.py
 def test_bench_prints_both_designs_side_by_side(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "swarm.py"), "--servers", "4,12", "--seconds", "0.5",
                         "--settle", "0.5", "--mesh", "2", "--dht-servers", "4", "--lookups", "1",
