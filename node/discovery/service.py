@@ -40,7 +40,7 @@ from .store import ANSWER_LIMIT, RecordStore
 DISCOVERY_PROTOCOL = "/tally/discovery/1.0.0"
 REPLICATION = 8  # peers closest to a key that hold each record (Kademlia's k is 20; records are republished)
 REQUEST_TIMEOUT = 5.0  # seconds for one store or find exchange
-ASK_AT_ONCE = 2  # replicas a find asks at a time, nearest first; it stops once this many have answered
+ASK_AT_ONCE = 2  # replicas a find asks (nearest first, one at a time) unless one answer is already full
 ROUTE_LIMIT = 8  # records a route lookup asks for per position (a route needs a few candidates, not all)
 CLOSEST_TTL = 120.0  # seconds a key's closest peers are reused before the next iterative lookup
 MAX_CLOSEST_KEYS = 1024  # keys whose closest peers are remembered (oldest forgotten first)
@@ -309,8 +309,9 @@ class Discovery:
 
     async def find(self, model_id: bytes, block: int, limit: int = ANSWER_LIMIT) -> list[SpanRecord]:
         """Servers of ``model_id`` whose span starts at ``block``: asks the peers closest to the key, nearest
-        first, :data:`ASK_AT_ONCE` at a time until that many have answered (each replica holds the same records:
-        asking all of them would only repeat them), plus this node's own store; checks every record and keeps
+        first, one at a time, until ``limit`` records are in hand or :data:`ASK_AT_ONCE` replicas answered with
+        some (each replica holds the same records: asking all of them would only repeat them; an empty answer may
+        come from a replica the publisher did not see), plus this node's own store; checks every record and keeps
         each server's newest; sorted by account.
 
         Raises:
@@ -349,13 +350,10 @@ class Discovery:
                     found[rec.account] = rec
             answered += 1
 
-        peers = await self.closest(key)
-        for i in range(0, len(peers), ASK_AT_ONCE):
-            async with trio.open_nursery() as n:
-                for peer in peers[i:i + ASK_AT_ONCE]:
-                    n.start_soon(one, peer)
-            if answered >= ASK_AT_ONCE and found:  # an empty answer may be a replica the publisher did not see
-                break
+        for peer in await self.closest(key):  # nearest first, one at a time
+            await one(peer)
+            if len(found) >= limit or (answered >= ASK_AT_ONCE and found):
+                break  # a full answer, or two replicas' (an empty answer may be one the publisher did not see)
         recs = sorted(found.values(), key=lambda r: r.account)
         if len(recs) > limit:  # a uniform sample, as a store answers
             recs = sorted(self.rng.sample(recs, limit), key=lambda r: r.account)
