@@ -163,6 +163,7 @@ class Discovery:
     async def add_peer(self, peer_id: str) -> bool:
         """Put a connected peer into the routing table (once identify has its protocols); returns whether it
         was added (a client-mode peer is not)."""
+        # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
         from libp2p.peer.id import ID
 
         await self.ready.wait()
@@ -211,6 +212,7 @@ class Discovery:
     async def find_peer_addrs(self, peer: str) -> list[str]:
         """The addresses of ``peer`` (``.../p2p/<peer>``) that a Kademlia lookup finds, [] when none: how a node
         reaches a server it never heard of (a worker whose receipt it checks) without any presence gossip."""
+        # local: py-libp2p takes ~1.3 s to import; it loads when a host starts, not with every CLI command
         from libp2p.peer.id import ID
 
         await self.ready.wait()
