@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
@@ -51,6 +52,10 @@ ROUTE_WARM_MAX = 8  # servers of one route kept connected ahead of a generation
 # A new generation whose route is not covered waits this long (seconds) for announcements before NoRouteError: an
 # announcement lives 3 refresh periods, and on a loaded machine a refresh can arrive after its predecessor lapsed
 ROUTE_WAIT = 5.0
+# seconds a server whose hop failed is left out of new routes while another route exists: its record or
+# announcement may outlive it (a DHT record lives up to 3 minutes), and every generation would fail over from it
+SUSPECT_S = 60.0
+MAX_SUSPECTS = 1024  # servers remembered as failed at most (the oldest forgotten first)
 ROUTE_POLL = 0.1  # seconds between two looks at the swarm table meanwhile
 
 log = logging.getLogger("tally.client")
@@ -115,6 +120,7 @@ class RouteClient(HopSessions, Generic[HeadT]):
         self.head, self.executor = head, executor
         self.disputes = disputes
         self.discover = discover
+        self._suspects: OrderedDict[str, float] = OrderedDict()  # peer -> trio time until which it is left out
         self.compression = check_codec(compression)
         self.max_failovers = max_failovers
         self.submit = submit
@@ -134,12 +140,34 @@ class RouteClient(HopSessions, Generic[HeadT]):
         """The fastest route over the live announcements now (:func:`~node.compute.shards.choose_route`): blocks
         ``[start, end)``, ``need`` tokens of free cache per hop, neither this node nor ``exclude``, each hop's time
         weighed by its server's standing on the ledger (:mod:`node.compute.standing`, one account read per
-        candidate server). Raises NoRouteError."""
+        candidate server), leaving out servers whose hop failed less than :data:`SUSPECT_S` seconds ago unless no
+        route exists without them. Raises NoRouteError."""
         infos = self.swarm.infos(self.manifest.model_id)
         skip = set(exclude) | {self.host.peer_id}
         standing = standings((s.peer for s in infos if s.peer not in skip), self.ledger.state.account)
+        suspects = self._live_suspects() - skip
+        try:
+            return choose_route(infos, self.manifest.num_blocks, start, end, exclude=skip | suspects,
+                                need_cache=need, rtt=self.swarm.rtt, standing=standing)
+        except NoRouteError:
+            if not suspects:
+                raise
+        # no route without them: a server that failed once may be back (restarted, or the failure was ours)
         return choose_route(infos, self.manifest.num_blocks, start, end, exclude=skip, need_cache=need,
                             rtt=self.swarm.rtt, standing=standing)
+
+    def _live_suspects(self) -> set[str]:
+        """Servers whose hop failed less than :data:`SUSPECT_S` seconds ago (expired ones forgotten)."""
+        now = trio.current_time()
+        while self._suspects and next(iter(self._suspects.values())) <= now:
+            self._suspects.popitem(last=False)
+        return set(self._suspects)
+
+    def _suspect(self, peer: str) -> None:
+        self._suspects.pop(peer, None)
+        self._suspects[peer] = trio.current_time() + SUSPECT_S
+        while len(self._suspects) > MAX_SUSPECTS:
+            self._suspects.popitem(last=False)
 
     async def _look_up(self, start: int, end: int, force: bool = False) -> None:
         """Ask the DHT for the records of a route over ``[start, end)`` (no-op without ``discover``)."""
@@ -231,6 +259,7 @@ class RouteClient(HopSessions, Generic[HeadT]):
         log.warning("hop %s [%d, %d) failed at token %d: %s: %s", dead.peer[:16], dead.start, dead.end, token,
                     type(err).__name__, err)
         run.excluded.add(dead.peer)
+        self._suspect(dead.peer)  # and, for a while, from the next generations' routes
         await abort_hop(dead)
         run.retired.append(dead)
         prefix, positions = list(dead.inputs), dead.positions
