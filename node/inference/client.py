@@ -120,7 +120,7 @@ class RouteClient(HopSessions, Generic[HeadT]):
         self.head, self.executor = head, executor
         self.disputes = disputes
         self.discover = discover
-        self._suspects: OrderedDict[str, float] = OrderedDict()  # peer -> trio time until which it is left out
+        self._suspects: OrderedDict[str, float] = OrderedDict()  # peer -> monotonic time until which it is left out
         self.compression = check_codec(compression)
         self.max_failovers = max_failovers
         self.submit = submit
@@ -158,14 +158,14 @@ class RouteClient(HopSessions, Generic[HeadT]):
 
     def _live_suspects(self) -> set[str]:
         """Servers whose hop failed less than :data:`SUSPECT_S` seconds ago (expired ones forgotten)."""
-        now = trio.current_time()
+        now = time.monotonic()
         while self._suspects and next(iter(self._suspects.values())) <= now:
             self._suspects.popitem(last=False)
         return set(self._suspects)
 
     def _suspect(self, peer: str) -> None:
         self._suspects.pop(peer, None)
-        self._suspects[peer] = trio.current_time() + SUSPECT_S
+        self._suspects[peer] = time.monotonic() + SUSPECT_S
         while len(self._suspects) > MAX_SUSPECTS:
             self._suspects.popitem(last=False)
 
