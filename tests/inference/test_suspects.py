@@ -10,16 +10,7 @@ from node.compute.reference import local_generate
 from node.inference import client as client_mod
 
 from .fakenet import make_swarm
-
-SPANS = [(0, 2), (2, 4), (4, 6)]
-PROMPT = [5, 17, 42, 99]
-
-
-def run(fn, timeout=60):
-    async def main():
-        with trio.fail_after(timeout):
-            return await fn()
-    return trio.run(main)
+from .test_session import PROMPT, SPANS, run
 
 
 def test_a_dead_server_still_announced_is_left_out_of_the_next_routes(tiny, tmp_path):
