@@ -1,6 +1,7 @@
-"""The scripted marketplace run on the devnet with the real model (slow): a 12-step LoRA job on Hamlet (segments of 10 and 2 steps) is
-posted, accepted, trained, every segment verified by a committee, delivered, fetched, and the adapter lowers
-the held-out loss; the requester pays exactly the price and the worker earns it less committee fees."""
+"""The scripted marketplace run on the devnet with the real model (slow): a 12-step LoRA job on Hamlet
+(segments of 10 and 2 steps) is posted, accepted, trained, every segment verified by a committee, delivered,
+fetched, and the adapter lowers the held-out loss; the requester pays exactly the price and the worker earns it
+less committee fees."""
 
 from __future__ import annotations
 
