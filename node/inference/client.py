@@ -89,6 +89,17 @@ class Generation:
     first_token_s: float | None = None  # seconds from the call to the first new token (None: not measured)
 
 
+@dataclass(frozen=True)
+class Replaced:
+    """What :meth:`RouteClient._replace` spliced in: hops ``first`` .. ``first + count - 1`` of the route; ``out``
+    is this round's output of the chain when its replay carried this round's step (it replaced hops that had run
+    it), else None (this round's step goes through the chain next)."""
+
+    first: int
+    count: int
+    out: torch.Tensor | None
+
+
 # the client's head: a RouteClient[LazyHead] (the node's) or RouteClient[ClientHead] keeps its head's own type
 HeadT = TypeVar("HeadT", bound=Head, covariant=True)
 
@@ -243,13 +254,43 @@ class RouteClient(HopSessions, Generic[HeadT]):
         while i < len(run.hops):
             broken = run.hops[i].broken
             if broken is not None:
-                i += await self._replace(run, i, broken, 0)
+                rep = await self._replace(run, i, broken, 0)
+                i = rep.first + rep.count
             else:
                 i += 1
 
-    async def _replace(self, run: RouteRun, i: int, err: Exception, token: int) -> int:
-        """Replace the failed ``run.hops[i]`` by a chain covering its blocks, opened and replayed; returns the
-        number of hops spliced in.
+    async def _plan_replacement(self, run: RouteRun, i: int) -> tuple[int, int, list[SpanInfo]]:
+        """A chain to replace the failed ``run.hops[i]``: over its own blocks if any server covers them, else over
+        a wider run of hops ``j..k`` (``j <= i <= k``), narrowest first and, at equal width, the one starting at
+        ``i`` first (its neighbours after it have not run this round). Returns ``(j, k, chain)``.
+
+        Raises:
+            NoRouteError: no chain covers the failed hop's blocks, however wide (the exact range's error).
+        """
+        hops, n = run.hops, len(run.hops)
+        ranges = sorted(((j, k) for j in range(i + 1) for k in range(i, n)), key=lambda r: (r[1] - r[0], i - r[0]))
+        first: NoRouteError | None = None
+        for forced in (False, True):
+            if forced:  # a server the last lookup did not return
+                if self.discover is None:
+                    break
+                await self._look_up(hops[i].start, hops[i].end, force=True)
+            for j, k in ranges:
+                try:
+                    return j, k, self._plan(run.total, hops[j].start, hops[k].end, run.excluded)
+                except NoRouteError as e:
+                    first = first or e
+        assert first is not None
+        raise first
+
+    async def _replace(self, run: RouteRun, i: int, err: Exception, token: int) -> Replaced:
+        """Replace the failed ``run.hops[i]`` by a chain covering its blocks, opened and replayed. When no server
+        covers exactly its blocks, the chain replaces it with neighbours (:meth:`_plan_replacement`): those are
+        closed (paid for what they returned) and the chain replays the inputs of the first of them. A chain that
+        starts before the failed hop replays this round's positions too, unbilled, and the route goes on after it:
+        no position is paid twice, and the blocks of the hops that had not run this round (the failed one, those
+        after it) are paid one round short (billing is per session, and the chain's sessions straddle hops paid
+        through different rounds; the requester never pays twice).
 
         Raises:
             HopFailed: more than ``max_failovers`` replacements in this generation.
@@ -262,19 +303,14 @@ class RouteClient(HopSessions, Generic[HeadT]):
         self._suspect(dead.peer)  # and, for a while, from the next generations' routes
         await abort_hop(dead)
         run.retired.append(dead)
-        prefix, positions = list(dead.inputs), dead.positions
         while True:
             if len(run.failovers) >= self.max_failovers:
                 raise HopFailed(f"gave up after {len(run.failovers)} failovers; last error: {err}") from err
-            try:
-                sub = self._plan(run.total, dead.start, dead.end, run.excluded)
-            except NoRouteError:
-                if self.discover is None:
-                    raise
-                await self._look_up(dead.start, dead.end, force=True)  # a server the last lookup did not return
-                sub = self._plan(run.total, dead.start, dead.end, run.excluded)
+            j, k, sub = await self._plan_replacement(run, i)
+            lead = run.hops[j]  # the first hop replaced: its inputs are the chain's (this round's too if j < i)
+            prefix, positions = list(lead.inputs), lead.positions
             new = [Hop(s.peer, s.start, s.end, run.codec, replay=positions) for s in sub]
-            run.failovers.append(Failover(token, dead.peer, (dead.start, dead.end), [h.peer for h in new],
+            run.failovers.append(Failover(token, dead.peer, (lead.start, run.hops[k].end), [h.peer for h in new],
                                           positions, f"{type(err).__name__}: {err}"))
             current = None
             try:
@@ -291,10 +327,22 @@ class RouteClient(HopSessions, Generic[HeadT]):
                     await abort_hop(h)
                 err = e
                 continue
-            run.hops[i:i + 1] = new
-            log.info("replaced %s by %s after replaying %d positions", dead.peer[:16],
+            for h in run.hops[j:k + 1]:
+                if h is not dead:  # a live neighbour: closed and settled for what it returned
+                    await self._close_quietly(h)
+                    run.retired.append(h)
+            run.hops[j:k + 1] = new
+            log.info("replaced %s (hops %d-%d) by %s after replaying %d positions", dead.peer[:16], j, k,
                      ", ".join(h.peer[:16] for h in new), positions)
-            return len(new)
+            out = x[:, -prefix[-1].shape[1]:] if j < i and x is not None and prefix else None
+            return Replaced(j, len(new), out)
+
+    async def _close_quietly(self, hop: Hop) -> None:
+        try:
+            await self._close(hop)
+        except HOP_ERRORS as e:
+            log.debug("closing replaced hop %s: %s: %s", hop.peer[:16], type(e).__name__, e)
+        await abort_hop(hop)
 
     async def _forward(self, run: RouteRun, hidden: torch.Tensor, token: int) -> torch.Tensor:
         """One round: ``hidden`` through every hop (failing over as needed). The round's receipt work is left in
@@ -306,7 +354,10 @@ class RouteClient(HopSessions, Generic[HeadT]):
                 i += 1
             except HOP_ERRORS as e:
                 await self._flush(run)  # the failed hop's receipt covers every output received from it
-                await self._replace(run, i, e, token)  # then step through the replacement at the same index
+                rep = await self._replace(run, i, e, token)
+                if rep.out is not None:  # the replacement carried this round's step in its replay: go on after it
+                    hidden, i = rep.out, rep.first + rep.count
+                # else step through the replacement at the same index
         return hidden
 
     def _next(self, hidden: torch.Tensor, embed: bool) -> tuple[int, torch.Tensor | None]:

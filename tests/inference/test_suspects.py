@@ -55,3 +55,35 @@ def test_a_suspect_is_used_when_no_route_exists_without_it_and_forgotten_after_a
     middle, alone, held, after = run(main)
     assert alone.tokens == local_generate(tiny, PROMPT, 6) and middle in [h[0] for h in alone.route]
     assert held == {middle} and after == set()
+
+
+def test_a_dead_span_with_no_exact_replacement_is_replaced_with_its_neighbours(tiny, tmp_path):
+    """Found by the 30-node test: servers 0:2, 2:4, 4:6 on the route and 0:3, 3:6 beside it; 2:4 dies. No server
+    starts at block 2, so the whole route is replaced by 0:3 + 3:6, which replay hop 0's inputs (this round's
+    included); the generation is identical and no position is paid twice."""
+    async def main():
+        async with trio.open_nursery() as n:
+            net, servers, client = await make_swarm(n, tiny, tmp_path, [*SPANS, (0, 3), (3, 6)])
+            for s in servers[3:]:
+                client._suspect(s.ident.peer_id)  # the three-hop route first (fewer hops would win)
+            killed = []
+
+            async def on_token(i, tok, route):
+                if i == 3 and not killed:
+                    killed.append(route[1][0])
+                    await net.kill(route[1][0])
+
+            gen = await client.generate(PROMPT, 8, on_token=on_token)
+            n.cancel_scope.cancel()
+            return gen, killed[0], {s.ident.peer_id: (s.span.start, s.span.end) for s in servers}
+
+    gen, dead, spans = run(main)
+    assert gen.tokens == local_generate(tiny, PROMPT, 8)
+    (fo,) = gen.failovers
+    assert fo.dead == dead and spans[dead] == (2, 4) and fo.span == (0, 6)
+    assert [spans[p] for p in fo.replacement] == [(0, 3), (3, 6)] and [h[1:] for h in gen.route] == [(0, 3), (3, 6)]
+    total = len(PROMPT) + 8 - 1  # positions each block processes in an uninterrupted generation
+    for b in range(6):
+        paid = sum(r.tokens for r in gen.receipts if r.span_start <= b < r.span_end)
+        assert paid <= total, (b, paid)  # never twice
+        assert paid >= total - 1, (b, paid)  # at most the failing round unpaid
