@@ -156,7 +156,10 @@ class _Refusals(logging.Handler):
 # nodes sharing one trio loop, the py-libp2p symptom of the notes; not the flood. The validator stays in this
 # process because the test watches its mempool and blocks from inside.
 # both slow: [blocks] (~30 s) left the default suite for its time (it was 18 min on this machine); CI runs both
+# alone: its claims are timings (block intervals within 1.10x of idle, refusals counted within the flood's time);
+# beside two other xdist workers [swarm] measured 111 refusals of 138 (CI at 9a3782f), alone it passes (~60 s)
 @pytest.mark.slow
+@pytest.mark.alone
 @pytest.mark.parametrize("spans", [[], SPANS], ids=["blocks", "swarm"])
 def test_flood_is_refused_while_real_work_lands_on_time(tmp_path, tiny, spans):
     """``blocks``: a devnet node producing blocks, with API transfers as the real work. ``swarm``: the same node
