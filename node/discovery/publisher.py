@@ -18,6 +18,7 @@ from typing import Protocol
 import trio
 
 from ..keys import Identity
+from .keys import span_key
 from .record import MAX_TTL, RecordError, SpanRecord, sign_record
 
 DEFAULT_PERIOD = 60.0  # seconds between republications (Petals: update_period 60 s)
@@ -42,7 +43,7 @@ class SpanFields:
 class Publisher(Protocol):
     """What the loop needs of :class:`~node.discovery.service.Discovery`."""
 
-    async def publish(self, rec: SpanRecord | Callable[[], SpanRecord]) -> int: ...
+    async def publish(self, rec: SpanRecord | Callable[[], SpanRecord], key: bytes | None = None) -> int: ...
 
 
 def check_record_timing(period: float, ttl: float) -> None:
@@ -76,11 +77,10 @@ async def publish_loop(disc: Publisher, ident: Identity, fields: Callable[[], Sp
                                free_cache=f.free_cache, addrs=tuple(sent), seq=seq, expires=math.ceil(clock() + ttl))
 
         try:
-            signed()
+            held = await disc.publish(signed, span_key(f.model_id, f.start))  # signs it once
         except RecordError as e:
             log.warning("span record not published: %s", e)
         else:
-            held = await disc.publish(signed)
             log.debug("span record [%d, %d) held by %d peer(s)", f.start, f.end, held)
         due = trio.current_time() + period
         while trio.current_time() < due and list(addrs()) == sent:

@@ -280,13 +280,22 @@ class Discovery:
 
     # ------------------------------------------------------------------ publishing and finding
 
-    async def publish(self, rec: SpanRecord | Callable[[], SpanRecord]) -> int:
+    async def publish(self, rec: SpanRecord | Callable[[], SpanRecord], key: bytes | None = None) -> int:
         """Store a record of this node's own on the ``replication`` peers closest to its key, and here in
         server mode; returns how many peers hold it now (this node included). ``rec`` may be a function that
-        signs it: it is called once the closest peers are known, so a lookup that takes seconds does not eat
-        into the record's life. Failures are counted, never raised."""
-        first = rec() if callable(rec) else rec
-        key = span_key(first.model_id, first.start)
+        signs it, with its ``key`` (:func:`span_key`): it is called once, when the closest peers are known, so a
+        lookup that takes seconds does not eat into the record's life. Failures to store are counted, never
+        raised.
+
+        Raises:
+            ValueError: a function without its key, or one whose record has another key.
+            RecordError: what the function raises (a record that fails its own checks).
+        """
+        if callable(rec):
+            if key is None:
+                raise ValueError("a record factory needs its key")
+        else:
+            key = span_key(rec.model_id, rec.start)
         peers = await self.closest(key)
         final = rec() if callable(rec) else rec
         if span_key(final.model_id, final.start) != key:
