@@ -15,9 +15,8 @@ from typing import Protocol
 import trio
 
 from ..discovery.record import SpanRecord
-from ..encoding import pack
 from ..keys import account_to_str
-from .swarm import SwarmTable
+from .swarm import MAX_TTL as SWARM_MAX_TTL, SwarmTable
 
 LOOKUP_INTERVAL = 60.0  # seconds a route's lookup is reused before a plan looks again (records live 180 s;
 # a missing route or a failover forces one)
@@ -48,15 +47,18 @@ class DhtFeed:
         self._last: dict[tuple[bytes, int, int], float] = {}  # (model, start, end) -> trio time of last lookup
         self.lookups = 0
 
-    async def feed(self, records: list[SpanRecord]) -> None:
+    def feed(self, records: list[SpanRecord]) -> None:
         """Put checked records into the swarm table (as the announcements they stand for) and learn addresses."""
         now = self.clock()
         for r in records:
             peer = account_to_str(r.account)
-            ann = {"peer": peer, "model_id": r.model_id, "start": r.start, "end": r.end, "addrs": list(r.addrs),
-                   "active": 0, "seq": r.seq, "ttl": max(0.0, r.expires - now), "throughput": r.throughput,
-                   "latency": r.latency, "free_cache": None if r.free_cache < 0 else r.free_cache}
-            await self.swarm.on_announcement(pack(ann), peer)
+            prev = self.swarm.entries.get(peer)
+            self.swarm.offer(peer, {
+                "model_id": r.model_id, "start": r.start, "end": r.end, "addrs": list(r.addrs),
+                "seen": self.swarm.clock(), "ttl": min(SWARM_MAX_TTL, max(0.0, r.expires - now)), "active": 0,
+                "seq": r.seq, "throughput": r.throughput, "latency": r.latency,
+                "free_cache": None if r.free_cache < 0 else r.free_cache,
+                "refreshes": (prev["refreshes"] + 1) if prev else 0})
             self.learn(peer, [a for a in r.addrs if a.endswith("/p2p/" + peer)])
 
     async def route(self, model_id: bytes, start: int, end: int, force: bool = False, /) -> int:
@@ -72,7 +74,7 @@ class DhtFeed:
         self._last[key] = trio.current_time()
         self.lookups += 1
         recs = await self.finder.find_route_records(model_id, start, end)
-        await self.feed(recs)
+        self.feed(recs)
         return len(recs)
 
     async def every_block(self, model_id: bytes, num_blocks: int) -> int:
@@ -88,5 +90,5 @@ class DhtFeed:
         async with trio.open_nursery() as n:
             for b in range(num_blocks):
                 n.start_soon(one, b)
-        await self.feed(out)
+        self.feed(out)
         return len(out)

@@ -110,23 +110,31 @@ class SwarmTable:
             start, end = int(a["start"]), int(a["end"])
             ttl = min(MAX_TTL, _num(a["ttl"]))
             prev = self.entries.get(from_peer)
-            if prev is not None and int(a["seq"]) <= prev["seq"]:
-                return  # stale or replayed announcement
             free = a.get("free_cache")
-            entry: SwarmEntry = {
+            self.offer(from_peer, {
                 "model_id": bytes(a["model_id"]), "start": start, "end": end,
                 "addrs": list(a.get("addrs", []))[:8], "seen": self.clock(), "ttl": ttl,
                 "active": int(a.get("active", 0)), "seq": int(a["seq"]),
                 "throughput": _num(a.get("throughput")), "latency": _num(a.get("latency")),
                 "free_cache": int(free) if isinstance(free, int) and free >= 0 else None,
-                "refreshes": (prev["refreshes"] + 1) if prev else 0}
-            if not self._put(from_peer, entry):
-                return
-            if prev is None or (prev["model_id"], prev["start"], prev["end"]) != (a["model_id"], start, end):
-                self.changed.set()
-                self.changed = trio.Event()
+                "refreshes": (prev["refreshes"] + 1) if prev else 0})
         except (DecodeError, KeyError, TypeError, ValueError) as e:
             log.debug("bad announcement from %s: %s", from_peer, e)
+
+    def offer(self, peer: str, entry: SwarmEntry) -> bool:
+        """Take ``peer``'s entry (checked by the caller: a gossiped announcement, or a DHT record looked up) unless
+        its ``seq`` is not above the one held; set :attr:`changed` when its model or span is new. Returns whether
+        it was taken (a full table may drop a new peer: :meth:`_put`)."""
+        prev = self.entries.get(peer)
+        if prev is not None and entry["seq"] <= prev["seq"]:
+            return False  # stale or replayed
+        if not self._put(peer, entry):
+            return False
+        if prev is None or (prev["model_id"], prev["start"], prev["end"]) != \
+                (entry["model_id"], entry["start"], entry["end"]):
+            self.changed.set()
+            self.changed = trio.Event()
+        return True
 
     def _put(self, peer: str, entry: SwarmEntry) -> bool:
         """Store ``entry`` as the most recently heard; False when ``peer`` is new, the table full of live entries
