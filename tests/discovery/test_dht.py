@@ -4,6 +4,8 @@ can use, hears nothing of other models, holds nothing itself; expired, forged an
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 import trio
 
 from node.discovery.keys import span_key
@@ -38,29 +40,37 @@ async def _mesh(hosts, discs, join: bool = True) -> None:
                 n.start_soon(d.join)
 
 
+@asynccontextmanager
+async def dht_nodes(n: int, clients: int = 0, join: bool = True, **kw):
+    """``n`` hosts on 127.0.0.1, the last ``clients`` of them light clients, each with a running Discovery
+    (``kw`` passed on), meshed through host 0 (:func:`_mesh`); yields ``(hosts, discs)``; stops them all."""
+    async with running_hosts(n) as hosts:
+        discs = [Discovery(h, Mode.SERVER if i < n - clients else Mode.CLIENT, clock=clock, **kw)
+                 for i, h in enumerate(hosts)]
+        async with trio.open_nursery() as nursery:
+            for d in discs:
+                await nursery.start(d.run)
+            await _mesh(hosts, discs, join=join)
+            yield hosts, discs
+            nursery.cancel_scope.cancel()
+
+
 def test_a_light_client_finds_the_spans_of_its_route_and_nothing_else():
     async def main():
-        async with running_hosts(10) as hosts:
-            discs = [Discovery(h, Mode.SERVER if i < 8 else Mode.CLIENT, clock=clock, replication=3)
-                     for i, h in enumerate(hosts)]
-            async with trio.open_nursery() as n:
-                for d in discs:
-                    await n.start(d.run)
-                await _mesh(hosts, discs)
-                spans = {1: (MODEL_A, 0, 2), 2: (MODEL_A, 2, 4), 3: (MODEL_A, 4, 6), 4: (MODEL_A, 0, 3),
-                         5: (MODEL_A, 3, 6), 6: (MODEL_B, 0, 6), 7: (MODEL_A, 1, 6)}
-                held = {}
-                for i, (m, a, b) in spans.items():
-                    rec = sign_record(hosts[i].identity, m, a, b, throughput=10.0 * i, seq=1,
-                                      expires=int(NOW[0]) + 300, addrs=tuple(hosts[i].addrs[:2]))
-                    held[i] = await discs[i].publish(rec)
-                client = discs[9]
-                route = await client.find_route_records(MODEL_A, 0, 6)
-                found_b = await client.find(MODEL_B, 0)
-                NOW[0] += 301  # every record has expired
-                after = await client.find_route_records(MODEL_A, 0, 6)
-                NOW[0] -= 301
-                n.cancel_scope.cancel()
+        async with dht_nodes(10, clients=2, replication=3) as (hosts, discs):
+            spans = {1: (MODEL_A, 0, 2), 2: (MODEL_A, 2, 4), 3: (MODEL_A, 4, 6), 4: (MODEL_A, 0, 3),
+                     5: (MODEL_A, 3, 6), 6: (MODEL_B, 0, 6), 7: (MODEL_A, 1, 6)}
+            held = {}
+            for i, (m, a, b) in spans.items():
+                rec = sign_record(hosts[i].identity, m, a, b, throughput=10.0 * i, seq=1,
+                                  expires=int(NOW[0]) + 300, addrs=tuple(hosts[i].addrs[:2]))
+                held[i] = await discs[i].publish(rec)
+            client = discs[9]
+            route = await client.find_route_records(MODEL_A, 0, 6)
+            found_b = await client.find(MODEL_B, 0)
+            NOW[0] += 301  # every record has expired
+            after = await client.find_route_records(MODEL_A, 0, 6)
+            NOW[0] -= 301
             return hosts, discs, held, route, found_b, after
 
     hosts, discs, held, route, found_b, after = run(main, timeout=60)
@@ -82,29 +92,23 @@ def test_a_light_client_finds_the_spans_of_its_route_and_nothing_else():
 
 def test_forged_foreign_and_tampered_records_are_refused():
     async def main():
-        async with running_hosts(3) as hosts:
-            discs = [Discovery(h, Mode.SERVER, clock=clock) for h in hosts]
-            async with trio.open_nursery() as n:
-                for d in discs:
-                    await n.start(d.run)
-                await _mesh(hosts, discs)
-                mine = sign_record(hosts[1].identity, MODEL_A, 0, 6, seq=1, expires=int(NOW[0]) + 300)
-                errors = []
-                # host 2 tries to store host 1's record in its name, then a record with a byte changed
-                for data in (mine.encode(), mine.encode()[:-1] + bytes([mine.encode()[-1] ^ 1])):
-                    try:
-                        await hosts[2].request(hosts[0].peer_id, DISCOVERY_PROTOCOL, {"op": "store", "record": data},
-                                               5.0)
-                    except RemoteError as e:
-                        errors.append(e.code)
-                # host 0 answers finds with a tampered record: the asker refuses it and penalizes host 0
-                good = sign_record(hosts[0].identity, MODEL_A, 0, 6, seq=1, expires=int(NOW[0]) + 300)
-                bad = SpanRecord(**{**good.__dict__, "end": 5})
-                discs[0].store.by_key[span_key(MODEL_A, 0)] = {good.account: bad}
-                penalties = []
-                hosts[1].penalize = lambda peer, w, ban_s=None: penalties.append(peer) or False
-                got = await discs[1].find(MODEL_A, 0)
-                n.cancel_scope.cancel()
+        async with dht_nodes(3) as (hosts, discs):
+            mine = sign_record(hosts[1].identity, MODEL_A, 0, 6, seq=1, expires=int(NOW[0]) + 300)
+            errors = []
+            # host 2 tries to store host 1's record in its name, then a record with a byte changed
+            for data in (mine.encode(), mine.encode()[:-1] + bytes([mine.encode()[-1] ^ 1])):
+                try:
+                    await hosts[2].request(hosts[0].peer_id, DISCOVERY_PROTOCOL, {"op": "store", "record": data},
+                                           5.0)
+                except RemoteError as e:
+                    errors.append(e.code)
+            # host 0 answers finds with a tampered record: the asker refuses it and penalizes host 0
+            good = sign_record(hosts[0].identity, MODEL_A, 0, 6, seq=1, expires=int(NOW[0]) + 300)
+            bad = SpanRecord(**{**good.__dict__, "end": 5})
+            discs[0].store.by_key[span_key(MODEL_A, 0)] = {good.account: bad}
+            penalties = []
+            hosts[1].penalize = lambda peer, w, ban_s=None: penalties.append(peer) or False
+            got = await discs[1].find(MODEL_A, 0)
             return hosts, errors, got, penalties, discs
 
     hosts, errors, got, penalties, discs = run(main, timeout=40)
@@ -117,27 +121,21 @@ def test_a_peer_known_to_nobody_here_is_found_in_the_dht_and_dialled():
     """Without presence gossip, a node reaches a peer it never heard of (a worker whose receipt it re-executes)
     through a Kademlia lookup: host 2 knows host 1 only as a peer id; both know host 0."""
     async def main():
-        async with running_hosts(3) as hosts:
-            discs = [Discovery(h, Mode.SERVER, clock=clock) for h in hosts]
-            async with trio.open_nursery() as n:
-                for d in discs:
-                    await n.start(d.run)
-                await _mesh(hosts, discs, join=False)
-                assert hosts[1].peer_id not in hosts[2].connected_peers()
-                learnt = []
+        async with dht_nodes(3, join=False) as (hosts, discs):
+            assert hosts[1].peer_id not in hosts[2].connected_peers()
+            learnt = []
 
-                async def nothing_known(peer):
-                    return None
+            async def nothing_known(peer):
+                return None
 
-                async def dial(peer, addrs):
-                    return await hosts[2].connect(addrs) > 0
+            async def dial(peer, addrs):
+                return await hosts[2].connect(addrs) > 0
 
-                hosts[2].dial_hint = with_lookup(nothing_known, discs[2].find_peer_addrs,
-                                                 lambda p, a: learnt.append((p, a)), dial)
-                hosts[1].set_request_handler("/tally/test-echo/1", lambda msg, remote: _echo(msg))
-                reply = await hosts[2].request(hosts[1].peer_id, "/tally/test-echo/1", {"x": 7}, 10.0)
-                unknown = await discs[2].find_peer_addrs(Identity.generate().peer_id)
-                n.cancel_scope.cancel()
+            hosts[2].dial_hint = with_lookup(nothing_known, discs[2].find_peer_addrs,
+                                             lambda p, a: learnt.append((p, a)), dial)
+            hosts[1].set_request_handler("/tally/test-echo/1", lambda msg, remote: _echo(msg))
+            reply = await hosts[2].request(hosts[1].peer_id, "/tally/test-echo/1", {"x": 7}, 10.0)
+            unknown = await discs[2].find_peer_addrs(Identity.generate().peer_id)
             return hosts, reply, learnt, unknown
 
     hosts, reply, learnt, unknown = run(main, timeout=40)
