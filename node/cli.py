@@ -32,23 +32,18 @@ from .peers_cli import add_parsers as add_peers_parsers, run as run_peers_comman
 from .wallet.cli import add_wallet_parser, run_wallet_command
 
 DEFAULT_DATA_DIR = Path(os.environ.get("TALLY_HOME", Path.home() / ".tally"))
-TEST_SWITCH_HELP = ("TEST SWITCH, devnet/test chains only: make this node cheat. 'corrupt': the server adds noise "
-                    "to every output it returns, so committees must vote its receipts invalid and slash its bond "
-                    "(likewise random, zeros, nan, half-tokens, replay, skip-block, perturb, other-model, bf16, "
-                    "int8: see node/compute/cheats.py). "
-                    "'equivocate': the validator double-signs one prevote, so the others must submit evidence and "
-                    "its bond is slashed once. Training (with --accept-jobs): 'skip-steps' trains one step fewer "
-                    "per segment than claimed, 'other-data' trains on other batches than committed, "
-                    "'fake-adapter' reports a state it never trained, 'diverge' blows its adapter up (NaN loss). "
-                    "Training runs (node run join): 'run-zero' sends a zero pseudo-gradient (free rider), "
-                    "'run-scale' ×100, 'run-flip' sign-flipped, 'run-nan' NaN, 'run-fewer' trains one inner step "
-                    "fewer, 'run-otherdata' other batches, 'run-stale' from an earlier round's parameters, "
-                    "'run-replay' its previous round's pseudo-gradient, 'run-copyroot' commits another worker's "
-                    "Δ root.")
-FAULTS = ["corrupt", "random", "zeros", "nan", "half-tokens", "replay", "skip-block", "perturb", "other-model",
-          "bf16", "int8", "equivocate", "skip-steps", "other-data", "fake-adapter", "diverge", "run-zero",
-          "run-scale", "run-flip", "run-nan", "run-fewer", "run-otherdata", "run-stale", "run-replay",
-          "run-copyroot"]
+# The node's base cheats (the span server's, node.compute.cheats, and the validator's); each capability adds its
+# own (Capability.faults and fault_help, node.capabilities).
+BASE_FAULTS = ["corrupt", "random", "zeros", "nan", "half-tokens", "replay", "skip-block", "perturb", "other-model",
+               "bf16", "int8", "equivocate"]
+BASE_FAULT_HELP = ("TEST SWITCH, devnet/test chains only: make this node cheat. 'corrupt': the server adds noise "
+                   "to every output it returns, so committees must vote its receipts invalid and slash its bond "
+                   "(likewise random, zeros, nan, half-tokens, replay, skip-block, perturb, other-model, bf16, "
+                   "int8: see node/compute/cheats.py). "
+                   "'equivocate': the validator double-signs one prevote, so the others must submit evidence and "
+                   "its bond is slashed once.")
+FAULTS = BASE_FAULTS + [f for cap in CAPABILITIES for f in cap.faults]
+TEST_SWITCH_HELP = " ".join([BASE_FAULT_HELP, *(cap.fault_help for cap in CAPABILITIES if cap.fault_help)])
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from libp2p.abc import INetStream
 
+from ..duty.seams import LedgerReader
 from ..encoding import DecodeError
 from ..identity import account_from_str, account_to_str
 from ..ledger.core.batchstate import Batch, Item, item_key, open_batches
@@ -46,13 +47,6 @@ CONTENT_REQUEST_TIMEOUT = 10.0  # seconds a server waits for the request after t
 ACCESS_CACHE = 256  # batches whose access sets are kept (per state height)
 
 
-class StateView(Protocol):
-    """What :class:`ContentAccess` needs of :class:`node.ledger.service.LedgerService`: the current state."""
-
-    @property
-    def state(self) -> State: ...
-
-
 class ContentAccess:
     """Who may fetch a batch's content from this node (issue 23: batch content is served only to the batch's
     requester, drawn workers and auditors):
@@ -73,7 +67,7 @@ class ContentAccess:
         ledger: the node's ledger (its ``state`` is read at each request).
     """
 
-    def __init__(self, ledger: StateView) -> None:
+    def __init__(self, ledger: LedgerReader) -> None:
         self.ledger = ledger
         self._height = -1
         self._open: dict[bytes, list[bytes]] | None = None  # items_root or result -> ids of open batches

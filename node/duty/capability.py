@@ -94,6 +94,9 @@ class Capability:
         commands: its ``node`` sub-commands.
         settings: the dataclass of its settings (a base of ``node.config.NodeConfig``), or None.
         start: its ``node start`` flags, or None.
+        faults: its test cheats, the names ``node start --fault`` accepts for it (devnet and test chains only;
+            unique across the node, checked at import by :mod:`node.capabilities`).
+        fault_help: one sentence per cheat for ``node start --help`` (each name in ``faults`` quoted in it).
     """
 
     name: str
@@ -104,6 +107,8 @@ class Capability:
     commands: tuple[Command, ...] = ()
     settings: type | None = None
     start: StartOptions | None = None
+    faults: tuple[str, ...] = ()
+    fault_help: str = ""
 
 
 def settings_of(config: object, kind: type[S]) -> S:

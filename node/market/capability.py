@@ -19,7 +19,7 @@ from ..duty.seams import ReceiptChecker
 from ..ledger.core import jobs
 from ..ledger.core.txbase import Tx
 from .cli import add_job_parser, run_job_command
-from .settings import MarketSettings
+from .settings import TRAIN_FAULT_HELP, TRAIN_FAULTS, MarketSettings
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
@@ -66,6 +66,8 @@ CAPABILITY = Capability(
     commands=(Command("job", add_job_parser, run_job_command),),
     settings=MarketSettings,
     start=StartOptions(add=_flags, settings=_settings),
+    faults=TRAIN_FAULTS,
+    fault_help=TRAIN_FAULT_HELP,
 )
 
 __all__ = ["CAPABILITY", "MarketSettings"]

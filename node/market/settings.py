@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+TRAIN_FAULTS = ("skip-steps", "other-data", "fake-adapter", "diverge")  # the job worker's cheats (compute.train)
+TRAIN_FAULT_HELP = ("Training (with --accept-jobs): 'skip-steps' trains one step fewer per segment than claimed, "
+                    "'other-data' trains on other batches than committed, 'fake-adapter' reports a state it never "
+                    "trained, 'diverge' blows its adapter up (NaN loss).")
+
 
 @dataclass
 class MarketSettings:
@@ -15,4 +20,4 @@ class MarketSettings:
     job_capacity: int = 1
 
 
-__all__ = ["MarketSettings"]
+__all__ = ["TRAIN_FAULTS", "TRAIN_FAULT_HELP", "MarketSettings"]

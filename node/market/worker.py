@@ -33,7 +33,7 @@ from ..ledger.core.jobstate import ACCEPTED, OPEN, jobs_of, open_jobs
 from ..ledger.core.jobtx import JobAccept, JobDeliver, JobPost, JobRelease, TrainReceipt, parse_targets
 from ..ledger.core.state import State
 from ..ledger.core.tx import InvalidTx
-from .settings import MarketSettings
+from .settings import TRAIN_FAULTS, MarketSettings
 
 if TYPE_CHECKING:
     from ..compute.train import Trainer, TrainSpec
@@ -44,7 +44,6 @@ FETCH_TIMEOUT = 20.0  # seconds to wait for a requester's dataset before skippin
 PREFETCH_PARALLEL = 4  # datasets fetched at once (a silent requester must not delay the next job's fetch)
 RELEASE_AFTER = 3  # failed training attempts of a job without a segment before the worker releases it
 RESEND_BLOCKS = 10  # an accept or release not on the ledger after this many blocks is sent again
-TRAIN_FAULTS = ("skip-steps", "other-data", "fake-adapter", "diverge")  # the job worker's cheats (compute.train)
 
 
 def spec_of(post: JobPost) -> TrainSpec:

@@ -17,6 +17,7 @@ from ..duty.seams import ReceiptChecker
 from ..ledger.core import runs
 from ..ledger.core.txbase import Tx
 from .cli import add_run_parser, run_run_command
+from .faults import RUN_FAULT_HELP, RUN_FAULTS
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
@@ -47,6 +48,8 @@ CAPABILITY = Capability(
     checkers=_checkers,
     router=_router,
     commands=(Command("run", add_run_parser, run_run_command),),
+    faults=RUN_FAULTS,
+    fault_help=RUN_FAULT_HELP,
 )
 
 __all__ = ["CAPABILITY"]

@@ -8,3 +8,7 @@ from __future__ import annotations
 # (node.training.worker.RunWorker; the ledger refuses it, node.ledger.core.runs)
 RUN_FAULTS = ("run-zero", "run-scale", "run-flip", "run-nan", "run-fewer", "run-otherdata", "run-stale",
               "run-replay", "run-copyroot")
+RUN_FAULT_HELP = ("Training runs (node run join): 'run-zero' sends a zero pseudo-gradient (free rider), 'run-scale' "
+                  "×100, 'run-flip' sign-flipped, 'run-nan' NaN, 'run-fewer' trains one inner step fewer, "
+                  "'run-otherdata' other batches, 'run-stale' from an earlier round's parameters, 'run-replay' its "
+                  "previous round's pseudo-gradient, 'run-copyroot' commits another worker's Δ root.")

@@ -12,6 +12,7 @@ import pytest
 
 from node import capabilities, cli
 from node.batch.settings import BatchSettings
+from node.compute.cheats import OUTPUT_FAULTS, WEIGHT_FAULTS
 from node.config import NodeConfig
 from node.duty.capability import Built, Capability, Command, StartOptions, settings_of
 from node.ledger.core import modules
@@ -41,6 +42,37 @@ def test_check_refuses_a_name_or_command_twice_or_a_module_outside_the_ledger():
         capabilities.check_capabilities((*caps, Capability("stray", ledger=(Module("stray"),))))
     capabilities.check_capabilities(caps)  # the real tuple passes
     assert all(m in modules.MODULES for c in caps for m in c.ledger)
+
+
+def test_check_refuses_a_ledger_module_no_record_owns():
+    caps = capabilities.CAPABILITIES
+    without_batch = tuple(c for c in caps if c.name != "batch")
+    with pytest.raises(ValueError, match=r"no capability record: \['batches'\]"):
+        capabilities.check_capabilities(without_batch)
+    with pytest.raises(ValueError, match=r"no capability record: \['staking'\]"):
+        capabilities.check_capabilities(caps, base=("bank", "receipts", "history"))
+    capabilities.check_capabilities(without_batch, base=(*capabilities.BASE_MODULES, "batches"))
+
+
+def test_test_cheats_come_from_the_records_unique_and_explained():
+    caps = capabilities.CAPABILITIES
+    record_faults = [f for c in caps for f in c.faults]
+    assert cli.BASE_FAULTS + record_faults == cli.FAULTS
+    assert {"skip-steps", "run-zero", "run-copyroot"} <= set(record_faults)  # the market's and the runs' cheats
+    assert len(set(cli.FAULTS)) == len(cli.FAULTS)
+    assert set(OUTPUT_FAULTS) | set(WEIGHT_FAULTS) <= set(cli.BASE_FAULTS)  # every span cheat the server knows
+    for f in cli.FAULTS:
+        assert f in cli.TEST_SWITCH_HELP
+    parser = cli.build_parser()
+    assert parser.parse_args(["start", "--fault", "run-zero"]).fault == "run-zero"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["start", "--fault", "no-such-cheat"])
+    market = next(c for c in caps if c.name == "market")
+    with pytest.raises(ValueError, match="same test cheat"):
+        capabilities.check_capabilities((*caps, Capability("other", faults=market.faults[:1],
+                                                           fault_help=f"'{market.faults[0]}' again")))
+    with pytest.raises(ValueError, match="does not explain"):
+        capabilities.check_capabilities((*caps, Capability("other", faults=("new-cheat",), fault_help="nothing")))
 
 
 def test_node_config_has_every_capability_part_and_settings_of_reads_it(tmp_path):
