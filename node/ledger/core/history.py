@@ -29,10 +29,8 @@ from typing import Any, Protocol
 
 from ...encoding import H, leaf_hash, node_hash, pack
 from .historyparams import HISTORY_PART
-from .jobstate import jobs_of
 from .kv import Codec
-from .module import Module, ident
-from .runstate import runs_of
+from .module import Module, ReceiptKind, ident
 from .view import StateView
 
 MAX_RETIRE_PER_BLOCK = 256  # receipts that leave the hot state in one block (the rest wait a height)
@@ -149,39 +147,23 @@ def inclusion_path(store: NodeReader, index: int, size: int) -> list[bytes]:
     return out[::-1]
 
 
-INFERENCE_KINDS = ("receipt", "tab_receipt")  # an inference receipt, alone or revealed from an epoch batch
-
-
 def summary(rec: Any) -> bytes:
     """The leaf data of a receipt record leaving the state: msgpack of ``[b"tally/history/v1", id, kind, worker,
     requester, price (base units), status, inclusion height, final height, [[account, base units]...] payouts,
-    slashed (base units), session id, opened height, model id, span start, span end, tokens]``. For a job's or a
-    run's receipt (kind ``train_receipt``, ``round_receipt``, ``round_aggregate``) the session id is the job or run
-    id, the opened height the round (0 for a job), the model id empty, the span the steps ``[step_start,
-    step_end)`` of a training receipt (``[0, steps)`` of a round receipt, ``[0, 0)`` of an aggregate), and tokens
-    the number of steps."""
+    slashed (base units), *tail]``, where the receipt's own ``history_tail()`` gives the last six fields: ``session
+    id, opened height, model id, span start, span end, tokens`` of an inference receipt (plain or from a tab); for a
+    job's or a run's receipt (kind ``train_receipt``, ``round_receipt``, ``round_aggregate``) the job or run id, the
+    round (0 for a job), an empty model id, the steps ``[step_start, step_end)`` of a training receipt (``[0,
+    steps)`` of a round receipt, ``[0, 0)`` of an aggregate), and the number of steps."""
     r = rec.receipt
     head = [b"tally/history/v1", r.id, r.KIND, r.worker, r.requester, r.price, rec.status, rec.height,
             rec.final_height, [list(p) for p in rec.payouts], rec.slashed]
-    if r.KIND in INFERENCE_KINDS:
-        return pack([*head, r.session_id, r.opened_height, r.model_id, r.span_start, r.span_end, r.tokens])
-    job_id = getattr(r, "job_id", None)
-    if job_id is not None:
-        return pack([*head, job_id, 0, b"", r.step_start, r.step_end, r.step_end - r.step_start])
-    steps = getattr(r, "steps", 0)
-    return pack([*head, r.run_id, r.round, b"", 0, steps, steps])
+    return pack([*head, *r.history_tail()])
 
 
 SUMMARY_FIELDS = ("tag", "id", "kind", "worker", "requester", "price", "status", "height", "final_height",
                   "payouts", "slashed", "session_id", "opened_height", "model_id", "span_start", "span_end",
                   "tokens")
-
-
-def _owner_final(s: Any, r: Any) -> int:
-    """The final height of the job or run receipt ``r`` belongs to (0 while it is open)."""
-    job_id = getattr(r, "job_id", None)
-    owner = jobs_of(s).get(job_id) if job_id is not None else runs_of(s).get(r.run_id)
-    return int(getattr(owner, "final_height", 0) or 0)
 
 
 def leave_height(final_height: int, opened_height: int, retention_blocks: int, receipt_max_age: int) -> int:
@@ -199,17 +181,21 @@ def read_head(s: Any) -> LogHead:
     return LogHead() if raw is None else LogHead.from_plain(raw)
 
 
-def schedule_leave(s: Any, rec: Any) -> None:
-    """Called when receipt record ``rec`` became final in working state ``s`` (:mod:`node.ledger.core.state`):
-    schedule a plain inference receipt to leave at :func:`leave_height` when ``retention_blocks`` is set."""
+def schedule_leave(s: Any, rec: Any, kind: ReceiptKind | None) -> None:
+    """Called when receipt record ``rec`` became final in working state ``s`` (:mod:`node.ledger.core.receipts`,
+    or its module): when ``retention_blocks`` is set, schedule it to leave. ``kind`` is its module's
+    :class:`~node.ledger.core.module.ReceiptKind` (None: the core's plain receipt); a kind whose
+    :meth:`~node.ledger.core.module.ReceiptKind.owner_final` is None (an inference receipt) leaves at
+    :func:`leave_height`; one that belongs to a job or run leaves ``retention_blocks`` after both are final, and
+    is scheduled by :func:`schedule_owner_leave` while its owner is open."""
     p = s.params
     r = rec.receipt
     if not p.retention_blocks:
         return
-    if getattr(r, "KIND", None) in INFERENCE_KINDS:
+    owner = None if kind is None else kind.owner_final(s, r)
+    if owner is None:
         k = height_key(leave_height(rec.final_height, r.opened_height, p.retention_blocks, p.receipt_max_age))
     else:
-        owner = _owner_final(s, r)
         if not owner:  # its job or run is open: scheduled by schedule_owner_leave when it ends
             return
         k = height_key(max(rec.final_height, owner) + p.retention_blocks)

@@ -227,6 +227,10 @@ class _TrainReceipts(PlainReceipt):
     def finalized(self, s: StateView, r: TrainReceipt, verdict: Verdict, owed: int, height: int) -> None:
         on_final(s, r, verdict == Verdict.VALID, height)
 
+    def owner_final(self, s: StateView, r: TrainReceipt) -> int | None:
+        job = jobs_of(s).get(r.job_id)
+        return int(job.final_height or 0) if job is not None else 0
+
 
 def _apply(s: StateView, tx: Tx) -> None:
     if isinstance(tx, TrainReceipt):

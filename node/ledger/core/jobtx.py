@@ -15,7 +15,7 @@ its id and by the contiguity of its step range with the job's previous receipt. 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ...keys import Identity
 from .txbase import SingleSigned, Tx
@@ -174,6 +174,11 @@ class TrainReceipt(Tx):
         "job_id": "bytes16", "worker": "account", "requester": "account", "step_start": "int", "step_end": "int",
         "state_before": "bytes32", "state_after": "bytes32", "batches_root": "bytes32", "loss_ppm": "sint",
         "price": "int"}
+
+    def history_tail(self) -> list[Any]:
+        """The last six fields of its history summary (:func:`node.ledger.core.history.summary`): ``[job id, 0,
+        b"", step start, step end, steps]``."""
+        return [self.job_id, 0, b"", self.step_start, self.step_end, self.step_end - self.step_start]
 
     def signed(self, ident: Identity) -> TrainReceipt:
         return replace(self, sig=ident.sign(self.id))

@@ -60,6 +60,12 @@ class ReceiptKind(Protocol):
         ``unverified``). True when this kind settled it itself; False to let the core pay the worker."""
         ...
 
+    def owner_final(self, s: StateView, r: Any) -> int | None:
+        """When a final ``r`` leaves the state (:mod:`node.ledger.core.history`): None when it leaves on its own
+        schedule (an inference receipt, by its opened height); else the final height of the job or run it belongs
+        to (0 while that is open: it leaves after both)."""
+        ...
+
 
 class LedgerModule(Protocol):
     """One capability's part of the ledger state machine (see the module docstring)."""
@@ -221,6 +227,9 @@ class PlainReceipt:
 
     def settle_unchecked(self, s: StateView, rec: ReceiptRecord, status: str, height: int) -> bool:
         return False
+
+    def owner_final(self, s: StateView, r: Any) -> int | None:
+        return None
 
 
 def credit(s: StateView, a: bytes, amount: int) -> None:

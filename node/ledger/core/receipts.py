@@ -103,7 +103,7 @@ def _finalize(s: StateView, rec: ReceiptRecord, verdict: Verdict, height: int, k
         credit(s, a, amt)
     s.receipts[r.id] = evolve(rec, status=status, final_height=height, payouts=tuple(payouts), slashed=slashed)
     s.open_receipts.pop(r.id, None)
-    history_mod.schedule_leave(s, s.receipts[r.id])
+    history_mod.schedule_leave(s, s.receipts[r.id], kind)
     if kind is not None:
         kind.finalized(s, r, verdict, owed, height)
 
@@ -117,7 +117,7 @@ def _settle_unchecked(s: StateView, rec: ReceiptRecord, status: str, height: int
     credit(s, r.worker, r.price)
     s.receipts[r.id] = evolve(rec, status=status, final_height=height, payouts=((r.worker, r.price),))
     s.open_receipts.pop(r.id, None)
-    history_mod.schedule_leave(s, s.receipts[r.id])
+    history_mod.schedule_leave(s, s.receipts[r.id], kind)
 
 
 class _Eligible:

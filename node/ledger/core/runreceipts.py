@@ -183,6 +183,10 @@ class _RunReceipts(PlainReceipt):
                   height: int) -> None:
         on_final(s, r, VALID_S if verdict == Verdict.VALID else INVALID_S, owed, height)
 
+    def owner_final(self, s: StateView, r: RoundReceipt | RoundAggregate) -> int | None:
+        run = runs_of(s).get(r.run_id)
+        return int(run.final_height or 0) if run is not None else 0
+
     def settle_unchecked(self, s: StateView, rec: ReceiptRecord, status: str, height: int) -> bool:
         r: Any = rec.receipt  # a RoundReceipt or RoundAggregate (this kind's records only)
         s.receipts[r.id] = replace(rec, status=status, final_height=height)  # paid by the run once its round decides

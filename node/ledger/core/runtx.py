@@ -24,7 +24,7 @@ Amounts in base units; heights and timeouts in blocks; rates in parts per millio
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from ...keys import Identity
 from .txbase import SingleSigned, Tx
@@ -192,6 +192,11 @@ class RoundReceipt(Tx):
     def sender(self) -> bytes:
         return self.worker
 
+    def history_tail(self) -> list[Any]:
+        """The last six fields of its history summary (:func:`node.ledger.core.history.summary`): ``[run id,
+        round, b"", 0, steps, steps]``."""
+        return [self.run_id, self.round, b"", 0, self.steps, self.steps]
+
     def signed(self, ident: Identity) -> RoundReceipt:
         return replace(self, sig=ident.sign(self.id))
 
@@ -273,6 +278,11 @@ class RoundAggregate(Tx):
     @property
     def sender(self) -> bytes:
         return self.aggregator
+
+    def history_tail(self) -> list[Any]:
+        """The last six fields of its history summary (:func:`node.ledger.core.history.summary`): ``[run id,
+        round, b"", 0, 0, 0]`` (an aggregate trains no steps)."""
+        return [self.run_id, self.round, b"", 0, 0, 0]
 
     def signed(self, ident: Identity) -> RoundAggregate:
         return replace(self, sig=ident.sign(self.id))

@@ -299,6 +299,11 @@ class Receipt(Tx):
         "outputs_root": "bytes32", "price": "int", "opened_height": "int", "compression": "str",
     }
 
+    def history_tail(self) -> list[Any]:
+        """The last six fields of its summary in the receipt history (:func:`node.ledger.core.history.summary`):
+        ``[session id, opened height, model id, span start, span end, tokens]``."""
+        return [self.session_id, self.opened_height, self.model_id, self.span_start, self.span_end, self.tokens]
+
     @property
     def work(self) -> int:
         """Committed work measure in token-blocks: ``tokens × (span_end − span_start)``."""

@@ -146,10 +146,13 @@ class TabReceiptKind:
     def finalized(self, s: StateView, r: Any, verdict: Verdict, owed: int, height: int) -> None:
         decided(s, r, verdict == INVALID, height)
 
+    def owner_final(self, s: StateView, r: Any) -> int | None:
+        return None  # an inference receipt: it leaves by its opened height
+
     def settle_unchecked(self, s: StateView, rec: ReceiptRecord, status: str, height: int) -> bool:
         s.receipts[rec.receipt.id] = evolve(rec, status=status, final_height=height, payouts=())
         s.open_receipts.pop(rec.receipt.id, None)
-        history_mod.schedule_leave(s, s.receipts[rec.receipt.id])
+        history_mod.schedule_leave(s, s.receipts[rec.receipt.id], self)
         decided(s, rec.receipt, status == INVALID_S, height)
         return True
 

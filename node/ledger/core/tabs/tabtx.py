@@ -125,6 +125,11 @@ class TabReceipt(Tx):
 
     price: ClassVar[int] = 0  # the core's escrow and payouts see no price: the tab and the batch hold the money
 
+    def history_tail(self) -> list[Any]:
+        """The last six fields of its history summary, as a plain receipt's
+        (:meth:`~node.ledger.core.txbase.Receipt.history_tail`)."""
+        return [self.session_id, self.opened_height, self.model_id, self.span_start, self.span_end, self.tokens]
+
     @property
     def work(self) -> int:
         """Work in token-blocks: ``tokens × (span_end − span_start)``."""
