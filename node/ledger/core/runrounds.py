@@ -164,13 +164,38 @@ def phase_timeout(round_timeout: int, attempt: int) -> int:
     return round_timeout * min(attempt + 1, MAX_TIMEOUT_STEPS)
 
 
+QUORUM_GRACE_DIV = 10  # after the quorum, the commit phase waits a tenth as long again (at least one block)
+
+
+def quorum_closes(s: StateView, run: Run, height: int) -> bool:
+    """Whether the commit phase of ``run``'s open round closes at ``height`` by its quorum (``RunPost.quorum``):
+    once ``q = min(quorum, participants)`` participants committed, at the block ``g`` after the one whose
+    receipt made ``q``, where ``g = max(1, ceil((that height − phase start) / QUORUM_GRACE_DIV))``. So a round
+    lasts at most 1.1× (plus a block) what its ``q``-th fastest worker takes, whatever the slower ones do; the
+    grace lets a worker a little slower than the quorum still count. False when the run has no quorum (0).
+
+    Straggler policy (issue 40): a receipt that arrives after the close is refused, not folded into the next
+    round with a staleness weight. A Δ computed from θ_r and applied at θ_{r+1} needs a delay correction that
+    the bit-exact outer step would have to replay (Liu et al., "Asynchronous Local-SGD Training for Language
+    Modeling", arXiv 2401.09135, §3: plain asynchronous updates lose to synchronous ones unless the momentum is
+    corrected for the delay), and a refused receipt is never paid, so work that was not used costs nothing."""
+    cur = run.cur
+    assert cur is not None
+    q = min(run.post.quorum, len(cur.participants))
+    if not run.post.quorum or len(cur.commits) < q:
+        return False
+    reached: int = sorted(s.receipts[rid].height for _, rid, _ in cur.commits)[q - 1]
+    grace = max(1, -(-(reached - cur.phase_height) // QUORUM_GRACE_DIV))
+    return height >= reached + grace
+
+
 def _advance(s: StateView, run: Run, height: int, beacon: bytes) -> Run:
     cur = run.cur
     assert cur is not None
     p = run.post
     timed_out = height >= cur.phase_height + phase_timeout(p.round_timeout, cur.attempt)
     if cur.phase == Phase.COMMIT:
-        if len(cur.commits) == len(cur.participants) or timed_out:
+        if len(cur.commits) == len(cur.participants) or timed_out or quorum_closes(s, run, height):
             if len(cur.commits) < p.min_workers:
                 _sample_commits(s, run, height, beacon)
                 return _fail_attempt(s, run, height, beacon, f"{len(cur.commits)} committed")

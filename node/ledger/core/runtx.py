@@ -45,7 +45,10 @@ class RunPost(SingleSigned):
     ``outer_lr_ppm`` / 1e6, momentum ``outer_momentum_ppm`` / 1e6, Nesterov if ``nesterov`` = 1, clip at
     ``clip_ppm`` / 1e6 × the median Δ norm; ``codec`` with ``topk_ppm`` (fraction kept, topk only);
     ``min_workers``..``max_workers`` per round; each receipt sampled with probability at least ``sample_ppm`` /
-    1e6; each phase of a round lasts at most ``round_timeout`` blocks; the run ends by height ``deadline``."""
+    1e6; each phase of a round lasts at most ``round_timeout`` blocks; the run ends by height ``deadline``;
+    ``quorum`` (optional, 0: every participant): the commit phase closes once this many participants committed,
+    after a grace of a tenth of the blocks that took (:func:`node.ledger.core.runrounds.quorum_closes`), so a
+    straggler stalls no round; its late receipt is refused."""
 
     chain_id: str
     sender: bytes
@@ -82,6 +85,7 @@ class RunPost(SingleSigned):
     sig: bytes = b""
 
     TAG: ClassVar[bytes] = b"tally/run-post/v1"
+    quorum: int = 0
     COST: ClassVar[str] = "budget"  # escrowed at the post
     KIND: ClassVar[str] = "run_post"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
@@ -92,7 +96,8 @@ class RunPost(SingleSigned):
         "screen_windows": "int", "rounds": "int", "min_workers": "int", "max_workers": "int",
         "outer_lr_ppm": "int", "outer_momentum_ppm": "int", "nesterov": "int", "clip_ppm": "int", "codec": "str",
         "topk_ppm": "int", "price_per_step": "int", "aggregator_fee": "int", "sample_ppm": "int",
-        "round_timeout": "int", "deadline": "int", "nonce": "int"}
+        "round_timeout": "int", "deadline": "int", "nonce": "int", "quorum": "int"}
+    TAIL: ClassVar[tuple[str, ...]] = ("quorum",)  # added after runs were posted (issue 40): 0 is left out
 
     @property
     def receipt_price(self) -> int:

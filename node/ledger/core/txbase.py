@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields as dc_fields, replace
 from functools import cached_property
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, TypeVar, cast
 
 from ...encoding import MAX_AMOUNT, object_id
 from ...keys import Identity, is_valid_account, verify
@@ -95,6 +95,7 @@ def _is_bytes(v: Any, n: int | None = None) -> bool:
     return isinstance(v, bytes) and (n is None or len(v) == n)
 
 
+T = TypeVar("T")
 _UNSIGNED: dict[type, Callable[[Any], list[Any]]] = {}  # per kind: tx -> its unsigned field values
 
 
@@ -104,14 +105,45 @@ def _unsigned_getter(cls: type) -> Callable[[Any], list[Any]]:
     got = _UNSIGNED.get(cls)
     if got is None:
         sigs = getattr(cls, "SIGS", ())
-        names = tuple(f.name for f in dc_fields(cls) if f.name not in sigs and f.name != "chain_id")
+        tail = getattr(cls, "TAIL", ())
+        names = tuple(f.name for f in dc_fields(cls) if f.name not in sigs and f.name != "chain_id"
+                      and f.name not in tail) + tuple(tail)
         if len(names) == 1:
             one = attrgetter(names[0])
             got = _UNSIGNED[cls] = lambda tx: [one(tx)]
+        elif tail:
+            many, required = attrgetter(*names), len(names) - len(tail)
+
+            def trimmed(tx: Any) -> list[Any]:
+                vals = list(many(tx))
+                while len(vals) > required and vals[-1] == 0:  # trailing optional fields at 0 are left out
+                    vals.pop()
+                return vals
+
+            got = _UNSIGNED[cls] = trimmed
         else:
             many = attrgetter(*names)
             got = _UNSIGNED[cls] = lambda tx: list(many(tx))
     return got
+
+
+def build_tx(cls: type[T], chain_id: Any, fields: list[Any], sigs: list[Any]) -> T:
+    """A transaction of kind ``cls`` from its wire parts (fields already checked, or trusted): the required fields
+    and the signatures by position, the optional tail (:attr:`Tx.TAIL`) by name, absent ones at 0.
+
+    Raises:
+        InvalidTx: the number of fields is not the kind's (between its required fields and all of them), or an
+            optional field is present at 0 (its canonical form leaves it out, so that one transaction has one
+            encoding and one id).
+    """
+    tail: tuple[str, ...] = getattr(cls, "TAIL", ())
+    required = len(cls.SCHEMA) - len(tail)  # type: ignore[attr-defined]
+    _check(required <= len(fields) <= len(cls.SCHEMA), "wrong number of fields")  # type: ignore[attr-defined]
+    _check(len(fields) == required or fields[-1] != 0,
+           "an optional trailing field at 0 is left out of a transaction's canonical encoding")
+    make: Any = cls  # a dataclass kind: chain id, its required fields, its signatures, then its tail by name
+    tx: T = make(chain_id, *fields[:required], *sigs, **dict(zip(tail, fields[required:], strict=False)))
+    return tx
 
 
 class FeeParams(Protocol):
@@ -138,6 +170,10 @@ class Tx:
     SIGS: ClassVar[tuple[str, ...]] = ()
     # name -> ("int" | "account" | "bytes32" | "bytes16" | "str", ...) used by decode_tx
     SCHEMA: ClassVar[dict[str, str]] = {}
+    # the optional trailing fields (int, default 0; the last entries of SCHEMA, declared after the signatures): a
+    # field added to a kind after transactions of it were signed. Left out of the id and the wire while 0 (and
+    # from the end only), so every transaction signed before keeps its encoding and its id (:func:`build_tx`).
+    TAIL: ClassVar[tuple[str, ...]] = ()
     # the field naming the account whose per-sender mempool cap the transaction counts against (:attr:`payer`)
     PAYER: ClassVar[str] = "sender"
     # the field holding the base units the transaction takes from its payer when it applies (:meth:`cost`), or ""
