@@ -83,6 +83,9 @@ class RunRequest(BaseModel):
     sample_ppm: int = Field(100_000, ge=0, le=PPM,
                             description="minimum sampling probability of each round receipt, ppm")
     round_timeout: int = Field(600, ge=1, le=10_000, description="blocks each phase of a round may last")
+    quorum: int = Field(0, ge=0, le=256, description="close a round's commits once this many workers committed "
+                                                     "(plus a tenth of the time that took); later ones are "
+                                                     "refused and unpaid. 0: wait for every participant")
     deadline_blocks: int = Field(20_000, ge=1, le=10_000_000,
                                  description="blocks until the run must end; at most the genesis max_job_deadline")
 
@@ -115,9 +118,12 @@ def ledger_settings(req: RunRequest) -> dict[str, Any]:
              outer_lr_ppm=round(req.outer_lr * PPM), outer_momentum_ppm=momentum,
              nesterov=int(req.nesterov), clip_ppm=round(req.clip * PPM), codec=req.codec,
              topk_ppm=max(1, round(req.topk * PPM)) if req.codec == "topk" else 0, price_per_step=price,
-             aggregator_fee=fee, sample_ppm=req.sample_ppm, round_timeout=req.round_timeout)
+             aggregator_fee=fee, sample_ppm=req.sample_ppm, round_timeout=req.round_timeout, quorum=req.quorum)
     if req.min_workers > req.max_workers:
         raise ApiError(400, "bad_run", f"min_workers ({req.min_workers}) exceeds max_workers ({req.max_workers})")
+    if req.quorum and not req.min_workers <= req.quorum <= req.max_workers:
+        raise ApiError(400, "bad_run", f"quorum ({req.quorum}) must be 0 or within min_workers..max_workers "
+                                       f"({req.min_workers}..{req.max_workers})")
     if momentum >= PPM:
         raise ApiError(400, "bad_run", "outer_momentum must be below 1 (after rounding to millionths)")
     if not all(math.isfinite(x) for x in (req.lr, req.outer_lr, req.outer_momentum, req.clip, req.topk)):
@@ -233,7 +239,7 @@ def run_view(run: Run, state: State, archived: Archived | None = None) -> Json:
                      "min_workers": p.min_workers, "max_workers": p.max_workers, "outer_lr": p.outer_lr_ppm / PPM,
                      "outer_momentum": p.outer_momentum_ppm / PPM, "nesterov": bool(p.nesterov),
                      "clip": p.clip_ppm / PPM, "codec": p.codec, "topk": p.topk_ppm / PPM,
-                     "sample_ppm": p.sample_ppm, "round_timeout": p.round_timeout},
+                     "sample_ppm": p.sample_ppm, "round_timeout": p.round_timeout, "quorum": p.quorum},
         "price_per_step": amount(p.price_per_step), "receipt_price": amount(p.receipt_price),
         "aggregator_fee": amount(p.aggregator_fee), "budget": amount(p.budget),
         "escrow_left": amount(run.escrow_left), "paid_workers": amount(run.paid_workers),

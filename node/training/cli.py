@@ -121,6 +121,11 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], def
                         "the workers that made it (default: %(default)s; the devnet makes 2 blocks a second)")
     p.add_argument("--deadline-blocks", type=int, default=20_000,
                    help="blocks until the run must end; the unspent escrow returns then (default: %(default)s; at "
+    p.add_argument("--quorum", type=int, default=0, metavar="N",
+                   help="close each round's commits once N workers committed, after a tenth as long again: a "
+                        "slower worker then stalls no round, and its late update is refused and not paid. Between "
+                        "--min-workers and --max-workers; 0 waits for every participant or --round-timeout "
+                        "(default: %(default)s)")
                         "most the chain's max_job_deadline)")
     p.add_argument("--follow", action="store_true", help="follow the run until it ends (see `status --follow`)")
 
@@ -206,7 +211,9 @@ def _summary(run: dict[str, Any]) -> str:
         f"inner: H={s['inner_steps']} AdamW lr {s['lr']:g}, batch {s['batch_size']}×{s['seq_len']}, state "
         f"{s['inner_state']}; outer: lr {s['outer_lr']:g} momentum {s['outer_momentum']:g}"
         f"{' nesterov' if s['nesterov'] else ''}, clip {s['clip']:g}× median; codec {s['codec']}",
-        f"workers per round {s['min_workers']}..{s['max_workers']}; joined: {len(run['workers'])}",
+        f"workers per round {s['min_workers']}..{s['max_workers']}, "
+        f"{'quorum ' + str(s['quorum']) if s['quorum'] else 'every participant'} closes the commits "
+        f"(else {s['round_timeout']} blocks); joined: {len(run['workers'])}",
         f"budget {run['budget']['credits']} credits; left in escrow {run['escrow_left']['credits']}; paid to "
         f"workers {run['paid_workers']['credits']}, aggregators {run['paid_aggregators']['credits']}; refunded "
         f"{run['refunded']['credits']}",
@@ -230,7 +237,7 @@ def run_run_command(args: argparse.Namespace) -> int:
         keys = ("title", "trainable", "rank", "targets", "seed", "lr", "batch_size", "seq_len", "inner_steps",
                 "inner_state", "screen_windows", "rounds", "min_workers", "max_workers", "outer_lr",
                 "outer_momentum", "nesterov", "clip", "codec", "topk", "price_per_step", "aggregator_fee",
-                "sample_ppm", "round_timeout", "deadline_blocks")
+                "sample_ppm", "round_timeout", "quorum", "deadline_blocks")
         body = {k: getattr(args, k) for k in keys}
         body.update(dataset_field(args, "node run"))
         out = _call(api, "POST", "/v1/runs", json=body)

@@ -78,8 +78,8 @@ async def post_run(node: CapabilityNode, *, title: str, text: bytes, settings: d
     :class:`RunPost` from the node's account at its next nonce.
 
     Args:
-        settings: every :class:`RunPost` field from ``trainable`` to ``round_timeout`` (ledger units: learning
-            rate in millionths, rates in ppm, amounts in base units).
+        settings: every :class:`RunPost` field from ``trainable`` to ``round_timeout``, and ``quorum`` (ledger
+            units: learning rate in millionths, rates in ppm, amounts in base units).
         deadline_blocks: the run must finish within this many blocks from now (at most the chain's
             ``max_job_deadline``).
 
