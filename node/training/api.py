@@ -25,7 +25,7 @@ from ..encoding import AMOUNT_FORM, parse_amount
 from ..ledger.core.rows import ReceiptRecord
 from ..ledger.core.runs import RunStatus
 from ..ledger.core.runstate import Run, runs_of
-from ..ledger.core.runtx import RoundReceipt
+from ..ledger.core.runtx import RoundAggregate, RoundReceipt
 from ..ledger.core.tx import VERDICT_NAMES
 from ..ledger.core.txbase import Tx
 from ..web.deps import AUTH, CapabilityNode, NodeDep
@@ -178,7 +178,9 @@ def _aggregate(state: State, aid: bytes) -> Json | None:
     if not aid:
         return None
     rec = state.receipts.get(aid)
-    return {"id": aid.hex(), "status": rec.status if rec else "unknown", "verdicts": _verdicts(rec)}
+    held = rec.receipt.heldout_ppm if rec and isinstance(rec.receipt, RoundAggregate) else 0  # checked by a committee
+    return {"id": aid.hex(), "status": rec.status if rec else "unknown", "verdicts": _verdicts(rec),
+            "heldout_loss": held / 1e6 if held else None}
 
 
 def _jsonable(x: Any) -> Any:
@@ -195,9 +197,14 @@ def run_view(run: Run, state: State, archived: Archived | None = None) -> Json:
     """A :class:`~node.ledger.core.runs.Run` for the API and the explorer: settings in user units, amounts as
     ``{"base_units", "credits"}``, accounts as peer IDs, ids as hex; ``rounds``: every finished round with its
     workers (each receipt's status, verdicts, loss in nats/token, Δ bytes; accepted or excluded and why), mean
-    loss and Δ bytes; ``current``: the open round; ``ledger``: :meth:`Run.to_dict` with bytes as hex."""
+    loss and Δ bytes; ``heldout_per_round``: θ_{r+1}'s held-out loss per round as its aggregate claimed it (its
+    committee re-measured it; None when not claimed or the aggregate left the state); ``bytes_per_worker``: per
+    round, the Δ bytes each committed worker uploaded; ``current``: the open round; ``ledger``: :meth:`Run.to_dict`
+    with bytes as hex."""
     p = run.post
     rounds = []
+    heldout: list[float | None] = []  # θ_{r+1}'s held-out loss per round, as claimed by its checked aggregate
+    per_worker: list[dict[str, int]] = []  # Δ bytes each committed worker uploaded, per round
     for h in run.history:
         excluded = dict(h.excluded)
         workers = []
@@ -206,6 +213,9 @@ def run_view(run: Run, state: State, archived: Archived | None = None) -> Json:
             c["accepted"] = w in h.accepted
             c["reason"] = excluded.get(w)
             workers.append(c)
+        per_worker.append({c["worker"]: c["delta_bytes"] for c in workers if c["delta_bytes"] is not None})
+        agg = _aggregate(state, h.aggregate)
+        heldout.append(agg["heldout_loss"] if agg else None)
         committed = {w for w, _, _ in h.commits}
         workers += [{"worker": acct(w), "receipt": None, "status": None, "loss": None, "delta_bytes": None,
                      "delta": None, "committee": [], "verdicts": [], "accepted": False, "reason": why}
@@ -213,7 +223,7 @@ def run_view(run: Run, state: State, archived: Archived | None = None) -> Json:
         rounds.append({"round": h.round, "attempt": h.attempt, "params_before": h.params_before.hex(),
                        "params_next": h.params_next.hex(), "momentum_next": h.momentum_next.hex(),
                        "aggregator": acct(h.aggregator) if h.aggregator else None,
-                       "aggregate": _aggregate(state, h.aggregate),
+                       "aggregate": agg,
                        "accepted": [acct(w) for w in h.accepted],
                        "excluded": [{"worker": acct(w), "reason": why} for w, why in h.excluded],
                        "loss": None if h.loss_ppm < 0 else h.loss_ppm / 1e6, "delta_bytes": h.delta_bytes,
@@ -245,6 +255,7 @@ def run_view(run: Run, state: State, archived: Archived | None = None) -> Json:
         "escrow_left": amount(run.escrow_left), "paid_workers": amount(run.paid_workers),
         "paid_aggregators": amount(run.paid_aggregators), "refunded": amount(run.refunded),
         "loss_per_round": [r["loss"] for r in rounds], "bytes_per_round": [r["delta_bytes"] for r in rounds],
+        "heldout_per_round": heldout, "bytes_per_worker": per_worker,
         "delta_bytes_total": sum(r["delta_bytes"] for r in rounds),
         "rounds_detail": rounds, "current": cur,
         "failed": [{"round": r, "attempt": a, "reason": why, "workers": _attempt_commits(state, run, r, a)}

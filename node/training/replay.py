@@ -7,7 +7,9 @@
   its commitment: INVALID (the ledger shows it; it cannot stall a round by withholding). Anything this member
   cannot fetch in time is ABSTAIN, which never penalises the worker.
 * A :class:`~node.ledger.core.runtx.RoundAggregate` is re-computed bit for bit from θ_r, the momentum and the
-  accepted workers' Δs (:func:`node.training.rounds.recompute_outer`); any difference in either id is INVALID.
+  accepted workers' Δs (:func:`node.training.rounds.recompute_outer`); any difference in either id is INVALID,
+  and so is a held-out loss it claims for θ_{r+1} further than :data:`node.training.heldout.HELDOUT_TOL_PPM` from
+  the member's own measurement on the same windows.
 """
 
 from __future__ import annotations
@@ -165,6 +167,14 @@ async def check_aggregate(member: Member, a: RoundAggregate, cache: RunCache) ->
         log.info("abstain on aggregate %s: %s", a.id.hex()[:16], e)
         return CheckResult(ABSTAIN)
     ok = params_id == a.params_next and mom_id == a.momentum_next and tuple(sorted(res.accepted)) == tuple(a.accepted)
+    if ok and a.heldout_ppm:
+        from .heldout import heldout_agrees, heldout_loss_ppm  # local: it imports torch, loaded by load_run already
+
+        measured = await member.executor.run(heldout_loss_ppm, loaded.trainer, res.params, loaded.held)
+        ok = heldout_agrees(a.heldout_ppm, measured)
+        if not ok:
+            log.info("aggregate %s claims held-out loss %.6f, measured %.6f", a.id.hex()[:16], a.heldout_ppm / 1e6,
+                     measured / 1e6)
     if ok:
         member.blobs.put(res.params)  # a verified θ_{r+1}: serve it to the next round's workers
         if res.momentum is not None:

@@ -74,6 +74,7 @@ class RunCache:
     trainer: InnerTrainer | None = None
     windows: torch.Tensor | None = None  # int64 (n, seq_len + 1)
     verified: set[bytes] = field(default_factory=set)  # ids of θ this node re-computed and found right
+    held: torch.Tensor | None = None  # the held-out windows a round's θ is measured on (node.training.heldout)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class LoadedRun:
     trainer: InnerTrainer
     windows: torch.Tensor
     verified: set[bytes]
+    held: torch.Tensor | None = None
 
 
 def theta_holders(state: State, run: Run) -> list[bytes]:
@@ -103,16 +105,18 @@ async def load_run(cache: RunCache, executor: Executor, host: Host, blobs: BlobS
                    run: Run) -> LoadedRun:
     """The run's trainer and windows (dataset fetched by hash from the sponsor or the workers), kept in ``cache``."""
     if cache.run_id == run.post.run_id and cache.trainer is not None and cache.windows is not None:
-        return LoadedRun(cache.trainer, cache.windows, cache.verified)
+        return LoadedRun(cache.trainer, cache.windows, cache.verified, cache.held)
     from . import rounds as rd  # local: it imports torch (~2 s); only a node in a run (or checking one) needs it
+    from .heldout import heldout_windows  # local: as rounds (torch)
 
     post = run.post
     text = dataset_bytes(await fetch_blob(host, blobs, post.dataset_root, [post.sender, *run.workers],
                                           timeout=FETCH_TIMEOUT))
     trainer = await executor.run(rd.make_trainer, model_dir, post)
     windows = await executor.run(rd.run_windows, model_dir, post, text)
-    cache.run_id, cache.trainer, cache.windows, cache.verified = post.run_id, trainer, windows, set()
-    return LoadedRun(trainer, windows, cache.verified)
+    held = await executor.run(heldout_windows, model_dir, post, text)
+    cache.run_id, cache.trainer, cache.windows, cache.verified, cache.held = post.run_id, trainer, windows, set(), held
+    return LoadedRun(trainer, windows, cache.verified, held)
 
 
 async def check_theta(cache: LoadedRun, executor: Executor, host: Host, blobs: BlobStore, state: State,
@@ -366,9 +370,10 @@ class RunWorker:
 
     async def _aggregate(self, run: Run) -> None:
         await load_torch(self.executor)  # then the imports below, and the fetched tensors, do not stall the loop
-        # local: both import torch (~2 s); only a node drawn to aggregate a round needs them
+        # local: these import torch (~2 s); only a node drawn to aggregate a round needs them
         from . import rounds as rd
         from .assign import screen_tensor
+        from .heldout import heldout_loss_ppm
 
         st = self.ledger.state
         post, cur = run.post, run.cur
@@ -398,12 +403,13 @@ class RunWorker:
             a = rd.assignment(post, beacon, cur.round, parts, cache.windows.shape[0], w)
             screens[w] = screen_tensor(cache.windows, a)
         res, excluded = await self.executor.run(rd.aggregate_round, cache.trainer, post, theta, mom, payloads, screens)
+        held_ppm = await self.executor.run(heldout_loss_ppm, cache.trainer, res.params, cache.held)
         params_id = self.blobs.put(res.params)
         mom_id = NO_MOMENTUM if res.momentum is None else self.blobs.put(res.momentum)
         cache.verified.add(params_id)
         tx = RoundAggregate(self.ledger.chain_id, post.run_id, cur.round, cur.attempt, self.ident.account,
                             post.sender, run.params, run.momentum, params_id, mom_id, tuple(sorted(res.accepted)),
-                            post.aggregator_fee).signed(self.ident)
+                            post.aggregator_fee, heldout_ppm=held_ppm).signed(self.ident)
         await self.ledger.submit(tx)
         log.info("run %s round %d: aggregated %d Δs into θ %s (excluded: %s)", post.run_id.hex()[:12], cur.round,
                  len(res.accepted), params_id.hex(), {w.hex()[:8]: why for w, why in excluded.items()} or "none")

@@ -79,6 +79,7 @@ def check_aggregate(s: StateView, a: RoundAggregate) -> Run:
     _check(len(roots) == len(a.accepted), "an aggregate counts each worker, and each Δ, once")
     _check(a.price == run.post.aggregator_fee, f"price must be the run's aggregator_fee = {run.post.aggregator_fee}")
     _check(a.price <= run.escrow_left, "the run's escrow cannot pay the aggregator")
+    _check(a.heldout_ppm < 10**9, "heldout_ppm is a loss in millionths of a nat per token, below 1e9")
     return run
 
 

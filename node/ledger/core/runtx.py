@@ -244,7 +244,9 @@ class RoundAggregate(Tx):
     """The drawn aggregator's claim: from θ_r (``params_before``) and outer momentum ``momentum_before`` (all
     zero bytes: none yet), the Δs of ``accepted`` (worker accounts in canonical, ascending order) give
     ``params_next`` (θ_{r+1}) and ``momentum_next``. ``price`` = the run's ``aggregator_fee``. Always re-computed
-    by a committee (bit for bit); on a valid verdict round r+1 opens from ``params_next``."""
+    by a committee (bit for bit); on a valid verdict round r+1 opens from ``params_next``. ``heldout_ppm``
+    (optional, 0: not measured): θ_{r+1}'s mean loss on the run's held-out windows, millionths of a nat per token
+    (:mod:`node.training.heldout`; the committee re-measures it within a tolerance)."""
 
     chain_id: str
     run_id: bytes
@@ -261,12 +263,14 @@ class RoundAggregate(Tx):
     sig: bytes = b""
 
     TAG: ClassVar[bytes] = b"tally/round-aggregate/v1"
+    heldout_ppm: int = 0
     KIND: ClassVar[str] = "round_aggregate"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
     SCHEMA: ClassVar[dict[str, str]] = {
         "run_id": "bytes16", "round": "int", "attempt": "int", "aggregator": "account", "sponsor": "account",
         "params_before": "bytes32", "momentum_before": "bytes32", "params_next": "bytes32",
-        "momentum_next": "bytes32", "accepted": "accounts", "price": "int"}
+        "momentum_next": "bytes32", "accepted": "accounts", "price": "int", "heldout_ppm": "int"}
+    TAIL: ClassVar[tuple[str, ...]] = ("heldout_ppm",)  # added after aggregates were signed (issue 40)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "accepted", tuple(self.accepted))  # from the wire: a list (hashable as a tuple)
