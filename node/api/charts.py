@@ -27,7 +27,8 @@ def _ticks(top: float, n: int = 4) -> list[float]:
 
 def stacked_bars(series: list[dict[str, Any]], keys: list[str], width: int = 720,
                  height: int = 200) -> dict[str, Any]:
-    """Stacked bars, one per bucket of ``series`` (dicts with ``from_height``, ``to_height`` and ``keys``).
+    """Stacked bars, one per bucket of ``series`` (dicts with ``from_height``, ``to_height`` and ``keys``; or with
+    their own ``label`` and x-axis ``xlabel`` instead of the heights, e.g. one bar per round).
 
     Returns ``{"width", "height", "bars": [{"x", "w", "label", "parts": [{"key", "y", "h", "n"}]}],
     "yticks": [{"y", "label"}], "xlabels": [{"x", "label"}], "base": y of the axis}``.
@@ -46,11 +47,12 @@ def stacked_bars(series: list[dict[str, Any]], keys: list[str], width: int = 720
                 y -= h
                 parts.append({"key": k, "y": round(y, 2), "h": round(h, 2), "n": b.get(k, 0)})
         bars.append({"x": round(PAD_L + i * slot + slot * 0.1, 2), "w": round(max(1.0, slot * 0.8), 2),
-                     "label": f"blocks {b['from_height']}–{b['to_height']}", "parts": parts})
+                     "label": b.get("label") or f"blocks {b['from_height']}–{b['to_height']}", "parts": parts})
     ticks = _ticks(top, int(top)) if top <= 8 and top == int(top) else _ticks(top)  # whole counts stay whole
     yticks = [{"y": round(PAD_T + inner_h - inner_h * t / top, 2), "label": _fmt(t)} for t in ticks]
     step = max(1, n // 6)
-    xlabels = [{"x": round(PAD_L + i * slot + slot / 2, 2), "label": str(series[i]["from_height"])}
+    xlabels = [{"x": round(PAD_L + i * slot + slot / 2, 2),
+                "label": str(series[i]["xlabel"] if "xlabel" in series[i] else series[i]["from_height"])}
                for i in range(0, len(series), step)]
     return {"width": width, "height": height, "bars": bars, "yticks": yticks, "xlabels": xlabels,
             "base": PAD_T + inner_h, "left": PAD_L, "right": width - PAD_R}

@@ -34,6 +34,7 @@ from .queries import Queries, QueriesDep
 
 TEMPLATES = FsPath(__file__).parent / "templates"
 VERIF_KEYS = ["valid", "invalid", "abstain", "slashes"]
+WORKER_COLOURS = 8  # the run page's bytes chart colours workers k-w0..k-w7 (explorer.css), then repeats
 
 
 def environment() -> jinja2.Environment:
@@ -198,7 +199,23 @@ async def run(node: NodeAPIDep, run_id: str = Path(..., max_length=32)) -> HTMLR
     if rid not in runs_of(st):
         raise ApiError(404, "not_found", "no such run on the ledger")
     x = run_view(runs_of(st)[rid], st, node.store.archived_summary)
-    return page(node, "run.html", run=x, loss=charts.line(x["loss_per_round"]))
+    return page(node, "run.html", **run_charts(x))
+
+
+def run_charts(x: Json) -> dict[str, Any]:
+    """The run page's context for the run view ``x`` (:func:`node.training.api.run_view`): the run, its mean
+    training loss and its held-out loss per round (:func:`charts.line`), and the Δ bytes each worker uploaded per
+    round as stacked bars (keys ``w0, w1, ...``: ``colour`` maps each to its CSS colour class, ``peer`` to its
+    account, ``wlegend`` lists ``(key, account, colour index)``)."""
+    workers = sorted({w for r in x["bytes_per_worker"] for w in r})
+    key = {w: f"w{i}" for i, w in enumerate(workers)}
+    series = [{"label": f"round {i + 1}", "xlabel": i + 1, **{key[w]: n for w, n in r.items()}}
+              for i, r in enumerate(x["bytes_per_worker"])]
+    return {"run": x, "loss": charts.line(x["loss_per_round"]), "heldout": charts.line(x["heldout_per_round"]),
+            "wbytes": charts.stacked_bars(series, [key[w] for w in workers]),
+            "wlegend": [(key[w], w, i % WORKER_COLOURS) for i, w in enumerate(workers)],
+            "colour": {key[w]: f"w{i % WORKER_COLOURS}" for i, w in enumerate(workers)},
+            "peer": {key[w]: w for w in workers}}
 
 
 @router.get("/batches")

@@ -167,6 +167,34 @@ def _loss(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.4f}"
 
 
+BAR_WIDTH = 40  # characters of the longest bar in node run status's charts
+
+
+def _bar(x: float, top: float) -> str:
+    """A horizontal bar of ``x`` against ``top`` (eighth-block characters: plain text, no redraw)."""
+    eighths = round(BAR_WIDTH * 8 * x / top) if top > 0 else 0
+    return "█" * (eighths // 8) + ("", "▏", "▎", "▍", "▌", "▋", "▊", "▉")[eighths % 8]
+
+
+def _charts(run: dict[str, Any]) -> list[str]:
+    """``node run status``'s charts: the held-out loss of θ after each round (as its checked aggregate claimed
+    it) and the Δ bytes each worker uploaded per round, as text bars (one line per round, or per worker)."""
+    lines = []
+    held = run.get("heldout_per_round") or []
+    if any(x is not None for x in held):
+        top = max(x for x in held if x is not None)
+        lines.append("held-out loss of θ after each round (nats/token):")
+        lines += [f"  round {i + 1:>3}  {_loss(x):>8}  {'' if x is None else _bar(x, top)}" for i, x in enumerate(held)]
+    per = run.get("bytes_per_worker") or []
+    if any(per):
+        top = max(n for r in per for n in r.values())
+        lines.append("Δ bytes uploaded per worker per round:")
+        for i, r in enumerate(per):
+            for j, (w, n) in enumerate(sorted(r.items())):
+                lines.append(f"  {f'round {i + 1:>3}' if j == 0 else '':9}  …{w[-8:]}  {n:>12,}  {_bar(n, top)}")
+    return lines
+
+
 def _line(run: dict[str, Any]) -> str:
     """One plain progress line of a run."""
     cur = run["current"]
@@ -227,7 +255,7 @@ def _summary(run: dict[str, Any]) -> str:
         lines.append(f"  round {f['round'] + 1} attempt {f['attempt']} re-opened: {f['reason']}")
     if run["current"]:
         lines.append("  now: " + _line(run).split(": ", 1)[1])
-    return "\n".join(lines)
+    return "\n".join(lines + _charts(run))
 
 
 def run_run_command(args: argparse.Namespace) -> int:

@@ -14,14 +14,16 @@ import httpx
 import pytest
 import torch
 
-from node.api.pages import environment
+from node.api.pages import environment, run_charts
 from node.compute.data import dataset_bytes
 from node.encoding import commitments_root
 from node.ledger.core.runs import RunStatus
 from node.ledger.core.runstate import runs_of
 from node.ledger.core.tx import INVALID
 from node.training.api import run_view
+from node.training.cli import _summary
 from node.training.inner import InnerTrainer
+from node.web.views import acct
 
 from ..ledger.test_runs import WORKERS, Chain, start
 from .conftest import LiveSwarm, get, post
@@ -247,6 +249,7 @@ def test_run_pages_with_history_show_rounds_workers_and_verdicts():
     worker; round 2: one screened out), rendered by the explorer's templates."""
     c = Chain()
     post_ = start(c, sample_ppm=1_000_000, title="<i>hist</i>")
+    cur0 = c.run(post_).cur
     cheat = WORKERS[2].account
     c.settle_round(post_, verdicts={cheat: INVALID})
     cur = c.run(post_).cur
@@ -263,10 +266,24 @@ def test_run_pages_with_history_show_rounds_workers_and_verdicts():
     assert r0["aggregate"]["status"] == "valid" and r0["params_next"] == run.history[0].params_next.hex()
     env = environment()
     base = dict(chain_id="test-chain", head=c.s.height, now_ms=0)
-    from node.api import charts
 
-    html = env.get_template("run.html").render(**base, run=x, loss=charts.line(x["loss_per_round"]))
+    html = env.get_template("run.html").render(**base, **run_charts(x))
     assert post_.run_id.hex() in html and html.count('<tr class="round">') == 2
+    # the Δ bytes each worker uploaded, one stacked bar per round with a part per committed worker
+    assert x["bytes_per_worker"] == [{acct(w): 1000 for w in r.participants} for r in (cur0, cur)]
+    assert html.count(" bytes from ") == 8 and "round 2: 1000 bytes from" in html
+    assert "No held-out loss measured yet." in html  # these aggregates claim none (heldout_ppm 0)
+    claimed = [0.5 + i for i in range(2)]
+    html = env.get_template("run.html").render(**base, **run_charts({**x, "heldout_per_round": claimed}))
+    assert 'id="heldout-chart"' in html and "after round 2: 1.5 nats/token held out" in html
+    # node run status draws the same two charts as text bars (plain lines: no redraw)
+    text = _summary({**x, "heldout_per_round": claimed}).splitlines()
+    held = text[text.index("held-out loss of θ after each round (nats/token):") + 1:][:2]
+    assert held[0].split()[:3] == ["round", "1", "0.5000"] and held[1].endswith("█" * 40)  # the largest: full
+    assert held[0].count("█") == 13  # 0.5 of 1.5: a third of 40 (13 full eighths-blocks and a partial one)
+    per = text[text.index("Δ bytes uploaded per worker per round:") + 1:]
+    assert len(per) == 8 and all(line.rstrip().endswith("█" * 40) for line in per)  # equal uploads, full bars
+    assert "No held" not in "\n".join(text) and "held-out" not in _summary(x)  # no claim: no held-out chart
     assert "screened out" in html and "invalid" in html and "4.0000" in html and "3000" in html
     assert run.history[1].params_next.hex()[:12] in html and "&lt;i&gt;hist&lt;/i&gt;" in html
     assert "<i>hist</i>" not in html
