@@ -25,7 +25,7 @@ from ..encoding import AMOUNT_FORM, parse_amount
 from ..ledger.core.rows import ReceiptRecord
 from ..ledger.core.runs import RunStatus
 from ..ledger.core.runstate import Run, runs_of
-from ..ledger.core.runtx import RoundAggregate, RoundReceipt
+from ..ledger.core.runtx import TOPK_CODECS, RoundAggregate, RoundReceipt
 from ..ledger.core.tx import VERDICT_NAMES
 from ..ledger.core.txbase import Tx
 from ..web.deps import AUTH, CapabilityNode, NodeDep
@@ -75,8 +75,9 @@ class RunRequest(BaseModel):
     outer_momentum: float = Field(0.0, ge=0, lt=1, description="outer momentum in [0, 1)")
     nesterov: bool = Field(True, description="Nesterov outer momentum (no effect with momentum 0)")
     clip: float = Field(2.0, ge=1, le=1000, description="clip each Δ to this multiple of the median Δ norm")
-    codec: Literal["none", "int8", "topk"] = Field("int8", description="pseudo-gradient codec")
-    topk: float = Field(0.01, gt=0, le=1, description="fraction of entries kept per tensor (codec topk only)")
+    codec: Literal["none", "int8", "topk", "topk-int4"] = Field("int8", description="pseudo-gradient codec")
+    topk: float = Field(0.01, gt=0, le=1,
+                        description="fraction of entries kept per tensor (codecs topk and topk-int4 only)")
     price_per_step: AmountText = Field("0.01", description="decimal credits per inner step: " + AMOUNT_FORM)
     aggregator_fee: AmountText = Field("0.01", description="decimal credits to each round's aggregator (0 allowed): "
                                                            + AMOUNT_FORM)
@@ -117,7 +118,7 @@ def ledger_settings(req: RunRequest) -> dict[str, Any]:
              rounds=req.rounds, min_workers=req.min_workers, max_workers=req.max_workers,
              outer_lr_ppm=round(req.outer_lr * PPM), outer_momentum_ppm=momentum,
              nesterov=int(req.nesterov), clip_ppm=round(req.clip * PPM), codec=req.codec,
-             topk_ppm=max(1, round(req.topk * PPM)) if req.codec == "topk" else 0, price_per_step=price,
+             topk_ppm=max(1, round(req.topk * PPM)) if req.codec in TOPK_CODECS else 0, price_per_step=price,
              aggregator_fee=fee, sample_ppm=req.sample_ppm, round_timeout=req.round_timeout, quorum=req.quorum)
     if req.min_workers > req.max_workers:
         raise ApiError(400, "bad_run", f"min_workers ({req.min_workers}) exceeds max_workers ({req.max_workers})")

@@ -103,11 +103,13 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], def
     p.add_argument("--clip", type=float, default=2.0,
                    help="clip each update to this multiple of the round's median update norm, >= 1 "
                         "(default: %(default)s)")
-    p.add_argument("--codec", choices=["none", "int8", "topk"], default="int8",
-                   help="pseudo-gradient encoding: float32, per-tensor int8 (4× smaller), or top-k with error "
-                        "feedback (default: %(default)s)")
+    p.add_argument("--codec", choices=["none", "int8", "topk", "topk-int4"], default="int8",
+                   help="pseudo-gradient encoding: float32, per-tensor int8 (4× smaller), top-k with error "
+                        "feedback (8 bytes per kept entry), or top-k with 4-bit values and error feedback "
+                        "(4.5 bytes per kept entry; SparseLoCo's recipe) (default: %(default)s)")
     p.add_argument("--topk", type=_fraction(True), default=0.01,
-                   help="with --codec topk: fraction of entries kept per tensor, in (0, 1] (default: %(default)s)")
+                   help="with --codec topk or topk-int4: fraction of entries kept per tensor, in (0, 1] "
+                        "(default: %(default)s)")
     p.add_argument("--price-per-step", default="0.01", type=_amount_arg(False),
                    help="credits per inner step, a plain decimal such as 0.001 or 2 (no sign, exponent or "
                         "spaces; at most 9 decimals) (default: %(default)s)")
@@ -119,13 +121,13 @@ def add_run_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser], def
     p.add_argument("--round-timeout", type=int, default=600,
                    help="blocks each phase of a round (commit, reveal, aggregate) may last before it closes with "
                         "the workers that made it (default: %(default)s; the devnet makes 2 blocks a second)")
-    p.add_argument("--deadline-blocks", type=int, default=20_000,
-                   help="blocks until the run must end; the unspent escrow returns then (default: %(default)s; at "
     p.add_argument("--quorum", type=int, default=0, metavar="N",
                    help="close each round's commits once N workers committed, after a tenth as long again: a "
                         "slower worker then stalls no round, and its late update is refused and not paid. Between "
                         "--min-workers and --max-workers; 0 waits for every participant or --round-timeout "
                         "(default: %(default)s)")
+    p.add_argument("--deadline-blocks", type=int, default=20_000,
+                   help="blocks until the run must end; the unspent escrow returns then (default: %(default)s; at "
                         "most the chain's max_job_deadline)")
     p.add_argument("--follow", action="store_true", help="follow the run until it ends (see `status --follow`)")
 

@@ -221,7 +221,7 @@ def aggregate_round(trainer: InnerTrainer, post: RunPost, theta: list[torch.Tens
     for w in sorted(payloads):
         try:
             d = decode(payloads[w], Codec(post.codec), trainer.shapes,
-                       post.topk_ppm if post.codec == "topk" else None)
+                       post.topk_ppm if Codec(post.codec).sparse else None)
         except ValueError as e:
             excluded[w] = f"malformed Δ: {e}"
             continue
@@ -247,7 +247,7 @@ def recompute_outer(trainer: InnerTrainer, post: RunPost, theta: list[torch.Tens
     for w in sorted(payloads):
         try:
             deltas.append((w, decode(payloads[w], Codec(post.codec), trainer.shapes,
-                                     post.topk_ppm if post.codec == "topk" else None)))
+                                     post.topk_ppm if Codec(post.codec).sparse else None)))
         except ValueError:
             continue  # a malformed Δ cannot be in an honest aggregate: the ids will differ
     return outer_step(theta, momentum, deltas, outer_spec(post))

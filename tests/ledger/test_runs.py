@@ -334,9 +334,14 @@ def test_post_rules():
     for bad, why in [({"codec": "zip"}, "codec"), ({"min_workers": 5, "max_workers": 4}, "min_workers"),
                      ({"clip_ppm": 500_000}, "clip_ppm"), ({"price_per_step": 10**12}, "max_receipt_price"),
                      ({"price_per_step": 10**8, "rounds": 10_000}, "budget"), ({"targets": "nope"}, "targets"),
-                     ({"deadline": 10**6}, "max_job_deadline"), ({"inner_state": "maybe"}, "inner_state")]:
+                     ({"deadline": 10**6}, "max_job_deadline"), ({"inner_state": "maybe"}, "inner_state"),
+                     ({"codec": "topk", "topk_ppm": 0}, "topk_ppm"),
+                     ({"codec": "topk-int4", "topk_ppm": 10**6 + 1}, "topk_ppm")]:
         c.refuse(c.post(advance=False, **bad), why)
     c.block(c.post())  # the same builder with good fields applies
+    post = c.post(codec="topk-int4", topk_ppm=10_000)  # a poster's choice of codec, recorded on the ledger
+    c.block(post)
+    assert (c.run(post).post.codec, c.run(post).post.topk_ppm) == ("topk-int4", 10_000)
 
 
 def test_wire_round_trip_of_every_run_transaction():

@@ -73,6 +73,7 @@ from .runtx import (
     CODECS,
     INNER_STATE,
     RUN_TXS,
+    TOPK_CODECS,
     TRAINABLE,
     RoundAggregate,
     RoundReceipt,
@@ -102,7 +103,7 @@ def check_post(s: StateView, tx: RunPost) -> None:
         except ValueError as e:
             raise InvalidTx(str(e)) from None
     _check(tx.codec in CODECS, f"codec must be one of {', '.join(CODECS)}")
-    _check(tx.codec != "topk" or 1 <= tx.topk_ppm <= PPM, "topk needs topk_ppm in 1..1e6")
+    _check(tx.codec not in TOPK_CODECS or 1 <= tx.topk_ppm <= PPM, f"{tx.codec} needs topk_ppm in 1..1e6")
     _check(tx.inner_state in INNER_STATE, f"inner_state must be one of {', '.join(INNER_STATE)}")
     _check(1 <= tx.inner_steps <= 10_000 and 1 <= tx.rounds <= 10_000, "inner_steps and rounds in 1..10000")
     _check(1 <= tx.min_workers <= tx.max_workers <= 256, "need 1 <= min_workers <= max_workers <= 256")

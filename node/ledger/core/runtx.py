@@ -30,7 +30,9 @@ from ...keys import Identity
 from .txbase import SingleSigned, Tx
 
 TRAINABLE = ("lora", "all")
-CODECS = ("none", "int8", "topk")
+# node.training.codec's; appended to, never changed: a posted run's codec keeps its meaning
+CODECS = ("none", "int8", "topk", "topk-int4")
+TOPK_CODECS = ("topk", "topk-int4")  # the codecs that keep topk_ppm / 1e6 of each tensor's entries
 INNER_STATE = ("reset", "keep")
 
 
@@ -43,7 +45,7 @@ class RunPost(SingleSigned):
     ``seq_len`` tokens; ``inner_state`` ``"reset"`` (fresh AdamW moments every round) or ``"keep"``;
     ``screen_windows`` held-out windows per worker for the loss screen; outer SGD with learning rate
     ``outer_lr_ppm`` / 1e6, momentum ``outer_momentum_ppm`` / 1e6, Nesterov if ``nesterov`` = 1, clip at
-    ``clip_ppm`` / 1e6 × the median Δ norm; ``codec`` with ``topk_ppm`` (fraction kept, topk only);
+    ``clip_ppm`` / 1e6 × the median Δ norm; ``codec`` with ``topk_ppm`` (fraction kept, top-k codecs only);
     ``min_workers``..``max_workers`` per round; each receipt sampled with probability at least ``sample_ppm`` /
     1e6; each phase of a round lasts at most ``round_timeout`` blocks; the run ends by height ``deadline``;
     ``quorum`` (optional, 0: every participant): the commit phase closes once this many participants committed,
