@@ -47,6 +47,8 @@ ROUND_TOLERANCE = 1e-3
 # pass iff after <= before * (1 + SCREEN_REL) + SCREEN_TOL
 SCREEN_REL = 0.05
 SCREEN_TOL = 0.02
+# the run-codec cheat's codec: another than the run's, one a cheater would gain from (more precision, or none lost)
+OTHER_CODEC = {Codec.NONE: Codec.INT8, Codec.INT8: Codec.NONE, Codec.TOPK: Codec.NONE, Codec.TOPK_INT4: Codec.TOPK}
 
 
 def run_key(run_id: bytes) -> bytes:
@@ -123,7 +125,10 @@ def train_round(trainer: InnerTrainer, post: RunPost, theta: list[torch.Tensor],
     Cheats (``fault``): ``run-zero`` commits θ_r itself (a free rider); ``run-scale`` / ``run-flip`` / ``run-nan``
     send 100·Δ / −Δ / NaN; ``run-fewer`` trains H − 1 steps; ``run-otherdata`` trains on ``other`` batches;
     ``run-stale`` trains from ``stale`` (θ of an earlier round); ``run-replay`` sends ``old_payload`` (its Δ of
-    an earlier round). Each still commits the honest receipt fields it can, as a cheater would.
+    an earlier round); ``run-codec`` sends Δ encoded with another codec than the run's (:data:`OTHER_CODEC`),
+    its committed state the run codec's; ``run-residual`` encodes from a residual other than the one its
+    ``opt_before`` commits to (that residual plus Δ: its update pushed twice) and commits the residual that
+    encoding leaves. Each still commits the honest receipt fields it can, as a cheater would.
     """
     start = stale if fault == "run-stale" and stale is not None else theta
     trainer.load_params(start)
@@ -142,9 +147,14 @@ def train_round(trainer: InnerTrainer, post: RunPost, theta: list[torch.Tensor],
         delta = [-d for d in delta]
     elif fault == "run-nan":
         delta = [torch.full_like(d, float("nan")) for d in delta]
-    payload, residual = encode(delta, Codec(post.codec), trainer.residuals(), post.topk_ppm)
+    codec, carried = Codec(post.codec), trainer.residuals()
+    if fault == "run-residual":
+        carried = [r + d for r, d in zip(carried, delta, strict=True)]
+    payload, residual = encode(delta, codec, carried, post.topk_ppm)
     if fault == "run-replay" and old_payload is not None:
         payload = old_payload
+    elif fault == "run-codec":
+        payload = encode(delta, OTHER_CODEC[codec], trainer.residuals(), post.topk_ppm)[0]
     trainer.set_residuals(residual)
     loss = mean_loss_ppm(losses) if losses else 4_000_000  # a free rider reports a plausible loss
     return RoundWork(after, trainer.opt_state(), payload, loss, payload_bytes(payload))

@@ -133,3 +133,108 @@ def test_each_cheat_is_caught_by_replay_and_damaging_ones_by_the_screen(world, r
     ref = trainer.eval_loss(held)
     trainer.load_params(res.params)
     assert trainer.eval_loss(held) <= ref * 1.01
+
+
+# ------------------------------------------------------------------ a topk-int4 run: the codec and the residual
+# (issue 40, check 3). Round 1, after an honest round 0, so that every worker carries a non-zero residual. Each
+# cheat is caught by one named check of replay_round (the reason is asserted, so disabling that check fails it).
+
+INT4 = dict(codec="topk-int4", topk_ppm=50_000)
+WRONG_DELTA = "the committed Δ is not θ_r − θ_worker encoded with the run's codec"
+WRONG_START = "opt_before is not the state this worker had to start from"
+WRONG_RESIDUAL = "the committed codec residual is not the encoding's"
+
+
+@pytest.fixture(scope="module")
+def int4_round0(world):
+    """An honest round 0 of a topk-int4 run: the world, θ_1 and each worker's history (opt_after, θ, payload)."""
+    model, _p, trainer, windows = world
+    w4 = (model, post(**INT4), trainer, windows)
+    theta0 = trainer.params()
+    played = play_round(w4, H(b"beacon0"), theta0)
+    res, excluded = rd.aggregate_round(trainer, w4[1], theta0, None, {w: r["work"].payload for w, r in played.items()},
+                                       {})
+    assert not excluded
+    n = len(trainer.names)
+    for r in played.values():  # what error feedback carries into round 1 is really there
+        assert any(float(t.abs().max()) > 0 for t in r["work"].opt_after[2 * n:3 * n])
+    return w4, res.params, {w: dict(opt_after=r["work"].opt_after, theta=theta0, payload=r["work"].payload)
+                            for w, r in played.items()}
+
+
+def _int4_round1(int4_round0, worker, fault=None, opt_before=None):
+    """``worker`` trains round 1 of the topk-int4 run (with ``fault``, or from ``opt_before``): its replay input."""
+    w4, theta1, history = int4_round0
+    _model, p, trainer, windows = w4
+    a = rd.assignment(p, H(b"beacon1"), 1, WORKERS, windows.shape[0], worker)
+    batches = batch_tensors(windows, a)
+    prev = history[worker]["opt_after"]
+    if opt_before is None:
+        opt_before = rd.expected_opt_before(trainer, p, prev)
+    work = rd.train_round(trainer, p, theta1, opt_before, batches, fault)
+    return dict(opt_before=opt_before, work=work, a=a, batches=batches, prev=prev)
+
+
+def _residual_of(trainer, opt):
+    n = len(trainer.names)
+    return opt[2 * n:3 * n]
+
+
+def _with_residual(trainer, opt, residual):
+    n = len(trainer.names)
+    return opt[:2 * n] + [t.clone() for t in residual] + opt[3 * n:]
+
+
+def test_an_honest_topk_int4_round_replays_valid(int4_round0):
+    w4, theta1, _ = int4_round0
+    for w in (WORKERS[0], WORKERS[2]):
+        verdict, d, why = replay(w4, theta1, _int4_round1(int4_round0, w))
+        assert verdict == VALID and d <= rd.ROUND_TOLERANCE, why
+
+
+def test_a_delta_in_another_codec_than_the_runs_is_invalid_and_not_aggregated(int4_round0):
+    """run-codec: full-precision top-k values instead of the run's 4-bit ones, everything else honest (its
+    committed residual is the run codec's): only the Δ check can catch it, and the aggregator refuses the Δ."""
+    w4, theta1, _ = int4_round0
+    _model, p, trainer, _windows = w4
+    r = _int4_round1(int4_round0, WORKERS[2], "run-codec")
+    honest = _int4_round1(int4_round0, WORKERS[2])
+    assert len(r["work"].payload) == 2 * len(trainer.names) and r["work"].delta_bytes > honest["work"].delta_bytes
+    assert all(torch.equal(a, b) for a, b in zip(r["work"].opt_after, honest["work"].opt_after, strict=True))
+    assert replay(w4, theta1, r) == (INVALID, pytest.approx(0.0, abs=rd.ROUND_TOLERANCE), WRONG_DELTA)
+    res, excluded = rd.aggregate_round(trainer, p, theta1, None, {WORKERS[0]: honest["work"].payload,
+                                                                  WORKERS[2]: r["work"].payload}, {})
+    assert excluded[WORKERS[2]].startswith("malformed Δ") and res.accepted == (WORKERS[0],)
+
+
+def test_a_delta_encoded_from_another_residual_than_committed_is_invalid(int4_round0):
+    """run-residual: opt_before commits the carried residual r, but Δ is encoded from r + Δ (and the residual that
+    leaves is committed in opt_after): the replay re-encodes from opt_before's r and the Δ differs."""
+    w4, theta1, _ = int4_round0
+    r = _int4_round1(int4_round0, WORKERS[2], "run-residual")
+    honest = _int4_round1(int4_round0, WORKERS[2])
+    assert all(torch.equal(a, b) for a, b in zip(r["opt_before"], honest["opt_before"], strict=True))
+    assert replay(w4, theta1, r)[::2] == (INVALID, WRONG_DELTA)
+
+
+def test_a_carried_residual_other_than_the_one_committed_last_round_is_invalid(int4_round0):
+    """A worker that starts round 1 from another residual than its round-0 opt_after committed (here: none, as
+    after a restart that lost it), and is honest from there on: its opt_before is not the state it had to start
+    from."""
+    w4, theta1, history = int4_round0
+    trainer = w4[2]
+    expected = rd.expected_opt_before(trainer, w4[1], history[WORKERS[2]]["opt_after"])
+    dropped = _with_residual(trainer, expected, [torch.zeros_like(t) for t in _residual_of(trainer, expected)])
+    r = _int4_round1(int4_round0, WORKERS[2], opt_before=dropped)
+    assert replay(w4, theta1, r)[::2] == (INVALID, WRONG_START)
+
+
+def test_a_committed_residual_other_than_the_encodings_is_invalid(int4_round0):
+    """A worker that sends the honest Δ but commits a residual other than the one its encoding left (zero: it
+    would enter round 2 without the error it owes): the replay's encoding leaves another residual."""
+    w4, theta1, _ = int4_round0
+    trainer = w4[2]
+    r = _int4_round1(int4_round0, WORKERS[2])
+    after = r["work"].opt_after
+    r["work"].opt_after = _with_residual(trainer, after, [torch.zeros_like(t) for t in _residual_of(trainer, after)])
+    assert replay(w4, theta1, r)[::2] == (INVALID, WRONG_RESIDUAL)

@@ -74,11 +74,12 @@ def make_post(chain: Chain, model, **kw) -> tuple[RunPost, object, torch.Tensor,
     return post, trainer, windows, make_windows(held_ids, post.seq_len)[:32]
 
 
-def play_run(model, fault: str | None):
-    """A whole run with :data:`CHEATER` cheating with ``fault`` (None: everyone honest). Returns the chain, the
-    post, the final θ's held-out loss, and per round ``(verdicts {worker: VALID|INVALID}, excluded, accepted)``."""
+def play_run(model, fault: str | None, **post_kw):
+    """A whole run with :data:`CHEATER` cheating with ``fault`` (None: everyone honest), with :func:`make_post`'s
+    settings updated by ``post_kw``. Returns the chain, the post, the final θ's held-out loss, and per round
+    ``(verdicts {worker: VALID|INVALID}, excluded, accepted)``."""
     chain = Chain()
-    post, trainer, windows, held = make_post(chain, model)
+    post, trainer, windows, held = make_post(chain, model, **post_kw)
     chain.block(post)
     chain.block(*[RunJoin(chain.g.domain, w.account, post.run_id, chain.nonce(w)).signed(w) for w in WORKERS])
     theta, mom = trainer.params(), None
@@ -244,3 +245,32 @@ def test_a_copied_delta_of_this_round_cannot_be_committed_in_time(world):
     chain.block(RoundReveal(chain.g.domain, post.run_id, 0, 0, honest[0].account, first.delta_root)
                 .signed(honest[0]))  # now the Δ is public, and too late to copy
     chain.refuse(receipt(copier, first.delta_root), "commit phase")
+
+
+# two rounds, ~1 CPU-s each (the module's tiny model is built once, for test_a_copied_delta_... too): default suite
+@pytest.mark.parametrize("fault", ["run-codec", "run-residual"])
+def test_a_topk_int4_run_votes_a_codec_or_residual_cheat_invalid_and_conserves_credits(world, fault):
+    """Issue 40, check 3, on the ledger: in a run whose poster chose ``topk-int4``, a worker that sends its Δ in
+    another codec (``run-codec``: float32 top-k values) or encodes from another residual than the one its
+    ``opt_before`` commits to (``run-residual``) is voted invalid in every round it takes part in, slashed, never
+    paid and never aggregated; the honest workers are all valid, accepted and paid; the supply is checked after
+    every block (:class:`Chain`) and the escrow is spent or returned to the last base unit. (tests/training/
+    test_rounds.py pins which check of the replay catches each, one round at a time.)"""
+    chain, post, _loss, log = play_run(world, fault, codec="topk-int4", topk_ppm=50_000, rounds=2)
+    assert post.codec == "topk-int4" and chain.run(post).post.codec == "topk-int4"  # the ledger records the codec
+    run = chain.run(post)
+    cheater = CHEATER.account
+    assert run.status == RunStatus.FINISHED and run.round == 2 and len(log) == 2
+    cheated = 0
+    for r, (verdicts, excluded, accepted) in enumerate(log):
+        assert all(v == VALID for w, v in verdicts.items() if w != cheater), (r, verdicts)
+        assert set(verdicts) - {cheater} <= accepted
+        if cheater in verdicts:
+            cheated += 1
+            assert verdicts[cheater] == INVALID, (r, fault)
+            assert excluded.get(cheater) == "invalid" and cheater not in accepted, (r, excluded)
+    assert cheated >= 1
+    assert chain.s.account(cheater).bond == max(0, 200 * 10**9 - cheated * chain.g.params.slash_amount)
+    fee = post.receipt_price * chain.g.params.committee_fee_bps // 10_000
+    assert run.paid_workers == sum(len(acc - {cheater}) for _, _, acc in log) * (post.receipt_price - fee)
+    assert chain.s.account(SPONSOR.account).escrow == 0 and chain.s.supply() == chain.supply
