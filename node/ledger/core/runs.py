@@ -119,9 +119,9 @@ def check_post(s: StateView, tx: RunPost) -> None:
            "a round receipt's price (inner_steps × price_per_step) and aggregator_fee must not exceed "
            "max_receipt_price")
     _check(1 <= tx.round_timeout <= 10_000, "round_timeout in 1..10000 blocks")
-    _check(tx.deadline > height, "deadline already passed")
     _check(tx.quorum == 0 or tx.min_workers <= tx.quorum <= tx.max_workers,
            "quorum must be 0 (every participant) or in min_workers..max_workers")
+    _check(tx.deadline > height, "deadline already passed")
     _check(tx.deadline - height <= p.max_job_deadline,
            f"deadline is {tx.deadline - height} blocks after the post; this chain allows at most "
            f"max_job_deadline = {p.max_job_deadline}")

@@ -85,9 +85,9 @@ class RunPost(SingleSigned):
     deadline: int
     nonce: int
     sig: bytes = b""
+    quorum: int = 0
 
     TAG: ClassVar[bytes] = b"tally/run-post/v1"
-    quorum: int = 0
     COST: ClassVar[str] = "budget"  # escrowed at the post
     KIND: ClassVar[str] = "run_post"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
@@ -263,9 +263,9 @@ class RoundAggregate(Tx):
     accepted: tuple[bytes, ...]
     price: int
     sig: bytes = b""
+    heldout_ppm: int = 0
 
     TAG: ClassVar[bytes] = b"tally/round-aggregate/v1"
-    heldout_ppm: int = 0
     KIND: ClassVar[str] = "round_aggregate"
     SIGS: ClassVar[tuple[str, ...]] = ("sig",)
     SCHEMA: ClassVar[dict[str, str]] = {
