@@ -34,11 +34,24 @@ span ``--span-min`` to ``--span-max`` blocks long at a random start. While the c
 of this process sends real ``store`` requests to the DHT servers at the rate N servers' republishing causes on
 each DHT server of an N-node network: N * REPLICATION / N / ``REPUBLISH_S`` = 8 / 60 per second and server (the
 light client holds nothing and receives none of it). The child's figures combine its background (a joined client
-doing nothing for ``--seconds``) and ``--lookups`` back-to-back route lookups (``find_route_records`` over the
-client's model, blocks 0-30, after one warm-up lookup), one every ``--lookup-every`` seconds (default 60: a client
-that generates once a minute):
+doing nothing for ``--seconds``) and route lookups (``find_route_records`` over the client's model, blocks 0-30,
+after one warm-up lookup), one every ``--lookup-every`` seconds (default 60: a client that generates once a
+minute, :data:`~node.inference.dhtfeed.LOOKUP_INTERVAL`). A route lookup is *warm* when its keys' closest peers
+are still cached (:data:`~node.discovery.service.CLOSEST_TTL`, 120 s) and *cold* when they are found anew, one
+Kademlia lookup (FIND_NODE queries) per key; a client looking up every ``lookup_every`` seconds makes a cold one
+every ceil(CLOSEST_TTL / lookup_every) lookups (every other one at 60 s). ``--lookups`` warm ones and then
+``--lookups`` cold ones (the cache emptied before each) are measured back to back:
 
-    rate = background rate - idle rate + (cost of one lookup) / lookup_every
+    rate = background rate - idle rate + (share * cost of a cold lookup + (1 - share) * cost of a warm one)
+                                          / lookup_every,   share = 1 / ceil(CLOSEST_TTL / lookup_every)
+
+(Measuring warm lookups alone, as this bench once did, left out the Kademlia lookups, ~90 % of a client's bytes,
+and let their share depend on N: with more than ``ROUTE_LIMIT`` records under a key each answer is a random sample,
+so the positions a lookup reaches differ from the warm-up's and some are cold, while at 100 servers every answer
+is whole and the same, so none is.) Each dht note also breaks a warm lookup's, a cold lookup's and the
+background's bytes (in + out) down by libp2p stream protocol (payload bytes of the streams, counted in the child;
+``negotiation``: multistream-select before a protocol is agreed; ``Noise/Yamux/handshakes``: what the connections
+carried beyond the streams' payloads) and counts connections opened and Kademlia lookups.
 
 Printed: one row per N with both designs side by side (CPU % of a core, kB/s in and out, MB of RSS, all above
 idle), the ratio of 10,000 (or the largest N) to 100 (or the smallest) for each figure, and issue 39's check 1 on
@@ -66,7 +79,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -77,7 +90,7 @@ import trio
 
 from node.discovery.keys import span_key
 from node.discovery.record import SpanRecord, sign_record
-from node.discovery.service import DISCOVERY_PROTOCOL, REPLICATION, Discovery, Mode
+from node.discovery.service import CLOSEST_TTL, DISCOVERY_PROTOCOL, REPLICATION, Discovery, Mode
 from node.encoding import DecodeError, H, pack, unpack
 from node.identity import Identity
 from node.inference.server import ANNOUNCE_PERIOD, SpanServer
@@ -115,6 +128,31 @@ def count_tcp_bytes(counts: dict[str, int]) -> None:
 
     TrioTCPStream.read = counted_read  # type: ignore[method-assign]  # the counter itself (same signature)
     TrioTCPStream.write = counted_write  # type: ignore[method-assign]  # the counter itself (same signature)
+
+
+def count_stream_bytes(counts: dict[str, int]) -> None:
+    """Count the payload bytes of every libp2p stream in this process by the stream's protocol id into
+    ``counts["p:<protocol>"]`` (``p:negotiation`` before multistream-select settled one): Noise, Yamux and the
+    handshakes are what the TCP count holds beyond their sum."""
+    from libp2p.network.stream.net_stream import NetStream
+
+    read, write = NetStream.read, NetStream.write
+
+    def add(stream: NetStream, n: int) -> None:
+        key = "p:" + str(stream.get_protocol() or "negotiation")
+        counts[key] = counts.get(key, 0) + n
+
+    async def counted_read(self: NetStream, n: int | None = None) -> bytes:
+        data = await read(self, n)
+        add(self, len(data))
+        return data
+
+    async def counted_write(self: NetStream, data: bytes) -> None:
+        await write(self, data)
+        add(self, len(data))
+
+    NetStream.read = counted_read  # type: ignore[method-assign]  # the counter itself (same signature)
+    NetStream.write = counted_write  # type: ignore[method-assign]  # the counter itself (same signature)
 
 
 def count_record_bytes(host: P2PHost, counts: dict[str, int]) -> None:
@@ -172,10 +210,17 @@ def _reply(obj: dict[str, Any]) -> None:
 
 async def child_main(design: str) -> None:
     """The measured node: a host with the parts of ``design`` (``gossip`` or ``dht``); answers one JSON line per
-    command line on stdin: ``stats``, ``connect <addr>...``, ``lookup <model hex> <start> <end>``, ``quit``."""
-    counts = {"in": 0, "out": 0, "records": 0}
+    command line on stdin: ``stats``, ``connect <addr>...``, ``lookup <model hex> <start> <end> [cold]``
+    (``cold``: the closest peers of every key looked up again, as once their cache has expired), ``quit``."""
+    counts = {"in": 0, "out": 0, "records": 0, "conns": 0, "kad_lookups": 0}
     count_tcp_bytes(counts)
+    count_stream_bytes(counts)
     host = P2PHost(Identity.generate(), 0, CHAIN)
+
+    def connected(_peer: str, _conn: Any) -> None:
+        counts["conns"] += 1
+
+    host.on_connected.append(connected)
     swarm, handled = SwarmTable(), [0]
     disc: Discovery | None = None
     async with host.running():
@@ -185,11 +230,20 @@ async def child_main(design: str) -> None:
             disc = Discovery(host, Mode.CLIENT)
             await host.start_service(disc.run)
             count_record_bytes(host, counts)
+            await disc.ready.wait()
+            routing = disc.dht.peer_routing
+            lookup_net = routing.find_closest_peers_network
+
+            async def counted_lookup(*a: Any, **kw: Any) -> Any:
+                counts["kad_lookups"] += 1
+                return await lookup_net(*a, **kw)
+
+            routing.find_closest_peers_network = counted_lookup
         _reply({"peer": host.peer_id, "addrs": host.addrs})
         async for line in _lines(trio.lowlevel.FdStream(os.dup(0))):
             cmd, *args = line.split()
             if cmd == "stats":
-                _reply({"in": counts["in"], "out": counts["out"], "records": counts["records"], "handled": handled[0],
+                _reply({**counts, "handled": handled[0], "open": len(host.connected_peers()),
                         "entries": len(swarm.entries), "mesh": len(host.mesh_peers(host.topic("shards"))),
                         "routing": disc.routing_table_size() if disc else 0})
             elif cmd == "connect":
@@ -201,6 +255,8 @@ async def child_main(design: str) -> None:
                                 await trio.sleep(0.05)
                 _reply({"connected": n})
             elif cmd == "lookup" and disc is not None:
+                if args[3:] == ["cold"]:  # as when the closest peers' cache (CLOSEST_TTL) has run out
+                    disc._closest.clear()
                 sent = disc.counters.sent
                 recs = await disc.find_route_records(bytes.fromhex(args[0]), int(args[1]), int(args[2]))
                 _reply({"records": len(recs), "requests": disc.counters.sent - sent})
@@ -265,6 +321,7 @@ class Window:
     handled: int
     seconds: float
     records: int = 0  # bytes of span records in discovery replies
+    detail: dict[str, int] = field(default_factory=dict)  # p:<protocol> stream bytes, conns opened, kad_lookups
 
 
 @asynccontextmanager
@@ -274,8 +331,10 @@ async def watching(child: Child) -> AsyncIterator[list[Window]]:
     s0, c0, t0 = await child.ask("stats"), child.cpu(), time.monotonic()
     yield out
     s1, c1, t1 = await child.ask("stats"), child.cpu(), time.monotonic()
+    detail = {k: v - s0.get(k, 0) for k, v in s1.items()
+              if (k.startswith("p:") or k in ("conns", "kad_lookups")) and v != s0.get(k, 0)}
     out.append(Window(c1 - c0, s1["in"] - s0["in"], s1["out"] - s0["out"], s1["handled"] - s0["handled"], t1 - t0,
-                      s1["records"] - s0["records"]))
+                      s1["records"] - s0["records"], detail))
 
 
 @dataclass
@@ -288,6 +347,17 @@ class Figures:
     rss: float
     note: str = ""
     scaled: bool = False
+
+
+def breakdown(w: Window, per: float) -> str:
+    """``w``'s bytes (in + out) divided by ``per``, in kB, by stream protocol (``Noise/Yamux/handshakes``: what
+    the connections carried beyond the streams' payloads), then connections opened and Kademlia lookups."""
+    streams = {k[2:]: v for k, v in w.detail.items() if k.startswith("p:")}
+    parts = sorted(streams.items(), key=lambda kv: -kv[1])
+    parts.append(("Noise/Yamux/handshakes", w.bytes_in + w.bytes_out - sum(streams.values())))
+    text = ", ".join(f"{k} {v / per / 1000:.1f}" for k, v in parts)
+    return (f"{text} kB; {w.detail.get('conns', 0) / per:.1f} connections opened, "
+            f"{w.detail.get('kad_lookups', 0) / per:.1f} Kademlia lookups")
 
 
 # ---------------------------------------------------------------------------------------------- idle baselines
@@ -524,6 +594,12 @@ async def dht_servers(count: int) -> AsyncIterator[tuple[list[Discovery], list[P
         nursery.cancel_scope.cancel()
 
 
+def cold_share(every: float) -> float:
+    """The share of a client's route lookups, one every ``every`` seconds, that find their keys' closest peers
+    anew: a key's closest peers are reused for CLOSEST_TTL seconds, so one lookup in ceil(CLOSEST_TTL / every)."""
+    return 1 / max(1, math.ceil(CLOSEST_TTL / every))
+
+
 async def dht_point(n: int, args: argparse.Namespace, base: tuple[Window, float], discs: list[Discovery],
                     hosts: list[P2PHost], publisher: P2PHost, log: Path) -> Figures:
     """The DHT design at ``n`` servers (module docstring)."""
@@ -543,29 +619,40 @@ async def dht_point(n: int, args: argparse.Namespace, base: tuple[Window, float]
             async with watching(child) as lk:
                 for _ in range(args.lookups):
                     found.append(await child.ask(lookup))
+            async with watching(child) as cold_w:
+                for _ in range(args.lookups):
+                    found.append(await child.ask(lookup + " cold"))
             rss = child.rss_mb()
             routing = (await child.ask("stats"))["routing"]
             nursery.cancel_scope.cancel()
     finally:
         await child.stop()
-    (b, k), (idle_w, idle_rss) = (bg[0], lk[0]), base
+    (b, k, c), (idle_w, idle_rss) = (bg[0], lk[0], cold_w[0]), base
     per, lookups = float(args.lookup_every), int(args.lookups)
+    cold = cold_share(per)
 
-    def rate_of(bg_x: float, lk_x: float, idle_x: float) -> float:
-        return bg_x / b.seconds - idle_x / idle_w.seconds + lk_x / lookups / per
+    def rate_of(bg_x: float, lk_x: float, cold_x: float, idle_x: float) -> float:
+        return bg_x / b.seconds - idle_x / idle_w.seconds + (cold * cold_x + (1 - cold) * lk_x) / lookups / per
 
-    cpu = rate_of(b.cpu, k.cpu, idle_w.cpu) * 100
-    kin = rate_of(b.bytes_in, k.bytes_in, idle_w.bytes_in) / 1000
-    kout = rate_of(b.bytes_out, k.bytes_out, idle_w.bytes_out) / 1000
+    cpu = rate_of(b.cpu, k.cpu, c.cpu, idle_w.cpu) * 100
+    kin = rate_of(b.bytes_in, k.bytes_in, c.bytes_in, idle_w.bytes_in) / 1000
+    kout = rate_of(b.bytes_out, k.bytes_out, c.bytes_out, idle_w.bytes_out) / 1000
+
+    def one(w: Window, name: str, i: int) -> str:
+        return (f"{name} {w.seconds / lookups * 1000:.0f} ms, {w.cpu / lookups * 1000:.0f} ms CPU, "
+                f"{w.bytes_in / lookups / 1000:.1f} kB in (records {w.records / lookups / 1000:.1f} kB), "
+                f"{w.bytes_out / lookups / 1000:.1f} kB out, {found[i]['records']} records in "
+                f"{found[i]['requests']} find requests")
+
     note = (f"dht    {n:>6}: {sum(len(d.store) for d in discs)} records held by {len(discs)} DHT servers; "
-            f"a route lookup found {found[-1]['records']} records (warm-up {warm['records']}) in "
-            f"{found[-1]['requests']} find requests, took "
-            f"{k.seconds / args.lookups * 1000:.0f} ms, {k.cpu / args.lookups * 1000:.0f} ms CPU, "
-            f"{k.bytes_in / args.lookups / 1000:.1f} kB in (records {k.records / args.lookups / 1000:.1f} kB), "
-            f"{k.bytes_out / args.lookups / 1000:.1f} kB out; "
-            f"background {(b.cpu / b.seconds - idle_w.cpu / idle_w.seconds) * 100:.2f} % CPU, "
+            f"a route lookup (warm-up: {warm['records']} records): {one(k, 'warm', lookups - 1)}; "
+            f"{one(c, 'cold', -1)}; a cold one every {1 / cold:.0f} (CLOSEST_TTL {CLOSEST_TTL:g} s, one lookup "
+            f"every {per:g} s); background {(b.cpu / b.seconds - idle_w.cpu / idle_w.seconds) * 100:.2f} % CPU, "
             f"{b.bytes_in / b.seconds / 1000:.2f} kB/s in, {b.bytes_out / b.seconds / 1000:.2f} kB/s out; "
-            f"routing table {routing}")
+            f"routing table {routing}\n"
+            f"         per warm lookup (in + out): {breakdown(k, lookups)}\n"
+            f"         per cold lookup (in + out): {breakdown(c, lookups)}\n"
+            f"         background, per {b.seconds:.0f} s: {breakdown(b, 1.0)}")
     return Figures(cpu, kin, kout, rss - idle_rss, note)
 
 

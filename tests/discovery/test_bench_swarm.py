@@ -1,6 +1,6 @@
 """bench/swarm.py runs end to end at tiny swarm sizes (both designs, one measured child process per point, real hosts
-on 127.0.0.1) and prints its side-by-side table, the ratio of the largest size to the smallest, and check 1's six
-lines, each what its numbers say."""
+on 127.0.0.1) and prints its side-by-side table, the ratio of the largest size to the smallest, check 1's six
+lines, each what its numbers say, and per point a warm and a cold route lookup's bytes by protocol."""
 
 from __future__ import annotations
 
@@ -33,6 +33,12 @@ def test_bench_prints_both_designs_side_by_side(tmp_path: Path) -> None:
     assert float(rows[12][1][1]) > 0  # the light client's lookups read bytes
     assert re.search(r"gossip 12 / 4: CPU .*x|n/a", out) and "dht 12 / 4: CPU" in out
     assert "12 identities announcing, 2 msg/s offered" in out  # 12 servers / 5 s
+    # a cold lookup finds its keys' closest peers anew (Kademlia's FIND_NODE), a warm one reuses them
+    cold = re.findall(r"per cold lookup \(in \+ out\): (.*); [0-9.]+ connections opened, ([0-9.]+) Kademlia", out)
+    warm = re.findall(r"per warm lookup \(in \+ out\): (.*) kB;", out)
+    assert len(cold) == 2 and len(warm) == 2, out
+    for parts, kad in cold:
+        assert "/ipfs/kad/1.0.0" in parts and "/tally/discovery/1.0.0" in parts and float(kad) >= 1, out
     checks = [ln for ln in out.splitlines() if re.match(r"  (MET    |NOT MET) dht client", ln)]
     assert len(checks) == 6, out
     for ln in checks:  # each absolute target line is what its number says
