@@ -105,6 +105,9 @@ def test_four_workers_train_a_run_and_every_contribution_is_paid_once(tmp_path, 
     # every aggregate was re-computed by a committee and found valid
     aggs = [st.receipts[h.aggregate] for h in run.history]
     assert all(a.status == "valid" and len(a.committee) == 2 for a in aggs)
+    # each claimed θ_{r+1}'s held-out loss, and its committee re-measured the claim (node.training.heldout)
+    held = [a.receipt.heldout_ppm for a in aggs]
+    assert all(x > 0 for x in held), held
 
 
 # Check 4 (a worker killed mid-round, a late joiner) runs as separate `node start` processes in
