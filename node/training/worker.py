@@ -279,6 +279,7 @@ class RunWorker:
         post, cur = run.post, run.cur
         if cur is None:  # step starts this only for an open round
             raise ValueError("the run has no open round")
+        t0 = trio.current_time()
         key = (post.run_id, cur.round, cur.attempt)
         if self.fault == "run-copyroot":
             await self._copy_root(run, key)
@@ -300,6 +301,8 @@ class RunWorker:
             other = batch_tensors(cache.windows, b)
         work = await self.executor.run(rd.train_round, trainer, post, theta, opt_before, batches, self.fault,
                                        self.stale.get(post.run_id), self.last_payload.get(post.run_id), other)
+        if self.fault == "run-slow":
+            await self._straggle(post.run_id, cur.round, cur.attempt, t0)
         self.stale[post.run_id] = theta
         self.last_payload[post.run_id] = work.payload
         now = runs_of(self.ledger.state)[post.run_id].cur
@@ -315,6 +318,19 @@ class RunWorker:
         await self.ledger.submit(r)
         log.info("run %s round %d: committed (loss %.3f, Δ %d bytes)", post.run_id.hex()[:12], cur.round,
                  work.loss_ppm / 1e6, work.delta_bytes)
+
+    async def _straggle(self, run_id: bytes, round_: int, attempt: int, t0: float) -> None:
+        """The ``run-slow`` test switch: a straggler three times slower than the others. Its honest work is held
+        until another participant committed in this attempt (or the attempt ended), then twice as long again as
+        that took since ``t0`` (trio's clock when it started the round), so it is ready at about 3x the pace of
+        the fastest worker, whatever the machine's load."""
+        me = self.ident.account
+        while True:
+            cur = runs_of(self.ledger.state)[run_id].cur
+            if cur is None or (cur.round, cur.attempt) != (round_, attempt) or any(w != me for w, _, _ in cur.commits):
+                break
+            await self.ledger.new_block.wait()
+        await trio.sleep(2 * (trio.current_time() - t0))
 
     async def _copy_root(self, run: Run, key: tuple[bytes, int, int]) -> None:
         """The ``run-copyroot`` cheat (test chains): train nothing, wait for another participant's round receipt of

@@ -36,7 +36,7 @@ CHEATER = WORKERS[2]
 # it can commit is another worker's previous Δ
 # ("run-copyroot", a copy of this round's Δ root, never gets that far: the ledger refuses the receipt; see
 # tests/ledger/test_runs.py and test_run_copy_processes.py)
-CHEATS = [*(f for f in rd.RUN_FAULTS if f != "run-copyroot"), "run-copy"]
+CHEATS = [*(f for f in rd.RUN_FAULTS if f not in ("run-copyroot", "run-slow")), "run-copy"]  # run-slow: no cheat
 
 
 @dataclass
