@@ -35,14 +35,21 @@ def test_worker_reveals_after_restart(tmp_path, tiny):
             cfg.bootstrap = req.host.addrs
             cfg.accept_batches = True
         nd = Node(cfg)
-        scope = trio.CancelScope()
+        scope, stopped = trio.CancelScope(), trio.Event()
 
         async def run():
-            with scope:
-                await nd.run()
+            try:
+                with scope:
+                    await nd.run()
+            finally:
+                stopped.set()
         n.start_soon(run)
-        await nd.started.wait()
-        return nd, scope
+        with trio.fail_after(120):  # a node that failed to start (its run raised) never sets started
+            while not nd.started.is_set():
+                if stopped.is_set():
+                    raise AssertionError(f"node {i} stopped before it started")
+                await trio.sleep(0.05)
+        return nd, (scope, stopped)
 
     async def main():
         nonlocal req
@@ -65,8 +72,9 @@ def test_worker_reveals_after_restart(tmp_path, tiny):
                     await req.ledger.new_block.wait()
             assert not any(it.reveals for it in items_of(req.ledger.state, b))  # reveals not open yet
             salts = sorted(x.name for x in (w1.cfg.data_dir / "batch" / "commits").glob("*.json"))
-            s1.cancel()
-            await trio.sleep(0.5)
+            s1[0].cancel()
+            with trio.fail_after(60):  # closed (its LevelDB too) before the same data dir is opened again: a
+                await s1[1].wait()  # second open while the first holds the lock fails (and must not be retried)
             w1b, _ = await start(n, 1)  # same data dir, key, ledger and salts; a fresh process state
             assert w1b.batches.done == 0  # it computes nothing again
             with trio.fail_after(60):
