@@ -208,6 +208,7 @@ def parse_args(argv=None):
                     help="scratch: the byte-level scratch model (loss) + SmolLM2 bytes; smollm2: SmolLM2-135M LoRA "
                          "for everything, with the straggler run (issue 40)")
     ap.add_argument("--seeds", type=int, default=3, help="number of seeds (model init, beacons), 1, 2, ...")
+    ap.add_argument("--first-seed", type=int, default=1, help="seeds run are first-seed .. first-seed + seeds - 1")
     ap.add_argument("--workers", type=int, default=4, help="K DiLoCo workers")
     ap.add_argument("--rounds", type=int, help="R outer rounds [scratch 9, smollm2 5]")
     ap.add_argument("--inner-steps", type=int, help="H inner steps per round [scratch 26, smollm2 10]")
@@ -265,7 +266,7 @@ def main(argv=None) -> int:
           f"bytes: SmolLM2-135M LoRA r={REAL_RANK} {'+'.join(REAL_TARGETS)}")
     results = []
     with tempfile.TemporaryDirectory(prefix="tally-bench-training-") as tmp:
-        for s in range(1, args.seeds + 1):
+        for s in range(args.first_seed, args.first_seed + args.seeds):
             ts = time.monotonic()
             r = run_seed(args, text, s, Path(tmp))
             results.append(r)

@@ -42,7 +42,8 @@ def round_close(blocks: tuple[int, ...], quorum: int) -> tuple[int, tuple[int, .
         raise ValueError(f"1..{len(WORKERS)} workers with blocks in 1..{ROUND_TIMEOUT - 1}, got {blocks}")
     c = Chain()
     post = start(c, min_workers=min(len(blocks), max(1, quorum or len(blocks))), max_workers=len(WORKERS),
-                 quorum=quorum, round_timeout=ROUND_TIMEOUT)
+                 quorum=quorum, round_timeout=ROUND_TIMEOUT,
+                 deadline=c.s.height + 2 * ROUND_TIMEOUT)  # the run outlives any round timed here
     cur = c.run(post).cur
     who = list(cur.participants)[:len(blocks)]  # worker k is the k-th participant
     rest = list(cur.participants)[len(blocks):]  # participants beyond the bench's K never commit

@@ -157,7 +157,7 @@ def main_real(args, text: bytes) -> int:
           f"quorum {quorum}, {BLOCK_S} s blocks; text {args.text} ({len(text):,} bytes, {train_ids.numel():,} train "
           f"+ {held_ids.numel():,} held-out tokens, never trained on); {torch.get_num_threads()} threads", flush=True)
     results = []
-    for s in range(1, args.seeds + 1):
+    for s in range(args.first_seed, args.first_seed + args.seeds):
         ts = time.monotonic()
         r = run_seed_real(args, model_dir, windows, held, s)
         r["wall"] = time.monotonic() - ts

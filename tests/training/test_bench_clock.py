@@ -28,3 +28,9 @@ def test_a_straggler_closes_nothing_late_under_the_quorum_and_is_left_out():
 def test_a_worker_inside_the_grace_still_counts():
     assert round_close((21, 18, 19, 20), 3) == (21, (0, 1, 2, 3))  # grace 2 after block 20
     assert round_close((23, 18, 19, 20), 3) == (22, (1, 2, 3))
+
+
+def test_a_round_longer_than_the_test_chains_default_deadline_still_closes():
+    # a 3x straggler on a loaded machine: 1,200 blocks (10 min) is past the test chain's default run deadline (500)
+    assert round_close((1200, 190, 180, 200), 0) == (1200, (0, 1, 2, 3))
+    assert round_close((1200, 190, 180, 200), 3) == (220, (1, 2, 3))
