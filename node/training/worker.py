@@ -66,6 +66,10 @@ class _Sealed:
     receipt: bytes = b""
 
 
+class RoundClosed(ValueError):
+    """The round's commit phase closed (its quorum or its timeout) before this worker's work was ready."""
+
+
 @dataclass
 class RunCache:
     """Per-run torch objects of one node: the trainer (one run's model in memory at a time) and windows."""
@@ -259,6 +263,9 @@ class RunWorker:
         try:
             await fn(run)
             self.retry_at.pop(rid, None)
+        except RoundClosed as e:  # too slow for this round: the next one is new work, tried at once (no backoff)
+            log.warning("run %s round %s: %s", rid.hex()[:12], run.cur.round if run.cur else "-", e)
+            self.log.append(f"{type(e).__name__}: {e}")
         except (BlobUnavailable, ValueError, InvalidTx) as e:
             n = self.retry_at.get(rid, (0, 0.0))[0] + 1
             self.retry_at[rid] = (n, trio.current_time() + min(30.0, 0.5 * 2 ** n))
@@ -307,7 +314,7 @@ class RunWorker:
         self.last_payload[post.run_id] = work.payload
         now = runs_of(self.ledger.state)[post.run_id].cur
         if now is None or (now.round, now.attempt, now.phase) != (cur.round, cur.attempt, Phase.COMMIT):
-            raise ValueError("the commit phase closed while training (too slow for round_timeout)")
+            raise RoundClosed("the commit phase closed while training (too slow for its quorum or round_timeout)")
         r = RoundReceipt(self.ledger.chain_id, post.run_id, cur.round, cur.attempt, me, post.sender, run.params,
                          commitments_root(opt_before), commitments_root(work.params_after),
                          commitments_root(work.opt_after), commitments_root(batches),

@@ -128,8 +128,10 @@ def test_a_straggler_stalls_no_round_and_is_not_paid(tmp_path, tiny):
     assert st.supply() == supply
     assert all(len(h.commits) >= 2 and slow.ident.account not in {w for w, _, _ in h.commits} for h in run.history)
     assert all(slow.ident.account not in h.accepted for h in run.history)
-    # it did train, and found the commit phase closed when its work was ready (in a later round it may not even
-    # start before the quorum closes the round: its retry waits out the failed round's backoff)
-    assert sum("commit phase closed while training" in line for line in slow.runs.log) >= 1, slow.runs.log
+    # it trained every round and was cut off each time: the commit phase had closed when its work was ready, or
+    # closed before its receipt reached a block (then its Δ stays unserved). A round it was too slow for sets no
+    # retry backoff: the next round is new work
+    cut = [line for line in slow.runs.log if "commit phase closed while training" in line or "not served" in line]
+    assert len(cut) == post.rounds, slow.runs.log
     assert not any(st.receipts[r].receipt.worker == slow.ident.account for r in run.receipts)  # nothing to pay
     assert not run.failed  # no attempt failed: every round closed on its quorum, not at round_timeout
