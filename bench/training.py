@@ -49,26 +49,28 @@ seed  base    dp      one     DiLoCo  DiLoCo/dp    one/dp    bytes   4 beat 1   
 ====  ======  ======  ======  ======  ===========  ========  ======  ============  ===============  ======
 1     4.5313  3.9186  3.9402  4.1414  0.6364       0.9648    0.0020  no (+0.201)   53.4 / 50.5      0.6645
                                                                                    = 1.057
+2     4.5313  3.9025  3.9512  4.1647  0.5830       0.9225    0.0020  no (+0.214)   52.0 / 45.3      0.5822
+                                                                                   = 1.148
 3     4.5313  3.9089  3.9525  4.1622  0.5930       0.9299    0.0020  no (+0.210)   17.6 / 15.7      0.5794
                                                                                    = 1.121
 ====  ======  ======  ======  ======  ===========  ========  ======  ============  ===============  ======
 
 Bytes ratio 0.00198 (36,540 B per worker per round against 10 x 1,843,200 B). The straggler runs used 15 of 20 Δs
-on every seed (worker 0 missed every round); without a quorum a round waits 1.94x (seed 1), 2.89x (seed 3).
+on every seed (worker 0 missed every round); without a quorum a round waits 1.94x, 2.86x, 2.89x (seeds 1, 2, 3).
 Seed 1 ran with 2 threads under load 3-7 (~4 s per batch-4 step; 1,882 s); seeds 2 and 3 ran side by side
-(``--first-seed 2``, ``--first-seed 3 --threads 1``; seed 3 1,106 s): the first ``--seeds 3`` run crashed in seed
+(``--first-seed 2``, ``--first-seed 3 --threads 1``; 1,525 s and 1,106 s): the first ``--seeds 3`` run crashed in seed
 2 on a round past the clock's run deadline (fixed), and a sequential rerun did not fit the session.
 
-Check 2's wall time is met (<= 1.121 <= 1.2). Check 1 and check 2's loss are NOT met: DiLoCo keeps 0.59-0.64 of
-data-parallel's drop (target 0.97, short by 0.33-0.38), the straggler run 0.58-0.66 (target 0.95), and one worker
-beats four on every seed. The codec is what costs it: the probe (``shared/notes/diloco-probe.md``: Hamlet, H = 10,
-R = 4, reset state, uncompressed Δ) measured 0.973. A LoRA Δ after H AdamW steps is nearly flat (Adam's steps are
-sign-like): the largest 1.75 % of a 10-step Δ's entries hold 5.6 % of its squared norm (1 %: 3.4 %, 10 %: 27 %;
-one worker, Hamlet). Error feedback delivers the rest later, but at most R·f of the coordinates' accumulated values
-ever reach θ, and the byte target fixes f <= 0.00178·H (4.5 B per kept entry against 4·H B per parameter), so
-R·f <= 0.00178·R·H = 0.089 at this CPU budget's R·H = 50 steps. Reaching 0.97 at 0.002 of the bytes needs R·H in
-the hundreds to thousands (DiLoCo's H = 500 regime), or a Δ that top-k fits (a sparser basis), not a retuning of
-this 50-step run (no other outer lr, momentum, H or f was tried: one seed took 18-31 min here).
+Check 2's wall time is met (1.057, 1.148, 1.121 <= 1.2). Check 1 and check 2's loss are NOT met: DiLoCo keeps
+0.58-0.64 of data-parallel's drop (target 0.97, short by 0.33-0.39), the straggler run 0.58-0.66 (target 0.95), and
+one worker beats four on every seed. The codec is what costs it: the probe (``shared/notes/diloco-probe.md``:
+Hamlet, H = 10, R = 4, reset state, uncompressed Δ) measured 0.973. A LoRA Δ after H AdamW steps is nearly flat
+(Adam's steps are sign-like): the largest 1.75 % of a 10-step Δ's entries hold 5.6 % of its squared norm (1 %: 3.4
+%, 10 %: 27 %; one worker, Hamlet). Error feedback delivers the rest later, but at most R·f of the coordinates'
+accumulated values ever reach θ, and the byte target fixes f <= 0.00178·H (4.5 B per kept entry against 4·H B per
+parameter), so R·f <= 0.00178·R·H = 0.089 at this CPU budget's R·H = 50 steps. Reaching 0.97 at 0.002 of the bytes
+needs R·H in the hundreds to thousands (DiLoCo's H = 500 regime), or a Δ that top-k fits (a sparser basis), not a
+retuning of this 50-step run (no other outer lr, momentum, H or f was tried: one seed took 18-31 min here).
 
 Usage: ``.venv/bin/python bench/training.py [--model smollm2] [--seeds 3] [--rounds R] [--inner-steps H] ...
 [--straggler F] [--quick]``
