@@ -32,14 +32,25 @@ HELDOUT_TOL_PPM = 1_000  # |claimed − measured| allowed, millionths of a nat p
 MAX_HELDOUT_PPM = 10**9  # a claim above 1,000 nats per token is no measurement (refused as malformed)
 
 
+def _held(held_ids: torch.Tensor, seq_len: int) -> torch.Tensor | None:
+    try:
+        return make_windows(held_ids, seq_len)[:HELD_WINDOWS]
+    except ValueError:  # the tail is shorter than one window
+        return None
+
+
 def heldout_windows(model_dir: Path, post: RunPost, text: bytes) -> torch.Tensor | None:
     """The run's held-out windows: int64 ``(≤ HELD_WINDOWS, seq_len + 1)`` from the last 10 % of the dataset's
     tokens, or None when that tail is shorter than one window."""
     _, held_ids = split_tokens(encode_text(model_dir, text))
-    try:
-        return make_windows(held_ids, post.seq_len)[:HELD_WINDOWS]
-    except ValueError:
-        return None
+    return _held(held_ids, post.seq_len)
+
+
+def run_data(model_dir: Path, post: RunPost, text: bytes) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The run's training windows (as :func:`node.training.rounds.run_windows`) and its held-out windows (as
+    :func:`heldout_windows`), from one tokenization of the dataset (a node loading a run needs both)."""
+    train_ids, held_ids = split_tokens(encode_text(model_dir, text))
+    return make_windows(train_ids, post.seq_len), _held(held_ids, post.seq_len)
 
 
 def heldout_loss_ppm(trainer: InnerTrainer, theta: list[torch.Tensor], held: torch.Tensor | None) -> int:
@@ -71,4 +82,4 @@ def heldout_agrees(claimed_ppm: int, measured_ppm: int) -> bool:
     return measured_ppm != 0 and abs(claimed_ppm - measured_ppm) <= HELDOUT_TOL_PPM
 
 
-__all__ = ["HELDOUT_TOL_PPM", "HELD_WINDOWS", "heldout_agrees", "heldout_loss_ppm", "heldout_windows"]
+__all__ = ["HELDOUT_TOL_PPM", "HELD_WINDOWS", "heldout_agrees", "heldout_loss_ppm", "heldout_windows", "run_data"]

@@ -111,14 +111,13 @@ async def load_run(cache: RunCache, executor: Executor, host: Host, blobs: BlobS
     if cache.run_id == run.post.run_id and cache.trainer is not None and cache.windows is not None:
         return LoadedRun(cache.trainer, cache.windows, cache.verified, cache.held)
     from . import rounds as rd  # local: it imports torch (~2 s); only a node in a run (or checking one) needs it
-    from .heldout import heldout_windows  # local: as rounds (torch)
+    from .heldout import run_data  # local: as rounds (torch)
 
     post = run.post
     text = dataset_bytes(await fetch_blob(host, blobs, post.dataset_root, [post.sender, *run.workers],
                                           timeout=FETCH_TIMEOUT))
     trainer = await executor.run(rd.make_trainer, model_dir, post)
-    windows = await executor.run(rd.run_windows, model_dir, post, text)
-    held = await executor.run(heldout_windows, model_dir, post, text)
+    windows, held = await executor.run(run_data, model_dir, post, text)
     cache.run_id, cache.trainer, cache.windows, cache.verified, cache.held = post.run_id, trainer, windows, set(), held
     return LoadedRun(trainer, windows, cache.verified, held)
 
@@ -263,12 +262,10 @@ class RunWorker:
         try:
             await fn(run)
             self.retry_at.pop(rid, None)
-        except RoundClosed as e:  # too slow for this round: the next one is new work, tried at once (no backoff)
-            log.warning("run %s round %s: %s", rid.hex()[:12], run.cur.round if run.cur else "-", e)
-            self.log.append(f"{type(e).__name__}: {e}")
         except (BlobUnavailable, ValueError, InvalidTx) as e:
-            n = self.retry_at.get(rid, (0, 0.0))[0] + 1
-            self.retry_at[rid] = (n, trio.current_time() + min(30.0, 0.5 * 2 ** n))
+            if not isinstance(e, RoundClosed):  # too slow for a round: the next one is new work, tried at once
+                n = self.retry_at.get(rid, (0, 0.0))[0] + 1
+                self.retry_at[rid] = (n, trio.current_time() + min(30.0, 0.5 * 2 ** n))
             log.warning("run %s round %s: %s", rid.hex()[:12], run.cur.round if run.cur else "-", e)
             self.log.append(f"{type(e).__name__}: {e}")
         finally:

@@ -20,6 +20,7 @@ from node.training.heldout import (
     heldout_agrees,
     heldout_loss_ppm,
     heldout_windows,
+    run_data,
 )
 
 TEXT = (Path(__file__).resolve().parents[2] / "docs" / "DESIGN.md").read_bytes()
@@ -40,6 +41,8 @@ def test_the_held_out_windows_are_the_tail_never_trained_on(world):
     assert held.shape == (HELD_WINDOWS, POST["seq_len"] + 1)
     assert torch.equal(held, make_windows(held_ids, POST["seq_len"])[:HELD_WINDOWS])
     assert heldout_windows(model, SimpleNamespace(**{**POST, "seq_len": 10**6}), TEXT) is None  # tail too short
+    windows, held2 = run_data(model, SimpleNamespace(**POST), TEXT)  # a node's one tokenization gives both
+    assert torch.equal(held2, held) and torch.equal(windows, rd.run_windows(model, SimpleNamespace(**POST), TEXT))
 
 
 def test_the_claim_is_the_new_thetas_loss_and_a_stale_or_made_up_one_disagrees(world):
