@@ -20,7 +20,7 @@ from .module import ident
 from .modules import MODULE_MAPS, MODULE_SETS
 from .rows import Account, ReceiptRecord
 from .tx import TX_KINDS, Tx, decode_tx
-from .txbase import build_tx
+from .txbase import arity_fits, build_tx
 
 _SCALARS = frozenset({int, str, bytes, bool, type(None)})
 
@@ -116,8 +116,7 @@ def _tx_trusted(x: Any) -> Tx:
     if not (isinstance(x, dict) and isinstance(x.get("f"), list) and isinstance(x.get("s"), list)):
         raise ValueError("a stored transaction is a wire map")
     cls = TX_KINDS.get(str(x.get("t")))
-    if cls is None or not len(cls.SCHEMA) - len(cls.TAIL) <= len(x["f"]) <= len(cls.SCHEMA) \
-            or len(x["s"]) != len(cls.SIGS):
+    if cls is None or not arity_fits(cls, len(x["f"])) or len(x["s"]) != len(cls.SIGS):
         raise ValueError(f"stored transaction of unknown kind or arity {x.get('t')!r}")
     return build_tx(cls, x.get("c"), x["f"], x["s"])
 

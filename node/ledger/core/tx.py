@@ -36,6 +36,7 @@ from .txbase import (
     _check,
     _check_field,
     _is_bytes,
+    arity_fits,
     build_tx,
     vote_digest,
 )
@@ -63,8 +64,7 @@ def decode_tx(obj: Any) -> Tx:
     if not is_domain(chain_id):
         raise InvalidTx(f"transaction for chain {chain_id!r} not bound to a genesis (signed by an older version: a "
                         "signing domain is '<chain id>/<genesis hash hex>')")
-    _check(isinstance(f, list) and len(cls.SCHEMA) - len(cls.TAIL) <= len(f) <= len(cls.SCHEMA),
-           "wrong number of fields")
+    _check(isinstance(f, list) and arity_fits(cls, len(f)), "wrong number of fields")
     _check(isinstance(s, list) and len(s) == len(cls.SIGS), "wrong number of signatures")
     for (name, kind), v in zip(cls.SCHEMA.items(), f, strict=False):  # an optional tail may be left out
         _check_field(name, kind, v)

@@ -127,6 +127,13 @@ def _unsigned_getter(cls: type) -> Callable[[Any], list[Any]]:
     return got
 
 
+def arity_fits(cls: type, n: int) -> bool:
+    """Whether ``n`` wire fields fit kind ``cls``: all of its ``SCHEMA``, or only the optional tail (``TAIL``) left
+    out from the end."""
+    schema: dict[str, str] = getattr(cls, "SCHEMA", {})
+    return len(schema) - len(getattr(cls, "TAIL", ())) <= n <= len(schema)
+
+
 def build_tx(cls: type[T], chain_id: Any, fields: list[Any], sigs: list[Any]) -> T:
     """A transaction of kind ``cls`` from its wire parts (fields already checked, or trusted): the required fields
     and the signatures by position, the optional tail (:attr:`Tx.TAIL`) by name, absent ones at 0.
@@ -138,7 +145,7 @@ def build_tx(cls: type[T], chain_id: Any, fields: list[Any], sigs: list[Any]) ->
     """
     tail: tuple[str, ...] = getattr(cls, "TAIL", ())
     required = len(cls.SCHEMA) - len(tail)  # type: ignore[attr-defined]
-    _check(required <= len(fields) <= len(cls.SCHEMA), "wrong number of fields")  # type: ignore[attr-defined]
+    _check(arity_fits(cls, len(fields)), "wrong number of fields")
     _check(len(fields) == required or fields[-1] != 0,
            "an optional trailing field at 0 is left out of a transaction's canonical encoding")
     make: Any = cls  # a dataclass kind: chain id, its required fields, its signatures, then its tail by name
