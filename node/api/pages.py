@@ -206,14 +206,13 @@ def run_charts(x: Json) -> dict[str, Any]:
     """The run page's context for the run view ``x`` (:func:`node.training.api.run_view`): the run, its mean
     training loss and its held-out loss per round (:func:`charts.line`), and the Δ bytes each worker uploaded per
     round as stacked bars (keys ``w0, w1, ...``: ``colour`` maps each to its CSS colour class, ``peer`` to its
-    account, ``wlegend`` lists ``(key, account, colour index)``)."""
+    account, in the legend's order)."""
     workers = sorted({w for r in x["bytes_per_worker"] for w in r})
     key = {w: f"w{i}" for i, w in enumerate(workers)}
     series = [{"label": f"round {i + 1}", "xlabel": i + 1, **{key[w]: n for w, n in r.items()}}
               for i, r in enumerate(x["bytes_per_worker"])]
     return {"run": x, "loss": charts.line(x["loss_per_round"]), "heldout": charts.line(x["heldout_per_round"]),
             "wbytes": charts.stacked_bars(series, [key[w] for w in workers]),
-            "wlegend": [(key[w], w, i % WORKER_COLOURS) for i, w in enumerate(workers)],
             "colour": {key[w]: f"w{i % WORKER_COLOURS}" for i, w in enumerate(workers)},
             "peer": {key[w]: w for w in workers}}
 
