@@ -16,7 +16,7 @@ import trio
 
 from ..discovery.record import SpanRecord
 from ..keys import account_to_str
-from .swarm import MAX_TTL as SWARM_MAX_TTL, SwarmTable
+from .swarm import SwarmTable
 
 LOOKUP_INTERVAL = 60.0  # seconds a route's lookup is reused before a plan looks again (records live 180 s;
 # a missing route or a failover forces one)
@@ -52,13 +52,10 @@ class DhtFeed:
         now = self.clock()
         for r in records:
             peer = account_to_str(r.account)
-            prev = self.swarm.entries.get(peer)
             self.swarm.offer(peer, {
                 "model_id": r.model_id, "start": r.start, "end": r.end, "addrs": list(r.addrs),
-                "seen": self.swarm.clock(), "ttl": min(SWARM_MAX_TTL, max(0.0, r.expires - now)), "active": 0,
-                "seq": r.seq, "throughput": r.throughput, "latency": r.latency,
-                "free_cache": None if r.free_cache < 0 else r.free_cache,
-                "refreshes": (prev["refreshes"] + 1) if prev else 0})
+                "ttl": max(0.0, r.expires - now), "active": 0, "seq": r.seq, "throughput": r.throughput,
+                "latency": r.latency, "free_cache": None if r.free_cache < 0 else r.free_cache})
             self.learn(peer, [a for a in r.addrs if a.endswith("/p2p/" + peer)])
 
     async def route(self, model_id: bytes, start: int, end: int, force: bool = False, /) -> int:

@@ -42,23 +42,28 @@ LIVE_EVICTION_SHARE = 8  # a full table gives up at most max_peers // 8 live ent
 SWEEP_S = 1.0  # seconds between two full sweeps for expired entries while the table is full
 
 log = logging.getLogger("tally.client")  # the client's logger: its lines keep their name
-class SwarmEntry(TypedDict):
-    """One peer's latest announcement as heard (:meth:`SwarmTable.on_announcement`): its model and span, up to 8
-    addresses, when it was heard (``seen``, the table's clock) and for how long it holds (``ttl``, seconds), its
-    sessions open, ``seq``, measured ``throughput`` (tokens/s) and ``latency`` (s), ``free_cache`` (tokens, None
-    when not announced) and how many refreshes of it were heard."""
+class SpanOffer(TypedDict):
+    """What a peer says of its span (a gossiped announcement or a DHT record, checked): its model and span, up to 8
+    addresses, for how long it holds (``ttl``, seconds), its sessions open, ``seq``, measured ``throughput``
+    (tokens/s) and ``latency`` (s), ``free_cache`` (tokens, None when not announced)."""
 
     model_id: bytes
     start: int
     end: int
     addrs: list[object]  # as announced: a route client dials only strings naming the peer
-    seen: float
     ttl: float
     active: int
     seq: int
     throughput: float
     latency: float
     free_cache: int | None
+
+
+class SwarmEntry(SpanOffer):
+    """One peer's latest :class:`SpanOffer` as taken (:meth:`SwarmTable.offer`), its ``ttl`` capped at
+    :data:`MAX_TTL`: when it was heard (``seen``, the table's clock) and how many refreshes of it were heard."""
+
+    seen: float
     refreshes: int
 
 
@@ -108,26 +113,26 @@ class SwarmTable:
             if not isinstance(a["model_id"], bytes):  # bytes(int) would allocate that many bytes
                 raise TypeError("model_id must be bytes")
             start, end = int(a["start"]), int(a["end"])
-            ttl = min(MAX_TTL, _num(a["ttl"]))
-            prev = self.entries.get(from_peer)
             free = a.get("free_cache")
             self.offer(from_peer, {
                 "model_id": bytes(a["model_id"]), "start": start, "end": end,
-                "addrs": list(a.get("addrs", []))[:8], "seen": self.clock(), "ttl": ttl,
+                "addrs": list(a.get("addrs", []))[:8], "ttl": _num(a["ttl"]),
                 "active": int(a.get("active", 0)), "seq": int(a["seq"]),
                 "throughput": _num(a.get("throughput")), "latency": _num(a.get("latency")),
-                "free_cache": int(free) if isinstance(free, int) and free >= 0 else None,
-                "refreshes": (prev["refreshes"] + 1) if prev else 0})
+                "free_cache": int(free) if isinstance(free, int) and free >= 0 else None})
         except (DecodeError, KeyError, TypeError, ValueError) as e:
             log.debug("bad announcement from %s: %s", from_peer, e)
 
-    def offer(self, peer: str, entry: SwarmEntry) -> bool:
-        """Take ``peer``'s entry (checked by the caller: a gossiped announcement, or a DHT record looked up) unless
-        its ``seq`` is not above the one held; set :attr:`changed` when its model or span is new. Returns whether
-        it was taken (a full table may drop a new peer: :meth:`_put`)."""
+    def offer(self, peer: str, offer: SpanOffer) -> bool:
+        """Take ``peer``'s offer (checked by the caller: a gossiped announcement, or a DHT record looked up) unless
+        its ``seq`` is not above the one held, stamped with the table's clock, its ttl capped at :data:`MAX_TTL`;
+        set :attr:`changed` when its model or span is new. Returns whether it was taken (a full table may drop a
+        new peer: :meth:`_put`)."""
         prev = self.entries.get(peer)
-        if prev is not None and entry["seq"] <= prev["seq"]:
+        if prev is not None and offer["seq"] <= prev["seq"]:
             return False  # stale or replayed
+        entry: SwarmEntry = {**offer, "ttl": min(MAX_TTL, offer["ttl"]), "seen": self.clock(),
+                             "refreshes": (prev["refreshes"] + 1) if prev else 0}
         if not self._put(peer, entry):
             return False
         if prev is None or (prev["model_id"], prev["start"], prev["end"]) != \
