@@ -98,19 +98,26 @@ def test_topk_selects_largest_with_ties_to_lower_index():
     assert topk_k(7, 500_000) == 4 and topk_k(10, 1) == 1 and topk_k(10, 10**6) == 10 and topk_k(0, 5) == 0
 
 
-def test_topk_error_feedback_loses_nothing():
-    shapes = [(64, 32), (100,), (3, 5, 7)]
-    rounds = 12
+FEEDBACK_SHAPES = [(64, 32), (100,), (3, 5, 7)]
+FEEDBACK_ROUNDS = 12
+
+
+def _feedback_rounds(codec, each_round):
+    """:data:`FEEDBACK_ROUNDS` rounds of random Δs through ``codec`` at 2 % kept with error feedback, calling
+    ``each_round(delta, e, payload, sent, residual)`` (``e = Δ + previous residual``) every round; then asserts
+    that nothing was lost: Σ sent + the final residual equals Σ Δ up to the rounding of forming each e, and
+    something really was held back."""
     residual = None
-    sum_delta = [torch.zeros(s, dtype=torch.float64) for s in shapes]
-    sum_sent = [torch.zeros(s, dtype=torch.float64) for s in shapes]
-    sum_abs = [torch.zeros(s, dtype=torch.float64) for s in shapes]
-    for r in range(rounds):
-        delta = [_randn(*s, seed=100 * r + i, scale=1e-3) for i, s in enumerate(shapes)]
-        payload, residual = encode(delta, Codec.TOPK, residual, topk_ppm=20_000)
-        assert payload_bytes(payload) == sum(8 * topk_k(int(np.prod(s)), 20_000) for s in shapes)
-        sent = decode(payload, Codec.TOPK, shapes, topk_ppm=20_000)
-        for i in range(len(shapes)):
+    sum_delta = [torch.zeros(s, dtype=torch.float64) for s in FEEDBACK_SHAPES]
+    sum_sent = [torch.zeros(s, dtype=torch.float64) for s in FEEDBACK_SHAPES]
+    sum_abs = [torch.zeros(s, dtype=torch.float64) for s in FEEDBACK_SHAPES]
+    for r in range(FEEDBACK_ROUNDS):
+        delta = [_randn(*s, seed=100 * r + i, scale=1e-3) for i, s in enumerate(FEEDBACK_SHAPES)]
+        e = [d if residual is None else d + res for d, res in zip(delta, residual or delta, strict=True)]
+        payload, residual = encode(delta, codec, residual, topk_ppm=20_000)
+        sent = decode(payload, codec, FEEDBACK_SHAPES, topk_ppm=20_000)
+        each_round(delta, e, payload, sent, residual)
+        for i in range(len(FEEDBACK_SHAPES)):
             sum_delta[i] += delta[i].double()
             sum_sent[i] += sent[i].double()
             sum_abs[i] += delta[i].double().abs()
@@ -118,8 +125,15 @@ def test_topk_error_feedback_loses_nothing():
         gap = float((ss + res.double() - sd).abs().max())
         # Only e = Δ + r rounds (r' = e − decoded is exact: 0 where sent, e elsewhere), by ≤ |e|·2^-24 per
         # round, and |e| ≤ Σ|Δ| up to that rounding.
-        assert gap <= rounds * float(sa.max()) * EPS32 * 1.01
+        assert gap <= FEEDBACK_ROUNDS * float(sa.max()) * EPS32 * 1.01
         assert float(res.abs().max()) > 1e-4  # something really was held back (not a trivial identity)
+
+
+def test_topk_error_feedback_loses_nothing():
+    def each_round(delta, e, payload, sent, residual):
+        assert payload_bytes(payload) == sum(8 * topk_k(int(np.prod(s)), 20_000) for s in FEEDBACK_SHAPES)
+
+    _feedback_rounds(Codec.TOPK, each_round)
 
 
 def test_topk_is_deterministic_and_pure():
@@ -262,31 +276,18 @@ def test_topk_int4_decoded_plus_residual_is_e_exactly(a, ppm):
 
 
 def test_topk_int4_error_feedback_loses_nothing():
-    shapes = [(64, 32), (100,), (3, 5, 7)]
-    rounds = 12
-    residual = None
-    sum_delta = [torch.zeros(s, dtype=torch.float64) for s in shapes]
-    sum_sent = [torch.zeros(s, dtype=torch.float64) for s in shapes]
-    sum_abs = [torch.zeros(s, dtype=torch.float64) for s in shapes]
-    quant_err = 0.0
-    for r in range(rounds):
-        delta = [_randn(*s, seed=100 * r + i, scale=1e-3) for i, s in enumerate(shapes)]
-        e = [d if residual is None else d + res for d, res in zip(delta, residual or delta, strict=True)]
-        payload, residual = encode(delta, Codec.TOPK_INT4, residual, topk_ppm=20_000)
-        sent = decode(payload, Codec.TOPK_INT4, shapes, topk_ppm=20_000)
-        for i in range(len(shapes)):
+    quant_err = [0.0]
+
+    def each_round(delta, e, payload, sent, residual):
+        for i in range(len(FEEDBACK_SHAPES)):
             # each round: decoded + new residual == e exactly (the selection and the rounding are both kept)
             assert torch.equal(sent[i].double() + residual[i].double(), e[i].double())
             kept = sent[i] != 0
-            quant_err = max(quant_err, float((e[i][kept] - sent[i][kept]).abs().max()) if kept.any() else 0.0)
-            sum_delta[i] += delta[i].double()
-            sum_sent[i] += sent[i].double()
-            sum_abs[i] += delta[i].double().abs()
-    assert quant_err > 0  # the values really were rounded (and that error went into the residual)
-    for sd, ss, sa, res in zip(sum_delta, sum_sent, sum_abs, residual, strict=True):
-        # only forming e = Δ + r rounds, by ≤ |e|·2^-24 per round, |e| ≤ Σ|Δ| up to that rounding
-        assert float((ss + res.double() - sd).abs().max()) <= rounds * float(sa.max()) * EPS32 * 1.01
-        assert float(res.abs().max()) > 1e-4
+            err = float((e[i][kept] - sent[i][kept]).abs().max()) if kept.any() else 0.0
+            quant_err[0] = max(quant_err[0], err)
+
+    _feedback_rounds(Codec.TOPK_INT4, each_round)
+    assert quant_err[0] > 0  # the values really were rounded (and that error went into the residual)
 
 
 def test_topk_int4_sends_all_entries_quantized_when_k_is_n():
